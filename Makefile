@@ -1,0 +1,78 @@
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := test
+.PHONY: venv system-deps lint test demo bench clean
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TYPECHECK := build/typecheck
+export DEBIAN_FRONTEND := noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+venv: $(STAMP)
+
+# Editable install: setuptools maps kernelext.widgets -> widgets/ through its
+# import finder, so new modules are picked up without reinstalling; only a
+# pyproject.toml change (dependencies, packages) needs a new install.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || { echo "+ $(PYTHON) -m venv $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+# Debian packages the tests use: chromium (Playwright drives it, never
+# `playwright install`) and a PostgreSQL server (initdb/pg_ctl).
+system-deps:
+	@apt_updated=; \
+	apt_install() { \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "system-deps: not root, cannot install $$*; install it yourself" >&2; return 0; \
+	  fi; \
+	  if [ -z "$$apt_updated" ]; then \
+	    echo "+ apt-get update"; apt-get update -qq; apt_updated=1; \
+	  fi; \
+	  echo "+ apt-get install -y $$*"; \
+	  apt-get install -y -qq --no-install-recommends "$$@" >/dev/null; \
+	}; \
+	if [ -x /usr/bin/chromium ]; then \
+	  echo "system-deps: chromium present (/usr/bin/chromium)"; \
+	else \
+	  apt_install chromium; \
+	fi; \
+	if initdb_path=$$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1); \
+	   [ -n "$$initdb_path" ]; then \
+	  echo "system-deps: PostgreSQL present ($$initdb_path)"; \
+	else \
+	  apt_install postgresql; \
+	fi
+
+# mypy cannot see through setuptools' editable finder, so it checks a link tree
+# laid out like the installed package (kernelext/widgets -> ../widgets); paths
+# in its messages are rewritten back to the real files.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/kernelext
+	@for f in kernelext/*; do \
+	  case "$$f" in */__pycache__) ;; *) ln -s "$(CURDIR)/$$f" $(TYPECHECK)/kernelext/ ;; esac; \
+	done
+	@ln -s "$(CURDIR)/widgets" $(TYPECHECK)/kernelext/widgets
+	cd $(TYPECHECK) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml \
+	  --cache-dir $(CURDIR)/$(TYPECHECK)-cache kernelext \
+	  | sed -e 's#^kernelext/widgets/#widgets/#'
+
+test: venv system-deps lint
+	$(PY) -m pytest -p no:cacheprovider
+
+demo: venv
+	$(PY) notebooks/demo.py
+
+bench: venv
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache tests/artifacts
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

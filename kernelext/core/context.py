@@ -1,0 +1,25 @@
+"""Which run the current thread is executing (for ``@effect`` and helpers)."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .run import Run
+
+__all__ = ["current_run", "reset_current_run", "set_current_run"]
+
+_CURRENT: contextvars.ContextVar[Run | None] = contextvars.ContextVar("kernelext_run", default=None)
+
+
+def current_run() -> Run | None:
+    return _CURRENT.get()
+
+
+def set_current_run(run: Run | None) -> contextvars.Token[Run | None]:
+    return _CURRENT.set(run)
+
+
+def reset_current_run(token: contextvars.Token[Run | None]) -> None:
+    _CURRENT.reset(token)

@@ -1,0 +1,337 @@
+"""Agents, handles, and the worker thread that executes a run."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import NeedsDecision, StopRequested
+from ..store import Store
+from .context import reset_current_run, set_current_run
+from .registry import AGENTS, END_HOOKS, LIVE, LIVE_LOCK
+from .run import Run
+from .settings import SETTINGS
+
+__all__ = ["Agent", "Handle", "agent", "fingerprint"]
+
+FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+MONITOR_TICK = 0.05
+
+
+def fingerprint(fn: Callable[..., Any]) -> str:
+    """A hash of the agent's source (or bytecode when the source is not available)."""
+    try:
+        text = inspect.getsource(fn).encode()
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        text = code.co_code if code is not None else repr(fn).encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+class Handle:
+    """A run executing (or finished) in this process. Displays as its control panel."""
+
+    def __init__(self, run: Run, store: Store) -> None:
+        self.run = run
+        self.store = store
+        self.run_id = run.id
+        self.thread: threading.Thread | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.final_status: str | None = None
+        self._done = threading.Event()
+
+    # -- status ---------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def status(self) -> str:
+        return str(self.store.get_run(self.run_id)["status"])
+
+    def info(self) -> dict[str, Any]:
+        return self.store.get_run(self.run_id)
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the run stops, suspends or finishes; return its status."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                return "running"
+        return self.status
+
+    # -- control --------------------------------------------------------------------
+    def stop(self, source: str = "api", *, who: str | None = None) -> str:
+        """Ask the run to stop at its next safe point. Returns the status after the request."""
+        return request_stop(self.store, self.run_id, source=source, who=who, handle=self)
+
+    def force_stop(self, source: str = "api") -> None:
+        """Stop now: raise into the step. In-flight effects become ``unknown``."""
+        self.stop(source)
+        self.run.force_wanted = True
+        self.store.record_event(self.run_id, "force_requested", source=source, wait=False)
+
+    def resume(self, **kwargs: Any) -> Handle:
+        from .resume import resume
+
+        return resume(self.run_id, store=self.store, **kwargs)
+
+    def steps(self) -> list[dict[str, Any]]:
+        return self.store.steps(self.run_id)
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.store.events(self.run_id)
+
+    def __repr__(self) -> str:
+        return f"<kernelext run {self.run_id!r} status={self.status}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        renderer = SETTINGS.handle_renderer
+        if renderer is None:
+            return {"text/plain": self.text_summary()}
+        return renderer(self)
+
+    def text_summary(self) -> str:
+        info = self.info()
+        total = info.get("total_steps")
+        done = info.get("completed_steps")
+        progress = f"{done}/{total} steps" if total else f"{done} steps"
+        line = f"run {self.run_id} [{info['agent']}]: {info['status']}, {progress}"
+        if info.get("reason"):
+            line += f" ({info['reason']})"
+        if info.get("deadline") and info["status"] == "suspended":
+            line += f", expires {info['deadline']:%Y-%m-%d %H:%M} UTC"
+        return line
+
+
+def request_stop(
+    store: Store, run_id: str, *, source: str, who: str | None = None, handle: Handle | None = None
+) -> str:
+    """Record a stop request, then raise the flag of a live run in this process."""
+    from .registry import live_handle
+
+    handle = handle or live_handle(run_id)
+    result = store.request_stop(run_id, source=source, who=who)
+    if handle is not None and handle.alive:
+        if handle.run.stop_source is None:
+            handle.run.stop_source = source
+        handle.run.stop_event.set()
+        handle.run.notify("stop", source)
+    return result.after or "unknown"
+
+
+class Agent:
+    """What ``@kx.agent`` returns: call ``.start(...)`` to run it in the background."""
+
+    def __init__(
+        self, fn: Callable[..., Any], name: str, max_step_seconds: float | None, pickle: bool
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.max_step_seconds = max_step_seconds
+        self.pickle = pickle
+        self.fingerprint = fingerprint(fn)
+        functools.update_wrapper(self, fn)
+
+    def start(
+        self, *args: Any, run_id: str | None = None, store: Store | None = None, **kwargs: Any
+    ) -> Handle:
+        """Start a new run in a worker thread and return its handle at once."""
+        from .starting import start_run
+
+        return start_run(self, args, kwargs, run_id=run_id, store=store)
+
+    def run(
+        self, *args: Any, run_id: str | None = None, store: Store | None = None, **kwargs: Any
+    ) -> Handle:
+        """Start and wait: for scripts and tests."""
+        handle = self.start(*args, run_id=run_id, store=store, **kwargs)
+        handle.wait()
+        return handle
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<kernelext agent {self.name!r}>"
+
+
+def agent(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    max_step_seconds: float | None = None,
+    pickle: bool = False,
+) -> Any:
+    """Declare an agent: ``@kx.agent(name="triage", max_step_seconds=60)``."""
+
+    def wrap(func: Callable[..., Any]) -> Agent:
+        made = Agent(func, name or func.__name__, max_step_seconds, pickle)
+        AGENTS[made.name] = made
+        return made
+
+    return wrap(fn) if fn is not None else wrap
+
+
+# -- executing a run in its worker thread ------------------------------------------------
+def launch(
+    handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Handle:
+    with LIVE_LOCK:
+        LIVE[handle.run_id] = handle
+    thread = threading.Thread(
+        target=_execute,
+        args=(handle, fn, args, kwargs),
+        name=f"kernelext-run[{handle.run_id}]",
+        daemon=True,
+    )
+    handle.thread = thread
+    thread.start()
+    monitor = threading.Thread(
+        target=_monitor, args=(handle,), daemon=True, name=f"kernelext-monitor[{handle.run_id}]"
+    )
+    monitor.start()
+    return handle
+
+
+def _execute(
+    handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    run, store = handle.run, handle.store
+    run.thread_id = threading.get_ident()
+    token = set_current_run(run)
+    outcome: BaseException | None = None
+    finished = False
+    try:
+        handle.result = fn(run, *args, **kwargs)
+        finished = True
+    except BaseException as exc:  # recorded below, after the run is sealed
+        outcome = exc
+    while True:  # absorb a forced stop that lands after the agent returned
+        try:
+            run.seal()
+            break
+        except StopRequested as late:
+            if not finished and outcome is None:
+                outcome = late
+    status = "failed"
+    try:
+        if finished:
+            run.finish_open_step()
+            status = _finish(store, run, "completed")
+        elif isinstance(outcome, StopRequested):
+            status = _suspend(store, run, outcome)
+        elif isinstance(outcome, NeedsDecision):
+            _end_open_step(store, run, "cancelled", str(outcome))
+            status = _finish(store, run, "needs_decision", reason=str(outcome))
+        else:
+            assert outcome is not None
+            handle.error = outcome
+            text = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
+            _end_open_step(store, run, "failed", text)
+            status = _finish(store, run, "failed", reason=text[:500])
+    except Exception as exc:
+        handle.error = handle.error or exc
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        _end_open_step(store, run, "failed", text)
+        status = _finish(store, run, "failed", reason=text[:500])
+    finally:
+        handle.final_status = status
+        run.thread_id = None
+        reset_current_run(token)
+        run.notify("end", status)
+        for hook in list(END_HOOKS):
+            try:
+                hook(run.id, status)
+            except Exception:
+                continue
+
+
+def _end_open_step(store: Store, run: Run, status: str, error: str | None) -> None:
+    info = run.current
+    if info is not None:
+        store.end_step(
+            run.id, info.id, status, error=error, forced=run.forced, duration_s=info.elapsed
+        )
+        run.current = None
+
+
+def _finish(store: Store, run: Run, status: str, reason: str | None = None) -> str:
+    from .claims_release import release_claims_tx
+
+    def job(tx: Any) -> str:
+        result = store.transition_tx(
+            tx, run.id, status, ("running", "stopping"), kind=status, reason=reason, source="engine"
+        )
+        if result.ok and status in FINAL:
+            release_claims_tx(store, tx, run.id, status)
+        return str(result.after)
+
+    return str(store.write(job))
+
+
+def _suspend(store: Store, run: Run, stop: StopRequested) -> str:
+    forced = run.forced
+    _end_open_step(store, run, "cancelled", "forced stop" if forced else "stopped")
+    if run.suspend_request is not None:
+        reason, override, note = run.suspend_request
+        source = "agent"
+    else:
+        reason, override, note = "user_stop", None, None
+        source = run.stop_source or "api"
+    deadline = SETTINGS.expiry.deadline(reason, store.now(), override)
+    detail: dict[str, Any] = {"forced": forced, "deadline": deadline.isoformat()}
+    if note:
+        detail["note"] = note
+    if run.last_completed is not None:
+        detail["last_step"] = run.last_completed.key
+    result = store.transition(
+        run.id,
+        "suspended",
+        ("running", "stopping"),
+        kind="stop_forced" if forced else "suspended",
+        reason=reason,
+        source=source,
+        detail=detail,
+        fields={"deadline": deadline},
+    )
+    return str(result.after)
+
+
+def _monitor(handle: Handle) -> None:
+    """Escalate a pending stop when the current step overruns its time bound."""
+    run = handle.run
+    while handle.thread is not None and handle.thread.is_alive():
+        time.sleep(MONITOR_TICK)
+        info = run.current
+        if not run.stop_event.is_set() or info is None:
+            if (
+                info is not None
+                and run.max_step_seconds
+                and not info.overrun_reported
+                and info.elapsed > run.max_step_seconds
+            ):
+                info.overrun_reported = True
+                handle.store.record_event(
+                    run.id,
+                    "step_overran",
+                    wait=False,
+                    reason=f"step {info.key!r} passed max_step_seconds={run.max_step_seconds}",
+                )
+            continue
+        overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
+        if (run.force_wanted or overran) and run.try_force():
+            handle.store.record_event(
+                run.id,
+                "force_raised",
+                wait=False,
+                source="engine",
+                reason=f"step {info.key!r} cancelled after {info.elapsed:.1f}s",
+            )

@@ -1,0 +1,52 @@
+"""Deadlines for suspended runs, chosen from the reason the run suspended."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+__all__ = ["DEFAULT_EXPIRY", "ExpiryPolicy"]
+
+DEFAULT_EXPIRY: dict[str, dt.timedelta] = {
+    "user_stop": dt.timedelta(days=7),
+    "approval": dt.timedelta(days=3),
+    "rate_limit": dt.timedelta(hours=1),
+    "error": dt.timedelta(days=1),
+    "other": dt.timedelta(days=1),
+}
+
+
+def _as_delta(value: object) -> dt.timedelta:
+    if isinstance(value, dt.timedelta):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return dt.timedelta(seconds=float(value))
+    raise ValueError(
+        f"An expiry duration must be a timedelta or a positive number of seconds, not {value!r}."
+    )
+
+
+class ExpiryPolicy:
+    """Per-reason durations; reasons not listed fall back to ``other``."""
+
+    def __init__(self, durations: Mapping[str, object] | None = None) -> None:
+        self.durations = dict(DEFAULT_EXPIRY)
+        self.update(durations or {})
+
+    def update(self, durations: Mapping[str, object]) -> None:
+        for reason, value in durations.items():
+            self.durations[str(reason)] = _as_delta(value)
+
+    def deadline(
+        self,
+        reason: str,
+        now: dt.datetime,
+        override: dt.datetime | dt.timedelta | float | None = None,
+    ) -> dt.datetime:
+        if isinstance(override, dt.datetime):
+            if override.tzinfo is not None:
+                override = override.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            return override
+        if override is not None:
+            return now + _as_delta(override)
+        return now + self.durations.get(reason, self.durations["other"])

@@ -1,0 +1,102 @@
+"""Human decisions on effects whose outcome is unknown."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from ..store import Store, actor
+from .codec import dumps_json
+from .settings import SETTINGS, get_store
+
+__all__ = ["Reconciliation", "UnknownEffect", "reconcile"]
+
+
+class UnknownEffect:
+    """One effect whose outcome nobody knows. Decide it with one of the three methods."""
+
+    def __init__(self, store: Store, row: dict[str, Any]) -> None:
+        self.store = store
+        self.row = row
+        self.key: uuid.UUID = row["key"]
+        self.run_id: str = row["run_id"]
+        self.tool: str = row["tool"]
+        self.step_key: str = row["step_key"]
+        self.args: str | None = row["args"]
+        self.intent_at: dt.datetime = row["intent_at"]
+        self.decision: str | None = None
+
+    def mark_applied(
+        self, result: Any = None, *, note: str | None = None, source: str = "api"
+    ) -> None:
+        """It happened. ``result`` is what the call returned, replayed on resume."""
+        encoded = dumps_json(result).decode()
+        self._decide("applied", encoded, note, source)
+
+    def mark_not_applied(self, *, note: str | None = None, source: str = "api") -> None:
+        """It did not happen: the call is made again on resume, under the same key."""
+        self._decide("not_applied", None, note, source)
+
+    def give_up(self, *, note: str | None = None, source: str = "api") -> None:
+        """Abandon the run: it is cancelled and its claims released."""
+        self._decide("give_up", None, note, source)
+
+    def _decide(self, decision: str, result: str | None, note: str | None, source: str) -> None:
+        self.store.decide_effect(
+            self.key, decision, result=result, who=actor(), note=note, source=source
+        )
+        if decision == "give_up":
+            from .claims_release import release_claims_tx
+
+            self.store.write(lambda tx: release_claims_tx(self.store, tx, self.run_id, "cancelled"))
+        self.decision = decision
+
+    def __repr__(self) -> str:
+        state = self.decision or "unknown"
+        return (
+            f"<unknown effect {self.tool} key={self.key} step={self.step_key!r} "
+            f"intent={self.intent_at:%Y-%m-%d %H:%M:%S} {state}>"
+        )
+
+
+class Reconciliation(list[UnknownEffect]):
+    """The open unknown effects of a run. In a notebook it displays as a widget."""
+
+    def __init__(self, run_id: str, store: Store, items: list[UnknownEffect]) -> None:
+        super().__init__(items)
+        self.run_id = run_id
+        self.store = store
+
+    @property
+    def open(self) -> list[UnknownEffect]:
+        return [item for item in self if item.decision is None]
+
+    def text(self) -> str:
+        if not self:
+            return f"Run {self.run_id}: no effects with an unknown outcome."
+        lines = [f"Run {self.run_id}: {len(self.open)} effect(s) with an unknown outcome"]
+        for item in self:
+            lines.append(
+                f"  {item.tool}({item.args or ''}) key={item.key} step={item.step_key!r} "
+                f"intent {item.intent_at:%Y-%m-%d %H:%M:%S} UTC -> {item.decision or 'undecided'}"
+            )
+        lines.append("Decide each: .mark_applied(result=...), .mark_not_applied(), .give_up()")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        renderer = SETTINGS.reconcile_renderer
+        if renderer is None:
+            return {"text/plain": self.text()}
+        return renderer(self)
+
+
+def reconcile(run_id: str, *, store: Store | None = None) -> Reconciliation:
+    """The open unknown effects of ``run_id``, each with its three ways out."""
+    store = get_store(store)
+    store.get_run(run_id)
+    items = [UnknownEffect(store, row) for row in store.open_unknowns(run_id)]
+    return Reconciliation(run_id, store, items)

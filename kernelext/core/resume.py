@@ -1,0 +1,186 @@
+"""Resuming a run: take it over, consult the ledger, revalidate, then continue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import AgentError, CodeChangedError, NeedsDecision, RunStateError
+from ..store import Store, actor
+from .codec import loads_json
+from .engine import Handle, launch
+from .registry import AGENTS, RESUME_HOOKS, live_handle
+from .run import Run
+from .settings import get_store
+from .starting import ARGS_CACHE
+
+__all__ = ["RESUMABLE", "load_run", "resume"]
+
+RESUMABLE = ("suspended", "needs_decision", "failed", "running", "stopping")
+
+
+def resume(
+    run_id: str,
+    *,
+    store: Store | None = None,
+    allow_code_change: bool = False,
+    args: tuple[Any, ...] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    source: str = "api",
+) -> Handle:
+    """Continue a suspended (or crashed) run from its last completed step."""
+    store = get_store(store)
+    row = store.get_run(run_id)
+    live = live_handle(run_id)
+    if live is not None:
+        raise RunStateError(
+            f"Run {run_id!r} is already executing in this process (status {row['status']}). "
+            "Stop it first with its handle's .stop(), or wait for it with .wait()."
+        )
+    _check_status(run_id, row["status"])
+    agent = AGENTS.get(row["agent"])
+    if agent is None:
+        raise AgentError(
+            f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
+            f"process. Run the code (or notebook cell) that defines @kx.agent(name="
+            f"{row['agent']!r}) and call kx.resume({run_id!r}) again."
+        )
+    if row["fingerprint"] and row["fingerprint"] != agent.fingerprint and not allow_code_change:
+        raise CodeChangedError(
+            f"The code of agent {agent.name!r} changed since run {run_id!r} started "
+            f"(fingerprint {row['fingerprint']} -> {agent.fingerprint}). Completed steps are "
+            "kept as they are. If the change is safe, resume with "
+            f"kx.resume({run_id!r}, allow_code_change=True)."
+        )
+    call_args, call_kwargs = _arguments(run_id, row, args, kwargs)
+    run = load_run(store, run_id, agent.name, agent.max_step_seconds, agent.pickle)
+    handle = Handle(run, store)
+
+    def take_over(tx: Any) -> tuple[str, list[Any]]:
+        result = store.transition_tx(
+            tx,
+            run_id,
+            "running",
+            RESUMABLE,
+            kind="resumed",
+            source=source,
+            who=actor(),
+            fields={
+                "deadline": None,
+                "stop_requested_at": None,
+                "stop_source": None,
+                "owner": actor(),
+                "fingerprint": agent.fingerprint,
+            },
+        )
+        if not result.ok:
+            return str(result.before), []
+        store.abandon_running_steps(tx, run_id)
+        fresh = store.mark_pending_unknown(tx, run_id)
+        open_rows = tx.fetchall(
+            "SELECT key FROM effects WHERE run_id = ? AND status = 'unknown'", (run_id,)
+        )
+        if open_rows:
+            store.transition_tx(
+                tx,
+                run_id,
+                "needs_decision",
+                ("running",),
+                kind="needs_decision",
+                source="ledger",
+                reason=f"{len(open_rows)} effect(s) with unknown outcome",
+                detail={"new_unknowns": len(fresh)},
+            )
+            return "needs_decision", [r[0] for r in open_rows]
+        return "running", []
+
+    status, _unknown = store.write(take_over)
+    if status not in ("running", "needs_decision"):
+        _check_status(run_id, status)
+        raise RunStateError(f"Run {run_id!r} could not be resumed: it is {status}.")
+    if status == "needs_decision":
+        return handle
+    run.effects = store.load_effects(run_id)
+    try:
+        for hook in list(RESUME_HOOKS):
+            hook(run, store)
+    except NeedsDecision as decision:
+        store.transition(
+            run_id,
+            "needs_decision",
+            ("running",),
+            kind="needs_decision",
+            source="revalidation",
+            reason=str(decision),
+        )
+        return handle
+    except BaseException as exc:
+        store.transition(
+            run_id,
+            "suspended",
+            ("running",),
+            kind="resume_failed",
+            source="revalidation",
+            reason=f"resume stopped: {exc}",
+            fields={"deadline": None},
+        )
+        raise
+    return launch(handle, agent.fn, call_args, call_kwargs)
+
+
+def load_run(
+    store: Store,
+    run_id: str,
+    agent: str,
+    max_step_seconds: float | None,
+    allow_pickle: bool,
+    before_ordinal: int | None = None,
+) -> Run:
+    """A Run object with state, completed steps and ledger restored from the store."""
+    row = store.get_run(run_id)
+    run = Run(
+        store,
+        run_id,
+        agent,
+        max_step_seconds=max_step_seconds,
+        allow_pickle=allow_pickle,
+        total_steps=row.get("total_steps"),
+    )
+    snapshot = store.latest_snapshot(run_id, before_ordinal)
+    if snapshot is not None:
+        run.state = run.snapshotter.restore(store, snapshot["manifest"])
+    for step in store.completed_steps(run_id):
+        if before_ordinal is None or step["ordinal"] < before_ordinal:
+            run.completed[step["key"]] = step["ordinal"]
+    run.effects = store.load_effects(run_id)
+    return run
+
+
+def _check_status(run_id: str, status: str) -> None:
+    if status == "completed":
+        raise RunStateError(f"Run {run_id!r} already completed; there is nothing to resume.")
+    if status == "cancelled":
+        raise RunStateError(
+            f"Run {run_id!r} was cancelled. To run it again from a snapshot, use "
+            f"kx.restart({run_id!r})."
+        )
+    if status == "expired":
+        raise RunStateError(
+            f"Run {run_id!r} expired while suspended; it cannot be resumed. Its snapshot is "
+            f"kept: start a new run from it deliberately with kx.restart({run_id!r})."
+        )
+
+
+def _arguments(
+    run_id: str, row: dict[str, Any], args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if args is not None or kwargs is not None:
+        return tuple(args or ()), dict(kwargs or {})
+    if row.get("args"):
+        decoded = loads_json(row["args"])
+        return tuple(decoded["args"]), dict(decoded["kwargs"])
+    if run_id in ARGS_CACHE:
+        return ARGS_CACHE[run_id]
+    raise AgentError(
+        f"Run {run_id!r} was started with arguments that are not JSON, so they were not stored. "
+        f"Pass them again: kx.resume({run_id!r}, args=(...), kwargs={{...}})."
+    )

@@ -1,0 +1,267 @@
+"""The ``run`` object an agent receives: steps, state, and the safe points between them."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType, TracebackType
+from typing import Any, TypeVar
+
+from ..errors import ForcedStop, KernelextError, StopRequested
+from ..store import Store
+from .snapshot import Snapshotter
+
+__all__ = ["Run", "StepInfo"]
+
+T = TypeVar("T")
+OUTSIDE_STEPS = "__run__"
+
+
+class StepInfo:
+    """The step currently executing."""
+
+    def __init__(self, step_id: uuid.UUID, key: str, ordinal: int, name: str | None) -> None:
+        self.id = step_id
+        self.key = key
+        self.ordinal = ordinal
+        self.name = name
+        self.started = time.monotonic()
+        self.calls = 0
+        self.overrun_reported = False
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+class _SkipBody(Exception):
+    pass
+
+
+class Run:
+    """Passed to the agent function. Everything here is safe to call from the agent."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        agent: str,
+        *,
+        max_step_seconds: float | None,
+        allow_pickle: bool = False,
+        total_steps: int | None = None,
+    ) -> None:
+        self.store = store
+        self.id = run_id
+        self.agent = agent
+        self.max_step_seconds = max_step_seconds
+        self.state: dict[str, Any] = {}
+        self.total_steps = total_steps
+        self.snapshotter = Snapshotter(run_id, allow_pickle=allow_pickle)
+        self.completed: dict[str, int] = {}
+        self.effects: dict[uuid.UUID, dict[str, Any]] = {}
+        self.current: StepInfo | None = None
+        self.last_completed: StepInfo | None = None
+        self._outside_calls = 0
+        self._ordinal = 0
+        self._seen: set[str] = set()
+        self.stop_event = threading.Event()
+        self.stop_source: str | None = None
+        self.force_wanted = False
+        self.forced = False
+        self.thread_id: int | None = None
+        self._guard = 0
+        self._guard_lock = threading.Lock()
+        self._force_fired = False
+        self.listeners: list[Callable[[str, Any], None]] = []
+        self.suspend_request: tuple[str, Any, str | None] | None = None
+
+    # -- what agents call ---------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return self.id
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_event.is_set()
+
+    def steps(
+        self, items: Iterable[T], key: Callable[[T], Any] | None = None, name: str | None = None
+    ) -> Iterator[T]:
+        """Yield each item as one step. Completed items are skipped on resume.
+
+        ``key`` gives each item a stable identity (default: its position). Between
+        items is a safe point: a pending stop takes effect there.
+        """
+        if self.total_steps is None:
+            try:
+                self.total_steps = len(items)  # type: ignore[arg-type]
+                self.notify("total", self.total_steps)
+            except TypeError:
+                pass
+        for index, item in enumerate(items):
+            step_key = str(key(item)) if key is not None else str(index)
+            if not self.begin_step(step_key, name):
+                continue
+            yield item
+        self.finish_open_step()
+        self.safe_point()
+
+    def step(self, name: str, key: str | None = None) -> _StepContext:
+        """``with run.step("fetch"):`` — one step; skipped on resume once completed."""
+        return _StepContext(self, key or name, name)
+
+    def checkpoint(self) -> None:
+        """An explicit safe point: honours a pending stop here."""
+        self.safe_point()
+
+    def suspend(
+        self, reason: str = "other", *, deadline: Any = None, note: str | None = None
+    ) -> None:
+        """Suspend the run at this point (a safe point); resume with ``kx.resume``."""
+        self.finish_open_step()
+        self.suspend_request = (reason, deadline, note)
+        raise StopRequested(reason)
+
+    # -- engine side --------------------------------------------------------------
+    def notify(self, what: str, value: Any = None) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(what, value)
+            except Exception:
+                continue
+
+    def safe_point(self) -> None:
+        if self.stop_event.is_set():
+            raise StopRequested(self.stop_source or "stop")
+
+    def begin_step(self, key: str, name: str | None) -> bool:
+        """Open a step. Returns False when it completed before (resume)."""
+        self.finish_open_step()
+        self.safe_point()
+        if key in self._seen:
+            raise KernelextError(
+                f"Step key {key!r} is used twice in run {self.id!r}. Step keys must be unique "
+                "within a run: pass key= to run.steps() or use distinct names in run.step()."
+            )
+        self._seen.add(key)
+        ordinal = self._ordinal
+        self._ordinal += 1
+        if key in self.completed:
+            return False
+        info = StepInfo(uuid.uuid4(), key, ordinal, name)
+        with self.critical():
+            self.store.begin_step(self.id, info.id, ordinal, key, name)
+            self.current = info
+        self.notify("step", info)
+        return True
+
+    def finish_open_step(self) -> None:
+        info = self.current
+        if info is None:
+            return
+        with self.critical():
+            manifest, blobs, size = self.snapshotter.take(self.state)
+            self.store.complete_step(
+                self.id, info.id, info.ordinal, info.elapsed, manifest, blobs, size
+            )
+            self.snapshotter.committed()
+            self.completed[info.key] = info.ordinal
+            self.current = None
+            self.last_completed = info
+        self.notify("completed", info)
+
+    def next_call(self) -> tuple[str, int | None, int]:
+        """The (step key, step ordinal, call ordinal) for the next effect call."""
+        info = self.current
+        if info is None:
+            ordinal = self._outside_calls
+            self._outside_calls += 1
+            return OUTSIDE_STEPS, None, ordinal
+        ordinal = info.calls
+        info.calls += 1
+        return info.key, info.ordinal, ordinal
+
+    # -- forced stop: raise into the worker, never inside kernelext's bookkeeping ---
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        with self._guard_lock:
+            self._guard += 1
+            fired = self._force_fired
+            if fired and self.thread_id is not None:
+                _set_async_exc(self.thread_id, None)
+                self._force_fired = False
+        if fired:
+            with self._guard_lock:
+                self._guard -= 1
+            raise ForcedStop("forced")
+        try:
+            yield
+        finally:
+            with self._guard_lock:
+                self._guard -= 1
+
+    def seal(self) -> None:
+        """From here on kernelext's bookkeeping runs; no forced stop may land in it."""
+        with self._guard_lock:
+            self._guard += 1
+            if self._force_fired and self.thread_id is not None:
+                _set_async_exc(self.thread_id, None)
+            self._force_fired = False
+
+    def try_force(self) -> bool:
+        """Raise ForcedStop in the worker unless it is inside kernelext's own code."""
+        with self._guard_lock:
+            if self._guard or self.thread_id is None or self._force_fired:
+                return False
+            self._force_fired = True
+            self.forced = True
+            return _set_async_exc(self.thread_id, ForcedStop)
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> bool:
+    obj = ctypes.py_object(exc) if exc is not None else None
+    count = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), obj)
+    return bool(count == 1)
+
+
+class _StepContext:
+    """Context manager behind ``run.step``; skips its body when already completed."""
+
+    def __init__(self, run: Run, key: str, name: str) -> None:
+        self.run = run
+        self.key = key
+        self.name = name
+        self.skipped = False
+        self._old_trace: Any = None
+
+    def __enter__(self) -> _StepContext:
+        if self.run.begin_step(self.key, self.name):
+            return self
+        # Completed before: skip the body (the same technique debuggers use to jump).
+        self.skipped = True
+        self._old_trace = sys.gettrace()
+        frame = sys._getframe(1)
+        sys.settrace(lambda *args: None)
+        frame.f_trace = self._skip
+        return self
+
+    def _skip(self, frame: FrameType, event: str, arg: Any) -> Any:
+        raise _SkipBody
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if self.skipped:
+            sys.settrace(self._old_trace)
+            frame = sys._getframe(1)
+            frame.f_trace = None
+            return kind is _SkipBody
+        if kind is None:
+            self.run.finish_open_step()
+        return False

@@ -1,0 +1,65 @@
+"""Starting a new run."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RunStateError
+from ..store import Store, actor
+from .codec import dumps_json
+from .engine import Handle, launch
+from .run import Run
+from .settings import get_store
+
+if TYPE_CHECKING:
+    from .engine import Agent
+
+__all__ = ["ARGS_CACHE", "encode_args", "start_run"]
+
+# Arguments that are not JSON can only be reused for a resume in this same process.
+ARGS_CACHE: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+
+def encode_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    try:
+        return dumps_json({"args": list(args), "kwargs": kwargs}).decode()
+    except (TypeError, ValueError):
+        return None
+
+
+def start_run(
+    agent: Agent,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    run_id: str | None,
+    store: Store | None,
+) -> Handle:
+    store = get_store(store)
+    run_id = run_id or f"{agent.name}-{uuid.uuid4().hex[:8]}"
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise ValueError(f"run_id must be a non-empty string, not {run_id!r}.")
+    ARGS_CACHE[run_id] = (args, kwargs)
+    created = store.create_run(
+        run_id,
+        agent.name,
+        fingerprint=agent.fingerprint,
+        max_step_seconds=agent.max_step_seconds,
+        args=encode_args(args, kwargs),
+        owner=actor(),
+    )
+    if not created:
+        existing = store.get_run(run_id)
+        raise RunStateError(
+            f"Run {run_id!r} already exists (status {existing['status']}). Resume it with "
+            f"kx.resume({run_id!r}), restart it with kx.restart({run_id!r}), or pick a new run_id."
+        )
+    run = Run(
+        store,
+        run_id,
+        agent.name,
+        max_step_seconds=agent.max_step_seconds,
+        allow_pickle=agent.pickle,
+    )
+    return launch(Handle(run, store), agent.fn, args, kwargs)

@@ -1,0 +1,91 @@
+"""Errors raised by kernelext. Every message says what happened and what to do."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "CodeChangedError",
+    "EffectArgumentsMismatch",
+    "ForcedStop",
+    "KernelextError",
+    "LedgerError",
+    "NeedsDecision",
+    "ReadOnlyError",
+    "RunNotFound",
+    "RunStateError",
+    "SerializationError",
+    "StopRequested",
+    "StoreError",
+    "StoreLockedError",
+]
+
+
+class KernelextError(Exception):
+    """Base class of every error kernelext raises on purpose."""
+
+
+class StoreError(KernelextError):
+    """The store cannot be opened, read or written."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store file."""
+
+    def __init__(self, path: str, pid: int | None, detail: str = "") -> None:
+        self.path = path
+        self.pid = pid
+        holder = f"process {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"The kernelext store {path!r} is held by {holder}. DuckDB allows one process "
+            "per file. Stop that process (or its notebook kernel), or point this process at "
+            "its own store with KERNELEXT_STORE=/path/to/other.duckdb "
+            "(in a notebook: %config Kernelext.store = '...')." + (f" [{detail}]" if detail else "")
+        )
+
+
+class ReadOnlyError(StoreError, ValueError):
+    """A statement that writes was sent to a read-only entry point."""
+
+
+class RunNotFound(KernelextError, LookupError):
+    """No run with that id is in the store."""
+
+
+class RunStateError(KernelextError):
+    """The run is in a state that does not allow the request."""
+
+
+class CodeChangedError(RunStateError):
+    """The agent's code differs from the code that started the run."""
+
+
+class AgentError(KernelextError):
+    """The agent is not defined or not usable in this process."""
+
+
+class SerializationError(KernelextError, TypeError):
+    """A value cannot be stored safely."""
+
+
+class LedgerError(KernelextError):
+    """The effect ledger refuses a call."""
+
+
+class EffectArgumentsMismatch(LedgerError):
+    """An effect key was reused with different arguments."""
+
+
+class NeedsDecision(KernelextError):
+    """The run waits for a human decision (an unknown effect or a stale fact)."""
+
+
+class StopRequested(BaseException):
+    """Raised at a safe point inside an agent when a stop was requested.
+
+    It derives from BaseException so that ``except Exception`` in user code cannot
+    swallow it.
+    """
+
+
+class ForcedStop(StopRequested):
+    """Raised into a step that overran ``max_step_seconds`` while a stop was pending."""

@@ -1,0 +1,1 @@
+"""IPython extension (placeholder)."""

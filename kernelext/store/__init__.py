@@ -1,0 +1,55 @@
+"""The store: schema, migrations and the only code that speaks SQL to a backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import os
+from collections.abc import Callable
+
+from .base import StoreBase, actor, utcnow
+from .effects import EffectsMixin
+from .runs import RunsMixin, Transition
+from .steps import Blob, StepsMixin
+
+__all__ = ["Blob", "Store", "Transition", "actor", "default_store_path", "open_store", "utcnow"]
+
+DEFAULT_DIRNAME = ".kernelext"
+DEFAULT_FILENAME = "store.duckdb"
+
+
+class Store(EffectsMixin, StepsMixin, RunsMixin, StoreBase):
+    """Every record operation the core needs, on one backend."""
+
+
+def default_store_path(cwd: str | None = None) -> str:
+    """``KERNELEXT_STORE`` if set, else ``.kernelext/store.duckdb`` in the project.
+
+    The project is the nearest folder upwards that holds ``.git`` or ``pyproject.toml``;
+    without one, the current folder.
+    """
+    env = os.environ.get("KERNELEXT_STORE")
+    if env:
+        return env
+    start = os.path.abspath(cwd or os.getcwd())
+    folder = start
+    while True:
+        if any(os.path.exists(os.path.join(folder, m)) for m in (".git", "pyproject.toml")):
+            break
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            folder = start
+            break
+        folder = parent
+    return os.path.join(folder, DEFAULT_DIRNAME, DEFAULT_FILENAME)
+
+
+def open_store(location: str | None = None, clock: Callable[[], dt.datetime] = utcnow) -> Store:
+    """Open the store at ``location`` (a DuckDB path, or a ``postgresql://`` URL)."""
+    target = location or default_store_path()
+    if target.startswith(("postgresql://", "postgres://")):
+        backend = importlib.import_module(".postgres_backend", __name__)
+        return Store(backend.open_postgres(target), clock=clock)
+    from .duckdb_backend import open_duckdb
+
+    return Store(open_duckdb(target), clock=clock)

@@ -1,0 +1,171 @@
+"""Plumbing shared by every backend: the writer, reads, migrations and events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
+
+from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
+from .writer import Tx, Writer
+
+__all__ = ["Backend", "StoreBase", "actor", "utcnow"]
+
+T = TypeVar("T")
+
+
+def utcnow() -> dt.datetime:
+    """Now, as a naive datetime in UTC (the store keeps every timestamp in UTC)."""
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def actor() -> str:
+    """Who is asking: the OS user, host and process."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+class Backend(Protocol):
+    """A connection adapter: what a backend module gives the store."""
+
+    dialect: str
+    path: str
+
+    def begin(self) -> Tx: ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def read_arrow(self, sql: str) -> Any: ...
+
+
+class StoreBase:
+    """Owns the writer thread; subclasses (mixins) add the record operations."""
+
+    def __init__(self, backend: Backend, clock: Callable[[], dt.datetime] = utcnow) -> None:
+        self.backend = backend
+        self.clock = clock
+        self.location = backend.path
+        self.for_update = " FOR UPDATE" if backend.dialect == "postgres" else ""
+        self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
+        self.closed = False
+        try:
+            self._writer.run(self._migrate)
+        except BaseException:
+            self._writer.close()
+            raise
+
+    # -- plumbing ------------------------------------------------------------
+    def now(self) -> dt.datetime:
+        return self.clock()
+
+    def write(self, job: Callable[[Tx], T]) -> T:
+        """Run ``job`` in a transaction and return once it has committed."""
+        return self._writer.run(job)
+
+    def write_async(self, job: Callable[[Tx], T]) -> Future[T]:
+        """Queue ``job``; it commits with the next group. Wait on the future to know."""
+        return self._writer.submit(job)
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.backend.read(sql, params)
+
+    def read_dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        rows, names = self._read_with_names(sql, params)
+        return [dict(zip(names, row, strict=False)) for row in rows]
+
+    def _read_with_names(
+        self, sql: str, params: Sequence[Any]
+    ) -> tuple[list[tuple[Any, ...]], list[str]]:
+        reader = getattr(self.backend, "read_with_names", None)
+        if reader is None:  # pragma: no cover - every shipped backend has it
+            raise NotImplementedError
+        result: tuple[list[tuple[Any, ...]], list[str]] = reader(sql, params)
+        return result
+
+    def flush(self) -> None:
+        """Wait until everything queued so far has committed."""
+        self.write(lambda tx: None)
+
+    @property
+    def commits(self) -> int:
+        return self._writer.commits
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._writer.close()
+
+    def __enter__(self) -> StoreBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema ----------------------------------------------------------------
+    def _migrate(self, tx: Tx) -> int:
+        tx.execute(SCHEMA_VERSION_DDL)
+        row = tx.fetchone("SELECT max(version) FROM schema_version")
+        current = int(row[0]) if row and row[0] is not None else 0
+        for migration in MIGRATIONS:
+            if migration.version <= current:
+                continue
+            for statement in migration.statements:
+                tx.execute(statement)
+            tx.execute(
+                "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.description, self.now()),
+            )
+            current = migration.version
+        return current
+
+    def schema_version(self) -> int:
+        row = self.read("SELECT max(version) FROM schema_version")
+        return int(row[0][0]) if row and row[0][0] is not None else 0
+
+    # -- events ------------------------------------------------------------------
+    def event(
+        self,
+        tx: Tx,
+        run_id: str | None,
+        kind: str,
+        *,
+        from_status: str | None = None,
+        to_status: str | None = None,
+        source: str | None = None,
+        who: str | None = None,
+        reason: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Append one audit row inside the caller's transaction."""
+        tx.execute(
+            "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source,"
+            " actor, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                self.now(),
+                kind,
+                from_status,
+                to_status,
+                source,
+                who or actor(),
+                reason,
+                json.dumps(detail, default=str, sort_keys=True) if detail else None,
+            ),
+        )
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        return self.read_dicts("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))

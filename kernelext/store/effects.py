@@ -1,0 +1,177 @@
+"""The effect ledger's rows: intent, outcome, unknowns and human decisions."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from ..errors import LedgerError
+from .base import StoreBase
+from .runs import RunsMixin
+from .writer import Tx
+
+__all__ = ["EffectsMixin"]
+
+EFFECT_COLUMNS = (
+    "key, run_id, step_key, step_ordinal, tool, call_ordinal, args_hash, args, status, resumable,"
+    " result, error, intent_at, outcome_at, decided_by, decision_note"
+)
+
+
+class EffectsMixin(RunsMixin, StoreBase):
+    def load_effects(self, run_id: str) -> dict[uuid.UUID, dict[str, Any]]:
+        """Every ledger row of a run, in one query."""
+        rows = self.read_dicts(f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ?", (run_id,))
+        return {row["key"]: row for row in rows}
+
+    def effect(self, key: uuid.UUID) -> dict[str, Any] | None:
+        rows = self.read_dicts(f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ?", (key,))
+        return rows[0] if rows else None
+
+    def write_intent(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """Durably record ``pending`` before the call. Returns the existing row if any."""
+
+        def job(tx: Tx) -> dict[str, Any] | None:
+            existing = tx.fetchone(
+                "SELECT status, args_hash, result, error FROM effects"
+                f" WHERE key = ?{self.for_update}",
+                (row["key"],),
+            )
+            if existing is not None:
+                return dict(zip(("status", "args_hash", "result", "error"), existing, strict=False))
+            tx.execute(
+                "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
+                " args_hash, args, status, resumable, intent_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
+                (
+                    row["key"],
+                    row["run_id"],
+                    row["step_key"],
+                    row["step_ordinal"],
+                    row["tool"],
+                    row["call_ordinal"],
+                    row["args_hash"],
+                    row["args"],
+                    row["resumable"],
+                    self.now(),
+                ),
+            )
+            return None
+
+        return self.write(job)
+
+    def retry_intent(self, key: uuid.UUID) -> None:
+        """A row decided ``not_applied`` (or ``failed`` with retry) goes back to ``pending``."""
+
+        def job(tx: Tx) -> None:
+            tx.execute(
+                "UPDATE effects SET status = 'pending', intent_at = ?, outcome_at = NULL,"
+                " error = NULL WHERE key = ?",
+                (self.now(), key),
+            )
+
+        self.write(job)
+
+    def write_outcome(
+        self,
+        key: uuid.UUID,
+        status: str,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+        wait: bool = False,
+    ) -> None:
+        """Record ``applied`` / ``failed`` / ``unknown``. Queued unless ``wait``."""
+        at = self.now()
+
+        def job(tx: Tx) -> None:
+            tx.execute(
+                "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?"
+                " WHERE key = ? AND status = 'pending'",
+                (status, result, error, at, key),
+            )
+
+        if wait:
+            self.write(job)
+        else:
+            self.write_async(job)
+
+    def mark_pending_unknown(self, tx: Tx, run_id: str) -> list[uuid.UUID]:
+        """On resume: every ``pending`` row of the run has an unknown outcome."""
+        rows = tx.fetchall(
+            "UPDATE effects SET status = 'unknown', outcome_at = ? WHERE run_id = ?"
+            " AND status = 'pending' RETURNING key, tool",
+            (self.now(), run_id),
+        )
+        for key, tool in rows:
+            self.event(
+                tx,
+                run_id,
+                "effect_unknown",
+                reason="intent recorded, outcome not",
+                detail={"key": str(key), "tool": tool},
+            )
+        return [r[0] for r in rows]
+
+    def open_unknowns(self, run_id: str) -> list[dict[str, Any]]:
+        return self.read_dicts(
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ? AND status = 'unknown'"
+            " ORDER BY intent_at, call_ordinal",
+            (run_id,),
+        )
+
+    def decide_effect(
+        self,
+        key: uuid.UUID,
+        decision: str,
+        *,
+        result: str | None,
+        who: str,
+        note: str | None,
+        source: str = "api",
+    ) -> str:
+        """Apply a human decision to an ``unknown`` row. Returns the run id."""
+        new_status = {"applied": "applied", "not_applied": "not_applied", "give_up": "given_up"}[
+            decision
+        ]
+
+        def job(tx: Tx) -> str:
+            row = tx.fetchone(
+                f"SELECT run_id, status, tool FROM effects WHERE key = ?{self.for_update}", (key,)
+            )
+            if row is None:
+                raise LedgerError(f"No effect with key {key} in the ledger.")
+            run_id, status, tool = row
+            if status != "unknown":
+                raise LedgerError(
+                    f"Effect {key} ({tool}) is {status!r}, not 'unknown'; only unknown effects "
+                    "are reconciled. See kx.reconcile(run_id) for the open ones."
+                )
+            tx.execute(
+                "UPDATE effects SET status = ?, result = ?, outcome_at = ?, decided_by = ?,"
+                " decision_note = ? WHERE key = ?",
+                (new_status, result if decision == "applied" else None, self.now(), who, note, key),
+            )
+            self.event(
+                tx,
+                run_id,
+                "effect_decided",
+                source=source,
+                who=who,
+                reason=note,
+                detail={"key": str(key), "tool": tool, "decision": decision},
+            )
+            if decision == "give_up":
+                self.transition_tx(
+                    tx,
+                    run_id,
+                    "cancelled",
+                    ("needs_decision", "suspended", "stopping", "running", "failed"),
+                    kind="cancelled",
+                    source=source,
+                    who=who,
+                    reason=f"gave up on unknown effect {tool}",
+                )
+            return str(run_id)
+
+        return self.write(job)

@@ -1,0 +1,207 @@
+"""Run rows and their status transitions. Every transition writes one event row."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from ..errors import RunNotFound
+from .base import StoreBase
+from .writer import Tx
+
+__all__ = ["RunsMixin", "Transition"]
+
+RUN_COLUMNS = (
+    "id, agent, status, reason, created_at, updated_at, deadline, parent_id, fingerprint, "
+    "max_step_seconds, args, stop_requested_at, stop_source, owner, lease_until, total_steps, "
+    "completed_steps, error"
+)
+
+
+class Transition(NamedTuple):
+    ok: bool
+    before: str | None
+    after: str | None
+
+
+class RunsMixin(StoreBase):
+    def create_run(
+        self,
+        run_id: str,
+        agent: str,
+        *,
+        fingerprint: str | None = None,
+        max_step_seconds: float | None = None,
+        args: str | None = None,
+        parent_id: str | None = None,
+        owner: str | None = None,
+        total_steps: int | None = None,
+        source: str = "api",
+    ) -> bool:
+        """Insert a run in status ``running``. Returns False if the id is taken."""
+
+        def job(tx: Tx) -> bool:
+            if tx.fetchone("SELECT 1 FROM runs WHERE id = ?", (run_id,)):
+                return False
+            now = self.now()
+            tx.execute(
+                "INSERT INTO runs (id, agent, status, created_at, updated_at, parent_id,"
+                " fingerprint, max_step_seconds, args, owner, total_steps, completed_steps)"
+                " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (
+                    run_id,
+                    agent,
+                    now,
+                    now,
+                    parent_id,
+                    fingerprint,
+                    max_step_seconds,
+                    args,
+                    owner,
+                    total_steps,
+                ),
+            )
+            self.event(
+                tx,
+                run_id,
+                "created",
+                to_status="running",
+                source=source,
+                detail={"parent": parent_id} if parent_id else None,
+            )
+            return True
+
+        return self.write(job)
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        rows = self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+        if not rows:
+            raise RunNotFound(
+                f"No run {run_id!r} in the store at {self.location}. "
+                "List runs with kx.runs() (or `kernelext runs`)."
+            )
+        return rows[0]
+
+    def find_run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+        return rows[0] if rows else None
+
+    def list_runs(self, status: str | None = None) -> list[dict[str, Any]]:
+        if status:
+            return self.read_dicts(
+                f"SELECT {RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at", (status,)
+            )
+        return self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at")
+
+    def transition_tx(
+        self,
+        tx: Tx,
+        run_id: str,
+        to_status: str,
+        allowed_from: Iterable[str],
+        *,
+        kind: str = "transition",
+        source: str | None = None,
+        reason: str | None = None,
+        who: str | None = None,
+        detail: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
+    ) -> Transition:
+        """Move a run to ``to_status`` if it is in one of ``allowed_from``."""
+        row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
+        if row is None:
+            raise RunNotFound(f"No run {run_id!r} in the store at {self.location}.")
+        before = str(row[0])
+        if before not in set(allowed_from):
+            return Transition(False, before, before)
+        updates: dict[str, Any] = {"status": to_status, "updated_at": self.now()}
+        if reason is not None or "reason" not in (fields or {}):
+            updates["reason"] = reason
+        updates.update(fields or {})
+        assignments = ", ".join(f"{name} = ?" for name in updates)
+        tx.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*updates.values(), run_id))
+        self.event(
+            tx,
+            run_id,
+            kind,
+            from_status=before,
+            to_status=to_status,
+            source=source,
+            reason=reason,
+            who=who,
+            detail=detail,
+        )
+        return Transition(True, before, to_status)
+
+    def transition(
+        self, run_id: str, to_status: str, allowed_from: Iterable[str], **kwargs: Any
+    ) -> Transition:
+        allowed = tuple(allowed_from)
+        return self.write(lambda tx: self.transition_tx(tx, run_id, to_status, allowed, **kwargs))
+
+    def request_stop(
+        self, run_id: str, *, source: str, who: str | None = None, reason: str | None = None
+    ) -> Transition:
+        """Record a stop request. Only the first one moves ``running`` to ``stopping``."""
+
+        def job(tx: Tx) -> Transition:
+            row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
+            if row is None:
+                raise RunNotFound(f"No run {run_id!r} in the store at {self.location}.")
+            before = str(row[0])
+            if before == "running":
+                now = self.now()
+                tx.execute(
+                    "UPDATE runs SET status = 'stopping', updated_at = ?, stop_requested_at = ?,"
+                    " stop_source = ? WHERE id = ?",
+                    (now, now, source, run_id),
+                )
+                self.event(
+                    tx,
+                    run_id,
+                    "stop_requested",
+                    from_status=before,
+                    to_status="stopping",
+                    source=source,
+                    who=who,
+                    reason=reason,
+                )
+                return Transition(True, before, "stopping")
+            self.event(
+                tx,
+                run_id,
+                "stop_requested",
+                source=source,
+                who=who,
+                reason=reason or f"run already {before}",
+            )
+            return Transition(False, before, before)
+
+        return self.write(job)
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        def job(tx: Tx) -> None:
+            self.update_run_tx(tx, run_id, **fields)
+
+        self.write(job)
+
+    def update_run_tx(self, tx: Tx, run_id: str, **fields: Any) -> None:
+        fields.setdefault("updated_at", self.now())
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        tx.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*fields.values(), run_id))
+
+    def record_event(
+        self, run_id: str | None, kind: str, *, wait: bool = True, **kwargs: Any
+    ) -> None:
+        def job(tx: Tx) -> None:
+            self.event(tx, run_id, kind, **kwargs)
+
+        if wait:
+            self.write(job)
+        else:
+            self.write_async(job)
+
+    def stop_requested_at(self, run_id: str) -> dt.datetime | None:
+        rows = self.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
+        return rows[0][0] if rows else None

@@ -1,0 +1,226 @@
+"""Step rows, snapshots and the payload blobs they point at."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from .base import StoreBase
+from .writer import Tx
+
+__all__ = ["Blob", "StepsMixin"]
+
+INLINE_LIMIT = 1 << 20  # payloads above 1 MiB go to a side file, off the commit path
+
+
+class Blob(NamedTuple):
+    id: uuid.UUID
+    encoding: str
+    sha256: str
+    size: int
+    base_id: uuid.UUID | None
+    data: bytes
+
+
+class StepsMixin(StoreBase):
+    # -- steps -----------------------------------------------------------------
+    def begin_step(
+        self, run_id: str, step_id: uuid.UUID, ordinal: int, key: str, name: str | None
+    ) -> None:
+        """Record that a step started. Queued: it commits with the next group."""
+        started = self.now()
+
+        def job(tx: Tx) -> None:
+            tx.execute(
+                "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)"
+                " VALUES (?, ?, ?, ?, ?, 'running', ?)",
+                (step_id, run_id, ordinal, key, name, started),
+            )
+
+        self.write_async(job)
+
+    def complete_step(
+        self,
+        run_id: str,
+        step_id: uuid.UUID,
+        ordinal: int,
+        duration_s: float,
+        manifest: dict[str, Any],
+        new_blobs: Sequence[Blob],
+        snapshot_bytes: int,
+    ) -> uuid.UUID:
+        """Durably mark a step completed together with its snapshot (one transaction)."""
+        rows = [self._blob_row(run_id, blob) for blob in new_blobs]
+        snapshot_id = uuid.uuid4()
+        manifest_text = json.dumps(manifest, sort_keys=True)
+
+        def job(tx: Tx) -> None:
+            now = self.now()
+            tx.executemany(
+                "INSERT INTO blobs (id, run_id, encoding, sha256, size, location, base_id, data,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*row, now) for row in rows],
+            )
+            tx.execute(
+                "INSERT INTO snapshots (id, run_id, step_ordinal, created_at, manifest, bytes)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (snapshot_id, run_id, ordinal, now, manifest_text, snapshot_bytes),
+            )
+            tx.execute(
+                "UPDATE steps SET status = 'completed', ended_at = ?, duration_s = ?,"
+                " snapshot_id = ? WHERE id = ?",
+                (now, duration_s, snapshot_id, step_id),
+            )
+            tx.execute(
+                "UPDATE runs SET completed_steps = completed_steps + 1, updated_at = ?"
+                " WHERE id = ?",
+                (now, run_id),
+            )
+
+        self.write(job)
+        return snapshot_id
+
+    def end_step(
+        self,
+        run_id: str,
+        step_id: uuid.UUID,
+        status: str,
+        *,
+        error: str | None = None,
+        forced: bool = False,
+        duration_s: float | None = None,
+    ) -> None:
+        """Mark a step that did not complete (``failed``, ``cancelled``, ``abandoned``)."""
+
+        def job(tx: Tx) -> None:
+            tx.execute(
+                "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, error = ?, forced = ?"
+                " WHERE id = ?",
+                (status, self.now(), duration_s, error, forced, step_id),
+            )
+
+        self.write(job)
+
+    def abandon_running_steps(self, tx: Tx, run_id: str) -> int:
+        """Steps left ``running`` by a dead process become ``abandoned``."""
+        rows = tx.fetchall(
+            "UPDATE steps SET status = 'abandoned', ended_at = ? WHERE run_id = ? AND"
+            " status = 'running' RETURNING id",
+            (self.now(), run_id),
+        )
+        return len(rows)
+
+    def completed_steps(self, run_id: str) -> list[dict[str, Any]]:
+        return self.read_dicts(
+            "SELECT ordinal, key, name, started_at, ended_at, duration_s, snapshot_id"
+            " FROM steps WHERE run_id = ? AND status = 'completed' ORDER BY ordinal",
+            (run_id,),
+        )
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        return self.read_dicts(
+            "SELECT * FROM steps WHERE run_id = ? ORDER BY started_at, ordinal", (run_id,)
+        )
+
+    # -- snapshots -------------------------------------------------------------
+    def latest_snapshot(
+        self, run_id: str, before_ordinal: int | None = None
+    ) -> dict[str, Any] | None:
+        """The newest kept snapshot, or the newest one taken before ``before_ordinal``."""
+        sql = (
+            "SELECT s.id, s.step_ordinal, s.manifest, s.removed_at FROM snapshots s"
+            " JOIN steps t ON t.snapshot_id = s.id AND t.status = 'completed'"
+            " WHERE s.run_id = ?"
+        )
+        params: list[Any] = [run_id]
+        if before_ordinal is not None:
+            sql += " AND s.step_ordinal < ?"
+            params.append(before_ordinal)
+        rows = self.read_dicts(
+            sql + " ORDER BY s.step_ordinal DESC, s.created_at DESC LIMIT 1", params
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        row["manifest"] = json.loads(row["manifest"])
+        return row
+
+    def load_blobs(self, run_id: str, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Blob]:
+        """Fetch blobs and every delta base they build on, in one query."""
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return {}
+        marks = ", ".join("?" for _ in wanted)
+        rows = self.read(
+            "WITH RECURSIVE chain(id) AS ("
+            f" SELECT id FROM blobs WHERE run_id = ? AND id IN ({marks})"
+            " UNION SELECT b.base_id FROM blobs b JOIN chain c ON b.id = c.id"
+            " WHERE b.run_id = ? AND b.base_id IS NOT NULL)"
+            " SELECT b.id, b.encoding, b.sha256, b.size, b.location, b.base_id, b.data"
+            " FROM blobs b WHERE b.run_id = ? AND b.id IN (SELECT id FROM chain)",
+            (run_id, *wanted, run_id, run_id),
+        )
+        found: dict[uuid.UUID, Blob] = {}
+        for bid, encoding, sha, size, location, base_id, data in rows:
+            found[bid] = Blob(bid, encoding, sha, size, base_id, self._read_payload(location, data))
+        return found
+
+    def blob_chain_ids(self, run_id: str) -> dict[uuid.UUID, uuid.UUID | None]:
+        rows = self.read("SELECT id, base_id FROM blobs WHERE run_id = ?", (run_id,))
+        return {r[0]: r[1] for r in rows}
+
+    # -- large payloads --------------------------------------------------------
+    def blob_dir(self, run_id: str) -> str:
+        safe = uuid.uuid5(uuid.NAMESPACE_URL, run_id).hex
+        return os.path.join(self.location + ".blobs", safe)
+
+    def _blob_row(self, run_id: str, blob: Blob) -> tuple[Any, ...]:
+        if blob.size <= INLINE_LIMIT:
+            return (
+                blob.id,
+                run_id,
+                blob.encoding,
+                blob.sha256,
+                blob.size,
+                "inline",
+                blob.base_id,
+                blob.data,
+            )
+        folder = self.blob_dir(run_id)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, blob.id.hex)
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_all(fd, blob.data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(path + ".tmp", path)
+        return (
+            blob.id,
+            run_id,
+            blob.encoding,
+            blob.sha256,
+            blob.size,
+            "file:" + path,
+            blob.base_id,
+            None,
+        )
+
+    @staticmethod
+    def _read_payload(location: str, data: bytes | None) -> bytes:
+        if location == "inline":
+            return bytes(data or b"")
+        path = location.removeprefix("file:")
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

@@ -1,0 +1,38 @@
+"""Shared fixtures. Keep this small, and do not import kernelext at top level."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+if str(TESTS_DIR) not in sys.path:  # makes `support` importable
+    sys.path.insert(0, str(TESTS_DIR))
+
+from support.http_server import DeliveryServer  # noqa: E402
+
+
+@pytest.fixture
+def store_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh DuckDB path (not yet created); also exported as KERNELEXT_STORE."""
+    path = tmp_path / "store" / "kernelext.duckdb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("KERNELEXT_STORE", str(path))
+    return path
+
+
+@pytest.fixture
+def delivery_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DeliveryServer]:
+    """A started DeliveryServer logging to tmp_path/deliveries.jsonl.
+
+    Options via indirect parametrisation, e.g.
+    ``@pytest.mark.parametrize("delivery_server", [{"dedupe": True}], indirect=True)``.
+    """
+    options = dict(getattr(request, "param", {}) or {})
+    options.setdefault("log_path", tmp_path / "deliveries.jsonl")
+    with DeliveryServer(**options) as server:
+        yield server

@@ -1,0 +1,326 @@
+"""A real local HTTP server: the external system whose deliveries are counted.
+
+Every POST (any path, JSON body) is one *delivery*: it is recorded in memory and,
+when ``log_path`` is given, appended to a JSON-lines file and fsync'ed before the
+response is sent, so that another process can count deliveries even after the
+client (a kernel, a worker) was SIGKILLed half-way.
+
+With ``dedupe=True`` the server behaves like an API that honours
+``Idempotency-Key``: a repeated key gets the first response back (status 200,
+header ``Idempotent-Replayed: true``) and is *not* recorded as a new delivery;
+it is counted as a replay instead.
+
+Stdlib only, so that it can also run standalone in a subprocess::
+
+    python tests/support/http_server.py [--dedupe] [--log FILE] [--port N]
+
+prints its base URL on the first line of stdout, then serves until SIGTERM/SIGINT.
+
+Endpoints: ``POST /<anything>`` records a delivery; ``GET /deliveries`` and
+``GET /replays`` return the recorded lists as JSON; ``GET /health`` returns ``ok``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["DeliveryServer", "Response", "post_json", "read_log"]
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # silence stderr noise
+        pass
+
+    def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        path = self.path.split("?", 1)[0]
+        if path == "/deliveries":
+            self._send(200, json.dumps(owner.deliveries).encode())
+        elif path == "/replays":
+            self._send(200, json.dumps(owner.replays).encode())
+        elif path == "/health":
+            self._send(200, b'"ok"')
+        else:
+            self._send(404, b'{"error": "not found"}')
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            self._send(400, b'{"error": "body is not JSON"}')
+            return
+        key = self.headers.get(IDEMPOTENCY_HEADER)
+        status, payload, headers = self.server.owner._handle_post(self.path, body, key)
+        self._send(status, payload, headers)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    owner: DeliveryServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (timeout, SIGKILL) is part of what we test.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
+@dataclass
+class DeliveryServer:
+    """Counts POST deliveries; see the module docstring.
+
+    ``delay`` (seconds) is slept *after* a delivery was recorded and before the
+    response is sent: the effect happened but the client may not learn it
+    (use it to provoke timeouts / unknown outcomes). ``fail_next(n, status)``
+    makes the next ``n`` POSTs fail *without* recording a delivery.
+    """
+
+    dedupe: bool = False
+    log_path: Path | str | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    delay: float = 0.0
+    deliveries: list[dict[str, Any]] = field(default_factory=list, init=False)
+    replays: list[dict[str, Any]] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._first_response: dict[str, bytes] = {}
+        self._fail_queue: list[int] = []
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._log: Any = None
+
+    # -- lifecycle ---------------------------------------------------------
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("DeliveryServer is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> DeliveryServer:
+        if self._server is not None:
+            return self
+        if self.log_path is not None:
+            self.log_path = Path(self.log_path)
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115
+        server = _Server((self.host, self.port), _Handler)
+        server.owner = self
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="delivery-server",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    def __enter__(self) -> DeliveryServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- queries -----------------------------------------------------------
+    def count(self, key: str | None = None, *, path: str | None = None) -> int:
+        """Number of recorded deliveries, optionally for one Idempotency-Key / path."""
+        with self._lock:
+            return sum(1 for d in self.deliveries if _matches(d, key, path))
+
+    def count_replays(self, key: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for d in self.replays if _matches(d, key, None))
+
+    def wait_for(self, count: int, *, key: str | None = None, timeout: float = 10.0) -> int:
+        """Block until at least ``count`` deliveries (for ``key``) were recorded."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                n = sum(1 for d in self.deliveries if _matches(d, key, None))
+                if n >= count:
+                    return n
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"{n} deliveries after {timeout}s, expected {count}")
+                self._changed.wait(remaining)
+
+    def fail_next(self, n: int = 1, status: int = 503) -> None:
+        with self._lock:
+            self._fail_queue.extend([status] * n)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.deliveries.clear()
+            self.replays.clear()
+            self._first_response.clear()
+            self._fail_queue.clear()
+
+    # -- request handling (called from server threads) ---------------------
+    def _handle_post(
+        self, path: str, body: Any, key: str | None
+    ) -> tuple[int, bytes, dict[str, str]]:
+        with self._changed:
+            if self._fail_queue:
+                status = self._fail_queue.pop(0)
+                return status, json.dumps({"error": "injected failure"}).encode(), {}
+            record: dict[str, Any] = {
+                "path": path,
+                "body": body,
+                "idempotency_key": key,
+                "time": time.time(),
+            }
+            if self.dedupe and key is not None and key in self._first_response:
+                record["kind"] = "replay"
+                record["seq"] = len(self.replays) + 1
+                self._write_log(record)
+                self.replays.append(record)
+                self._changed.notify_all()
+                return 200, self._first_response[key], {REPLAYED_HEADER: "true"}
+            record["kind"] = "delivery"
+            record["seq"] = len(self.deliveries) + 1
+            self._write_log(record)
+            self.deliveries.append(record)
+            response = json.dumps(
+                {"ok": True, "delivery": record["seq"], "path": path, "idempotency_key": key}
+            ).encode()
+            if key is not None:
+                self._first_response.setdefault(key, response)
+            self._changed.notify_all()
+        if self.delay:
+            time.sleep(self.delay)
+        return 200, response, {}
+
+    def _write_log(self, record: dict[str, Any]) -> None:
+        if self._log is None:
+            return
+        self._log.write(json.dumps(record, sort_keys=True) + "\n")
+        self._log.flush()
+        os.fsync(self._log.fileno())
+
+
+def _matches(record: dict[str, Any], key: str | None, path: str | None) -> bool:
+    return (key is None or record["idempotency_key"] == key) and (
+        path is None or record["path"] == path
+    )
+
+
+def read_log(path: Path | str, *, kind: str = "delivery") -> list[dict[str, Any]]:
+    """Records of ``kind`` ("delivery" or "replay") from a server's log file."""
+    out: list[dict[str, Any]] = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if rec.get("kind") == kind:
+                out.append(rec)
+    return out
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+    @property
+    def replayed(self) -> bool:
+        return self.headers.get(REPLAYED_HEADER.lower()) == "true"
+
+
+def post_json(
+    url: str, payload: Any, idempotency_key: str | None = None, timeout: float = 5
+) -> Response:
+    """POST ``payload`` as JSON; HTTP error statuses are returned, not raised."""
+    data = json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json"}
+    if idempotency_key is not None:
+        headers[IDEMPOTENCY_HEADER] = idempotency_key
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, hdrs, raw = resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as err:
+        status, hdrs, raw = err.code, err.headers, err.read()
+        err.close()
+    body = json.loads(raw) if raw else None
+    return Response(status, {k.lower(): v for k, v in hdrs.items()}, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--dedupe", action="store_true")
+    parser.add_argument("--log", type=Path, default=None, help="JSON-lines delivery log")
+    parser.add_argument("--delay", type=float, default=0.0)
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with DeliveryServer(
+        dedupe=args.dedupe, log_path=args.log, host=args.host, port=args.port, delay=args.delay
+    ) as server:
+        print(server.url, flush=True)
+        while not stop.wait(0.2):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""ipywidgets panels (placeholder)."""
