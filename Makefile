@@ -67,7 +67,7 @@ test: venv system-deps lint
 	$(PY) -m pytest -p no:cacheprovider
 
 demo: venv
-	$(PY) notebooks/demo.py
+	$(PY) notebooks/run_demo.py
 
 bench: venv
 	$(PY) -m pip install --quiet -e '.[bench]'

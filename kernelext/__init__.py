@@ -10,12 +10,20 @@ import importlib
 from typing import Any
 
 from .core.api import configure, open_store, runs, sql, stop
+from .core.checks import CHECKS as checks
+from .core.checks import CheckWarning
+from .core.credentials import CREDENTIALS as credentials
+from .core.credentials import CredentialError
 from .core.engine import Agent, Handle, agent
+from .core.expiry import on_expire, sweep
 from .core.ledger import Effect, EffectFailed, effect
 from .core.reconcile import reconcile
+from .core.restart import restart
 from .core.resume import resume
+from .core.revalidation import Revalidation, revalidation
 from .core.run import Run
 from .errors import (
+    ClaimConflict,
     CodeChangedError,
     EffectArgumentsMismatch,
     ForcedStop,
@@ -33,7 +41,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "CheckWarning",
+    "ClaimConflict",
     "CodeChangedError",
+    "CredentialError",
     "Effect",
     "EffectArgumentsMismatch",
     "EffectFailed",
@@ -42,6 +53,7 @@ __all__ = [
     "KernelextError",
     "LedgerError",
     "NeedsDecision",
+    "Revalidation",
     "Run",
     "RunNotFound",
     "RunStateError",
@@ -50,14 +62,20 @@ __all__ = [
     "StoreLockedError",
     "__version__",
     "agent",
+    "checks",
     "configure",
+    "credentials",
     "effect",
+    "on_expire",
     "open_store",
     "reconcile",
+    "restart",
     "resume",
+    "revalidation",
     "runs",
     "sql",
     "stop",
+    "sweep",
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentError",
+    "ClaimConflict",
     "CodeChangedError",
     "EffectArgumentsMismatch",
     "ForcedStop",
@@ -57,6 +58,10 @@ class RunStateError(KernelextError):
 
 class CodeChangedError(RunStateError):
     """The agent's code differs from the code that started the run."""
+
+
+class ClaimConflict(RunStateError):
+    """A resource is already claimed by another live or suspended run."""
 
 
 class AgentError(KernelextError):

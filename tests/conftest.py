@@ -14,6 +14,7 @@ if str(TESTS_DIR) not in sys.path:  # makes `support` importable
     sys.path.insert(0, str(TESTS_DIR))
 
 from support.http_server import DeliveryServer  # noqa: E402
+from support.postgres import postgres_server, postgres_url  # noqa: E402, F401  (fixtures)
 
 
 @pytest.fixture
@@ -36,3 +37,12 @@ def delivery_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     options.setdefault("log_path", tmp_path / "deliveries.jsonl")
     with DeliveryServer(**options) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _fresh_default_store() -> Iterator[None]:
+    """Each test starts and ends without a default store left open by another test."""
+    yield
+    settings = sys.modules.get("kernelext.core.settings")
+    if settings is not None:
+        settings.SETTINGS.use_store(None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from ..store import Store
@@ -13,8 +12,13 @@ __all__ = ["configure", "open_store", "runs", "sql", "stop"]
 
 
 def open_store(location: str | None = None) -> Store:
-    """Use the store at ``location`` (a DuckDB path or ``postgresql://`` URL) from now on."""
-    SETTINGS.use_store(location)
+    """The store in use; with ``location`` (a DuckDB path or ``postgresql://`` URL), switch to it.
+
+    Without an argument it returns the current store, opening the default one
+    (``KERNELEXT_STORE``, else ``.kernelext/store.duckdb`` in the project) if none is open.
+    """
+    if location is not None:
+        SETTINGS.use_store(location)
     return SETTINGS.store()
 
 
@@ -37,7 +41,7 @@ def configure(
 
 
 def _table(arrow: Any) -> Any:
-    if "pandas" in sys.modules or _has_pandas():
+    if _has_pandas():  # the one place that decides (tests patch it to mimic no pandas)
         try:
             return arrow.to_pandas()
         except ImportError:
@@ -60,19 +64,7 @@ def sql(query: str, *, store: Store | None = None) -> Any:
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:
     """The runs in the store (newest last), optionally only those in ``status``."""
-    where = " WHERE status = ?" if status else ""
-    query = (
-        "SELECT id, agent, status, reason, completed_steps, total_steps, created_at, updated_at,"
-        f" deadline, parent_id FROM runs{where} ORDER BY created_at"
-    )
-    store = get_store(store)
-    if status:
-        query = query.replace("status = ?", "status = " + _quote(status))
-    return _table(store.backend.read_arrow(query))
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    return _table(get_store(store).runs_table(status))
 
 
 def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:

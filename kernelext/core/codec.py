@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import SerializationError
 
-__all__ = ["decode", "dumps_json", "encode", "loads_json"]
+__all__ = ["check_json_fidelity", "decode", "dumps_json", "encode", "loads_json"]
 
 _PLAIN = "dict, list, tuple, str, int, float, bool, None, bytes"
 
@@ -56,6 +56,39 @@ def encode(value: Any, *, where: str, allow_pickle: bool = False) -> tuple[str, 
         ) from None
 
 
+def non_string_key(value: Any) -> object:
+    """The first dict key JSON would silently turn into a string, or ``_NONE``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    return key
+                if isinstance(inner, (dict, list, tuple)):
+                    stack.append(inner)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(v for v in item if isinstance(v, (dict, list, tuple)))
+    return _NONE
+
+
+_NONE = object()
+
+
+def check_json_fidelity(value: Any, *, where: str, allow_pickle: bool) -> tuple[str, bytes] | None:
+    """Refuse (or pickle, when allowed) JSON values whose dict keys are not strings."""
+    key = non_string_key(value)
+    if key is _NONE:
+        return None
+    if allow_pickle:
+        return "pickle", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    raise SerializationError(
+        f"{where} holds a dict with the {type(key).__name__} key {_excerpt(key)}; JSON would "
+        "bring it back as a string. Use string keys, or pass pickle=True to the agent if every "
+        "reader of this store is trusted."
+    )
+
+
 def decode(encoding: str, payload: bytes, *, allow_pickle: bool = False) -> Any:
     if encoding == "json":
         return loads_json(payload)
@@ -77,11 +110,13 @@ def decode(encoding: str, payload: bytes, *, allow_pickle: bool = False) -> Any:
 
 
 def _arrow_payload(value: Any) -> tuple[str, bytes] | None:
-    pa_mod = sys.modules.get("pyarrow")
-    pd_mod = sys.modules.get("pandas")
-    if pa_mod is not None and isinstance(value, pa_mod.Table):
+    # getattr: another thread may be importing pyarrow/pandas right now (a partially
+    # initialised module has no Table/DataFrame yet, and then value cannot be one).
+    pa_table = getattr(sys.modules.get("pyarrow"), "Table", None)
+    pd_frame = getattr(sys.modules.get("pandas"), "DataFrame", None)
+    if pa_table is not None and isinstance(value, pa_table):
         table, encoding = value, "arrow"
-    elif pd_mod is not None and isinstance(value, pd_mod.DataFrame):
+    elif pd_frame is not None and isinstance(value, pd_frame):
         import pyarrow as pa
 
         table, encoding = pa.Table.from_pandas(value), "arrow-pandas"

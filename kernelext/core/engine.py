@@ -9,12 +9,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from ..errors import NeedsDecision, StopRequested
-from ..store import Store
+from ..store import Store, actor
 from .context import reset_current_run, set_current_run
-from .registry import AGENTS, END_HOOKS, LIVE, LIVE_LOCK
+from .lease import RENEW_SECONDS, lease_until
+from .registry import AGENTS, END_HOOKS, HANDLES, LIVE, LIVE_LOCK
 from .run import Run
 from .settings import SETTINGS
 
@@ -46,6 +47,7 @@ class Handle:
         self.error: BaseException | None = None
         self.final_status: str | None = None
         self._done = threading.Event()
+        HANDLES[self.run_id] = self
 
     # -- status ---------------------------------------------------------------------
     @property
@@ -65,6 +67,8 @@ class Handle:
             self.thread.join(timeout)
             if self.thread.is_alive():
                 return "running"
+        if self.store.closed and self.final_status is not None:
+            return self.final_status
         return self.status
 
     # -- control --------------------------------------------------------------------
@@ -163,13 +167,29 @@ class Agent:
         return f"<kernelext agent {self.name!r}>"
 
 
+@overload
+def agent(fn: Callable[..., Any], /) -> Agent: ...
+
+
+@overload
 def agent(
-    fn: Callable[..., Any] | None = None,
+    fn: None = None,
+    /,
     *,
     name: str | None = None,
     max_step_seconds: float | None = None,
     pickle: bool = False,
-) -> Any:
+) -> Callable[[Callable[..., Any]], Agent]: ...
+
+
+def agent(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    max_step_seconds: float | None = None,
+    pickle: bool = False,
+) -> Agent | Callable[[Callable[..., Any]], Agent]:
     """Declare an agent: ``@kx.agent(name="triage", max_step_seconds=60)``."""
 
     def wrap(func: Callable[..., Any]) -> Agent:
@@ -245,6 +265,9 @@ def _execute(
     finally:
         handle.final_status = status
         run.thread_id = None
+        with LIVE_LOCK:
+            if LIVE.get(run.id) is handle:
+                del LIVE[run.id]
         reset_current_run(token)
         run.notify("end", status)
         for hook in list(END_HOOKS):
@@ -264,14 +287,12 @@ def _end_open_step(store: Store, run: Run, status: str, error: str | None) -> No
 
 
 def _finish(store: Store, run: Run, status: str, reason: str | None = None) -> str:
-    from .claims_release import release_claims_tx
-
     def job(tx: Any) -> str:
         result = store.transition_tx(
             tx, run.id, status, ("running", "stopping"), kind=status, reason=reason, source="engine"
         )
         if result.ok and status in FINAL:
-            release_claims_tx(store, tx, run.id, status)
+            store.release_run_claims_tx(tx, run.id, status)
         return str(result.after)
 
     return str(store.write(job))
@@ -305,12 +326,28 @@ def _suspend(store: Store, run: Run, stop: StopRequested) -> str:
     return str(result.after)
 
 
+def _renew_lease(store: Store, run_id: str) -> None:
+    """Keep this process's claim on a live run fresh (see ``lease``)."""
+    store.renew_lease(run_id, lease_until(store.now()), actor())
+
+
 def _monitor(handle: Handle) -> None:
     """Escalate a pending stop when the current step overruns its time bound."""
     run = handle.run
+    renewed = 0.0
     while handle.thread is not None and handle.thread.is_alive():
+        if time.monotonic() - renewed >= RENEW_SECONDS:
+            renewed = time.monotonic()
+            _renew_lease(handle.store, run.id)
         time.sleep(MONITOR_TICK)
         info = run.current
+        if (
+            info is not None
+            and run.max_step_seconds
+            and info.elapsed > run.max_step_seconds
+            and not run.stop_event.is_set()
+        ):
+            run.poll_external_stop()  # a stop recorded by another process escalates too
         if not run.stop_event.is_set() or info is None:
             if (
                 info is not None

@@ -9,7 +9,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from ..errors import EffectArgumentsMismatch, LedgerError, NeedsDecision, SerializationError
 from .codec import dumps_json, loads_json
@@ -187,6 +187,11 @@ class Effect:
             return _PERFORM
         if status == "failed":
             if not self.resumable:
+                # Listed by kx.reconcile from now on, so that it can be decided.
+                run.store.mark_failed_unknown(
+                    key, f"resumable=False call failed ({row.get('error')}); may have happened"
+                )
+                row["status"] = "unknown"
                 raise NeedsDecision(
                     f"Effect {self.tool} (key {key}) is declared resumable=False and failed "
                     f"before ({row.get('error')}); it may have half-happened. Decide it with "
@@ -220,13 +225,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
+@overload
+def effect(fn: Callable[..., Any], /) -> Effect: ...
+
+
+@overload
+def effect(
+    fn: None = None, /, *, name: str | None = None, resumable: bool = True, retry: bool = False
+) -> Callable[[Callable[..., Any]], Effect]: ...
+
+
 def effect(
     fn: Callable[..., Any] | None = None,
+    /,
     *,
     name: str | None = None,
     resumable: bool = True,
     retry: bool = False,
-) -> Any:
+) -> Effect | Callable[[Callable[..., Any]], Effect]:
     """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``."""
 
     def wrap(func: Callable[..., Any]) -> Effect:

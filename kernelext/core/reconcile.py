@@ -47,9 +47,9 @@ class UnknownEffect:
             self.key, decision, result=result, who=actor(), note=note, source=source
         )
         if decision == "give_up":
-            from .claims_release import release_claims_tx
-
-            self.store.write(lambda tx: release_claims_tx(self.store, tx, self.run_id, "cancelled"))
+            self.store.write(
+                lambda tx: self.store.release_run_claims_tx(tx, self.run_id, "cancelled")
+            )
         self.decision = decision
 
     def __repr__(self) -> str:

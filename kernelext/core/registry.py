@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -10,10 +11,12 @@ if TYPE_CHECKING:
     from .engine import Agent, Handle
     from .run import Run
 
-__all__ = ["AGENTS", "LIVE", "RESUME_HOOKS", "live_handle"]
+__all__ = ["AGENTS", "HANDLES", "LIVE", "RESUME_HOOKS", "live_handle"]
 
 AGENTS: dict[str, Agent] = {}
 LIVE: dict[str, Handle] = {}  # run id -> handle of a run executing in this process
+# run id -> the newest handle of that run in this process, live or not (panels listen to it)
+HANDLES: weakref.WeakValueDictionary[str, Handle] = weakref.WeakValueDictionary()
 LIVE_LOCK = threading.Lock()
 
 # Called with (run, store) before a resumed run executes anything; a hook may raise

@@ -8,6 +8,7 @@ from ..errors import AgentError, CodeChangedError, NeedsDecision, RunStateError
 from ..store import Store, actor
 from .codec import loads_json
 from .engine import Handle, launch
+from .lease import check_takeover, lease_until
 from .registry import AGENTS, RESUME_HOOKS, live_handle
 from .run import Run
 from .settings import get_store
@@ -37,6 +38,10 @@ def resume(
             "Stop it first with its handle's .stop(), or wait for it with .wait()."
         )
     _check_status(run_id, row["status"])
+    if row["agent"] == "%%agent":  # a run made of %%agent notebook cells
+        from .cell_runs import resume_cell_run
+
+        return resume_cell_run(run_id, store=store, source=source)
     agent = AGENTS.get(row["agent"])
     if agent is None:
         raise AgentError(
@@ -56,6 +61,9 @@ def resume(
     handle = Handle(run, store)
 
     def take_over(tx: Any) -> tuple[str, list[Any]]:
+        current = store.lease_tx(tx, run_id)
+        if current is not None:
+            check_takeover(current, store.now())
         result = store.transition_tx(
             tx,
             run_id,
@@ -69,6 +77,7 @@ def resume(
                 "stop_requested_at": None,
                 "stop_source": None,
                 "owner": actor(),
+                "lease_until": lease_until(store.now()),
                 "fingerprint": agent.fingerprint,
             },
         )
@@ -76,9 +85,7 @@ def resume(
             return str(result.before), []
         store.abandon_running_steps(tx, run_id)
         fresh = store.mark_pending_unknown(tx, run_id)
-        open_rows = tx.fetchall(
-            "SELECT key FROM effects WHERE run_id = ? AND status = 'unknown'", (run_id,)
-        )
+        open_rows = store.unknown_keys_tx(tx, run_id)
         if open_rows:
             store.transition_tx(
                 tx,
@@ -90,7 +97,7 @@ def resume(
                 reason=f"{len(open_rows)} effect(s) with unknown outcome",
                 detail={"new_unknowns": len(fresh)},
             )
-            return "needs_decision", [r[0] for r in open_rows]
+            return "needs_decision", list(open_rows)
         return "running", []
 
     status, _unknown = store.write(take_over)

@@ -20,6 +20,7 @@ __all__ = ["Run", "StepInfo"]
 
 T = TypeVar("T")
 OUTSIDE_STEPS = "__run__"
+STOP_POLL_SECONDS = 0.1  # how often a safe point looks for a stop recorded by another process
 
 
 class StepInfo:
@@ -69,8 +70,10 @@ class Run:
         self.last_completed: StepInfo | None = None
         self._outside_calls = 0
         self._ordinal = 0
+        self._top_ordinal: int | None = None  # highest ordinal completed or begun
         self._seen: set[str] = set()
         self.stop_event = threading.Event()
+        self._stop_polled = 0.0  # time.monotonic() of the last look at the store's stop flag
         self.stop_source: str | None = None
         self.force_wanted = False
         self.forced = False
@@ -100,10 +103,15 @@ class Run:
         """
         if self.total_steps is None:
             try:
-                self.total_steps = len(items)  # type: ignore[arg-type]
-                self.notify("total", self.total_steps)
+                total = len(items)  # type: ignore[arg-type]
             except TypeError:
-                pass
+                total = None
+            if total is not None:
+                self.total_steps = total
+                self.store.write_async(
+                    lambda tx: self.store.update_run_tx(tx, self.id, total_steps=total)
+                )
+                self.notify("total", total)
         for index, item in enumerate(items):
             step_key = str(key(item)) if key is not None else str(index)
             if not self.begin_step(step_key, name):
@@ -128,6 +136,51 @@ class Run:
         self.suspend_request = (reason, deadline, note)
         raise StopRequested(reason)
 
+    def claim(self, resource: str, amount: float | None = None) -> Any:
+        """Hold ``resource`` until the run ends (completed, cancelled, expired).
+
+        Exclusive per resource name; a second claim by this run is a no-op. Another
+        live or suspended run holding it makes this raise ``ClaimConflict``.
+        """
+        from .claims import claim
+
+        return claim(self, resource, amount)
+
+    def fact(
+        self,
+        name: str,
+        value: Any,
+        check: Callable[..., Any] | None = None,
+        args: Iterable[Any] = (),
+        *,
+        tolerance: float | None = None,
+        kind: str = "value",
+        compare: Callable[[Any, Any], Any] | None = None,
+    ) -> Any:
+        """Record a premise the rest of the run depends on; returns ``value``.
+
+        ``check(*args)`` must give the current value again on resume: a named
+        (module- or notebook-level) function, found by name in a fresh kernel, with
+        JSON ``args``. On resume every fact of the completed steps is re-checked
+        before anything runs; equality by default, ``tolerance`` for numbers, or
+        ``compare(recorded, current) -> bool``. A contradiction stops the resume in
+        ``needs_decision`` (see ``kx.revalidation``). ``kind="credential"``: the
+        value is never stored (only a fingerprint); on resume it is refreshed by
+        ``kx.credentials.register(name, refresh=fn)``; read it with
+        ``run.credential(name)``.
+        """
+        from .facts import record_fact
+
+        return record_fact(
+            self, name, value, check, args, tolerance=tolerance, kind=kind, compare=compare
+        )
+
+    def credential(self, name: str) -> Any:
+        """The current value of a credential fact (the refreshed one after a resume)."""
+        from .credentials import current
+
+        return current(self, name)
+
     # -- engine side --------------------------------------------------------------
     def notify(self, what: str, value: Any = None) -> None:
         for listener in list(self.listeners):
@@ -137,8 +190,33 @@ class Run:
                 continue
 
     def safe_point(self) -> None:
+        if not self.stop_event.is_set():
+            self.poll_external_stop()
         if self.stop_event.is_set():
             raise StopRequested(self.stop_source or "stop")
+
+    def poll_external_stop(self) -> bool:
+        """Raise the flag when another process recorded a stop in the store.
+
+        ``kernelext stop`` or ``kx.stop`` in another kernel only writes the request
+        into the store; the owner notices it here. At most one read every
+        ``STOP_POLL_SECONDS``, so safe points stay cheap.
+        """
+        now = time.monotonic()
+        if now - self._stop_polled < STOP_POLL_SECONDS:
+            return False
+        self._stop_polled = now
+        try:
+            if self.store.stop_requested_at(self.id) is None:
+                return False
+            row = self.store.find_run(self.id) or {}
+        except Exception:  # a store hiccup must not break the agent; poll again later
+            return False
+        if self.stop_source is None:
+            self.stop_source = row.get("stop_source") or "external"
+        self.stop_event.set()
+        self.notify("stop", self.stop_source)
+        return True
 
     def begin_step(self, key: str, name: str | None) -> bool:
         """Open a step. Returns False when it completed before (resume)."""
@@ -154,6 +232,12 @@ class Run:
         self._ordinal += 1
         if key in self.completed:
             return False
+        # A new step never reuses the ordinal of a step completed before a resume (the
+        # items may come in another order now): snapshots are ordered by step ordinal.
+        if self._top_ordinal is None:
+            self._top_ordinal = max(self.completed.values(), default=-1)
+        ordinal = max(ordinal, self._top_ordinal + 1)
+        self._top_ordinal = ordinal
         info = StepInfo(uuid.uuid4(), key, ordinal, name)
         with self.critical():
             self.store.begin_step(self.id, info.id, ordinal, key, name)

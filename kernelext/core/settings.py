@@ -21,6 +21,7 @@ class Settings:
         self.check_timeout: float = 10.0
         self.handle_renderer: Callable[[Any], Any] | None = None
         self.reconcile_renderer: Callable[[Any], Any] | None = None
+        self.revalidation_renderer: Callable[[Any], Any] | None = None
         self._store: Store | None = None
         self._lock = threading.Lock()
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..store import Blob, Store
-from .codec import decode, encode, loads_json
+from .codec import check_json_fidelity, decode, encode, loads_json
 
 __all__ = ["Snapshotter"]
 
@@ -55,6 +55,12 @@ class Snapshotter:
             if prev is not None and prev.encoding == encoding and prev.full == full:
                 entries[key] = prev
             else:
+                if encoding == "json":
+                    swapped = check_json_fidelity(
+                        value, where=f"run.state[{key!r}]", allow_pickle=self.allow_pickle
+                    )
+                    if swapped is not None:
+                        encoding, full = swapped
                 blob, depth = self._blob(encoding, full, prev)
                 new.append(blob)
                 written += blob.size

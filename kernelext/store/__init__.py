@@ -8,7 +8,11 @@ import os
 from collections.abc import Callable
 
 from .base import StoreBase, actor, utcnow
+from .claims import ClaimsMixin
 from .effects import EffectsMixin
+from .expiry import ExpiryMixin
+from .facts import FactsMixin
+from .restart import RestartMixin
 from .runs import RunsMixin, Transition
 from .steps import Blob, StepsMixin
 
@@ -18,7 +22,16 @@ DEFAULT_DIRNAME = ".kernelext"
 DEFAULT_FILENAME = "store.duckdb"
 
 
-class Store(EffectsMixin, StepsMixin, RunsMixin, StoreBase):
+class Store(
+    RestartMixin,
+    ExpiryMixin,
+    ClaimsMixin,
+    FactsMixin,
+    EffectsMixin,
+    StepsMixin,
+    RunsMixin,
+    StoreBase,
+):
     """Every record operation the core needs, on one backend."""
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import getpass
 import json
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -17,6 +18,7 @@ from .writer import Tx, Writer
 __all__ = ["Backend", "StoreBase", "actor", "utcnow"]
 
 T = TypeVar("T")
+TRANSIENT_RETRIES = 5  # a deadlock victim (PostgreSQL) runs again, at most this often
 
 
 def utcnow() -> dt.datetime:
@@ -73,12 +75,38 @@ class StoreBase:
         return self.clock()
 
     def write(self, job: Callable[[Tx], T]) -> T:
-        """Run ``job`` in a transaction and return once it has committed."""
-        return self._writer.run(job)
+        """Run ``job`` in a transaction and return once it has committed.
+
+        A server backend aborts a transaction that deadlocked with another process
+        (``backend.is_transient``); it was rolled back, so it simply runs again.
+        """
+        transient = getattr(self.backend, "is_transient", None)
+        for attempt in range(1, TRANSIENT_RETRIES + 1):
+            try:
+                return self._writer.run(job)
+            except Exception as exc:
+                if transient is None or attempt == TRANSIENT_RETRIES or not transient(exc):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.contextmanager
+    def try_advisory_lock(self, name: str) -> Iterator[bool]:
+        """``with store.try_advisory_lock("sweep") as mine:`` — is this process the one?
+
+        On PostgreSQL a session advisory lock: exactly one holder per name across all
+        processes and hosts. An embedded backend has nobody to coordinate with here,
+        so the block always gets it.
+        """
+        lock = getattr(self.backend, "try_advisory_lock", None)
+        if lock is None:
+            yield True
+            return
+        with lock(name) as got:
+            yield bool(got)
 
     def write_async(self, job: Callable[[Tx], T]) -> Future[T]:
         """Queue ``job``; it commits with the next group. Wait on the future to know."""
-        return self._writer.submit(job)
+        return self._writer.submit_detached(job)
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.backend.read(sql, params)

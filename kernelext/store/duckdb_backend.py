@@ -6,17 +6,23 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
 
 from ..errors import ReadOnlyError, StoreError, StoreLockedError
+from .handoff import HandoffLock
 from .writer import Tx
 
 __all__ = ["DuckDBConnection", "open_duckdb"]
 
 _PID = re.compile(r"\(PID (\d+)\)")
+# EXPLAIN ANALYZE executes its statement (a COPY TO would write a file), and a sequence
+# moves on even when the transaction around it is rolled back.
+_EXPLAIN = re.compile(r"^\s*explain(\s+analy[sz]e)?\b", re.IGNORECASE)
+_SEQUENCE_WRITE = re.compile(r"\b(nextval|setval)\s*\(", re.IGNORECASE)
 _UMASK_LOCK = threading.Lock()
 
 
@@ -39,75 +45,229 @@ class _DuckTx:
 
 
 class DuckDBConnection:
-    """Adapter the writer thread drives; reads use per-thread cursors."""
+    """The store's connection, opened while this process holds the store file.
+
+    The writer thread drives transactions; reads from any thread use a per-thread
+    cursor. Between group commits the connection is handed to another process that
+    waits for it (see ``handoff``), and it is let go after ``linger`` idle seconds.
+    """
 
     dialect = "duckdb"
+    tick = 0.05
+    min_hold = 0.25  # seconds a process keeps the file once it opened it, if busy
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: str) -> None:
-        self.con = con
+    def __init__(self, path: str, *, wait_timeout: float = 30.0, linger: float = 1.0) -> None:
         self.path = path
+        self.wait_timeout = wait_timeout
+        self.linger = linger
+        self.lock = HandoffLock(path)
+        self.con: duckdb.DuckDBPyConnection | None = None
+        self.opens = 0
+        self.on_open: Callable[[], None] | None = None
+        self.closed = False
+        self._opened_at = 0.0
+        self._mutex = threading.RLock()
+        self._in_tx = False
         self._local = threading.local()
+        self._generation = 0
         self._cursors: list[duckdb.DuckDBPyConnection] = []
-        self._cursor_lock = threading.Lock()
+        self._last_used = time.monotonic()
 
+    # -- opening and handing over ----------------------------------------------------
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        if self.closed:
+            raise StoreError(
+                f"The kernelext store {self.path!r} was closed. Open it again with "
+                "kx.open_store(path)."
+            )
+        if self.con is None:
+            self.lock.acquire(self.wait_timeout)
+            try:
+                self.con = _connect(self.path, self.wait_timeout)
+            except BaseException:
+                self.lock.release()
+                raise
+            self.opens += 1
+            self._opened_at = time.monotonic()
+            if self.on_open is not None and not self._in_tx:
+                self.on_open()
+        self._last_used = time.monotonic()
+        return self.con
+
+    def _release(self, *, handing_over: bool = False) -> None:
+        if self.con is None:
+            return
+        for cur in self._cursors:
+            with contextlib.suppress(duckdb.Error):
+                cur.close()
+        self._cursors.clear()
+        self._generation += 1
+        con, self.con = self.con, None
+        try:
+            con.close()
+        finally:
+            self.lock.release(handing_over=handing_over)
+
+    def idle_tick(self) -> float | None:
+        """Called by the writer when idle; returns how long it may sleep."""
+        with self._mutex:
+            if self.con is None or self._in_tx:
+                return None if self.con is None else self.tick
+            now = time.monotonic()
+            idle = now - self._last_used
+            held = now - self._opened_at
+            if held >= self.min_hold and self.lock.others_waiting():
+                self._release(handing_over=True)
+                return None
+            if idle >= self.linger:
+                self._release()
+                return None
+            return self.tick
+
+    def after_batch(self) -> None:
+        with self._mutex:
+            held = time.monotonic() - self._opened_at
+            if (
+                self.con is not None
+                and not self._in_tx
+                and held >= self.min_hold
+                and self.lock.others_waiting()
+            ):
+                self._release(handing_over=True)
+
+    # -- transactions (writer thread) -------------------------------------------------
     def begin(self) -> Tx:
-        self.con.execute("BEGIN TRANSACTION")
-        return _DuckTx(self.con)
+        self._mutex.acquire()
+        try:
+            con = self._open()
+            con.execute("BEGIN TRANSACTION")
+        except BaseException:
+            self._mutex.release()
+            raise
+        self._in_tx = True
+        return _DuckTx(con)
 
     def commit(self) -> None:
-        self.con.execute("COMMIT")
+        self._end("COMMIT")
 
     def rollback(self) -> None:
-        self.con.execute("ROLLBACK")
+        self._end("ROLLBACK")
 
-    def reader(self) -> duckdb.DuckDBPyConnection:
-        """A cursor for the calling thread; it sees committed data only."""
-        cur: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
-        if cur is None:
-            cur = self.con.cursor()
-            self._local.cursor = cur
-            with self._cursor_lock:
-                self._cursors.append(cur)
+    def _end(self, statement: str) -> None:
+        if not self._in_tx:
+            return
+        try:
+            assert self.con is not None
+            self.con.execute(statement)
+            _private_wal(self.path)
+        finally:
+            self._in_tx = False
+            self._last_used = time.monotonic()
+            self._mutex.release()
+
+    # -- reads (any thread) --------------------------------------------------------------
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        con = self._open()
+        cached = getattr(self._local, "cursor", None)
+        if cached is not None and cached[0] == self._generation:
+            cur: duckdb.DuckDBPyConnection = cached[1]
+            return cur
+        cur = con.cursor()
+        self._local.cursor = (self._generation, cur)
+        self._cursors.append(cur)
         return cur
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self.reader().execute(sql, list(params)).fetchall()
+        with self._mutex:
+            return self._cursor().execute(sql, list(params)).fetchall()
 
     def read_with_names(
         self, sql: str, params: Sequence[Any] = ()
     ) -> tuple[list[tuple[Any, ...]], list[str]]:
-        cur = self.reader().execute(sql, list(params))
-        names = [d[0] for d in (cur.description or [])]
-        return cur.fetchall(), names
+        with self._mutex:
+            cur = self._cursor().execute(sql, list(params))
+            names = [d[0] for d in (cur.description or [])]
+            return cur.fetchall(), names
 
     def read_arrow(self, sql: str) -> Any:
         """Run one read-only statement and return a pyarrow Table."""
         kinds = [s.type for s in duckdb.extract_statements(sql)]
         allowed = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+        if kinds == [duckdb.StatementType.EXPLAIN]:
+            inner = duckdb.extract_statements(_EXPLAIN.sub("", sql, count=1))
+            kinds = [s.type for s in inner]
         if len(kinds) != 1 or kinds[0] not in allowed:
             names = ", ".join(k.name for k in kinds) or "nothing"
             raise ReadOnlyError(
                 f"kx.sql is read-only and takes one SELECT statement; this is {names}. "
                 "Change runs through the kernelext API (kx.resume, kx.reconcile, ...)."
             )
-        cur = self.reader()
-        cur.execute("BEGIN TRANSACTION")
-        try:
-            return cur.sql(sql).to_arrow_table()
-        finally:
-            cur.execute("ROLLBACK")
+        if _SEQUENCE_WRITE.search(sql):
+            raise ReadOnlyError(
+                "kx.sql is read-only: nextval()/setval() advance a sequence of the store."
+            )
+        with self._mutex:
+            cur = self._cursor()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                return cur.sql(sql).to_arrow_table()
+            finally:
+                cur.execute("ROLLBACK")
 
     def close(self) -> None:
-        with self._cursor_lock:
-            for cur in self._cursors:
-                with contextlib.suppress(duckdb.Error):
-                    cur.close()
-            self._cursors.clear()
-        self.con.close()
+        with self._mutex:
+            self.closed = True
+            try:
+                self._release()
+            finally:
+                self.lock.close()
 
 
-def open_duckdb(path: str) -> DuckDBConnection:
-    """Open (or create, mode 0600) the store file, turning lock errors into advice."""
+def _connect(path: str, timeout: float) -> duckdb.DuckDBPyConnection:
+    """Connect (creating the file with mode 0600); wait out a foreign holder up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with _UMASK_LOCK:
+                old = os.umask(0o077)
+                try:
+                    con = duckdb.connect(path)
+                finally:
+                    os.umask(old)
+        except duckdb.IOException as exc:
+            msg = str(exc)
+            if "Could not set lock" not in msg and "Conflicting lock" not in msg:
+                raise StoreError(f"Cannot open the kernelext store {path!r}: {msg}") from None
+            if time.monotonic() >= deadline:
+                match = _PID.search(msg)
+                raise StoreLockedError(path, int(match.group(1)) if match else None) from None
+            time.sleep(0.05)
+            continue
+        except duckdb.Error as exc:
+            raise StoreError(
+                f"Cannot open the kernelext store {path!r}: {exc}. If the file is not a "
+                "kernelext store, point KERNELEXT_STORE at another path."
+            ) from None
+        for suffix in ("", ".wal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(path + suffix, 0o600)
+        _private_wal(path)
+        return con
+
+
+def _private_wal(path: str) -> None:
+    """Make sure the WAL exists with mode 0600 before DuckDB writes records into it.
+
+    DuckDB deletes the WAL at every checkpoint and creates it again on the next write
+    with the process umask (often 0644): the records would be readable by every user.
+    An empty WAL that DuckDB finds is used as it is (and removed on open).
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path + ".wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+def open_duckdb(path: str, *, wait_timeout: float | None = None) -> DuckDBConnection:
+    """The DuckDB backend for ``path`` (created with mode 0600 on first use)."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     try:
@@ -116,25 +276,6 @@ def open_duckdb(path: str) -> DuckDBConnection:
         raise StoreError(
             f"Cannot create the folder for the kernelext store {path!r}: {exc}"
         ) from None
-    try:
-        with _UMASK_LOCK:
-            old = os.umask(0o077)
-            try:
-                con = duckdb.connect(path)
-            finally:
-                os.umask(old)
-    except duckdb.IOException as exc:
-        msg = str(exc)
-        if "Could not set lock" in msg or "Conflicting lock" in msg:
-            match = _PID.search(msg)
-            raise StoreLockedError(path, int(match.group(1)) if match else None) from None
-        raise StoreError(f"Cannot open the kernelext store {path!r}: {msg}") from None
-    except duckdb.Error as exc:
-        raise StoreError(
-            f"Cannot open the kernelext store {path!r}: {exc}. If the file is not a kernelext "
-            "store, point KERNELEXT_STORE at another path."
-        ) from None
-    for suffix in ("", ".wal"):
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(path + suffix, 0o600)
-    return DuckDBConnection(con, path)
+    if wait_timeout is None:
+        wait_timeout = float(os.environ.get("KERNELEXT_STORE_WAIT", "30"))
+    return DuckDBConnection(path, wait_timeout=wait_timeout)

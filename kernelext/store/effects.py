@@ -113,6 +113,32 @@ class EffectsMixin(RunsMixin, StoreBase):
             )
         return [r[0] for r in rows]
 
+    def mark_failed_unknown(self, key: uuid.UUID, reason: str) -> None:
+        """A ``failed`` row whose call may have half-happened (``resumable=False``) is unknown."""
+
+        def job(tx: Tx) -> None:
+            rows = tx.fetchall(
+                "UPDATE effects SET status = 'unknown', outcome_at = ? WHERE key = ?"
+                " AND status = 'failed' RETURNING run_id, tool",
+                (self.now(), key),
+            )
+            for run_id, tool in rows:
+                self.event(
+                    tx,
+                    run_id,
+                    "effect_unknown",
+                    reason=reason,
+                    detail={"key": str(key), "tool": tool},
+                )
+
+        self.write(job)
+
+    def unknown_keys_tx(self, tx: Tx, run_id: str) -> list[uuid.UUID]:
+        rows = tx.fetchall(
+            "SELECT key FROM effects WHERE run_id = ? AND status = 'unknown'", (run_id,)
+        )
+        return [r[0] for r in rows]
+
     def open_unknowns(self, run_id: str) -> list[dict[str, Any]]:
         return self.read_dicts(
             f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ? AND status = 'unknown'"

@@ -202,6 +202,38 @@ class RunsMixin(StoreBase):
         else:
             self.write_async(job)
 
+    def renew_lease(self, run_id: str, until: dt.datetime, owner: str) -> None:
+        """Queue a lease renewal for a live run (ignored once the run is no longer live)."""
+
+        def job(tx: Tx) -> None:
+            tx.execute(
+                "UPDATE runs SET lease_until = ?, owner = ? WHERE id = ?"
+                " AND status IN ('running', 'stopping')",
+                (until, owner, run_id),
+            )
+
+        self.write_async(job)
+
+    def lease_tx(self, tx: Tx, run_id: str) -> dict[str, Any] | None:
+        """The run's status, owner and lease, locked for the rest of the transaction."""
+        row = tx.fetchone(
+            f"SELECT id, status, owner, lease_until FROM runs WHERE id = ?{self.for_update}",
+            (run_id,),
+        )
+        if row is None:
+            return None
+        return dict(zip(("id", "status", "owner", "lease_until"), row, strict=True))
+
+    def runs_table(self, status: str | None = None) -> Any:
+        """The runs as a pyarrow Table (newest last), optionally only one status."""
+        where = ""
+        if status is not None:
+            where = " WHERE status = '" + status.replace("'", "''") + "'"
+        return self.backend.read_arrow(
+            "SELECT id, agent, status, reason, completed_steps, total_steps, created_at,"
+            f" updated_at, deadline, parent_id FROM runs{where} ORDER BY created_at"
+        )
+
     def stop_requested_at(self, run_id: str) -> dt.datetime | None:
         rows = self.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
         return rows[0][0] if rows else None

@@ -132,7 +132,15 @@ _V1 = (
     )""",
 )
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial schema", _V1),)
+_V2_FACT_COMPARATOR = (
+    # The qualified name of a fact's custom comparator (``run.fact(..., compare=fn)``).
+    "ALTER TABLE facts ADD COLUMN IF NOT EXISTS compare_name TEXT",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial schema", _V1),
+    Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
+)
 
 TABLES = ("runs", "steps", "snapshots", "blobs", "effects", "facts", "claims", "events")
 

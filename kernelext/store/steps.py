@@ -61,7 +61,10 @@ class StepsMixin(StoreBase):
             now = self.now()
             tx.executemany(
                 "INSERT INTO blobs (id, run_id, encoding, sha256, size, location, base_id, data,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                # Blob ids are content-addressed: a value seen before (x back to 1, or two
+                # keys holding the same value) maps to a blob that already exists.
+                " ON CONFLICT (id) DO NOTHING",
                 [(*row, now) for row in rows],
             )
             tx.execute(
@@ -178,7 +181,9 @@ class StepsMixin(StoreBase):
         return os.path.join(self.location + ".blobs", safe)
 
     def _blob_row(self, run_id: str, blob: Blob) -> tuple[Any, ...]:
-        if blob.size <= INLINE_LIMIT:
+        # A server backend (PostgreSQL) keeps every payload in the database: a side
+        # file on one host could not be read by a resume on another host.
+        if blob.size <= getattr(self.backend, "inline_limit", INLINE_LIMIT):
             return (
                 blob.id,
                 run_id,

@@ -10,6 +10,7 @@ job never takes its neighbours down with it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -44,6 +45,8 @@ class _Connection(Protocol):
 
 
 _STOP = object()
+_WAKE = object()
+_log = logging.getLogger("kernelext")
 
 
 class Writer:
@@ -55,6 +58,9 @@ class Writer:
         self._closed = False
         self._lock = threading.Lock()
         self.commits = 0
+        self.failures: list[BaseException] = []
+        if hasattr(connection, "on_open"):
+            connection.on_open = self._wake  # a read opened it: start the idle clock
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -68,11 +74,26 @@ class Writer:
             self._queue.put((job, fut))
         return fut
 
+    def submit_detached(self, job: Callable[[Tx], T]) -> Future[T]:
+        """Submit a job nobody waits for; a failure is logged and kept in ``failures``."""
+        fut = self.submit(job)
+        fut.add_done_callback(self._note_failure)
+        return fut
+
+    def _note_failure(self, fut: Future[Any]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            self.failures.append(exc)
+            _log.error("kernelext: a queued store write failed: %r", exc)
+
     def run(self, job: Callable[[Tx], T]) -> T:
         """Submit a job and wait until its transaction has committed."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("a store job cannot wait for another job")
         return self.submit(job).result()
+
+    def _wake(self) -> None:
+        self._queue.put(_WAKE)
 
     def close(self) -> None:
         with self._lock:
@@ -84,9 +105,16 @@ class Writer:
 
     # -- the writer thread -------------------------------------------------
     def _loop(self) -> None:
+        idle_tick = getattr(self._conn, "idle_tick", None)
+        after_batch = getattr(self._conn, "after_batch", None)
         stopping = False
         while not stopping:
-            batch = [self._queue.get()]
+            wait = idle_tick() if idle_tick is not None else None
+            try:
+                first = self._queue.get() if wait is None else self._queue.get(timeout=wait)
+            except queue.Empty:
+                continue
+            batch = [first]
             while True:
                 try:
                     batch.append(self._queue.get_nowait())
@@ -94,9 +122,11 @@ class Writer:
                     break
             if any(item is _STOP for item in batch):
                 stopping = True
-                batch = [item for item in batch if item is not _STOP]
+            batch = [item for item in batch if item is not _STOP and item is not _WAKE]
             if batch:
                 self._run_batch(batch)
+            if after_batch is not None and self._queue.empty():
+                after_batch()
         self._conn.close()
 
     def _run_batch(self, batch: list[tuple[Callable[[Tx], Any], Future[Any]]]) -> None:

@@ -17,7 +17,8 @@ Stdlib only, so that it can also run standalone in a subprocess::
 prints its base URL on the first line of stdout, then serves until SIGTERM/SIGINT.
 
 Endpoints: ``POST /<anything>`` records a delivery; ``GET /deliveries`` and
-``GET /replays`` return the recorded lists as JSON; ``GET /health`` returns ``ok``.
+``GET /replays`` return the recorded lists as JSON; ``GET /health`` returns ``ok``;
+``GET /settle`` returns once every request accepted before it was handled.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(owner.replays).encode())
         elif path == "/health":
             self._send(200, b'"ok"')
+        elif path == "/settle":
+            settled = self.server.owner._wait_idle(float(self.headers.get("X-Timeout") or 30))
+            self._send(200 if settled else 503, b'"settled"' if settled else b'"busy"')
         else:
             self._send(404, b'{"error": "not found"}')
 
@@ -88,6 +92,22 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     owner: DeliveryServer
+
+    # Requests in flight are counted from the moment they are accepted, in the
+    # serving thread and in order, so that ``settle`` can wait for them.
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.owner._enter()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.owner._leave()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.owner._leave()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that gave up (timeout, SIGKILL) is part of what we test.
@@ -122,6 +142,7 @@ class DeliveryServer:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._log: Any = None
+        self._active = 0
 
     # -- lifecycle ---------------------------------------------------------
     @property
@@ -196,6 +217,33 @@ class DeliveryServer:
                 if remaining <= 0:
                     raise TimeoutError(f"{n} deliveries after {timeout}s, expected {count}")
                 self._changed.wait(remaining)
+
+    def settle(self, timeout: float = 30.0) -> None:
+        """Return once every request that reached the server before this call is handled.
+
+        A client killed mid-request may have left its bytes in the socket: the server
+        still reads and records them, a moment after the client died. The listening
+        socket accepts connections in order, so once this call's own request is
+        accepted every earlier one is counted in flight; it then waits for those.
+        """
+        req = urllib.request.Request(self.url + "/settle", headers={"X-Timeout": str(timeout)})
+        with urllib.request.urlopen(req, timeout=timeout + 10) as resp:
+            if resp.status != 200:  # pragma: no cover - urlopen raises on 503
+                raise TimeoutError(f"requests still in flight after {timeout}s")
+
+    def _enter(self) -> None:
+        with self._changed:
+            self._active += 1
+
+    def _leave(self) -> None:
+        with self._changed:
+            self._active -= 1
+            self._changed.notify_all()
+
+    def _wait_idle(self, timeout: float) -> bool:
+        """In a handler: wait until this request is the only one in flight."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._active <= 1, timeout)
 
     def fail_next(self, n: int = 1, status: int = 503) -> None:
         with self._lock:

@@ -1,0 +1,267 @@
+"""Targets and tables from a results dict (the content of ``results/latest.json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .common import ratio
+
+__all__ = ["evaluate", "markdown"]
+
+
+def _med(node: dict[str, Any] | None, *path: str) -> float | None:
+    for key in path:
+        if node is None:
+            return None
+        node = node.get(key)
+    if isinstance(node, dict):
+        value = node.get("median")
+        return float(value) if value is not None else None
+    return float(node) if isinstance(node, (int, float)) else None
+
+
+def _target(
+    issue: int,
+    metric: str,
+    value: float | None,
+    unit: str,
+    ref_name: str,
+    ref: float | None,
+    limit: float,
+    kind: str = "ratio",
+) -> dict[str, Any]:
+    """``kind='ratio'``: value/ref <= limit. ``kind='absolute'``: value <= limit."""
+    r = ratio(value, ref) if kind == "ratio" else None
+    measured = r if kind == "ratio" else value
+    return {
+        "issue": issue,
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "reference": ref_name,
+        "reference_value": ref,
+        "ratio": r,
+        "target": f"<= {limit:g}x {ref_name}" if kind == "ratio" else f"<= {limit:g} {unit}",
+        "limit": limit,
+        "met": None if measured is None else bool(measured <= limit),
+    }
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target of issues 2 and 3 that this run measured."""
+    out: list[dict[str, Any]] = []
+    anchors = results.get("anchors", {})
+    duck, fsync = _med(anchors, "duckdb_commit_ms"), _med(anchors, "fsync_ms")
+    steps = results.get("steps", {}).get("systems", {})
+    kx_step = _med(steps, "kernelext", "mean_per_step_ms")
+    if kx_step is not None:
+        for rival, name, limit in (
+            ("langgraph_sync", "LangGraph (sync)", 0.8),
+            ("dbos", "DBOS step", 0.3),
+        ):
+            if rival in steps:
+                out.append(
+                    _target(
+                        2,
+                        "per-step overhead",
+                        kx_step,
+                        "ms",
+                        name,
+                        _med(steps, rival, "mean_per_step_ms"),
+                        limit,
+                    )
+                )
+    for row in results.get("snapshots", {}).get("rows", []):
+        out.append(
+            _target(
+                2,
+                f"snapshot {row['label']} {row['shape']}",
+                _med(row, "kernelext_step_ms"),
+                "ms",
+                "file write+fsync",
+                _med(row, "file_write_fsync_ms"),
+                2.0,
+            )
+        )
+    storage = results.get("storage", {})
+    if "kernelext" in storage and "langgraph" in storage:
+        out.append(
+            _target(
+                2,
+                f"storage after {storage['n_steps']} appends",
+                storage["kernelext"]["file_bytes"],
+                "bytes",
+                "LangGraph SqliteSaver",
+                storage["langgraph"]["file_bytes"],
+                0.05,
+            )
+        )
+    modes = results.get("effects", {}).get("modes", {})
+    for mode, systems in modes.items():
+        overhead = systems.get("kernelext", {}).get("overhead_ms")
+        if overhead is None:
+            continue
+        out.append(
+            _target(3, f"effect critical path ({mode})", overhead, "ms", "DuckDB commit", duck, 1.0)
+        )
+        out.append(
+            _target(
+                3, f"effect critical path ({mode}), stretch", overhead, "ms", "fsync", fsync, 3.0
+            )
+        )
+    resume = results.get("resume", {}).get("median_ms")
+    if resume:
+        out.append(
+            _target(
+                3,
+                f"resume, {results['resume']['effects']:,} effects",
+                resume["resume_call_to_action_ms"],
+                "ms",
+                "",
+                None,
+                500.0,
+                kind="absolute",
+            )
+        )
+    sql = results.get("sql")
+    if sql:
+        out.append(
+            _target(
+                3,
+                f"kx.sql GROUP BY status, {sql['rows']:,} effects",
+                sql["kx_sql_median_ms"],
+                "ms",
+                "",
+                None,
+                50.0,
+                kind="absolute",
+            )
+        )
+    return out
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    if unit == "bytes":
+        return f"{value / 1024:,.0f} KiB" if value < 1024 * 1024 else f"{value / 1048576:,.2f} MiB"
+    if abs(value) >= 100:
+        return f"{value:,.0f}{(' ' + unit) if unit else ''}"
+    return f"{value:.3g}{(' ' + unit) if unit else ''}"
+
+
+def _verdict(met: bool | None) -> str:
+    return "—" if met is None else ("met" if met else "**not met**")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """One table of targets per issue, plus the rivals' figures for context."""
+    lines: list[str] = []
+    meta = results.get("meta", {})
+    anchors = results.get("anchors", {})
+    lines.append(
+        f"Command: `{meta.get('command', 'python -m benchmarks')}`"
+        f"{' (QUICK: smoke run, not comparable)' if meta.get('quick') else ''}  "
+    )
+    lines.append(
+        f"Run: {meta.get('started', '?')}, {meta.get('duration_s', 0):.0f} s, "
+        f"{meta.get('cpus', '?')} CPUs, load before {meta.get('loadavg', '?')}, "
+        f"Python {meta.get('python', '?')}, DuckDB {meta.get('duckdb', '?')}  "
+    )
+    if anchors:
+        lines.append(
+            "Anchors (median ms): "
+            + ", ".join(
+                f"{name.removesuffix('_ms')} {_fmt(_med(anchors, name))}" for name in anchors
+            )
+        )
+    lines.append("")
+    targets = evaluate(results)
+    for issue in (2, 3):
+        rows = [t for t in targets if t["issue"] == issue]
+        if not rows:
+            continue
+        lines.append(f"Issue {issue}")
+        lines.append("")
+        lines.append("| metric | kernelext | reference | ratio | target | verdict |")
+        lines.append("|---|---|---|---|---|---|")
+        for t in rows:
+            ref = (
+                f"{t['reference']} {_fmt(t['reference_value'], t['unit'])}"
+                if t["reference_value"] is not None
+                else "—"
+            )
+            lines.append(
+                f"| {t['metric']} | {_fmt(t['value'], t['unit'])} | {ref} | "
+                f"{_fmt(t['ratio']) + 'x' if t['ratio'] is not None else '—'} | "
+                f"{t['target']} | {_verdict(t['met'])} |"
+            )
+        lines.append("")
+    lines.extend(_context(results))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _context(results: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    steps = results.get("steps", {}).get("systems", {})
+    if steps:
+        lines.append(
+            "Per step, ms (loop time / steps; median single step in brackets): "
+            + ", ".join(
+                f"{name} {_fmt(_med(v, 'mean_per_step_ms'))} ({_fmt(_med(v, 'per_step_ms'))})"
+                for name, v in steps.items()
+            )
+        )
+        lines.append("")
+    snaps = results.get("snapshots", {}).get("rows", [])
+    if snaps:
+        lines.append(
+            "Snapshot work outside the store, one pass (ms): "
+            + "; ".join(
+                f"{r['label']} {r['shape']} ({_fmt(r['encoded_bytes'], 'bytes')} encoded): encode "
+                f"{_fmt(r['encode_ms'])}, sha256 {_fmt(r['sha256_ms'])}"
+                for r in snaps
+            )
+        )
+        lines.append("")
+    effects = results.get("effects", {})
+    for mode, systems in effects.get("modes", {}).items():
+        lines.append(
+            f"Effect call {mode} (overhead ms beyond a bare call of "
+            f"{_fmt(_med(effects, 'bare_call_ms'))} ms): "
+            + ", ".join(f"{name} {_fmt(v['overhead_ms'])}" for name, v in systems.items())
+        )
+    if effects:
+        lines.append("")
+    storage = results.get("storage", {})
+    if storage.get("kernelext"):
+        kx = storage["kernelext"]
+        lines.append(
+            f"Storage: kernelext file {_fmt(kx['file_bytes'], 'bytes')} (empty store "
+            f"{_fmt(kx['empty_store_bytes'], 'bytes')}), blob payload "
+            f"{_fmt(kx['blob_payload_bytes'], 'bytes')} in {kx['blob_rows']} blobs; "
+            + (
+                f"LangGraph file {_fmt(storage['langgraph']['file_bytes'], 'bytes')}, "
+                f"logical {_fmt(storage['langgraph']['logical_bytes'], 'bytes')}; "
+                if storage.get("langgraph")
+                else ""
+            )
+            + f"a full JSON copy per step would be "
+            f"{_fmt(storage['full_copy_json_bytes'], 'bytes')}."
+        )
+        lines.append("")
+    resume = results.get("resume", {}).get("median_ms")
+    if resume:
+        lines.append(
+            "Resume (median ms): "
+            + ", ".join(f"{k.removesuffix('_ms')} {_fmt(v)}" for k, v in resume.items())
+        )
+        lines.append("")
+    sql = results.get("sql")
+    if sql:
+        lines.append(
+            f"kx.sql: {_fmt(_med(sql, 'kx_sql_ms'))} ms (returns {sql['returns']}); "
+            f"store.read (tuples, no Arrow) {_fmt(_med(sql, 'store_read_ms'))} ms; "
+            f"tool x status {_fmt(_med(sql, 'kx_sql_tool_status_ms'))} ms."
+        )
+    return lines

@@ -1,0 +1,83 @@
+"""DBOS Transact with a SQLite system database, as its docs set it up.
+
+Imported only when the DBOS benchmarks run: importing it registers the workflows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from dbos import DBOS
+
+from .common import MARKS
+from .kx_agents import bare_call
+
+__all__ = ["effect_calls_ms", "steps_marks", "version"]
+
+
+def version() -> str:
+    from importlib.metadata import version as dist_version
+
+    return f"dbos {dist_version('dbos')} (SQLite system database)"
+
+
+@DBOS.step()
+def noop_step(i: int) -> int:
+    MARKS.append(time.perf_counter())
+    return i
+
+
+@DBOS.workflow()
+def steps_workflow(n: int) -> int:
+    for i in range(n):
+        noop_step(i)
+    return n
+
+
+@DBOS.step()
+def ping_step(i: int) -> dict[str, Any]:
+    return bare_call(i)
+
+
+@DBOS.workflow()
+def effects_workflow(calls: int, spacing_s: float) -> int:
+    for i in range(calls):
+        if spacing_s:
+            time.sleep(spacing_s)
+        start = time.perf_counter()
+        ping_step(i)
+        MARKS.append(time.perf_counter() - start)
+    return calls
+
+
+@contextlib.contextmanager
+def launched(folder: str) -> Iterator[None]:
+    url = "sqlite:///" + os.path.join(folder, "dbos.sqlite")
+    DBOS(config={"name": "kxbench", "system_database_url": url, "log_level": "WARNING"})
+    DBOS.launch()
+    try:
+        yield
+    finally:
+        DBOS.destroy()
+        logging.getLogger("dbos").setLevel(logging.WARNING)
+
+
+def steps_marks(folder: str, n: int) -> list[float]:
+    """One workflow running ``n`` no-op steps; returns the step bodies' timestamps."""
+    with launched(folder):
+        MARKS.clear()
+        steps_workflow(n)
+        return list(MARKS)
+
+
+def effect_calls_ms(folder: str, calls: int, spacing_s: float) -> list[float]:
+    """One workflow making ``calls`` step calls; returns the wall time of each (ms)."""
+    with launched(folder):
+        MARKS.clear()
+        effects_workflow(calls, spacing_s)
+        return [m * 1000.0 for m in MARKS]

@@ -1,0 +1,368 @@
+"""Runs whose steps are notebook cells (``%%agent RUN_ID``), executed in the caller's thread.
+
+Plain Python, no Jupyter: the IPython layer hands each cell over as a callable. A cell
+is one step keyed by its identity (a step name, the notebook's cell id, or a hash of
+its source); the hash of the source that completed is kept in the step's ``name``
+as ``src:<hash>`` so that a cell edited since it ran is noticed. The boundary before
+a cell is a safe point: a pending stop suspends the run there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import NeedsDecision, RunStateError, StopRequested
+from ..store import Store, actor
+from .context import reset_current_run, set_current_run
+from .engine import Handle, _end_open_step, _suspend
+from .lease import check_takeover
+from .run import Run, StepInfo
+from .settings import get_store
+from .snapshot import Snapshotter
+
+__all__ = [
+    "CELL_AGENT",
+    "CellRun",
+    "StepOutcome",
+    "cell_handle",
+    "complete_cell_run",
+    "forget_cell_runs",
+    "open_cell_run",
+    "resume_cell_run",
+    "source_hash",
+    "stop_cell_run",
+]
+
+CELL_AGENT = "%%agent"  # the agent name of runs made of notebook cells
+SOURCE_PREFIX = "src:"
+TAKE_OVER_FROM = ("suspended", "needs_decision", "failed", "running", "stopping")
+
+_CACHE: dict[tuple[str, str], CellRun] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def source_hash(source: str) -> str:
+    """A hash of a cell's source that ignores trailing whitespace."""
+    text = "\n".join(line.rstrip() for line in source.strip().splitlines())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class StepOutcome:
+    """What happened to one cell: ``completed``, ``failed``, ``interrupted``,
+    ``suspended`` or ``needs_decision`` (then ``reason`` says why)."""
+
+    kind: str
+    key: str
+    ordinal: int
+    reason: str | None = None
+
+
+class CellRun:
+    """One run made of ``%%agent`` cells, as this process knows it (one per run id)."""
+
+    def __init__(self, run: Run, owned: bool) -> None:
+        self.run = run
+        self.hashes: dict[str, str] = {}  # step key -> source hash of its last completion
+        self.next_ordinal = 0
+        self.owned = owned  # created or taken over by this process
+
+    @property
+    def store(self) -> Store:
+        return self.run.store
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    def reload(self) -> None:
+        """Refresh state, completed steps and ledger from the store, in place."""
+        run, store = self.run, self.store
+        snapshot = store.latest_snapshot(run.id)
+        run.snapshotter = Snapshotter(run.id, allow_pickle=run.snapshotter.allow_pickle)
+        run.state = run.snapshotter.restore(store, snapshot["manifest"]) if snapshot else {}
+        run.completed.clear()
+        self.hashes.clear()
+        for step in store.completed_steps(run.id):
+            run.completed[step["key"]] = step["ordinal"]
+            name = step.get("name") or ""
+            if name.startswith(SOURCE_PREFIX):
+                self.hashes[step["key"]] = name[len(SOURCE_PREFIX) :]
+        run.effects = store.load_effects(run.id)
+        run.current = None
+        run.forced = False
+        run.stop_source = None
+        run.stop_event.clear()
+        ordinals = [s["ordinal"] for s in store.steps(run.id)]
+        self.next_ordinal = max(ordinals, default=-1) + 1
+
+    # -- the safe point before a cell -------------------------------------------------
+    def boundary(self) -> dict[str, Any]:
+        """Honour a pending stop, take over a run left by a dead kernel; return the row."""
+        row = self.store.get_run(self.run_id)
+        if row["status"] == "stopping":
+            self.run.stop_source = row.get("stop_source") or "api"
+            _suspend(self.store, self.run, StopRequested(self.run.stop_source))
+            self.run.notify("end", "suspended")
+            row = self.store.get_run(self.run_id)
+        elif row["status"] == "running" and not self.owned and row.get("owner") != actor():
+            _take_over(
+                self.store, self.run_id, "cell", reason="taken over from a kernel that is gone"
+            )
+            self.reload()
+            row = self.store.get_run(self.run_id)
+        if row["status"] == "running":
+            self.owned = True
+        return row
+
+    def lookup(self, key: str, digest: str) -> str:
+        """``new``, ``done`` (completed with this source) or ``changed`` (other source)."""
+        if key not in self.run.completed:
+            return "new"
+        return "done" if self.hashes.get(key) in (digest, None) else "changed"
+
+    # -- one cell, one step ---------------------------------------------------------------
+    def run_step(
+        self,
+        key: str,
+        digest: str,
+        body: Callable[[], BaseException | None],
+        max_step_seconds: float | None = None,
+    ) -> StepOutcome:
+        """Execute ``body`` as one step. ``body`` returns the exception that ended it, if any."""
+        run, store = self.run, self.store
+        ordinal = self.next_ordinal
+        self.next_ordinal += 1
+        run.max_step_seconds = max_step_seconds
+        info = StepInfo(uuid.uuid4(), key, ordinal, SOURCE_PREFIX + digest)
+        store.begin_step(run.id, info.id, ordinal, key, info.name)
+        run.current = info
+        run.notify("step", info)
+        timer = _overrun_timer(self, info, max_step_seconds)
+        token = set_current_run(run)
+        try:
+            error = body()
+        finally:
+            reset_current_run(token)
+            if timer is not None:
+                timer.cancel()
+        return self._settle(info, digest, error)
+
+    def _settle(self, info: StepInfo, digest: str, error: BaseException | None) -> StepOutcome:
+        run, store = self.run, self.store
+        if error is None or (isinstance(error, StopRequested) and run.current is None):
+            if run.current is not None:
+                run.finish_open_step()
+            self.hashes[info.key] = digest
+            if error is not None:  # run.suspend(...) inside the cell: completed, then suspended
+                assert isinstance(error, StopRequested)
+                return self._suspended(info, error, "suspended")
+            row = store.get_run(run.id)
+            if row["status"] == "stopping":  # the boundary after the cell
+                return self._suspended(
+                    info, StopRequested(row.get("stop_source") or "api"), "completed"
+                )
+            return StepOutcome("completed", info.key, info.ordinal)
+        if isinstance(error, KeyboardInterrupt):
+            run.stop_source = "interrupt"
+            run.forced = True
+            outcome = self._suspended(info, StopRequested("interrupt"), "interrupted")
+        elif isinstance(error, StopRequested):
+            outcome = self._suspended(info, error, "interrupted")
+        elif isinstance(error, NeedsDecision):
+            _end_open_step(store, run, "cancelled", str(error))
+            store.transition(
+                run.id,
+                "needs_decision",
+                ("running", "stopping"),
+                kind="needs_decision",
+                source="ledger",
+                reason=str(error),
+            )
+            run.notify("end", "needs_decision")
+            outcome = StepOutcome("needs_decision", info.key, info.ordinal, str(error))
+        else:
+            text = f"{type(error).__name__}: {error}"
+            _end_open_step(store, run, "failed", text[:2000])
+            run.notify("step_failed", info)
+            outcome = StepOutcome("failed", info.key, info.ordinal, text)
+        self.reload()  # the cell may have half-changed run.state: back to the snapshot
+        return outcome
+
+    def _suspended(self, info: StepInfo, stop: StopRequested, kind: str) -> StepOutcome:
+        status = _suspend(self.store, self.run, stop)
+        self.run.notify("end", status)
+        row = self.store.get_run(self.run.id)
+        return StepOutcome(kind, info.key, info.ordinal, row.get("reason"))
+
+
+def open_cell_run(
+    run_id: str, *, store: Store | None = None, max_step_seconds: float | None = None
+) -> CellRun:
+    """The cell run ``run_id``: cached in this process, loaded from the store, or new."""
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise ValueError(f"A run id must be a non-empty string, not {run_id!r}.")
+    store = get_store(store)
+    with _CACHE_LOCK:
+        cached = _CACHE.get((store.location, run_id))
+        if cached is not None and cached.store is store and not store.closed:
+            return cached
+        row = store.find_run(run_id)
+        if row is None:
+            store.create_run(
+                run_id, CELL_AGENT, max_step_seconds=max_step_seconds, owner=actor(), source="cell"
+            )
+            cell = CellRun(
+                Run(store, run_id, CELL_AGENT, max_step_seconds=max_step_seconds), owned=True
+            )
+        else:
+            if row["agent"] != CELL_AGENT:
+                raise RunStateError(
+                    f"Run {run_id!r} belongs to agent {row['agent']!r}, not to %%agent cells. "
+                    "Give the cells a run id of their own."
+                )
+            run = Run(
+                store,
+                run_id,
+                CELL_AGENT,
+                max_step_seconds=row["max_step_seconds"],
+                total_steps=row.get("total_steps"),
+            )
+            cell = CellRun(run, owned=row.get("owner") == actor())
+            cell.reload()
+        _CACHE[(store.location, run_id)] = cell
+        return cell
+
+
+def forget_cell_runs(run_id: str | None = None) -> None:
+    """Drop cached cell runs (all, or one id) so the next cell reloads from the store."""
+    with _CACHE_LOCK:
+        for key in [k for k in _CACHE if run_id is None or k[1] == run_id]:
+            del _CACHE[key]
+
+
+def cell_handle(run_id: str, *, store: Store | None = None) -> Handle:
+    """A handle (no worker thread) on a cell run, for its panel and status."""
+    cell = open_cell_run(run_id, store=store)
+    return Handle(cell.run, cell.store)
+
+
+def stop_cell_run(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
+    """Stop a cell run now: between two cells is a safe point, so it suspends at once."""
+    store = get_store(store)
+    result = store.request_stop(run_id, source=source)
+    cell = open_cell_run(run_id, store=store)
+    cell.run.notify("stop", source)
+    if result.after == "stopping" and cell.run.current is None:  # no cell executing now
+        return str(cell.boundary()["status"])
+    return str(result.after)
+
+
+def resume_cell_run(run_id: str, *, store: Store | None = None, source: str = "api") -> Handle:
+    """Let the cells of a suspended run execute again (completed cells stay skipped)."""
+    store = get_store(store)
+    row = store.get_run(run_id)
+    if row["agent"] != CELL_AGENT:
+        raise RunStateError(f"Run {run_id!r} is not a run of %%agent cells.")
+    if row["status"] not in TAKE_OVER_FROM:
+        raise RunStateError(
+            f"Run {run_id!r} is {row['status']}; only a suspended, stopped or interrupted run "
+            "can be resumed."
+            + (
+                f" Start a new run from its snapshot with kx.restart({run_id!r})."
+                if row["status"] in ("expired", "cancelled")
+                else ""
+            )
+        )
+    _take_over(store, run_id, source)
+    cell = open_cell_run(run_id, store=store)
+    cell.reload()
+    cell.owned = True
+    cell.run.notify("resumed", None)
+    return Handle(cell.run, store)
+
+
+def complete_cell_run(run_id: str, *, store: Store | None = None, source: str = "api") -> str:
+    """Mark a cell run completed (its cells are done); further cells are refused."""
+    store = get_store(store)
+    result = store.transition(
+        run_id, "completed", ("running", "stopping", "suspended"), kind="completed", source=source
+    )
+    if not result.ok:
+        raise RunStateError(f"Run {run_id!r} is {result.before}; it cannot be marked completed.")
+    cell = open_cell_run(run_id, store=store)
+    cell.run.notify("end", "completed")
+    return str(result.after)
+
+
+def _take_over(store: Store, run_id: str, source: str, reason: str | None = None) -> str:
+    """Make this process the run's owner; pending effects become unknown (needs_decision).
+
+    Refused (RunStateError) while the owner is another live process (see ``lease``).
+    """
+    check_takeover(store.get_run(run_id), store.now())
+
+    known_unknowns = len(store.open_unknowns(run_id))
+
+    def job(tx: Any) -> str:
+        result = store.transition_tx(
+            tx,
+            run_id,
+            "running",
+            TAKE_OVER_FROM,
+            kind="resumed",
+            source=source,
+            who=actor(),
+            reason=reason,
+            fields={
+                "deadline": None,
+                "stop_requested_at": None,
+                "stop_source": None,
+                "owner": actor(),
+            },
+        )
+        if not result.ok:
+            return str(result.before)
+        store.abandon_running_steps(tx, run_id)
+        unknown = known_unknowns + len(store.mark_pending_unknown(tx, run_id))
+        if unknown:
+            store.transition_tx(
+                tx,
+                run_id,
+                "needs_decision",
+                ("running",),
+                kind="needs_decision",
+                source="ledger",
+                reason=f"{unknown} effect(s) with unknown outcome",
+            )
+            return "needs_decision"
+        return "running"
+
+    return str(store.write(job))
+
+
+def _overrun_timer(cell: CellRun, info: StepInfo, limit: float | None) -> threading.Timer | None:
+    if not limit:
+        return None
+
+    def overran() -> None:
+        if cell.run.current is info:
+            info.overrun_reported = True
+            cell.store.record_event(
+                cell.run_id,
+                "step_overran",
+                wait=False,
+                source="engine",
+                reason=f"cell step {info.key!r} passed max_step_seconds={limit}",
+            )
+            cell.run.notify("overran", info)
+
+    timer = threading.Timer(limit, overran)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -1,0 +1,210 @@
+"""Credentials: facts whose value is never stored, refreshed first thing on resume.
+
+``run.fact("github", token, kind="credential")`` keeps the token in this process's
+memory only; the store holds the name and a fingerprint (a SHA-256 prefix, enough
+to tell whether a refresh returned a different secret, never the secret itself).
+
+On resume, before any fact is re-checked and before any step runs, every
+credential recorded by the completed steps is refreshed by the function
+registered with ``kx.credentials.register(name, refresh=fn)`` (called with no
+arguments). Without a registration, the fact's own ``check`` (if one was given,
+resolved by name like any check) is used as the refresh. A refresh that is
+missing, raises, times out or returns ``None`` stops the resume: the run goes
+back to ``suspended`` and nothing of it has run.
+
+Inside the resumed run, ``run.credential(name)`` returns the fresh value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from ..errors import KernelextError
+from .checks import call_bounded, resolve
+from .codec import dumps_json
+from .registry import END_HOOKS
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from .run import Run
+
+__all__ = [
+    "CREDENTIALS",
+    "CredentialError",
+    "CredentialRegistry",
+    "current",
+    "fingerprint",
+    "forget",
+    "refresh_all",
+    "remember",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+FINAL = ("completed", "failed", "cancelled", "expired")
+
+
+class CredentialError(KernelextError):
+    """A credential could not be refreshed (the resume stopped) or is not available."""
+
+
+class CredentialRegistry:
+    """``kx.credentials``: how to obtain a fresh value of each named credential."""
+
+    def __init__(self) -> None:
+        self._refresh: dict[str, Callable[[], Any]] = {}
+        self._lock = threading.Lock()
+
+    @overload
+    def register(self, name: str, refresh: F) -> F: ...
+
+    @overload
+    def register(self, name: str, refresh: None = None) -> Callable[[F], F]: ...
+
+    def register(self, name: str, refresh: Callable[[], Any] | None = None) -> Any:
+        """``kx.credentials.register("github", refresh=get_token)`` (or as a decorator)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"A credential name must be a non-empty string, not {name!r}.")
+
+        def add(func: F) -> F:
+            if not callable(func):
+                raise TypeError(
+                    f"kx.credentials.register({name!r}, refresh=...) needs a "
+                    f"function, not {type(func).__name__}."
+                )
+            with self._lock:
+                self._refresh[name] = func
+            return func
+
+        return add(refresh) if refresh is not None else add
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._refresh.pop(name, None)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._refresh)
+
+    def refresh_for(self, name: str) -> Callable[[], Any] | None:
+        with self._lock:
+            return self._refresh.get(name)
+
+    def __repr__(self) -> str:
+        return f"<kx.credentials: {', '.join(self.names()) or 'nothing registered'}>"
+
+
+CREDENTIALS = CredentialRegistry()
+
+# run id -> credential name -> value. Memory only; dropped when the run ends.
+_VALUES: dict[str, dict[str, Any]] = {}
+_VALUES_LOCK = threading.Lock()
+
+
+def fingerprint(value: Any) -> str:
+    """A short SHA-256 prefix of the credential, to tell values apart without keeping them."""
+    if isinstance(value, str):
+        data = value.encode()
+    elif isinstance(value, (bytes, bytearray)):
+        data = bytes(value)
+    else:
+        try:
+            data = dumps_json(value)
+        except (TypeError, ValueError):
+            data = repr(value).encode()
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def remember(run_id: str, name: str, value: Any) -> None:
+    with _VALUES_LOCK:
+        _VALUES.setdefault(run_id, {})[name] = value
+
+
+def forget(run_id: str) -> None:
+    with _VALUES_LOCK:
+        _VALUES.pop(run_id, None)
+
+
+def current(run: Run, name: str) -> Any:
+    """The credential's value in this process: refreshed on resume, else as recorded."""
+    with _VALUES_LOCK:
+        values = _VALUES.get(run.id, {})
+        if name in values:
+            return values[name]
+    raise CredentialError(
+        f"Credential {name!r} is not available to run {run.id!r} in this process. Record it "
+        f"with run.fact({name!r}, value, kind='credential'); on resume it is refreshed by "
+        f"kx.credentials.register({name!r}, refresh=fn)."
+    )
+
+
+def refresh_all(run: Run, store: Store, rows: Sequence[dict[str, Any]], timeout: float) -> None:
+    """Refresh every credential fact in ``rows``; raise CredentialError if any fails."""
+    if not rows:
+        return
+    calls: list[Callable[[], Any]] = []
+    missing: dict[int, str] = {}
+    for index, row in enumerate(rows):
+        fn = CREDENTIALS.refresh_for(row["name"])
+        why = ""
+        if fn is None and row.get("check_name"):
+            fn, why = resolve(row["check_name"], run_id=run.id, fact=row["name"], role="refresh")
+        if fn is None:
+            missing[index] = why or (
+                f"no refresh function: register one with kx.credentials.register("
+                f"{row['name']!r}, refresh=fn)"
+            )
+            calls.append(_nothing)
+        else:
+            calls.append(fn)
+    outcomes = call_bounded(calls, timeout)
+    now = store.now()
+    results: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for index, (row, outcome) in enumerate(zip(rows, outcomes, strict=True)):
+        status, detail, fp = "refreshed", "", None
+        if index in missing:
+            status, detail = "unresolved", missing[index]
+        elif outcome.status != "ok":
+            status, detail = outcome.status, outcome.detail
+        elif outcome.value is None:
+            status, detail = "error", "the refresh function returned None"
+        else:
+            fp = fingerprint(outcome.value)
+            remember(run.id, row["name"], outcome.value)
+            detail = "changed" if fp != row.get("fingerprint") else "same value"
+        if status != "refreshed":
+            failures.append(f"{row['name']!r}: {detail}")
+        results.append(
+            {
+                "name": row["name"],
+                "checked_at": now,
+                "current_value": None,
+                "status": status,
+                "detail": detail,
+                "fingerprint": fp,
+            }
+        )
+    store.save_fact_checks(run.id, results, event_kind="credentials_refreshed")
+    if failures:
+        raise CredentialError(
+            f"Resume of run {run.id!r} stopped before anything ran: credential(s) could not be "
+            f"refreshed ({'; '.join(failures)}). The run stays suspended. Fix the refresh "
+            f"function (kx.credentials.register(name, refresh=fn)) and call "
+            f"kx.resume({run.id!r}) again."
+        )
+
+
+def _nothing() -> None:
+    return None
+
+
+def _drop_when_final(run_id: str, status: str) -> None:
+    if status in FINAL:
+        forget(run_id)
+
+
+if _drop_when_final not in END_HOOKS:
+    END_HOOKS.append(_drop_when_final)

@@ -1,0 +1,288 @@
+"""The sweeper: expire suspended runs past their deadline, then drop old payloads.
+
+``kx.sweep(now=None)`` moves every suspended run whose deadline has passed to
+``expired`` (reason ``deadline:<suspend reason>``), releases its claims and tells
+whoever waits: an ``expired`` event row, the callbacks registered with
+``kx.on_expire``, the run's listeners (open panels) and ``END_HOOKS``. Each run is
+expired in one transaction that re-checks its status, so two sweeps, or a sweep and
+a resume, have exactly one winner.
+
+An expired run keeps its snapshots for ``SETTINGS.retention_seconds``
+(``kx.configure(retention_seconds=...)``) so that it can be restarted with
+``kx.restart``. After that the sweeper removes the payloads and writes a
+``snapshots_removed`` event; the run row, its steps and its ledger stay.
+
+:class:`Sweeper` runs ``sweep`` periodically in a daemon thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..store import Store
+from ..store.expiry import Expiry, PayloadRemoval
+from .registry import END_HOOKS, HANDLES, LIVE_LOCK
+from .settings import SETTINGS, get_store
+
+__all__ = [
+    "ExpiredRun",
+    "SweepResult",
+    "Sweeper",
+    "expiry_info",
+    "on_expire",
+    "remove_on_expire",
+    "sweep",
+]
+
+
+class ExpiredRun(NamedTuple):
+    """What an ``on_expire`` callback receives."""
+
+    run_id: str
+    reason: str  # "deadline:<suspend reason>"
+    deadline: dt.datetime  # UTC, naive
+    suspend_reason: str
+
+
+@dataclass
+class SweepResult:
+    """What one sweep did."""
+
+    now: dt.datetime
+    expired: list[ExpiredRun] = field(default_factory=list)
+    removed: list[PayloadRemoval] = field(default_factory=list)
+    callback_errors: list[tuple[str, str]] = field(default_factory=list)  # (run id, error)
+    busy: bool = False  # another process was sweeping this store; it did the work
+
+    @property
+    def expired_ids(self) -> list[str]:
+        return [e.run_id for e in self.expired]
+
+    @property
+    def removed_ids(self) -> list[str]:
+        return [r.run_id for r in self.removed]
+
+    def text(self) -> str:
+        lines = [
+            f"sweep at {self.now:%Y-%m-%d %H:%M:%S} UTC: {len(self.expired)} run(s) "
+            f"expired, payloads of {len(self.removed)} run(s) removed"
+        ]
+        if self.busy:
+            lines = [
+                f"sweep at {self.now:%Y-%m-%d %H:%M:%S} UTC: another process is sweeping "
+                "this store right now; it does the work"
+            ]
+        lines += [
+            f"  expired {e.run_id} ({e.reason}, deadline {e.deadline:%Y-%m-%d %H:%M:%S})"
+            for e in self.expired
+        ]
+        lines += [
+            f"  removed {r.snapshots} snapshot(s), {r.blobs} payload(s) of {r.run_id}"
+            for r in self.removed
+        ]
+        lines += [
+            f"  on_expire callback failed for {rid}: {err}" for rid, err in self.callback_errors
+        ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+SWEEP_LOCK = "kernelext:sweep"  # the advisory lock that makes one sweeper act at a time
+ExpireCallback = Callable[[ExpiredRun], Any]
+_CALLBACKS: list[ExpireCallback] = []
+_CALLBACKS_LOCK = threading.Lock()
+
+
+def on_expire(callback: ExpireCallback) -> ExpireCallback:
+    """Call ``callback(expired_run)`` whenever a sweep in this process expires a run.
+
+    ``expired_run`` has ``run_id``, ``reason``, ``deadline`` and ``suspend_reason``.
+    Usable as a decorator; a callback that raises is recorded as an
+    ``expire_callback_failed`` event and never stops the sweep. Remove it with
+    ``kernelext.core.expiry.remove_on_expire(callback)``.
+    """
+    if not callable(callback):
+        raise TypeError(f"kx.on_expire() takes a callable, not {callback!r}.")
+    with _CALLBACKS_LOCK:
+        if callback not in _CALLBACKS:
+            _CALLBACKS.append(callback)
+    return callback
+
+
+def remove_on_expire(callback: ExpireCallback) -> None:
+    with _CALLBACKS_LOCK:
+        if callback in _CALLBACKS:
+            _CALLBACKS.remove(callback)
+
+
+def _utc_naive(value: dt.datetime) -> dt.datetime:
+    if value.tzinfo is not None:
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def sweep(
+    now: dt.datetime | None = None, *, store: Store | None = None, source: str = "api"
+) -> SweepResult:
+    """Expire suspended runs past their deadline; remove payloads past retention.
+
+    One sweeper acts at a time per store (on PostgreSQL an advisory lock shared by
+    every process and host); a sweep that finds another one at work returns at once
+    with ``busy=True``.
+    """
+    store = get_store(store)
+    with store.try_advisory_lock(SWEEP_LOCK) as mine:
+        if not mine:
+            return SweepResult(_utc_naive(now) if now is not None else store.now(), busy=True)
+        return _sweep(now, store, source)
+
+
+def _sweep(now: dt.datetime | None, store: Store, source: str) -> SweepResult:
+    at = _utc_naive(now) if now is not None else store.now()
+    result = SweepResult(at)
+    for run_id in store.due_for_expiry(at):
+        expiry = store.write(
+            functools.partial(_expire_tx, store, run_id=run_id, now=at, source=source)
+        )
+        if expiry is not None:
+            info = ExpiredRun(
+                expiry.run_id,
+                f"deadline:{expiry.suspend_reason}",
+                expiry.deadline,
+                expiry.suspend_reason,
+            )
+            result.expired.append(info)
+            _notify(store, info, result)
+    retention = float(SETTINGS.retention_seconds)
+    cutoff = at - dt.timedelta(seconds=retention)
+    for run_id in store.retention_due(cutoff):
+        removal = store.remove_payloads(run_id, at, retention_seconds=retention, source=source)
+        if removal is not None:
+            result.removed.append(removal)
+    return result
+
+
+def _expire_tx(
+    store: Store, tx: Any, *, run_id: str, now: dt.datetime, source: str
+) -> Expiry | None:
+    expiry = store.expire_tx(tx, run_id, now, source=source)
+    if expiry is not None:
+        store.release_run_claims_tx(tx, run_id, "expired", source=source)
+    return expiry
+
+
+def _notify(store: Store, info: ExpiredRun, result: SweepResult) -> None:
+    with LIVE_LOCK:
+        handle = HANDLES.get(info.run_id)
+    if handle is not None:  # an open panel listens to its run
+        handle.run.notify("expired", info)
+    for hook in list(END_HOOKS):
+        try:
+            hook(info.run_id, "expired")
+        except Exception:  # a broken panel must not break the sweep
+            continue
+    with _CALLBACKS_LOCK:
+        callbacks = list(_CALLBACKS)
+    for callback in callbacks:
+        try:
+            callback(info)
+        except Exception as exc:  # recorded, never breaks the sweep
+            name = getattr(callback, "__qualname__", repr(callback))
+            error = f"{type(exc).__name__}: {exc}"[:1000]
+            result.callback_errors.append((info.run_id, error))
+            try:
+                store.record_event(
+                    info.run_id,
+                    "expire_callback_failed",
+                    source="sweeper",
+                    reason=f"{name}: {error}",
+                    detail={"callback": name},
+                )
+            except Exception:  # the failure is in result.callback_errors
+                continue
+
+
+def expiry_info(run_id: str, *, store: Store | None = None) -> dict[str, Any]:
+    """For panels: status, reason, deadline, expiry time, how long the snapshot is kept."""
+    store = get_store(store)
+    row = store.get_run(run_id)
+    info: dict[str, Any] = {
+        "run_id": run_id,
+        "status": row["status"],
+        "reason": row["reason"],
+        "deadline": row["deadline"],
+        "expired_at": None,
+        "kept_until": None,
+        "removed_at": None,
+        "restarts": store.children(run_id),
+    }
+    if row["status"] == "expired":
+        expired_at = store.expired_at(run_id)
+        info["expired_at"] = expired_at
+        if expired_at is not None:
+            info["kept_until"] = expired_at + dt.timedelta(seconds=SETTINGS.retention_seconds)
+        info["removed_at"] = store.snapshots_removed_at(run_id)
+    return info
+
+
+class Sweeper:
+    """Sweep every ``interval_s`` seconds in a daemon thread (the kernel's sweeper).
+
+    ``store=None`` sweeps the default store, looked up at each tick. Errors are kept
+    in ``last_error`` and never stop the thread.
+    """
+
+    def __init__(
+        self, interval_s: float = 60.0, *, store: Store | None = None, source: str = "sweeper"
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"Sweeper interval_s must be positive, not {interval_s!r}.")
+        self.interval_s = float(interval_s)
+        self.store = store
+        self.source = source
+        self.sweeps = 0
+        self.last_result: SweepResult | None = None
+        self.last_error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> Sweeper:
+        if self.running:
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="kernelext-sweeper", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def sweep_once(self) -> SweepResult | None:
+        try:
+            self.last_result = sweep(store=self.store, source=self.source)
+            self.last_error = None
+        except Exception as exc:  # e.g. the store was closed; try next tick
+            self.last_error = exc
+            return None
+        finally:
+            self.sweeps += 1
+        return self.last_result
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sweep_once()
+            self._stop.wait(self.interval_s)

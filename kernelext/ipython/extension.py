@@ -1,0 +1,175 @@
+"""``%load_ext kernelext`` / ``%unload_ext kernelext``.
+
+Loading registers the :class:`~.magics.Kernelext` magics and options, makes a run
+handle display as its control panel, ``kx.reconcile(run_id)`` as the reconciliation
+widget and ``kx.revalidation(run_id)`` as the revalidation widget, and installs the
+soft interrupt. The store is opened lazily, on first use. Nothing here imports
+ipywidgets: the widget modules are imported the first time something is displayed,
+which keeps loading fast. Panels of runs in ``needs_decision`` show the decision
+widgets (``kernelext.widgets.decisions``) once the panel module is in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from ..core.settings import SETTINGS
+from .interrupt import InterruptHandler, kernel_supports_soft_interrupt, live_handles
+from .magics import Kernelext
+
+__all__ = [
+    "load",
+    "loaded",
+    "reconciliation_bundle",
+    "render_handle",
+    "revalidation_bundle",
+    "unload",
+]
+
+PANEL_MODULE = "kernelext.widgets.panel"
+DECISIONS_MODULE = "kernelext.widgets.decisions"
+
+
+class _Loaded:
+    def __init__(
+        self, shell: Any, magics: Kernelext, previous_renderer: Any, store_was_open: bool
+    ) -> None:
+        self.shell = shell
+        self.magics = magics
+        self.previous_renderer = previous_renderer
+        self.store_was_open = store_was_open
+        self.previous_reconcile_renderer = SETTINGS.reconcile_renderer
+        self.previous_revalidation_renderer = SETTINGS.revalidation_renderer
+
+
+_STATE: _Loaded | None = None
+
+
+def loaded() -> Kernelext | None:
+    """The magics instance of the loaded extension (None when not loaded)."""
+    return _STATE.magics if _STATE is not None else None
+
+
+def render_handle(handle: Any) -> dict[str, Any]:
+    """Display a run handle as its control panel (plus static HTML and plain text)."""
+    try:
+        _install_decision_widgets(force=True)
+        from kernelext.widgets.panel import panel_mimebundle
+
+        return panel_mimebundle(handle)
+    except Exception as exc:  # a panel failure must not hide the run
+        return {"text/plain": f"{handle.text_summary()}\n(panel unavailable: {exc})"}
+
+
+def reconciliation_bundle(rec: Any) -> dict[str, Any]:
+    """Display ``kx.reconcile(run_id)`` as the reconciliation widget (plus its text)."""
+    try:
+        from kernelext.widgets.reconcile import reconciliation_mimebundle
+
+        return reconciliation_mimebundle(rec)
+    except Exception as exc:  # a widget failure must not hide the unknowns
+        return {"text/plain": f"{rec.text()}\n(widget unavailable: {exc})"}
+
+
+def revalidation_bundle(rev: Any) -> dict[str, Any]:
+    """Display ``kx.revalidation(run_id)`` as the revalidation widget (plus its text)."""
+    try:
+        from kernelext.widgets.revalidation import revalidation_mimebundle
+
+        return revalidation_mimebundle(rev)
+    except Exception as exc:  # a widget failure must not hide the facts
+        return {"text/plain": f"{rev.text()}\n(widget unavailable: {exc})"}
+
+
+def _install_decision_widgets(force: bool = False) -> None:
+    """Panels show the reconciliation / revalidation widgets when a run needs a decision.
+
+    Done once the panel module is in use (``force`` imports it), so that loading the
+    extension does not import ipywidgets.
+    """
+    if _STATE is None or not (force or PANEL_MODULE in sys.modules):
+        return
+    from kernelext.widgets.decisions import install
+
+    install()
+
+
+def _refresh_panels(*_: Any) -> None:
+    """After each cell: push the panels' latest state while the kernel still answers the
+    cell (nbclient records widget state only from messages of the cell it runs)."""
+    module = sys.modules.get(PANEL_MODULE)
+    if module is not None:
+        _install_decision_widgets()
+        module.refresh_open_panels()
+
+
+def load(shell: Any) -> None:
+    global _STATE
+    if _STATE is not None:
+        if _STATE.shell is shell:
+            return
+        unload(_STATE.shell)
+    store_was_open = SETTINGS._store is not None and not SETTINGS._store.closed
+    magics = Kernelext(shell=shell)
+    shell.register_magics(magics)
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None and kernel_supports_soft_interrupt(kernel):
+        magics.interrupt = InterruptHandler(kernel, window=magics.interrupt_window)
+        if magics.soft_interrupt:
+            magics.interrupt.install()
+        magics.observe(_soft_interrupt_changed, names="soft_interrupt")
+    _STATE = _Loaded(shell, magics, SETTINGS.handle_renderer, store_was_open)
+    SETTINGS.handle_renderer = render_handle
+    SETTINGS.reconcile_renderer = reconciliation_bundle
+    SETTINGS.revalidation_renderer = revalidation_bundle
+    shell.events.register("post_execute", _refresh_panels)
+    _install_decision_widgets()
+
+
+def _soft_interrupt_changed(change: Any) -> None:
+    handler = change["owner"].interrupt
+    if handler is not None:
+        if change["new"]:
+            handler.install()
+        else:
+            handler.uninstall()
+
+
+def unload(shell: Any) -> None:
+    """Undo :func:`load`: magics, options, panel rendering, interrupt handling."""
+    global _STATE
+    state = _STATE
+    if state is None or state.shell is not shell:
+        return
+    _STATE = None
+    magics = state.magics
+    manager = shell.magics_manager
+    for kind, table in magics.magics.items():
+        for name in table:
+            if manager.magics.get(kind, {}).get(name) == table[name]:
+                del manager.magics[kind][name]
+    if manager.registry.get(type(magics).__name__) is magics:
+        del manager.registry[type(magics).__name__]
+    if magics in shell.configurables:
+        shell.configurables.remove(magics)
+    if magics.interrupt is not None:
+        magics.interrupt.uninstall()
+        magics.unobserve(_soft_interrupt_changed, names="soft_interrupt")
+    if SETTINGS.handle_renderer is render_handle:
+        SETTINGS.handle_renderer = state.previous_renderer
+    if SETTINGS.reconcile_renderer is reconciliation_bundle:
+        SETTINGS.reconcile_renderer = state.previous_reconcile_renderer
+    if SETTINGS.revalidation_renderer is revalidation_bundle:
+        SETTINGS.revalidation_renderer = state.previous_revalidation_renderer
+    decisions = sys.modules.get(DECISIONS_MODULE)
+    if decisions is not None:
+        decisions.uninstall()
+    with contextlib.suppress(ValueError):
+        shell.events.unregister("post_execute", _refresh_panels)
+    module = sys.modules.get(PANEL_MODULE)
+    if module is not None:
+        module.close_open_panels()
+    if not state.store_was_open and not live_handles():
+        SETTINGS.close()  # opened lazily by this session; the next use opens it again

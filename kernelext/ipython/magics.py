@@ -1,0 +1,252 @@
+"""The ``Kernelext`` magics: ``%%agent``, ``%agent``, ``%%ledger`` / ``%ledger``, and options.
+
+Every option is a traitlet, so ``%config Kernelext.store = 'other.duckdb'`` works in a
+notebook and ``c.Kernelext.store = ...`` in an IPython profile.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
+from traitlets import Bool, Dict, Float, TraitError, Unicode, observe, validate
+
+from ..core.api import configure, runs, sql, stop
+from ..core.cell_runs import CELL_AGENT, cell_handle, complete_cell_run, stop_cell_run
+from ..core.engine import Handle
+from ..core.registry import live_handle
+from ..core.resume import resume
+from ..core.run import Run
+from ..core.settings import SETTINGS
+from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
+from .cells import run_agent_cell
+from .interrupt import live_handles
+
+__all__ = ["Kernelext"]
+
+_OUT = re.compile(r"^\s*(?:-o|--out)\s+([A-Za-z_][A-Za-z0-9_]*)\s*(.*)$", re.DOTALL)
+SUBCOMMANDS = ("stop", "resume", "status", "complete", "list")
+
+
+def _cell_parser() -> MagicArgumentParser:
+    parser = MagicArgumentParser(  # type: ignore[no-untyped-call]
+        prog="%%agent", add_help=False, description="Run this cell as one step of run RUN_ID."
+    )
+    parser.add_argument("run_id", help="the run this cell is a step of")
+    parser.add_argument(
+        "--step", default=None, help="a stable name for this step (default: the notebook's cell id)"
+    )
+    parser.add_argument("--max-step-seconds", type=float, default=None, dest="max_step_seconds")
+    parser.add_argument(
+        "--rerun", action="store_true", help="run a cell that already completed (or changed) again"
+    )
+    return parser
+
+
+def _line_parser() -> MagicArgumentParser:
+    parser = MagicArgumentParser(  # type: ignore[no-untyped-call]
+        prog="%agent", add_help=False, description="Control a run: " + ", ".join(SUBCOMMANDS)
+    )
+    parser.add_argument("command", choices=SUBCOMMANDS)
+    parser.add_argument("run_id", nargs="?", default=None)
+    return parser
+
+
+@magics_class
+class Kernelext(Magics):
+    """kernelext in IPython: options (``%config Kernelext``) and magics."""
+
+    store = Unicode(
+        None,
+        allow_none=True,
+        help=(
+            "Where runs are recorded: a DuckDB file path or a postgresql:// URL. Default: "
+            "$KERNELEXT_STORE, else .kernelext/store.duckdb in the project."
+        ),
+    ).tag(config=True)
+    expiry = Dict(
+        help=(
+            "How long a suspended run lives, per reason, in seconds: e.g. "
+            "{'user_stop': 7 * 86400, 'rate_limit': 3600}."
+        )
+    ).tag(config=True)
+    retention_seconds = Float(
+        None, allow_none=True, help=("How long the snapshot of an expired run is kept.")
+    ).tag(config=True)
+    check_timeout = Float(
+        None,
+        allow_none=True,
+        help=("Seconds a fact's re-check may take on resume before it counts as a contradiction."),
+    ).tag(config=True)
+    max_step_seconds = Float(
+        None,
+        allow_none=True,
+        help=("Default time bound of one %%agent cell (overridden by --max-step-seconds)."),
+    ).tag(config=True)
+    soft_interrupt = Bool(
+        True,
+        help=(
+            "While an agent runs in the background, the notebook's interrupt button asks it to "
+            "stop at its next safe point (a second press within interrupt_window forces it)."
+        ),
+    ).tag(config=True)
+    interrupt_window = Float(
+        2.0, help=("Seconds within which a second interrupt forces the stop.")
+    ).tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        self.interrupt: Any = None  # set by the extension once installed
+        super().__init__(shell=shell, **kwargs)  # profile config fires the observers below
+
+    # -- options ------------------------------------------------------------------------
+    @validate("store")
+    def _check_store(self, proposal: Any) -> Any:
+        value = proposal["value"]
+        if value is not None and live_handles():
+            raise TraitError(
+                "Cannot switch the kernelext store while runs execute in this kernel: "
+                + ", ".join(h.run_id for h in live_handles())
+                + ". Stop them first."
+            )
+        return value
+
+    @observe("store")
+    def _store_changed(self, change: Any) -> None:
+        if change["new"] is not None:
+            configure(store=change["new"])
+
+    @observe("expiry")
+    def _expiry_changed(self, change: Any) -> None:
+        try:
+            configure(expiry=change["new"])
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    @observe("retention_seconds", "check_timeout")
+    def _number_changed(self, change: Any) -> None:
+        if change["new"] is not None:
+            configure(**{change["name"]: change["new"]})
+
+    @observe("interrupt_window")
+    def _window_changed(self, change: Any) -> None:
+        if self.interrupt is not None:
+            self.interrupt.window = float(change["new"])
+
+    # -- %%agent / %agent -------------------------------------------------------------------
+    @line_cell_magic
+    def agent(self, line: str, cell: str | None = None) -> Any:
+        """``%%agent RUN_ID [--step NAME] [--max-step-seconds N] [--rerun]``: this cell is
+        one step of run RUN_ID. Completed cells are skipped; a stop takes effect at the
+        boundary before the next cell.
+
+        ``%agent stop|resume|status|complete RUN_ID`` and ``%agent list`` control runs.
+        """
+        try:
+            if cell is None:
+                return self._agent_command(line)
+            args = _cell_parser().parse_argstring(line)  # type: ignore[no-untyped-call]
+            limit = (
+                args.max_step_seconds
+                if args.max_step_seconds is not None
+                else self.max_step_seconds
+            )
+            if limit is not None and limit <= 0:
+                raise UsageError("--max-step-seconds must be a positive number of seconds.")
+            run_agent_cell(
+                self.shell,
+                args.run_id,
+                cell,
+                step=args.step,
+                max_step_seconds=limit,
+                rerun=args.rerun,
+            )
+        except (ValueError, RunStateError, AgentError, StoreError, RunNotFound) as exc:
+            raise UsageError(str(exc)) from None
+        return None
+
+    def _agent_command(self, line: str) -> Any:
+        args = _line_parser().parse_argstring(line)  # type: ignore[no-untyped-call]
+        if args.command == "list":
+            return runs()
+        if not args.run_id:
+            raise UsageError(f"%agent {args.command} needs a run id: %agent {args.command} RUN_ID")
+        run_id: str = args.run_id
+        row = SETTINGS.store().find_run(run_id)
+        if row is None:
+            raise UsageError(
+                f"No run {run_id!r} in the store at {SETTINGS.store().location}. "
+                "List runs with %agent list."
+            )
+        cells = row["agent"] == CELL_AGENT
+        if args.command == "stop":
+            status = (
+                stop_cell_run(run_id, source="magic") if cells else stop(run_id, source="magic")
+            )
+            print(f"kernelext: stop requested for run {run_id!r}; it is {status}.")
+            return None
+        if args.command == "resume":
+            handle = resume(run_id, source="magic")
+            if cells:
+                print(
+                    f"kernelext: run {run_id!r} is {handle.status}; run its %%agent cells "
+                    "again (completed ones are skipped)."
+                )
+                return None
+            return handle
+        if args.command == "complete":
+            if not cells:
+                raise UsageError(f"Run {run_id!r} is an agent run; it completes by itself.")
+            if row["status"] == "completed":
+                print(f"kernelext: run {run_id!r} is already completed.")
+                return None
+            print(f"kernelext: run {run_id!r} is {complete_cell_run(run_id, source='magic')}.")
+            return None
+        return handle_for(run_id, row)
+
+    # -- %%ledger / %ledger ------------------------------------------------------------------
+    @line_cell_magic
+    def ledger(self, line: str, cell: str | None = None) -> Any:
+        """Read-only SQL on the kernelext store: ``%ledger SELECT ...`` or a ``%%ledger``
+        cell. ``-o NAME`` also saves the result (a DataFrame) in the variable NAME."""
+        out: str | None = None
+        head = line
+        match = _OUT.match(line)
+        if match:
+            out, head = match.group(1), match.group(2)
+        elif line.strip().startswith("-"):
+            raise UsageError("Usage: %%ledger [-o NAME] then the query; %ledger [-o NAME] QUERY")
+        query = "\n".join(part for part in (head, cell or "") if part.strip()).strip()
+        if not query:
+            raise UsageError(
+                "%%ledger needs a query, e.g. SELECT status, count(*) FROM runs GROUP BY ALL"
+            )
+        try:
+            result = sql(query)
+        except KernelextError as exc:
+            raise UsageError(str(exc)) from None
+        except Exception as exc:  # the backend's own message names the problem in the query
+            raise UsageError(f"The ledger query failed: {exc}") from None
+        if out is not None and self.shell is not None:
+            self.shell.user_ns[out] = result
+        return result
+
+
+def handle_for(run_id: str, row: dict[str, Any]) -> Handle:
+    """The handle that shows run ``run_id``: live, a cell run's, or a read-only one."""
+    live = live_handle(run_id)
+    if live is not None:
+        return live
+    if row["agent"] == CELL_AGENT:
+        return cell_handle(run_id)
+    store = SETTINGS.store()
+    run = Run(
+        store,
+        run_id,
+        row["agent"],
+        max_step_seconds=row.get("max_step_seconds"),
+        total_steps=row.get("total_steps"),
+    )
+    return Handle(run, store)

@@ -1,0 +1,161 @@
+"""Expiry and retention: the SQL behind the sweeper (restart is in ``restart.py``).
+
+* Expiring a run re-checks, inside the transaction, that it is still suspended and
+  past its deadline, so two sweepers (or a sweeper and a resume) have one winner.
+* After the retention period the payloads of an expired run (blob rows and side
+  files) are removed and its snapshots marked ``removed_at``; the run row, steps,
+  ledger and events stay as the audit record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+from typing import NamedTuple
+
+from .claims import ClaimsMixin
+from .runs import RunsMixin
+from .steps import StepsMixin
+from .writer import Tx
+
+__all__ = ["Expiry", "ExpiryMixin", "PayloadRemoval"]
+
+
+class Expiry(NamedTuple):
+    run_id: str
+    suspend_reason: str
+    deadline: dt.datetime
+
+
+class PayloadRemoval(NamedTuple):
+    run_id: str
+    snapshots: int
+    blobs: int
+    bytes: int
+    files: int
+
+
+class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
+    # -- expiry ----------------------------------------------------------------
+    def due_for_expiry(self, now: dt.datetime) -> list[str]:
+        rows = self.read(
+            "SELECT id FROM runs WHERE status = 'suspended' AND deadline IS NOT NULL"
+            " AND deadline <= ? ORDER BY deadline, id",
+            (now,),
+        )
+        return [str(r[0]) for r in rows]
+
+    def expire_tx(
+        self, tx: Tx, run_id: str, now: dt.datetime, *, source: str = "sweeper"
+    ) -> Expiry | None:
+        """Move one run to ``expired`` if it is still suspended and past its deadline."""
+        row = tx.fetchone(
+            f"SELECT status, reason, deadline FROM runs WHERE id = ?{self.for_update}", (run_id,)
+        )
+        if row is None or row[0] != "suspended" or row[2] is None or row[2] > now:
+            return None
+        suspend_reason = str(row[1] or "other")
+        deadline: dt.datetime = row[2]
+        result = self.transition_tx(
+            tx,
+            run_id,
+            "expired",
+            ("suspended",),
+            kind="expired",
+            source=source,
+            reason=f"deadline:{suspend_reason}",
+            detail={
+                "deadline": deadline.isoformat(),
+                "suspend_reason": suspend_reason,
+                "swept_at": now.isoformat(),
+            },
+        )
+        return Expiry(run_id, suspend_reason, deadline) if result.ok else None
+
+    def release_run_claims_tx(self, tx: Tx, run_id: str, why: str, source: str = "engine") -> int:
+        rows = tx.fetchall(
+            "UPDATE claims SET released_at = ?, release_reason = ? WHERE run_id = ?"
+            " AND released_at IS NULL RETURNING resource, amount",
+            (self.now(), why, run_id),
+        )
+        for resource, amount in rows:
+            self.event(
+                tx,
+                run_id,
+                "claim_released",
+                source=source,
+                reason=why,
+                detail={"resource": resource, "amount": amount},
+            )
+        return len(rows)
+
+    def expired_at(self, run_id: str) -> dt.datetime | None:
+        rows = self.read(
+            "SELECT max(occurred_at) FROM events WHERE run_id = ? AND kind = 'expired'", (run_id,)
+        )
+        return rows[0][0] if rows else None
+
+    # -- retention ---------------------------------------------------------------
+    def snapshots_removed_at(self, run_id: str) -> dt.datetime | None:
+        rows = self.read("SELECT max(removed_at) FROM snapshots WHERE run_id = ?", (run_id,))
+        return rows[0][0] if rows else None
+
+    def retention_due(self, cutoff: dt.datetime) -> list[str]:
+        """Expired runs that expired at or before ``cutoff`` and still hold payloads."""
+        rows = self.read(
+            "SELECT r.id FROM runs r JOIN events e ON e.run_id = r.id AND e.kind = 'expired'"
+            " WHERE r.status = 'expired' AND (EXISTS (SELECT 1 FROM snapshots s WHERE"
+            " s.run_id = r.id AND s.removed_at IS NULL) OR EXISTS (SELECT 1 FROM blobs b"
+            " WHERE b.run_id = r.id)) GROUP BY r.id HAVING max(e.occurred_at) <= ? ORDER BY r.id",
+            (cutoff,),
+        )
+        return [str(r[0]) for r in rows]
+
+    def remove_payloads(
+        self, run_id: str, now: dt.datetime, *, retention_seconds: float, source: str = "sweeper"
+    ) -> PayloadRemoval | None:
+        """Drop an expired run's blobs and side files; mark its snapshots removed."""
+
+        def job(tx: Tx) -> tuple[PayloadRemoval, list[str]] | None:
+            row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
+            if row is None or row[0] != "expired":
+                return None
+            blobs = tx.fetchall(
+                "DELETE FROM blobs WHERE run_id = ? RETURNING location, size", (run_id,)
+            )
+            snaps = tx.fetchall(
+                "UPDATE snapshots SET removed_at = ? WHERE run_id = ? AND removed_at IS NULL"
+                " RETURNING id",
+                (now, run_id),
+            )
+            files = [
+                str(loc).removeprefix("file:") for loc, _ in blobs if str(loc).startswith("file:")
+            ]
+            removal = PayloadRemoval(
+                run_id, len(snaps), len(blobs), sum(int(size) for _, size in blobs), len(files)
+            )
+            self.event(
+                tx,
+                run_id,
+                "snapshots_removed",
+                source=source,
+                reason=f"retention period of {retention_seconds:g}s ended",
+                detail={**removal._asdict(), "retention_seconds": retention_seconds},
+            )
+            return removal, files
+
+        done = self.write(job)
+        if done is None:
+            return None
+        removal, files = done
+        for path in files:  # after the commit: a crash leaves an orphan file, never a dangling row
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.blob_dir(run_id))
+        return removal
+
+    def children(self, run_id: str) -> list[str]:
+        rows = self.read("SELECT id FROM runs WHERE parent_id = ? ORDER BY created_at", (run_id,))
+        return [str(r[0]) for r in rows]

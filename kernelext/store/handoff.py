@@ -1,0 +1,132 @@
+"""Sharing one DuckDB file between processes by handing the connection over.
+
+DuckDB lets one process at a time open a file, and a second one fails at once.
+kernelext processes therefore take turns: a process holds an exclusive ``flock`` on
+``<store>.lock`` while its connection is open. A process that wants the store takes
+a shared lock on ``<store>.want`` while it waits; the holder sees that after its
+current group commit (or within one idle tick) and closes its connection. A holder
+with nothing to do lets go after a short linger anyway, so that other kernels, the
+command line and ``kx.sql`` elsewhere can read. The lock file names its holder
+(PID, host, since when) for error messages.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import time
+
+from ..errors import StoreLockedError
+
+__all__ = ["HandoffLock"]
+
+
+class HandoffLock:
+    def __init__(self, store_path: str) -> None:
+        self.store_path = store_path
+        self.lock_path = store_path + ".lock"
+        self.want_path = store_path + ".want"
+        self._fd: int | None = None
+        self._want_fd: int | None = None
+        self._courtesy_until = 0.0
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout: float) -> None:
+        """Take the store, waiting up to ``timeout`` seconds for the holder to hand over."""
+        if self._fd is not None:
+            return
+        self._let_waiter_in()
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if not _try_lock(fd, fcntl.LOCK_EX):
+                self._wait(fd, timeout)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+
+    def _wait(self, fd: int, timeout: float) -> None:
+        want = os.open(self.want_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(want, fcntl.LOCK_SH)  # tell the holder someone waits
+            deadline = time.monotonic() + timeout
+            pause = 0.001
+            while not _try_lock(fd, fcntl.LOCK_EX):
+                if time.monotonic() >= deadline:
+                    holder = self.holder()
+                    pid = holder.get("pid") if holder else None
+                    raise StoreLockedError(
+                        self.store_path,
+                        pid if isinstance(pid, int) else None,
+                        f"waited {timeout:.0f}s; held since {holder.get('since')}"
+                        if holder
+                        else f"waited {timeout:.0f}s",
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
+        finally:
+            fcntl.flock(want, fcntl.LOCK_UN)
+            os.close(want)
+
+    def others_waiting(self) -> bool:
+        """True when another process (or store object) waits for this store."""
+        if self._want_fd is None:
+            self._want_fd = os.open(self.want_path, os.O_RDWR | os.O_CREAT, 0o600)
+        if _try_lock(self._want_fd, fcntl.LOCK_EX):
+            fcntl.flock(self._want_fd, fcntl.LOCK_UN)
+            return False
+        return True
+
+    def _let_waiter_in(self) -> None:
+        """After handing over, give the waiter time to take the lock before taking it back."""
+        me = os.getpid()
+        while time.monotonic() < self._courtesy_until:
+            holder = self.holder()
+            if holder is not None and holder.get("pid") != me:
+                break
+            time.sleep(0.002)
+        self._courtesy_until = 0.0
+
+    def release(self, *, handing_over: bool = False) -> None:
+        if handing_over:
+            self._courtesy_until = time.monotonic() + 0.5
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def close(self) -> None:
+        self.release()
+        if self._want_fd is not None:
+            os.close(self._want_fd)
+            self._want_fd = None
+
+    def holder(self) -> dict[str, object] | None:
+        try:
+            with open(self.lock_path, encoding="utf-8") as handle:
+                text = handle.read()
+            data = json.loads(text) if text else None
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def _try_lock(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

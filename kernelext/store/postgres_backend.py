@@ -1,0 +1,435 @@
+"""The PostgreSQL backend: the same schema and statements as DuckDB, for teams.
+
+One long-lived write connection, driven by the store's writer thread; reads go
+through a small pool of autocommit connections, so they never see uncommitted
+work and never block the writer. The store's SQL uses ``?`` placeholders; they
+are translated to psycopg's ``%s`` outside string literals, quoted names and
+comments. DDL types that PostgreSQL spells differently (``BLOB``) are mapped
+here, so the migrations list stays one list.
+
+Several processes (on several hosts) may open the same database at once: the
+first transaction of every connection, which is the store's migration job,
+takes a transaction-scoped advisory lock, so migrations run one at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import hashlib
+import re
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from ..errors import ReadOnlyError, StoreError
+
+__all__ = [
+    "PostgresConnection",
+    "advisory_key",
+    "connection_lost",
+    "mask_password",
+    "open_postgres",
+    "translate",
+]
+
+MIGRATION_LOCK = "kernelext:migrations"
+READ_POOL_SIZE = 4
+# psycopg exceptions whose transaction can simply be run again.
+TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+READ_ONLY_START = ("select", "with", "values", "table", "explain", "show", "(")
+
+_TOKEN = re.compile(
+    r"""
+      (?P<str>'(?:[^']|'')*')              # 'string literal'
+    | (?P<ident>"(?:[^"]|"")*")            # "quoted name"
+    | (?P<dollar>\$(?P<tag>[A-Za-z_]*)\$.*?\$(?P=tag)\$)  # $tag$ body $tag$
+    | (?P<line>--[^\n]*)                   # -- comment
+    | (?P<block>/\*.*?\*/)                 # /* comment */
+    | (?P<q>\?)                            # placeholder
+    | (?P<pct>%)                           # psycopg's escape character
+    | (?P<semi>;)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_DDL = re.compile(r"^\s*(CREATE|ALTER)\b", re.IGNORECASE)
+_BLOB = re.compile(r"\bBLOB\b", re.IGNORECASE)
+
+
+def _scan(sql: str) -> tuple[str, int]:
+    """``?`` -> ``%s`` and ``%`` -> ``%%`` outside literals; also count top-level ``;``."""
+    out: list[str] = []
+    pos = 0
+    statements_ended = 0
+    for match in _TOKEN.finditer(sql):
+        out.append(sql[pos : match.start()])
+        kind = match.lastgroup
+        if kind == "q":
+            out.append("%s")
+        elif kind == "pct":
+            out.append("%%")
+        elif kind == "semi":
+            statements_ended += 1
+            out.append(";")
+        else:  # literals, quoted names and comments: only psycopg's escape matters
+            out.append(match.group(0).replace("%", "%%"))
+        pos = match.end()
+    out.append(sql[pos:])
+    return "".join(out), statements_ended
+
+
+@functools.lru_cache(maxsize=1024)
+def translate(sql: str) -> str:
+    """The store's SQL (``?`` placeholders, DuckDB type names) as psycopg expects it."""
+    if _DDL.match(sql):
+        sql = _BLOB.sub("BYTEA", sql)
+    return _scan(sql)[0]
+
+
+def advisory_key(name: str) -> int:
+    """A stable signed 64-bit key for ``pg_advisory_lock`` from a readable name."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+def mask_password(url: str) -> str:
+    """The URL with its password (in the authority or ``?password=``) shown as ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is not None:
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{parts.username or ''}:***@{host}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        parts = parts._replace(netloc=netloc)
+    if "password=" in parts.query:
+        parts = parts._replace(query=re.sub(r"(^|&)password=[^&]*", r"\1password=***", parts.query))
+    return urllib.parse.urlunsplit(parts)
+
+
+class _PgTx:
+    def __init__(self, con: psycopg.Connection[Any]) -> None:
+        self._con = con
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._con.execute(translate(sql), list(params))
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            with self._con.cursor() as cur:
+                cur.executemany(translate(sql), [list(r) for r in rows])
+
+    def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._con.execute(translate(sql), list(params)).fetchone()
+        return row
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = self._con.execute(translate(sql), list(params)).fetchall()
+        return rows
+
+
+class _ReadPool:
+    """A few autocommit connections shared by the reading threads of one process."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self._url = url
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._all: list[psycopg.Connection[Any]] = []
+        self._free = threading.Semaphore(size)
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._free:
+            with self._lock:
+                if self.closed:
+                    raise StoreError("the kernelext store is closed; open it again")
+                con = self._idle.pop() if self._idle else None
+            if con is None or con.closed or con.broken:
+                con = _connect(self._url, autocommit=True)
+                with self._lock:
+                    self._all.append(con)
+            try:
+                yield con
+            finally:
+                with self._lock:
+                    if not con.closed and not con.broken and not self.closed:
+                        self._idle.append(con)
+                    else:
+                        if con in self._all:
+                            self._all.remove(con)
+                        with contextlib.suppress(Exception):
+                            con.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            conns, self._all, self._idle = self._all, [], []
+        for con in conns:
+            with contextlib.suppress(Exception):
+                con.close()
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """The server went away (restart, admin shutdown, network): a new connection may work."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "57P"))
+
+
+def _connect(url: str, *, autocommit: bool) -> psycopg.Connection[Any]:
+    try:
+        con: psycopg.Connection[Any] = psycopg.connect(
+            url,
+            autocommit=autocommit,
+            application_name="kernelext",
+            options="-c TimeZone=UTC -c client_min_messages=warning",
+        )
+    except psycopg.OperationalError as exc:
+        raise StoreError(
+            f"Cannot connect to the kernelext store {mask_password(url)}: "
+            f"{str(exc).strip()}. Check that the server runs and that KERNELEXT_STORE "
+            "(or %config Kernelext.store) holds the right postgresql:// URL."
+        ) from None
+    return con
+
+
+class PostgresConnection:
+    """Adapter the writer thread drives; reads use a small connection pool."""
+
+    dialect = "postgres"
+    # Payloads stay in the database (BYTEA, up to 1 GiB): every host can read them.
+    inline_limit = (1 << 30) - 1
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path = mask_password(url)
+        self.con = _connect(url, autocommit=False)
+        self._pool = _ReadPool(url, READ_POOL_SIZE)
+        self._first = True
+        self._locks: dict[str, psycopg.Connection[Any]] = {}
+        self._locks_lock = threading.Lock()
+
+    # -- the writer's side -----------------------------------------------------------------
+    def begin(self) -> _PgTx:
+        if self.con.closed or self.con.broken:  # the server restarted: reconnect once
+            self.con = _connect(self.url, autocommit=False)
+        tx = _PgTx(self.con)
+        if self._first:  # the migration job: one process at a time
+            tx.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(MIGRATION_LOCK),))
+        return tx
+
+    def commit(self) -> None:
+        try:
+            self.con.commit()
+        except psycopg.OperationalError as exc:
+            if connection_lost(exc):  # not retried: the commit may have landed
+                raise StoreError(
+                    f"The connection to the kernelext store {self.path} broke during COMMIT, so "
+                    "whether the last write landed is unknown. Check the run with "
+                    "`kernelext show RUN_ID`; kernelext reconnects on the next write."
+                ) from exc
+            raise
+        self._first = False
+
+    def rollback(self) -> None:
+        self.con.rollback()
+
+    @staticmethod
+    def is_transient(exc: BaseException) -> bool:
+        """The job's transaction was rolled back and running it again is safe.
+
+        A deadlock victim, a serialization failure, or a connection that was lost
+        before COMMIT (the next ``begin`` reconnects).
+        """
+        return isinstance(exc, TRANSIENT) or connection_lost(exc)
+
+    # -- reads -------------------------------------------------------------------------------
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        rows, _names = self.read_with_names(sql, params)
+        return rows
+
+    def read_with_names(
+        self, sql: str, params: Sequence[Any] = ()
+    ) -> tuple[list[tuple[Any, ...]], list[str]]:
+        query = translate(sql)
+        for attempt in (1, 2):
+            try:
+                with self._pool.connection() as con:
+                    cur = con.execute(query, list(params))
+                    names = [d.name for d in (cur.description or [])]
+                    return cur.fetchall(), names
+            except psycopg.OperationalError as exc:
+                if attempt == 2 or not connection_lost(exc):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def read_arrow(self, sql: str) -> Any:
+        """Run one statement in a READ ONLY transaction and return a pyarrow Table."""
+        text = sql.strip()
+        escaped, ends = _scan(text)
+        while escaped.rstrip().endswith(";"):
+            escaped = escaped.rstrip()[:-1]
+            ends -= 1
+        head = _first_word(escaped)
+        if ends > 0 or not escaped.strip():
+            raise ReadOnlyError(
+                "kx.sql is read-only and takes exactly one SELECT statement; this has "
+                f"{ends + 1 if escaped.strip() else 0}. Run them one at a time."
+            )
+        if not head.startswith(READ_ONLY_START):
+            raise ReadOnlyError(
+                f"kx.sql is read-only and takes one SELECT statement; this starts with "
+                f"{head.split()[0].upper() if head else 'nothing'!r}. Change runs through the "
+                "kernelext API (kx.resume, kx.reconcile, ...)."
+            )
+        for attempt in (1, 2):
+            try:
+                columns, rows = self._read_only(escaped)
+                break
+            except psycopg.OperationalError as exc:
+                if attempt == 2 or not connection_lost(exc):
+                    raise
+        return _to_arrow(columns, rows)
+
+    def _read_only(self, query: str) -> tuple[list[Any], list[tuple[Any, ...]]]:
+        columns: list[Any] = []
+        rows: list[tuple[Any, ...]] = []
+        with self._pool.connection() as con:
+            try:
+                with con.transaction():
+                    con.execute("SET TRANSACTION READ ONLY")
+                    cur = con.execute(query, [])
+                    columns = list(cur.description or [])
+                    rows = cur.fetchall() if columns else []
+                    raise _Rollback
+            except _Rollback:
+                pass
+            except pg_errors.ReadOnlySqlTransaction as exc:
+                raise ReadOnlyError(
+                    f"kx.sql is read-only: PostgreSQL refused a write ({exc.diag.message_primary})."
+                    " Change runs through the kernelext API (kx.resume, kx.reconcile, ...)."
+                ) from None
+            except pg_errors.SyntaxError as exc:
+                if "multiple commands" in str(exc):
+                    raise ReadOnlyError(
+                        "kx.sql is read-only and takes exactly one SELECT statement. "
+                        "Run them one at a time."
+                    ) from None
+                raise
+        return columns, rows
+
+    # -- cross-process coordination ------------------------------------------------------
+    @contextlib.contextmanager
+    def try_advisory_lock(self, name: str) -> Iterator[bool]:
+        """Hold a session advisory lock while the block runs; yields False if taken.
+
+        Exactly one holder per name across every process and host using the database
+        (the sweeper uses this). The lock lives on its own connection, so it is released
+        when the block ends, or by the server when this process dies.
+        """
+        key = advisory_key(name)
+        con = _connect(self.url, autocommit=True)
+        try:
+            row = con.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()
+            yield bool(row and row[0])
+        finally:
+            con.close()  # closing the session releases the lock
+
+    def close(self) -> None:
+        self._pool.close()
+        with contextlib.suppress(Exception):
+            if not self.con.closed:
+                self.con.rollback()
+        self.con.close()
+
+
+class _Rollback(Exception):
+    """Leaves the read-only transaction block by rolling it back."""
+
+
+def _first_word(sql: str) -> str:
+    body = re.sub(r"^(\s|--[^\n]*\n?|/\*.*?\*/)*", "", sql, flags=re.DOTALL)
+    return body[:40].lower()
+
+
+# -- result -> Arrow ------------------------------------------------------------------------
+_OID_TYPES = {
+    16: "bool_",
+    17: "binary",
+    20: "int64",
+    21: "int16",
+    23: "int32",
+    26: "int64",
+    700: "float32",
+    701: "float64",
+    1082: "date32",
+    1114: "timestamp",
+    1184: "timestamptz",
+    1186: "duration",
+    19: "string",
+    25: "string",
+    1042: "string",
+    1043: "string",
+    114: "string",
+    3802: "string",
+    2950: "string",
+}
+
+
+def _arrow_type(pa: Any, oid: int) -> Any:
+    name = _OID_TYPES.get(oid)
+    if name is None:
+        return None
+    if name == "timestamp":
+        return pa.timestamp("us")
+    if name == "timestamptz":
+        return pa.timestamp("us", tz="UTC")
+    if name == "duration":
+        return pa.duration("us")
+    if name == "binary":
+        return pa.binary()
+    return getattr(pa, name)()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (dict, list)):
+        import json
+
+        return json.dumps(value, default=str)
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.timezone.utc)
+    return value
+
+
+def _to_arrow(columns: list[Any], rows: list[tuple[Any, ...]]) -> Any:
+    import pyarrow as pa
+
+    arrays = []
+    names = []
+    for index, column in enumerate(columns):
+        values = [_plain(row[index]) for row in rows]
+        kind = _arrow_type(pa, column.type_code)
+        try:
+            arrays.append(pa.array(values, type=kind) if kind is not None else pa.array(values))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            arrays.append(pa.array([None if v is None else str(v) for v in values], pa.string()))
+        names.append(column.name)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+def open_postgres(url: str) -> PostgresConnection:
+    """Connect to the database at ``url`` (``postgresql://user:pw@host:port/db``)."""
+    return PostgresConnection(url)

@@ -1,0 +1,1 @@
+"""Helpers that drive a real JupyterLab in Debian's Chromium (see jupyterlab.py)."""

@@ -1,0 +1,202 @@
+"""Crash injection: worker processes that the tests SIGKILL, and the harness around them.
+
+A worker (``engine_worker.py``, ``ledger_worker.py``) is started ahead of time: it
+imports kernelext, defines its agent and prints ``loaded``, then waits for one JSON
+line on stdin (``go``) before it touches the store. So the next process is already
+warm while the previous one runs, and the only cost of a kill is the kill itself.
+
+After ``go`` a worker prints ``ready <status>`` once the run executes (or
+``needs_decision`` / ``completed`` when there is nothing to execute) and
+``done <json state>`` when the run finished. The test kills it at a random moment
+in between, or lets it finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["CRASH_DIR", "Worker", "WorkerPool", "append_line", "go_command", "read_go"]
+
+CRASH_DIR = Path(__file__).resolve().parent
+TESTS_DIR = CRASH_DIR.parent
+LINE_TIMEOUT = 120.0  # generous: a loaded 2-core CI machine
+
+
+def append_line(path: str, line: str, *, sync: bool = True) -> None:
+    """Append one line with a single ``write`` (atomic for short lines), then fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def go_command(**fields: Any) -> str:
+    return json.dumps({"go": True, **fields})
+
+
+def read_go(stream: TextIO) -> dict[str, Any] | None:
+    """Worker side: wait for the ``go`` line; None means the test wants us to quit."""
+    line = stream.readline()
+    if not line.strip():
+        return None
+    command: dict[str, Any] = json.loads(line)
+    return command if command.get("go") else None
+
+
+class Worker:
+    """One worker process, its stdout lines in a queue, its stderr in a file."""
+
+    def __init__(self, script: Path, stderr_path: Path, env: dict[str, str]) -> None:
+        self.stderr_path = stderr_path
+        self._stderr = open(stderr_path, "ab")  # noqa: SIM115 - closed in reap()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.killed = False
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def expect(self, *prefixes: str, timeout: float = LINE_TIMEOUT) -> str:
+        """The next stdout line, which must start with one of ``prefixes``."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.kill()
+            raise AssertionError(
+                f"worker {self.proc.pid} printed nothing for {timeout}s\n{self.stderr()}"
+            ) from None
+        if line is None or not line.startswith(prefixes):
+            self.reap()
+            raise AssertionError(
+                f"worker {self.proc.pid} printed {line!r}, expected one of {prefixes} "
+                f"(exit code {self.proc.returncode})\n{self.stderr()}"
+            )
+        return line
+
+    def go(self, **fields: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(go_command(**fields) + "\n")
+        self.proc.stdin.flush()
+
+    def next_line(self, timeout: float) -> str | None:
+        """The next stdout line within ``timeout`` seconds, else None (also at EOF)."""
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def kill(self) -> bool:
+        """SIGKILL the worker if it is still alive; True if this call killed it."""
+        if self.proc.poll() is not None:
+            return False
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=LINE_TIMEOUT)
+        self.killed = self.proc.returncode == -signal.SIGKILL
+        self._close()
+        return self.killed
+
+    def reap(self, timeout: float = LINE_TIMEOUT) -> int:
+        """Wait for a worker that ends by itself; return its exit code."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"worker {self.proc.pid} did not exit within {timeout}s\n{self.stderr()}"
+            ) from None
+        self._close()
+        return code
+
+    def quit(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close()
+
+    def _close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self._stderr.close()
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        try:
+            return self.stderr_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+
+class WorkerPool:
+    """Keeps one warm worker (imported, agent defined, waiting for ``go``)."""
+
+    def __init__(self, script: Path, workdir: Path, env: dict[str, str] | None = None) -> None:
+        self.script = script
+        self.workdir = workdir
+        self.env = {**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})}
+        self.env.pop("KERNELEXT_STORE", None)  # workers get the store path in ``go``
+        self.spawned = 0
+        self._warm: Worker | None = None
+
+    def take(self) -> Worker:
+        """A loaded worker; a fresh one is started at once to warm up in the background."""
+        worker = self._warm or self._spawn()
+        worker.expect("loaded")
+        self._warm = self._spawn()
+        return worker
+
+    def _spawn(self) -> Worker:
+        self.spawned += 1
+        return Worker(self.script, self.workdir / "workers.stderr", self.env)
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.quit()
+            self._warm = None
+
+
+def _pythonpath() -> str:
+    parts = [str(TESTS_DIR)]
+    if os.environ.get("PYTHONPATH"):
+        parts.append(os.environ["PYTHONPATH"])
+    return os.pathsep.join(parts)
+
+
+def sleep_until(deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)

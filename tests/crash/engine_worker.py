@@ -1,0 +1,78 @@
+"""Worker process for the engine crash test (tests/test_crash_engine.py).
+
+Defines the agent ``crash-engine``: ``steps`` steps over a small state. Every step
+body appends ``run,key,attempt-pid`` to a side log (fsync'ed) before the step
+finishes, so the test sees every execution, including the ones a kill cut short.
+
+Protocol: see ``tests/crash/__init__.py``. The ``go`` line carries ``store``,
+``run_id``, ``attempt``, ``steps``, ``side_log`` and ``pause_ms`` (each step sleeps
+a random 0..pause_ms milliseconds so that kills land in every part of a step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import kernelext as kx
+import kernelext.store.duckdb_backend  # imports duckdb before `go`
+from crash import append_line, read_go
+from kernelext.store import open_store
+
+SIDE_LOG = ""
+ATTEMPT = 0
+PAUSE_MS = 0.0
+RNG = random.Random(0)
+
+
+@kx.agent(name="crash-engine")
+def crash_engine(run: kx.Run, steps: int) -> dict[str, Any]:
+    for i in run.steps(range(steps), key=lambda i: f"s{i:03d}"):
+        key = f"s{i:03d}"
+        append_line(SIDE_LOG, f"{run.id},{key},{ATTEMPT}-{os.getpid()}")
+        run.state["total"] = run.state.get("total", 0) + i * i
+        run.state["parity"] = i % 2  # goes back to earlier values: content-addressed blobs
+        run.state.setdefault("seen", []).append(key)  # grows: stored as deltas
+        run.state["last"] = key
+        time.sleep(RNG.uniform(0, PAUSE_MS) / 1000)
+    return dict(run.state)
+
+
+def main() -> int:
+    global SIDE_LOG, ATTEMPT, PAUSE_MS, RNG
+    print("loaded", flush=True)
+    command = read_go(sys.stdin)
+    if command is None:
+        return 0
+    SIDE_LOG = command["side_log"]
+    ATTEMPT = int(command["attempt"])
+    PAUSE_MS = float(command.get("pause_ms", 0))
+    RNG = random.Random(f"{command['run_id']}/{ATTEMPT}")
+    run_id = command["run_id"]
+    store = open_store(command["store"])
+    try:
+        row = store.find_run(run_id)
+        if row is not None and row["status"] == "completed":
+            print("completed", flush=True)
+            return 0
+        if row is None:
+            handle = crash_engine.start(int(command["steps"]), run_id=run_id, store=store)
+        else:
+            handle = kx.resume(run_id, store=store)
+        print(f"ready {handle.status}", flush=True)
+        status = handle.wait()
+        if status != "completed":
+            print(f"ended {status} {handle.error!r}", flush=True)
+            return 3
+        print("done " + json.dumps(handle.run.state, sort_keys=True), flush=True)
+        return 0
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

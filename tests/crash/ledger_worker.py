@@ -1,0 +1,108 @@
+"""Worker process for the ledger crash test (tests/test_crash_ledger.py).
+
+Defines the effect ``deliver`` (one POST to the test's DeliveryServer, with the
+ledger's key as ``Idempotency-Key``) and the agent ``crash-ledger``: ``steps`` steps
+of ``per_step`` deliveries each.
+
+Protocol: see ``tests/crash/__init__.py``. The ``go`` line carries ``store``,
+``run_id``, ``attempt``, ``steps``, ``per_step``, ``url``, ``markers`` and
+``pause_ms``. The crash hook: with ``markers`` set, the worker appends
+``attempt kind key`` lines to that file at three points, each followed by a random
+0..pause_ms millisecond pause, so that kills land in every window of a call:
+
+* ``intent``: inside the tool, the intent is committed and the POST not yet sent;
+* ``delivered``: the server answered, the outcome is not recorded yet;
+* ``returned``: the effect returned to the agent (outcome queued for commit),
+  before the next effect.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from typing import Any
+
+from support.http_server import post_json
+
+import kernelext as kx
+import kernelext.store.duckdb_backend  # imports duckdb before `go`
+from crash import append_line, read_go
+from kernelext.store import open_store
+
+CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
+RNG = random.Random(0)
+
+
+def mark(kind: str, key: str) -> None:
+    """The crash hook: note where we are, then dawdle so a kill may land here."""
+    if CONFIG["markers"]:
+        append_line(CONFIG["markers"], f"{CONFIG['attempt']} {kind} {key}", sync=False)
+    if CONFIG["pause_ms"]:
+        time.sleep(RNG.uniform(0, CONFIG["pause_ms"]) / 1000)
+
+
+@kx.effect
+def deliver(run_id: str, step: int, index: int, *, idempotency_key: str | None = None) -> Any:
+    assert idempotency_key is not None, "the ledger hands its key to tools that take one"
+    mark("intent", idempotency_key)
+    response = post_json(
+        CONFIG["url"] + "/deliver",
+        {"run": run_id, "step": step, "index": index},
+        idempotency_key=idempotency_key,
+        timeout=60,
+    )
+    if response.status != 200:
+        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    mark("delivered", idempotency_key)
+    return response.body
+
+
+@kx.agent(name="crash-ledger")
+def crash_ledger(run: kx.Run, steps: int, per_step: int) -> None:
+    for step in run.steps(range(steps), key=lambda s: f"step-{s}"):
+        for index in range(per_step):
+            body = deliver(run.id, step, index)
+            mark("returned", body["idempotency_key"])
+            run.state.setdefault("deliveries", {})[f"{step}.{index}"] = body["delivery"]
+            run.state["sent"] = run.state.get("sent", 0) + 1
+
+
+def main() -> int:
+    global RNG
+    print("loaded", flush=True)
+    command = read_go(sys.stdin)
+    if command is None:
+        return 0
+    CONFIG.update({k: command[k] for k in ("markers", "attempt", "pause_ms", "url")})
+    run_id = command["run_id"]
+    RNG = random.Random(f"{run_id}/{command['attempt']}")
+    store = open_store(command["store"])
+    try:
+        row = store.find_run(run_id)
+        if row is not None and row["status"] == "completed":
+            print("completed", flush=True)
+            return 0
+        if row is None:
+            handle = crash_ledger.start(
+                int(command["steps"]), int(command["per_step"]), run_id=run_id, store=store
+            )
+        else:
+            handle = kx.resume(run_id, store=store)
+            if handle.thread is None:  # nothing launched: unknown effects wait for a decision
+                print(f"needs_decision {handle.status}", flush=True)
+                return 0
+        print("ready running", flush=True)
+        status = handle.wait()
+        if status != "completed":
+            print(f"ended {status} {handle.error!r}", flush=True)
+            return 3
+        print("done " + json.dumps(handle.run.state, sort_keys=True), flush=True)
+        return 0
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

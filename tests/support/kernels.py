@@ -1,0 +1,131 @@
+"""A real IPython kernel driven through jupyter_client, for the notebook-side tests.
+
+``KernelSession.run(code)`` sends one execute request (optionally with request
+metadata such as JupyterLab's ``cellId``), collects its output until the kernel is
+idle again, and returns a :class:`Reply`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+__all__ = ["KernelSession", "Reply"]
+
+
+@dataclass
+class Reply:
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    results: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        """stdout plus the text/plain of every result."""
+        plain = "\n".join(str(r.get("text/plain", "")) for r in self.results)
+        return self.stdout + plain
+
+    def ok(self) -> Reply:
+        assert self.status == "ok", f"cell failed: {self.error}\n{self.stdout}{self.stderr}"
+        return self
+
+
+class KernelSession:
+    """One kernel process with ``env`` added to this process's environment."""
+
+    def __init__(
+        self, env: dict[str, str] | None = None, extra_arguments: list[str] | None = None
+    ) -> None:
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(
+            env={**os.environ, **(env or {})}, extra_arguments=list(extra_arguments or [])
+        )
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        try:
+            self.kc.wait_for_ready(timeout=60)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(
+        self, code: str, *, timeout: float = 60.0, metadata: dict[str, Any] | None = None
+    ) -> Reply:
+        msg = self.kc.session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+            metadata=metadata or {},
+        )
+        self.kc.shell_channel.send(msg)
+        return self.collect(msg["header"]["msg_id"], timeout)
+
+    def collect(self, msg_id: str, timeout: float = 60.0) -> Reply:
+        """Outputs of request ``msg_id`` until the kernel is idle, then its reply."""
+        reply = Reply(status="?")
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no idle status from the kernel within {timeout}s")
+            try:
+                out = self.kc.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                continue
+            if out["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = out["msg_type"], out["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    reply.stdout += content["text"]
+                else:
+                    reply.stderr += content["text"]
+            elif kind in ("execute_result", "display_data"):
+                reply.results.append(content["data"])
+            elif kind == "error":
+                reply.error = content
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        while True:
+            shell = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1.0))
+            if shell["parent_header"].get("msg_id") == msg_id:
+                reply.status = shell["content"]["status"]
+                if reply.error is None and reply.status == "error":
+                    reply.error = shell["content"]
+                return reply
+
+    def send(self, code: str) -> str:
+        """Start ``code`` without waiting; returns the request id (see :meth:`collect`)."""
+        return str(self.kc.execute(code))
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def close(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            if self.km.has_kernel:
+                self.km.shutdown_kernel(now=True)
+
+    def __enter__(self) -> KernelSession:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,343 @@
+"""The extension in an in-process IPython shell: loading, options, %%agent, %ledger.
+
+A real ``InteractiveShell`` runs real cells against a real DuckDB store (one per test).
+Kernel-only behaviour (cell ids, the interrupt button, nbclient) is in
+test_notebooks.py and test_interrupt.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
+
+import kernelext as kx
+from kernelext.core.cell_runs import CELL_AGENT, forget_cell_runs
+from kernelext.core.registry import LIVE, LIVE_LOCK
+from kernelext.core.settings import SETTINGS
+from kernelext.ipython import extension
+from kernelext.ipython.cells import AgentCellStopped
+from kernelext.ipython.magics import Kernelext
+
+EFFECTS = """
+import kernelext as kx
+SENT = []
+
+@kx.effect
+def send(x):
+    SENT.append(x)
+    return {"sent": x}
+"""
+
+
+@pytest.fixture
+def ip(store_path: Path) -> Iterator[InteractiveShell]:
+    shell = InteractiveShell.instance()
+    shell.config.pop("Kernelext", None)  # %config in one test must not reach the next
+    SETTINGS.use_store(str(store_path))
+    shell.run_line_magic("load_ext", "kernelext")
+    assert shell.run_cell(EFFECTS).success
+    yield shell
+    with LIVE_LOCK:
+        handles = list(LIVE.values())
+    for handle in handles:
+        handle.wait(30)
+    shell.run_line_magic("unload_ext", "kernelext")
+    for name in ("SENT", "send", "run", "h", "df", "out"):
+        shell.user_ns.pop(name, None)
+    shell.config.pop("Kernelext", None)
+    forget_cell_runs()
+    SETTINGS.close()
+    SETTINGS.use_store(None)
+
+
+def cell(ip: InteractiveShell, source: str) -> ExecutionResult:
+    return ip.run_cell(source)
+
+
+def sent(ip: InteractiveShell) -> list[Any]:
+    return list(ip.user_ns["SENT"])
+
+
+# -- loading --------------------------------------------------------------------------------
+def test_load_registers_and_unload_undoes_everything(ip: InteractiveShell) -> None:
+    magics = ip.magics_manager.magics
+    assert {"agent", "ledger"} <= set(magics["line"]) and {"agent", "ledger"} <= set(magics["cell"])
+    assert any(isinstance(c, Kernelext) for c in ip.configurables)
+    assert SETTINGS.handle_renderer is extension.render_handle
+    ip.run_line_magic("unload_ext", "kernelext")
+    assert "agent" not in magics["line"] and "ledger" not in magics["cell"]
+    assert not any(isinstance(c, Kernelext) for c in ip.configurables)
+    assert SETTINGS.handle_renderer is None
+    assert extension.loaded() is None
+    result = cell(ip, "%ledger SELECT 1")
+    assert isinstance(result.error_in_exec, UsageError)  # the magic is gone
+    ip.run_line_magic("load_ext", "kernelext")
+    assert cell(ip, "%ledger SELECT 1 AS one").result["one"].tolist() == [1]
+
+
+def test_loading_does_not_open_the_store(store_path: Path) -> None:
+    shell = InteractiveShell.instance()
+    SETTINGS.close()
+    SETTINGS.use_store(str(store_path))
+    shell.run_line_magic("load_ext", "kernelext")
+    try:
+        assert SETTINGS._store is None and not store_path.exists()
+        assert cell(shell, "%ledger SELECT count(*) AS n FROM runs").result["n"].tolist() == [0]
+        assert store_path.exists()
+    finally:
+        shell.run_line_magic("unload_ext", "kernelext")
+        SETTINGS.close()
+        SETTINGS.use_store(None)
+    assert SETTINGS._store is None  # opened lazily by the extension, closed by unloading
+
+
+def test_config_options_reach_the_settings(ip: InteractiveShell, tmp_path: Path) -> None:
+    other = tmp_path / "other.duckdb"
+    assert cell(ip, f"%config Kernelext.store = {str(other)!r}").success
+    assert SETTINGS.store().location == str(other)
+    assert cell(ip, "%config Kernelext.expiry = {'user_stop': 3600}").success
+    assert SETTINGS.expiry.durations["user_stop"] == dt.timedelta(hours=1)
+    assert cell(ip, "%config Kernelext.check_timeout = 2.5").success
+    assert SETTINGS.check_timeout == 2.5
+    assert cell(ip, "%config Kernelext.max_step_seconds = 12.0").success
+    assert cell(ip, "%%agent cfg\nx = 1").success
+    assert SETTINGS.store().get_run("cfg")["max_step_seconds"] == 12.0
+    magics = extension.loaded()
+    assert magics is not None and magics.store == str(other)
+
+
+def test_store_switch_is_refused_while_a_run_executes(
+    ip: InteractiveShell, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = SETTINGS.store().location
+    assert cell(
+        ip,
+        """
+import threading
+gate = threading.Event()
+@kx.agent(name="blocked")
+def blocked(run):
+    with run.step("wait"):
+        gate.wait(30)
+h = blocked.start(run_id="blocked-1")
+""",
+    ).success
+    try:
+        cell(ip, f"%config Kernelext.store = {str(tmp_path / 'x.duckdb')!r}")  # logs the error
+    finally:
+        ip.user_ns["gate"].set()
+    assert "Stop them first" in caplog.text
+    assert ip.user_ns["h"].wait(30) == "completed"
+    assert SETTINGS.store().location == before
+
+
+# -- %%agent ---------------------------------------------------------------------------------
+def test_agent_cell_is_one_step_and_is_skipped_once_completed(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ip.user_ns["run"] = "mine"
+    source = "%%agent nightly --step a\nrun.state['n'] = 1\nsend('a')\nseen = type(run).__name__"
+    assert cell(ip, source).success
+    assert ip.user_ns["seen"] == "Run" and ip.user_ns["run"] == "mine"  # restored after
+    assert cell(ip, source).success
+    assert "skipped" in capsys.readouterr().out
+    assert sent(ip) == ["a"]
+    row = SETTINGS.store().get_run("nightly")
+    assert row["agent"] == CELL_AGENT and row["status"] == "running"
+    steps = SETTINGS.store().completed_steps("nightly")
+    assert [s["key"] for s in steps] == ["a"]
+
+
+def test_changed_cell_is_reported_not_rerun(ip: InteractiveShell) -> None:
+    assert cell(ip, "%%agent r --step a\nsend('a')").success
+    result = cell(ip, "%%agent r --step a\nsend('a')\nsend('again')")
+    error = result.error_in_exec
+    assert isinstance(error, AgentCellStopped)
+    lines = error._render_traceback_()
+    assert len(lines) == 1 and "changed since it completed" in lines[0] and "--rerun" in lines[0]
+    assert sent(ip) == ["a"]
+    assert cell(ip, "%%agent r --step a --rerun\nsend('a')\nsend('again')").success
+    assert sent(ip) == ["a", "again"]  # the first call was replayed from the ledger
+
+
+def test_stop_skips_the_next_cell_until_resumed(
+    ip: InteractiveShell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cell(ip, "%%agent job --step one\nsend(1)").success
+    assert cell(ip, "%agent stop job").success
+    assert "suspended" in capsys.readouterr().out
+    result = cell(ip, "%%agent job --step two\nsend(2)")
+    assert isinstance(result.error_in_exec, AgentCellStopped)
+    assert "%agent resume job" in str(result.error_in_exec)
+    assert sent(ip) == [1]
+    assert cell(ip, "%agent resume job").success
+    assert cell(ip, "%%agent job --step one\nsend(1)").success  # completed: skipped
+    assert cell(ip, "%%agent job --step two\nsend(2)").success
+    assert sent(ip) == [1, 2]
+    kinds = [e["kind"] for e in SETTINGS.store().events("job")]
+    assert kinds == ["created", "stop_requested", "suspended", "resumed"]
+
+
+def test_failed_cell_restores_state_and_does_not_repeat_effects(ip: InteractiveShell) -> None:
+    assert cell(ip, "%%agent f --step a\nrun.state['n'] = 1").success
+    result = cell(ip, "%%agent f --step b\nrun.state['n'] = 99\nsend('b')\n1/0")
+    assert isinstance(result.error_in_exec, AgentCellStopped)
+    assert "failed (ZeroDivisionError" in str(result.error_in_exec)
+    assert cell(ip, "%%agent f --step b\nseen = run.state['n']\nsend('b')").success
+    assert ip.user_ns["seen"] == 1  # the failed cell's change was rolled back
+    assert sent(ip) == ["b"]  # applied once; the re-run replayed it
+    statuses = [s["status"] for s in SETTINGS.store().steps("f")]
+    assert statuses == ["completed", "failed", "completed"]
+
+
+def test_run_suspend_inside_a_cell(ip: InteractiveShell) -> None:
+    result = cell(
+        ip, "%%agent s --step ask\nrun.state['asked'] = True\nrun.suspend(reason='approval')"
+    )
+    assert isinstance(result.error_in_exec, AgentCellStopped)
+    row = SETTINGS.store().get_run("s")
+    assert row["status"] == "suspended" and row["reason"] == "approval"
+    assert [s["key"] for s in SETTINGS.store().completed_steps("s")] == ["ask"]
+
+
+def test_interrupt_inside_a_cell_suspends_and_unknown_effect_needs_decision(
+    ip: InteractiveShell,
+) -> None:
+    assert cell(
+        ip,
+        """
+@kx.effect
+def hang(x):
+    raise KeyboardInterrupt  # what the interrupt button does in the middle of a call
+""",
+    ).success
+    result = cell(ip, "%%agent k --step a\nhang(1)")
+    assert isinstance(result.error_in_exec, AgentCellStopped)
+    assert "interrupted" in str(result.error_in_exec)
+    store = SETTINGS.store()
+    assert store.get_run("k")["status"] == "suspended"
+    assert [e["status"] for e in store.load_effects("k").values()] == ["unknown"]
+    assert any(e["kind"] == "stop_forced" and e["source"] == "interrupt" for e in store.events("k"))
+    assert cell(ip, "%agent resume k").success
+    blocked = cell(ip, "%%agent k --step a\nhang(1)")
+    assert isinstance(blocked.error_in_exec, AgentCellStopped)
+    assert "needs_decision" in str(blocked.error_in_exec) and "kx.reconcile" in str(
+        blocked.error_in_exec
+    )
+
+
+def test_a_new_process_takes_over_and_skips_completed_cells(ip: InteractiveShell) -> None:
+    assert cell(ip, "%%agent t --step a\nrun.state['n'] = 5\nsend('a')").success
+    store = SETTINGS.store()
+    store.update_run("t", owner="someone@elsewhere:1")  # as if the kernel had died
+    forget_cell_runs()
+    assert cell(ip, "%%agent t --step a\nrun.state['n'] = 5\nsend('a')").success
+    assert cell(ip, "%%agent t --step b\nseen = run.state['n']\nsend('b')").success
+    assert ip.user_ns["seen"] == 5 and sent(ip) == ["a", "b"]
+    assert "resumed" in [e["kind"] for e in store.events("t")]
+
+
+def test_a_run_owned_by_a_live_process_is_not_taken_over(ip: InteractiveShell) -> None:
+    assert cell(ip, "%%agent live --step a\nsend('a')").success
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        owner = f"someone@{socket.gethostname()}:{other.pid}"  # another kernel on this host
+        SETTINGS.store().update_run("live", owner=owner)
+        forget_cell_runs()
+        result = cell(ip, "%%agent live --step b\nsend('b')")
+        assert isinstance(result.error_in_exec, UsageError)
+        assert "is live in" in str(result.error_in_exec)
+    finally:
+        other.kill()
+        other.wait()
+    assert cell(ip, "%%agent live --step b\nsend('b')").success  # its owner is gone now
+    assert sent(ip) == ["a", "b"]
+
+
+def test_effects_in_agent_cells_use_the_ledger(ip: InteractiveShell) -> None:
+    assert cell(ip, "%%agent L --step a\nsend(1)\nsend(2)").success
+    rows = kx.sql("SELECT step_key, call_ordinal, status FROM effects ORDER BY call_ordinal")
+    assert rows.values.tolist() == [["a", 0, "applied"], ["a", 1, "applied"]]
+
+
+def test_usage_errors(ip: InteractiveShell) -> None:
+    for source in (
+        "%%agent\nx = 1",
+        "%%agent r --bogus\nx = 1",
+        "%agent frobnicate r",
+        "%agent stop",
+        "%agent stop no-such-run",
+        "%%agent r --max-step-seconds -1\nx",
+        "%ledger",
+        "%ledger DELETE FROM runs",
+        "%ledger SELEC 1",
+        "%ledger -x SELECT 1",
+    ):
+        result = cell(ip, source)
+        assert isinstance(result.error_in_exec, UsageError), source
+    assert cell(
+        ip,
+        """
+@kx.agent(name="plain")
+def plain(run):
+    pass
+plain.run(run_id="plain-1")
+""",
+    ).success
+    result = cell(ip, "%%agent plain-1\nx = 1")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "not to %%agent cells" in str(result.error_in_exec)
+
+
+def test_complete_and_list(ip: InteractiveShell, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cell(ip, "%%agent c --step a\nx = 1").success
+    assert cell(ip, "%agent complete c").success
+    assert cell(ip, "%agent complete c").success
+    assert "already completed" in capsys.readouterr().out
+    assert cell(ip, "%%agent c --step a\nx = 1").success  # done before: skipped
+    result = cell(ip, "%%agent c --step b\nx = 2")
+    assert isinstance(result.error_in_exec, AgentCellStopped) and "completed" in str(
+        result.error_in_exec
+    )
+    listed = cell(ip, "%agent list").result
+    assert listed["id"].tolist() == ["c"]
+
+
+# -- %ledger --------------------------------------------------------------------------------------
+def test_ledger_line_cell_and_output_variable(ip: InteractiveShell) -> None:
+    assert cell(ip, "%%agent q --step a\nsend(1)").success
+    line = cell(ip, "%ledger SELECT tool, status FROM effects")
+    assert line.result.values.tolist() == [["send", "applied"]]
+    assert cell(ip, "%%ledger -o out\nSELECT count(*) AS n\nFROM effects").success
+    assert ip.user_ns["out"]["n"].tolist() == [1]
+    assert cell(ip, "%ledger -o df SELECT id FROM runs").success
+    assert ip.user_ns["df"]["id"].tolist() == ["q"]
+
+
+# -- display ------------------------------------------------------------------------------------
+def test_handle_displays_as_panel_with_fallbacks(ip: InteractiveShell) -> None:
+    assert cell(
+        ip,
+        """
+@kx.agent(name="shown")
+def shown(run):
+    for i in run.steps(range(3)):
+        send(i)
+h = shown.run(run_id="shown-1")
+""",
+    ).success
+    data, _ = ip.display_formatter.format(ip.user_ns["h"])
+    assert "application/vnd.jupyter.widget-view+json" in data
+    assert 'class="kernelext-panel' in data["text/html"] and "completed" in data["text/html"]
+    assert data["text/plain"].startswith("run shown-1 [shown]: completed")
+    status = cell(ip, "%agent status shown-1").result
+    assert status is ip.user_ns["h"] or status.run_id == "shown-1"

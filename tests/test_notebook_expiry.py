@@ -1,0 +1,71 @@
+"""notebooks/expiry_and_restart.ipynb in a real kernel through nbclient.
+
+The run suspends for an approval, the sweeper expires it, its panel says expired,
+and the Restart button on the expired banner starts a new run that sends only the
+emails the old run had not sent (counted on the local delivery server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from support.http_server import DeliveryServer
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "expiry_and_restart.ipynb"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def text_of(nb: Any, cell_id: str) -> str:
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    parts: list[str] = []
+    for out in cell.outputs:
+        parts.append(out.get("text", ""))
+        parts.append(str(out.get("data", {}).get("text/plain", "")))
+        parts.extend(out.get("traceback", []))
+    return "\n".join(parts)
+
+
+def test_expired_panel_and_restart_button(
+    store_path: Path, tmp_path: Path, delivery_server: DeliveryServer
+) -> None:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    env = {"KERNELEXT_STORE": str(store_path), "KERNELEXT_DEMO_OUTBOX": delivery_server.url}
+    client = NotebookClient(
+        nb,
+        timeout=120,
+        kernel_name="python3",
+        store_widget_state=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute(env={**os.environ, **env})
+
+    assert "suspended approval - deadline" in text_of(nb, "deadline")
+    swept = text_of(nb, "sweep")
+    assert "1 run(s) expired" in swept and "(deadline:approval" in swept
+    assert "on_expire callbacks got: ['approvals-" in swept
+    assert "claims still held: 0" in swept
+    panel = text_of(nb, "panel")
+    assert panel.splitlines()[0] == "expired" and "expired: deadline:approval" in panel
+    assert "kx.restart(" in text_of(nb, "resume-refused")
+    restarted = text_of(nb, "click-restart")
+    assert "-restart1 parent: approvals-" in restarted and "-> completed" in restarted
+    assert "restarted as approvals-" in text_of(nb, "summary")
+
+    # The widgets were really drawn: the banner with its Restart button, and the panel.
+    state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"])
+    assert "kernelext-expired" in state and '"description": "Restart"' in state
+    assert "kernelext-panel" in state
+
+    # Six tickets, six emails: the restart sent only T3..T5, each exactly once.
+    bodies = sorted(d["body"]["body"] for d in delivery_server.deliveries)
+    assert bodies == [f"ticket T{i} handled" for i in range(6)]
+    keys = [d["idempotency_key"] for d in delivery_server.deliveries]
+    assert len(set(keys)) == 6

@@ -1,0 +1,239 @@
+"""The notebooks in notebooks/, and kernel deaths, through nbclient and real kernels.
+
+Every notebook runs headless with ``store_widget_state=True``; effects go to the
+local delivery server so that what reached the outside world is counted there, not
+in the kernel that may die.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, DeadKernelError
+from nbconvert import HTMLExporter
+from support.http_server import DeliveryServer
+from support.kernels import KernelSession
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+@pytest.fixture
+def env(store_path: Path, delivery_server: DeliveryServer) -> dict[str, str]:
+    return {
+        "KERNELEXT_STORE": str(store_path),
+        "KERNELEXT_DEMO_STEP_SECONDS": "0.3",
+        "KERNELEXT_DEMO_OUTBOX": delivery_server.url + "/outbox",
+    }
+
+
+def execute(nb: Any, env: dict[str, str], cwd: Path) -> Any:
+    client = NotebookClient(
+        nb,
+        timeout=120,
+        kernel_name="python3",
+        store_widget_state=True,
+        resources={"metadata": {"path": str(cwd)}},
+    )
+    client.execute(env={**os.environ, **env})
+    return nb
+
+
+def outputs_text(nb: Any, cell_id: str) -> str:
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    parts = []
+    for out in cell.outputs:
+        parts.append(out.get("text", ""))
+        parts.append(str(out.get("data", {}).get("text/plain", "")))
+        parts.extend(out.get("traceback", []))
+    return "\n".join(parts)
+
+
+def deliveries_per_key(server: DeliveryServer) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in server.deliveries:
+        key = record["idempotency_key"]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_notebook_runs_headless(
+    path: Path, env: dict[str, str], tmp_path: Path, delivery_server: DeliveryServer
+) -> None:
+    nb = execute(nbformat.read(path, as_version=4), env, tmp_path)
+    delivery_server.settle()
+    counts = deliveries_per_key(delivery_server)
+    assert set(counts.values()) <= {1}, counts  # nothing delivered twice
+    if path.stem == "quickstart":
+        assert len(counts) == 12
+        assert "stop pending since" in outputs_text(nb, "click-stop")
+        assert "'suspended'" in outputs_text(nb, "click-stop")
+        assert "'completed'" in outputs_text(nb, "click-resume")
+        state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"])
+        assert "kernelext-panel" in state and "completed: 12/12 steps" in state
+        start = next(c for c in nb.cells if c.get("id") == "start").outputs[0]["data"]
+        assert {"application/vnd.jupyter.widget-view+json", "text/html"} <= set(start)
+        assert_static_html_shows_the_panel(nb)
+    if path.stem == "agent_cells":
+        assert len(counts) == 2
+        assert "completed" in outputs_text(nb, "complete")
+
+
+def assert_static_html_shows_the_panel(nb: Any) -> None:
+    """nbconvert: with the saved widget state the live widget is embedded; without it
+    (an untrusted or stripped notebook) the panel's static HTML is shown instead."""
+    body, _ = HTMLExporter().from_notebook_node(copy.deepcopy(nb))
+    assert "application/vnd.jupyter.widget-state+json" in body
+    stripped = copy.deepcopy(nb)
+    del stripped.metadata["widgets"]
+    body, _ = HTMLExporter().from_notebook_node(stripped)
+    assert 'class="kernelext-panel kernelext-static"' in body and "static snapshot" in body
+
+
+def test_agent_cells_survive_a_kernel_death(
+    env: dict[str, str], tmp_path: Path, delivery_server: DeliveryServer
+) -> None:
+    original = nbformat.read(REPO_ROOT / "notebooks" / "agent_cells.ipynb", as_version=4)
+    dying = copy.deepcopy(original)
+    archive = next(c for c in dying.cells if c.get("id") == "archive")
+    head, body = archive.source.split("\n", 1)
+    archive.source = f"{head}\nimport os\nos._exit(1)  # the kernel dies mid-cell\n{body}"
+    with pytest.raises(DeadKernelError):
+        execute(dying, env, tmp_path)
+    delivery_server.settle()
+    assert delivery_server.count() == 1  # the report was posted before the kernel died
+    nb = execute(copy.deepcopy(original), env, tmp_path)
+    delivery_server.settle()
+    assert sorted(d["body"]["channel"] for d in delivery_server.deliveries) == [
+        "#archive",
+        "#sales",
+    ]  # #sales not posted twice
+    for skipped in ("fetch", "summarise", "post"):
+        assert "already completed" in outputs_text(nb, skipped)
+    assert "'posted': True" in outputs_text(nb, "archive")
+    steps = outputs_text(nb, "steps")
+    assert steps.count("completed") == 4  # each cell completed once, in order
+
+
+def test_run_all_stops_at_a_skipped_agent_cell(env: dict[str, str], tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(s)
+        for s in (
+            "%load_ext kernelext",
+            "%%agent halt --step one\nx = 1",
+            "%agent stop halt",
+            "%%agent halt --step two\nx = 2",
+            "print('Run All went on')",
+        )
+    ]
+    with pytest.raises(CellExecutionError) as caught:
+        execute(nb, env, tmp_path)
+    error = caught.value
+    assert error.ename == "AgentCellStopped"
+    assert "%agent resume halt" in error.evalue
+    traceback = nb.cells[3].outputs[0]["traceback"]
+    assert len(traceback) == 1 and "this cell was not run" in traceback[0]  # one line
+    assert nb.cells[4].outputs == [] and nb.cells[4].get("execution_count") is None
+
+
+AGENT_CELLS = """
+import json, urllib.request, time
+import kernelext as kx
+
+URL = {url!r}
+
+@kx.effect
+def notify(ticket, *, idempotency_key=None):
+    request = urllib.request.Request(
+        URL, data=json.dumps({{"ticket": ticket}}).encode(),
+        headers={{"Content-Type": "application/json", "Idempotency-Key": idempotency_key}})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["delivery"]
+
+@kx.agent(name="crashy")
+def crashy(run, tickets):
+    for t in run.steps(tickets):
+        notify(t)
+        time.sleep(0.02)
+"""
+
+RECONCILE = """
+def delivered(key):
+    with urllib.request.urlopen({deliveries!r}, timeout=10) as response:
+        return any(d["idempotency_key"] == key for d in json.loads(response.read()))
+
+h = kx.resume("crash-1")
+if h.status == "needs_decision":  # the kernel died during a call: ask the receiving side
+    for item in kx.reconcile("crash-1"):
+        if delivered(str(item.key)):
+            item.mark_applied(result="0")
+        else:
+            item.mark_not_applied()
+    h = kx.resume("crash-1")
+print(h.wait(60))
+"""
+
+
+def test_started_agent_survives_a_kernel_death(
+    store_path: Path, delivery_server: DeliveryServer
+) -> None:
+    setup = AGENT_CELLS.format(url=delivery_server.url + "/notify")
+    with KernelSession() as first:
+        first.run("%load_ext kernelext").ok()
+        first.run(setup).ok()
+        first.run("h = crashy.start([f'T{i}' for i in range(30)], run_id='crash-1')").ok()
+        first.send(
+            "while h.info()['completed_steps'] < 8:\n    time.sleep(0.005)\n"
+            "import os\nos._exit(1)  # dies while the agent is in the middle of its run"
+        )
+        deadline = time.monotonic() + 60
+        while first.km.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not first.km.is_alive()
+    delivery_server.settle()
+    before = deliveries_per_key(delivery_server)
+    assert 8 <= len(before) < 30 and set(before.values()) == {1}
+    with KernelSession() as second:
+        second.run("%load_ext kernelext").ok()
+        second.run(setup).ok()
+        reply = second.run(RECONCILE.format(deliveries=delivery_server.url + "/deliveries"))
+        assert reply.ok().stdout.strip().splitlines()[-1] == "completed"
+        completed = second.run(
+            "print(kx.sql(\"SELECT key, count(*) AS n FROM steps WHERE run_id = 'crash-1' AND "
+            "status = 'completed' GROUP BY key HAVING count(*) > 1\").shape[0])"
+        ).ok()
+        assert completed.stdout.strip() == "0"  # no completed step ran twice
+    delivery_server.settle()
+    after = deliveries_per_key(delivery_server)
+    assert len(after) == 30 and set(after.values()) == {1}  # no effect delivered twice
+
+
+def test_cell_id_from_the_front_end_is_the_step_identity(store_path: Path) -> None:
+    with KernelSession() as session:
+        session.run("%load_ext kernelext").ok()
+        session.run("%%agent ids\nn = 1", metadata={"cellId": "c-1"}).ok()
+        session.run("%%agent ids\nn = 1", metadata={"cellId": "c-1"}).ok()
+        edited = session.run("%%agent ids\nn = 2", metadata={"cellId": "c-1"})
+        assert edited.status == "error" and edited.error is not None
+        assert edited.error["ename"] == "AgentCellStopped"
+        assert "changed since it completed" in edited.error["traceback"][0]
+        session.run("%%agent ids\nn = 1", metadata={"cellId": "c-2"}).ok()
+        keys = session.run(
+            "import kernelext as kx\n"
+            "print(kx.sql(\"SELECT key FROM steps WHERE run_id = 'ids' "
+            "ORDER BY ordinal\")['key'].tolist())"
+        ).ok()
+        assert keys.stdout.strip() == "['cell:c-1', 'cell:c-2']"

@@ -1,0 +1,267 @@
+"""The control panel (widgets/panel.py) on real runs in a real store, without a kernel.
+
+ipywidgets work without a front end (their comm is a no-op), so the panel's state and
+its buttons are exercised directly; the notebook and browser tests show it in a kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as w
+import pytest
+
+import kernelext as kx
+from kernelext.core.cell_runs import cell_handle, forget_cell_runs, open_cell_run
+from kernelext.core.registry import LIVE, LIVE_LOCK
+from kernelext.core.settings import SETTINGS
+from kernelext.widgets import (
+    NEEDS_DECISION_WIDGETS,
+    PANEL_ADDONS,
+    ControlPanel,
+    panel_for,
+    panel_mimebundle,
+)
+from kernelext.widgets.render import to_text, view_of
+from kernelext.widgets.throttle import Throttle
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[Any]:
+    opened = kx.open_store(str(store_path))
+    yield opened
+    with LIVE_LOCK:
+        handles = list(LIVE.values())
+    for handle in handles:
+        handle.wait(30)
+    forget_cell_runs()
+    SETTINGS.close()
+    SETTINGS.use_store(None)
+
+
+class Gate:
+    """Lets a test decide when each step of an agent may end."""
+
+    def __init__(self) -> None:
+        self.steps = threading.Semaphore(0)
+        self.started = threading.Semaphore(0)
+
+    def step(self) -> None:
+        self.started.release()
+        assert self.steps.acquire(timeout=30), "the test never let the step end"
+
+    def let(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.steps.release()
+
+
+def gated_agent(gate: Gate, name: str) -> Any:
+    @kx.effect(name=f"{name}_send")
+    def send(i: int) -> int:
+        return i
+
+    @kx.agent(name=name)
+    def agent(run: kx.Run, n: int) -> int:
+        for i in run.steps(range(n)):
+            send(i)
+            gate.step()
+        return n
+
+    return agent
+
+
+def test_stop_then_resume_through_the_buttons(store: Any) -> None:
+    gate = Gate()
+    handle = gated_agent(gate, "buttons").start(3, run_id="b1")
+    assert gate.started.acquire(timeout=30)
+    panel = panel_for(handle)
+    assert panel_for(handle) is panel
+    assert not panel.stop_button.disabled
+    assert panel.resume_button.disabled and panel.force_button.disabled
+    panel.stop_button.click()
+    view = panel.view
+    assert view is not None and view.status == "stopping"
+    assert "stop pending since" in panel.stop_badge.value and "(panel)" in panel.stop_badge.value
+    assert panel.stop_button.disabled and not panel.force_button.disabled
+    gate.let()
+    assert handle.wait(30) == "suspended"
+    panel.refresh()
+    assert "suspended" in panel.header.value and panel.stop_badge.value == ""
+    assert not panel.resume_button.disabled and panel.stop_button.disabled
+    gate.let(2)
+    panel.resume_button.click()
+    assert panel.handle is not handle  # the panel follows the resumed run
+    assert panel.handle.wait(30) == "completed"
+    panel.refresh()
+    assert "completed: 3/3 steps" in panel.outcome.value
+    assert panel.resume_button.disabled and panel.stop_button.disabled
+    assert panel.progress.value == 3 and panel.progress.max == 3
+    assert "buttons_send" in panel.effects.value and "applied" in panel.effects.value
+
+
+def test_double_clicks_are_harmless(store: Any) -> None:
+    gate = Gate()
+    handle = gated_agent(gate, "double").start(2, run_id="d1")
+    assert gate.started.acquire(timeout=30)
+    panel = panel_for(handle)
+    panel.stop_button.click()
+    panel.stop_button.click()
+    gate.let()
+    assert handle.wait(30) == "suspended"
+    gate.let(1)
+    panel.resume_button.click()
+    panel.resume_button.click()  # the run is executing again: refused, with a notice
+    assert panel.handle.wait(30) == "completed"
+    kinds = [e["kind"] for e in store.events("d1")]
+    assert kinds.count("stop_requested") == 2  # both presses recorded...
+    assert kinds.count("suspended") == 1 and kinds.count("resumed") == 1  # ...one stop, one resume
+    assert [e["status"] for e in store.load_effects("d1").values()] == ["applied", "applied"]
+
+
+def test_force_stop_button_cancels_the_step(store: Any) -> None:
+    release = threading.Event()
+
+    @kx.effect
+    def slow_call() -> str:
+        while not release.is_set():
+            time.sleep(0.01)
+        return "done"
+
+    @kx.agent(name="forced")
+    def forced(run: kx.Run) -> None:
+        with run.step("long"):
+            slow_call()
+
+    handle = forced.start(run_id="f1")
+    deadline = time.monotonic() + 30
+    while not handle.run.effects and time.monotonic() < deadline:
+        time.sleep(0.01)
+    panel = panel_for(handle)
+    assert panel.force_button.disabled  # nothing to force before a stop is pending
+    panel.stop_button.click()
+    panel.force_button.click()
+    try:
+        assert handle.wait(30) == "suspended"
+    finally:
+        release.set()
+    assert [e["status"] for e in store.load_effects("f1").values()] == ["unknown"]
+    kinds = [e["kind"] for e in store.events("f1")]
+    assert "force_requested" in kinds and "stop_forced" in kinds
+
+
+def test_needs_decision_shows_the_reason_and_the_slot(store: Any) -> None:
+    @kx.effect
+    def crashy() -> None:
+        raise KeyboardInterrupt  # the outcome of the call is unknown
+
+    @kx.agent(name="decide")
+    def decide(run: kx.Run) -> None:
+        with run.step("one"):
+            crashy()
+
+    decide.run(run_id="n1")
+    made: list[Any] = []
+
+    def factory(panel: ControlPanel) -> Any:
+        made.append(panel.handle.run_id)
+        return None
+
+    class Addon(w.HTML):  # type: ignore[misc]
+        def refresh(self) -> None:
+            self.value = f"redrawn {len(made)}"
+
+    NEEDS_DECISION_WIDGETS.append(factory)
+    PANEL_ADDONS.append(lambda panel: Addon())
+    try:
+        handle = kx.resume("n1")
+        panel = ControlPanel(handle)
+    finally:
+        NEEDS_DECISION_WIDGETS.remove(factory)
+        PANEL_ADDONS.clear()
+    assert panel.view is not None and panel.view.status == "needs_decision"
+    assert "needs a decision" in panel.outcome.value and "unknown" in panel.outcome.value
+    assert made == ["n1"]
+    assert "kx.reconcile('n1')" in panel.decision_slot.children[0].value
+    assert panel.addons.children[0].value == "redrawn 1"  # add-ons refresh with the panel
+    assert not panel.resume_button.disabled
+
+
+def test_static_html_and_text_fallbacks(store: Any) -> None:
+    gate = Gate()
+    gate.let(2)
+    handle = gated_agent(gate, "static").run(2, run_id="s1")
+    bundle = panel_mimebundle(handle)
+    assert bundle[WIDGET_VIEW]["model_id"] == panel_for(handle).model_id
+    assert 'class="kernelext-panel kernelext-static"' in bundle["text/html"]
+    assert "completed: 2/2 steps" in bundle["text/html"]
+    assert bundle["text/plain"].splitlines()[0] == "run s1 [static]: completed, 2/2 steps"
+    assert "kernelext-panel" in panel_for(handle)._dom_classes
+    assert to_text(view_of(handle)) == bundle["text/plain"]
+
+
+def test_worker_updates_are_throttled(store: Any) -> None:
+    @kx.agent(name="fast")
+    def fast(run: kx.Run) -> None:
+        for _ in run.steps(range(300)):
+            pass
+
+    handle = fast.start(run_id="t1")
+    panel = panel_for(handle)
+    started = time.monotonic()
+    assert handle.wait(60) == "completed"
+    elapsed = time.monotonic() - started
+    deadline = time.monotonic() + 10
+    while panel.throttle.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    redraws = panel.throttle.refreshes
+    # each redraw waits out the interval since the last one: never more than ~10/s
+    assert redraws <= elapsed / panel.throttle.interval + 3
+    assert panel.throttle.pokes > redraws
+    panel.refresh()
+    assert "completed" in panel.header.value
+
+
+def test_throttle_coalesces_a_burst_into_few_refreshes() -> None:
+    drawn: list[float] = []
+    throttle = Throttle(lambda: drawn.append(time.monotonic()), interval=0.1)
+    started = time.monotonic()
+    for _ in range(2000):
+        throttle.poke()
+    elapsed = time.monotonic() - started
+    deadline = time.monotonic() + 10
+    while throttle.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert 1 <= len(drawn) <= elapsed / 0.1 + 3
+    gaps = [b - a for a, b in itertools.pairwise(drawn)]
+    assert all(gap >= 0.099 for gap in gaps)
+    throttle.close()
+
+
+def test_cell_run_panel_stops_at_once(store: Any) -> None:
+    open_cell_run("cells-1")
+    panel = panel_for(cell_handle("cells-1"))
+    assert not panel.stop_button.disabled  # a cell run is stoppable between cells
+    panel.stop_button.click()
+    assert store.get_run("cells-1")["status"] == "suspended"
+    assert panel.view is not None and panel.view.status == "suspended"
+    panel.resume_button.click()
+    assert store.get_run("cells-1")["status"] == "running"
+    assert panel.notice.value and "%%agent cells" in panel.notice.value
+
+
+def test_detach_stops_following(store: Any) -> None:
+    gate = Gate()
+    handle = gated_agent(gate, "detach").start(1, run_id="x1")
+    panel = panel_for(handle)
+    assert panel._on_run_event in handle.run.listeners
+    panel.detach()
+    assert panel._on_run_event not in handle.run.listeners
+    gate.let()
+    assert handle.wait(30) == "completed"

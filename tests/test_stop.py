@@ -1,0 +1,265 @@
+"""Stopping runs: safe points, stop storms, the BaseException signal, the step time bound."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kernelext as kx
+from kernelext.core.registry import LIVE, LIVE_LOCK
+from kernelext.core.settings import SETTINGS
+from kernelext.core.snapshot import Snapshotter
+from kernelext.store import Store
+
+WAIT = 60.0
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[Store]:
+    """The default store for kx.* calls, on this test's own DuckDB file."""
+    opened = kx.open_store(str(store_path))
+    yield opened
+    with LIVE_LOCK:
+        handles = list(LIVE.values())
+    for handle in handles:
+        if handle.alive:
+            handle.stop(source="test-teardown")
+            handle.wait(WAIT)
+    SETTINGS.close()
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+def events_of(store: Store, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in store.events(run_id) if kind is None or e["kind"] == kind]
+
+
+def test_stop_signal_is_a_base_exception() -> None:
+    for signal in (kx.StopRequested, kx.ForcedStop):
+        assert issubclass(signal, BaseException)
+        assert not issubclass(signal, Exception)
+    assert issubclass(kx.ForcedStop, kx.StopRequested)
+
+
+def test_stop_at_a_safe_point_suspends_with_the_last_step_durable(
+    store: Store, store_path: Path
+) -> None:
+    at_three, go = threading.Event(), threading.Event()
+
+    @kx.agent(name=name("safe"))
+    def safe(run: kx.Run) -> None:
+        for i in run.steps(range(10)):
+            run.state["done"] = [*run.state.get("done", []), i]
+            if i == 3:
+                at_three.set()
+                go.wait(WAIT)
+
+    handle = safe.start(run_id="safe-1")
+    assert at_three.wait(WAIT)
+    # The request is recorded at once, while the step is still running.
+    assert handle.stop(source="button") == "stopping"
+    row = store.get_run("safe-1")
+    assert (row["status"], row["stop_source"]) == ("stopping", "button")
+    assert row["stop_requested_at"] is not None
+    go.set()
+    assert handle.wait(WAIT) == "suspended"
+
+    # Everything below is read back from the file after closing it.
+    SETTINGS.close()
+    reopened = kx.open_store(str(store_path))
+    row = reopened.get_run("safe-1")
+    assert (row["status"], row["reason"]) == ("suspended", "user_stop")
+    assert row["deadline"] is not None and row["deadline"] > row["updated_at"]
+    steps = reopened.steps("safe-1")
+    # The step running at the request finished; the next one never began.
+    assert [(s["key"], s["status"]) for s in steps] == [(str(i), "completed") for i in range(4)]
+    snapshot = reopened.latest_snapshot("safe-1")
+    assert snapshot is not None and snapshot["step_ordinal"] == 3
+    state = Snapshotter("safe-1").restore(reopened, snapshot["manifest"])
+    assert state == {"done": [0, 1, 2, 3]}
+    (suspended,) = events_of(reopened, "safe-1", "suspended")
+    assert (suspended["from_status"], suspended["to_status"]) == ("stopping", "suspended")
+    assert (suspended["reason"], suspended["source"]) == ("user_stop", "button")
+    assert '"last_step": "3"' in suspended["detail"]
+    assert [e["kind"] for e in reopened.events("safe-1")] == [
+        "created",
+        "stop_requested",
+        "suspended",
+    ]
+
+
+def test_stop_storm_makes_one_transition_and_records_every_request(store: Store) -> None:
+    entered, go = threading.Event(), threading.Event()
+
+    @kx.agent(name=name("storm"))
+    def storm(run: kx.Run) -> None:
+        for i in run.steps(range(5)):
+            if i == 1:
+                entered.set()
+                go.wait(WAIT)
+
+    handle = storm.start(run_id="storm-1")
+    assert entered.wait(WAIT)
+    threads, per_thread = 8, [13, 13, 13, 13, 12, 12, 12, 12]
+    assert sum(per_thread) == 100
+    start = threading.Barrier(threads)
+    answers: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def press(index: int) -> None:
+        try:
+            start.wait(WAIT)
+            for n in range(per_thread[index]):
+                if n % 2:
+                    answer = handle.stop(source=f"thread-{index}")
+                else:
+                    answer = kx.stop("storm-1", source=f"thread-{index}")
+                with lock:
+                    answers.append(answer)
+        except BaseException as exc:
+            errors.append(exc)
+
+    pressers = [threading.Thread(target=press, args=(i,)) for i in range(threads)]
+    for thread in pressers:
+        thread.start()
+    for thread in pressers:
+        thread.join(WAIT)
+    assert errors == []
+    assert answers == ["stopping"] * 100
+    stops = events_of(store, "storm-1", "stop_requested")
+    assert len(stops) == 100
+    moved = [e for e in store.events("storm-1") if e["to_status"] == "stopping"]
+    assert len(moved) == 1
+    assert sorted({e["source"] for e in stops}) == sorted(f"thread-{i}" for i in range(threads))
+    go.set()
+    assert handle.wait(WAIT) == "suspended"
+    transitions = [
+        (e["from_status"], e["to_status"])
+        for e in store.events("storm-1")
+        if e["to_status"] is not None
+    ]
+    assert transitions == [(None, "running"), ("running", "stopping"), ("stopping", "suspended")]
+
+
+def test_except_exception_in_a_step_cannot_swallow_the_stop(store: Store) -> None:
+    entered = threading.Event()
+    swallowed: list[BaseException] = []
+
+    @kx.agent(name=name("greedy"))
+    def greedy(run: kx.Run) -> None:
+        with run.step("poll"):
+            entered.set()
+            for _ in range(3000):  # bounded: ~30 s, then the run would complete
+                try:
+                    run.checkpoint()
+                    time.sleep(0.01)
+                except Exception as exc:
+                    swallowed.append(exc)
+
+    handle = greedy.start(run_id="greedy-1")
+    assert entered.wait(WAIT)
+    handle.stop()
+    assert handle.wait(WAIT) == "suspended"
+    assert swallowed == []
+    (step,) = store.steps("greedy-1")
+    assert (step["status"], step["forced"]) == ("cancelled", False)
+    assert store.get_run("greedy-1")["reason"] == "user_stop"
+
+
+def test_step_past_its_time_bound_with_a_stop_pending_is_forced(store: Store) -> None:
+    entered = threading.Event()
+    raised: list[type[BaseException]] = []
+    ticks = [6000]  # bounded: ~60 s without a safe point; the resume needs only one
+    bodies: list[str] = []
+
+    @kx.agent(name=name("stuck"), max_step_seconds=0.3)
+    def stuck(run: kx.Run) -> None:
+        with run.step("first"):
+            bodies.append("first")
+            run.state["first"] = True
+        with run.step("slow"):
+            bodies.append("slow")
+            entered.set()
+            try:
+                for _ in range(ticks[0]):
+                    time.sleep(0.01)
+            except BaseException as exc:
+                raised.append(type(exc))
+                raise
+        with run.step("never"):
+            run.state["never"] = True
+
+    handle = stuck.start(run_id="stuck-1")
+    assert entered.wait(WAIT)
+    handle.stop(source="button")
+    assert handle.wait(WAIT) == "suspended"
+    assert raised == [kx.ForcedStop]
+    steps = {s["key"]: s for s in store.steps("stuck-1")}
+    assert set(steps) == {"first", "slow"}
+    assert steps["first"]["status"] == "completed"
+    assert (steps["slow"]["status"], steps["slow"]["forced"]) == ("cancelled", True)
+    row = store.get_run("stuck-1")
+    assert (row["status"], row["reason"]) == ("suspended", "user_stop")
+    kinds = [e["kind"] for e in store.events("stuck-1")]
+    assert "force_raised" in kinds
+    (forced,) = events_of(store, "stuck-1", "stop_forced")
+    assert (forced["from_status"], forced["to_status"]) == ("stopping", "suspended")
+    assert '"forced": true' in forced["detail"]
+    # The forced step runs again on resume; the completed one does not.
+    ticks[0] = 1
+    resumed = kx.resume("stuck-1")
+    assert resumed.wait(WAIT) == "completed"
+    assert bodies == ["first", "slow", "slow"]
+    assert resumed.run.state == {"first": True, "never": True}
+
+
+def test_overrun_without_a_stop_is_only_reported(store: Store) -> None:
+    def overran() -> bool:
+        return any(e["kind"] == "step_overran" for e in store.events("slow-1"))
+
+    @kx.agent(name=name("slowpoke"), max_step_seconds=0.2)
+    def slowpoke(run: kx.Run) -> None:
+        with run.step("slow"):
+            wait_until(overran, "the step_overran event")
+            run.state["finished"] = True
+
+    handle = slowpoke.start(run_id="slow-1")
+    assert handle.wait(WAIT) == "completed"
+    (step,) = store.steps("slow-1")
+    assert (step["status"], step["forced"]) == ("completed", False)
+    kinds = [e["kind"] for e in store.events("slow-1")]
+    assert "force_raised" not in kinds and "stop_forced" not in kinds
+    assert handle.run.state == {"finished": True}
+
+
+def test_kx_stop_on_a_suspended_run_only_records_the_request(store: Store) -> None:
+    @kx.agent(name=name("idle"))
+    def idle(run: kx.Run) -> None:
+        for i in run.steps(range(3)):
+            if i == 0:
+                kx.stop(run.id, source="self")
+
+    assert idle.start(run_id="idle-1").wait(WAIT) == "suspended"
+    assert kx.stop("idle-1", source="late") == "suspended"
+    stops = events_of(store, "idle-1", "stop_requested")
+    assert [(e["source"], e["to_status"]) for e in stops] == [("self", "stopping"), ("late", None)]
+    assert store.get_run("idle-1")["status"] == "suspended"
+    with pytest.raises(kx.RunNotFound):
+        kx.stop("no-such-run")
