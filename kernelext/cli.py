@@ -220,7 +220,7 @@ def cmd_sweep(args: argparse.Namespace, store: Store) -> int:
 
 
 def cmd_sql(args: argparse.Namespace, store: Store) -> int:
-    result = store.backend.read_arrow(args.query)
+    result = store.read_arrow(args.query)
     rows = result.to_pylist()
     if args.json:
         emit_json(rows)

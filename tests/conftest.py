@@ -41,8 +41,25 @@ def delivery_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 
 @pytest.fixture(autouse=True)
 def _fresh_default_store() -> Iterator[None]:
-    """Each test starts and ends without a default store left open by another test."""
+    """Each test starts and ends without a default store left open by another test,
+    and with the process-wide settings (expiry policy, timeouts, renderers) it found."""
+    from kernelext.core import settings
+
+    current = settings.SETTINGS
+    saved: dict[str, object] = {name: getattr(current, name) for name in _SETTINGS_KEPT}
+    saved["_expiry"] = dict(current.expiry.durations)
     yield
-    settings = sys.modules.get("kernelext.core.settings")
-    if settings is not None:
-        settings.SETTINGS.use_store(None)
+    current.use_store(None)
+    current.expiry.durations = saved.pop("_expiry")  # type: ignore[assignment]
+    for name, value in saved.items():
+        setattr(current, name, value)
+
+
+_SETTINGS_KEPT = (
+    "retention_seconds",
+    "check_timeout",
+    "handle_renderer",
+    "reconcile_renderer",
+    "revalidation_renderer",
+    "store_location",
+)

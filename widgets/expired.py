@@ -63,6 +63,7 @@ class ExpiredBanner(w.VBox):
             icon="refresh",
             button_style="info",
             tooltip="Start a new run from the kept snapshot (kx.restart)",
+            layout=w.Layout(width="auto"),
         )
         self.restart_button.on_click(self._on_restart)
         super().__init__(

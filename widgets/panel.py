@@ -80,18 +80,21 @@ class ControlPanel(w.VBox):
             icon="stop",
             button_style="warning",
             tooltip="Stop at the next safe point (step boundary)",
+            layout=w.Layout(width="auto"),
         )
         self.resume_button = w.Button(
             description="Resume",
             icon="play",
             button_style="success",
             tooltip="Continue from the last completed step",
+            layout=w.Layout(width="auto"),
         )
         self.force_button = w.Button(
             description="Force stop",
             icon="bolt",
             button_style="danger",
             tooltip="Stop now: cancel the current step; effects in flight become unknown",
+            layout=w.Layout(width="auto"),
         )
         buttons = w.HBox([self.stop_button, self.resume_button, self.force_button])
         super().__init__(

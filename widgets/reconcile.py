@@ -59,18 +59,21 @@ class ReconcileWidget(w.VBox):
             icon="check",
             button_style="success",
             tooltip="Record it as applied with the result above; the resume returns that result",
+            layout=w.Layout(width="auto"),
         )
         self.retry_button = w.Button(
             description="It did not happen — retry",
             icon="redo",
             button_style="info",
             tooltip="The resume makes the call again, same key",
+            layout=w.Layout(width="auto"),
         )
         self.give_up_button = w.Button(
             description="Give up on this run",
             icon="times",
             button_style="danger",
             tooltip="Cancel the run and release its claims",
+            layout=w.Layout(width="auto"),
         )
         self.message = w.HTML()
         buttons = w.HBox([self.happened_button, self.retry_button, self.give_up_button])

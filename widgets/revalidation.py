@@ -57,15 +57,21 @@ class RevalidationWidget(w.VBox):
             icon="check",
             button_style="success",
             tooltip="The current values become the recorded facts; the run resumes",
+            layout=w.Layout(width="auto"),
         )
         self.replan_button = w.Button(
             description="Re-plan from step",
             icon="undo",
             button_style="warning",
             tooltip="Resume from the snapshot before the chosen step",
+            layout=w.Layout(width="auto"),
         )
         self.abort_button = w.Button(
-            description="Abort run", icon="times", button_style="danger", tooltip="Cancel the run"
+            description="Abort run",
+            icon="times",
+            button_style="danger",
+            tooltip="Cancel the run",
+            layout=w.Layout(width="auto"),
         )
         self.message = w.HTML()
         buttons = w.HBox([self.accept_button, self.replan_button, self.abort_button])

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..store import Store
 from .engine import request_stop
+from .registry import live_handle
 from .settings import SETTINGS, get_store
 
 __all__ = ["configure", "open_store", "runs", "sql", "stop"]
@@ -59,7 +60,7 @@ def _has_pandas() -> bool:
 
 def sql(query: str, *, store: Store | None = None) -> Any:
     """Run a read-only query on the store: a DataFrame with pandas, else a pyarrow Table."""
-    return _table(get_store(store).backend.read_arrow(query))
+    return _table(get_store(store).read_arrow(query))
 
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:
@@ -68,5 +69,14 @@ def runs(status: str | None = None, *, store: Store | None = None) -> Any:
 
 
 def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
-    """Ask run ``run_id`` to stop at its next safe point; the request is recorded at once."""
+    """Ask run ``run_id`` to stop at its next safe point; the request is recorded at once.
+
+    A run live in this process is stopped in its own store; any other run is looked up in
+    ``store`` (default: the current store), and its owner sees the request at its next
+    safe point, whichever process that is.
+    """
+    if store is None:
+        live = live_handle(run_id)
+        if live is not None:
+            store = live.store
     return request_stop(get_store(store), run_id, source=source)

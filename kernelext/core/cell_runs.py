@@ -93,7 +93,7 @@ class CellRun:
             name = step.get("name") or ""
             if name.startswith(SOURCE_PREFIX):
                 self.hashes[step["key"]] = name[len(SOURCE_PREFIX) :]
-        run.effects = store.load_effects(run.id)
+        run.effects = store.load_replayable_effects(run.id)
         run.current = None
         run.forced = False
         run.stop_source = None

@@ -16,7 +16,7 @@ from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .lease import RENEW_SECONDS, lease_until
 from .registry import AGENTS, END_HOOKS, HANDLES, LIVE, LIVE_LOCK
-from .run import Run
+from .run import STOP_POLL_SECONDS, Run
 from .settings import SETTINGS
 
 __all__ = ["Agent", "Handle", "agent", "fingerprint"]
@@ -334,11 +334,14 @@ def _renew_lease(store: Store, run_id: str) -> None:
 def _monitor(handle: Handle) -> None:
     """Escalate a pending stop when the current step overruns its time bound."""
     run = handle.run
-    renewed = 0.0
+    renewed = polled = 0.0
     while handle.thread is not None and handle.thread.is_alive():
         if time.monotonic() - renewed >= RENEW_SECONDS:
             renewed = time.monotonic()
             _renew_lease(handle.store, run.id)
+        if time.monotonic() - polled >= STOP_POLL_SECONDS and not run.stop_event.is_set():
+            polled = time.monotonic()
+            run.poll_external_stop(wait=True)  # a stop recorded by another process
         time.sleep(MONITOR_TICK)
         info = run.current
         if (

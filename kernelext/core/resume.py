@@ -106,7 +106,7 @@ def resume(
         raise RunStateError(f"Run {run_id!r} could not be resumed: it is {status}.")
     if status == "needs_decision":
         return handle
-    run.effects = store.load_effects(run_id)
+    run.effects = store.load_replayable_effects(run_id)
     try:
         for hook in list(RESUME_HOOKS):
             hook(run, store)
@@ -142,7 +142,7 @@ def load_run(
     allow_pickle: bool,
     before_ordinal: int | None = None,
 ) -> Run:
-    """A Run object with state, completed steps and ledger restored from the store."""
+    """A Run object with state and completed steps restored from the store."""
     row = store.get_run(run_id)
     run = Run(
         store,
@@ -158,8 +158,7 @@ def load_run(
     for step in store.completed_steps(run_id):
         if before_ordinal is None or step["ordinal"] < before_ordinal:
             run.completed[step["key"]] = step["ordinal"]
-    run.effects = store.load_effects(run_id)
-    return run
+    return run  # the ledger is loaded once the run is taken over (pending -> unknown)
 
 
 def _check_status(run_id: str, status: str) -> None:

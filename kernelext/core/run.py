@@ -195,25 +195,29 @@ class Run:
         if self.stop_event.is_set():
             raise StopRequested(self.stop_source or "stop")
 
-    def poll_external_stop(self) -> bool:
+    def poll_external_stop(self, *, wait: bool = False) -> bool:
         """Raise the flag when another process recorded a stop in the store.
 
-        ``kernelext stop`` or ``kx.stop`` in another kernel only writes the request
-        into the store; the owner notices it here. At most one read every
-        ``STOP_POLL_SECONDS``, so safe points stay cheap.
+        ``kernelext stop`` or ``kx.stop`` in another kernel only writes the request into
+        the store. The run's monitor thread reads it (``wait=True``, it may wait for the
+        store); a safe point also looks, at most every ``STOP_POLL_SECONDS`` and only if
+        the store answers at once, so safe points stay cheap.
         """
         now = time.monotonic()
-        if now - self._stop_polled < STOP_POLL_SECONDS:
+        if not wait and now - self._stop_polled < STOP_POLL_SECONDS:
             return False
-        self._stop_polled = now
         try:
-            if self.store.stop_requested_at(self.id) is None:
-                return False
-            row = self.store.find_run(self.id) or {}
+            request = self.store.stop_request(self.id, wait=wait)
         except Exception:  # a store hiccup must not break the agent; poll again later
             return False
+        if request is None:  # the store was busy: try again at the next chance
+            return False
+        self._stop_polled = now
+        requested_at, source = request
+        if requested_at is None or self.stop_event.is_set():
+            return False
         if self.stop_source is None:
-            self.stop_source = row.get("stop_source") or "external"
+            self.stop_source = source or "external"
         self.stop_event.set()
         self.notify("stop", self.stop_source)
         return True
@@ -277,13 +281,12 @@ class Run:
         with self._guard_lock:
             self._guard += 1
             fired = self._force_fired
-            if fired and self.thread_id is not None:
-                _set_async_exc(self.thread_id, None)
-                self._force_fired = False
+            self._force_fired = False
         if fired:
             with self._guard_lock:
                 self._guard -= 1
-            raise ForcedStop("forced")
+            _let_pending_fire()  # the forced stop raised into this thread lands here
+            raise ForcedStop("forced")  # it was already delivered (and swallowed)
         try:
             yield
         finally:
@@ -291,12 +294,18 @@ class Run:
                 self._guard -= 1
 
     def seal(self) -> None:
-        """From here on kernelext's bookkeeping runs; no forced stop may land in it."""
+        """From here on kernelext's bookkeeping runs; no forced stop may land in it.
+
+        A forced stop already raised into this thread is let through here (the caller
+        absorbs it) rather than cancelled: cancelling one with ``SetAsyncExc(NULL)``
+        leaves CPython's eval breaker set, which makes traced threads spin forever.
+        """
         with self._guard_lock:
             self._guard += 1
-            if self._force_fired and self.thread_id is not None:
-                _set_async_exc(self.thread_id, None)
+            fired = self._force_fired
             self._force_fired = False
+        if fired:
+            _let_pending_fire()
 
     def try_force(self) -> bool:
         """Raise ForcedStop in the worker unless it is inside kernelext's own code."""
@@ -306,6 +315,12 @@ class Run:
             self._force_fired = True
             self.forced = True
             return _set_async_exc(self.thread_id, ForcedStop)
+
+
+def _let_pending_fire() -> None:
+    """Run a few bytecodes so that a pending asynchronous exception is delivered now."""
+    for _ in range(100):
+        pass
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> bool:

@@ -6,18 +6,22 @@ import contextlib
 import datetime as dt
 import getpass
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
+from .journal import Journal, orphaned_journals, read_records
+from .records import apply_record, apply_records, check_record
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
 
 __all__ = ["Backend", "StoreBase", "actor", "utcnow"]
 
 T = TypeVar("T")
+_log = logging.getLogger("kernelext")
 TRANSIENT_RETRIES = 5  # a deadlock victim (PostgreSQL) runs again, at most this often
 
 
@@ -62,10 +66,17 @@ class StoreBase:
         self.clock = clock
         self.location = backend.path
         self.for_update = " FOR UPDATE" if backend.dialect == "postgres" else ""
+        self.journal: Journal | None = None
+        self._journaled_intents: dict[Any, dict[str, Any]] = {}
+        if backend.dialect == "duckdb":
+            backend.after_connect = self._fold_orphaned_journals  # type: ignore[attr-defined]
         self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
         self.closed = False
         try:
             self._writer.run(self._migrate)
+            if backend.dialect == "duckdb":
+                self.journal = Journal(backend.path)
+                self._writer.rollback_listeners.append(self.journal.rolled_back)
         except BaseException:
             self._writer.close()
             raise
@@ -108,8 +119,108 @@ class StoreBase:
         """Queue ``job``; it commits with the next group. Wait on the future to know."""
         return self._writer.submit_detached(job)
 
+    # -- hot-path records (journaled on DuckDB) ----------------------------------
+    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None:
+        """Store one hot-path record; with ``sync``, return once it is durable."""
+        check_record(kind, data)
+        journal = self.journal
+        if journal is None:
+
+            def job(tx: Tx) -> None:
+                apply_record(tx, kind, data)
+
+            if sync:
+                self.write(job)
+            else:
+                self.write_async(job)
+            return
+        journal.append(kind, data, sync=sync, enqueue=self._enqueue_fold)
+
+    def _enqueue_fold(self, upto: int) -> None:
+        journal = self.journal
+        assert journal is not None
+
+        def fold(tx: Tx) -> int:
+            records = journal.take(upto)
+            apply_records(tx, records)
+            if not records:
+                return 0
+            last = records[-1][0]
+            tx.execute(
+                "INSERT INTO journal_state (journal_id, last_seq) VALUES (?, ?)"
+                " ON CONFLICT (journal_id) DO UPDATE SET last_seq = excluded.last_seq",
+                (journal.id, last),
+            )
+            return last
+
+        def done(fut: Future[int]) -> None:
+            exc = fut.exception()
+            if exc is not None:
+                _log.error("kernelext: folding the journal into the store failed: %r", exc)
+                self._fold_one_by_one(upto)
+            elif fut.result():
+                journal.folded(fut.result())
+
+        self._writer.submit(fold).add_done_callback(done)
+
+    def _fold_one_by_one(self, upto: int) -> None:
+        """After a failed fold: fold each record alone and set aside one the tables refuse."""
+        journal = self.journal
+        assert journal is not None
+        for seq, kind, data in journal.pending_upto(upto):
+
+            def one(tx: Tx, seq: int = seq, kind: str = kind, data: dict[str, Any] = data) -> int:
+                apply_record(tx, kind, data)
+                return seq
+
+            def done(fut: Future[int], seq: int = seq, kind: str = kind) -> None:
+                if fut.exception() is None:
+                    journal.folded(seq)
+                else:
+                    _log.error(
+                        "kernelext: set aside journal record %s (%s): %r",
+                        seq,
+                        kind,
+                        fut.exception(),
+                    )
+                    journal.discard(seq)
+
+            self._writer.submit(one).add_done_callback(done)
+
+    def _fold_orphaned_journals(self, tx: Tx) -> list[str]:
+        """Fold what killed processes journaled but never folded (on every connect)."""
+        if not tx.fetchone(
+            "SELECT 1 FROM information_schema.tables WHERE table_name = 'journal_state'"
+        ):
+            return []
+        own = self.journal.path if self.journal is not None else None
+        done: list[str] = []
+        for journal_id, path, fd in orphaned_journals(self.backend.path, own):
+            try:
+                row = tx.fetchone(
+                    "SELECT last_seq FROM journal_state WHERE journal_id = ?", (journal_id,)
+                )
+                last = int(row[0]) if row else 0
+                apply_records(tx, [r for r in read_records(path) if r[0] > last])
+                tx.execute("DELETE FROM journal_state WHERE journal_id = ?", (journal_id,))
+                done.append(path)
+            finally:
+                os.close(fd)
+        return done
+
+    def _catch_up(self) -> None:
+        journal = self.journal
+        if journal is not None and journal.unfolded and not self._writer.in_writer_thread():
+            self.flush()
+
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._catch_up()
         return self.backend.read(sql, params)
+
+    def read_arrow(self, sql: str) -> Any:
+        """A read-only query as a pyarrow Table (what ``kx.sql`` uses)."""
+        self._catch_up()
+        return self.backend.read_arrow(sql)
 
     def read_dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         rows, names = self._read_with_names(sql, params)
@@ -118,6 +229,7 @@ class StoreBase:
     def _read_with_names(
         self, sql: str, params: Sequence[Any]
     ) -> tuple[list[tuple[Any, ...]], list[str]]:
+        self._catch_up()
         reader = getattr(self.backend, "read_with_names", None)
         if reader is None:  # pragma: no cover - every shipped backend has it
             raise NotImplementedError
@@ -125,7 +237,9 @@ class StoreBase:
         return result
 
     def flush(self) -> None:
-        """Wait until everything queued so far has committed."""
+        """Wait until everything queued or journaled so far is in the tables."""
+        if self.journal is not None and self.journal.unfolded:
+            self._enqueue_fold(self.journal.last_seq)
         self.write(lambda tx: None)
 
     @property
@@ -135,7 +249,11 @@ class StoreBase:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self.journal is not None and self.journal.unfolded:
+                self._enqueue_fold(self.journal.last_seq)
             self._writer.close()
+            if self.journal is not None:
+                self.journal.close()
 
     def __enter__(self) -> StoreBase:
         return self

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import LedgerError
 from .base import StoreBase
+from .records import apply_record
 from .runs import RunsMixin
 from .writer import Tx
 
@@ -19,9 +20,24 @@ EFFECT_COLUMNS = (
 
 
 class EffectsMixin(RunsMixin, StoreBase):
+    # Intents this store journaled (key -> status, args hash, result, error): a repeated
+    # intent is answered from here without a read. The run's lease keeps other
+    # processes from writing the same keys meanwhile.
+    _journaled_intents: dict[uuid.UUID, dict[str, Any]]
+
     def load_effects(self, run_id: str) -> dict[uuid.UUID, dict[str, Any]]:
         """Every ledger row of a run, in one query."""
         rows = self.read_dicts(f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ?", (run_id,))
+        return {row["key"]: row for row in rows}
+
+    def load_replayable_effects(self, run_id: str) -> dict[uuid.UUID, dict[str, Any]]:
+        """The ledger rows a resume can meet: those of steps not completed (and calls made
+        outside steps). Completed steps are skipped, so their rows are never consulted."""
+        rows = self.read_dicts(
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ? AND step_key NOT IN"
+            " (SELECT key FROM steps WHERE run_id = ? AND status = 'completed')",
+            (run_id, run_id),
+        )
         return {row["key"]: row for row in rows}
 
     def effect(self, key: uuid.UUID) -> dict[str, Any] | None:
@@ -29,7 +45,38 @@ class EffectsMixin(RunsMixin, StoreBase):
         return rows[0] if rows else None
 
     def write_intent(self, row: dict[str, Any]) -> dict[str, Any] | None:
-        """Durably record ``pending`` before the call. Returns the existing row if any."""
+        """Durably record ``pending`` before the call. Returns the existing row if any.
+
+        With a journal (DuckDB) the row is appended and fsynced; the process owns the run
+        (its lease), so no other writer can have made the same call meanwhile.
+        """
+        data = {
+            name: row[name]
+            for name in (
+                "key",
+                "run_id",
+                "step_key",
+                "step_ordinal",
+                "tool",
+                "call_ordinal",
+                "args_hash",
+                "args",
+                "resumable",
+            )
+        }
+        data["at"] = self.now()
+        if self.journal is not None:
+            known = self._journaled_intents.get(row["key"])
+            if known is not None:
+                return dict(known)
+            self._journaled_intents[row["key"]] = {
+                "status": "pending",
+                "args_hash": row["args_hash"],
+                "result": None,
+                "error": None,
+            }
+            self.record("intent", data, sync=True)
+            return None
 
         def job(tx: Tx) -> dict[str, Any] | None:
             existing = tx.fetchone(
@@ -38,24 +85,9 @@ class EffectsMixin(RunsMixin, StoreBase):
                 (row["key"],),
             )
             if existing is not None:
-                return dict(zip(("status", "args_hash", "result", "error"), existing, strict=False))
-            tx.execute(
-                "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
-                " args_hash, args, status, resumable, intent_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-                (
-                    row["key"],
-                    row["run_id"],
-                    row["step_key"],
-                    row["step_ordinal"],
-                    row["tool"],
-                    row["call_ordinal"],
-                    row["args_hash"],
-                    row["args"],
-                    row["resumable"],
-                    self.now(),
-                ),
-            )
+                names = ("status", "args_hash", "result", "error")
+                return dict(zip(names, existing, strict=True))
+            apply_record(tx, "intent", data)
             return None
 
         return self.write(job)
@@ -71,6 +103,9 @@ class EffectsMixin(RunsMixin, StoreBase):
             )
 
         self.write(job)
+        known = self._journaled_intents.get(key)
+        if known is not None:
+            known.update(status="pending", result=None, error=None)
 
     def write_outcome(
         self,
@@ -82,19 +117,8 @@ class EffectsMixin(RunsMixin, StoreBase):
         wait: bool = False,
     ) -> None:
         """Record ``applied`` / ``failed`` / ``unknown``. Queued unless ``wait``."""
-        at = self.now()
-
-        def job(tx: Tx) -> None:
-            tx.execute(
-                "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?"
-                " WHERE key = ? AND status = 'pending'",
-                (status, result, error, at, key),
-            )
-
-        if wait:
-            self.write(job)
-        else:
-            self.write_async(job)
+        data = {"key": key, "status": status, "result": result, "error": error, "at": self.now()}
+        self.record("outcome", data, sync=wait)
 
     def mark_pending_unknown(self, tx: Tx, run_id: str) -> list[uuid.UUID]:
         """On resume: every ``pending`` row of the run has an unknown outcome."""

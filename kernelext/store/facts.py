@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from ..errors import RunStateError
@@ -18,45 +17,33 @@ FACT_COLUMNS = (
     " recorded_at, checked_at, current_value, check_status, check_detail, compare_name"
 )
 
-_RECORD = (
-    "INSERT INTO facts (run_id, name, kind, value, fingerprint, check_name, check_args, tolerance,"
-    " step_ordinal, recorded_at, compare_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (run_id, name) DO UPDATE SET kind = excluded.kind, value = excluded.value,"
-    " fingerprint = excluded.fingerprint, check_name = excluded.check_name,"
-    " check_args = excluded.check_args, tolerance = excluded.tolerance,"
-    " step_ordinal = least(facts.step_ordinal, excluded.step_ordinal),"
-    " recorded_at = excluded.recorded_at,"
-    " compare_name = excluded.compare_name, checked_at = NULL, current_value = NULL,"
-    " check_status = NULL, check_detail = NULL"
-)
-
 
 class FactsMixin(RunsMixin, StoreBase):
-    def record_fact(self, row: dict[str, Any]) -> Future[None]:
-        """Queue a fact (insert, or replace the run's fact of that name).
+    def record_fact(self, row: dict[str, Any]) -> None:
+        """Record a fact (insert, or replace the run's fact of that name).
 
-        The writer is FIFO, so a fact queued inside a step commits no later than the
-        step's completion. A fact recorded again keeps the earliest step that recorded
-        it, so that it is re-checked as long as any completed step relied on it.
+        It is a hot-path record (journaled on DuckDB, queued elsewhere), so it is stored
+        no later than the completion of the step that recorded it. A fact recorded again
+        keeps the earliest step that recorded it, so that it is re-checked as long as any
+        completed step relied on it.
         """
-        params = (
-            row["run_id"],
-            row["name"],
-            row["kind"],
-            row["value"],
-            row["fingerprint"],
-            row["check_name"],
-            row["check_args"],
-            row["tolerance"],
-            row["step_ordinal"],
-            self.now(),
-            row["compare_name"],
-        )
-
-        def job(tx: Tx) -> None:
-            tx.execute(_RECORD, params)
-
-        return self.write_async(job)
+        data = {
+            name: row[name]
+            for name in (
+                "run_id",
+                "name",
+                "kind",
+                "value",
+                "fingerprint",
+                "check_name",
+                "check_args",
+                "tolerance",
+                "step_ordinal",
+                "compare_name",
+            )
+        }
+        data["at"] = self.now()
+        self.record("fact", data, sync=False)
 
     def facts(self, run_id: str) -> list[dict[str, Any]]:
         return self.read_dicts(

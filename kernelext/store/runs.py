@@ -229,11 +229,26 @@ class RunsMixin(StoreBase):
         where = ""
         if status is not None:
             where = " WHERE status = '" + status.replace("'", "''") + "'"
-        return self.backend.read_arrow(
+        return self.read_arrow(
             "SELECT id, agent, status, reason, completed_steps, total_steps, created_at,"
             f" updated_at, deadline, parent_id FROM runs{where} ORDER BY created_at"
         )
 
     def stop_requested_at(self, run_id: str) -> dt.datetime | None:
-        rows = self.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
+        rows = self.backend.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
         return rows[0][0] if rows else None
+
+    def stop_request(self, run_id: str, *, wait: bool) -> tuple[Any, Any] | None:
+        """(stop_requested_at, stop_source) of a run; None if ``not wait`` and the store is busy.
+
+        Stop requests are written by jobs (never journaled), so no fold is waited for.
+        """
+        sql = "SELECT stop_requested_at, stop_source FROM runs WHERE id = ?"
+        try_read = getattr(self.backend, "try_read", None)
+        if wait or try_read is None:
+            rows: list[tuple[Any, ...]] | None = self.backend.read(sql, (run_id,))
+        else:
+            rows = try_read(sql, (run_id,))
+        if rows is None:
+            return None
+        return (rows[0][0], rows[0][1]) if rows else (None, None)

@@ -137,9 +137,18 @@ _V2_FACT_COMPARATOR = (
     "ALTER TABLE facts ADD COLUMN IF NOT EXISTS compare_name TEXT",
 )
 
+_V3_JOURNAL = (
+    # How far each process's write-ahead journal has been folded into the tables.
+    """CREATE TABLE IF NOT EXISTS journal_state (
+        journal_id TEXT PRIMARY KEY,
+        last_seq BIGINT NOT NULL
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
+    Migration(3, "journal_state", _V3_JOURNAL),
 )
 
 TABLES = ("runs", "steps", "snapshots", "blobs", "effects", "facts", "claims", "events")

@@ -13,7 +13,7 @@ from .writer import Tx
 
 __all__ = ["Blob", "StepsMixin"]
 
-INLINE_LIMIT = 1 << 20  # payloads above 1 MiB go to a side file, off the commit path
+INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
 
 
 class Blob(NamedTuple):
@@ -30,17 +30,16 @@ class StepsMixin(StoreBase):
     def begin_step(
         self, run_id: str, step_id: uuid.UUID, ordinal: int, key: str, name: str | None
     ) -> None:
-        """Record that a step started. Queued: it commits with the next group."""
-        started = self.now()
-
-        def job(tx: Tx) -> None:
-            tx.execute(
-                "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)"
-                " VALUES (?, ?, ?, ?, ?, 'running', ?)",
-                (step_id, run_id, ordinal, key, name, started),
-            )
-
-        self.write_async(job)
+        """Record that a step started (journaled, not waited for)."""
+        data = {
+            "id": step_id,
+            "run_id": run_id,
+            "ordinal": ordinal,
+            "key": key,
+            "name": name,
+            "started_at": self.now(),
+        }
+        self.record("step_begin", data, sync=False)
 
     def complete_step(
         self,
@@ -52,38 +51,21 @@ class StepsMixin(StoreBase):
         new_blobs: Sequence[Blob],
         snapshot_bytes: int,
     ) -> uuid.UUID:
-        """Durably mark a step completed together with its snapshot (one transaction)."""
-        rows = [self._blob_row(run_id, blob) for blob in new_blobs]
+        """Durably mark a step completed together with its snapshot (one record)."""
+        rows = [list(self._blob_row(run_id, blob)) for blob in new_blobs]
         snapshot_id = uuid.uuid4()
-        manifest_text = json.dumps(manifest, sort_keys=True)
-
-        def job(tx: Tx) -> None:
-            now = self.now()
-            tx.executemany(
-                "INSERT INTO blobs (id, run_id, encoding, sha256, size, location, base_id, data,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                # Blob ids are content-addressed: a value seen before (x back to 1, or two
-                # keys holding the same value) maps to a blob that already exists.
-                " ON CONFLICT (id) DO NOTHING",
-                [(*row, now) for row in rows],
-            )
-            tx.execute(
-                "INSERT INTO snapshots (id, run_id, step_ordinal, created_at, manifest, bytes)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (snapshot_id, run_id, ordinal, now, manifest_text, snapshot_bytes),
-            )
-            tx.execute(
-                "UPDATE steps SET status = 'completed', ended_at = ?, duration_s = ?,"
-                " snapshot_id = ? WHERE id = ?",
-                (now, duration_s, snapshot_id, step_id),
-            )
-            tx.execute(
-                "UPDATE runs SET completed_steps = completed_steps + 1, updated_at = ?"
-                " WHERE id = ?",
-                (now, run_id),
-            )
-
-        self.write(job)
+        data = {
+            "step_id": step_id,
+            "run_id": run_id,
+            "ordinal": ordinal,
+            "at": self.now(),
+            "duration_s": duration_s,
+            "snapshot_id": snapshot_id,
+            "manifest": json.dumps(manifest, sort_keys=True),
+            "bytes": snapshot_bytes,
+            "blobs": rows,
+        }
+        self.record("step_complete", data, sync=True)
         return snapshot_id
 
     def end_step(

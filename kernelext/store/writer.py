@@ -59,6 +59,7 @@ class Writer:
         self._lock = threading.Lock()
         self.commits = 0
         self.failures: list[BaseException] = []
+        self.rollback_listeners: list[Callable[[], None]] = []
         if hasattr(connection, "on_open"):
             connection.on_open = self._wake  # a read opened it: start the idle clock
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -85,6 +86,9 @@ class Writer:
         if exc is not None:
             self.failures.append(exc)
             _log.error("kernelext: a queued store write failed: %r", exc)
+
+    def in_writer_thread(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def run(self, job: Callable[[Tx], T]) -> T:
         """Submit a job and wait until its transaction has committed."""
@@ -166,3 +170,5 @@ class Writer:
     def _safe_rollback(self) -> None:
         with contextlib.suppress(Exception):
             self._conn.rollback()
+        for listener in self.rollback_listeners:
+            listener()

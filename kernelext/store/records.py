@@ -1,0 +1,256 @@
+"""Hot-path records and how each is applied to the tables.
+
+Every record is idempotent: applying it twice leaves the tables as applying it once,
+so the journal can be folded again after a crash without harm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .writer import Tx
+
+__all__ = ["APPLY", "apply_record", "check_record"]
+
+
+def _step_begin(tx: Tx, d: dict[str, Any]) -> None:
+    tx.execute(
+        "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)"
+        " VALUES (?, ?, ?, ?, ?, 'running', ?) ON CONFLICT (id) DO NOTHING",
+        (d["id"], d["run_id"], d["ordinal"], d["key"], d["name"], d["started_at"]),
+    )
+
+
+def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
+    blobs = d["blobs"]
+    for row in blobs:
+        tx.execute(
+            "INSERT INTO blobs (id, run_id, encoding, sha256, size, location, base_id, data,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            # Blob ids are content-addressed: a value seen before maps to an existing blob.
+            " ON CONFLICT (id) DO NOTHING",
+            (*row, d["at"]),
+        )
+    tx.execute(
+        "INSERT INTO snapshots (id, run_id, step_ordinal, created_at, manifest, bytes)"
+        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+        (d["snapshot_id"], d["run_id"], d["ordinal"], d["at"], d["manifest"], d["bytes"]),
+    )
+    tx.execute(
+        "UPDATE steps SET status = 'completed', ended_at = ?, duration_s = ?, snapshot_id = ?"
+        " WHERE id = ?",
+        (d["at"], d["duration_s"], d["snapshot_id"], d["step_id"]),
+    )
+    tx.execute(
+        "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
+        " WHERE run_id = ? AND status = 'completed') WHERE id = ?",
+        (d["at"], d["run_id"], d["run_id"]),
+    )
+
+
+def _intent(tx: Tx, d: dict[str, Any]) -> None:
+    tx.execute(
+        "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
+        " args_hash, args, status, resumable, intent_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) ON CONFLICT (key) DO NOTHING",
+        (
+            d["key"],
+            d["run_id"],
+            d["step_key"],
+            d["step_ordinal"],
+            d["tool"],
+            d["call_ordinal"],
+            d["args_hash"],
+            d["args"],
+            d["resumable"],
+            d["at"],
+        ),
+    )
+
+
+def _outcome(tx: Tx, d: dict[str, Any]) -> None:
+    tx.execute(
+        "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?"
+        " WHERE key = ? AND status = 'pending'",
+        (d["status"], d["result"], d["error"], d["at"], d["key"]),
+    )
+
+
+_FACT = (
+    "INSERT INTO facts (run_id, name, kind, value, fingerprint, check_name, check_args, tolerance,"
+    " step_ordinal, recorded_at, compare_name) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (run_id, name) DO UPDATE SET kind = excluded.kind, value = excluded.value,"
+    " fingerprint = excluded.fingerprint, check_name = excluded.check_name,"
+    " check_args = excluded.check_args, tolerance = excluded.tolerance,"
+    " step_ordinal = least(facts.step_ordinal, excluded.step_ordinal),"
+    " recorded_at = excluded.recorded_at,"
+    " compare_name = excluded.compare_name, checked_at = NULL, current_value = NULL,"
+    " check_status = NULL, check_detail = NULL"
+)
+
+
+def _fact(tx: Tx, d: dict[str, Any]) -> None:
+    tx.execute(
+        _FACT,
+        (
+            d["run_id"],
+            d["name"],
+            d["kind"],
+            d["value"],
+            d["fingerprint"],
+            d["check_name"],
+            d["check_args"],
+            d["tolerance"],
+            d["step_ordinal"],
+            d["at"],
+            d["compare_name"],
+        ),
+    )
+
+
+APPLY: dict[str, Callable[[Tx, dict[str, Any]], None]] = {
+    "step_begin": _step_begin,
+    "step_complete": _step_complete,
+    "intent": _intent,
+    "outcome": _outcome,
+    "fact": _fact,
+}
+
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "step_begin": ("id", "run_id", "ordinal", "key", "started_at"),
+    "step_complete": ("step_id", "run_id", "ordinal", "at", "snapshot_id", "manifest", "bytes"),
+    "intent": ("key", "run_id", "step_key", "tool", "call_ordinal", "args_hash", "resumable", "at"),
+    "outcome": ("key", "status", "at"),
+    "fact": ("run_id", "name", "kind", "at"),
+}
+
+
+def check_record(kind: str, data: dict[str, Any]) -> None:
+    """Refuse a record the tables would reject, before it is made durable."""
+    if kind not in APPLY:
+        raise ValueError(f"unknown record kind {kind!r}")
+    missing = [name for name in REQUIRED[kind] if data.get(name) is None]
+    if missing:
+        raise ValueError(f"a {kind} record needs {', '.join(missing)}")
+    if kind == "step_complete" and not isinstance(data["bytes"], int):
+        raise ValueError("a step_complete record needs an integer byte count")
+
+
+def apply_record(tx: Tx, kind: str, data: dict[str, Any]) -> None:
+    APPLY[kind](tx, data)
+
+
+# -- folding many records at once (the journal's path) -------------------------------------
+_CHUNK = 200
+
+
+def _values(width: int, count: int) -> str:
+    row = "(" + ", ".join("?" for _ in range(width)) + ")"
+    return ", ".join(row for _ in range(count))
+
+
+def _insert_rows(tx: Tx, head: str, tail: str, rows: list[tuple[Any, ...]]) -> None:
+    for start in range(0, len(rows), _CHUNK):
+        chunk = rows[start : start + _CHUNK]
+        params = [value for row in chunk for value in row]
+        tx.execute(f"{head} VALUES {_values(len(chunk[0]), len(chunk))}{tail}", params)
+
+
+def apply_records(tx: Tx, records: list[tuple[int, str, dict[str, Any]]]) -> None:
+    """Apply records in bulk: a few statements per kind instead of a few per record.
+
+    Kinds go in dependency order (a step's begin before its completion, an effect's intent
+    before its outcome); within a kind, journal order. Facts keep one statement each.
+    """
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for _, kind, data in records:
+        by_kind.setdefault(kind, []).append(data)
+    begins = by_kind.get("step_begin", [])
+    if begins:
+        _insert_rows(
+            tx,
+            "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)",
+            " ON CONFLICT (id) DO NOTHING",
+            [
+                (
+                    d["id"],
+                    d["run_id"],
+                    d["ordinal"],
+                    d["key"],
+                    d["name"],
+                    "running",
+                    d["started_at"],
+                )
+                for d in begins
+            ],
+        )
+    intents = by_kind.get("intent", [])
+    if intents:
+        _insert_rows(
+            tx,
+            "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
+            " args_hash, args, status, resumable, intent_at)",
+            " ON CONFLICT (key) DO NOTHING",
+            [
+                (
+                    d["key"],
+                    d["run_id"],
+                    d["step_key"],
+                    d["step_ordinal"],
+                    d["tool"],
+                    d["call_ordinal"],
+                    d["args_hash"],
+                    d["args"],
+                    "pending",
+                    d["resumable"],
+                    d["at"],
+                )
+                for d in intents
+            ],
+        )
+    for d in by_kind.get("outcome", []):
+        _outcome(tx, d)
+    completions = by_kind.get("step_complete", [])
+    if completions:
+        blobs = [(*row, d["at"]) for d in completions for row in d["blobs"]]
+        if blobs:
+            unique = list({b[0]: b for b in blobs}.values())  # one row per content id
+            _insert_rows(
+                tx,
+                "INSERT INTO blobs (id, run_id, encoding, sha256, size, location, base_id, data,"
+                " created_at)",
+                " ON CONFLICT (id) DO NOTHING",
+                unique,
+            )
+        _insert_rows(
+            tx,
+            "INSERT INTO snapshots (id, run_id, step_ordinal, created_at, manifest, bytes)",
+            " ON CONFLICT (id) DO NOTHING",
+            [
+                (d["snapshot_id"], d["run_id"], d["ordinal"], d["at"], d["manifest"], d["bytes"])
+                for d in completions
+            ],
+        )
+        rows = [(d["step_id"], d["at"], d["duration_s"], d["snapshot_id"]) for d in completions]
+        for start in range(0, len(rows), _CHUNK):
+            chunk = rows[start : start + _CHUNK]
+            tx.execute(
+                "UPDATE steps SET status = 'completed', ended_at = v.ended_at,"
+                " duration_s = v.duration_s, snapshot_id = v.snapshot_id"
+                f" FROM (VALUES {_values(4, len(chunk))}) AS v(id, ended_at, duration_s,"
+                " snapshot_id) WHERE steps.id = v.id",
+                [value for row in chunk for value in row],
+            )
+        latest: dict[str, Any] = {}
+        for d in completions:
+            latest[d["run_id"]] = d["at"]
+        for run_id, at in latest.items():
+            tx.execute(
+                "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
+                " WHERE run_id = ? AND status = 'completed') WHERE id = ?",
+                (at, run_id, run_id),
+            )
+    for d in by_kind.get("fact", []):
+        _fact(tx, d)
