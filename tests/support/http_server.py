@@ -78,6 +78,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        if len(raw) < length:  # the client died mid-request: like a real API, nothing happened
+            return
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
