@@ -16,7 +16,11 @@ from typing import Any
 
 from jupyter_client.manager import KernelManager
 
-__all__ = ["KernelSession", "Reply"]
+__all__ = ["KernelDied", "KernelSession", "Reply"]
+
+
+class KernelDied(RuntimeError):
+    """The kernel process ended before it answered the request."""
 
 
 @dataclass
@@ -83,8 +87,10 @@ class KernelSession:
             if left <= 0:
                 raise TimeoutError(f"no idle status from the kernel within {timeout}s")
             try:
-                out = self.kc.get_iopub_msg(timeout=left)
+                out = self.kc.get_iopub_msg(timeout=min(left, 1.0))
             except queue.Empty:
+                if not self.km.is_alive():
+                    raise KernelDied(f"the kernel died before request {msg_id} finished") from None
                 continue
             if out["parent_header"].get("msg_id") != msg_id:
                 continue
