@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.registry import LIVE, LIVE_LOCK
 from kernelext.core.settings import SETTINGS
 from kernelext.store import Store, open_store
 
@@ -26,12 +26,7 @@ def store(store_path: Path) -> Iterator[Store]:
     opened = open_store(str(store_path), clock=lambda: T0)
     SETTINGS.use_store(opened)
     yield opened
-    with LIVE_LOCK:
-        handles = list(LIVE.values())
-    for handle in handles:
-        if handle.alive:
-            handle.stop(source="test-teardown")
-            handle.wait(WAIT)
+    finish_live_runs()
     SETTINGS.close()
 
 

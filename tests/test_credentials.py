@@ -101,9 +101,14 @@ def test_a_failing_refresh_stops_the_resume_and_the_run_stays_suspended(store: S
     steps_before = len(store.steps("bad-refresh"))
     fs.set_world(token_fails=True)
     fs.CALLS.clear()
+    before = store.now()
     with pytest.raises(kx.CredentialError, match="'api_token': PermissionError: token endpoint"):
         kx.resume("bad-refresh", store=store)
-    assert store.get_run("bad-refresh")["status"] == "suspended"
+    run = store.get_run("bad-refresh")
+    assert run["status"] == "suspended" and run["reason"] == "error"
+    # Still a pause with a deadline, set from the ``error`` policy when the resume failed.
+    error_policy = SETTINGS.expiry.durations["error"]
+    assert before + error_policy <= run["deadline"] <= store.now() + error_policy
     assert [c for c in fs.CALLS if c[0] == "step"] == []
     assert len(store.steps("bad-refresh")) == steps_before
     row = fs.fact_rows(store, "bad-refresh")["api_token"]

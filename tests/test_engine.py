@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.registry import LIVE, LIVE_LOCK
 from kernelext.core.settings import SETTINGS
 from kernelext.errors import AgentError
 from kernelext.store import Store
@@ -31,15 +31,6 @@ def store(store_path: Path) -> Iterator[Store]:
     yield opened
     finish_live_runs()
     SETTINGS.close()
-
-
-def finish_live_runs() -> None:
-    with LIVE_LOCK:
-        handles = list(LIVE.values())
-    for handle in handles:
-        if handle.alive:
-            handle.stop(source="test-teardown")
-            handle.wait(WAIT)
 
 
 def name(prefix: str) -> str:

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core import expiry
 from kernelext.core.expiry_policy import DEFAULT_EXPIRY
-from kernelext.core.registry import END_HOOKS, LIVE, LIVE_LOCK
+from kernelext.core.registry import END_HOOKS
 from kernelext.core.settings import SETTINGS
 from kernelext.store import Store, open_store
 
@@ -60,12 +61,7 @@ def store(store_path: Path, clock: FakeClock) -> Iterator[Store]:
     opened = open_store(str(store_path), clock=clock)
     SETTINGS.use_store(opened)
     yield opened
-    with LIVE_LOCK:
-        handles = list(LIVE.values())
-    for handle in handles:
-        if handle.alive:
-            handle.stop(source="test-teardown")
-            handle.wait(WAIT)
+    finish_live_runs()
     SETTINGS.close()
     expiry._CALLBACKS.clear()
     SETTINGS.expiry.durations = durations
@@ -166,6 +162,46 @@ def test_configured_policy_and_a_per_call_override(store: Store, clock: FakeCloc
 def test_bad_expiry_configuration_is_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="positive number of seconds"):
         kx.configure(expiry={"approval": -5})
+
+
+PRICES = {"A": 1.0}
+
+
+def price_of(sku: str) -> float:
+    return PRICES[sku]
+
+
+def test_a_run_waiting_for_a_decision_expires_too(store: Store, clock: FakeClock) -> None:
+    """needs_decision is a pause: it gets a deadline from the ``decision`` policy."""
+    PRICES["A"] = 1.0
+    run_id = unique("undecided")
+
+    @kx.agent(name=unique("pricer"))
+    def pricer(run: kx.Run) -> None:
+        run.claim("budget:A")
+        for i in run.steps(range(2)):
+            if i == 0:
+                run.fact("price:A", price_of("A"), check=price_of, args=("A",))
+                run.suspend("approval")
+
+    assert pricer.start(run_id=run_id).wait(WAIT) == "suspended"
+    PRICES["A"] = 2.0  # the world moved on
+    waiting_since = clock.advance(hours=1)
+    assert kx.resume(run_id).status == "needs_decision"
+    deadline = waiting_since + DEFAULT_EXPIRY["decision"]
+    row = store.get_run(run_id)
+    assert (row["status"], row["deadline"]) == ("needs_decision", deadline)
+
+    assert kx.sweep(now=deadline - dt.timedelta(seconds=1)).expired == []
+    result = kx.sweep(now=deadline)
+    assert result.expired_ids == [run_id] and result.expired[0].suspend_reason == "decision"
+    row = store.get_run(run_id)
+    assert (row["status"], row["reason"]) == ("expired", "deadline:decision")
+    [expired] = events(store, run_id, "expired")
+    assert expired["from_status"] == "needs_decision"
+    assert [c["release_reason"] for c in store.claims(run_id)] == ["expired"]
+    with pytest.raises(kx.RunStateError, match=r"kx\.restart"):
+        kx.resume(run_id)
 
 
 # -- claims on expiry ---------------------------------------------------------------------

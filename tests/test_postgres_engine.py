@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from support.live import finish_live_runs
 from test_engine import (  # noqa: F401 - collected here against PostgreSQL
     test_a_step_key_used_twice_is_a_clear_error,
     test_code_change_is_refused_unless_allowed,
@@ -55,7 +56,6 @@ from test_stop import (  # noqa: F401
 )
 
 from kernelext.core import expiry
-from kernelext.core.registry import LIVE, LIVE_LOCK
 from kernelext.core.settings import SETTINGS
 from kernelext.store import Store, open_store, utcnow
 
@@ -81,12 +81,7 @@ def store(store_path: str, request: pytest.FixtureRequest) -> Iterator[Store]:
     opened = open_store(store_path, clock=fake or utcnow)
     SETTINGS.use_store(opened)
     yield opened
-    with LIVE_LOCK:
-        handles = list(LIVE.values())
-    for handle in handles:
-        if handle.alive:
-            handle.stop(source="test-teardown")
-            handle.wait(WAIT)
+    finish_live_runs()
     SETTINGS.close()
     expiry._CALLBACKS.clear()
     SETTINGS.expiry.durations = durations

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from support.http_server import DeliveryServer, post_json
+from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core.ledger import effect_key
-from kernelext.core.registry import LIVE, LIVE_LOCK
 from kernelext.core.settings import SETTINGS
 from kernelext.store import Store, open_store
 
@@ -56,12 +56,7 @@ def store(store_path: Path, clock: TickingClock) -> Iterator[Store]:
     opened = open_store(str(store_path), clock=clock)
     SETTINGS.use_store(opened)
     yield opened
-    with LIVE_LOCK:
-        handles = list(LIVE.values())
-    for handle in handles:
-        if handle.alive:
-            handle.stop(source="test-teardown")
-            handle.wait(WAIT)
+    finish_live_runs()
     SETTINGS.close()
     SETTINGS.retention_seconds = retention
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.registry import LIVE, LIVE_LOCK
 from kernelext.core.settings import SETTINGS
 from kernelext.core.snapshot import Snapshotter
 from kernelext.store import Store
@@ -25,12 +25,7 @@ def store(store_path: Path) -> Iterator[Store]:
     """The default store for kx.* calls, on this test's own DuckDB file."""
     opened = kx.open_store(str(store_path))
     yield opened
-    with LIVE_LOCK:
-        handles = list(LIVE.values())
-    for handle in handles:
-        if handle.alive:
-            handle.stop(source="test-teardown")
-            handle.wait(WAIT)
+    finish_live_runs()
     SETTINGS.close()
 
 

@@ -12,6 +12,8 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelext.core.revalidation import age_text
+
 __all__ = [
     "STATUS_COLOURS",
     "PanelView",
@@ -59,6 +61,7 @@ class PanelView:
     stop_requested_at: dt.datetime | None = None
     stop_source: str | None = None
     deadline: dt.datetime | None = None
+    now: dt.datetime | None = None  # the store's clock when the view was read (naive UTC)
     effects: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
     notice: str | None = None
@@ -96,16 +99,26 @@ class PanelView:
         since = local_clock(self.stop_requested_at) if self.stop_requested_at else "now"
         return f"stop pending since {since} ({self.stop_source or 'api'})"
 
+    def expiry_text(self) -> str:
+        """``; expires in 6d23h (2026-12-06 12:00 UTC)`` for a paused run with a deadline."""
+        if self.deadline is None:
+            return ""
+        when = f"{self.deadline:%Y-%m-%d %H:%M} UTC"
+        left = self.deadline - (self.now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
+        if left.total_seconds() <= 0:
+            return f"; past its deadline ({when}): it expires at the next sweep"
+        return f"; expires in {age_text(left)} ({when})"
+
     def outcome_text(self) -> str | None:
         if self.status == "completed":
             return f"completed: {self.progress_text()}"
         if self.status == "failed":
             return f"failed: {self.error or self.reason or 'see kx.runs()'}"
         if self.status == "suspended":
-            until = f"; expires {self.deadline:%Y-%m-%d %H:%M} UTC" if self.deadline else ""
+            until = self.expiry_text()
             return f"suspended ({self.reason or 'stopped'}) after {self.progress_text()}{until}"
         if self.status == "needs_decision":
-            return f"needs a decision: {self.reason or 'see kx.reconcile()'}"
+            return f"needs a decision: {self.reason or 'see kx.reconcile()'}{self.expiry_text()}"
         if self.status in ("expired", "cancelled"):
             return f"{self.status}: {self.reason or ''}".rstrip(": ")
         return None
@@ -137,6 +150,7 @@ def view_of(
         stop_requested_at=info.get("stop_requested_at"),
         stop_source=info.get("stop_source"),
         deadline=info.get("deadline"),
+        now=handle.store.now(),
         effects=list(effects if effects is not None else _effects_of(run)),
         error=f"{type(error).__name__}: {error}" if error is not None else None,
         notice=notice,

@@ -21,8 +21,9 @@ from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .engine import Handle, _end_open_step, _suspend
 from .lease import check_takeover
+from .resume import run_resume_hooks
 from .run import Run, StepInfo
-from .settings import get_store
+from .settings import SETTINGS, get_store
 from .snapshot import Snapshotter
 
 __all__ = [
@@ -111,10 +112,12 @@ class CellRun:
             self.run.notify("end", "suspended")
             row = self.store.get_run(self.run_id)
         elif row["status"] == "running" and not self.owned and row.get("owner") != actor():
-            _take_over(
+            status = _take_over(
                 self.store, self.run_id, "cell", reason="taken over from a kernel that is gone"
             )
             self.reload()
+            if status == "running":  # credentials refreshed, facts re-checked first
+                run_resume_hooks(self.run, self.store)
             row = self.store.get_run(self.run_id)
         if row["status"] == "running":
             self.owned = True
@@ -183,6 +186,7 @@ class CellRun:
                 kind="needs_decision",
                 source="ledger",
                 reason=str(error),
+                fields=SETTINGS.waiting_fields(store),
             )
             run.notify("end", "needs_decision")
             outcome = StepOutcome("needs_decision", info.key, info.ordinal, str(error))
@@ -279,10 +283,12 @@ def resume_cell_run(run_id: str, *, store: Store | None = None, source: str = "a
                 else ""
             )
         )
-    _take_over(store, run_id, source)
+    status = _take_over(store, run_id, source)
     cell = open_cell_run(run_id, store=store)
     cell.reload()
     cell.owned = True
+    if status == "running":  # credentials refreshed, facts re-checked before the next cell
+        run_resume_hooks(cell.run, store)
     cell.run.notify("resumed", None)
     return Handle(cell.run, store)
 
@@ -339,6 +345,7 @@ def _take_over(store: Store, run_id: str, source: str, reason: str | None = None
                 kind="needs_decision",
                 source="ledger",
                 reason=f"{unknown} effect(s) with unknown outcome",
+                fields=SETTINGS.waiting_fields(store),
             )
             return "needs_decision"
         return "running"

@@ -288,8 +288,16 @@ def _end_open_step(store: Store, run: Run, status: str, error: str | None) -> No
 
 def _finish(store: Store, run: Run, status: str, reason: str | None = None) -> str:
     def job(tx: Any) -> str:
+        waiting = SETTINGS.waiting_fields(store) if status == "needs_decision" else None
         result = store.transition_tx(
-            tx, run.id, status, ("running", "stopping"), kind=status, reason=reason, source="engine"
+            tx,
+            run.id,
+            status,
+            ("running", "stopping"),
+            kind=status,
+            reason=reason,
+            source="engine",
+            fields=waiting,
         )
         if result.ok and status in FINAL:
             store.release_run_claims_tx(tx, run.id, status)
@@ -344,13 +352,6 @@ def _monitor(handle: Handle) -> None:
             run.poll_external_stop(wait=True)  # a stop recorded by another process
         time.sleep(MONITOR_TICK)
         info = run.current
-        if (
-            info is not None
-            and run.max_step_seconds
-            and info.elapsed > run.max_step_seconds
-            and not run.stop_event.is_set()
-        ):
-            run.poll_external_stop()  # a stop recorded by another process escalates too
         if not run.stop_event.is_set() or info is None:
             if (
                 info is not None

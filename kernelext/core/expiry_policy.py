@@ -10,6 +10,7 @@ __all__ = ["DEFAULT_EXPIRY", "ExpiryPolicy"]
 DEFAULT_EXPIRY: dict[str, dt.timedelta] = {
     "user_stop": dt.timedelta(days=7),
     "approval": dt.timedelta(days=3),
+    "decision": dt.timedelta(days=3),  # needs_decision: waiting for someone to reconcile
     "rate_limit": dt.timedelta(hours=1),
     "error": dt.timedelta(days=1),
     "other": dt.timedelta(days=1),

@@ -27,13 +27,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from ..errors import AgentError, CodeChangedError, RunStateError
+from ..errors import RunStateError
 from ..store import Store, actor
 from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
 from .engine import Handle
 from .ledger import effect_key
-from .registry import AGENTS, live_handle
-from .resume import resume
+from .registry import live_handle
+from .resume import agent_for, resume
 from .run import OUTSIDE_STEPS
 from .settings import SETTINGS, get_store
 from .starting import ARGS_CACHE
@@ -115,20 +115,7 @@ def _check_restartable(
             f"Reconcile them first with kx.reconcile({run_id!r}) (mark each applied or not "
             f"applied), then call kx.restart({run_id!r}) again."
         )
-    agent = AGENTS.get(row["agent"])
-    if agent is None:
-        raise AgentError(
-            f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
-            f"process. Run the code that defines @kx.agent(name={row['agent']!r}), then call "
-            f"kx.restart({run_id!r}) again."
-        )
-    if row["fingerprint"] and row["fingerprint"] != agent.fingerprint and not allow_code_change:
-        raise CodeChangedError(
-            f"The code of agent {agent.name!r} changed since run {run_id!r} ran "
-            f"(fingerprint {row['fingerprint']} -> {agent.fingerprint}). The carried-over "
-            "steps were computed by the old code. If that is fine, call "
-            f"kx.restart({run_id!r}, allow_code_change=True)."
-        )
+    agent_for(run_id, row, allow_code_change, "restart")
 
 
 def _start_ordinal(run_id: str, steps: list[dict[str, Any]], from_step: int | str | None) -> int:

@@ -7,11 +7,11 @@ from typing import Any
 from ..errors import AgentError, CodeChangedError, NeedsDecision, RunStateError
 from ..store import Store, actor
 from .codec import loads_json
-from .engine import Handle, launch
+from .engine import Agent, Handle, launch
 from .lease import check_takeover, lease_until
 from .registry import AGENTS, RESUME_HOOKS, live_handle
 from .run import Run
-from .settings import get_store
+from .settings import SETTINGS, get_store
 from .starting import ARGS_CACHE
 
 __all__ = ["RESUMABLE", "load_run", "resume"]
@@ -42,20 +42,7 @@ def resume(
         from .cell_runs import resume_cell_run
 
         return resume_cell_run(run_id, store=store, source=source)
-    agent = AGENTS.get(row["agent"])
-    if agent is None:
-        raise AgentError(
-            f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
-            f"process. Run the code (or notebook cell) that defines @kx.agent(name="
-            f"{row['agent']!r}) and call kx.resume({run_id!r}) again."
-        )
-    if row["fingerprint"] and row["fingerprint"] != agent.fingerprint and not allow_code_change:
-        raise CodeChangedError(
-            f"The code of agent {agent.name!r} changed since run {run_id!r} started "
-            f"(fingerprint {row['fingerprint']} -> {agent.fingerprint}). Completed steps are "
-            "kept as they are. If the change is safe, resume with "
-            f"kx.resume({run_id!r}, allow_code_change=True)."
-        )
+    agent = agent_for(run_id, row, allow_code_change, "resume")
     call_args, call_kwargs = _arguments(run_id, row, args, kwargs)
     run = load_run(store, run_id, agent.name, agent.max_step_seconds, agent.pickle)
     handle = Handle(run, store)
@@ -96,6 +83,7 @@ def resume(
                 source="ledger",
                 reason=f"{len(open_rows)} effect(s) with unknown outcome",
                 detail={"new_unknowns": len(fresh)},
+                fields=SETTINGS.waiting_fields(store),
             )
             return "needs_decision", list(open_rows)
         return "running", []
@@ -107,31 +95,68 @@ def resume(
     if status == "needs_decision":
         return handle
     run.effects = store.load_replayable_effects(run_id)
+    if not run_resume_hooks(run, store):
+        return handle
+    return launch(handle, agent.fn, call_args, call_kwargs)
+
+
+def run_resume_hooks(run: Run, store: Store) -> bool:
+    """Before the first action of a resumed run: refresh credentials, re-check facts.
+
+    Returns False when the run now waits in ``needs_decision``. A hook that fails
+    suspends the run again (reason ``error``, with that policy's deadline) and its
+    error propagates: a resume never half-happens.
+    """
     try:
         for hook in list(RESUME_HOOKS):
             hook(run, store)
     except NeedsDecision as decision:
         store.transition(
-            run_id,
+            run.id,
             "needs_decision",
             ("running",),
             kind="needs_decision",
             source="revalidation",
             reason=str(decision),
+            fields=SETTINGS.waiting_fields(store),
         )
-        return handle
+        return False
     except BaseException as exc:
+        deadline = SETTINGS.expiry.deadline("error", store.now())
         store.transition(
-            run_id,
+            run.id,
             "suspended",
             ("running",),
             kind="resume_failed",
             source="revalidation",
             reason=f"resume stopped: {exc}",
-            fields={"deadline": None},
+            detail={"deadline": deadline.isoformat()},
+            fields={"deadline": deadline, "reason": "error"},
         )
         raise
-    return launch(handle, agent.fn, call_args, call_kwargs)
+    return True
+
+
+def agent_for(run_id: str, row: dict[str, Any], allow_code_change: bool, verb: str) -> Agent:
+    """The agent that owns ``row``, refusing code that changed since the run ran.
+
+    ``verb`` is the call the user makes again once they fixed it: ``resume`` or ``restart``.
+    """
+    agent = AGENTS.get(row["agent"])
+    if agent is None:
+        raise AgentError(
+            f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
+            f"process. Run the code (or notebook cell) that defines @kx.agent(name="
+            f"{row['agent']!r}) and call kx.{verb}({run_id!r}) again."
+        )
+    if row["fingerprint"] and row["fingerprint"] != agent.fingerprint and not allow_code_change:
+        raise CodeChangedError(
+            f"The code of agent {agent.name!r} changed since run {run_id!r} ran "
+            f"(fingerprint {row['fingerprint']} -> {agent.fingerprint}). Completed steps are "
+            "kept as they are, computed by the old code. If the change is safe, call "
+            f"kx.{verb}({run_id!r}, allow_code_change=True)."
+        )
+    return agent
 
 
 def load_run(

@@ -161,23 +161,7 @@ class Revalidation:
         facts = self._decidable()
         names = [f.name for f in facts]
         detail = {"decision": "accept", "facts": [_fact_detail(f) for f in facts]}
-
-        def job(tx: Any) -> None:
-            self.store.lock_for_decision_tx(tx, self.run_id)
-            self.store.accept_facts_tx(tx, self.run_id, names)
-            self.store.event(
-                tx,
-                self.run_id,
-                DECISION_EVENT,
-                source=source,
-                who=actor(),
-                reason=note,
-                detail=detail,
-            )
-
-        self.store.write(job)
-        self.decision = "accept"
-        return self._resume(source, resume_options)
+        return self._decide(names, detail, note, source, resume_options)
 
     def replan(
         self,
@@ -215,10 +199,28 @@ class Revalidation:
             ],
         }
 
+        accepted = [f.name for f in kept]
+        return self._decide(accepted, detail, note, source, resume_options, supersede=ordinal)
+
+    def _decide(
+        self,
+        accepted: list[str],
+        detail: dict[str, Any],
+        note: str | None,
+        source: str,
+        resume_options: dict[str, Any],
+        *,
+        supersede: int | None = None,
+    ) -> Handle:
+        """Record an accept or re-plan decision in one transaction, then resume."""
+
         def job(tx: Any) -> None:
             self.store.lock_for_decision_tx(tx, self.run_id)
-            self.store.accept_facts_tx(tx, self.run_id, [f.name for f in kept])
-            detail["superseded_steps"] = self.store.supersede_steps_tx(tx, self.run_id, ordinal)
+            self.store.accept_facts_tx(tx, self.run_id, accepted)
+            if supersede is not None:
+                detail["superseded_steps"] = self.store.supersede_steps_tx(
+                    tx, self.run_id, supersede
+                )
             self.store.event(
                 tx,
                 self.run_id,
@@ -230,7 +232,7 @@ class Revalidation:
             )
 
         self.store.write(job)
-        self.decision = "replan"
+        self.decision = str(detail["decision"])
         return self._resume(source, resume_options)
 
     def abort(self, note: str | None = None, *, source: str = "api") -> None:

@@ -25,6 +25,11 @@ class Settings:
         self._store: Store | None = None
         self._lock = threading.Lock()
 
+    def waiting_fields(self, store: Store) -> dict[str, Any]:
+        """Run fields for entering ``needs_decision``: a deadline from the ``decision``
+        policy, so a run nobody decides on expires like any other pause."""
+        return {"deadline": self.expiry.deadline("decision", store.now())}
+
     def store(self) -> Store:
         with self._lock:
             if self._store is None or self._store.closed:

@@ -18,7 +18,10 @@ __all__ = ["AgentCellStopped", "cell_identity", "run_agent_cell"]
 
 STATUS_ADVICE = {
     "suspended": "resume it with %agent resume {id}, then run this cell again",
-    "needs_decision": "settle it with kx.reconcile({id!r}), then %agent resume {id}",
+    "needs_decision": (
+        "decide it in its panel (%agent status {id}), or with kx.reconcile({id!r}) for "
+        "unknown effects or kx.revalidation({id!r}) for facts that changed"
+    ),
     "expired": "it cannot be resumed; start a new run from its snapshot with kx.restart({id!r})",
     "cancelled": "it was cancelled; start a new run from its snapshot with kx.restart({id!r})",
     "completed": "it is completed; give further cells a new run id",

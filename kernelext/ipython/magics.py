@@ -16,6 +16,7 @@ from traitlets import Bool, Dict, Float, TraitError, Unicode, observe, validate
 
 from ..core.api import configure, runs, sql, stop
 from ..core.cell_runs import CELL_AGENT, cell_handle, complete_cell_run, stop_cell_run
+from ..core.credentials import CredentialError
 from ..core.engine import Handle
 from ..core.registry import live_handle
 from ..core.resume import resume
@@ -163,7 +164,14 @@ class Kernelext(Magics):
                 max_step_seconds=limit,
                 rerun=args.rerun,
             )
-        except (ValueError, RunStateError, AgentError, StoreError, RunNotFound) as exc:
+        except (
+            ValueError,
+            RunStateError,
+            AgentError,
+            StoreError,
+            RunNotFound,
+            CredentialError,
+        ) as exc:
             raise UsageError(str(exc)) from None
         return None
 
@@ -189,6 +197,12 @@ class Kernelext(Magics):
             return None
         if args.command == "resume":
             handle = resume(run_id, source="magic")
+            if cells and handle.status == "needs_decision":
+                print(
+                    f"kernelext: run {run_id!r} needs a decision before its cells go on: "
+                    f"{handle.store.get_run(run_id).get('reason')}"
+                )
+                return handle
             if cells:
                 print(
                     f"kernelext: run {run_id!r} is {handle.status}; run its %%agent cells "

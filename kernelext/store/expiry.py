@@ -19,7 +19,9 @@ from .runs import RunsMixin
 from .steps import StepsMixin
 from .writer import Tx
 
-__all__ = ["Expiry", "ExpiryMixin", "PayloadRemoval"]
+__all__ = ["WAITING", "Expiry", "ExpiryMixin", "PayloadRemoval"]
+
+WAITING = ("suspended", "needs_decision")  # the paused statuses; both have a deadline
 
 
 class Expiry(NamedTuple):
@@ -40,7 +42,8 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
     # -- expiry ----------------------------------------------------------------
     def due_for_expiry(self, now: dt.datetime) -> list[str]:
         rows = self.read(
-            "SELECT id FROM runs WHERE status = 'suspended' AND deadline IS NOT NULL"
+            "SELECT id FROM runs WHERE status IN ('suspended', 'needs_decision')"
+            " AND deadline IS NOT NULL"
             " AND deadline <= ? ORDER BY deadline, id",
             (now,),
         )
@@ -53,15 +56,16 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
         row = tx.fetchone(
             f"SELECT status, reason, deadline FROM runs WHERE id = ?{self.for_update}", (run_id,)
         )
-        if row is None or row[0] != "suspended" or row[2] is None or row[2] > now:
+        if row is None or row[0] not in WAITING or row[2] is None or row[2] > now:
             return None
-        suspend_reason = str(row[1] or "other")
+        # A run waiting for a decision expires as "deadline:decision"; its reason says why.
+        suspend_reason = "decision" if row[0] == "needs_decision" else str(row[1] or "other")
         deadline: dt.datetime = row[2]
         result = self.transition_tx(
             tx,
             run_id,
             "expired",
-            ("suspended",),
+            WAITING,
             kind="expired",
             source=source,
             reason=f"deadline:{suspend_reason}",

@@ -14,12 +14,18 @@ from .writer import Tx
 __all__ = ["APPLY", "apply_record", "check_record"]
 
 
+_STEP_BEGIN = (
+    "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)",
+    " ON CONFLICT (id) DO NOTHING",
+)
+
+
+def _step_begin_row(d: dict[str, Any]) -> tuple[Any, ...]:
+    return (d["id"], d["run_id"], d["ordinal"], d["key"], d["name"], "running", d["started_at"])
+
+
 def _step_begin(tx: Tx, d: dict[str, Any]) -> None:
-    tx.execute(
-        "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)"
-        " VALUES (?, ?, ?, ?, ?, 'running', ?) ON CONFLICT (id) DO NOTHING",
-        (d["id"], d["run_id"], d["ordinal"], d["key"], d["name"], d["started_at"]),
-    )
+    _insert_rows(tx, *_STEP_BEGIN, [_step_begin_row(d)])
 
 
 def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
@@ -49,24 +55,31 @@ def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
     )
 
 
-def _intent(tx: Tx, d: dict[str, Any]) -> None:
-    tx.execute(
-        "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
-        " args_hash, args, status, resumable, intent_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?) ON CONFLICT (key) DO NOTHING",
-        (
-            d["key"],
-            d["run_id"],
-            d["step_key"],
-            d["step_ordinal"],
-            d["tool"],
-            d["call_ordinal"],
-            d["args_hash"],
-            d["args"],
-            d["resumable"],
-            d["at"],
-        ),
+_INTENT = (
+    "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
+    " args_hash, args, status, resumable, intent_at)",
+    " ON CONFLICT (key) DO NOTHING",
+)
+
+
+def _intent_row(d: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        d["key"],
+        d["run_id"],
+        d["step_key"],
+        d["step_ordinal"],
+        d["tool"],
+        d["call_ordinal"],
+        d["args_hash"],
+        d["args"],
+        "pending",
+        d["resumable"],
+        d["at"],
     )
+
+
+def _intent(tx: Tx, d: dict[str, Any]) -> None:
+    _insert_rows(tx, *_INTENT, [_intent_row(d)])
 
 
 def _outcome(tx: Tx, d: dict[str, Any]) -> None:
@@ -169,47 +182,10 @@ def apply_records(tx: Tx, records: list[tuple[int, str, dict[str, Any]]]) -> Non
         by_kind.setdefault(kind, []).append(data)
     begins = by_kind.get("step_begin", [])
     if begins:
-        _insert_rows(
-            tx,
-            "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)",
-            " ON CONFLICT (id) DO NOTHING",
-            [
-                (
-                    d["id"],
-                    d["run_id"],
-                    d["ordinal"],
-                    d["key"],
-                    d["name"],
-                    "running",
-                    d["started_at"],
-                )
-                for d in begins
-            ],
-        )
+        _insert_rows(tx, *_STEP_BEGIN, [_step_begin_row(d) for d in begins])
     intents = by_kind.get("intent", [])
     if intents:
-        _insert_rows(
-            tx,
-            "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
-            " args_hash, args, status, resumable, intent_at)",
-            " ON CONFLICT (key) DO NOTHING",
-            [
-                (
-                    d["key"],
-                    d["run_id"],
-                    d["step_key"],
-                    d["step_ordinal"],
-                    d["tool"],
-                    d["call_ordinal"],
-                    d["args_hash"],
-                    d["args"],
-                    "pending",
-                    d["resumable"],
-                    d["at"],
-                )
-                for d in intents
-            ],
-        )
+        _insert_rows(tx, *_INTENT, [_intent_row(d) for d in intents])
     for d in by_kind.get("outcome", []):
         _outcome(tx, d)
     completions = by_kind.get("step_complete", [])
