@@ -210,6 +210,26 @@ def test_static_html_and_text_fallbacks(store: Any) -> None:
     assert to_text(view_of(handle)) == bundle["text/plain"]
 
 
+def test_progress_counts_named_steps_around_a_loop(store: Any) -> None:
+    @kx.agent(name="mixed")
+    def mixed(run: kx.Run) -> None:
+        with run.step("plan"):
+            pass
+        for _ in run.steps(range(3)):
+            pass
+        with run.step("report"):
+            pass
+
+    handle = mixed.run(run_id="mixed-1")
+    assert handle.status == "completed"
+    view = view_of(handle)
+    assert view.completed == 5 and view.total == 4  # "plan" + 3 announced by the loop
+    panel = panel_for(handle)
+    assert "completed: 5 steps<" in panel.outcome.value  # never "5/4 steps"
+    assert panel.progress.layout.display == "none"
+    assert "<progress" not in panel_mimebundle(handle)["text/html"]
+
+
 def test_worker_updates_are_throttled(store: Any) -> None:
     @kx.agent(name="fast")
     def fast(run: kx.Run) -> None:

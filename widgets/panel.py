@@ -185,9 +185,9 @@ class ControlPanel(w.VBox):
         view = view_of(self.handle, effects, self._notice)
         self.view = view
         self.header.value = header_html(view)
-        if view.total:
-            self.progress.max = max(view.total, 1)
-            self.progress.value = min(view.completed, view.total)
+        if view.known_total:
+            self.progress.max = view.known_total
+            self.progress.value = view.completed
             self.progress.layout.display = None
         else:
             self.progress.layout.display = "none"

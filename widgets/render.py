@@ -88,10 +88,16 @@ class PanelView:
             f"{self.step_elapsed or 0:.1f} s{bound}{over}"
         )
 
-    def progress_text(self) -> str:
-        if self.total:
-            return f"{self.completed}/{self.total} steps"
-        return f"{self.completed} step{'s' if self.completed != 1 else ''} completed"
+    @property
+    def known_total(self) -> int | None:
+        """The announced step count, unless the run already did more steps than that."""
+        return self.total if self.total and self.completed <= self.total else None
+
+    def progress_text(self, *, done: str = " completed") -> str:
+        """``3/5 steps``, or ``6 steps completed`` when the total is not known."""
+        if self.known_total:
+            return f"{self.completed}/{self.known_total} steps"
+        return f"{self.completed} step{'s' if self.completed != 1 else ''}{done}"
 
     def stop_text(self) -> str | None:
         if not self.stop_pending:
@@ -111,12 +117,12 @@ class PanelView:
 
     def outcome_text(self) -> str | None:
         if self.status == "completed":
-            return f"completed: {self.progress_text()}"
+            return f"completed: {self.progress_text(done='')}"
         if self.status == "failed":
             return f"failed: {self.error or self.reason or 'see kx.runs()'}"
         if self.status == "suspended":
-            until = self.expiry_text()
-            return f"suspended ({self.reason or 'stopped'}) after {self.progress_text()}{until}"
+            done = self.progress_text(done="")
+            return f"suspended ({self.reason or 'stopped'}) after {done}{self.expiry_text()}"
         if self.status == "needs_decision":
             return f"needs a decision: {self.reason or 'see kx.reconcile()'}{self.expiry_text()}"
         if self.status in ("expired", "cancelled"):
@@ -222,10 +228,10 @@ def outcome_html(view: PanelView) -> str:
 def to_html(view: PanelView, *, static: bool = True) -> str:
     """The whole panel as HTML: the static fallback (nbconvert, untrusted notebooks)."""
     parts = [header_html(view)]
-    if view.total:
-        pct = 100 * min(view.completed, view.total) / view.total
+    if view.known_total:
+        pct = 100 * view.completed / view.known_total
         parts.append(
-            f'<progress max="{view.total}" value="{view.completed}" '
+            f'<progress max="{view.known_total}" value="{view.completed}" '
             f'style="width:60%">{pct:.0f}%</progress>'
         )
     if not view.final:

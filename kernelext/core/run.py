@@ -107,6 +107,7 @@ class Run:
             except TypeError:
                 total = None
             if total is not None:
+                total += len(self.completed)  # steps done before the loop (run.step) count too
                 self.total_steps = total
                 self.store.write_async(
                     lambda tx: self.store.update_run_tx(tx, self.id, total_steps=total)
