@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ if str(TESTS_DIR) not in sys.path:  # makes `support` importable
     sys.path.insert(0, str(TESTS_DIR))
 
 from support.http_server import DeliveryServer  # noqa: E402
+from support.live import finish_live_runs  # noqa: E402
 from support.postgres import postgres_server, postgres_url  # noqa: E402, F401  (fixtures)
 
 
@@ -24,6 +26,19 @@ def store_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("KERNELEXT_STORE", str(path))
     return path
+
+
+@pytest.fixture
+def store(store_path: Path) -> Iterator[Any]:
+    """The default store for kx.* calls, on this test's own DuckDB file. Runs still
+    live at the end are stopped. Modules that need another clock or backend override it."""
+    import kernelext as kx
+    from kernelext.core.settings import SETTINGS
+
+    opened = kx.open_store(str(store_path))
+    yield opened
+    finish_live_runs()
+    SETTINGS.close()
 
 
 @pytest.fixture

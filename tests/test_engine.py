@@ -8,12 +8,10 @@ import sys
 import textwrap
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core.settings import SETTINGS
@@ -22,15 +20,6 @@ from kernelext.store import Store
 
 WAIT = 60.0
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def store(store_path: Path) -> Iterator[Store]:
-    """The default store for kx.* calls, on this test's own DuckDB file."""
-    opened = kx.open_store(str(store_path))
-    yield opened
-    finish_live_runs()
-    SETTINGS.close()
 
 
 def name(prefix: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,9 @@ from typing import Any
 import nbformat
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from nbclient import NotebookClient
 from support.http_server import DeliveryServer
 from support.kernels import KernelDied, KernelSession
+from support.notebooks import execute, text_of
 
 import kernelext as kx
 from kernelext.core.registry import LIVE, LIVE_LOCK
@@ -257,28 +256,6 @@ def test_extension_displays_reconcile_and_revalidation_as_widgets(ip: Interactiv
 
 
 # -- notebooks through nbclient ------------------------------------------------------------------
-def execute(nb: Any, env: dict[str, str], cwd: Path) -> Any:
-    client = NotebookClient(
-        nb,
-        timeout=120,
-        kernel_name="python3",
-        store_widget_state=True,
-        resources={"metadata": {"path": str(cwd)}},
-    )
-    client.execute(env={**os.environ, **env})
-    return nb
-
-
-def text_of(nb: Any, cell_id: str) -> str:
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    parts: list[str] = []
-    for out in cell.outputs:
-        parts.append(out.get("text", ""))
-        parts.append(str(out.get("data", {}).get("text/plain", "")))
-        parts.extend(out.get("traceback", []))
-    return "\n".join(parts)
-
-
 def widget_state(nb: Any) -> str:
     return json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"], ensure_ascii=False)
 

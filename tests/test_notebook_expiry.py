@@ -8,14 +8,12 @@ emails the old run had not sent (counted on the local delivery server).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Any
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 from support.http_server import DeliveryServer
+from support.notebooks import execute, text_of
 
 pytestmark = pytest.mark.slow
 
@@ -23,29 +21,12 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "expiry_and_re
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
-def text_of(nb: Any, cell_id: str) -> str:
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    parts: list[str] = []
-    for out in cell.outputs:
-        parts.append(out.get("text", ""))
-        parts.append(str(out.get("data", {}).get("text/plain", "")))
-        parts.extend(out.get("traceback", []))
-    return "\n".join(parts)
-
-
 def test_expired_panel_and_restart_button(
     store_path: Path, tmp_path: Path, delivery_server: DeliveryServer
 ) -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     env = {"KERNELEXT_STORE": str(store_path), "KERNELEXT_DEMO_OUTBOX": delivery_server.url}
-    client = NotebookClient(
-        nb,
-        timeout=120,
-        kernel_name="python3",
-        store_widget_state=True,
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    client.execute(env={**os.environ, **env})
+    execute(nb, env, tmp_path)
 
     assert "suspended approval - deadline" in text_of(nb, "deadline")
     swept = text_of(nb, "sweep")

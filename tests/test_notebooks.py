@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 from nbconvert import HTMLExporter
 from support.http_server import DeliveryServer
 from support.kernels import KernelSession
+from support.notebooks import execute, text_of
 
 pytestmark = pytest.mark.slow
 
@@ -36,28 +35,6 @@ def env(store_path: Path, delivery_server: DeliveryServer) -> dict[str, str]:
         "KERNELEXT_DEMO_STEP_SECONDS": "0.3",
         "KERNELEXT_DEMO_OUTBOX": delivery_server.url + "/outbox",
     }
-
-
-def execute(nb: Any, env: dict[str, str], cwd: Path) -> Any:
-    client = NotebookClient(
-        nb,
-        timeout=120,
-        kernel_name="python3",
-        store_widget_state=True,
-        resources={"metadata": {"path": str(cwd)}},
-    )
-    client.execute(env={**os.environ, **env})
-    return nb
-
-
-def outputs_text(nb: Any, cell_id: str) -> str:
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    parts = []
-    for out in cell.outputs:
-        parts.append(out.get("text", ""))
-        parts.append(str(out.get("data", {}).get("text/plain", "")))
-        parts.extend(out.get("traceback", []))
-    return "\n".join(parts)
 
 
 def deliveries_per_key(server: DeliveryServer) -> dict[str, int]:
@@ -78,9 +55,9 @@ def test_every_notebook_runs_headless(
     assert set(counts.values()) <= {1}, counts  # nothing delivered twice
     if path.stem == "quickstart":
         assert len(counts) == 12
-        assert "stop pending since" in outputs_text(nb, "click-stop")
-        assert "'suspended'" in outputs_text(nb, "click-stop")
-        assert "'completed'" in outputs_text(nb, "click-resume")
+        assert "stop pending since" in text_of(nb, "click-stop")
+        assert "'suspended'" in text_of(nb, "click-stop")
+        assert "'completed'" in text_of(nb, "click-resume")
         state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"])
         assert "kernelext-panel" in state and "completed: 12/12 steps" in state
         start = next(c for c in nb.cells if c.get("id") == "start").outputs[0]["data"]
@@ -88,7 +65,7 @@ def test_every_notebook_runs_headless(
         assert_static_html_shows_the_panel(nb)
     if path.stem == "agent_cells":
         assert len(counts) == 2
-        assert "completed" in outputs_text(nb, "complete")
+        assert "completed" in text_of(nb, "complete")
 
 
 def assert_static_html_shows_the_panel(nb: Any) -> None:
@@ -121,9 +98,9 @@ def test_agent_cells_survive_a_kernel_death(
         "#sales",
     ]  # #sales not posted twice
     for skipped in ("fetch", "summarise", "post"):
-        assert "already completed" in outputs_text(nb, skipped)
-    assert "'posted': True" in outputs_text(nb, "archive")
-    steps = outputs_text(nb, "steps")
+        assert "already completed" in text_of(nb, skipped)
+    assert "'posted': True" in text_of(nb, "archive")
+    steps = text_of(nb, "steps")
     assert steps.count("completed") == 4  # each cell completed once, in order
 
 

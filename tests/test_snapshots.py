@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pytest
-from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core.codec import dumps_json
@@ -22,15 +20,6 @@ from kernelext.core.snapshot import Snapshotter
 from kernelext.store import Store
 
 WAIT = 60.0
-
-
-@pytest.fixture
-def store(store_path: Path) -> Iterator[Store]:
-    """The default store for kx.* calls, on this test's own DuckDB file."""
-    opened = kx.open_store(str(store_path))
-    yield opened
-    finish_live_runs()
-    SETTINGS.close()
 
 
 def name(prefix: str) -> str:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core.settings import SETTINGS
@@ -18,15 +17,6 @@ from kernelext.core.snapshot import Snapshotter
 from kernelext.store import Store
 
 WAIT = 60.0
-
-
-@pytest.fixture
-def store(store_path: Path) -> Iterator[Store]:
-    """The default store for kx.* calls, on this test's own DuckDB file."""
-    opened = kx.open_store(str(store_path))
-    yield opened
-    finish_live_runs()
-    SETTINGS.close()
 
 
 def name(prefix: str) -> str:

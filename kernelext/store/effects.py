@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import LedgerError
 from .base import StoreBase
-from .records import apply_record
+from .records import insert_intent
 from .runs import RunsMixin
 from .writer import Tx
 
@@ -79,16 +79,16 @@ class EffectsMixin(RunsMixin, StoreBase):
             return None
 
         def job(tx: Tx) -> dict[str, Any] | None:
+            if insert_intent(tx, data):  # the usual case: one round trip
+                return None
             existing = tx.fetchone(
                 "SELECT status, args_hash, result, error FROM effects"
                 f" WHERE key = ?{self.for_update}",
                 (row["key"],),
             )
-            if existing is not None:
-                names = ("status", "args_hash", "result", "error")
-                return dict(zip(names, existing, strict=True))
-            apply_record(tx, "intent", data)
-            return None
+            assert existing is not None  # rows are never deleted from the ledger
+            names = ("status", "args_hash", "result", "error")
+            return dict(zip(names, existing, strict=True))
 
         return self.write(job)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from .writer import Tx
 
-__all__ = ["APPLY", "apply_record", "check_record"]
+__all__ = ["APPLY", "apply_record", "apply_records", "check_record", "insert_intent"]
 
 
 _STEP_BEGIN = (
@@ -80,6 +80,13 @@ def _intent_row(d: dict[str, Any]) -> tuple[Any, ...]:
 
 def _intent(tx: Tx, d: dict[str, Any]) -> None:
     _insert_rows(tx, *_INTENT, [_intent_row(d)])
+
+
+def insert_intent(tx: Tx, d: dict[str, Any]) -> bool:
+    """Insert one intent in one round trip; False when a row with its key exists."""
+    head, tail = _INTENT
+    row = _intent_row(d)
+    return tx.fetchone(f"{head} VALUES {_values(len(row), 1)}{tail} RETURNING key", row) is not None
 
 
 def _outcome(tx: Tx, d: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -187,6 +188,32 @@ class WorkerPool:
         if self._warm is not None:
             self._warm.quit()
             self._warm = None
+
+
+def drive_run(store: Any, run_id: str, start: Callable[[], Any]) -> int:
+    """The worker's side of the protocol: start the run (or resume it after a kill), say
+    ``ready``, wait, then print ``done <state>`` (0), ``ended …`` (3), ``completed`` (0,
+    nothing left to do) or ``needs_decision …`` (0, unknown effects wait for a decision)."""
+    import kernelext as kx
+
+    row = store.find_run(run_id)
+    if row is not None and row["status"] == "completed":
+        print("completed", flush=True)
+        return 0
+    if row is None:
+        handle = start()
+    else:
+        handle = kx.resume(run_id, store=store)
+        if handle.thread is None:  # nothing launched: unknown effects wait for a decision
+            print(f"needs_decision {handle.status}", flush=True)
+            return 0
+    print(f"ready {handle.status}", flush=True)
+    status = handle.wait()
+    if status != "completed":
+        print(f"ended {status} {handle.error!r}", flush=True)
+        return 3
+    print("done " + json.dumps(handle.run.state, sort_keys=True), flush=True)
+    return 0
 
 
 def _pythonpath() -> str:

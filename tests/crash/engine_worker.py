@@ -11,7 +11,6 @@ a random 0..pause_ms milliseconds so that kills land in every part of a step).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 
 import kernelext as kx
 import kernelext.store.duckdb_backend  # imports duckdb before `go`
-from crash import append_line, read_go
+from crash import append_line, drive_run, read_go
 from kernelext.store import open_store
 
 SIDE_LOG = ""
@@ -55,21 +54,11 @@ def main() -> int:
     run_id = command["run_id"]
     store = open_store(command["store"])
     try:
-        row = store.find_run(run_id)
-        if row is not None and row["status"] == "completed":
-            print("completed", flush=True)
-            return 0
-        if row is None:
-            handle = crash_engine.start(int(command["steps"]), run_id=run_id, store=store)
-        else:
-            handle = kx.resume(run_id, store=store)
-        print(f"ready {handle.status}", flush=True)
-        status = handle.wait()
-        if status != "completed":
-            print(f"ended {status} {handle.error!r}", flush=True)
-            return 3
-        print("done " + json.dumps(handle.run.state, sort_keys=True), flush=True)
-        return 0
+        return drive_run(
+            store,
+            run_id,
+            lambda: crash_engine.start(int(command["steps"]), run_id=run_id, store=store),
+        )
     finally:
         store.close()
 

@@ -18,7 +18,6 @@ Protocol: see ``tests/crash/__init__.py``. The ``go`` line carries ``store``,
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -28,7 +27,7 @@ from support.http_server import post_json
 
 import kernelext as kx
 import kernelext.store.duckdb_backend  # imports duckdb before `go`
-from crash import append_line, read_go
+from crash import append_line, drive_run, read_go
 from kernelext.store import open_store
 
 CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
@@ -80,26 +79,13 @@ def main() -> int:
     RNG = random.Random(f"{run_id}/{command['attempt']}")
     store = open_store(command["store"])
     try:
-        row = store.find_run(run_id)
-        if row is not None and row["status"] == "completed":
-            print("completed", flush=True)
-            return 0
-        if row is None:
-            handle = crash_ledger.start(
+        return drive_run(
+            store,
+            run_id,
+            lambda: crash_ledger.start(
                 int(command["steps"]), int(command["per_step"]), run_id=run_id, store=store
-            )
-        else:
-            handle = kx.resume(run_id, store=store)
-            if handle.thread is None:  # nothing launched: unknown effects wait for a decision
-                print(f"needs_decision {handle.status}", flush=True)
-                return 0
-        print("ready running", flush=True)
-        status = handle.wait()
-        if status != "completed":
-            print(f"ended {status} {handle.error!r}", flush=True)
-            return 3
-        print("done " + json.dumps(handle.run.state, sort_keys=True), flush=True)
-        return 0
+            ),
+        )
     finally:
         store.close()
 

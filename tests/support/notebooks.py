@@ -1,0 +1,35 @@
+"""Executing notebooks through nbclient against a real kernel, and reading their outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from nbclient import NotebookClient
+
+__all__ = ["execute", "text_of"]
+
+
+def execute(nb: Any, env: dict[str, str], cwd: Path) -> Any:
+    """Run every cell of ``nb`` in a fresh python3 kernel (``env`` added), widget state kept."""
+    client = NotebookClient(
+        nb,
+        timeout=120,
+        kernel_name="python3",
+        store_widget_state=True,
+        resources={"metadata": {"path": str(cwd)}},
+    )
+    client.execute(env={**os.environ, **env})
+    return nb
+
+
+def text_of(nb: Any, cell_id: str) -> str:
+    """Everything the cell with id ``cell_id`` showed: streams, text/plain, tracebacks."""
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    parts: list[str] = []
+    for out in cell.outputs:
+        parts.append(out.get("text", ""))
+        parts.append(str(out.get("data", {}).get("text/plain", "")))
+        parts.extend(out.get("traceback", []))
+    return "\n".join(parts)
