@@ -82,6 +82,17 @@ class StoreBase:
             raise
 
     # -- plumbing ------------------------------------------------------------
+    def serialize_tx(self, tx: Tx, name: str) -> None:
+        """Let one transaction at a time past this point for ``name``, until it ends.
+
+        PostgreSQL: a transaction-scoped advisory lock, so check-then-insert logic is
+        safe across processes under READ COMMITTED. DuckDB: nothing to do, one writer
+        (one process at a time, one thread in it) already runs the transactions in turn.
+        """
+        lock = getattr(self.backend, "xact_lock", None)
+        if lock is not None:
+            lock(tx, name)
+
     def now(self) -> dt.datetime:
         return self.clock()
 

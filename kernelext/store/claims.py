@@ -2,7 +2,9 @@
 
 A claim is exclusive per resource string: while a run that is live or paused
 (``HOLDING``) holds an unreleased claim on a resource, no other run can claim it.
-Claiming again from the same run is idempotent (resume replays the call).
+Claiming again from the same run is idempotent (resume replays the call). Claimers
+of one resource take turns (``serialize_tx``), so two processes sharing a
+PostgreSQL store never both win it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ClaimsMixin(RunsMixin, StoreBase):
 
         Raises :class:`ClaimConflict` naming the holder when another holding run has it.
         """
+        self.serialize_tx(tx, f"kernelext:claim:{resource}")  # one claimer at a time
         mine = tx.fetchone(
             "SELECT id, amount, claimed_at FROM claims WHERE run_id = ? AND resource = ?"
             f" AND released_at IS NULL ORDER BY claimed_at LIMIT 1{self.for_update}",

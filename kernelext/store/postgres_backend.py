@@ -227,6 +227,11 @@ class PostgresConnection:
             tx.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(MIGRATION_LOCK),))
         return tx
 
+    @staticmethod
+    def xact_lock(tx: _PgTx, name: str) -> None:
+        """Hold the advisory lock ``name`` until the transaction ends."""
+        tx.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(name),))
+
     def commit(self) -> None:
         try:
             self.con.commit()

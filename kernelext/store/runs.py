@@ -42,13 +42,13 @@ class RunsMixin(StoreBase):
         """Insert a run in status ``running``. Returns False if the id is taken."""
 
         def job(tx: Tx) -> bool:
-            if tx.fetchone("SELECT 1 FROM runs WHERE id = ?", (run_id,)):
-                return False
             now = self.now()
-            tx.execute(
+            # One statement: two processes creating the same id at once get one winner.
+            inserted = tx.fetchone(
                 "INSERT INTO runs (id, agent, status, created_at, updated_at, parent_id,"
                 " fingerprint, max_step_seconds, args, owner, total_steps, completed_steps)"
-                " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+                " ON CONFLICT (id) DO NOTHING RETURNING id",
                 (
                     run_id,
                     agent,
@@ -62,6 +62,8 @@ class RunsMixin(StoreBase):
                     total_steps,
                 ),
             )
+            if inserted is None:
+                return False
             self.event(
                 tx,
                 run_id,

@@ -1,0 +1,89 @@
+"""Several processes racing on one PostgreSQL store: exactly one winner each time.
+
+Each worker process opens the store, creates its own run and waits for a common start
+time. Then it claims the same resources as the others, one after another (a claim is
+exclusive: every resource ends with one holder), and creates the same run ids (each id
+is created once; the others are told it is taken, with no database error).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from support.postgres import PostgresServer
+
+from kernelext.store import open_store
+
+pytestmark = pytest.mark.slow
+
+CLAIMER = """
+import json, sys, time
+from kernelext.errors import ClaimConflict
+from kernelext.store import open_store
+
+url, run_id, start_at, count = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+store = open_store(url)
+store.create_run(run_id, "claims-race")
+store.read("SELECT 1")  # the read connection is open before the start
+won, refused, created = [], 0, 0
+while time.time() < start_at:
+    time.sleep(0.001)
+for i in range(count):
+    try:
+        store.claim(run_id, f"customer:{i}")
+        won.append(i)
+    except ClaimConflict:
+        refused += 1
+while time.time() < start_at + 3.0:  # the second race starts together too
+    time.sleep(0.001)
+for i in range(count):
+    created += store.create_run(f"shared-{i}", "claims-race")
+store.close()
+print(json.dumps({"won": won, "refused": refused, "created": created}))
+"""
+
+WORKERS = 4
+RESOURCES = 150
+
+
+def test_processes_racing_for_resources_and_run_ids_get_one_winner_each(
+    postgres_server: PostgresServer,
+) -> None:
+    url = postgres_server.create_database()
+    open_store(url).close()  # migrated once, before the race
+    start_at = time.time() + 4.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, url, f"racer-{n}", str(start_at), str(RESOURCES)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(WORKERS)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out))
+    assert sum(len(r["won"]) for r in results) == RESOURCES  # every resource has one winner
+    assert sum(r["refused"] for r in results) == RESOURCES * (WORKERS - 1)
+    assert sum(r["created"] for r in results) == RESOURCES  # each shared id created once
+    store = open_store(url)
+    try:
+        holders = store.read(
+            "SELECT resource, count(*) FROM claims WHERE released_at IS NULL"
+            " GROUP BY resource HAVING count(*) > 1"
+        )
+        assert holders == []  # never two holders of one resource
+        assert store.read("SELECT count(DISTINCT resource) FROM claims") == [(RESOURCES,)]
+        created = store.read(
+            "SELECT count(*) FROM events WHERE kind = 'created' AND run_id LIKE 'shared-%'"
+        )
+        assert created == [(RESOURCES,)]
+    finally:
+        store.close()
