@@ -12,10 +12,12 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from support.postgres import PostgresServer
 
+from kernelext.core.cell_runs import CELL_AGENT
 from kernelext.store import open_store
 
 pytestmark = pytest.mark.slow
@@ -85,5 +87,67 @@ def test_processes_racing_for_resources_and_run_ids_get_one_winner_each(
             "SELECT count(*) FROM events WHERE kind = 'created' AND run_id LIKE 'shared-%'"
         )
         assert created == [(RESOURCES,)]
+    finally:
+        store.close()
+
+
+RESUMER = """
+import json, sys, time
+from kernelext.core.cell_runs import resume_cell_run
+from kernelext.errors import RunStateError
+from kernelext.store import open_store
+
+url, run_id, start_at = sys.argv[1], sys.argv[2], float(sys.argv[3])
+store = open_store(url)
+store.read("SELECT 1")
+while time.time() < start_at:
+    time.sleep(0.001)
+try:
+    resume_cell_run(run_id, store=store, source="race")
+    outcome = "resumed"
+except RunStateError as exc:
+    outcome = "refused: " + str(exc)
+print(json.dumps(outcome), flush=True)
+time.sleep(3.0)  # stay alive (and the owner) while the others try
+store.close()
+"""
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "duckdb"])
+def test_processes_resuming_one_suspended_cell_run_get_one_owner(
+    backend: str, postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    url = (
+        postgres_server.create_database()
+        if backend == "postgresql"
+        else str(tmp_path / "shared.duckdb")
+    )
+    store = open_store(url)
+    try:
+        store.create_run("cells-race", CELL_AGENT)
+        assert store.transition("cells-race", "suspended", ("running",)).ok
+    finally:
+        store.close()
+    start_at = time.time() + 5.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RESUMER, url, "cells-race", str(start_at)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(WORKERS)
+    ]
+    outcomes = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        outcomes.append(json.loads(out))
+    assert outcomes.count("resumed") == 1, outcomes  # one owner, never two
+    assert all("cannot be resumed twice" in o for o in outcomes if o != "resumed"), outcomes
+    store = open_store(url)
+    try:
+        resumed = [e for e in store.events("cells-race") if e["kind"] == "resumed"]
+        assert len(resumed) == 1
     finally:
         store.close()

@@ -311,11 +311,12 @@ def _take_over(store: Store, run_id: str, source: str, reason: str | None = None
 
     Refused (RunStateError) while the owner is another live process (see ``lease``).
     """
-    check_takeover(store.get_run(run_id), store.now())
-
     known_unknowns = len(store.open_unknowns(run_id))
 
     def job(tx: Any) -> str:
+        current = store.lease_tx(tx, run_id)  # checked and taken in one transaction
+        if current is not None:
+            check_takeover(current, store.now())
         result = store.transition_tx(
             tx,
             run_id,
