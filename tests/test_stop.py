@@ -248,3 +248,22 @@ def test_kx_stop_on_a_suspended_run_only_records_the_request(store: Store) -> No
     assert store.get_run("idle-1")["status"] == "suspended"
     with pytest.raises(kx.RunNotFound):
         kx.stop("no-such-run")
+
+
+def test_a_stop_from_elsewhere_is_seen_at_the_next_safe_point_after_a_monitor_look(
+    store: Store,
+) -> None:
+    """The monitor looked just before another process recorded the stop: the safe point
+    right after must still look, so the stop takes hold within the running step."""
+    from kernelext.core.run import Run
+
+    run_id = name("elsewhere")
+    assert store.create_run(run_id, "elsewhere")
+    run = Run(store, run_id, "elsewhere", max_step_seconds=None)
+    run.safe_point()  # a safe point looked: nothing yet
+    time.sleep(0.15)  # the step runs (longer than the safe points' poll interval)
+    assert run.poll_external_stop(wait=True) is False  # the monitor's look: nothing yet
+    store.request_stop(run_id, source="cli")  # another process records the stop
+    with pytest.raises(kx.StopRequested):
+        run.safe_point()  # the end of the step: the stop is honoured here
+    assert run.stop_source == "cli"

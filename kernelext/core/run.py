@@ -73,7 +73,10 @@ class Run:
         self._top_ordinal: int | None = None  # highest ordinal completed or begun
         self._seen: set[str] = set()
         self.stop_event = threading.Event()
-        self._stop_polled = 0.0  # time.monotonic() of the last look at the store's stop flag
+        # time.monotonic() of a safe point's last look at the store's stop flag. Only safe
+        # points count: a look by the monitor that began before a request landed must not
+        # let the next safe point skip its own look.
+        self._stop_polled = 0.0
         self.stop_source: str | None = None
         self.force_wanted = False
         self.forced = False
@@ -202,7 +205,9 @@ class Run:
         ``kernelext stop`` or ``kx.stop`` in another kernel only writes the request into
         the store. The run's monitor thread reads it (``wait=True``, it may wait for the
         store); a safe point also looks, at most every ``STOP_POLL_SECONDS`` and only if
-        the store answers at once, so safe points stay cheap.
+        the store answers at once, so safe points stay cheap. A safe point at least
+        ``STOP_POLL_SECONDS`` after the previous one always looks, so a stop recorded
+        before it is honoured there, within the step that was running.
         """
         now = time.monotonic()
         if not wait and now - self._stop_polled < STOP_POLL_SECONDS:
@@ -213,7 +218,8 @@ class Run:
             return False
         if request is None:  # the store was busy: try again at the next chance
             return False
-        self._stop_polled = now
+        if not wait:
+            self._stop_polled = now
         requested_at, source = request
         if requested_at is None or self.stop_event.is_set():
             return False
