@@ -71,7 +71,8 @@ class Kernelext(Magics):
     expiry = Dict(
         help=(
             "How long a suspended run lives, per reason, in seconds: e.g. "
-            "{'user_stop': 7 * 86400, 'rate_limit': 3600}."
+            "{'user_stop': 7 * 86400, 'rate_limit': 3600}. Reasons: user_stop, approval, "
+            "rate_limit, error, decision (a run waiting in needs_decision), other."
         )
     ).tag(config=True)
     retention_seconds = Float(
