@@ -181,19 +181,23 @@ def test_needs_decision_shows_the_reason_and_the_slot(store: Any) -> None:
         def refresh(self) -> None:
             self.value = f"redrawn {len(made)}"
 
+    def addon(panel: ControlPanel) -> Addon:
+        return Addon()
+
     NEEDS_DECISION_WIDGETS.append(factory)
-    PANEL_ADDONS.append(lambda panel: Addon())
+    PANEL_ADDONS.append(addon)  # after any add-on already installed (the expired banner)
     try:
         handle = kx.resume("n1")
         panel = ControlPanel(handle)
     finally:
         NEEDS_DECISION_WIDGETS.remove(factory)
-        PANEL_ADDONS.clear()
+        PANEL_ADDONS.remove(addon)
     assert panel.view is not None and panel.view.status == "needs_decision"
     assert "needs a decision" in panel.outcome.value and "unknown" in panel.outcome.value
     assert made == ["n1"]
     assert "kx.reconcile('n1')" in panel.decision_slot.children[0].value
-    assert panel.addons.children[0].value == "redrawn 1"  # add-ons refresh with the panel
+    [mine] = [c for c in panel.addons.children if isinstance(c, Addon)]
+    assert mine.value == "redrawn 1"  # add-ons refresh with the panel
     assert not panel.resume_button.disabled
 
 

@@ -68,6 +68,7 @@ class StoreBase:
         self.for_update = " FOR UPDATE" if backend.dialect == "postgres" else ""
         self.journal: Journal | None = None
         self._journaled_intents: dict[Any, dict[str, Any]] = {}
+        self._last_queued: Future[Any] | None = None
         if backend.dialect == "duckdb":
             backend.after_connect = self._fold_orphaned_journals  # type: ignore[attr-defined]
         self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
@@ -128,7 +129,9 @@ class StoreBase:
 
     def write_async(self, job: Callable[[Tx], T]) -> Future[T]:
         """Queue ``job``; it commits with the next group. Wait on the future to know."""
-        return self._writer.submit_detached(job)
+        queued = self._writer.submit_detached(job)
+        self._last_queued = queued  # jobs run in order: a read waits for the last one
+        return queued
 
     # -- hot-path records (journaled on DuckDB) ----------------------------------
     def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None:
@@ -220,9 +223,17 @@ class StoreBase:
         return done
 
     def _catch_up(self) -> None:
+        """A read sees what this process wrote: journaled records and queued jobs."""
+        if self._writer.in_writer_thread():
+            return
         journal = self.journal
-        if journal is not None and journal.unfolded and not self._writer.in_writer_thread():
+        if journal is not None and journal.unfolded:
             self.flush()
+            return
+        queued = self._last_queued
+        if queued is not None and not queued.done():
+            with contextlib.suppress(Exception):  # its failure is logged by the writer
+                queued.result()
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self._catch_up()

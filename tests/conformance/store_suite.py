@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -418,6 +419,15 @@ class TestSteps:
         loaded = store.load_blobs("r1", [blob.id])
         assert loaded[blob.id].data == b'{"a":1}'
         assert loaded[blob.id].sha256 == blob.sha256
+
+    def test_a_read_sees_what_this_process_queued(self, store_factory: StoreFactory) -> None:
+        store = store_factory()
+        store.create_run("r1", "agent")
+        store.write_async(lambda tx: time.sleep(0.3))  # the writer is busy for a while
+        store.begin_step("r1", uuid.uuid4(), 0, "k0", None)  # queued, not waited for
+        store.record_event("r1", "note", wait=False)
+        assert [s["key"] for s in store.steps("r1")] == ["k0"]
+        assert "note" in [e["kind"] for e in store.events("r1")]
 
     def test_a_failing_completion_leaves_no_partial_rows(self, store_factory: StoreFactory) -> None:
         store = store_factory()
