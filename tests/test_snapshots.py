@@ -274,3 +274,29 @@ def test_appending_to_a_list_stores_deltas_and_restores_exactly(
     assert size * 50 < full_copies
     encodings = {r[0] for r in final_store.read("SELECT encoding FROM blobs")}
     assert encodings == {"json", "json+append"}
+
+
+def test_large_values_go_to_side_files_and_a_failed_snapshot_leaves_none(
+    store: Store, store_path: Path
+) -> None:
+    big = bytes(range(256)) * 1024  # 256 KiB: a side file, written while it is hashed
+
+    @kx.agent(name=name("sidefiles"))
+    def side_files(run: kx.Run) -> None:
+        with run.step("one"):
+            run.state["big"] = big
+        with run.step("two"):
+            run.state["big"] = big[::-1]
+            run.state["ratio"] = Fraction(1, 3)  # refused: the step fails after staging "big"
+
+    handle = side_files.start(run_id="side-1")
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.SerializationError)
+    folder = Path(store.blob_dir("side-1"))
+    files = sorted(p.name for p in folder.iterdir())
+    assert len(files) == 1 and not files[0].endswith(".tmp")  # step one's, nothing else
+    [(location,)] = store.read("SELECT location FROM blobs WHERE run_id = 'side-1'")
+    assert location == "file:" + str(folder / files[0])
+    assert Snapshotter("side-1").restore(store, store.latest_snapshot("side-1")["manifest"]) == {
+        "big": big
+    }

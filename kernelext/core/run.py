@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from ..errors import ForcedStop, KernelextError, StopRequested
 from ..store import Store
+from ..store.side_files import StagedPayload
 from .snapshot import Snapshotter
 
 __all__ = ["Run", "StepInfo"]
@@ -256,12 +257,15 @@ class Run:
         self.notify("step", info)
         return True
 
+    def _stage(self, payload: bytes) -> StagedPayload | None:
+        return self.store.stage_payload(self.id, payload)
+
     def finish_open_step(self) -> None:
         info = self.current
         if info is None:
             return
         with self.critical():
-            manifest, blobs, size = self.snapshotter.take(self.state)
+            manifest, blobs, size = self.snapshotter.take(self.state, self._stage)
             self.store.complete_step(
                 self.id, info.id, info.ordinal, info.elapsed, manifest, blobs, size
             )

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..store import Blob, Store
+from ..store.side_files import StagedPayload
+from ..store.steps import discard_staged
 from .codec import check_json_fidelity, decode, encode, loads_json
 
 __all__ = ["Snapshotter"]
 
 MAX_CHAIN = 256  # after this many deltas a full copy is written
+Stage = Callable[[bytes], StagedPayload | None]
 
 
 @dataclass
@@ -35,11 +39,34 @@ class Snapshotter:
         self.allow_pickle = allow_pickle
         self._prev: dict[str, _Entry] = {}
 
-    def take(self, state: dict[str, Any]) -> tuple[dict[str, str], list[Blob], int]:
-        """Encode ``state``. Returns (manifest, blobs to write, bytes written)."""
+    def take(
+        self, state: dict[str, Any], stage: Stage | None = None
+    ) -> tuple[dict[str, str], list[Blob], int]:
+        """Encode ``state``. Returns (manifest, blobs to write, bytes written).
+
+        ``stage(payload)`` (the store's ``stage_payload``) starts writing a large payload
+        while it is hashed here; the store finishes the job when the step completes.
+        """
         manifest: dict[str, str] = {}
         new: list[Blob] = []
         entries: dict[str, _Entry] = {}
+        written = 0
+        try:
+            written = self._take(state, stage, manifest, new, entries)
+        except BaseException:
+            discard_staged(new)
+            raise
+        self._pending = entries
+        return manifest, new, written
+
+    def _take(
+        self,
+        state: dict[str, Any],
+        stage: Stage | None,
+        manifest: dict[str, str],
+        new: list[Blob],
+        entries: dict[str, _Entry],
+    ) -> int:
         written = 0
         for key, value in state.items():
             if not isinstance(key, str):
@@ -61,19 +88,20 @@ class Snapshotter:
                     )
                     if swapped is not None:
                         encoding, full = swapped
-                blob, depth = self._blob(encoding, full, prev)
+                blob, depth = self._blob(encoding, full, prev, stage)
                 new.append(blob)
                 written += blob.size
                 entries[key] = _Entry(blob.id, encoding, full, depth)
             manifest[key] = entries[key].blob_id.hex
-        self._pending = entries
-        return manifest, new, written
+        return written
 
     def committed(self) -> None:
         """The snapshot from the last ``take`` is durable: it becomes the base."""
         self._prev = self._pending
 
-    def _blob(self, encoding: str, full: bytes, prev: _Entry | None) -> tuple[Blob, int]:
+    def _blob(
+        self, encoding: str, full: bytes, prev: _Entry | None, stage: Stage | None = None
+    ) -> tuple[Blob, int]:
         base: _Entry | None = None
         payload = full
         stored_encoding = encoding
@@ -91,6 +119,7 @@ class Snapshotter:
             base = prev
             payload = b"[" + full[len(prev.full) :]
             stored_encoding = "json+append"
+        staged = stage(payload) if stage is not None else None  # the disk works meanwhile
         digest = hashlib.sha256(payload).digest()
         ident = hashlib.sha256(
             b"\0".join(
@@ -109,6 +138,7 @@ class Snapshotter:
             len(payload),
             base.blob_id if base else None,
             payload,
+            staged,
         )
         return blob, (base.depth + 1 if base else 0)
 

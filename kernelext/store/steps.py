@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from .base import StoreBase
+from .side_files import StagedPayload, stage, write_durably
 from .writer import Tx
 
 __all__ = ["Blob", "StepsMixin"]
@@ -23,6 +24,7 @@ class Blob(NamedTuple):
     size: int
     base_id: uuid.UUID | None
     data: bytes
+    staged: StagedPayload | None = None  # its side file, already being written
 
 
 class StepsMixin(StoreBase):
@@ -52,7 +54,11 @@ class StepsMixin(StoreBase):
         snapshot_bytes: int,
     ) -> uuid.UUID:
         """Durably mark a step completed together with its snapshot (one record)."""
-        rows = [list(self._blob_row(run_id, blob)) for blob in new_blobs]
+        try:
+            rows = [list(self._blob_row(run_id, blob)) for blob in new_blobs]
+        except BaseException:
+            discard_staged(new_blobs)
+            raise
         snapshot_id = uuid.uuid4()
         data = {
             "step_id": step_id,
@@ -158,6 +164,12 @@ class StepsMixin(StoreBase):
         return {r[0]: r[1] for r in rows}
 
     # -- large payloads --------------------------------------------------------
+    def stage_payload(self, run_id: str, data: bytes) -> StagedPayload | None:
+        """Start writing a payload that will go to a side file; None if it stays inline."""
+        if len(data) <= getattr(self.backend, "inline_limit", INLINE_LIMIT):
+            return None
+        return stage(self.blob_dir(run_id), data)
+
     def blob_dir(self, run_id: str) -> str:
         safe = uuid.uuid5(uuid.NAMESPACE_URL, run_id).hex
         return os.path.join(self.location + ".blobs", safe)
@@ -177,15 +189,13 @@ class StepsMixin(StoreBase):
                 blob.data,
             )
         folder = self.blob_dir(run_id)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
         path = os.path.join(folder, blob.id.hex)
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            _write_all(fd, blob.data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(path + ".tmp", path)
+        if blob.staged is not None:
+            blob.staged.commit(path)
+        else:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            write_durably(path + ".tmp", blob.data)
+            os.replace(path + ".tmp", path)
         return (
             blob.id,
             run_id,
@@ -206,8 +216,8 @@ class StepsMixin(StoreBase):
             return handle.read()
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def discard_staged(blobs: Iterable[Blob]) -> None:
+    """Remove the temporary side files of blobs that will not be stored."""
+    for blob in blobs:
+        if blob.staged is not None:
+            blob.staged.discard()
