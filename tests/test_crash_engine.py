@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crash import CRASH_DIR, Worker, WorkerPool
+from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
 
 from kernelext.core.resume import load_run
 from kernelext.store import open_store
@@ -49,13 +49,8 @@ def inspect_store(path: Path, run_id: str) -> tuple[str | None, set[str]]:
 
 def side_log_lines(path: Path) -> list[tuple[str, str, int, int]]:
     """(run, step key, attempt, pid) for every step execution the workers logged."""
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            run_id, key, attempt_pid = line.split(",")
-            attempt, pid = attempt_pid.split("-")
-            out.append((run_id, key, int(attempt), int(pid)))
-    return out
+    lines = whole_lines(path, r"(engine-\d+|reference),(s\d{3}),(\d+)-(\d+)")
+    return [(m[1], m[2], int(m[3]), int(m[4])) for m in lines]
 
 
 def attempt_once(worker: Worker, rng: random.Random, kill: bool, **go: Any) -> str:

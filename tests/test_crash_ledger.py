@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crash import CRASH_DIR, Worker, WorkerPool
+from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
@@ -88,13 +88,8 @@ def open_checked(path: Path) -> Store:
 
 
 def markers_of(path: Path, attempt: int) -> list[tuple[str, str]]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            number, kind, key = line.split(" ")
-            if int(number) == attempt:
-                out.append((kind, key))
-    return out
+    lines = whole_lines(path, r"(\d+) ([a-z]+) ([0-9a-f-]{36})")
+    return [(m[2], m[3]) for m in lines if int(m[1]) == attempt]
 
 
 def classify_kill(

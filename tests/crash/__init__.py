@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["CRASH_DIR", "Worker", "WorkerPool", "append_line", "go_command", "read_go"]
+__all__ = [
+    "CRASH_DIR",
+    "Worker",
+    "WorkerPool",
+    "append_line",
+    "go_command",
+    "read_go",
+    "whole_lines",
+]
 
 CRASH_DIR = Path(__file__).resolve().parent
 TESTS_DIR = CRASH_DIR.parent
@@ -34,14 +43,27 @@ LINE_TIMEOUT = 120.0  # generous: a loaded 2-core CI machine
 
 
 def append_line(path: str, line: str, *, sync: bool = True) -> None:
-    """Append one line with a single ``write`` (atomic for short lines), then fsync."""
+    """Append one line with a single ``write``, then fsync.
+
+    A SIGKILL can cut a write short where it crosses a page boundary of the file, so
+    the line starts with a newline of its own: a torn line never runs into the next
+    one, and readers skip lines that are not whole (``whole_lines``).
+    """
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, (line + "\n").encode())
+        os.write(fd, ("\n" + line + "\n").encode())
         if sync:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def whole_lines(path: Path, pattern: str) -> list[re.Match[str]]:
+    """The lines of a file written by ``append_line`` that match ``pattern`` whole."""
+    if not path.exists():
+        return []
+    whole = re.compile(pattern)
+    return [m for m in map(whole.fullmatch, path.read_text().splitlines()) if m is not None]
 
 
 def go_command(**fields: Any) -> str:
