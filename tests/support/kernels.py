@@ -107,7 +107,15 @@ class KernelSession:
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         while True:
-            shell = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1.0))
+            try:
+                shell = self.kc.get_shell_msg(timeout=1.0)
+            except queue.Empty:
+                # A kernel that dies right after going idle may never send its reply.
+                if not self.km.is_alive():
+                    raise KernelDied(f"the kernel died before replying to {msg_id}") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no reply from the kernel within {timeout}s") from None
+                continue
             if shell["parent_header"].get("msg_id") == msg_id:
                 reply.status = shell["content"]["status"]
                 if reply.error is None and reply.status == "error":
