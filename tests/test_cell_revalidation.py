@@ -82,7 +82,8 @@ def test_a_changed_fact_holds_the_next_cell_until_someone_decides(
     said = capsys.readouterr().out
     assert "needs a decision" in said and "price:A" in said
     assert ip.run_cell(SECOND).error_in_exec is not None  # held back, no effect sent
-    assert "kx.revalidation('shop')" in capsys.readouterr().out + capsys.readouterr().err
+    shown = capsys.readouterr()
+    assert "kx.revalidation('shop')" in shown.out + shown.err
     assert ip.user_ns["SENT"] == []
 
     review = kx.revalidation("shop")
