@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.postgres import PostgresServer
@@ -52,26 +53,34 @@ WORKERS = 4
 RESOURCES = 150
 
 
-def test_processes_racing_for_resources_and_run_ids_get_one_winner_each(
-    postgres_server: PostgresServer,
-) -> None:
-    url = postgres_server.create_database()
-    open_store(url).close()  # migrated once, before the race
-    start_at = time.time() + 4.0
+def race(script: str, argvs: list[list[str]]) -> list[Any]:
+    """Run ``script`` once per argument list, all at once; each prints one JSON value."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", CLAIMER, url, f"racer-{n}", str(start_at), str(RESOURCES)],
+            [sys.executable, "-c", script, *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for n in range(WORKERS)
+        for argv in argvs
     ]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
         results.append(json.loads(out))
+    return results
+
+
+def test_processes_racing_for_resources_and_run_ids_get_one_winner_each(
+    postgres_server: PostgresServer,
+) -> None:
+    url = postgres_server.create_database()
+    open_store(url).close()  # migrated once, before the race
+    start_at = time.time() + 4.0
+    results = race(
+        CLAIMER, [[url, f"racer-{n}", str(start_at), str(RESOURCES)] for n in range(WORKERS)]
+    )
     assert sum(len(r["won"]) for r in results) == RESOURCES  # every resource has one winner
     assert sum(r["refused"] for r in results) == RESOURCES * (WORKERS - 1)
     assert sum(r["created"] for r in results) == RESOURCES  # each shared id created once
@@ -129,20 +138,7 @@ def test_processes_resuming_one_suspended_cell_run_get_one_owner(
     finally:
         store.close()
     start_at = time.time() + 5.0
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RESUMER, url, "cells-race", str(start_at)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(WORKERS)
-    ]
-    outcomes = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        outcomes.append(json.loads(out))
+    outcomes = race(RESUMER, [[url, "cells-race", str(start_at)] for _ in range(WORKERS)])
     assert outcomes.count("resumed") == 1, outcomes  # one owner, never two
     assert all("cannot be resumed twice" in o for o in outcomes if o != "resumed"), outcomes
     store = open_store(url)

@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Journal", "Record", "read_records"]
+__all__ = ["Journal", "Record", "read_records", "write_all"]
 
 Record = tuple[int, str, dict[str, Any]]  # (seq, kind, data)
 _HEADER = struct.Struct(">II")  # payload length, crc32
@@ -106,7 +106,7 @@ class Journal:
             self.last_seq += 1
             seq = self.last_seq
             frame = _frame(seq, kind, data)
-            _write_all(self._fd, frame)
+            write_all(self._fd, frame)
             self._bytes += len(frame)
             self._pending.append((seq, kind, data))
             enqueue(seq)
@@ -186,7 +186,8 @@ def orphaned_journals(store_path: str, own: str | None) -> Iterator[tuple[str, s
         yield path[len(prefix) :], path, fd
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than asked)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

@@ -14,6 +14,8 @@ import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from .journal import write_all
+
 __all__ = ["StagedPayload", "stage", "write_durably"]
 
 _POOL: ThreadPoolExecutor | None = None
@@ -32,9 +34,7 @@ def write_durably(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` (created 0600) and fsync it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
