@@ -8,16 +8,20 @@ __all__ = [
     "CodeChangedError",
     "EffectArgumentsMismatch",
     "ForcedStop",
+    "ForeignStoreError",
+    "IntegrityError",
     "KernelextError",
     "LedgerError",
     "NeedsDecision",
     "ReadOnlyError",
     "RunNotFound",
     "RunStateError",
+    "SchemaTooNewError",
     "SerializationError",
     "StopRequested",
     "StoreError",
     "StoreLockedError",
+    "StoreWriteError",
 ]
 
 
@@ -42,6 +46,26 @@ class StoreLockedError(StoreError):
             "its own store with KERNELEXT_STORE=/path/to/other.duckdb "
             "(in a notebook: %config Kernelext.store = '...')." + (f" [{detail}]" if detail else "")
         )
+
+
+class StoreWriteError(StoreError):
+    """A record could not be made durable (disk full, out of memory, read-only folder).
+
+    Nothing was acknowledged: the call that raised it did not happen as far as the
+    store is concerned, and what was acknowledged before is kept.
+    """
+
+
+class IntegrityError(StoreError):
+    """A stored payload does not match the hash recorded for it."""
+
+
+class SchemaTooNewError(StoreError):
+    """The store was written by a newer kernelext; this release will not write to it."""
+
+
+class ForeignStoreError(StoreError):
+    """The file is a DuckDB database that kernelext did not create."""
 
 
 class ReadOnlyError(StoreError, ValueError):

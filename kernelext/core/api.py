@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store import Store
+from ..store import Store, default_store_path
+from ..store import open_store as _open_store
 from .engine import request_stop
 from .registry import live_handle
 from .settings import SETTINGS, get_store
@@ -12,12 +13,19 @@ from .settings import SETTINGS, get_store
 __all__ = ["configure", "open_store", "runs", "sql", "stop"]
 
 
-def open_store(location: str | None = None) -> Store:
+def open_store(location: str | None = None, *, read_only: bool | None = None) -> Store:
     """The store in use; with ``location`` (a DuckDB path or ``postgresql://`` URL), switch to it.
 
     Without an argument it returns the current store, opening the default one
     (``KERNELEXT_STORE``, else ``.kernelext/store.duckdb`` in the project) if none is open.
+    ``read_only=True`` opens it for queries only (a store on a read-only mount opens that
+    way by itself).
     """
+    if read_only is not None:
+        store = _open_store(location or default_store_path(), read_only=read_only)
+        SETTINGS.use_store(None)
+        SETTINGS.use_store(store)
+        return store
     if location is not None:
         SETTINGS.use_store(location)
     return SETTINGS.store()

@@ -21,6 +21,7 @@ from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .engine import Handle, _end_open_step, _suspend
 from .lease import check_takeover
+from .registry import resuming
 from .resume import run_resume_hooks
 from .run import Run, StepInfo
 from .settings import SETTINGS, get_store
@@ -268,11 +269,25 @@ def stop_cell_run(run_id: str, *, source: str = "api", store: Store | None = Non
 
 
 def resume_cell_run(run_id: str, *, store: Store | None = None, source: str = "api") -> Handle:
-    """Let the cells of a suspended run execute again (completed cells stay skipped)."""
+    """Let the cells of a suspended run execute again (completed cells stay skipped).
+
+    One resume wins (the guard of ``kx.resume``); a run this process already runs is
+    not taken over again.
+    """
     store = get_store(store)
+    with resuming(run_id):
+        return _resume_cell_run(run_id, store, source)
+
+
+def _resume_cell_run(run_id: str, store: Store, source: str) -> Handle:
     row = store.get_run(run_id)
     if row["agent"] != CELL_AGENT:
         raise RunStateError(f"Run {run_id!r} is not a run of %%agent cells.")
+    if row["status"] == "running" and row.get("owner") == actor():
+        raise RunStateError(
+            f"Run {run_id!r} is already running in this process: its next %%agent cell "
+            "continues it, so there is nothing to resume."
+        )
     if row["status"] not in TAKE_OVER_FROM:
         raise RunStateError(
             f"Run {run_id!r} is {row['status']}; only a suspended, stopped or interrupted run "

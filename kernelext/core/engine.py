@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import logging
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any, overload
 
-from ..errors import NeedsDecision, StopRequested
+from ..errors import NeedsDecision, StopRequested, StoreWriteError
 from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .lease import RENEW_SECONDS, lease_until
@@ -23,6 +24,7 @@ __all__ = ["Agent", "Handle", "agent", "fingerprint"]
 
 FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 MONITOR_TICK = 0.05
+_log = logging.getLogger("kernelext")
 
 
 def fingerprint(fn: Callable[..., Any]) -> str:
@@ -46,6 +48,7 @@ class Handle:
         self.result: Any = None
         self.error: BaseException | None = None
         self.final_status: str | None = None
+        self.store_fault: StoreWriteError | None = None  # the store refused the run's end
         self._done = threading.Event()
         HANDLES[self.run_id] = self
 
@@ -67,13 +70,17 @@ class Handle:
             self.thread.join(timeout)
             if self.thread.is_alive():
                 return "running"
-        if self.store.closed and self.final_status is not None:
+        if self.final_status is not None and (self.store.closed or self.store_fault):
             return self.final_status
         return self.status
 
     # -- control --------------------------------------------------------------------
     def stop(self, source: str = "api", *, who: str | None = None) -> str:
-        """Ask the run to stop at its next safe point. Returns the status after the request."""
+        """Ask the run to stop at its next safe point. Returns the status after the request.
+
+        A run executing here returns ``"stopping"`` at once: the request never waits for
+        the store (see ``request_stop``).
+        """
         return request_stop(self.store, self.run_id, source=source, who=who, handle=self)
 
     def force_stop(self, source: str = "api") -> None:
@@ -118,17 +125,35 @@ class Handle:
 def request_stop(
     store: Store, run_id: str, *, source: str, who: str | None = None, handle: Handle | None = None
 ) -> str:
-    """Record a stop request, then raise the flag of a live run in this process."""
+    """Ask run ``run_id`` to stop; return its status after the request.
+
+    A run executing in this process is stopped without waiting for the store (another
+    process may hold the DuckDB file for a while): the request is queued (journaled),
+    the run's flag is raised, then the request is made durable (``fdatasync``). The
+    answer is ``"stopping"``, known without reading the store. Any other run: the request
+    is written to its row, where its owner's monitor sees it.
+    """
     from .registry import live_handle
 
     handle = handle or live_handle(run_id)
-    result = store.request_stop(run_id, source=source, who=who)
-    if handle is not None and handle.alive:
-        if handle.run.stop_source is None:
-            handle.run.stop_source = source
-        handle.run.stop_event.set()
-        handle.run.notify("stop", source)
-    return result.after or "unknown"
+    if handle is None or not handle.alive:
+        result = store.request_stop(run_id, source=source, who=who)
+        return result.after or "unknown"
+    try:
+        # Queued before the flag goes up, so the request is folded before the suspension
+        # the worker writes once it sees the flag (the events keep their order).
+        durable = handle.store.queue_stop_request(run_id, source=source, who=who)
+    finally:
+        _raise_stop_flag(handle.run, source)  # even if the request could not be queued
+    durable()
+    return "stopping"
+
+
+def _raise_stop_flag(run: Run, source: str) -> None:
+    if run.stop_source is None:
+        run.stop_source = source
+    run.stop_event.set()
+    run.notify("stop", source)
 
 
 class Agent:
@@ -218,6 +243,13 @@ def launch(
         target=_monitor, args=(handle,), daemon=True, name=f"kernelext-monitor[{handle.run_id}]"
     )
     monitor.start()
+    watcher = threading.Thread(
+        target=_watch_external_stop,
+        args=(handle,),
+        daemon=True,
+        name=f"kernelext-stop-watch[{handle.run_id}]",
+    )
+    watcher.start()
     return handle
 
 
@@ -260,8 +292,11 @@ def _execute(
     except Exception as exc:
         handle.error = handle.error or exc
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        _end_open_step(store, run, "failed", text)
-        status = _finish(store, run, "failed", reason=text[:500])
+        try:
+            _end_open_step(store, run, "failed", text)
+            status = _finish(store, run, "failed", reason=text[:500])
+        except Exception as fault:  # the store refuses writes: end cleanly anyway
+            status = _store_fault(handle, fault)
     finally:
         handle.final_status = status
         run.thread_id = None
@@ -275,6 +310,21 @@ def _execute(
                 hook(run.id, status)
             except Exception:
                 continue
+
+
+def _store_fault(handle: Handle, fault: Exception) -> str:
+    """The run ended but the store could not record how: say so, and what to do."""
+    run_id = handle.run_id
+    handle.store_fault = StoreWriteError(
+        f"Run {run_id!r} ended, but the store could not record its end ({fault}). Everything "
+        "the run stored before is kept (in the tables or the journal). Once the store takes "
+        f"writes again (free space, memory), call kx.resume({run_id!r}): applied effects are "
+        "not repeated, and a call whose outcome was not recorded waits in kx.reconcile."
+    )
+    handle.store_fault.__cause__ = handle.error or fault  # what went wrong first
+    handle.error = handle.store_fault
+    _log.error("kernelext: %s", handle.store_fault)
+    return "failed"
 
 
 def _end_open_step(store: Store, run: Run, status: str, error: str | None) -> None:
@@ -339,17 +389,29 @@ def _renew_lease(store: Store, run_id: str) -> None:
     store.renew_lease(run_id, lease_until(store.now()), actor())
 
 
-def _monitor(handle: Handle) -> None:
-    """Escalate a pending stop when the current step overruns its time bound."""
+def _watch_external_stop(handle: Handle) -> None:
+    """Look for a stop that another process recorded in the run's row.
+
+    Such a look may wait for the store file (another process may hold it), so it has a
+    thread of its own: the monitor, which escalates stops, never waits for the store.
+    """
     run = handle.run
-    renewed = polled = 0.0
+    while handle.thread is not None and handle.thread.is_alive() and not run.stop_event.is_set():
+        run.poll_external_stop(wait=True)
+        run.stop_event.wait(STOP_POLL_SECONDS)
+
+
+def _monitor(handle: Handle) -> None:
+    """Escalate a pending stop when the current step overruns its time bound.
+
+    Everything it writes is queued (``write_async``): it never waits for the store.
+    """
+    run = handle.run
+    renewed = 0.0
     while handle.thread is not None and handle.thread.is_alive():
         if time.monotonic() - renewed >= RENEW_SECONDS:
             renewed = time.monotonic()
             _renew_lease(handle.store, run.id)
-        if time.monotonic() - polled >= STOP_POLL_SECONDS and not run.stop_event.is_set():
-            polled = time.monotonic()
-            run.poll_external_stop(wait=True)  # a stop recorded by another process
         time.sleep(MONITOR_TICK)
         info = run.current
         if not run.stop_event.is_set() or info is None:

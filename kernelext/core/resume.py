@@ -9,7 +9,7 @@ from ..store import Store, actor
 from .codec import loads_json
 from .engine import Agent, Handle, launch
 from .lease import check_takeover, lease_until
-from .registry import AGENTS, RESUME_HOOKS, live_handle
+from .registry import AGENTS, RESUME_HOOKS, live_handle, resuming
 from .run import Run
 from .settings import SETTINGS, get_store
 from .starting import ARGS_CACHE
@@ -28,8 +28,25 @@ def resume(
     kwargs: dict[str, Any] | None = None,
     source: str = "api",
 ) -> Handle:
-    """Continue a suspended (or crashed) run from its last completed step."""
+    """Continue a suspended (or crashed) run from its last completed step.
+
+    One resume wins: within this process, checking, taking over and launching the run
+    happen under the run's resume guard (a second thread gets ``RunStateError``);
+    across processes the run's lease decides.
+    """
     store = get_store(store)
+    with resuming(run_id):
+        return _resume(run_id, store, allow_code_change, args, kwargs, source)
+
+
+def _resume(
+    run_id: str,
+    store: Store,
+    allow_code_change: bool,
+    args: tuple[Any, ...] | None,
+    kwargs: dict[str, Any] | None,
+    source: str,
+) -> Handle:
     row = store.get_run(run_id)
     live = live_handle(run_id)
     if live is not None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
-from ..errors import ForcedStop, KernelextError, StopRequested
+from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..store import Store
 from ..store.side_files import StagedPayload
 from .snapshot import Snapshotter
@@ -195,6 +195,12 @@ class Run:
                 continue
 
     def safe_point(self) -> None:
+        if self.id in self.store.quarantined_runs:
+            raise NeedsDecision(
+                f"A record of run {self.id!r} was refused by the store and quarantined; the "
+                "run waits for a decision. See kx.sql('SELECT * FROM quarantine') and the "
+                "run's events."
+            )
         if not self.stop_event.is_set():
             self.poll_external_stop()
         if self.stop_event.is_set():

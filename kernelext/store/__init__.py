@@ -57,12 +57,21 @@ def default_store_path(cwd: str | None = None) -> str:
     return os.path.join(folder, DEFAULT_DIRNAME, DEFAULT_FILENAME)
 
 
-def open_store(location: str | None = None, clock: Callable[[], dt.datetime] = utcnow) -> Store:
-    """Open the store at ``location`` (a DuckDB path, or a ``postgresql://`` URL)."""
+def open_store(
+    location: str | None = None,
+    clock: Callable[[], dt.datetime] = utcnow,
+    *,
+    read_only: bool | None = None,
+) -> Store:
+    """Open the store at ``location`` (a DuckDB path, or a ``postgresql://`` URL).
+
+    A DuckDB store whose folder cannot be written opens read-only (``read_only=None``);
+    ``read_only=True`` asks for that explicitly.
+    """
     target = location or default_store_path()
     if target.startswith(("postgresql://", "postgres://")):
         backend = importlib.import_module(".postgres_backend", __name__)
         return Store(backend.open_postgres(target), clock=clock)
     from .duckdb_backend import open_duckdb
 
-    return Store(open_duckdb(target), clock=clock)
+    return Store(open_duckdb(target, read_only=read_only), clock=clock)

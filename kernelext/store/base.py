@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
-from .journal import Journal, orphaned_journals, read_records
-from .records import apply_record, apply_records, check_record
+from ..errors import StoreWriteError
+from .fold import Folder
+from .journal import Journal
+from .records import apply_record, check_record
+from .recovery import fold_orphaned_journals
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
 
@@ -67,17 +70,25 @@ class StoreBase:
         self.location = backend.path
         self.for_update = " FOR UPDATE" if backend.dialect == "postgres" else ""
         self.journal: Journal | None = None
+        self.folder: Folder | None = None
         self._journaled_intents: dict[Any, dict[str, Any]] = {}
         self._last_queued: Future[Any] | None = None
         if backend.dialect == "duckdb":
             backend.after_connect = self._fold_orphaned_journals  # type: ignore[attr-defined]
         self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
         self.closed = False
+        self.read_only = bool(getattr(backend, "read_only", False))
         try:
-            self._writer.run(self._migrate)
-            if backend.dialect == "duckdb":
+            if self.read_only:  # nothing is written, not even a migration
+                self._writer.run(lambda tx: None)
+            else:
+                self._writer.run(self._migrate)
+            if backend.dialect == "duckdb" and not self.read_only:
                 self.journal = Journal(backend.path)
                 self._writer.rollback_listeners.append(self.journal.rolled_back)
+                self.folder = Folder(
+                    self.journal, self._writer, is_permanent=self._is_permanent, now=self.now
+                )
         except BaseException:
             self._writer.close()
             raise
@@ -103,6 +114,8 @@ class StoreBase:
         A server backend aborts a transaction that deadlocked with another process
         (``backend.is_transient``); it was rolled back, so it simply runs again.
         """
+        self._refuse_if_read_only()
+        self._fold_first()
         transient = getattr(self.backend, "is_transient", None)
         for attempt in range(1, TRANSIENT_RETRIES + 1):
             try:
@@ -111,6 +124,14 @@ class StoreBase:
                 if transient is None or attempt == TRANSIENT_RETRIES or not transient(exc):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refuse_if_read_only(self) -> None:
+        if self.read_only:
+            raise StoreWriteError(
+                f"The kernelext store {self.location!r} is open read-only (its folder or file "
+                "cannot be written): you can query it, but runs cannot start, stop or resume "
+                "here. Open it from a writable location to change it."
+            )
 
     @contextlib.contextmanager
     def try_advisory_lock(self, name: str) -> Iterator[bool]:
@@ -129,14 +150,20 @@ class StoreBase:
 
     def write_async(self, job: Callable[[Tx], T]) -> Future[T]:
         """Queue ``job``; it commits with the next group. Wait on the future to know."""
+        self._refuse_if_read_only()
         queued = self._writer.submit_detached(job)
         self._last_queued = queued  # jobs run in order: a read waits for the last one
         return queued
 
     # -- hot-path records (journaled on DuckDB) ----------------------------------
     def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None:
-        """Store one hot-path record; with ``sync``, return once it is durable."""
+        """Store one hot-path record; with ``sync``, return once it is durable.
+
+        Raises :class:`StoreWriteError` when it cannot be stored (disk full, ...): then
+        nothing was acknowledged for it.
+        """
         check_record(kind, data)
+        self._refuse_if_read_only()
         journal = self.journal
         if journal is None:
 
@@ -148,87 +175,42 @@ class StoreBase:
             else:
                 self.write_async(job)
             return
-        journal.append(kind, data, sync=sync, enqueue=self._enqueue_fold)
+        assert self.folder is not None
+        journal.append(kind, data, sync=sync, enqueue=self.folder.schedule)
 
-    def _enqueue_fold(self, upto: int) -> None:
-        journal = self.journal
-        assert journal is not None
+    @property
+    def quarantined_runs(self) -> set[str]:
+        """Runs one of whose records the tables refused (they wait in needs_decision)."""
+        return self.folder.quarantined_runs if self.folder is not None else set()
 
-        def fold(tx: Tx) -> int:
-            records = journal.take(upto)
-            apply_records(tx, records)
-            if not records:
-                return 0
-            last = records[-1][0]
-            tx.execute(
-                "INSERT INTO journal_state (journal_id, last_seq) VALUES (?, ?)"
-                " ON CONFLICT (journal_id) DO UPDATE SET last_seq = excluded.last_seq",
-                (journal.id, last),
-            )
-            return last
-
-        def done(fut: Future[int]) -> None:
-            exc = fut.exception()
-            if exc is not None:
-                _log.error("kernelext: folding the journal into the store failed: %r", exc)
-                self._fold_one_by_one(upto)
-            elif fut.result():
-                journal.folded(fut.result())
-
-        self._writer.submit(fold).add_done_callback(done)
-
-    def _fold_one_by_one(self, upto: int) -> None:
-        """After a failed fold: fold each record alone and set aside one the tables refuse."""
-        journal = self.journal
-        assert journal is not None
-        for seq, kind, data in journal.pending_upto(upto):
-
-            def one(tx: Tx, seq: int = seq, kind: str = kind, data: dict[str, Any] = data) -> int:
-                apply_record(tx, kind, data)
-                return seq
-
-            def done(fut: Future[int], seq: int = seq, kind: str = kind) -> None:
-                if fut.exception() is None:
-                    journal.folded(seq)
-                else:
-                    _log.error(
-                        "kernelext: set aside journal record %s (%s): %r",
-                        seq,
-                        kind,
-                        fut.exception(),
-                    )
-                    journal.discard(seq)
-
-            self._writer.submit(one).add_done_callback(done)
-
-    def _fold_orphaned_journals(self, tx: Tx) -> list[str]:
+    def _fold_orphaned_journals(self, run_tx: Callable[[Callable[[Tx], Any]], Any]) -> None:
         """Fold what killed processes journaled but never folded (on every connect)."""
-        if not tx.fetchone(
-            "SELECT 1 FROM information_schema.tables WHERE table_name = 'journal_state'"
-        ):
-            return []
         own = self.journal.path if self.journal is not None else None
-        done: list[str] = []
-        for journal_id, path, fd in orphaned_journals(self.backend.path, own):
-            try:
-                row = tx.fetchone(
-                    "SELECT last_seq FROM journal_state WHERE journal_id = ?", (journal_id,)
-                )
-                last = int(row[0]) if row else 0
-                apply_records(tx, [r for r in read_records(path) if r[0] > last])
-                tx.execute("DELETE FROM journal_state WHERE journal_id = ?", (journal_id,))
-                done.append(path)
-            finally:
-                os.close(fd)
-        return done
+        fold_orphaned_journals(
+            run_tx,
+            self.backend.path,
+            own,
+            now=self.now,
+            is_permanent=self._is_permanent,
+        )
+
+    def _is_permanent(self, exc: BaseException) -> bool:
+        check = getattr(self.backend, "is_permanent", None)
+        return bool(check(exc)) if check is not None else False
 
     def _catch_up(self) -> None:
-        """A read sees what this process wrote: journaled records and queued jobs."""
+        """A read sees what this process wrote: journaled records and queued jobs.
+
+        While the store refuses writes (disk full, ...), the read tries the fold once and
+        then sees the tables as they are; the records wait safely in the journal (and any
+        write, a resume's take-over included, refuses until they are folded).
+        """
         if self._writer.in_writer_thread():
             return
         journal = self.journal
         if journal is not None and journal.unfolded:
-            self.flush()
+            with contextlib.suppress(Exception):
+                self.flush()
             return
         queued = self._last_queued
         if queued is not None and not queued.done():
@@ -258,11 +240,36 @@ class StoreBase:
         result: tuple[list[tuple[Any, ...]], list[str]] = reader(sql, params)
         return result
 
+    def _fold_first(self) -> None:
+        """After a write fault, the journal folds before any other write (its order)."""
+        folder, journal = self.folder, self.journal
+        if folder is not None and journal is not None and folder.fault and journal.unfolded:
+            self.flush()
+
     def flush(self) -> None:
-        """Wait until everything queued or journaled so far is in the tables."""
-        if self.journal is not None and self.journal.unfolded:
-            self._enqueue_fold(self.journal.last_seq)
-        self.write(lambda tx: None)
+        """Wait until everything queued or journaled so far is in the tables.
+
+        Raises the store's error when the journal cannot be folded now (disk full, ...);
+        the records stay in the journal and are folded once the store takes writes.
+        """
+        folder, journal = self.folder, self.journal
+        if folder is None or journal is None or not journal.unfolded:
+            self._writer.run(lambda tx: None)
+            return
+        stalled = 0
+        while True:  # a fold that met a refused record goes on one record at a time
+            before = journal.folded_seq
+            folder.kick()
+            self._writer.run(lambda tx: None)
+            stalled = stalled + 1 if journal.folded_seq == before else 0
+            if not journal.unfolded or folder.fault is not None or stalled >= 3:
+                break
+        if folder.fault is not None and journal.unfolded:
+            raise StoreWriteError(
+                f"kernelext cannot write to the store {self.location!r} now "
+                f"({folder.fault}); {journal.pending_count} record(s) wait safely in "
+                f"{journal.path} and are folded once it takes writes again."
+            ) from None
 
     @property
     def commits(self) -> int:
@@ -271,11 +278,17 @@ class StoreBase:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.journal is not None and self.journal.unfolded:
-                self._enqueue_fold(self.journal.last_seq)
+            if self.folder is not None and self.journal is not None and self.journal.unfolded:
+                self.folder.kick()
+            if self.folder is not None:
+                self.folder.close()
             self._writer.close()
-            if self.journal is not None:
-                self.journal.close()
+            if self.journal is not None and self.journal.close():
+                _log.warning(
+                    "kernelext: the store closed with records not yet in its tables; they are "
+                    "kept in %s and folded when the store is next opened",
+                    self.journal.path,
+                )
 
     def __enter__(self) -> StoreBase:
         return self
@@ -285,6 +298,9 @@ class StoreBase:
 
     # -- schema ----------------------------------------------------------------
     def _migrate(self, tx: Tx) -> int:
+        from .compat import check_store  # refuses a newer or foreign store before any write
+
+        check_store(tx.fetchall, self.location, self.backend.dialect)
         tx.execute(SCHEMA_VERSION_DDL)
         row = tx.fetchone("SELECT max(version) FROM schema_version")
         current = int(row[0]) if row and row[0] is not None else 0

@@ -24,6 +24,22 @@ _PID = re.compile(r"\(PID (\d+)\)")
 _EXPLAIN = re.compile(r"^\s*explain(\s+analy[sz]e)?\b", re.IGNORECASE)
 _SEQUENCE_WRITE = re.compile(r"\b(nextval|setval)\s*\(", re.IGNORECASE)
 _UMASK_LOCK = threading.Lock()
+# Failures that the same records would meet again: the tables refuse them.
+_PERMANENT = (
+    duckdb.ConstraintException,
+    duckdb.ConversionException,
+    duckdb.InvalidInputException,
+    duckdb.TypeMismatchException,
+    duckdb.OutOfRangeException,
+    duckdb.BinderException,
+    duckdb.CatalogException,
+    duckdb.ParserException,
+    KeyError,
+    TypeError,
+    ValueError,
+    IndexError,
+    AttributeError,
+)
 # New store files get 16 KiB blocks instead of 256 KiB: a store is many small tables, and
 # every table and index costs at least a block. (An existing file keeps its block size.)
 # Another connection to the same file in this process must pass the same config.
@@ -60,15 +76,23 @@ class DuckDBConnection:
     tick = 0.05
     min_hold = 0.25  # seconds a process keeps the file once it opened it, if busy
 
-    def __init__(self, path: str, *, wait_timeout: float = 30.0, linger: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        wait_timeout: float = 30.0,
+        linger: float = 1.0,
+        read_only: bool = False,
+    ) -> None:
         self.path = path
         self.wait_timeout = wait_timeout
         self.linger = linger
-        self.lock = HandoffLock(path)
+        self.read_only = read_only
+        self.lock = HandoffLock(path, read_only=read_only)
         self.con: duckdb.DuckDBPyConnection | None = None
         self.opens = 0
         self.on_open: Callable[[], None] | None = None
-        self.after_connect: Callable[[Tx], list[str]] | None = None
+        self.after_connect: Callable[[Callable[[Callable[[Tx], Any]], Any]], None] | None = None
         self.closed = False
         self._opened_at = 0.0
         self._mutex = threading.RLock()
@@ -88,12 +112,13 @@ class DuckDBConnection:
         if self.con is None:
             self.lock.acquire(self.wait_timeout)
             try:
-                self.con = _connect(self.path, self.wait_timeout)
+                self.con = _connect(self.path, self.wait_timeout, read_only=self.read_only)
             except BaseException:
                 self.lock.release()
                 raise
             try:
-                self._fold_journals(self.con)
+                if not self.read_only:
+                    self._fold_journals(self.con)
             except BaseException:
                 self.con.close()
                 self.con = None
@@ -107,20 +132,24 @@ class DuckDBConnection:
         return self.con
 
     def _fold_journals(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Let the store fold the journals of processes that died, in one transaction."""
+        """Let the store fold the journals of processes that died (each in its own
+        transactions, so one bad record never blocks the others)."""
         hook = self.after_connect
         if hook is None:
             return
-        con.execute("BEGIN TRANSACTION")
-        try:
-            done = hook(_DuckTx(con))
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        for path in done:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+
+        def run_tx(job: Callable[[Tx], Any]) -> Any:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                result = job(_DuckTx(con))
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.execute("ROLLBACK")
+                raise
+            return result
+
+        hook(run_tx)
 
     def _release(self, *, handing_over: bool = False) -> None:
         if self.con is None:
@@ -186,12 +215,31 @@ class DuckDBConnection:
             return
         try:
             assert self.con is not None
-            self.con.execute(statement)
-            _private_wal(self.path)
+            try:
+                self.con.execute(statement)
+            except duckdb.Error as exc:
+                if statement == "ROLLBACK" and "no transaction is active" in str(exc):
+                    return  # a failed COMMIT already rolled back
+                if statement == "ROLLBACK":
+                    # A connection that cannot roll back (DuckDB invalidates the database
+                    # after a fatal error) is closed; the next job opens it again.
+                    self._release()
+                    return
+                raise
+            if not self.read_only:
+                _private_wal(self.path)
         finally:
             self._in_tx = False
             self._last_used = time.monotonic()
             self._mutex.release()
+
+    @staticmethod
+    def is_permanent(exc: BaseException) -> bool:
+        """Would this failure happen again with the same records (the tables refuse them)?
+
+        Disk full, out of memory, I/O errors and a busy file are transient: retried.
+        """
+        return isinstance(exc, _PERMANENT)
 
     # -- reads (any thread) --------------------------------------------------------------
     def _cursor(self) -> duckdb.DuckDBPyConnection:
@@ -262,15 +310,21 @@ class DuckDBConnection:
                 self.lock.close()
 
 
-def _connect(path: str, timeout: float) -> duckdb.DuckDBPyConnection:
-    """Connect (creating the file with mode 0600); wait out a foreign holder up to ``timeout``."""
+def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Connect (creating the file with mode 0600); wait out a foreign holder up to ``timeout``.
+
+    A file written by a newer kernelext, or someone else's DuckDB file, is refused here,
+    on every connect, before anything writes to it.
+    """
+    from .compat import check_store
+
     deadline = time.monotonic() + timeout
     while True:
         try:
             with _UMASK_LOCK:
                 old = os.umask(0o077)
                 try:
-                    con = duckdb.connect(path, config=DUCKDB_CONFIG)
+                    con = duckdb.connect(path, read_only=read_only, config=DUCKDB_CONFIG)
                 finally:
                     os.umask(old)
         except duckdb.IOException as exc:
@@ -287,9 +341,16 @@ def _connect(path: str, timeout: float) -> duckdb.DuckDBPyConnection:
                 f"Cannot open the kernelext store {path!r}: {exc}. If the file is not a "
                 "kernelext store, point KERNELEXT_STORE at another path."
             ) from None
+        try:  # before anything touches the file: the journal fold, chmod, the WAL
+            check_store(_DuckTx(con).fetchall, path, "duckdb")
+        except BaseException:
+            con.close()
+            raise
         # Store statements are tiny: one thread avoids DuckDB's per-statement scheduling
         # cost (about half of a small insert here); analytics over a million rows stay fast.
         con.execute("SET threads = 1")
+        if read_only:
+            return con
         for suffix in ("", ".wal"):
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(path + suffix, 0o600)
@@ -308,16 +369,48 @@ def _private_wal(path: str) -> None:
         os.close(os.open(path + ".wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
-def open_duckdb(path: str, *, wait_timeout: float | None = None) -> DuckDBConnection:
-    """The DuckDB backend for ``path`` (created with mode 0600 on first use)."""
+def open_duckdb(
+    path: str, *, wait_timeout: float | None = None, read_only: bool | None = None
+) -> DuckDBConnection:
+    """The DuckDB backend for ``path`` (created with mode 0600 on first use).
+
+    ``read_only=None`` opens read-only when the store's folder or file cannot be written
+    (a read-only mount, a folder of someone else's): reads work, writes are refused
+    with a clear error. ``True`` asks for it, ``False`` refuses a read-only folder.
+    """
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    try:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(
-            f"Cannot create the folder for the kernelext store {path!r}: {exc}"
-        ) from None
+    writable = _writable(path)
+    if read_only is None:
+        read_only = not writable and os.path.exists(path)
+    if not read_only:
+        if not writable:
+            raise StoreError(
+                f"The kernelext store {path!r} cannot be written: its folder (or the file) is "
+                "read-only. Open it with kx.open_store(path, read_only=True) to read it, or "
+                "point KERNELEXT_STORE at a writable folder to run agents."
+            )
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"Cannot create the folder for the kernelext store {path!r}: {exc}"
+            ) from None
+    elif not os.path.exists(path):
+        raise StoreError(f"There is no kernelext store at {path!r} to open read-only.")
     if wait_timeout is None:
         wait_timeout = float(os.environ.get("KERNELEXT_STORE_WAIT", "30"))
-    return DuckDBConnection(path, wait_timeout=wait_timeout)
+    return DuckDBConnection(path, wait_timeout=wait_timeout, read_only=read_only)
+
+
+def _writable(path: str) -> bool:
+    """Can this process create the store's files beside ``path`` (and write the file)?"""
+    folder = os.path.dirname(path)
+    while not os.path.isdir(folder):  # the folder is created: look at the nearest parent
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return False
+        folder = parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    return not os.path.exists(path) or os.access(path, os.W_OK)

@@ -69,13 +69,15 @@ class EffectsMixin(RunsMixin, StoreBase):
             known = self._journaled_intents.get(row["key"])
             if known is not None:
                 return dict(known)
+            # Remembered only once durable: an append that failed (disk full) leaves
+            # nothing behind, so a retry writes the intent again.
+            self.record("intent", data, sync=True)
             self._journaled_intents[row["key"]] = {
                 "status": "pending",
                 "args_hash": row["args_hash"],
                 "result": None,
                 "error": None,
             }
-            self.record("intent", data, sync=True)
             return None
 
         def job(tx: Tx) -> dict[str, Any] | None:

@@ -14,8 +14,10 @@ import datetime as dt
 import os
 from typing import NamedTuple
 
+from ..errors import IntegrityError
 from .claims import ClaimsMixin
 from .runs import RunsMixin
+from .side_files import inside
 from .steps import StepsMixin
 from .writer import Tx
 
@@ -133,9 +135,7 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
                 " RETURNING id",
                 (now, run_id),
             )
-            files = [
-                str(loc).removeprefix("file:") for loc, _ in blobs if str(loc).startswith("file:")
-            ]
+            files = [str(loc) for loc, _ in blobs if str(loc).startswith("file:")]
             removal = PayloadRemoval(
                 run_id, len(snaps), len(blobs), sum(int(size) for _, size in blobs), len(files)
             )
@@ -153,12 +153,24 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
         if done is None:
             return None
         removal, files = done
-        for path in files:  # after the commit: a crash leaves an orphan file, never a dangling row
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        # After the commit: a crash leaves an orphan file, never a dangling row.
+        for location in files:
+            self._remove_side_file(location)
         with contextlib.suppress(OSError):
             os.rmdir(self.blob_dir(run_id))
         return removal
+
+    def _remove_side_file(self, location: str) -> None:
+        """Remove a side file found through :meth:`payload_path`, only inside this store's
+        blob folder: an old absolute location whose file is not here (a copied project)
+        names another store's file, and a location leading out of the folder is refused."""
+        try:
+            path = self.payload_path(location)
+        except IntegrityError:
+            return
+        if inside(path, self.blob_root):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
     def children(self, run_id: str) -> list[str]:
         rows = self.read("SELECT id FROM runs WHERE parent_id = ? ORDER BY created_at", (run_id,))

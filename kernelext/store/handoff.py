@@ -13,20 +13,21 @@ command line and ``kx.sql`` elsewhere can read. The lock file names its holder
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import os
 import socket
 import time
 
 from ..errors import StoreLockedError
+from .platform import lock_file, try_lock_file, unlock_file
 
 __all__ = ["HandoffLock"]
 
 
 class HandoffLock:
-    def __init__(self, store_path: str) -> None:
+    def __init__(self, store_path: str, *, read_only: bool = False) -> None:
         self.store_path = store_path
+        self.read_only = read_only  # a read-only folder: take turns only if a lock file exists
         self.lock_path = store_path + ".lock"
         self.want_path = store_path + ".want"
         self._fd: int | None = None
@@ -42,14 +43,19 @@ class HandoffLock:
         if self._fd is not None:
             return
         self._let_waiter_in()
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._open(self.lock_path)
+        if fd is None:  # a read-only folder nobody ever wrote a lock file into
+            self._fd = -1
+            return
         try:
-            if not _try_lock(fd, fcntl.LOCK_EX):
+            if not try_lock_file(fd):
                 self._wait(fd, timeout)
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
+        if self.read_only:
+            return
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -59,12 +65,14 @@ class HandoffLock:
         os.pwrite(fd, json.dumps(info).encode(), 0)
 
     def _wait(self, fd: int, timeout: float) -> None:
-        want = os.open(self.want_path, os.O_RDWR | os.O_CREAT, 0o600)
+        want = self._open(self.want_path)
+        if want is None:
+            want = os.open(os.devnull, os.O_RDONLY)  # nobody to tell
         try:
-            fcntl.flock(want, fcntl.LOCK_SH)  # tell the holder someone waits
+            lock_file(want, shared=True)  # tell the holder someone waits
             deadline = time.monotonic() + timeout
             pause = 0.001
-            while not _try_lock(fd, fcntl.LOCK_EX):
+            while not try_lock_file(fd):
                 if time.monotonic() >= deadline:
                     holder = self.holder()
                     pid = holder.get("pid") if holder else None
@@ -78,15 +86,17 @@ class HandoffLock:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.01)
         finally:
-            fcntl.flock(want, fcntl.LOCK_UN)
+            unlock_file(want)
             os.close(want)
 
     def others_waiting(self) -> bool:
         """True when another process (or store object) waits for this store."""
         if self._want_fd is None:
-            self._want_fd = os.open(self.want_path, os.O_RDWR | os.O_CREAT, 0o600)
-        if _try_lock(self._want_fd, fcntl.LOCK_EX):
-            fcntl.flock(self._want_fd, fcntl.LOCK_UN)
+            self._want_fd = self._open(self.want_path)
+            if self._want_fd is None:
+                return False
+        if try_lock_file(self._want_fd):
+            unlock_file(self._want_fd)
             return False
         return True
 
@@ -104,8 +114,8 @@ class HandoffLock:
         if handing_over:
             self._courtesy_until = time.monotonic() + 0.5
         fd, self._fd = self._fd, None
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        if fd is not None and fd >= 0:
+            unlock_file(fd)
             os.close(fd)
 
     def close(self) -> None:
@@ -113,6 +123,15 @@ class HandoffLock:
         if self._want_fd is not None:
             os.close(self._want_fd)
             self._want_fd = None
+
+    def _open(self, path: str) -> int | None:
+        """Open (creating) a coordination file; read-only: only an existing one, or None."""
+        if not self.read_only:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
 
     def holder(self) -> dict[str, object] | None:
         try:
@@ -122,11 +141,3 @@ class HandoffLock:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
-
-
-def _try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True

@@ -3,21 +3,25 @@
 A DuckDB commit costs a millisecond or more, which is too much to pay on every step
 and effect. Hot-path records (a step begun or completed with its snapshot, an effect's
 intent and outcome) are appended to a per-process journal file beside the store and
-fsynced; the writer thread then folds them into the tables with group commits, in the
-order of the writer's queue. A record counts as stored once its ``fdatasync`` returned.
+fsynced; the writer thread then folds them into the tables with group commits (see
+``fold``). A record counts as stored once its ``fdatasync`` returned, and from then on
+it is in the journal file or in the tables, always: nothing is dropped from memory
+before its fold committed, and a file is deleted only when everything in it is folded.
 
 Each process has its own journal (``<store>.journal.<pid>.<random>``) and holds an
 ``flock`` on it while it lives. Whoever opens the store folds the journals that nobody
-holds any more (a process that was killed) before anything else, skipping the records
-already folded (``journal_state.last_seq`` is updated in the same transaction). Records
-are idempotent, so folding one twice is harmless.
+holds any more (a process that was killed) before anything else.
+
+Frames: ``version (1 byte) | payload length (4) | crc32 (4) | payload`` where the payload
+is ``[seq, kind, data]`` as JSON. Frames of the first release had no version byte; their
+first byte is the high byte of a length under 16 MiB, so 0, which reads as version 0.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
-import fcntl
 import glob
 import json
 import os
@@ -27,12 +31,19 @@ import threading
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Journal", "Record", "read_records", "write_all"]
+from ..errors import StoreWriteError
+from .platform import lock_file, sync_data, try_lock_file, unlock_file
+
+__all__ = ["Journal", "Record", "Scan", "orphaned_journals", "scan_journal", "write_all"]
 
 Record = tuple[int, str, dict[str, Any]]  # (seq, kind, data)
-_HEADER = struct.Struct(">II")  # payload length, crc32
+FORMAT_VERSION = 1
+_HEADER = struct.Struct(">BII")  # version, payload length, crc32
+_LEGACY = struct.Struct(">II")  # version 0: payload length, crc32
+_MAX_FRAME = 1 << 30
 TRUNCATE_AT = 4 << 20
 
 
@@ -57,25 +68,108 @@ def _decode(obj: dict[str, Any]) -> Any:
     return obj
 
 
-def _frame(seq: int, kind: str, data: dict[str, Any]) -> bytes:
-    payload = json.dumps([seq, kind, data], default=_encode, separators=(",", ":")).encode()
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+def encode_payload(seq: int, kind: str, data: dict[str, Any]) -> bytes:
+    return json.dumps([seq, kind, data], default=_encode, separators=(",", ":")).encode()
 
 
-def read_records(path: str) -> Iterator[Record]:
-    """The intact records of a journal file; a torn tail (a crash mid-append) is ignored."""
+def frame(seq: int, kind: str, data: dict[str, Any]) -> bytes:
+    payload = encode_payload(seq, kind, data)
+    return _HEADER.pack(FORMAT_VERSION, len(payload), zlib.crc32(payload)) + payload
+
+
+@dataclass
+class Scan:
+    """What a journal file holds: its intact records, and where it is damaged."""
+
+    records: list[Record] = field(default_factory=list)
+    # (offset, end, why) of each damaged stretch, records after it were found again
+    damage: list[tuple[int, int, str]] = field(default_factory=list)
+    # payloads whose frame is intact but whose content cannot be read: (offset, text, why)
+    unreadable: list[tuple[int, str, str]] = field(default_factory=list)
+    torn_tail: bool = False  # the last frame is cut short (a crash mid-append): normal
+
+
+def _frame_at(blob: bytes, offset: int) -> tuple[int, bytes] | None:
+    """(end, payload) of an intact frame at ``offset``, or None."""
+    version = blob[offset]
+    header = _HEADER if version == FORMAT_VERSION else _LEGACY if version == 0 else None
+    if header is None or offset + header.size > len(blob):
+        return None
+    if header is _HEADER:
+        _, length, crc = _HEADER.unpack_from(blob, offset)
+    else:
+        length, crc = _LEGACY.unpack_from(blob, offset)
+    start = offset + header.size
+    if length > _MAX_FRAME or start + length > len(blob):
+        return None
+    payload = blob[start : start + length]
+    if zlib.crc32(payload) != crc:
+        return None
+    return start + length, payload
+
+
+def _cut_short(blob: bytes, offset: int) -> bool:
+    """Is the frame at ``offset`` a prefix of a frame (an append cut off by a crash)?"""
+    version = blob[offset]
+    header = _HEADER if version == FORMAT_VERSION else _LEGACY if version == 0 else None
+    if header is None:
+        return False
+    if offset + header.size > len(blob):
+        return True
+    length = header.unpack_from(blob, offset)[-2]
+    return bool(length <= _MAX_FRAME and offset + header.size + length > len(blob))
+
+
+def _resync(blob: bytes, offset: int) -> int | None:
+    """The offset of the next intact versioned frame after damage at ``offset``."""
+    marker = bytes([FORMAT_VERSION])
+    probe = blob.find(marker, offset + 1)
+    while probe != -1:
+        found = _frame_at(blob, probe)
+        if found is not None and _parse(found[1]) is not None:
+            return probe
+        probe = blob.find(marker, probe + 1)
+    return None
+
+
+def _parse(payload: bytes) -> Record | None:
+    try:
+        seq, kind, data = json.loads(payload, object_hook=_decode)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(seq, int) or not isinstance(kind, str) or not isinstance(data, dict):
+        return None
+    return seq, kind, data
+
+
+def scan_journal(path: str) -> Scan:
+    """Read every intact record of a journal; note damage instead of stopping at it."""
     with open(path, "rb") as handle:
         blob = handle.read()
+    scan = Scan()
     offset = 0
-    while offset + _HEADER.size <= len(blob):
-        length, crc = _HEADER.unpack_from(blob, offset)
-        start = offset + _HEADER.size
-        payload = blob[start : start + length]
-        if len(payload) < length or zlib.crc32(payload) != crc:
-            return
-        seq, kind, data = json.loads(payload, object_hook=_decode)
-        yield int(seq), str(kind), data
-        offset = start + length
+    while offset < len(blob):
+        found = _frame_at(blob, offset)
+        if found is not None:
+            end, payload = found
+            record = _parse(payload)
+            if record is None:
+                text = payload.decode("utf-8", "replace")[:10_000]
+                scan.unreadable.append((offset, text, "the payload is not a journal record"))
+            else:
+                scan.records.append(record)
+            offset = end
+            continue
+        after = _resync(blob, offset)
+        if after is None:
+            if _cut_short(blob, offset):
+                scan.torn_tail = True
+            else:
+                scan.damage.append((offset, len(blob), "bytes that are not a frame"))
+            break
+        scan.damage.append((offset, after, "bytes that are not a frame"))
+        offset = after
+    return scan
 
 
 class Journal:
@@ -85,61 +179,84 @@ class Journal:
         self.store_path = store_path
         self.id = f"{os.getpid()}.{secrets.token_hex(4)}"
         self.path = f"{store_path}.journal.{self.id}"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # alive: nobody else folds this journal
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise StoreWriteError(
+                f"Cannot create the kernelext journal {self.path!r}: {exc.strerror}. The folder "
+                "of the store must be writable (and have free space) to run agents; reading "
+                "works with a read-only store (kx.open_store(path, read_only=True))."
+            ) from None
+        lock_file(self._fd)  # alive: nobody else folds this journal
         self._lock = threading.Lock()
         self._pending: list[Record] = []
         self.last_seq = 0
-        self.folded_seq = 0  # committed in the tables
+        self.folded_seq = 0  # every record up to here is committed in the tables
         self.applied_seq = 0  # applied in the writer's open transaction (maybe not committed)
-        self._bytes = 0
+        self._size = 0
         self.closed = False
 
     # -- appending (any thread) -------------------------------------------------
     def append(
-        self, kind: str, data: dict[str, Any], *, sync: bool, enqueue: Callable[[int], None]
+        self, kind: str, data: dict[str, Any], *, sync: bool, enqueue: Callable[[], None]
     ) -> int:
-        """Write one record; with ``sync`` return only once it is on disk."""
+        """Write one record; with ``sync`` return only once it is on disk.
+
+        A write that fails (disk full, I/O error) is cut off again and raises
+        :class:`StoreWriteError`: the record was not stored, and the file holds only
+        whole records, so later appends and recovery still read it.
+        """
         with self._lock:
             if self.closed:
                 raise RuntimeError("the kernelext store is closed")
-            self.last_seq += 1
-            seq = self.last_seq
-            frame = _frame(seq, kind, data)
-            write_all(self._fd, frame)
-            self._bytes += len(frame)
+            seq = self.last_seq + 1
+            payload_frame = frame(seq, kind, data)
+            before = self._size
+            try:
+                write_all(self._fd, payload_frame)
+            except OSError as exc:
+                self._cut(before)
+                raise _write_error(self.path, kind, exc) from None
+            self._size += len(payload_frame)
+            self.last_seq = seq
             self._pending.append((seq, kind, data))
-            enqueue(seq)
+        enqueue()
         if sync:
-            os.fdatasync(self._fd)
+            self.sync(kind)
         return seq
 
-    def sync(self) -> None:
-        os.fdatasync(self._fd)
+    def sync(self, kind: str = "record") -> None:
+        try:
+            sync_data(self._fd)
+        except OSError as exc:
+            raise _write_error(self.path, kind, exc) from None
+
+    def _cut(self, size: int) -> None:
+        with contextlib.suppress(OSError):  # else the torn frame stays; readers skip it
+            os.ftruncate(self._fd, size)
 
     @property
     def unfolded(self) -> bool:
         return self.folded_seq < self.last_seq
 
-    # -- folding (writer thread) --------------------------------------------------
-    def take(self, upto: int) -> list[Record]:
-        """Records up to ``upto`` not yet applied in the writer's current transaction."""
+    @property
+    def pending_count(self) -> int:
         with self._lock:
-            records = [r for r in self._pending if self.applied_seq < r[0] <= upto]
+            return len(self._pending)
+
+    # -- folding (writer thread) --------------------------------------------------
+    def take(self, limit: int | None = None) -> list[Record]:
+        """The records not yet applied in the writer's current transaction (all, or the
+        first ``limit``)."""
+        with self._lock:
+            records = [r for r in self._pending if r[0] > self.applied_seq][:limit]
             if records:
                 self.applied_seq = records[-1][0]
             return records
 
-    def pending_upto(self, upto: int) -> list[Record]:
+    def pending(self) -> list[Record]:
         with self._lock:
-            return [r for r in self._pending if r[0] <= upto]
-
-    def discard(self, seq: int) -> None:
-        """Drop a record the tables refuse (it stays in the journal file for inspection)."""
-        with self._lock:
-            self._pending = [r for r in self._pending if r[0] != seq]
-            if not self._pending:
-                self.folded_seq = self.last_seq
+            return list(self._pending)
 
     def rolled_back(self) -> None:
         """The writer's transaction was rolled back: what it applied must be applied again."""
@@ -147,25 +264,43 @@ class Journal:
             self.applied_seq = self.folded_seq
 
     def folded(self, upto: int) -> None:
-        """The records up to ``upto`` are committed in the tables."""
+        """The records up to ``upto`` are committed in the tables (or in quarantine)."""
         with self._lock:
             self._pending = [r for r in self._pending if r[0] > upto]
             self.folded_seq = max(self.folded_seq, upto)
-            if not self._pending and self._bytes >= TRUNCATE_AT:
-                os.ftruncate(self._fd, 0)
-                self._bytes = 0
+            self.applied_seq = max(self.applied_seq, self.folded_seq)
+            if not self._pending and self._size >= TRUNCATE_AT:
+                try:
+                    os.ftruncate(self._fd, 0)
+                    self._size = 0
+                except OSError:
+                    pass  # kept whole; the next fold tries again
 
-    def close(self) -> None:
-        """Forget the file if everything was folded; otherwise leave it for recovery."""
+    def close(self) -> bool:
+        """Forget the file if everything was folded; otherwise leave it for recovery.
+
+        Returns True when records are left in the file.
+        """
         with self._lock:
             if self.closed:
-                return
+                return bool(self._pending)
             self.closed = True
-            done = not self._pending
-            if done:
-                os.unlink(self.path)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            left = bool(self._pending)
+            if not left:
+                with contextlib.suppress(OSError):  # an empty one left is folded as nothing
+                    os.unlink(self.path)
+            unlock_file(self._fd)
             os.close(self._fd)
+            return left
+
+
+def _write_error(path: str, kind: str, exc: OSError) -> StoreWriteError:
+    return StoreWriteError(
+        f"kernelext could not store a {kind} record in its journal {path!r}: "
+        f"{exc.strerror or exc}. Nothing was acknowledged for this call; what was stored "
+        "before is kept. Free space (or fix the folder), then resume the run with "
+        "kx.resume(run_id)."
+    )
 
 
 def orphaned_journals(store_path: str, own: str | None) -> Iterator[tuple[str, str, int]]:
@@ -176,11 +311,9 @@ def orphaned_journals(store_path: str, own: str | None) -> Iterator[tuple[str, s
             continue
         try:
             fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_lock_file(fd):
             os.close(fd)
             continue
         yield path[len(prefix) :], path, fd

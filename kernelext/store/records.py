@@ -6,6 +6,7 @@ so the journal can be folded again after a crash without harm.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -129,12 +130,53 @@ def _fact(tx: Tx, d: dict[str, Any]) -> None:
     )
 
 
+_STOP_EVENT = (
+    "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source, actor,"
+    " reason, detail) VALUES (?, ?, 'stop_requested', ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _stop_request(tx: Tx, d: dict[str, Any]) -> None:
+    """A stop asked of a run live in the journaling process (see ``RunsMixin.request_stop``).
+
+    The first request moves ``running`` to ``stopping``; every request adds one
+    ``stop_requested`` event. The event carries the request's id, and a request whose
+    event is already there is skipped: folding a journal again after a crash is harmless.
+    """
+    detail = json.dumps({"request": d["request"]}, sort_keys=True)
+    if tx.fetchone(
+        "SELECT 1 FROM events WHERE run_id = ? AND kind = 'stop_requested' AND occurred_at = ?"
+        " AND detail = ?",
+        (d["run_id"], d["at"], detail),
+    ):
+        return
+    # One statement decides, so a concurrent transition (PostgreSQL) cannot slip between.
+    moved = tx.fetchone(
+        "UPDATE runs SET status = 'stopping', updated_at = ?, stop_requested_at = ?,"
+        " stop_source = ? WHERE id = ? AND status = 'running' RETURNING id",
+        (d["at"], d["at"], d["source"], d["run_id"]),
+    )
+    reason = d.get("reason")
+    if moved is not None:
+        statuses: tuple[str | None, str | None] = ("running", "stopping")
+    else:
+        row = tx.fetchone("SELECT status FROM runs WHERE id = ?", (d["run_id"],))
+        if row is None:  # the run was deleted meanwhile: nothing left to stop
+            return
+        statuses = (None, None)
+        reason = reason or f"run already {row[0]}"
+    tx.execute(
+        _STOP_EVENT, (d["run_id"], d["at"], *statuses, d["source"], d["who"], reason, detail)
+    )
+
+
 APPLY: dict[str, Callable[[Tx, dict[str, Any]], None]] = {
     "step_begin": _step_begin,
     "step_complete": _step_complete,
     "intent": _intent,
     "outcome": _outcome,
     "fact": _fact,
+    "stop_request": _stop_request,
 }
 
 
@@ -144,6 +186,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "intent": ("key", "run_id", "step_key", "tool", "call_ordinal", "args_hash", "resumable", "at"),
     "outcome": ("key", "status", "at"),
     "fact": ("run_id", "name", "kind", "at"),
+    "stop_request": ("run_id", "source", "who", "at", "request"),
 }
 
 
@@ -237,3 +280,5 @@ def apply_records(tx: Tx, records: list[tuple[int, str, dict[str, Any]]]) -> Non
             )
     for d in by_kind.get("fact", []):
         _fact(tx, d)
+    for d in by_kind.get("stop_request", []):
+        _stop_request(tx, d)

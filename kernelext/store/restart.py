@@ -268,9 +268,11 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
     def _copy_payload_file(
         self, new_id: str, new_blob: uuid.UUID, location: str, copied: list[str]
     ) -> str:
+        """Link (or copy) an old run's side file into the new run's folder; the new
+        location is relative to the blob folder, like every one kernelext writes."""
         if not location.startswith("file:"):
             return location
-        source = location.removeprefix("file:")
+        source = self.payload_path(location)  # relative, absolute, or of a moved folder
         folder = self.blob_dir(new_id)
         os.makedirs(folder, mode=0o700, exist_ok=True)
         target = os.path.join(folder, new_blob.hex)
@@ -289,7 +291,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             finally:
                 os.close(fd)
         copied.append(target)
-        return "file:" + target
+        return self.side_file_location(new_id, new_blob)
 
 
 def _needed_blobs(

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from ..errors import RunNotFound
-from .base import StoreBase
+from .base import StoreBase, actor
+from .records import apply_record, check_record
 from .writer import Tx
 
 __all__ = ["RunsMixin", "Transition"]
@@ -145,7 +147,11 @@ class RunsMixin(StoreBase):
     def request_stop(
         self, run_id: str, *, source: str, who: str | None = None, reason: str | None = None
     ) -> Transition:
-        """Record a stop request. Only the first one moves ``running`` to ``stopping``."""
+        """Record a stop request. Only the first one moves ``running`` to ``stopping``.
+
+        Waits for the store (and on DuckDB for the file). For a run live in this process
+        use ``queue_stop_request``, which never does.
+        """
 
         def job(tx: Tx) -> Transition:
             row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
@@ -181,6 +187,40 @@ class RunsMixin(StoreBase):
             return Transition(False, before, before)
 
         return self.write(job)
+
+    def queue_stop_request(
+        self, run_id: str, *, source: str, who: str | None = None, reason: str | None = None
+    ) -> Callable[[], None]:
+        """Queue a stop request for a run live in this process; return what makes it durable.
+
+        Nothing here waits for the store file. On DuckDB the request is appended to this
+        process's journal, and its fold is queued in the writer's order, so it lands before
+        the suspension the run writes once it sees its stop flag; the returned call
+        ``fdatasync``s the journal. On PostgreSQL the request is queued for the writer and
+        the returned call waits for its commit. It is applied as ``request_stop`` does.
+        """
+        data = {
+            "run_id": run_id,
+            "source": source,
+            "who": who or actor(),
+            "reason": reason,
+            "at": self.now(),
+            "request": uuid.uuid4().hex,
+        }
+        journal = self.journal
+        if journal is not None:
+            self.record("stop_request", data, sync=False)
+            return journal.sync
+        check_record("stop_request", data)
+        queued = self.write_async(lambda tx: apply_record(tx, "stop_request", data))
+
+        def durable() -> None:
+            try:
+                queued.result()
+            except Exception:  # e.g. a deadlock victim: the record is idempotent, write again
+                self.record("stop_request", data, sync=True)
+
+        return durable
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         def job(tx: Tx) -> None:

@@ -145,10 +145,27 @@ _V3_JOURNAL = (
     )""",
 )
 
+_V4_QUARANTINE = (
+    # Journal records the tables refused, and damaged stretches of journal files: kept
+    # where a person sees them, never dropped.
+    """CREATE TABLE IF NOT EXISTS quarantine (
+        id UUID PRIMARY KEY,
+        journal_id TEXT NOT NULL,
+        seq BIGINT,
+        kind TEXT NOT NULL,
+        run_id TEXT,
+        payload TEXT,
+        error TEXT NOT NULL,
+        file TEXT,
+        quarantined_at TIMESTAMP NOT NULL
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
     Migration(3, "journal_state", _V3_JOURNAL),
+    Migration(4, "quarantine", _V4_QUARANTINE),
 )
 
 TABLES = ("runs", "steps", "snapshots", "blobs", "effects", "facts", "claims", "events")

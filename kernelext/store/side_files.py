@@ -14,9 +14,19 @@ import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ..errors import IntegrityError
 from .journal import write_all
 
-__all__ = ["StagedPayload", "stage", "write_durably"]
+__all__ = [
+    "StagedPayload",
+    "inside",
+    "locate_side_file",
+    "read_side_file",
+    "side_file_candidates",
+    "side_file_location",
+    "stage",
+    "write_durably",
+]
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -63,3 +73,62 @@ class StagedPayload:
 def stage(folder: str, data: bytes) -> StagedPayload:
     os.makedirs(folder, mode=0o700, exist_ok=True)
     return StagedPayload(folder, data)
+
+
+def side_file_candidates(location: str, root: str) -> list[str]:
+    """Where the side file of a ``file:`` location can be, the likeliest first.
+
+    ``root`` is the store's blob folder (``<store>.blobs``). A relative location (what
+    kernelext writes) is under it; one that leads out of it (``file:../../etc/passwd``)
+    raises :class:`IntegrityError`, so nothing outside is read, linked or removed. An
+    absolute one (what earlier releases wrote) is first looked for under ``root``
+    by its last two parts (``<run folder>/<blob id>``), so a project folder that was moved
+    or copied reads its own files, then where it was written.
+    """
+    path = location.removeprefix("file:")
+    if not os.path.isabs(path):
+        here = os.path.normpath(os.path.join(root, path))
+        if here == os.path.normpath(root) or not inside(here, root):
+            raise IntegrityError(
+                f"The side-file location {location!r} in the blobs table points outside the "
+                f"store's side-file folder {root}; it was not read. Side-file locations are "
+                "'file:<run folder>/<blob id>' under that folder: the row was changed by hand "
+                "or by something other than kernelext."
+            )
+        return [here]
+    parent, name = os.path.split(path)
+    here = os.path.join(root, os.path.basename(parent), name)
+    return [here] if here == path else [here, path]
+
+
+def side_file_location(run_folder: str, blob_hex: str) -> str:
+    """The ``blobs.location`` of a side file: relative to the store's blob folder, with
+    ``/`` on every platform, so the project folder can be moved or copied."""
+    return f"file:{run_folder}/{blob_hex}"
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or below it (by name: ``..`` parts are resolved)."""
+    top = os.path.normpath(os.path.abspath(root))
+    try:
+        return os.path.commonpath([top, os.path.normpath(os.path.abspath(path))]) == top
+    except ValueError:  # another drive (Windows), or one path relative and one absolute
+        return False
+
+
+def locate_side_file(location: str, root: str) -> str:
+    """The first candidate path that exists; where the file belongs if none does."""
+    candidates = side_file_candidates(location, root)
+    return next((p for p in candidates if os.path.exists(p)), candidates[0])
+
+
+def read_side_file(location: str, root: str) -> tuple[str, bytes | None]:
+    """(path, bytes) of a side file; when it is nowhere, (where it belongs, ``None``)."""
+    candidates = side_file_candidates(location, root)
+    for path in candidates:
+        try:
+            with open(path, "rb") as handle:
+                return path, handle.read()
+        except FileNotFoundError:
+            continue
+    return candidates[0], None

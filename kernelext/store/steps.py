@@ -8,8 +8,24 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from ..errors import IntegrityError
 from .base import StoreBase
-from .side_files import StagedPayload, stage, write_durably
+from .integrity import (
+    PayloadUse,
+    damaged_message,
+    digest,
+    missing_message,
+    outside_message,
+    payload_use,
+)
+from .side_files import (
+    StagedPayload,
+    locate_side_file,
+    read_side_file,
+    side_file_location,
+    stage,
+    write_durably,
+)
 from .writer import Tx
 
 __all__ = ["Blob", "StepsMixin"]
@@ -140,7 +156,11 @@ class StepsMixin(StoreBase):
         return row
 
     def load_blobs(self, run_id: str, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, Blob]:
-        """Fetch blobs and every delta base they build on, in one query."""
+        """Fetch blobs and every delta base they build on, in one query.
+
+        Every payload is checked against its recorded sha256: a changed, damaged or
+        missing one raises :class:`IntegrityError` saying which value, step and file.
+        """
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return {}
@@ -156,7 +176,8 @@ class StepsMixin(StoreBase):
         )
         found: dict[uuid.UUID, Blob] = {}
         for bid, encoding, sha, size, location, base_id, data in rows:
-            found[bid] = Blob(bid, encoding, sha, size, base_id, self._read_payload(location, data))
+            payload = self._read_payload(run_id, bid, sha, location, data)
+            found[bid] = Blob(bid, encoding, sha, size, base_id, payload)
         return found
 
     def blob_chain_ids(self, run_id: str) -> dict[uuid.UUID, uuid.UUID | None]:
@@ -171,8 +192,25 @@ class StepsMixin(StoreBase):
         return stage(self.blob_dir(run_id), data)
 
     def blob_dir(self, run_id: str) -> str:
-        safe = uuid.uuid5(uuid.NAMESPACE_URL, run_id).hex
-        return os.path.join(self.location + ".blobs", safe)
+        return os.path.join(self.blob_root, _run_folder(run_id))
+
+    def side_file_location(self, run_id: str, blob_id: uuid.UUID) -> str:
+        """The ``blobs.location`` of a side file, relative to :attr:`blob_root`."""
+        return side_file_location(_run_folder(run_id), blob_id.hex)
+
+    @property
+    def blob_root(self) -> str:
+        """The folder of the store's side files, beside the store file."""
+        return self.location + ".blobs"
+
+    def payload_path(self, location: str) -> str:
+        """The path of a side file from its ``blobs.location`` (``file:...``), found where
+        the store is now: relative locations, and absolute ones of a moved folder.
+
+        Every use of a location (read, restart link, retention removal) goes through this
+        or :func:`read_side_file`; a relative location leading out of :attr:`blob_root`
+        raises :class:`IntegrityError`."""
+        return locate_side_file(location, self.blob_root)
 
     def _blob_row(self, run_id: str, blob: Blob) -> tuple[Any, ...]:
         # A server backend (PostgreSQL) keeps every payload in the database: a side
@@ -202,18 +240,47 @@ class StepsMixin(StoreBase):
             blob.encoding,
             blob.sha256,
             blob.size,
-            "file:" + path,
+            self.side_file_location(run_id, blob.id),
             blob.base_id,
             None,
         )
 
-    @staticmethod
-    def _read_payload(location: str, data: bytes | None) -> bytes:
+    def _read_payload(
+        self, run_id: str, bid: uuid.UUID, sha: str, location: str, data: bytes | None
+    ) -> bytes:
+        """The payload, checked against its recorded hash."""
         if location == "inline":
-            return bytes(data or b"")
-        path = location.removeprefix("file:")
-        with open(path, "rb") as handle:
-            return handle.read()
+            where, payload = "inline", bytes(data or b"")
+        else:
+            try:
+                where, found = read_side_file(location, self.blob_root)
+            except IntegrityError:  # a location leading out of the blob folder
+                use = self._payload_use(run_id, bid)
+                message = outside_message(run_id, bid, use, location, self.blob_root)
+                raise IntegrityError(message) from None
+            if found is None:
+                use = self._payload_use(run_id, bid)
+                raise IntegrityError(missing_message(run_id, bid, use, where))
+            payload = found
+        actual = digest(payload)
+        if actual != sha:
+            use = self._payload_use(run_id, bid)
+            raise IntegrityError(damaged_message(run_id, bid, use, where, sha, actual))
+        return payload
+
+    def _payload_use(self, run_id: str, bid: uuid.UUID) -> PayloadUse:
+        """Which steps and state keys need a blob (for an error message only)."""
+        snapshots = self.read(
+            "SELECT step_ordinal, manifest FROM snapshots WHERE run_id = ? AND removed_at IS NULL"
+            " ORDER BY step_ordinal",
+            (run_id,),
+        )
+        return payload_use(bid, self.blob_chain_ids(run_id), snapshots)
+
+
+def _run_folder(run_id: str) -> str:
+    """The name of a run's folder under the blob folder (any run id is a safe name)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, run_id).hex
 
 
 def discard_staged(blobs: Iterable[Blob]) -> None:

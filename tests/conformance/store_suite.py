@@ -555,8 +555,10 @@ class TestBlobs:
             assert store.load_blobs("r1", [big.id])[big.id].data == data
             return
         assert location.startswith("file:")
+        assert not os.path.isabs(location.removeprefix("file:"))  # relative: the folder can move
         assert (sha, size, data_is_null) == (hashlib.sha256(data).hexdigest(), len(data), True)
-        path = location.removeprefix("file:")
+        path = store.payload_path(location)
+        assert path == os.path.join(store.blob_dir("r1"), big.id.hex)
         with open(path, "rb") as handle:
             assert hashlib.sha256(handle.read()).hexdigest() == sha
         assert os.stat(path).st_mode & 0o777 == 0o600

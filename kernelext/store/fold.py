@@ -1,0 +1,274 @@
+"""Folding journal records into the tables, without ever dropping one.
+
+One fold job drains everything pending in one transaction, with one ``journal_state``
+write; appends made while a fold is queued ride along with it. When a fold fails:
+
+- for a **transient** reason (disk full, out of memory, the file busy), it is retried
+  with backoff, then parked until the next flush, read or close; the records stay in
+  memory and in the journal file, so nothing is lost even if the process dies;
+- for a **permanent** reason (the tables refuse a record), records are folded one at a
+  time until the refused one is found; it goes to the ``quarantine`` table with an
+  ``events`` row and one log line, and its run moves to ``needs_decision``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from .journal import Journal, Record, encode_payload
+from .records import APPLY, apply_records
+from .writer import Tx, Writer
+
+__all__ = ["Folder", "quarantine_tx", "set_journal_state"]
+
+_log = logging.getLogger("kernelext")
+BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # then parked until a flush, read or close
+DECISION_WAIT = dt.timedelta(days=3)  # the default 'decision' expiry policy
+_QUARANTINE_NS = uuid.UUID("6b1f4d1e-8f43-4a5e-9a57-6b2f0c1d7e11")
+
+
+def set_journal_state(tx: Tx, journal_id: str, last_seq: int) -> None:
+    tx.execute(
+        "INSERT INTO journal_state (journal_id, last_seq) VALUES (?, ?)"
+        " ON CONFLICT (journal_id) DO UPDATE SET last_seq = excluded.last_seq",
+        (journal_id, last_seq),
+    )
+
+
+def quarantine_tx(
+    tx: Tx,
+    now: dt.datetime,
+    *,
+    journal_id: str,
+    seq: int | None,
+    kind: str,
+    payload: str,
+    error: str,
+    file: str,
+    run_id: str | None,
+    marker: str = "",
+) -> None:
+    """Keep a refused record where a person sees it, and hold its run for a decision."""
+    qid = uuid.uuid5(_QUARANTINE_NS, f"{journal_id}\0{seq}\0{marker}")
+    inserted = tx.fetchone(
+        "INSERT INTO quarantine (id, journal_id, seq, kind, run_id, payload, error, file,"
+        " quarantined_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+        " RETURNING id",
+        (qid, journal_id, seq, kind, run_id, payload, error[:2000], file, now),
+    )
+    if inserted is None:
+        return  # quarantined before (a journal folded twice after a crash)
+    detail = json.dumps({"quarantine_id": str(qid), "journal": journal_id, "seq": seq})
+    tx.execute(
+        "INSERT INTO events (run_id, occurred_at, kind, source, actor, reason, detail)"
+        " VALUES (?, ?, 'record_quarantined', 'store', 'kernelext', ?, ?)",
+        (run_id, now, f"{kind} record refused: {error[:300]}", detail),
+    )
+    if run_id is None:
+        return
+    row = tx.fetchone("SELECT status FROM runs WHERE id = ?", (run_id,))
+    if row is None or row[0] not in ("running", "stopping", "suspended"):
+        return
+    reason = f"a {kind} record was refused by the store and quarantined ({error[:200]})"
+    tx.execute(
+        "UPDATE runs SET status = 'needs_decision', reason = ?, updated_at = ?, deadline = ?"
+        " WHERE id = ?",
+        (reason, now, now + DECISION_WAIT, run_id),
+    )
+    tx.execute(
+        "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source, actor,"
+        " reason, detail) VALUES (?, ?, 'needs_decision', ?, 'needs_decision', 'store',"
+        " 'kernelext', ?, ?)",
+        (run_id, now, row[0], reason, detail),
+    )
+
+
+def record_payload(record: Record) -> str:
+    seq, kind, data = record
+    try:
+        return encode_payload(seq, kind, data).decode()
+    except (TypeError, ValueError):
+        return repr(record)[:100_000]
+
+
+class Folder:
+    """Folds this process's journal through the writer thread."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        writer: Writer,
+        *,
+        is_permanent: Callable[[BaseException], bool],
+        now: Callable[[], dt.datetime],
+    ) -> None:
+        self.journal = journal
+        self.writer = writer
+        self.is_permanent = is_permanent
+        self.now = now
+        self._lock = threading.Lock()
+        self._queued = False
+        self._timer: threading.Timer | None = None
+        self._attempt = 0
+        self._single_until = 0  # fold one record at a time up to this seq (finding a bad one)
+        self.parked = False
+        self.fault: BaseException | None = None  # the transient failure, while it lasts
+        self.quarantined_runs: set[str] = set()
+        self._taken: list[Record] = []  # what the last fold job took (writer thread)
+        self._poisoned: dict[int, BaseException] = {}  # seq -> why the tables refused it
+        self.closed = False
+
+    # -- scheduling ----------------------------------------------------------------
+    def schedule(self) -> None:
+        """Queue one fold, unless one is queued, a retry waits, or folding is parked."""
+        with self._lock:
+            if self._queued or self._timer is not None or self.parked or self.closed:
+                return
+            self._queued = True
+        try:
+            fut = self.writer.submit(self._fold)
+        except RuntimeError:  # the writer closed meanwhile: the journal file keeps them
+            with self._lock:
+                self._queued = False
+            return
+        fut.add_done_callback(self._done)
+
+    def kick(self) -> None:
+        """Try again now (a flush, a read or close): lift a park or a pending backoff."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+            self.parked = False
+        if timer is not None:
+            timer.cancel()
+        self.schedule()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    # -- the fold job (writer thread) ------------------------------------------------
+    def _fold(self, tx: Tx) -> int:
+        with self._lock:
+            self._queued = False
+            single = self._single_until
+        records = self.journal.take(limit=1 if single else None)
+        self._taken = records
+        if not records:
+            return 0
+        refused = self._poisoned.get(records[0][0]) if single else None
+        if refused is not None:  # found before: keep it in quarantine instead
+            self._quarantine(tx, records[0], refused)
+        else:
+            apply_records(tx, records)
+        last = records[-1][0]
+        set_journal_state(tx, self.journal.id, last)
+        return last
+
+    def _done(self, fut: Future[int]) -> None:
+        exc = fut.exception()
+        if exc is None:
+            self._succeeded(fut.result())
+            return
+        with self._lock:
+            self._queued = False  # it may have failed before it ran (the file busy)
+        if self.is_permanent(exc):
+            self._refused(exc)
+        else:
+            self._transient(exc)
+
+    def _succeeded(self, last: int) -> None:
+        if last:
+            self.journal.folded(last)
+        with self._lock:
+            recovered = self.fault is not None
+            self.fault = None
+            self._attempt = 0
+            if self._single_until and self.journal.folded_seq >= self._single_until:
+                self._single_until = 0
+            more = self.journal.unfolded and (self._single_until or recovered)
+        if recovered:
+            _log.warning("kernelext: the journal folds into the store again")
+        if more:
+            self.schedule()
+
+    def _transient(self, exc: BaseException) -> None:
+        with self._lock:
+            first = self.fault is None
+            self.fault = exc
+            self._attempt += 1
+            attempt = self._attempt
+            if attempt > len(BACKOFF):
+                self.parked = True
+            elif not self.closed:
+                self._timer = threading.Timer(BACKOFF[attempt - 1], self._retry)
+                self._timer.daemon = True
+                self._timer.start()
+        if first:
+            _log.error(
+                "kernelext: folding the journal into the store failed (%s); %d record(s) are "
+                "kept in %s and folding is retried",
+                exc,
+                self.journal.pending_count,
+                self.journal.path,
+            )
+        elif attempt == len(BACKOFF) + 1:
+            _log.error(
+                "kernelext: the store still refuses writes (%s); folding waits for the next "
+                "read, flush or close. The records are safe in %s.",
+                exc,
+                self.journal.path,
+            )
+
+    def _retry(self) -> None:
+        with self._lock:
+            self._timer = None
+        self.schedule()
+
+    def _refused(self, exc: BaseException) -> None:
+        """A permanent failure: fold one record at a time; quarantine the one refused."""
+        with self._lock:
+            if not self._single_until:
+                self._single_until = self.journal.last_seq
+            elif self._taken:
+                self._poisoned[self._taken[0][0]] = exc
+        self.schedule()
+
+    def _quarantine(self, tx: Tx, record: Record, exc: BaseException) -> None:
+        seq, kind, data = record
+        run_id = data.get("run_id") if isinstance(data.get("run_id"), str) else None
+        quarantine_tx(
+            tx,
+            self.now(),
+            journal_id=self.journal.id,
+            seq=seq,
+            kind=kind,
+            payload=record_payload(record),
+            error=f"{type(exc).__name__}: {exc}",
+            file=self.journal.path,
+            run_id=run_id,
+        )
+        self._poisoned.pop(seq, None)
+        if run_id is not None:
+            self.quarantined_runs.add(run_id)
+        _log.error(
+            "kernelext: journal record %s (%s) of run %s was refused by the store and "
+            "quarantined: %s. See kx.sql('SELECT * FROM quarantine').",
+            seq,
+            kind,
+            run_id,
+            exc,
+        )
+
+
+def known_and_unknown(records: list[Record]) -> tuple[list[Record], list[Record]]:
+    known = [r for r in records if r[1] in APPLY]
+    return known, [r for r in records if r[1] not in APPLY]

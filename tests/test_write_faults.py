@@ -1,0 +1,470 @@
+"""Faults other than SIGKILL on the write path: a disk that fills, a fold that fails,
+a record the tables refuse, damaged and unknown journal records.
+
+Each test checks against a real local HTTP server counting deliveries: no duplicate,
+every delivery in the ledger, every ambiguous effect ``unknown`` until decided.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.http_server import DeliveryServer, post_json
+
+import kernelext as kx
+from kernelext.errors import StoreWriteError
+from kernelext.store import Store, open_store
+from kernelext.store.journal import scan_journal
+
+pytestmark = pytest.mark.slow
+
+
+# -- a small disk -------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own (root only): filling it fills nothing else."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) to mount a small tmpfs")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path: Path) -> None:
+    """Write until the disk is full (ENOSPC)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    chunk = b"\0" * (64 << 10)
+    try:
+        while True:
+            try:
+                os.write(fd, chunk)
+            except OSError:
+                if len(chunk) == 1:
+                    break
+                chunk = chunk[: len(chunk) // 2]
+    finally:
+        os.close(fd)
+
+
+# -- the agent: one delivery per item ----------------------------------------------------
+def make_agent(server: DeliveryServer, name: str, on_delivered: Any = None) -> kx.Agent:
+    @kx.effect(name=f"deliver_{name}")
+    def deliver(item: int, *, idempotency_key: str | None = None) -> int:
+        response = post_json(server.url + "/items", {"item": item}, idempotency_key)
+        if on_delivered is not None:
+            on_delivered(item)
+        return response.status
+
+    @kx.agent(name=name)
+    def agent(run: kx.Run, items: list[int]) -> int:
+        for item in run.steps(items, key=str):
+            deliver(item)
+            run.state["done"] = run.state.get("done", 0) + 1
+        return int(run.state.get("done", 0))
+
+    return agent
+
+
+def delivered_items(server: DeliveryServer) -> Counter[int]:
+    return Counter(int(d["body"]["item"]) for d in server.deliveries)
+
+
+def settle_unknowns(store: Store, run_id: str, server: DeliveryServer) -> int:
+    """Decide each unknown effect from the server's own record, as a person would."""
+    keys = {d["idempotency_key"] for d in server.deliveries}
+    decided = 0
+    for unknown in kx.reconcile(run_id, store=store):
+        if str(unknown.key) in keys:
+            unknown.mark_applied(result=200)
+        else:
+            unknown.mark_not_applied()
+        decided += 1
+    return decided
+
+
+def resume_to_the_end(store: Store, run_id: str, server: DeliveryServer) -> str:
+    for _ in range(5):
+        status = kx.resume(run_id, store=store).wait(timeout=120)
+        if status != "needs_decision":
+            return status
+        assert settle_unknowns(store, run_id, server) > 0
+    raise AssertionError("the run kept asking for decisions")
+
+
+def ledger_matches_server(store: Store, run_id: str, server: DeliveryServer) -> None:
+    rows = store.read(
+        "SELECT key, status FROM effects WHERE run_id = ? AND status = 'applied'", (run_id,)
+    )
+    applied = {str(r[0]) for r in rows}
+    keys = [d["idempotency_key"] for d in server.deliveries]
+    assert sorted(applied) == sorted(k for k in keys if k is not None)
+
+
+# -- the disk fills mid-run ----------------------------------------------------------------
+def test_a_disk_that_fills_mid_run_ends_it_cleanly_and_a_resume_repeats_nothing(
+    small_disk: Path, delivery_server: DeliveryServer
+) -> None:
+    store = open_store(str(small_disk / "store.duckdb"))
+    filler = small_disk / "filler"
+    items = list(range(30))
+
+    def fill_after(item: int) -> None:
+        if item == 12:
+            fill(filler)
+
+    agent = make_agent(delivery_server, "disk_full", fill_after)
+    try:
+        handle = agent.start(items, run_id="disk-full", store=store)
+        assert handle.wait(timeout=120) == "failed"  # returns: nothing loops
+        assert isinstance(handle.error, StoreWriteError)
+        assert "kx.resume('disk-full')" in str(handle.error)
+        before = delivered_items(delivery_server)
+        assert 13 <= len(before) < len(items)  # it stopped once nothing could be stored
+
+        filler.unlink()  # the fault clears
+        assert resume_to_the_end(store, "disk-full", delivery_server) == "completed"
+        counts = delivered_items(delivery_server)
+        assert sorted(counts) == items
+        assert set(counts.values()) == {1}, counts  # nothing applied twice
+        ledger_matches_server(store, "disk-full", delivery_server)
+        assert kx.sql("SELECT count(*) AS n FROM quarantine", store=store)["n"][0] == 0
+    finally:
+        store.close()
+
+
+def test_an_intent_that_could_not_be_stored_leaves_no_phantom(
+    small_disk: Path, delivery_server: DeliveryServer
+) -> None:
+    """ENOSPC on the intent itself: the call is not made, and nothing claims it was.
+
+    The intent of item 3 is larger than any free room left in the journal's last page,
+    so its append is the one that fails.
+    """
+    store = open_store(str(small_disk / "store.duckdb"))
+    filler = small_disk / "filler"
+    items = list(range(6))
+    filled: list[bool] = []
+
+    @kx.effect
+    def deliver_padded(item: int, pad: str, *, idempotency_key: str | None = None) -> int:
+        return post_json(delivery_server.url + "/items", {"item": item}, idempotency_key).status
+
+    @kx.agent(name="phantom")
+    def agent(run: kx.Run, items: list[int]) -> None:
+        for item in run.steps(items, key=str):
+            if item == 3 and not filled:
+                filled.append(True)
+                fill(filler)
+            deliver_padded(item, "x" * 8192 if item == 3 else "")
+
+    try:
+        handle = agent.start(items, run_id="phantom", store=store)
+        assert handle.wait(timeout=120) == "failed"
+        assert isinstance(handle.error, StoreWriteError)
+        assert delivered_items(delivery_server) == Counter({0: 1, 1: 1, 2: 1})
+        filler.unlink()
+        # The same process resumes: it must not remember an intent that was never stored
+        # (it would wait for a decision on an effect that is not in the ledger).
+        handle = kx.resume("phantom", store=store)
+        status = handle.wait(timeout=120)
+        assert status == "completed"
+        assert delivered_items(delivery_server) == Counter(dict.fromkeys(items, 1))
+        ledger_matches_server(store, "phantom", delivery_server)
+    finally:
+        store.close()
+
+
+# -- a fold that fails for a transient reason ---------------------------------------------
+LONG_READER = """
+import sys
+import kernelext as kx
+store = kx.open_store(sys.argv[1])
+print("querying", flush=True)
+kx.sql("SELECT sum(hash(i)) AS s FROM range(400000000) t(i)", store=store)
+print("done", flush=True)
+store.close()
+"""
+
+
+def test_a_fold_that_fails_for_a_transient_reason_is_retried_and_loses_nothing(
+    store_path: Path,
+    delivery_server: DeliveryServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A long query in another process holds the store file while the agent runs, longer
+    than this process waits for it: every fold fails meanwhile. The records wait in the
+    journal and are folded once the file is free; nothing is split off or dropped."""
+    monkeypatch.setenv("KERNELEXT_STORE_WAIT", "0.2")
+    store = open_store(str(store_path))
+    items = list(range(20))
+    reader_querying, reader_done = threading.Event(), threading.Event()
+    reader = subprocess.Popen(
+        [sys.executable, "-c", LONG_READER, str(store_path)], stdout=subprocess.PIPE, text=True
+    )
+
+    def pace(item: int) -> None:
+        if item == 5:  # from here on the other process holds the file
+            assert reader_querying.wait(120)
+        if 5 <= item < 15:
+            time.sleep(0.05)
+        if item == 15:  # the run ends once the file is free again
+            assert reader_done.wait(120)
+
+    agent = make_agent(delivery_server, "transient", pace)
+    try:
+        handle = agent.start(items, run_id="transient", store=store)
+        assert reader.stdout is not None
+        assert reader.stdout.readline().strip() == "querying"
+        reader_querying.set()
+        out, _ = reader.communicate(timeout=120)
+        assert "done" in out
+        reader_done.set()
+        assert handle.wait(timeout=120) == "completed"
+        failures = [r for r in caplog.records if "folding the journal" in r.getMessage()]
+        assert 1 <= len(failures) <= 2  # the fault is reported, not once per retry
+        steps = store.read(
+            "SELECT count(*) FROM steps WHERE run_id = 'transient' AND status = 'completed'"
+        )
+        assert steps[0][0] == len(items)
+        counts = delivered_items(delivery_server)
+        assert counts == Counter(dict.fromkeys(items, 1))
+        ledger_matches_server(store, "transient", delivery_server)
+    finally:
+        reader.kill()
+        store.close()
+
+
+# -- journals left by processes that died ----------------------------------------------------
+def dead_journal(store_path: Path, frames: list[bytes]) -> Path:
+    """The journal file a killed process leaves: its frames, and nobody holding its lock."""
+    path = Path(f"{store_path}.journal.{2**22 + 17}.{uuid.uuid4().hex[:8]}")
+    path.write_bytes(b"".join(frames))
+    return path
+
+
+def step_records(
+    run_id: str, count: int, first_seq: int = 1
+) -> list[tuple[int, str, dict[str, Any]]]:
+    """A run's journal: each step begun and completed (with an empty snapshot)."""
+    import datetime as dt
+
+    at = dt.datetime(2026, 1, 1)
+    records: list[tuple[int, str, dict[str, Any]]] = []
+    seq = first_seq
+    for ordinal in range(count):
+        step_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{ordinal}")
+        begin = {
+            "id": step_id,
+            "run_id": run_id,
+            "ordinal": ordinal,
+            "key": str(ordinal),
+            "name": None,
+            "started_at": at,
+        }
+        complete = {
+            "step_id": step_id,
+            "run_id": run_id,
+            "ordinal": ordinal,
+            "at": at,
+            "duration_s": 0.001,
+            "snapshot_id": uuid.uuid4(),
+            "manifest": "{}",
+            "bytes": 0,
+            "blobs": [],
+        }
+        records += [(seq, "step_begin", begin), (seq + 1, "step_complete", complete)]
+        seq += 2
+    return records
+
+
+def completed_steps(store: Store, run_id: str) -> list[int]:
+    rows = store.read(
+        "SELECT ordinal FROM steps WHERE run_id = ? AND status = 'completed' ORDER BY ordinal",
+        (run_id,),
+    )
+    return [r[0] for r in rows]
+
+
+@pytest.fixture
+def run_in_store(store_path: Path) -> str:
+    """A store with one suspended run in it, closed again."""
+    with open_store(str(store_path)) as store:
+        store.create_run("orphan", "orphan_agent")
+        store.transition("orphan", "suspended", ("running",), kind="suspended")
+    return "orphan"
+
+
+def test_a_corrupt_byte_in_a_dead_journal_loses_only_that_record(
+    store_path: Path, run_in_store: str
+) -> None:
+    from kernelext.store.journal import frame
+
+    records = step_records(run_in_store, 6)
+    frames = [frame(*r) for r in records]
+    path = dead_journal(store_path, frames)
+    damaged = bytearray(path.read_bytes())
+    target = sum(len(f) for f in frames[:5]) + 20  # inside record 6: step 2's completion
+    damaged[target] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+
+    with open_store(str(store_path)) as store:  # opens, for everyone
+        assert completed_steps(store, run_in_store) == [0, 1, 3, 4, 5]
+        kept = store.read("SELECT kind, file, error FROM quarantine")
+        assert [k[0] for k in kept] == ["(damage)"]
+        assert not path.exists()  # moved aside, kept for inspection
+        assert Path(kept[0][1]).read_bytes() == bytes(damaged)
+        events = [
+            e["kind"]
+            for e in kx.sql(
+                "SELECT kind FROM events WHERE kind = 'record_quarantined'", store=store
+            ).to_dict("records")
+        ]
+        assert events == ["record_quarantined"]
+    with open_store(str(store_path)) as store:  # and again: nothing left to trip on
+        assert completed_steps(store, run_in_store) == [0, 1, 3, 4, 5]
+        assert store.read("SELECT count(*) FROM quarantine")[0][0] == 1
+
+
+def test_a_record_the_tables_refuse_is_quarantined_and_its_run_waits_for_a_decision(
+    store_path: Path, run_in_store: str
+) -> None:
+    from kernelext.store.journal import frame
+
+    records = step_records(run_in_store, 4)
+    del records[3][2]["blobs"]  # well-formed JSON, but not a record the tables take
+    path = dead_journal(store_path, [frame(*r) for r in records])
+
+    with open_store(str(store_path)) as store:
+        assert completed_steps(store, run_in_store) == [0, 2, 3]
+        (row,) = store.read_dicts("SELECT * FROM quarantine")
+        assert row["kind"] == "step_complete" and row["run_id"] == run_in_store
+        assert "blobs" in row["error"] and row["seq"] == 4
+        run = store.get_run(run_in_store)
+        assert run["status"] == "needs_decision" and "quarantined" in run["reason"]
+        assert run["deadline"] is not None
+        assert not path.exists()
+    with open_store(str(store_path)) as store:  # opening again never trips on it
+        assert store.read("SELECT count(*) FROM quarantine")[0][0] == 1
+
+
+def test_an_unknown_record_kind_is_quarantined_not_dropped(
+    store_path: Path, run_in_store: str
+) -> None:
+    from kernelext.store.journal import frame
+
+    records = step_records(run_in_store, 2)
+    records.insert(2, (99, "approval_request", {"run_id": run_in_store, "tool": "pay"}))
+    path = dead_journal(store_path, [frame(*r) for r in records])
+    with open_store(str(store_path)) as store:
+        assert completed_steps(store, run_in_store) == [0, 1]
+        (row,) = store.read_dicts("SELECT kind, payload, error FROM quarantine")
+        assert row["kind"] == "approval_request" and '"tool":"pay"' in row["payload"]
+        assert "does not know" in row["error"]
+    assert not path.exists()
+
+
+def test_frames_carry_a_version_and_first_release_frames_still_fold(
+    store_path: Path, run_in_store: str
+) -> None:
+    import json
+    import struct
+    import zlib
+
+    from kernelext.store.journal import FORMAT_VERSION, encode_payload, frame
+
+    records = step_records(run_in_store, 2)
+    assert frame(*records[0])[0] == FORMAT_VERSION
+    legacy = []
+    for seq, kind, data in records:  # the first release: length and crc, no version
+        payload = encode_payload(seq, kind, data)
+        legacy.append(struct.pack(">II", len(payload), zlib.crc32(payload)) + payload)
+    json.loads(legacy[0][8:])  # a plain frame
+    dead_journal(store_path, legacy)
+    with open_store(str(store_path)) as store:
+        assert completed_steps(store, run_in_store) == [0, 1]
+
+
+def test_a_torn_last_record_is_a_normal_crash_not_damage(
+    store_path: Path, run_in_store: str
+) -> None:
+    from kernelext.store.journal import frame
+
+    frames = [frame(*r) for r in step_records(run_in_store, 3)]
+    frames[-1] = frames[-1][: len(frames[-1]) // 2]  # the append a SIGKILL cut off
+    path = dead_journal(store_path, frames)
+    assert scan_journal(str(path)).torn_tail
+    with open_store(str(store_path)) as store:
+        assert completed_steps(store, run_in_store) == [0, 1]
+        assert store.read("SELECT count(*) FROM quarantine")[0][0] == 0
+    assert not path.exists()
+
+
+# -- a record refused while the process lives ------------------------------------------------
+def test_a_live_record_the_tables_refuse_is_quarantined_and_its_neighbours_fold(
+    store_path: Path,
+) -> None:
+    import datetime as dt
+
+    with open_store(str(store_path)) as store:
+        store.create_run("live", "live_agent")
+        good = step_records("live", 3)
+        bad = dict(good[2][2], ordinal="not a number")  # passes the check, refused by DuckDB
+        for _seq, kind, data in good[:2]:
+            store.record(kind, data, sync=False)
+        store.record("step_begin", bad, sync=False)
+        for _seq, kind, data in good[3:]:
+            store.record(kind, data, sync=True)
+        store.flush()
+        assert completed_steps(store, "live") == [0, 2]
+        (row,) = store.read_dicts("SELECT kind, run_id, error FROM quarantine")
+        assert row["kind"] == "step_begin" and "Conversion" in row["error"]
+        assert store.get_run("live")["status"] == "needs_decision"
+        assert "live" in store.quarantined_runs
+        assert store.journal is not None and not store.journal.unfolded
+        del dt
+
+
+# -- a read-only store folder --------------------------------------------------------------
+def test_a_store_on_a_read_only_mount_can_be_read_and_refuses_writes_clearly(
+    small_disk: Path, delivery_server: DeliveryServer
+) -> None:
+    path = small_disk / "store.duckdb"
+    agent = make_agent(delivery_server, "readonly")
+    with open_store(str(path)) as store:
+        assert agent.start([1, 2, 3], run_id="ro", store=store).wait(timeout=60) == "completed"
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    store = open_store(str(path))
+    try:
+        assert store.read_only
+        assert completed_steps(store, "ro") == [0, 1, 2]
+        frame = kx.sql("SELECT status FROM runs WHERE id = 'ro'", store=store)
+        assert list(frame["status"]) == ["completed"]
+        with pytest.raises(StoreWriteError, match="read-only"):
+            agent.start([4], run_id="ro-2", store=store)
+    finally:
+        store.close()
+    with pytest.raises(kx.KernelextError, match="read_only=True"):
+        open_store(str(path), read_only=False)  # asked to write: says how to read it
