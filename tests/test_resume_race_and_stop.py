@@ -21,8 +21,9 @@ from support.http_server import DeliveryServer, post_json
 import kernelext as kx
 from kernelext.core.cell_runs import open_cell_run, stop_cell_run
 from kernelext.store import Store, open_store
-from kernelext.store.handoff import HandoffLock
-from kernelext.store.records import apply_records, check_record
+from kernelext.store.duckdb.bulk import apply_records
+from kernelext.store.duckdb.handoff import HandoffLock
+from kernelext.store.records import check_record
 
 WAIT = 60.0
 ITEMS = 15
@@ -49,6 +50,7 @@ class Pause:
 
 
 PAUSES: dict[str, Pause] = {}
+HOLDS: dict[str, threading.Event] = {}
 
 
 @kx.agent(name="resume-race")
@@ -60,6 +62,8 @@ def racer(run: kx.Run, url: str, n: int) -> None:
             pause = PAUSES[run.id]
             pause.reached.set()
             pause.go.wait(WAIT)
+        if i == n - 1 and run.id in HOLDS:  # the resumed run stays live until released
+            HOLDS[run.id].wait(WAIT)
 
 
 def suspended_run(server: DeliveryServer, trial: int) -> str:
@@ -126,9 +130,11 @@ def test_a_resume_after_the_winner_is_refused_while_the_run_executes(
 ) -> None:
     run_id = suspended_run(delivery_server, 0)
     PAUSES[run_id] = pause = Pause()
+    HOLDS[run_id] = hold = threading.Event()
     first = kx.resume(run_id)
     with pytest.raises(kx.RunStateError, match="already executing in this process"):
         kx.resume(run_id)
+    hold.set()
     assert first.wait(WAIT) == "completed"
     with pytest.raises(kx.RunStateError, match="already completed"):
         kx.resume(run_id)
@@ -192,7 +198,7 @@ def test_a_stop_request_record_is_applied_once_even_when_folded_twice(store: Sto
 
 def test_a_queued_stop_request_moves_the_run_once_it_is_folded(store: Store) -> None:
     assert store.create_run("r2", "agent")
-    assert store.journal is not None  # DuckDB: the request goes through the journal
+    assert store.hot_path is not None  # DuckDB: the request goes through the journal
     store.queue_stop_request("r2", source="button")()
     store.queue_stop_request("r2", source="api")()
     row = store.get_run("r2")  # a read waits for this process's journal to be folded
@@ -208,7 +214,7 @@ def test_a_queued_stop_request_moves_the_run_once_it_is_folded(store: Store) -> 
 def test_a_stop_request_on_postgres_commits_directly_and_once(postgres_url: str) -> None:
     pg = open_store(postgres_url)
     try:
-        assert pg.journal is None and pg.create_run("r3", "agent")
+        assert pg.hot_path is None and pg.create_run("r3", "agent")
         pg.queue_stop_request("r3", source="button")()
         again = stop_record("r3", "api", pg.now())
         for _ in range(2):

@@ -280,6 +280,7 @@ def resume_cell_run(run_id: str, *, store: Store | None = None, source: str = "a
 
 
 def _resume_cell_run(run_id: str, store: Store, source: str) -> Handle:
+    store.flush()  # what this process journaled is read back (see resume)
     row = store.get_run(run_id)
     if row["agent"] != CELL_AGENT:
         raise RunStateError(f"Run {run_id!r} is not a run of %%agent cells.")

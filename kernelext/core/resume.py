@@ -47,6 +47,9 @@ def _resume(
     kwargs: dict[str, Any] | None,
     source: str,
 ) -> Handle:
+    # Everything this process journaled is in the tables before the run is read back;
+    # after a write fault that cannot be folded yet, StoreWriteError says so and nothing runs.
+    store.flush()
     row = store.get_run(run_id)
     live = live_handle(run_id)
     if live is not None:

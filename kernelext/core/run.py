@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..store import Store
-from ..store.side_files import StagedPayload
+from ..store.steps import StagedPayload
 from .snapshot import Snapshotter
 
 __all__ = ["Run", "StepInfo"]

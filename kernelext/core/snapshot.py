@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..store import Blob, Store
-from ..store.side_files import StagedPayload
-from ..store.steps import discard_staged
+from ..store.steps import StagedPayload, discard_staged
 from .codec import check_json_fidelity, decode, encode, loads_json
 
 __all__ = ["Snapshotter"]

@@ -72,6 +72,6 @@ def open_store(
     if target.startswith(("postgresql://", "postgres://")):
         backend = importlib.import_module(".postgres_backend", __name__)
         return Store(backend.open_postgres(target), clock=clock)
-    from .duckdb_backend import open_duckdb
+    from .duckdb import open_duckdb
 
     return Store(open_duckdb(target, read_only=read_only), clock=clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import datetime as dt
 import getpass
@@ -14,14 +15,11 @@ from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 from ..errors import StoreWriteError
-from .fold import Folder
-from .journal import Journal
 from .records import apply_record, check_record
-from .recovery import fold_orphaned_journals
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
 
-__all__ = ["Backend", "StoreBase", "actor", "utcnow"]
+__all__ = ["Backend", "HotPath", "StoreBase", "actor", "utcnow"]
 
 T = TypeVar("T")
 _log = logging.getLogger("kernelext")
@@ -42,23 +40,113 @@ def actor() -> str:
     return f"{user}@{socket.gethostname()}:{os.getpid()}"
 
 
-class Backend(Protocol):
-    """A connection adapter: what a backend module gives the store."""
+class HotPath(Protocol):
+    """Where a backend puts hot-path records instead of committing each (DuckDB: a journal).
 
-    dialect: str
-    path: str
+    A record is durable once ``record(..., sync=True)`` (or ``sync()``) returned; it is in
+    the tables after ``flush()``, which raises ``StoreWriteError`` when it cannot fold now.
+    """
 
-    def begin(self) -> Tx: ...
+    @property
+    def path(self) -> str: ...
 
-    def commit(self) -> None: ...
+    @property
+    def unfolded(self) -> bool: ...
 
-    def rollback(self) -> None: ...
+    @property
+    def quarantined_runs(self) -> set[str]: ...
+
+    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def catch_up(self) -> None: ...
+
+    def fold_first(self) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close_writes(self) -> None: ...
 
     def close(self) -> None: ...
 
+
+class Backend(abc.ABC):
+    """The contract between the store and a database. ``store/duckdb/`` and
+    ``postgres_backend`` implement it; nothing outside a backend branches on which one.
+
+    The abstract methods are the connection; every other hook has a default that is
+    right for a backend without that concern.
+    """
+
+    dialect: str
+    path: str
+    read_only: bool = False
+    for_update: str = ""  # appended to a SELECT that locks the row until the end of its tx
+    inline_limit: int = (1 << 30) - 1  # payloads above it go to ``side_files``
+    side_files: Any = None  # a ``SideFiles`` when payloads may live in files beside the store
+    foreign_if_any_table: bool = False  # a database with tables but no schema_version is foreign
+    on_open: Callable[[], None] | None = None  # set by the writer: the connection (re)opened
+
+    @abc.abstractmethod
+    def begin(self) -> Tx: ...
+
+    @abc.abstractmethod
+    def commit(self) -> None: ...
+
+    @abc.abstractmethod
+    def rollback(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
+    @abc.abstractmethod
+    def read_with_names(
+        self, sql: str, params: Sequence[Any] = ()
+    ) -> tuple[list[tuple[Any, ...]], list[str]]: ...
+
+    @abc.abstractmethod
     def read_arrow(self, sql: str) -> Any: ...
+
+    def try_read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]] | None:
+        """A read that may answer ``None`` at once instead of waiting for the database."""
+        return self.read(sql, params)
+
+    def bind(self, now: Callable[[], dt.datetime]) -> None:
+        """The store's clock, before the first connection opens."""
+        self.now = now
+
+    def open_hot_path(self, writer: Writer) -> HotPath | None:
+        """Where hot-path records go; None: each is committed directly."""
+        return None
+
+    def idle_tick(self) -> float | None:
+        """Called by the idle writer: how long it may sleep (None: until a job comes)."""
+        return None
+
+    def after_batch(self) -> None:
+        """Called by the writer after a group commit when nothing else is queued."""
+        return None
+
+    def xact_lock(self, tx: Tx, name: str) -> None:
+        """Let one transaction at a time past this point for ``name`` (see serialize_tx)."""
+        return None
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """A transaction that failed with ``exc`` was rolled back and may simply run again."""
+        return False
+
+    def is_permanent(self, exc: BaseException) -> bool:
+        """The same records would meet ``exc`` again (the tables refuse them)."""
+        return False
+
+    @contextlib.contextmanager
+    def try_advisory_lock(self, name: str) -> Iterator[bool]:
+        """Is this process the one for ``name`` (one sweeper, ...)? Nobody else by default."""
+        yield True
 
 
 class StoreBase:
@@ -68,27 +156,20 @@ class StoreBase:
         self.backend = backend
         self.clock = clock
         self.location = backend.path
-        self.for_update = " FOR UPDATE" if backend.dialect == "postgres" else ""
-        self.journal: Journal | None = None
-        self.folder: Folder | None = None
+        self.for_update = backend.for_update
+        self.read_only = backend.read_only
+        self.hot_path: HotPath | None = None
         self._journaled_intents: dict[Any, dict[str, Any]] = {}
         self._last_queued: Future[Any] | None = None
-        if backend.dialect == "duckdb":
-            backend.after_connect = self._fold_orphaned_journals  # type: ignore[attr-defined]
+        backend.bind(self.now)
         self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
         self.closed = False
-        self.read_only = bool(getattr(backend, "read_only", False))
         try:
             if self.read_only:  # nothing is written, not even a migration
                 self._writer.run(lambda tx: None)
             else:
                 self._writer.run(self._migrate)
-            if backend.dialect == "duckdb" and not self.read_only:
-                self.journal = Journal(backend.path)
-                self._writer.rollback_listeners.append(self.journal.rolled_back)
-                self.folder = Folder(
-                    self.journal, self._writer, is_permanent=self._is_permanent, now=self.now
-                )
+                self.hot_path = backend.open_hot_path(self._writer)
         except BaseException:
             self._writer.close()
             raise
@@ -101,9 +182,7 @@ class StoreBase:
         safe across processes under READ COMMITTED. DuckDB: nothing to do, one writer
         (one process at a time, one thread in it) already runs the transactions in turn.
         """
-        lock = getattr(self.backend, "xact_lock", None)
-        if lock is not None:
-            lock(tx, name)
+        self.backend.xact_lock(tx, name)
 
     def now(self) -> dt.datetime:
         return self.clock()
@@ -116,12 +195,11 @@ class StoreBase:
         """
         self._refuse_if_read_only()
         self._fold_first()
-        transient = getattr(self.backend, "is_transient", None)
         for attempt in range(1, TRANSIENT_RETRIES + 1):
             try:
                 return self._writer.run(job)
             except Exception as exc:
-                if transient is None or attempt == TRANSIENT_RETRIES or not transient(exc):
+                if attempt == TRANSIENT_RETRIES or not self.backend.is_transient(exc):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -141,11 +219,7 @@ class StoreBase:
         processes and hosts. An embedded backend has nobody to coordinate with here,
         so the block always gets it.
         """
-        lock = getattr(self.backend, "try_advisory_lock", None)
-        if lock is None:
-            yield True
-            return
-        with lock(name) as got:
+        with self.backend.try_advisory_lock(name) as got:
             yield bool(got)
 
     def write_async(self, job: Callable[[Tx], T]) -> Future[T]:
@@ -164,39 +238,22 @@ class StoreBase:
         """
         check_record(kind, data)
         self._refuse_if_read_only()
-        journal = self.journal
-        if journal is None:
-
-            def job(tx: Tx) -> None:
-                apply_record(tx, kind, data)
-
-            if sync:
-                self.write(job)
-            else:
-                self.write_async(job)
+        if self.hot_path is not None:
+            self.hot_path.record(kind, data, sync=sync)
             return
-        assert self.folder is not None
-        journal.append(kind, data, sync=sync, enqueue=self.folder.schedule)
+
+        def job(tx: Tx) -> None:
+            apply_record(tx, kind, data)
+
+        if sync:
+            self.write(job)
+        else:
+            self.write_async(job)
 
     @property
     def quarantined_runs(self) -> set[str]:
         """Runs one of whose records the tables refused (they wait in needs_decision)."""
-        return self.folder.quarantined_runs if self.folder is not None else set()
-
-    def _fold_orphaned_journals(self, run_tx: Callable[[Callable[[Tx], Any]], Any]) -> None:
-        """Fold what killed processes journaled but never folded (on every connect)."""
-        own = self.journal.path if self.journal is not None else None
-        fold_orphaned_journals(
-            run_tx,
-            self.backend.path,
-            own,
-            now=self.now,
-            is_permanent=self._is_permanent,
-        )
-
-    def _is_permanent(self, exc: BaseException) -> bool:
-        check = getattr(self.backend, "is_permanent", None)
-        return bool(check(exc)) if check is not None else False
+        return self.hot_path.quarantined_runs if self.hot_path is not None else set()
 
     def _catch_up(self) -> None:
         """A read sees what this process wrote: journaled records and queued jobs.
@@ -207,10 +264,8 @@ class StoreBase:
         """
         if self._writer.in_writer_thread():
             return
-        journal = self.journal
-        if journal is not None and journal.unfolded:
-            with contextlib.suppress(Exception):
-                self.flush()
+        if self.hot_path is not None and self.hot_path.unfolded:
+            self.hot_path.catch_up()
             return
         queued = self._last_queued
         if queued is not None and not queued.done():
@@ -234,42 +289,23 @@ class StoreBase:
         self, sql: str, params: Sequence[Any]
     ) -> tuple[list[tuple[Any, ...]], list[str]]:
         self._catch_up()
-        reader = getattr(self.backend, "read_with_names", None)
-        if reader is None:  # pragma: no cover - every shipped backend has it
-            raise NotImplementedError
-        result: tuple[list[tuple[Any, ...]], list[str]] = reader(sql, params)
-        return result
+        return self.backend.read_with_names(sql, params)
 
     def _fold_first(self) -> None:
-        """After a write fault, the journal folds before any other write (its order)."""
-        folder, journal = self.folder, self.journal
-        if folder is not None and journal is not None and folder.fault and journal.unfolded:
-            self.flush()
+        """After a write fault, journaled records fold before any other write (order)."""
+        if self.hot_path is not None:
+            self.hot_path.fold_first()
 
     def flush(self) -> None:
         """Wait until everything queued or journaled so far is in the tables.
 
-        Raises the store's error when the journal cannot be folded now (disk full, ...);
-        the records stay in the journal and are folded once the store takes writes.
+        Raises :class:`StoreWriteError` when the journal cannot be folded now (disk full,
+        ...); the records stay in the journal and are folded once the store takes writes.
         """
-        folder, journal = self.folder, self.journal
-        if folder is None or journal is None or not journal.unfolded:
+        if self.hot_path is not None:
+            self.hot_path.flush()
+        else:
             self._writer.run(lambda tx: None)
-            return
-        stalled = 0
-        while True:  # a fold that met a refused record goes on one record at a time
-            before = journal.folded_seq
-            folder.kick()
-            self._writer.run(lambda tx: None)
-            stalled = stalled + 1 if journal.folded_seq == before else 0
-            if not journal.unfolded or folder.fault is not None or stalled >= 3:
-                break
-        if folder.fault is not None and journal.unfolded:
-            raise StoreWriteError(
-                f"kernelext cannot write to the store {self.location!r} now "
-                f"({folder.fault}); {journal.pending_count} record(s) wait safely in "
-                f"{journal.path} and are folded once it takes writes again."
-            ) from None
 
     @property
     def commits(self) -> int:
@@ -278,17 +314,11 @@ class StoreBase:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.folder is not None and self.journal is not None and self.journal.unfolded:
-                self.folder.kick()
-            if self.folder is not None:
-                self.folder.close()
+            if self.hot_path is not None:
+                self.hot_path.close_writes()
             self._writer.close()
-            if self.journal is not None and self.journal.close():
-                _log.warning(
-                    "kernelext: the store closed with records not yet in its tables; they are "
-                    "kept in %s and folded when the store is next opened",
-                    self.journal.path,
-                )
+            if self.hot_path is not None:
+                self.hot_path.close()
 
     def __enter__(self) -> StoreBase:
         return self
@@ -300,7 +330,7 @@ class StoreBase:
     def _migrate(self, tx: Tx) -> int:
         from .compat import check_store  # refuses a newer or foreign store before any write
 
-        check_store(tx.fetchall, self.location, self.backend.dialect)
+        check_store(tx.fetchall, self.location, self.backend.foreign_if_any_table)
         tx.execute(SCHEMA_VERSION_DDL)
         row = tx.fetchone("SELECT max(version) FROM schema_version")
         current = int(row[0]) if row and row[0] is not None else 0

@@ -35,14 +35,14 @@ _OURS = frozenset((*TABLES, "journal_state", "quarantine"))
 _SHOWN = 5  # foreign tables named in the message
 
 
-def check_store(fetch: Fetch, path: str, dialect: str) -> int:
+def check_store(fetch: Fetch, path: str, any_table_is_foreign: bool) -> int:
     """The store's schema version (0: empty); raise if this release must not write to it."""
     tables = [(bool(here), str(schema), str(name)) for here, schema, name in fetch(_TABLES)]
     if any(here and name == "schema_version" for here, _, name in tables):
         return _check_version(fetch, path)
-    foreign = _foreign_tables(tables, dialect)
+    foreign = _foreign_tables(tables, any_table_is_foreign)
     if foreign:
-        raise ForeignStoreError(_foreign_message(path, foreign, dialect))
+        raise ForeignStoreError(_foreign_message(path, foreign, any_table_is_foreign))
     return 0
 
 
@@ -59,25 +59,25 @@ def _check_version(fetch: Fetch, path: str) -> int:
     return version
 
 
-def _foreign_tables(tables: list[tuple[bool, str, str]], dialect: str) -> list[str]:
+def _foreign_tables(tables: list[tuple[bool, str, str]], any_table: bool) -> list[str]:
     """Tables that make the database someone else's.
 
-    DuckDB: any table (a store file is kernelext's alone). A PostgreSQL database may
-    hold other applications' tables beside the store; only a table with one of the
-    store's names, which kernelext would take for its own, makes it foreign.
+    An embedded file (``any_table``): any table, a store file is kernelext's alone. A
+    server database may hold other applications' tables beside the store; only a table
+    with one of the store's names, which kernelext would take for its own, is foreign.
     """
-    if dialect == "duckdb":
+    if any_table:
         return [name if schema == "main" else f"{schema}.{name}" for _, schema, name in tables]
     return [name for here, _, name in tables if here and name in _OURS]
 
 
-def _foreign_message(path: str, foreign: list[str], dialect: str) -> str:
+def _foreign_message(path: str, foreign: list[str], embedded: bool) -> str:
     shown = ", ".join(foreign[:_SHOWN])
     if len(foreign) > _SHOWN:
         shown += f", … ({len(foreign)} tables)"
     elsewhere = (
         "another path; a file that does not exist yet becomes a new store"
-        if dialect == "duckdb"
+        if embedded
         else "another database (or schema), or rename these tables"
     )
     return (

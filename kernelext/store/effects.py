@@ -65,7 +65,7 @@ class EffectsMixin(RunsMixin, StoreBase):
             )
         }
         data["at"] = self.now()
-        if self.journal is not None:
+        if self.hot_path is not None:
             known = self._journaled_intents.get(row["key"])
             if known is not None:
                 return dict(known)

@@ -17,7 +17,6 @@ from typing import NamedTuple
 from ..errors import IntegrityError
 from .claims import ClaimsMixin
 from .runs import RunsMixin
-from .side_files import inside
 from .steps import StepsMixin
 from .writer import Tx
 
@@ -154,6 +153,8 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
             return None
         removal, files = done
         # After the commit: a crash leaves an orphan file, never a dangling row.
+        if self.backend.side_files is None:  # every payload was inline
+            return removal
         for location in files:
             self._remove_side_file(location)
         with contextlib.suppress(OSError):
@@ -168,7 +169,7 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
             path = self.payload_path(location)
         except IntegrityError:
             return
-        if inside(path, self.blob_root):
+        if self._files().contains(path):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
 

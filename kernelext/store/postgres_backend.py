@@ -29,6 +29,8 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from ..errors import ReadOnlyError, StoreError
+from .base import Backend
+from .writer import Tx
 
 __all__ = [
     "PostgresConnection",
@@ -202,10 +204,11 @@ def _connect(url: str, *, autocommit: bool) -> psycopg.Connection[Any]:
     return con
 
 
-class PostgresConnection:
+class PostgresConnection(Backend):
     """Adapter the writer thread drives; reads use a small connection pool."""
 
     dialect = "postgres"
+    for_update = " FOR UPDATE"  # READ COMMITTED: a status change locks its row
     # Payloads stay in the database (BYTEA, up to 1 GiB): every host can read them.
     inline_limit = (1 << 30) - 1
 
@@ -227,8 +230,7 @@ class PostgresConnection:
             tx.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(MIGRATION_LOCK),))
         return tx
 
-    @staticmethod
-    def xact_lock(tx: _PgTx, name: str) -> None:
+    def xact_lock(self, tx: Tx, name: str) -> None:
         """Hold the advisory lock ``name`` until the transaction ends."""
         tx.execute("SELECT pg_advisory_xact_lock(?)", (advisory_key(name),))
 
@@ -248,8 +250,7 @@ class PostgresConnection:
     def rollback(self) -> None:
         self.con.rollback()
 
-    @staticmethod
-    def is_transient(exc: BaseException) -> bool:
+    def is_transient(self, exc: BaseException) -> bool:
         """The job's transaction was rolled back and running it again is safe.
 
         A deadlock victim, a serialization failure, or a connection that was lost

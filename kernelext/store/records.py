@@ -12,21 +12,35 @@ from typing import Any
 
 from .writer import Tx
 
-__all__ = ["APPLY", "apply_record", "apply_records", "check_record", "insert_intent"]
+__all__ = [
+    "APPLY",
+    "INTENT",
+    "STEP_BEGIN",
+    "apply_record",
+    "check_record",
+    "fact",
+    "insert_intent",
+    "insert_rows",
+    "intent_row",
+    "outcome",
+    "step_begin_row",
+    "stop_request",
+    "values",
+]
 
 
-_STEP_BEGIN = (
+STEP_BEGIN = (
     "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at)",
     " ON CONFLICT (id) DO NOTHING",
 )
 
 
-def _step_begin_row(d: dict[str, Any]) -> tuple[Any, ...]:
+def step_begin_row(d: dict[str, Any]) -> tuple[Any, ...]:
     return (d["id"], d["run_id"], d["ordinal"], d["key"], d["name"], "running", d["started_at"])
 
 
 def _step_begin(tx: Tx, d: dict[str, Any]) -> None:
-    _insert_rows(tx, *_STEP_BEGIN, [_step_begin_row(d)])
+    insert_rows(tx, *STEP_BEGIN, [step_begin_row(d)])
 
 
 def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
@@ -56,14 +70,14 @@ def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
     )
 
 
-_INTENT = (
+INTENT = (
     "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
     " args_hash, args, status, resumable, intent_at)",
     " ON CONFLICT (key) DO NOTHING",
 )
 
 
-def _intent_row(d: dict[str, Any]) -> tuple[Any, ...]:
+def intent_row(d: dict[str, Any]) -> tuple[Any, ...]:
     return (
         d["key"],
         d["run_id"],
@@ -80,17 +94,17 @@ def _intent_row(d: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _intent(tx: Tx, d: dict[str, Any]) -> None:
-    _insert_rows(tx, *_INTENT, [_intent_row(d)])
+    insert_rows(tx, *INTENT, [intent_row(d)])
 
 
 def insert_intent(tx: Tx, d: dict[str, Any]) -> bool:
     """Insert one intent in one round trip; False when a row with its key exists."""
-    head, tail = _INTENT
-    row = _intent_row(d)
-    return tx.fetchone(f"{head} VALUES {_values(len(row), 1)}{tail} RETURNING key", row) is not None
+    head, tail = INTENT
+    row = intent_row(d)
+    return tx.fetchone(f"{head} VALUES {values(len(row), 1)}{tail} RETURNING key", row) is not None
 
 
-def _outcome(tx: Tx, d: dict[str, Any]) -> None:
+def outcome(tx: Tx, d: dict[str, Any]) -> None:
     tx.execute(
         "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?"
         " WHERE key = ? AND status = 'pending'",
@@ -111,7 +125,7 @@ _FACT = (
 )
 
 
-def _fact(tx: Tx, d: dict[str, Any]) -> None:
+def fact(tx: Tx, d: dict[str, Any]) -> None:
     tx.execute(
         _FACT,
         (
@@ -136,7 +150,7 @@ _STOP_EVENT = (
 )
 
 
-def _stop_request(tx: Tx, d: dict[str, Any]) -> None:
+def stop_request(tx: Tx, d: dict[str, Any]) -> None:
     """A stop asked of a run live in the journaling process (see ``RunsMixin.request_stop``).
 
     The first request moves ``running`` to ``stopping``; every request adds one
@@ -174,9 +188,9 @@ APPLY: dict[str, Callable[[Tx, dict[str, Any]], None]] = {
     "step_begin": _step_begin,
     "step_complete": _step_complete,
     "intent": _intent,
-    "outcome": _outcome,
-    "fact": _fact,
-    "stop_request": _stop_request,
+    "outcome": outcome,
+    "fact": fact,
+    "stop_request": stop_request,
 }
 
 
@@ -209,76 +223,13 @@ def apply_record(tx: Tx, kind: str, data: dict[str, Any]) -> None:
 _CHUNK = 200
 
 
-def _values(width: int, count: int) -> str:
+def values(width: int, count: int) -> str:
     row = "(" + ", ".join("?" for _ in range(width)) + ")"
     return ", ".join(row for _ in range(count))
 
 
-def _insert_rows(tx: Tx, head: str, tail: str, rows: list[tuple[Any, ...]]) -> None:
+def insert_rows(tx: Tx, head: str, tail: str, rows: list[tuple[Any, ...]]) -> None:
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start : start + _CHUNK]
         params = [value for row in chunk for value in row]
-        tx.execute(f"{head} VALUES {_values(len(chunk[0]), len(chunk))}{tail}", params)
-
-
-def apply_records(tx: Tx, records: list[tuple[int, str, dict[str, Any]]]) -> None:
-    """Apply records in bulk: a few statements per kind instead of a few per record.
-
-    Kinds go in dependency order (a step's begin before its completion, an effect's intent
-    before its outcome); within a kind, journal order. Facts keep one statement each.
-    """
-    by_kind: dict[str, list[dict[str, Any]]] = {}
-    for _, kind, data in records:
-        by_kind.setdefault(kind, []).append(data)
-    begins = by_kind.get("step_begin", [])
-    if begins:
-        _insert_rows(tx, *_STEP_BEGIN, [_step_begin_row(d) for d in begins])
-    intents = by_kind.get("intent", [])
-    if intents:
-        _insert_rows(tx, *_INTENT, [_intent_row(d) for d in intents])
-    for d in by_kind.get("outcome", []):
-        _outcome(tx, d)
-    completions = by_kind.get("step_complete", [])
-    if completions:
-        blobs = [(*row, d["at"]) for d in completions for row in d["blobs"]]
-        if blobs:
-            unique = list({b[0]: b for b in blobs}.values())  # one row per content id
-            _insert_rows(
-                tx,
-                "INSERT INTO blobs (id, run_id, encoding, sha256, size, location, base_id, data,"
-                " created_at)",
-                " ON CONFLICT (id) DO NOTHING",
-                unique,
-            )
-        _insert_rows(
-            tx,
-            "INSERT INTO snapshots (id, run_id, step_ordinal, created_at, manifest, bytes)",
-            " ON CONFLICT (id) DO NOTHING",
-            [
-                (d["snapshot_id"], d["run_id"], d["ordinal"], d["at"], d["manifest"], d["bytes"])
-                for d in completions
-            ],
-        )
-        rows = [(d["step_id"], d["at"], d["duration_s"], d["snapshot_id"]) for d in completions]
-        for start in range(0, len(rows), _CHUNK):
-            chunk = rows[start : start + _CHUNK]
-            tx.execute(
-                "UPDATE steps SET status = 'completed', ended_at = v.ended_at,"
-                " duration_s = v.duration_s, snapshot_id = v.snapshot_id"
-                f" FROM (VALUES {_values(4, len(chunk))}) AS v(id, ended_at, duration_s,"
-                " snapshot_id) WHERE steps.id = v.id",
-                [value for row in chunk for value in row],
-            )
-        latest: dict[str, Any] = {}
-        for d in completions:
-            latest[d["run_id"]] = d["at"]
-        for run_id, at in latest.items():
-            tx.execute(
-                "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-                " WHERE run_id = ? AND status = 'completed') WHERE id = ?",
-                (at, run_id, run_id),
-            )
-    for d in by_kind.get("fact", []):
-        _fact(tx, d)
-    for d in by_kind.get("stop_request", []):
-        _stop_request(tx, d)
+        tx.execute(f"{head} VALUES {values(len(chunk[0]), len(chunk))}{tail}", params)

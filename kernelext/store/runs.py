@@ -207,10 +207,10 @@ class RunsMixin(StoreBase):
             "at": self.now(),
             "request": uuid.uuid4().hex,
         }
-        journal = self.journal
-        if journal is not None:
+        hot_path = self.hot_path
+        if hot_path is not None:
             self.record("stop_request", data, sync=False)
-            return journal.sync
+            return hot_path.sync
         check_record("stop_request", data)
         queued = self.write_async(lambda tx: apply_record(tx, "stop_request", data))
 
@@ -286,11 +286,10 @@ class RunsMixin(StoreBase):
         Stop requests are written by jobs (never journaled), so no fold is waited for.
         """
         sql = "SELECT stop_requested_at, stop_source FROM runs WHERE id = ?"
-        try_read = getattr(self.backend, "try_read", None)
-        if wait or try_read is None:
+        if wait:
             rows: list[tuple[Any, ...]] | None = self.backend.read(sql, (run_id,))
         else:
-            rows = try_read(sql, (run_id,))
+            rows = self.backend.try_read(sql, (run_id,))
         if rows is None:
             return None
         return (rows[0][0], rows[0][1]) if rows else (None, None)

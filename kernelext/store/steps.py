@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, StoreError
 from .base import StoreBase
 from .integrity import (
     PayloadUse,
@@ -18,19 +17,17 @@ from .integrity import (
     outside_message,
     payload_use,
 )
-from .side_files import (
-    StagedPayload,
-    locate_side_file,
-    read_side_file,
-    side_file_location,
-    stage,
-    write_durably,
-)
 from .writer import Tx
 
-__all__ = ["Blob", "StepsMixin"]
+__all__ = ["Blob", "StagedPayload", "StepsMixin", "discard_staged"]
 
-INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
+
+class StagedPayload(Protocol):
+    """A large payload already being written to its side file (see ``stage_payload``)."""
+
+    def commit(self, path: str) -> None: ...
+
+    def discard(self) -> None: ...
 
 
 class Blob(NamedTuple):
@@ -187,35 +184,45 @@ class StepsMixin(StoreBase):
     # -- large payloads --------------------------------------------------------
     def stage_payload(self, run_id: str, data: bytes) -> StagedPayload | None:
         """Start writing a payload that will go to a side file; None if it stays inline."""
-        if len(data) <= getattr(self.backend, "inline_limit", INLINE_LIMIT):
+        files = self.backend.side_files
+        if files is None or len(data) <= self.backend.inline_limit:
             return None
-        return stage(self.blob_dir(run_id), data)
+        staged: StagedPayload = files.stage(run_id, data)
+        return staged
+
+    def _files(self) -> Any:
+        files = self.backend.side_files
+        if files is None:
+            raise StoreError(f"The store at {self.location} keeps every payload inline.")
+        return files
 
     def blob_dir(self, run_id: str) -> str:
-        return os.path.join(self.blob_root, _run_folder(run_id))
+        """The folder of a run's side files."""
+        return str(self._files().run_dir(run_id))
 
     def side_file_location(self, run_id: str, blob_id: uuid.UUID) -> str:
         """The ``blobs.location`` of a side file, relative to :attr:`blob_root`."""
-        return side_file_location(_run_folder(run_id), blob_id.hex)
+        return str(self._files().location(run_id, blob_id))
 
     @property
     def blob_root(self) -> str:
         """The folder of the store's side files, beside the store file."""
-        return self.location + ".blobs"
+        return str(self._files().root)
 
     def payload_path(self, location: str) -> str:
         """The path of a side file from its ``blobs.location`` (``file:...``), found where
         the store is now: relative locations, and absolute ones of a moved folder.
 
-        Every use of a location (read, restart link, retention removal) goes through this
-        or :func:`read_side_file`; a relative location leading out of :attr:`blob_root`
-        raises :class:`IntegrityError`."""
-        return locate_side_file(location, self.blob_root)
+        Every use of a location (read, restart link, retention removal) goes through this;
+        a relative location leading out of :attr:`blob_root` raises
+        :class:`IntegrityError`."""
+        return str(self._files().locate(location))
 
     def _blob_row(self, run_id: str, blob: Blob) -> tuple[Any, ...]:
         # A server backend (PostgreSQL) keeps every payload in the database: a side
         # file on one host could not be read by a resume on another host.
-        if blob.size <= getattr(self.backend, "inline_limit", INLINE_LIMIT):
+        files = self.backend.side_files
+        if files is None or blob.size <= self.backend.inline_limit:
             return (
                 blob.id,
                 run_id,
@@ -226,21 +233,14 @@ class StepsMixin(StoreBase):
                 blob.base_id,
                 blob.data,
             )
-        folder = self.blob_dir(run_id)
-        path = os.path.join(folder, blob.id.hex)
-        if blob.staged is not None:
-            blob.staged.commit(path)
-        else:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            write_durably(path + ".tmp", blob.data)
-            os.replace(path + ".tmp", path)
+        location = files.store(run_id, blob.id, blob.data, blob.staged)
         return (
             blob.id,
             run_id,
             blob.encoding,
             blob.sha256,
             blob.size,
-            self.side_file_location(run_id, blob.id),
+            location,
             blob.base_id,
             None,
         )
@@ -253,7 +253,7 @@ class StepsMixin(StoreBase):
             where, payload = "inline", bytes(data or b"")
         else:
             try:
-                where, found = read_side_file(location, self.blob_root)
+                where, found = self._files().read(location)
             except IntegrityError:  # a location leading out of the blob folder
                 use = self._payload_use(run_id, bid)
                 message = outside_message(run_id, bid, use, location, self.blob_root)
@@ -276,11 +276,6 @@ class StepsMixin(StoreBase):
             (run_id,),
         )
         return payload_use(bid, self.blob_chain_ids(run_id), snapshots)
-
-
-def _run_folder(run_id: str) -> str:
-    """The name of a run's folder under the blob folder (any run id is a safe name)."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, run_id).hex
 
 
 def discard_staged(blobs: Iterable[Blob]) -> None:

@@ -35,6 +35,10 @@ class Tx(Protocol):
 
 
 class _Connection(Protocol):
+    """The part of a store backend (``base.Backend``) the writer drives."""
+
+    on_open: Callable[[], None] | None
+
     def begin(self) -> Tx: ...
 
     def commit(self) -> None: ...
@@ -42,6 +46,10 @@ class _Connection(Protocol):
     def rollback(self) -> None: ...
 
     def close(self) -> None: ...
+
+    def idle_tick(self) -> float | None: ...
+
+    def after_batch(self) -> None: ...
 
 
 _STOP = object()
@@ -60,8 +68,7 @@ class Writer:
         self.commits = 0
         self.failures: list[BaseException] = []
         self.rollback_listeners: list[Callable[[], None]] = []
-        if hasattr(connection, "on_open"):
-            connection.on_open = self._wake  # a read opened it: start the idle clock
+        connection.on_open = self._wake  # a read opened it: start the idle clock
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -109,11 +116,9 @@ class Writer:
 
     # -- the writer thread -------------------------------------------------
     def _loop(self) -> None:
-        idle_tick = getattr(self._conn, "idle_tick", None)
-        after_batch = getattr(self._conn, "after_batch", None)
         stopping = False
         while not stopping:
-            wait = idle_tick() if idle_tick is not None else None
+            wait = self._conn.idle_tick()
             try:
                 first = self._queue.get() if wait is None else self._queue.get(timeout=wait)
             except queue.Empty:
@@ -129,8 +134,8 @@ class Writer:
             batch = [item for item in batch if item is not _STOP and item is not _WAKE]
             if batch:
                 self._run_batch(batch)
-            if after_batch is not None and self._queue.empty():
-                after_batch()
+            if self._queue.empty():
+                self._conn.after_batch()
         self._conn.close()
 
     def _run_batch(self, batch: list[tuple[Callable[[Tx], Any], Future[Any]]]) -> None:

@@ -28,8 +28,8 @@ import pytest
 
 from kernelext.errors import LedgerError, ReadOnlyError, RunNotFound
 from kernelext.store import Blob, Store, utcnow
+from kernelext.store.duckdb.backend import INLINE_LIMIT
 from kernelext.store.schema import MIGRATIONS, TABLES
-from kernelext.store.steps import INLINE_LIMIT
 
 __all__ = [
     "FakeClock",
@@ -544,7 +544,7 @@ class TestBlobs:
             for r in store.read("SELECT id, location, sha256, size, data IS NULL FROM blobs")
         }
         location, sha, size, data_is_null = rows[big.id]
-        if getattr(store.backend, "inline_limit", INLINE_LIMIT) >= len(data):
+        if store.backend.inline_limit >= len(data):
             # A server backend keeps payloads in the database, readable from every host.
             assert (location, sha, size, data_is_null) == (
                 "inline",

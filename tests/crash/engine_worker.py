@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import kernelext as kx
-import kernelext.store.duckdb_backend  # imports duckdb before `go`
+import kernelext.store.duckdb.backend  # imports duckdb before `go`
 from crash import append_line, drive_run, read_go
 from kernelext.store import open_store
 

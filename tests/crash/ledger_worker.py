@@ -26,7 +26,7 @@ from typing import Any
 from support.http_server import post_json
 
 import kernelext as kx
-import kernelext.store.duckdb_backend  # imports duckdb before `go`
+import kernelext.store.duckdb.backend  # imports duckdb before `go`
 from crash import append_line, drive_run, read_go
 from kernelext.store import open_store
 

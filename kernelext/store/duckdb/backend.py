@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import re
 import threading
@@ -12,12 +13,17 @@ from typing import Any
 
 import duckdb
 
-from ..errors import ReadOnlyError, StoreError, StoreLockedError
+from ...errors import ReadOnlyError, StoreError, StoreLockedError
+from ..base import Backend
+from ..writer import Tx, Writer
 from .handoff import HandoffLock
-from .writer import Tx
+from .hot_path import JournalHotPath
+from .recovery import fold_orphaned_journals
+from .side_files import SideFiles
 
 __all__ = ["DuckDBConnection", "open_duckdb"]
 
+INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
 _PID = re.compile(r"\(PID (\d+)\)")
 # EXPLAIN ANALYZE executes its statement (a COPY TO would write a file), and a sequence
 # moves on even when the transaction around it is rolled back.
@@ -64,7 +70,7 @@ class _DuckTx:
         return self._con.execute(sql, list(params)).fetchall()
 
 
-class DuckDBConnection:
+class DuckDBConnection(Backend):
     """The store's connection, opened while this process holds the store file.
 
     The writer thread drives transactions; reads from any thread use a per-thread
@@ -73,6 +79,8 @@ class DuckDBConnection:
     """
 
     dialect = "duckdb"
+    inline_limit = INLINE_LIMIT
+    foreign_if_any_table = True  # a store file is kernelext's alone
     tick = 0.05
     min_hold = 0.25  # seconds a process keeps the file once it opened it, if busy
 
@@ -89,10 +97,11 @@ class DuckDBConnection:
         self.linger = linger
         self.read_only = read_only
         self.lock = HandoffLock(path, read_only=read_only)
+        self.side_files = SideFiles(path)
         self.con: duckdb.DuckDBPyConnection | None = None
         self.opens = 0
-        self.on_open: Callable[[], None] | None = None
-        self.after_connect: Callable[[Callable[[Callable[[Tx], Any]], Any]], None] | None = None
+        self.now: Callable[[], dt.datetime] = _utcnow
+        self.hot_path: JournalHotPath | None = None
         self.closed = False
         self._opened_at = 0.0
         self._mutex = threading.RLock()
@@ -132,11 +141,8 @@ class DuckDBConnection:
         return self.con
 
     def _fold_journals(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Let the store fold the journals of processes that died (each in its own
-        transactions, so one bad record never blocks the others)."""
-        hook = self.after_connect
-        if hook is None:
-            return
+        """Fold the journals of processes that died (each in its own transactions, so
+        one bad record never blocks the others)."""
 
         def run_tx(job: Callable[[Tx], Any]) -> Any:
             con.execute("BEGIN TRANSACTION")
@@ -149,7 +155,15 @@ class DuckDBConnection:
                 raise
             return result
 
-        hook(run_tx)
+        own = self.hot_path.path if self.hot_path is not None else None
+        fold_orphaned_journals(run_tx, self.path, own, now=self.now, is_permanent=self.is_permanent)
+
+    def open_hot_path(self, writer: Writer) -> JournalHotPath:
+        """This process's journal: hot-path records are durable after one fdatasync."""
+        self.hot_path = JournalHotPath(
+            self.path, writer, is_permanent=self.is_permanent, now=self.now
+        )
+        return self.hot_path
 
     def _release(self, *, handing_over: bool = False) -> None:
         if self.con is None:
@@ -233,8 +247,7 @@ class DuckDBConnection:
             self._last_used = time.monotonic()
             self._mutex.release()
 
-    @staticmethod
-    def is_permanent(exc: BaseException) -> bool:
+    def is_permanent(self, exc: BaseException) -> bool:
         """Would this failure happen again with the same records (the tables refuse them)?
 
         Disk full, out of memory, I/O errors and a busy file are transient: retried.
@@ -310,13 +323,17 @@ class DuckDBConnection:
                 self.lock.close()
 
 
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
 def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Connect (creating the file with mode 0600); wait out a foreign holder up to ``timeout``.
 
     A file written by a newer kernelext, or someone else's DuckDB file, is refused here,
     on every connect, before anything writes to it.
     """
-    from .compat import check_store
+    from ..compat import check_store
 
     deadline = time.monotonic() + timeout
     while True:
@@ -342,7 +359,7 @@ def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.Du
                 "kernelext store, point KERNELEXT_STORE at another path."
             ) from None
         try:  # before anything touches the file: the journal fold, chmod, the WAL
-            check_store(_DuckTx(con).fetchall, path, "duckdb")
+            check_store(_DuckTx(con).fetchall, path, True)
         except BaseException:
             con.close()
             raise

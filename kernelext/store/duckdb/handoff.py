@@ -18,7 +18,7 @@ import os
 import socket
 import time
 
-from ..errors import StoreLockedError
+from ...errors import StoreLockedError
 from .platform import lock_file, try_lock_file, unlock_file
 
 __all__ = ["HandoffLock"]

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from ..errors import StoreError
+from ...errors import StoreError
 
 __all__ = ["lock_file", "sync_data", "try_lock_file", "unlock_file"]
 

@@ -19,10 +19,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..writer import Tx
+from .bulk import apply_records
 from .fold import known_and_unknown, quarantine_tx, record_payload, set_journal_state
 from .journal import Record, Scan, orphaned_journals, scan_journal
-from .records import apply_records
-from .writer import Tx
 
 __all__ = ["fold_orphaned_journals"]
 
@@ -182,6 +182,17 @@ def _note_damage(
         _quarantine_raw(run_tx, journal_id, kept, offset, "(damage)", "", error, now)
     for offset, text, why in scan.unreadable:
         _quarantine_raw(run_tx, journal_id, kept, offset, "(unreadable)", text, why, now)
+    # Records of these runs may be in the damaged bytes (an intent, say): each waits for
+    # a person to check it against the outside world before it goes on.
+    runs = sorted({d["run_id"] for _, _, d in scan.records if isinstance(d.get("run_id"), str)})
+    where = ", ".join(str(offset) for offset, _, _ in scan.damage) or "unreadable records"
+    for run_id in runs:
+        error = (
+            f"the journal {os.path.basename(path)} was damaged (at {where}); records of this "
+            "run may be missing there. Check its effects against the systems they reached "
+            "(kx.sql on effects), then resume it deliberately with kx.resume."
+        )
+        _quarantine_run(run_tx, journal_id, kept, run_id, error, now)
     os.replace(path, kept)
     _log.error(
         "kernelext: the journal %s was damaged; the intact records were folded and the file "
@@ -190,6 +201,31 @@ def _note_damage(
         kept,
     )
     return True
+
+
+def _quarantine_run(
+    run_tx: Callable[[Callable[[Tx], Any]], Any],
+    journal_id: str,
+    file: str,
+    run_id: str,
+    error: str,
+    now: Callable[[], dt.datetime],
+) -> None:
+    def job(tx: Tx) -> None:
+        quarantine_tx(
+            tx,
+            now(),
+            journal_id=journal_id,
+            seq=None,
+            kind="(damage)",
+            payload="",
+            error=error,
+            file=file,
+            run_id=run_id,
+            marker=f"run:{run_id}",
+        )
+
+    run_tx(job)
 
 
 def _quarantine_raw(

@@ -13,11 +13,13 @@ import os
 import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
-from ..errors import IntegrityError
+from ...errors import IntegrityError
 from .journal import write_all
 
 __all__ = [
+    "SideFiles",
     "StagedPayload",
     "inside",
     "locate_side_file",
@@ -132,3 +134,46 @@ def read_side_file(location: str, root: str) -> tuple[str, bytes | None]:
         except FileNotFoundError:
             continue
     return candidates[0], None
+
+
+class SideFiles:
+    """The side-file folder of one store, ``<store>.blobs/<run folder>/<blob id>``."""
+
+    def __init__(self, store_path: str) -> None:
+        self.root = store_path + ".blobs"
+
+    def run_dir(self, run_id: str) -> str:
+        return os.path.join(self.root, run_folder(run_id))
+
+    def location(self, run_id: str, blob_id: uuid.UUID) -> str:
+        return side_file_location(run_folder(run_id), blob_id.hex)
+
+    def stage(self, run_id: str, data: bytes) -> StagedPayload:
+        """Start writing a payload on a helper thread (see :class:`StagedPayload`)."""
+        return stage(self.run_dir(run_id), data)
+
+    def store(self, run_id: str, blob_id: uuid.UUID, data: bytes, staged: Any) -> str:
+        """Make a payload durable under its final name; return its ``blobs.location``."""
+        folder = self.run_dir(run_id)
+        path = os.path.join(folder, blob_id.hex)
+        if staged is not None:
+            staged.commit(path)
+        else:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            write_durably(path + ".tmp", data)
+            os.replace(path + ".tmp", path)
+        return self.location(run_id, blob_id)
+
+    def locate(self, location: str) -> str:
+        return locate_side_file(location, self.root)
+
+    def read(self, location: str) -> tuple[str, bytes | None]:
+        return read_side_file(location, self.root)
+
+    def contains(self, path: str) -> bool:
+        return inside(path, self.root)
+
+
+def run_folder(run_id: str) -> str:
+    """The name of a run's folder under the blob folder (any run id is a safe name)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, run_id).hex

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import StoreWriteError
+from ...errors import StoreWriteError
 from .platform import lock_file, sync_data, try_lock_file, unlock_file
 
 __all__ = ["Journal", "Record", "Scan", "orphaned_journals", "scan_journal", "write_all"]

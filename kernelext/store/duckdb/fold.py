@@ -21,9 +21,10 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from ..records import APPLY
+from ..writer import Tx, Writer
+from .bulk import apply_records
 from .journal import Journal, Record, encode_payload
-from .records import APPLY, apply_records
-from .writer import Tx, Writer
 
 __all__ = ["Folder", "quarantine_tx", "set_journal_state"]
 
@@ -75,7 +76,11 @@ def quarantine_tx(
     row = tx.fetchone("SELECT status FROM runs WHERE id = ?", (run_id,))
     if row is None or row[0] not in ("running", "stopping", "suspended"):
         return
-    reason = f"a {kind} record was refused by the store and quarantined ({error[:200]})"
+    reason = (
+        f"a {kind} record was refused by the store and quarantined ({error[:200]})"
+        if kind != "(damage)"
+        else error[:500]
+    )
     tx.execute(
         "UPDATE runs SET status = 'needs_decision', reason = ?, updated_at = ?, deadline = ?"
         " WHERE id = ?",

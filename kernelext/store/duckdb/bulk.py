@@ -1,0 +1,162 @@
+"""Applying many journal records at once: a few statements per batch, not per record.
+
+A batch usually holds whole steps (begun and completed) and whole effect calls (intent and
+outcome). Those are inserted in their final state, so the tables see one INSERT per kind
+instead of an INSERT followed by an UPDATE per row (an UPDATE of an indexed DuckDB table
+rewrites the row). What is left (a completion whose begin was folded before, an outcome
+whose intent was) is applied with one ``UPDATE … FROM (VALUES …)`` per kind. Every
+statement stays idempotent, so folding a journal twice after a crash is harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..records import (
+    INTENT,
+    STEP_BEGIN,
+    fact,
+    insert_rows,
+    intent_row,
+    outcome,
+    step_begin_row,
+    stop_request,
+    values,
+)
+from ..writer import Tx
+
+__all__ = ["apply_records"]
+
+_CHUNK = 200
+_STEP_DONE = (
+    "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at, ended_at,"
+    " duration_s, snapshot_id)",
+    " ON CONFLICT (id) DO NOTHING",
+)
+_EFFECT_DONE = (
+    "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal, args_hash,"
+    " args, status, resumable, intent_at, result, error, outcome_at)",
+    " ON CONFLICT (key) DO NOTHING",
+)
+
+
+def apply_records(tx: Tx, records: list[tuple[int, str, dict[str, Any]]]) -> None:
+    """Apply records in bulk, in dependency order (steps and intents before what refers to
+    them); within a kind, journal order."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for _, kind, data in records:
+        by_kind.setdefault(kind, []).append(data)
+    completions = by_kind.get("step_complete", [])
+    _steps(tx, by_kind.get("step_begin", []), completions)
+    _effects(tx, by_kind.get("intent", []), by_kind.get("outcome", []))
+    if completions:
+        _snapshots(tx, completions)
+        _completed_counts(tx, completions)
+    for d in by_kind.get("fact", []):
+        fact(tx, d)
+    for d in by_kind.get("stop_request", []):
+        stop_request(tx, d)
+
+
+def _steps(tx: Tx, begins: list[dict[str, Any]], completions: list[dict[str, Any]]) -> None:
+    done = {d["step_id"]: d for d in completions}
+    running = [step_begin_row(d) for d in begins if d["id"] not in done]
+    finished = [
+        (
+            *step_begin_row(d)[:5],
+            "completed",
+            d["started_at"],
+            c["at"],
+            c["duration_s"],
+            c["snapshot_id"],
+        )
+        for d in begins
+        if (c := done.get(d["id"])) is not None
+    ]
+    if running:
+        insert_rows(tx, *STEP_BEGIN, running)
+    if finished:
+        insert_rows(tx, *_STEP_DONE, finished)
+    begun = {d["id"] for d in begins}
+    later = [
+        (c["step_id"], c["at"], c["duration_s"], c["snapshot_id"])
+        for c in completions
+        if c["step_id"] not in begun
+    ]
+    for start in range(0, len(later), _CHUNK):
+        chunk = later[start : start + _CHUNK]
+        tx.execute(
+            "UPDATE steps SET status = 'completed', ended_at = v.ended_at,"
+            " duration_s = v.duration_s, snapshot_id = v.snapshot_id"
+            f" FROM (VALUES {values(4, len(chunk))}) AS v(id, ended_at, duration_s,"
+            " snapshot_id) WHERE steps.id = v.id",
+            [value for row in chunk for value in row],
+        )
+
+
+def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any]]) -> None:
+    first: dict[Any, dict[str, Any]] = {}
+    extra: list[dict[str, Any]] = []  # a second outcome of one key (after a retry): in order
+    for d in outcomes:
+        if d["key"] in first:
+            extra.append(d)
+        else:
+            first[d["key"]] = d
+    pending, finished = [], []
+    for d in intents:
+        o = first.pop(d["key"], None)
+        if o is None:
+            pending.append(intent_row(d))
+        else:
+            row = intent_row(d)
+            finished.append((*row[:8], o["status"], *row[9:], o["result"], o["error"], o["at"]))
+    if pending:
+        insert_rows(tx, *INTENT, pending)
+    if finished:
+        insert_rows(tx, *_EFFECT_DONE, finished)
+    rest = [(d["key"], d["status"], d["result"], d["error"], d["at"]) for d in first.values()]
+    for start in range(0, len(rest), _CHUNK):
+        chunk = rest[start : start + _CHUNK]
+        tx.execute(
+            "UPDATE effects SET status = v.status, result = CAST(v.result AS TEXT),"
+            " error = CAST(v.error AS TEXT), outcome_at = v.outcome_at"
+            f" FROM (VALUES {values(5, len(chunk))}) AS v(key, status, result, error, outcome_at)"
+            " WHERE effects.key = v.key AND effects.status = 'pending'",
+            [value for row in chunk for value in row],
+        )
+    for d in extra:
+        outcome(tx, d)
+
+
+def _snapshots(tx: Tx, completions: list[dict[str, Any]]) -> None:
+    blobs = [(*row, d["at"]) for d in completions for row in d["blobs"]]
+    if blobs:
+        unique = list({b[0]: b for b in blobs}.values())  # one row per content id
+        insert_rows(
+            tx,
+            "INSERT INTO blobs (id, run_id, encoding, sha256, size, location, base_id, data,"
+            " created_at)",
+            " ON CONFLICT (id) DO NOTHING",
+            unique,
+        )
+    insert_rows(
+        tx,
+        "INSERT INTO snapshots (id, run_id, step_ordinal, created_at, manifest, bytes)",
+        " ON CONFLICT (id) DO NOTHING",
+        [
+            (d["snapshot_id"], d["run_id"], d["ordinal"], d["at"], d["manifest"], d["bytes"])
+            for d in completions
+        ],
+    )
+
+
+def _completed_counts(tx: Tx, completions: list[dict[str, Any]]) -> None:
+    latest: dict[str, Any] = {}
+    for d in completions:
+        latest[d["run_id"]] = d["at"]
+    for run_id, at in latest.items():
+        tx.execute(
+            "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
+            " WHERE run_id = ? AND status = 'completed') WHERE id = ?",
+            (at, run_id, run_id),
+        )

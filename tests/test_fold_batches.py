@@ -1,0 +1,151 @@
+"""Folding in batches gives the same tables as applying each record on its own.
+
+The journal's fold merges a step's begin and completion, and an effect's intent and
+outcome, into one INSERT when they fall in one batch. Whatever the batch boundaries (and
+folding a journal twice after a crash), the tables must end up as the per-record path
+(the one PostgreSQL uses) leaves them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelext.store import Store, open_store
+from kernelext.store.duckdb.bulk import apply_records
+from kernelext.store.records import apply_record
+
+Record = tuple[int, str, dict[str, Any]]
+T0 = dt.datetime(2026, 1, 1)
+
+
+def run_records(run_id: str, steps: int, seed: int) -> list[Record]:
+    """A run's journal: steps that begin, call effects (applied, failed, left pending),
+    record facts and complete; the last step is left open."""
+    rng = random.Random(seed)
+    records: list[Record] = []
+
+    def add(kind: str, data: dict[str, Any]) -> None:
+        records.append((len(records) + 1, kind, data))
+
+    for ordinal in range(steps):
+        at = T0 + dt.timedelta(seconds=ordinal)
+        step_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{ordinal}")
+        add(
+            "step_begin",
+            {
+                "id": step_id,
+                "run_id": run_id,
+                "ordinal": ordinal,
+                "key": str(ordinal),
+                "name": None,
+                "started_at": at,
+            },
+        )
+        for call in range(rng.randint(0, 3)):
+            key = uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{ordinal}/{call}")
+            add(
+                "intent",
+                {
+                    "key": key,
+                    "run_id": run_id,
+                    "step_key": str(ordinal),
+                    "step_ordinal": ordinal,
+                    "tool": "send",
+                    "call_ordinal": call,
+                    "args_hash": f"h{call}",
+                    "args": "{}",
+                    "resumable": True,
+                    "at": at,
+                },
+            )
+            fate = rng.choice(["applied", "applied", "failed", None])
+            if fate is not None:
+                add(
+                    "outcome",
+                    {
+                        "key": key,
+                        "status": fate,
+                        "result": "1" if fate == "applied" else None,
+                        "error": "boom" if fate == "failed" else None,
+                        "at": at,
+                    },
+                )
+        if rng.random() < 0.3:
+            add(
+                "fact",
+                {
+                    "run_id": run_id,
+                    "name": f"f{ordinal % 2}",
+                    "kind": "value",
+                    "value": str(ordinal),
+                    "fingerprint": None,
+                    "check_name": None,
+                    "check_args": None,
+                    "tolerance": None,
+                    "step_ordinal": ordinal,
+                    "compare_name": None,
+                    "at": at,
+                },
+            )
+        if ordinal < steps - 1:
+            add(
+                "step_complete",
+                {
+                    "step_id": step_id,
+                    "run_id": run_id,
+                    "ordinal": ordinal,
+                    "at": at,
+                    "duration_s": 0.5,
+                    "snapshot_id": uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{ordinal}/snap"),
+                    "manifest": "{}",
+                    "bytes": 0,
+                    "blobs": [],
+                },
+            )
+    return records
+
+
+def tables(store: Store) -> dict[str, list[tuple[Any, ...]]]:
+    queries = {
+        "steps": "SELECT id, ordinal, status, ended_at, duration_s, snapshot_id FROM steps",
+        "effects": "SELECT key, status, result, error, outcome_at FROM effects",
+        "snapshots": "SELECT id, step_ordinal FROM snapshots",
+        "facts": "SELECT name, value, step_ordinal FROM facts",
+        "runs": "SELECT id, completed_steps FROM runs",
+    }
+    return {name: sorted(store.read(sql), key=repr) for name, sql in queries.items()}
+
+
+def fresh(path: Path) -> Store:
+    store = open_store(str(path))
+    store.create_run("r", "agent")
+    return store
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_any_batching_gives_the_tables_of_one_record_at_a_time(tmp_path: Path, seed: int) -> None:
+    records = run_records("r", 12, seed)
+    with fresh(tmp_path / "one.duckdb") as one:
+        for _, kind, data in records:
+            one.write(lambda tx, k=kind, d=data: apply_record(tx, k, d))
+        expected = tables(one)
+    assert expected["runs"] == [("r", 11)]
+
+    rng = random.Random(seed)
+    with fresh(tmp_path / "batched.duckdb") as batched:
+        start = 0
+        while start < len(records):
+            end = start + rng.randint(1, 12)
+            batch = records[start:end]
+            batched.write(lambda tx, b=batch: apply_records(tx, b))
+            start = end
+        assert tables(batched) == expected
+        # A crash after the fold, before journal_state moved on: folded again, same tables.
+        batched.write(lambda tx: apply_records(tx, records))
+        assert tables(batched) == expected
