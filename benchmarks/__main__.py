@@ -18,7 +18,7 @@ from typing import Any
 from . import RESULTS_SCHEMA
 from .common import Plan, summarize
 
-TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql")
+TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e")
 SYSTEMS = ("kernelext", "langgraph", "dbos")
 RIVAL_MODULES = {"langgraph": "langgraph.checkpoint.sqlite", "dbos": "dbos"}
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -34,7 +34,18 @@ def _parser() -> argparse.ArgumentParser:
     _run_options(run)
     _run_options(parser)
     table = sub.add_parser("table", help="print the tables of a results file")
-    table.add_argument("path", nargs="?", default=os.path.join(RESULTS_DIR, "latest.json"))
+    table.add_argument(
+        "path",
+        nargs="?",
+        default=os.path.join(RESULTS_DIR, "latest.json"),
+        help="a results file, or the name of one in benchmarks/results (e.g. 'e2e')",
+    )
+    table.add_argument(
+        "--into",
+        metavar="DOC",
+        help="also replace the generated block of that run in DOC (e.g. BENCHMARKS.md), "
+        "between '<!-- bench:NAME:begin -->' and '<!-- bench:NAME:end -->'",
+    )
     prof = sub.add_parser("profile", help="cProfile a kernelext workload, every thread")
     from .profiling import TOPICS as PROFILE_TOPICS
 
@@ -62,8 +73,9 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5, quick 2)")
     parser.add_argument(
         "--out",
-        default=os.path.join(RESULTS_DIR, "latest.json"),
-        help="where to write the JSON results",
+        default=None,
+        help="where to write the JSON results (default: benchmarks/results/latest.json; "
+        "with --only TOPIC..., benchmarks/results/TOPIC[-TOPIC...].json; --quick adds '-quick')",
     )
 
 
@@ -85,6 +97,71 @@ def _selection(only: str) -> tuple[list[str], set[str], list[str]]:
             systems.discard(system)
             notes.append(f"{system} not installed: skipped (pip install -e '.[bench]')")
     return topics, systems, notes
+
+
+def _default_out(topics: list[str], quick: bool) -> str:
+    """``latest.json`` for every topic; a subset gets its own file, so it clobbers nothing.
+
+    A quick run gets a ``-quick`` suffix: a smoke run never replaces real figures.
+    """
+    chosen = [t for t in topics if t != "anchors"]
+    every = set(chosen) == set(TOPICS) - {"anchors"}
+    name = "latest" if every else "-".join(chosen or ["anchors"])
+    return os.path.join(RESULTS_DIR, name + ("-quick" if quick else "") + ".json")
+
+
+def _results_path(name: str) -> str:
+    if os.path.exists(name) or os.sep in name or name.endswith(".json"):
+        return name
+    return os.path.join(RESULTS_DIR, f"{name}.json")
+
+
+def _into_doc(doc: str, name: str, table: str) -> None:
+    """Replace the lines between this run's marker lines in ``doc`` with ``table``."""
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    with open(doc, encoding="utf-8") as handle:
+        lines = handle.read().split("\n")
+    starts = [i for i, line in enumerate(lines) if line.strip() == begin]
+    ends = [i for i, line in enumerate(lines) if line.strip() == end]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise SystemExit(f"{doc}: needs one line {begin} and, after it, one line {end}")
+    lines[starts[0] + 1 : ends[0]] = table.rstrip("\n").split("\n")
+    with open(doc, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines))
+    print(f"[bench] {doc}: block {name!r} replaced", file=sys.stderr)
+
+
+def _code_state() -> dict[str, Any]:
+    """Which kernelext code was measured: git HEAD, uncommitted files, a hash of the sources."""
+    import hashlib
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(os.path.join(root, "kernelext"))):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0")
+            with open(path, "rb") as handle:
+                digest.update(handle.read())
+    out: dict[str, Any] = {"kernelext_sources_sha256": digest.hexdigest()[:16]}
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "kernelext"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+        if head.returncode == 0:
+            out["git_head"] = head.stdout.strip()
+            out["kernelext_uncommitted_files"] = len(dirty.stdout.splitlines())
+    except OSError:
+        pass
+    return out
 
 
 def _versions(systems: set[str]) -> dict[str, str]:
@@ -140,6 +217,10 @@ def _topic_runner(topic: str, plan: Plan, systems: set[str]) -> Callable[[], Any
         from .ledger_sql import measure_sql
 
         return lambda: measure_sql(plan)
+    if topic == "e2e":
+        from .e2e import measure_e2e
+
+        return lambda: measure_e2e(plan, systems)
     return None
 
 
@@ -151,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
     if args.reps:
         plan.reps = args.reps
     topics, systems, notes = _selection(args.only)
+    if args.out is None:
+        args.out = _default_out(topics, plan.quick)
     started = time.perf_counter()
     results: dict[str, Any] = {
         "meta": {
@@ -167,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
             "reps": plan.reps,
             "notes": notes,
             **_versions(systems),
+            "code": _code_state(),
         },
         "errors": {},
     }
@@ -209,8 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "table":
         from .report import markdown
 
-        with open(args.path, encoding="utf-8") as handle:
-            print(markdown(json.load(handle)))
+        path = _results_path(args.path)
+        with open(path, encoding="utf-8") as handle:
+            table = markdown(json.load(handle))
+        print(table)
+        if args.into:
+            _into_doc(args.into, os.path.splitext(os.path.basename(path))[0], table)
         return 0
     if args.command == "profile":
         from .profiling import profile_topic

@@ -53,6 +53,20 @@ class Plan:
     sql_rows: int = 1_000_000
     sql_reps: int = 30
     profile: bool = True
+    # e2e: what a user waits for (start -> completed and visible in SQL)
+    e2e_step_counts: tuple[int, ...] = (200, 10_000)
+    e2e_big_reps: int = 3  # repetitions for step counts of 5,000 and more
+    e2e_effect_calls: int = 1_000
+    e2e_calls_per_step: int = 20
+    lag_step_rate: float = 1_000.0
+    lag_step_seconds: float = 3.0
+    lag_effect_rate: float = 5_000.0
+    lag_effect_seconds: float = 2.0
+    lag_calls_per_step: int = 100
+    lag_sample_s: float = 0.01
+    lag_reps: int = 3
+    two_proc_steps: int = 2_000
+    two_proc_reps: int = 3
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -72,7 +86,21 @@ class Plan:
             sql_rows=50_000,
             sql_reps=5,
             profile=False,
+            e2e_step_counts=(30, 300),
+            e2e_big_reps=1,
+            e2e_effect_calls=60,
+            e2e_calls_per_step=10,
+            lag_step_seconds=0.3,
+            lag_effect_seconds=0.2,
+            lag_calls_per_step=50,
+            lag_reps=1,
+            two_proc_steps=50,
+            two_proc_reps=1,
         )
+
+    def e2e_reps(self, n: int) -> int:
+        """Repetitions for an end-to-end run of ``n`` steps."""
+        return min(self.reps, self.e2e_big_reps) if n >= 5_000 else self.reps
 
     def snapshot_steps(self, size: int) -> int:
         """Steps per repetition for a payload of ``size`` bytes."""

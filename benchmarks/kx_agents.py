@@ -15,12 +15,16 @@ import kernelext as kx
 from .common import MARKS
 
 __all__ = [
+    "JOURNALED",
     "PAYLOADS",
     "bare_call",
+    "effect_steps_agent",
     "effects_agent",
     "message",
     "messages_agent",
     "noop_agent",
+    "paced_effects_agent",
+    "paced_steps_agent",
     "payload_agent",
     "ping",
     "resume_agent",
@@ -29,6 +33,9 @@ __all__ = [
 
 # Values the snapshot benchmark assigns to run.state, prepared outside the timing.
 PAYLOADS: list[Any] = []
+# Fold lag: perf_counter() at which record k (a step completion, an effect outcome) was
+# journaled, filled by the paced agents below; index k is the k-th such record of the run.
+JOURNALED: list[float] = []
 # Set by the resume child: called by the first effect body that really runs.
 ON_ACTION: list[Callable[[int, int], None]] = []
 
@@ -100,3 +107,64 @@ def resume_agent(run: kx.Run, n_steps: int, calls_per_step: int, pause_after: in
         if i == pause_after and not run.state.get("paused"):
             run.state["paused"] = True
             run.suspend("user_stop")
+
+
+@kx.agent(name="bench_effect_steps")
+def effect_steps_agent(run: kx.Run, calls: int, per_step: int) -> None:
+    """``calls`` effect calls, ``per_step`` to a step; MARKS gets a timestamp after each."""
+    for s in run.steps(range(calls // per_step)):
+        for j in range(per_step):
+            ping(s * per_step + j)
+            MARKS.append(time.perf_counter())
+
+
+def _pace(start: float, k: int, rate: float) -> None:
+    """Sleep until record ``k`` is due at ``rate`` per second after ``start``.
+
+    The schedule is absolute (open loop): after a stall the agent runs back to back until
+    it is on schedule again, as a load generator does.
+    """
+    delay = start + k / rate - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+@kx.agent(name="bench_paced_steps")
+def paced_steps_agent(run: kx.Run, n: int, rate: float, seconds: float) -> None:
+    """Up to ``n`` no-op steps at ``rate`` steps/s, for at most ``seconds``.
+
+    JOURNALED[k] = when step k's completion was journaled: the next body starts right after
+    ``complete_step`` returned. A step cut off by ``seconds`` is completed by the engine
+    after the agent returns, without an entry.
+    """
+    start = 0.0
+    for i in run.steps(range(n)):
+        now = time.perf_counter()
+        if i:
+            JOURNALED.append(now)
+        else:
+            start = now
+        if now - start >= seconds:
+            break
+        run.state["i"] = i
+        _pace(start, i + 1, rate)
+    else:
+        JOURNALED.append(time.perf_counter())
+
+
+@kx.agent(name="bench_paced_effects")
+def paced_effects_agent(
+    run: kx.Run, calls: int, rate: float, per_step: int, seconds: float
+) -> None:
+    """Up to ``calls`` effect calls at ``rate`` calls/s, ``per_step`` to a step, ending at the
+    first step end after ``seconds``. JOURNALED[k] = when call k returned, i.e. right after
+    its ``applied`` outcome was journaled."""
+    start = time.perf_counter()
+    for s in run.steps(range(calls // per_step)):
+        for j in range(per_step):
+            k = s * per_step + j
+            _pace(start, k, rate)
+            ping(k)
+            JOURNALED.append(time.perf_counter())
+        if time.perf_counter() - start >= seconds:
+            break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from .common import ratio
@@ -63,7 +64,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append(
                     _target(
                         2,
-                        "per-step overhead",
+                        "per-step hot path (not durable-visible)",
                         kx_step,
                         "ms",
                         name,
@@ -137,7 +138,85 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                 kind="absolute",
             )
         )
+    out.extend(_e2e_targets(results.get("e2e") or {}, duck))
     return out
+
+
+STEP_RIVALS = (("langgraph_sync", "LangGraph (sync)", 0.5), ("dbos", "DBOS", 0.3))  # issue 10
+
+
+def _e2e_targets(e2e: dict[str, Any], duck: float | None) -> list[dict[str, Any]]:
+    """Issue 10. Per step: issue 2's ratios, applied to the end-to-end figure."""
+    out: list[dict[str, Any]] = []
+    for n, block in (e2e.get("steps") or {}).items():
+        systems = block["systems"]
+        kx = _med(systems, "kernelext", "e2e_ms")
+        if kx is None:
+            continue
+        for rival, name, limit in STEP_RIVALS:
+            if rival in systems:
+                out.append(
+                    _target(
+                        10,
+                        f"per step end to end, {int(n):,} steps",
+                        kx,
+                        "ms",
+                        name,
+                        _med(systems, rival, "e2e_ms"),
+                        limit,
+                    )
+                )
+    effects = e2e.get("effects") or {}
+    kx_effect = _med(effects.get("systems"), "kernelext", "e2e_ms")
+    if kx_effect is not None:
+        out.append(
+            _target(
+                10,
+                f"per effect end to end, {effects['calls']:,} effects",
+                kx_effect,
+                "ms",
+                "DuckDB commit",
+                duck,
+                0.5,
+            )
+        )
+    lag = e2e.get("fold_lag") or {}
+    for kind, unit in (("steps", "steps"), ("effects", "effects")):
+        case = lag.get(kind)
+        if case:
+            out.append(
+                _target(
+                    10,
+                    f"fold lag p99, {case['target_per_s']:,.0f} {unit}/s",
+                    _med(case, "p99_ms"),
+                    "ms",
+                    "",
+                    None,
+                    100.0,
+                    kind="absolute",
+                )
+            )
+    two = e2e.get("two_processes")
+    if two:
+        out.append(
+            _target(
+                10,
+                f"2 processes, one store: per step end to end, {two['n_steps']:,} steps each",
+                _med(two, "shared_store", "e2e_ms_mean_of_two"),
+                "ms",
+                "own stores",
+                _med(two, "own_stores", "e2e_ms_mean_of_two"),
+                1.5,
+            )
+        )
+    return out
+
+
+ISSUE_TITLES = {
+    2: "Issue 2: run engine",
+    3: "Issue 3: effect ledger",
+    10: "Issue 10: end to end (what a user waits for)",
+}
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -165,9 +244,17 @@ def markdown(results: dict[str, Any]) -> str:
     )
     lines.append(
         f"Run: {meta.get('started', '?')}, {meta.get('duration_s', 0):.0f} s, "
-        f"{meta.get('cpus', '?')} CPUs, load before {meta.get('loadavg', '?')}, "
+        f"{meta.get('cpus', '?')} CPUs, load before {meta.get('loadavg', '?')}"
+        + (f", after {meta['loadavg_end']}" if meta.get("loadavg_end") else "")
+        + ", "
         f"Python {meta.get('python', '?')}, DuckDB {meta.get('duckdb', '?')}  "
     )
+    code = meta.get("code")
+    if code and code.get("git_head"):
+        lines.append(
+            f"Code: git {code['git_head']} + {code['kernelext_uncommitted_files']} uncommitted "
+            f"file(s) under kernelext/ (sources sha256 {code['kernelext_sources_sha256']})  "
+        )
     if anchors:
         lines.append(
             "Anchors (median ms): "
@@ -177,11 +264,11 @@ def markdown(results: dict[str, Any]) -> str:
         )
     lines.append("")
     targets = evaluate(results)
-    for issue in (2, 3):
+    for issue in (2, 3, 10):
         rows = [t for t in targets if t["issue"] == issue]
         if not rows:
             continue
-        lines.append(f"Issue {issue}")
+        lines.append(ISSUE_TITLES[issue])
         lines.append("")
         lines.append("| metric | kernelext | reference | ratio | target | verdict |")
         lines.append("|---|---|---|---|---|---|")
@@ -206,7 +293,8 @@ def _context(results: dict[str, Any]) -> list[str]:
     steps = results.get("steps", {}).get("systems", {})
     if steps:
         lines.append(
-            "Per step, ms (loop time / steps; median single step in brackets): "
+            "Per step, hot path (not durable-visible), ms (loop time / steps; median single"
+            " step in brackets): "
             + ", ".join(
                 f"{name} {_fmt(_med(v, 'mean_per_step_ms'))} ({_fmt(_med(v, 'per_step_ms'))})"
                 for name, v in steps.items()
@@ -263,5 +351,97 @@ def _context(results: dict[str, Any]) -> list[str]:
             f"kx.sql: {_fmt(_med(sql, 'kx_sql_ms'))} ms (returns {sql['returns']}); "
             f"store.read (tuples, no Arrow) {_fmt(_med(sql, 'store_read_ms'))} ms; "
             f"tool x status {_fmt(_med(sql, 'kx_sql_tool_status_ms'))} ms."
+        )
+        lines.append("")
+    lines.extend(_e2e_context(results.get("e2e") or {}, results.get("anchors", {})))
+    return lines
+
+
+def _cell(node: dict[str, Any] | None) -> str:
+    """``e2e (hot path)`` for one system's block."""
+    if not node:
+        return "—"
+    hot = _med(node, "hot_path_ms")
+    return f"{_fmt(_med(node, 'e2e_ms'))}" + (f" ({_fmt(hot)})" if hot is not None else "")
+
+
+def _e2e_context(e2e: dict[str, Any], anchors: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    steps = e2e.get("steps") or {}
+    if steps:
+        names = list(next(iter(steps.values()))["systems"])
+        lines.append(
+            "Per step, ms: end to end = start → `completed` and visible in SQL, divided by the"
+            " steps; in brackets the hot path (time between step bodies) of the same runs."
+        )
+        lines.append("")
+        lines.append("| steps | reps | " + " | ".join(names) + " |")
+        lines.append("|---|---|" + "---|" * len(names))
+        for n, block in steps.items():
+            lines.append(
+                f"| {int(n):,} | {block['reps']} | "
+                + " | ".join(_cell(block["systems"].get(name)) for name in names)
+                + " |"
+            )
+        lines.append("")
+    effects = e2e.get("effects") or {}
+    if effects.get("systems"):
+        names = list(effects["systems"])
+        lines.append(
+            f"Per effect, ms: {effects['calls']:,} no-op effects, {effects['calls_per_step']} to a"
+            " step (kernelext), end to end = start → `completed` and every effect row `applied`"
+            " in SQL (rivals: final checkpoint / SUCCESS readable), divided by the calls; in"
+            " brackets the hot path (time between calls) of the same runs. DuckDB single-row"
+            f" commit in this run: {_fmt(_med(anchors, 'duckdb_commit_ms'))} ms."
+        )
+        lines.append("")
+        lines.append("| " + " | ".join(names) + " |")
+        lines.append("|" + "---|" * len(names))
+        lines.append("| " + " | ".join(_cell(effects["systems"][name]) for name in names) + " |")
+        lines.append("")
+    lag = e2e.get("fold_lag") or {}
+    if lag:
+        lines.append(
+            "Fold lag (kernelext, one process): a paced agent and a sampler thread reading"
+            f" with `{lag.get('read_path', '?')}` every"
+            f" {lag['steps']['sample_s'] * 1000:.0f} ms. Lag of a record = first sample that"
+            " shows it − when it was journaled (upper bound; lower bound p99 in brackets)."
+            " Medians over the repetitions."
+        )
+        lines.append("")
+        lines.append(
+            "| load | records | target /s | achieved /s | p50 ms | p99 ms | max ms"
+            " | p50 first ¼ → last ¼ ms | last record ms | commits |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        for kind in ("steps", "effects"):
+            case = lag.get(kind)
+            if not case:
+                continue
+            commits = statistics.median(r["commits"] for r in case["runs"])
+            label = kind if kind == "steps" else f"effects ({case['calls_per_step']} a step)"
+            lines.append(
+                f"| {label} | {case['records']:,.0f} | {case['target_per_s']:,.0f} | "
+                f"{_fmt(_med(case, 'achieved_per_s'))} | {_fmt(_med(case, 'p50_ms'))} | "
+                f"{_fmt(_med(case, 'p99_ms'))} ({_fmt(_med(case, 'p99_low_ms'))}) | "
+                f"{_fmt(_med(case, 'max_ms'))} | {_fmt(_med(case, 'p50_first_quarter_ms'))} → "
+                f"{_fmt(_med(case, 'p50_last_quarter_ms'))} | "
+                f"{_fmt(_med(case, 'last_record_lag_ms'))} | "
+                f"{commits:,.0f} |"
+            )
+        lines.append("")
+    two = e2e.get("two_processes")
+    if two:
+        lines.append(
+            f"Two processes, {two['n_steps']:,} steps each, started together (median of"
+            f" {two['reps']}): per step end to end, ms, mean of the two processes (slower one;"
+            " hot path) — own stores "
+            f"{_fmt(_med(two, 'own_stores', 'e2e_ms_mean_of_two'))} "
+            f"({_fmt(_med(two, 'own_stores', 'e2e_ms_slower'))}; "
+            f"{_fmt(_med(two, 'own_stores', 'hot_path_ms'))}), one shared store "
+            f"{_fmt(_med(two, 'shared_store', 'e2e_ms_mean_of_two'))} "
+            f"({_fmt(_med(two, 'shared_store', 'e2e_ms_slower'))}; "
+            f"{_fmt(_med(two, 'shared_store', 'hot_path_ms'))}); store opens per process in the"
+            f" shared runs: {two['shared_store']['store_opens']}."
         )
     return lines

@@ -28,10 +28,9 @@ DONE_STEPS = 100
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _pad_ledger(store: Any, folder: str, total: int) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def _pad_ledger(store: Any, total: int) -> None:
+    """Pad the ledger in one job: list parameters unnested in SQL (the store's DuckDB
+    instance has external access off, so it cannot read a Parquet file)."""
     from kernelext.core.ledger import args_hash, effect_key
 
     per_step = max(1, total // DONE_STEPS)
@@ -44,8 +43,6 @@ def _pad_ledger(store: Any, folder: str, total: int) -> None:
             cols["hash"].append(args_hash((step, call), {}))
             cols["args"].append(json.dumps({"i": step, "j": call}))
             cols["res"].append(json.dumps({"ok": True, "i": call}))
-    parquet = os.path.join(folder, "pad.parquet")
-    pq.write_table(pa.table(cols), parquet)
     now = store.now()
 
     def job(tx: Any) -> None:
@@ -53,12 +50,14 @@ def _pad_ledger(store: Any, folder: str, total: int) -> None:
             "INSERT INTO effects (key, run_id, step_key, step_ordinal, tool, call_ordinal,"
             " args_hash, args, status, resumable, result, intent_at, outcome_at)"
             " SELECT CAST(key AS UUID), ?, CAST(step AS VARCHAR), step, 'resume_ping', call,"
-            " hash, args, 'applied', TRUE, res, ?, ? FROM read_parquet(?)",
-            (RUN_ID, now, now, parquet),
+            " hash, args, 'applied', TRUE, res, ?, ? FROM (SELECT"
+            " unnest(?::VARCHAR[]) AS key, unnest(?::INTEGER[]) AS step,"
+            " unnest(?::INTEGER[]) AS call, unnest(?::VARCHAR[]) AS hash,"
+            " unnest(?::VARCHAR[]) AS args, unnest(?::VARCHAR[]) AS res)",
+            (RUN_ID, now, now, *(cols[k] for k in ("key", "step", "call", "hash", "args", "res"))),
         )
 
     store.write(job)
-    os.unlink(parquet)
 
 
 def build_resume_store(folder: str, total_effects: int) -> tuple[str, int]:
@@ -73,7 +72,7 @@ def build_resume_store(folder: str, total_effects: int) -> tuple[str, int]:
         handle = resume_agent.start(DONE_STEPS + 1, 1, DONE_STEPS - 1, run_id=RUN_ID, store=store)
         if handle.wait() != "suspended":
             raise RuntimeError(f"resume build run ended {handle.status}: {handle.error}")
-        _pad_ledger(store, folder, total_effects)
+        _pad_ledger(store, total_effects)
         count = store.read("SELECT count(*) FROM effects WHERE run_id = ?", (RUN_ID,))[0][0]
     finally:
         store.close()

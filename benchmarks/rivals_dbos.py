@@ -9,15 +9,16 @@ import contextlib
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from dbos import DBOS
+from dbos import DBOS, SetWorkflowID
 
 from .common import MARKS
 from .kx_agents import bare_call
 
-__all__ = ["effect_calls_ms", "steps_marks", "version"]
+__all__ = ["effect_calls_ms", "effects_e2e", "steps_e2e", "steps_marks", "version"]
 
 
 def version() -> str:
@@ -55,6 +56,14 @@ def effects_workflow(calls: int, spacing_s: float) -> int:
     return calls
 
 
+@DBOS.workflow()
+def effects_only_workflow(calls: int) -> int:
+    for i in range(calls):
+        ping_step(i)
+        MARKS.append(time.perf_counter())
+    return calls
+
+
 @contextlib.contextmanager
 def launched(folder: str) -> Iterator[None]:
     url = "sqlite:///" + os.path.join(folder, "dbos.sqlite")
@@ -81,3 +90,38 @@ def effect_calls_ms(folder: str, calls: int, spacing_s: float) -> list[float]:
         MARKS.clear()
         effects_workflow(calls, spacing_s)
         return [m * 1000.0 for m in MARKS]
+
+
+def _until_success(workflow_id: str) -> int:
+    """Read the workflow's status row until it says SUCCESS; returns the number of reads."""
+    reads = 0
+    while True:
+        reads += 1
+        status = DBOS.get_workflow_status(workflow_id)
+        if status is not None and status.status == "SUCCESS":
+            return reads
+        if reads >= 10_000:
+            raise RuntimeError(f"DBOS: workflow {workflow_id} never readable as SUCCESS")
+        time.sleep(0.001)
+
+
+def _e2e(folder: str, workflow: Any, *args: Any) -> dict[str, Any]:
+    with launched(folder):  # launching DBOS is set-up, outside the clock
+        MARKS.clear()
+        workflow_id = f"kxbench-{uuid.uuid4().hex[:8]}"
+        start = time.perf_counter()
+        with SetWorkflowID(workflow_id):
+            workflow(*args)
+        reads = _until_success(workflow_id)
+        total = time.perf_counter() - start
+        return {"total_s": total, "marks": list(MARKS), "reads": reads}
+
+
+def steps_e2e(folder: str, n: int) -> dict[str, Any]:
+    """A workflow of ``n`` no-op steps, until its status reads SUCCESS."""
+    return _e2e(folder, steps_workflow, n)
+
+
+def effects_e2e(folder: str, calls: int) -> dict[str, Any]:
+    """A workflow of ``calls`` step calls, until its status reads SUCCESS."""
+    return _e2e(folder, effects_only_workflow, calls)

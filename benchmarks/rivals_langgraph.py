@@ -16,7 +16,14 @@ from typing import Annotated, Any, Literal, TypedDict
 from .common import MARKS, dir_bytes
 from .kx_agents import bare_call, message
 
-__all__ = ["effect_calls_ms", "steps_marks", "storage_bytes", "version"]
+__all__ = [
+    "effect_calls_ms",
+    "effects_e2e",
+    "steps_e2e",
+    "steps_marks",
+    "storage_bytes",
+    "version",
+]
 
 
 def version() -> str:
@@ -42,10 +49,8 @@ class _Chat(TypedDict):
     i: int
 
 
-def steps_marks(
-    folder: str, n: int, durability: Literal["sync", "async", "exit"] = "sync"
-) -> list[float]:
-    """A StateGraph looping ``n`` super-steps over one no-op node; returns node timestamps."""
+def _counter_app(folder: str, n: int) -> tuple[Any, Any]:
+    """A StateGraph looping ``n`` super-steps over one no-op node, and its saver."""
     from langgraph.graph import END, START, StateGraph
 
     def step(state: _Counter) -> dict[str, int]:
@@ -60,12 +65,54 @@ def steps_marks(
     graph.add_edge(START, "step")
     graph.add_conditional_edges("step", route, ["step", END])
     saver = _saver(os.path.join(folder, "langgraph.sqlite"))
-    app = graph.compile(checkpointer=saver)
+    return graph.compile(checkpointer=saver), saver
+
+
+def _config(n: int) -> Any:
+    return {"configurable": {"thread_id": "bench"}, "recursion_limit": n + 10}
+
+
+def steps_marks(
+    folder: str, n: int, durability: Literal["sync", "async", "exit"] = "sync"
+) -> list[float]:
+    """Run the counter graph for ``n`` super-steps; returns node timestamps."""
+    app, saver = _counter_app(folder, n)
     MARKS.clear()
-    config: Any = {"configurable": {"thread_id": "bench"}, "recursion_limit": n + 10}
-    app.invoke({"i": 0}, config, durability=durability)
+    app.invoke({"i": 0}, _config(n), durability=durability)
     saver.conn.close()
     return list(MARKS)
+
+
+def _until_final(app: Any, config: Any, expected: int) -> int:
+    """Read the thread's latest checkpoint until it shows the final value; returns reads."""
+    reads = 0
+    while True:
+        reads += 1
+        state = app.get_state(config)
+        values = state.values
+        value = values.get("i") if isinstance(values, dict) else values
+        if value == expected and not state.next:
+            return reads
+        if reads >= 10_000:
+            raise RuntimeError(f"LangGraph: final checkpoint never readable ({state})")
+        time.sleep(0.001)
+
+
+def steps_e2e(folder: str, n: int) -> dict[str, Any]:
+    """``n`` super-steps with ``durability="sync"``, until the final checkpoint is readable.
+
+    The saver's tables are created before the clock starts (kernelext's store is open too).
+    """
+    app, saver = _counter_app(folder, n)
+    saver.setup()
+    config = _config(n)
+    MARKS.clear()
+    start = time.perf_counter()
+    app.invoke({"i": 0}, config, durability="sync")
+    reads = _until_final(app, config, n)
+    total = time.perf_counter() - start
+    saver.conn.close()
+    return {"total_s": total, "marks": list(MARKS), "reads": reads}
 
 
 def storage_bytes(folder: str, n: int) -> dict[str, int]:
@@ -126,3 +173,32 @@ def effect_calls_ms(folder: str, calls: int, spacing_s: float) -> list[float]:
     workflow.invoke(calls, {"configurable": {"thread_id": "bench"}}, durability="sync")
     saver.conn.close()
     return [m * 1000.0 for m in MARKS]
+
+
+def effects_e2e(folder: str, calls: int) -> dict[str, Any]:
+    """``calls`` tasks (SqliteSaver, ``durability="sync"``) until the final checkpoint is
+    readable; MARKS gets a timestamp after each task."""
+    from langgraph.func import entrypoint, task
+
+    @task
+    def ping(i: int) -> dict[str, Any]:
+        return bare_call(i)
+
+    saver = _saver(os.path.join(folder, "langgraph-effects.sqlite"))
+    saver.setup()
+
+    @entrypoint(checkpointer=saver)
+    def workflow(count: int) -> int:
+        for i in range(count):
+            ping(i).result()
+            MARKS.append(time.perf_counter())
+        return count
+
+    config: Any = {"configurable": {"thread_id": "bench"}}
+    MARKS.clear()
+    start = time.perf_counter()
+    workflow.invoke(calls, config, durability="sync")
+    reads = _until_final(workflow, config, calls)
+    total = time.perf_counter() - start
+    saver.conn.close()
+    return {"total_s": total, "marks": list(MARKS), "reads": reads}

@@ -22,6 +22,7 @@ from .core.restart import restart
 from .core.resume import resume
 from .core.revalidation import Revalidation, revalidation
 from .core.run import Run
+from .core.secrets import SECRETS as secrets
 from .errors import (
     ClaimConflict,
     CodeChangedError,
@@ -73,6 +74,7 @@ __all__ = [
     "resume",
     "revalidation",
     "runs",
+    "secrets",
     "sql",
     "stop",
     "sweep",

@@ -220,7 +220,8 @@ def cmd_sweep(args: argparse.Namespace, store: Store) -> int:
 
 
 def cmd_sql(args: argparse.Namespace, store: Store) -> int:
-    result = store.read_arrow(args.query)
+    params = sql_params(args.param or [])
+    result = store.read_arrow(args.query, params or None, allow_files=args.allow_files)
     rows = result.to_pylist()
     if args.json:
         emit_json(rows)
@@ -229,6 +230,20 @@ def cmd_sql(args: argparse.Namespace, store: Store) -> int:
     else:
         print(table(rows, result.column_names, width=60))
     return 0
+
+
+def sql_params(items: Sequence[str]) -> dict[str, str]:
+    """``--param NAME=VALUE`` options as the query's ``$NAME`` parameters (strings)."""
+    params: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise CommandUsageError(
+                f"--param takes NAME=VALUE (for $NAME in the query), not {item!r}: "
+                'e.g. kernelext sql "SELECT * FROM runs WHERE id = $run" --param run=nightly'
+            )
+        params[name] = value
+    return params
 
 
 def cmd_reconcile(args: argparse.Namespace, store: Store) -> int:
@@ -289,8 +304,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("sweep", cmd_sweep, "Expire suspended runs past their deadline; drop old snapshots.")
 
-    sub = add("sql", cmd_sql, "Run one read-only SELECT on the store.")
+    sub = add("sql", cmd_sql, "Run one read-only query on the store.")
     sub.add_argument("query", metavar="QUERY", help='e.g. "SELECT status, count(*) FROM runs"')
+    sub.add_argument(
+        "--param",
+        action="append",
+        metavar="NAME=VALUE",
+        help="bind VALUE (a string) to $NAME in the query, never pasted into it; repeatable",
+    )
+    sub.add_argument(
+        "--allow-files",
+        action="store_true",
+        help="let the query read files outside the store (read_csv, glob, 'data.parquet')",
+    )
 
     sub = add(
         "reconcile",

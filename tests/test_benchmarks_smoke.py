@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql")
+TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e")
 
 
 @pytest.mark.slow
@@ -39,7 +39,7 @@ def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
@@ -57,6 +57,22 @@ def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
     assert results["resume"]["effects"] >= 1000
     assert results["sql"]["rows"] > 0
     assert results["storage"]["kernelext"]["blob_rows"] > 0
+    # End to end (issue 10): every part ran, for kernelext only, with numbers (not times
+    # checked against anything).
+    e2e = results["e2e"]
+    for block in e2e["steps"].values():
+        assert set(block["systems"]) == {"kernelext"}
+        assert isinstance(block["systems"]["kernelext"]["e2e_ms"]["median"], float)
+    assert set(e2e["effects"]["systems"]) == {"kernelext"}
+    for kind in ("steps", "effects"):
+        lag = e2e["fold_lag"][kind]
+        assert lag["records"] > 0
+        assert all(run["unseen"] == 0 for run in lag["runs"]), lag["runs"]
+    two = e2e["two_processes"]
+    assert isinstance(two["ratio_shared_to_own"], float)
+    metrics = {t["metric"] for t in results["targets"] if t["issue"] == 10}
+    assert any(m.startswith("per effect end to end") for m in metrics), metrics
+    assert any(m.startswith("fold lag p99") for m in metrics), metrics
     assert results["targets"], "no target was evaluated"
     for target in results["targets"]:
         assert isinstance(target["value"], (int, float)), target
@@ -73,3 +89,23 @@ def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
     )
     assert table.returncode == 0, table.stderr
     assert "| metric | kernelext |" in table.stdout
+    assert "Issue 10: end to end" in table.stdout
+    # `table --into DOC` replaces only the block between the run's markers.
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "before\n<!-- bench:bench:begin -->\nSTALE TABLE\n<!-- bench:bench:end -->\nafter\n",
+        encoding="utf-8",
+    )
+    into = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "table", str(out), "--into", str(doc)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert into.returncode == 0, into.stderr
+    text = doc.read_text(encoding="utf-8")
+    assert text.startswith("before\n<!-- bench:bench:begin -->\nCommand:")
+    assert text.endswith("<!-- bench:bench:end -->\nafter\n")
+    assert "STALE TABLE" not in text

@@ -46,6 +46,7 @@ PUBLIC = [
     "resume",
     "revalidation",
     "runs",
+    "secrets",
     "sql",
     "stop",
     "sweep",

@@ -538,3 +538,46 @@ def test_a_damaged_journal_of_a_killed_run_folds_what_is_intact_and_holds_the_ru
             assert all(server.count(d["idempotency_key"]) == 1 for d in server.deliveries)
         finally:
             store.close()
+
+
+BUSY_HOLDER = """
+import sys, time
+import kernelext as kx
+store = kx.open_store(sys.argv[1])
+
+@kx.agent(name="busy")
+def busy(run):
+    for _ in run.steps(range(3)):
+        time.sleep(2)
+
+handle = busy.start(run_id="busy", store=store)
+print("running", flush=True)
+handle.wait()
+"""
+
+
+def test_a_read_only_opener_gets_its_turn_from_a_busy_writer(store_path: Path) -> None:
+    """A read-only process cannot create the hand-over files; the writer made them, so
+    it is still seen waiting and handed the store within its wait."""
+    with subprocess.Popen(
+        [sys.executable, "-c", BUSY_HOLDER, str(store_path)], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "running"
+        reader = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from kernelext.store import open_store; "
+                "s = open_store(sys.argv[1], read_only=True); "
+                'print(s.read("SELECT id FROM runs")[0][0]); s.close()',
+                str(store_path),
+            ],
+            env=dict(os.environ, KERNELEXT_STORE_WAIT="5"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        holder.kill()
+    assert reader.returncode == 0, reader.stderr[-2000:]
+    assert reader.stdout.strip() == "busy"

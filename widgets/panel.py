@@ -11,6 +11,7 @@ executing is refused with a notice.
 from __future__ import annotations
 
 import contextlib
+import html
 import threading
 import weakref
 from collections.abc import Callable
@@ -55,6 +56,11 @@ PANEL_ADDONS: list[Callable[[ControlPanel], Any]] = []
 
 SOURCE = "panel"
 EFFECTS_SHOWN = 5
+OVERRUNNING = "overrunning, cannot be interrupted"
+SWALLOWED = {
+    "stop_swallowed": "the agent's code caught the stop and went on; it is raised again",
+    "force_swallowed": "the agent's code caught the forced stop and went on; it is raised again",
+}
 RESUMABLE = ("suspended", "failed", "needs_decision")
 
 _PANELS: weakref.WeakKeyDictionary[Any, ControlPanel] = weakref.WeakKeyDictionary()
@@ -157,6 +163,8 @@ class ControlPanel(w.VBox):
 
     def _on_run_event(self, what: str, value: Any) -> None:
         """Called from the worker thread: remember, then let the throttle redraw."""
+        if what in SWALLOWED:
+            self._notice = f"{SWALLOWED[what]} (at {value})"
         if what == "effect" and isinstance(value, tuple) and len(value) == 3:
             tool, key, status = value
             row = self.handle.run.effects.get(key) or {}
@@ -168,6 +176,24 @@ class ControlPanel(w.VBox):
 
     def _active(self) -> bool:
         return bool(self.handle.alive or self.handle.run.current is not None)
+
+    def overrun_text(self) -> str | None:
+        """Set while a forced stop was raised but the step still runs (blocked in C)."""
+        since = getattr(self.handle.run, "overrunning_after_force", None)
+        if since is None or not self.handle.alive:
+            return None
+        return (
+            f"{OVERRUNNING}: a forced stop was raised {since:.0f} s ago and the step still runs. "
+            "It is in a call Python cannot interrupt (blocked in C: a sleep, a socket read or "
+            "a lock without a timeout) and stops when that call returns, or its code caught "
+            "the stop and it is raised again at its next kernelext call."
+        )
+
+    def _overrun_html(self) -> str:
+        text = self.overrun_text()
+        if text is None:
+            return ""
+        return f'<div class="kernelext-overrunning" style="color:#cf222e">{html.escape(text)}</div>'
 
     @property
     def is_cell_run(self) -> bool:
@@ -191,7 +217,9 @@ class ControlPanel(w.VBox):
             self.progress.layout.display = None
         else:
             self.progress.layout.display = "none"
-        self.step.value = "" if view.final else f"<div>{view.step_text()}</div>"
+        self.step.value = (
+            "" if view.final else f"<div>{view.step_text()}</div>{self._overrun_html()}"
+        )
         self.stop_badge.value = stop_html(view)
         self.effects.value = effects_html(view)
         self.outcome.value = outcome_html(view)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..store import Store, default_store_path
@@ -66,9 +67,22 @@ def _has_pandas() -> bool:
     return True
 
 
-def sql(query: str, *, store: Store | None = None) -> Any:
-    """Run a read-only query on the store: a DataFrame with pandas, else a pyarrow Table."""
-    return _table(get_store(store).read_arrow(query))
+def sql(
+    query: str,
+    params: Sequence[Any] | Mapping[str, Any] | None = None,
+    *,
+    allow_files: bool = False,
+    store: Store | None = None,
+) -> Any:
+    """Run one read-only query on the store: a DataFrame with pandas, else a pyarrow Table.
+
+    ``params`` are bound, never pasted into the text: a sequence for ``?`` (or ``$1``), a
+    mapping for ``$name``. Files outside the store (``read_csv``, ``glob``, ``FROM
+    'data.parquet'``) are read only with ``allow_files=True``. A query that would write,
+    change a setting, advance a sequence or touch a file raises ``ReadOnlyError``, which
+    says what to do instead.
+    """
+    return _table(get_store(store).read_arrow(query, params, allow_files=allow_files))
 
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:

@@ -13,11 +13,16 @@ missing, raises, times out or returns ``None`` stops the resume: the run goes
 back to ``suspended`` and nothing of it has run.
 
 Inside the resumed run, ``run.credential(name)`` returns the fresh value.
+
+Every text in a credential's value (recorded or refreshed) is also registered with
+``kx.secrets``: it is scrubbed from effect arguments, results, error text, events and
+log lines before anything is written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -26,6 +31,7 @@ from ..errors import KernelextError
 from .checks import call_bounded, resolve
 from .codec import dumps_json
 from .registry import END_HOOKS
+from .secrets import MIN_LENGTH, SECRETS, scrub_text
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -44,6 +50,7 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 FINAL = ("completed", "failed", "cancelled", "expired")
+_log = logging.getLogger("kernelext")
 
 
 class CredentialError(KernelextError):
@@ -118,8 +125,35 @@ def fingerprint(value: Any) -> str:
 
 
 def remember(run_id: str, name: str, value: Any) -> None:
+    """Keep the value in memory for the run, and scrub it from everything written."""
+    short = _scrub_from_now_on(value)
     with _VALUES_LOCK:
         _VALUES.setdefault(run_id, {})[name] = value
+    if short:
+        _log.warning(
+            "kernelext: credential %r of run %r holds a text of fewer than %d characters; "
+            "it is not scrubbed from what is stored (it would erase ordinary text)",
+            name,
+            run_id,
+            MIN_LENGTH,
+        )
+
+
+def _scrub_from_now_on(value: Any) -> bool:
+    """Register every text in ``value`` with kx.secrets; True if one was too short."""
+    short = False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (str, bytes, bytearray)):
+            text = item if isinstance(item, str) else bytes(item).decode(errors="replace")
+            if not SECRETS.add(text) and text:
+                short = True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+    return short
 
 
 def forget(run_id: str) -> None:
@@ -183,7 +217,7 @@ def refresh_all(run: Run, store: Store, rows: Sequence[dict[str, Any]], timeout:
                 "checked_at": now,
                 "current_value": None,
                 "status": status,
-                "detail": detail,
+                "detail": scrub_text(detail),
                 "fingerprint": fp,
             }
         )

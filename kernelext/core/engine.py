@@ -18,6 +18,7 @@ from .context import reset_current_run, set_current_run
 from .lease import RENEW_SECONDS, lease_until
 from .registry import AGENTS, END_HOOKS, HANDLES, LIVE, LIVE_LOCK
 from .run import STOP_POLL_SECONDS, Run
+from .secrets import scrub_text
 from .settings import SETTINGS
 
 __all__ = ["Agent", "Handle", "agent", "fingerprint"]
@@ -263,6 +264,7 @@ def _execute(
     finished = False
     try:
         handle.result = fn(run, *args, **kwargs)
+        run.enforce_stop("the end of the agent")  # it returned after swallowing a stop
         finished = True
     except BaseException as exc:  # recorded below, after the run is sealed
         outcome = exc
@@ -287,6 +289,7 @@ def _execute(
             assert outcome is not None
             handle.error = outcome
             text = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
+            text = scrub_text(text)  # before it is cut: no half secret left behind
             _end_open_step(store, run, "failed", text)
             status = _finish(store, run, "failed", reason=text[:500])
     except Exception as exc:
@@ -330,6 +333,7 @@ def _store_fault(handle: Handle, fault: Exception) -> str:
 def _end_open_step(store: Store, run: Run, status: str, error: str | None) -> None:
     info = run.current
     if info is not None:
+        error = scrub_text(error) if error is not None else None
         store.end_step(
             run.id, info.id, status, error=error, forced=run.forced, duration_s=info.elapsed
         )
@@ -337,6 +341,8 @@ def _end_open_step(store: Store, run: Run, status: str, error: str | None) -> No
 
 
 def _finish(store: Store, run: Run, status: str, reason: str | None = None) -> str:
+    reason = scrub_text(reason) if reason is not None else None  # runs.reason: no secrets
+
     def job(tx: Any) -> str:
         waiting = SETTINGS.waiting_fields(store) if status == "needs_decision" else None
         result = store.transition_tx(

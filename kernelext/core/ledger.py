@@ -6,7 +6,6 @@ import functools
 import hashlib
 import inspect
 import json
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any, overload
@@ -15,15 +14,9 @@ from ..errors import EffectArgumentsMismatch, LedgerError, NeedsDecision, Serial
 from .codec import dumps_json, loads_json
 from .context import current_run
 from .run import Run
+from .secrets import REDACTED, SECRET_NAME, is_secret_name, scrub, scrub_text
 
-__all__ = ["Effect", "EffectFailed", "effect", "effect_key"]
-
-SECRET_NAME = re.compile(
-    r"pass(word|wd)?|secret|token|api[_-]?key|auth|credential|cookie|"
-    r"private[_-]?key|session",
-    re.IGNORECASE,
-)
-REDACTED = "***redacted***"
+__all__ = ["REDACTED", "SECRET_NAME", "Effect", "EffectFailed", "effect", "effect_key", "redact"]
 
 
 class EffectFailed(LedgerError):
@@ -48,15 +41,26 @@ def args_hash(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 def redact(value: Any, name: str = "") -> Any:
-    if name and SECRET_NAME.search(name):
+    """An argument as stored: secrets by name become ``***redacted***``, secrets inside
+    text ``***`` (see ``kernelext.core.secrets``), other objects a ``<type>`` placeholder."""
+    if name and is_secret_name(name):
         return REDACTED
     if isinstance(value, dict):
         return {str(k): redact(v, str(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
+    if isinstance(value, str):
+        return scrub_text(value)
+    if isinstance(value, (int, float, bool)) or value is None:
         return value
     return _stable(value)
+
+
+def stored_result(result: Any) -> str:
+    """The JSON a result is stored (and replayed on resume) as: keys named like a secret
+    redacted (not a bare ``token``: model answers have those), registered secrets and URL
+    passwords masked. The caller gets it unchanged."""
+    return dumps_json(scrub(result, heuristics=False, result=True)).decode()
 
 
 class Effect:
@@ -75,6 +79,7 @@ class Effect:
             self.signature = None
         params = self.signature.parameters if self.signature else {}
         self.takes_key = resumable and "idempotency_key" in params
+        self._where = f"a call of effect {self.tool}"  # where a swallowed stop is raised again
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -84,6 +89,7 @@ class Effect:
         run = current_run()
         if run is None:  # outside a run: a plain call, nothing recorded (documented)
             return self.fn(*args, **kwargs)
+        run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
         kwargs.pop("idempotency_key", None)
         step_key, step_ordinal, call_ordinal = run.next_call()
         key = effect_key(run.id, step_key, self.tool, call_ordinal)
@@ -144,7 +150,7 @@ class Effect:
             run.notify("effect", (self.tool, key, "unknown"))
             raise
         try:
-            encoded = dumps_json(result).decode()
+            encoded = stored_result(result)
         except (TypeError, ValueError):
             run.store.write_outcome(
                 key, "applied", error=f"result of type {type(result).__name__} not stored"
@@ -222,7 +228,9 @@ _PERFORM = object()
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:2000]
+    """The error text stored for a failed call: scrubbed, then cut (never the other way
+    round, which could leave the start of a secret behind)."""
+    return scrub_text(f"{type(exc).__name__}: {exc}")[:2000]
 
 
 @overload

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..store import Store
@@ -45,6 +45,22 @@ class _SkipBody(Exception):
     pass
 
 
+class StopFlag(threading.Event):
+    """The run's stop flag. ``delivered`` remembers the stop kernelext raised into the agent
+    (``StopRequested`` or ``ForcedStop``) so that it is raised again at every later safe
+    point and effect call if the agent's code swallows it; clearing the flag forgets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delivered: type[StopRequested] | None = None
+        self.swallowed_noted: set[str] = set()  # events already recorded for this stop
+
+    def clear(self) -> None:
+        self.delivered = None
+        self.swallowed_noted = set()
+        super().clear()
+
+
 class Run:
     """Passed to the agent function. Everything here is safe to call from the agent."""
 
@@ -73,7 +89,7 @@ class Run:
         self._ordinal = 0
         self._top_ordinal: int | None = None  # highest ordinal completed or begun
         self._seen: set[str] = set()
-        self.stop_event = threading.Event()
+        self.stop_event = StopFlag()
         # time.monotonic() of a safe point's last look at the store's stop flag. Only safe
         # points count: a look by the monitor that began before a request landed must not
         # let the next safe point skip its own look.
@@ -84,7 +100,9 @@ class Run:
         self.thread_id: int | None = None
         self._guard = 0
         self._guard_lock = threading.Lock()
-        self._force_fired = False
+        self._force_fired = False  # raised into the worker, not yet seen by kernelext
+        self._force_spent = False  # a forced stop is raised into the worker once per run
+        self.force_raised_at: float | None = None  # time.monotonic() of that
         self.listeners: list[Callable[[str, Any], None]] = []
         self.suspend_request: tuple[str, Any, str | None] | None = None
 
@@ -195,6 +213,8 @@ class Run:
                 continue
 
     def safe_point(self) -> None:
+        if self._force_fired:  # a forced stop the agent's code swallowed: raised again here
+            self._check_force("a safe point")
         if self.id in self.store.quarantined_runs:
             raise NeedsDecision(
                 f"A record of run {self.id!r} was refused by the store and quarantined; the "
@@ -204,7 +224,50 @@ class Run:
         if not self.stop_event.is_set():
             self.poll_external_stop()
         if self.stop_event.is_set():
-            raise StopRequested(self.stop_source or "stop")
+            self.enforce_stop("a safe point")  # swallowed before: raised again, and recorded
+            self._deliver(StopRequested)
+
+    def enforce_stop(self, where: str) -> None:
+        """Raise again a stop that the agent's code swallowed (a bare ``except:``).
+
+        Called at every safe point, every effect call and when the agent function returns.
+        Once kernelext raised a stop into the agent, each of them raises it again, so a
+        swallowed stop costs at most the rest of one step. Cheap when nothing is pending.
+        """
+        if self._force_fired:
+            self._check_force(where)
+        flag = self.stop_event
+        if flag.delivered is not None and flag.is_set():
+            forced = flag.delivered is ForcedStop
+            self._note_swallowed("force_swallowed" if forced else "stop_swallowed", where)
+            self._deliver(flag.delivered)
+
+    def _deliver(self, kind: type[StopRequested]) -> NoReturn:
+        """Raise ``kind`` into the agent, remembering it (see ``StopFlag``)."""
+        flag = self.stop_event
+        if flag.delivered is not ForcedStop:  # a forced stop stays forced
+            flag.delivered = kind
+        raise kind(self.stop_source or "stop")
+
+    def _note_swallowed(self, kind: str, where: str) -> None:
+        """One events row per stop: the agent's code caught it and went on."""
+        flag = self.stop_event
+        if kind in flag.swallowed_noted:
+            return
+        flag.swallowed_noted.add(kind)
+        what = "a forced stop (ForcedStop)" if kind == "force_swallowed" else "the stop"
+        reason = (
+            f"the agent's code caught {what} and went on (a bare except:, except "
+            f"BaseException, or a finally block calling kernelext); raised again at {where}"
+        )
+        info = self.current
+        detail = {"step": info.key} if info is not None else None
+        with self.critical():  # queued, never waited for; no forced stop lands in it
+            with contextlib.suppress(Exception):  # a store hiccup must not hold the stop back
+                self.store.record_event(
+                    self.id, kind, wait=False, source="engine", reason=reason, detail=detail
+                )
+            self.notify(kind, where)
 
     def poll_external_stop(self, *, wait: bool = False) -> bool:
         """Raise the flag when another process recorded a stop in the store.
@@ -302,13 +365,32 @@ class Run:
         if fired:
             with self._guard_lock:
                 self._guard -= 1
-            _let_pending_fire()  # the forced stop raised into this thread lands here
-            raise ForcedStop("forced")  # it was already delivered (and swallowed)
+            self._land_force("kernelext's next call")
         try:
             yield
         finally:
             with self._guard_lock:
                 self._guard -= 1
+
+    def _check_force(self, where: str) -> None:
+        """A forced stop raised into this thread and not seen since lands (or is raised
+        again) here, before kernelext does anything else."""
+        with self._guard_lock:
+            fired = self._force_fired
+            self._force_fired = False
+        if fired:
+            self._land_force(where)
+
+    def _land_force(self, where: str) -> NoReturn:
+        try:
+            _let_pending_fire()  # still pending: it lands here and goes on up to the agent
+        except ForcedStop:
+            self.stop_event.delivered = ForcedStop
+            raise
+        # It landed earlier, in the agent's code, which swallowed it.
+        self._note_swallowed("force_swallowed", where)
+        self.stop_event.delivered = ForcedStop
+        raise ForcedStop("forced stop, raised again: the agent's code swallowed it")
 
     def seal(self) -> None:
         """From here on kernelext's bookkeeping runs; no forced stop may land in it.
@@ -325,13 +407,30 @@ class Run:
             _let_pending_fire()
 
     def try_force(self) -> bool:
-        """Raise ForcedStop in the worker unless it is inside kernelext's own code."""
+        """Raise ForcedStop in the worker unless it is inside kernelext's own code.
+
+        Once per run: a forced stop the agent's code swallows is raised again by kernelext
+        at its next call (``enforce_stop``), never raised asynchronously a second time.
+        """
         with self._guard_lock:
-            if self._guard or self.thread_id is None or self._force_fired:
+            if self._guard or self.thread_id is None or self._force_spent:
                 return False
-            self._force_fired = True
+            self._force_fired = self._force_spent = True
             self.forced = True
+            self.force_raised_at = time.monotonic()
             return _set_async_exc(self.thread_id, ForcedStop)
+
+    @property
+    def overrunning_after_force(self) -> float | None:
+        """Seconds since a forced stop was raised into a step that still runs, else None.
+
+        The exception lands at the next bytecode boundary: a call blocked in C (a sleep,
+        a socket read without timeout, a lock) keeps the step running until it returns.
+        """
+        raised = self.force_raised_at
+        if raised is None or self.current is None or self.thread_id is None:
+            return None
+        return time.monotonic() - raised
 
 
 def _let_pending_fire() -> None:

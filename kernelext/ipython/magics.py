@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import MagicArgumentParser
 from traitlets import Bool, Dict, Float, TraitError, Unicode, observe, validate
 
@@ -29,6 +29,14 @@ from .interrupt import live_handles
 __all__ = ["Kernelext"]
 
 _OUT = re.compile(r"^\s*(?:-o|--out)\s+([A-Za-z_][A-Za-z0-9_]*)\s*(.*)$", re.DOTALL)
+# {name} in a %%ledger query, outside literals, quoted names and comments: a notebook
+# variable, bound as the parameter $name (never pasted into the text).
+_VARIABLE = re.compile(
+    r"""(?P<str>'(?:[^']|'')*')|(?P<ident>"(?:[^"]|"")*")|(?P<line>--[^\n]*)"""
+    r"""|(?P<block>/\*.*?\*/)|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}""",
+    re.DOTALL,
+)
+_QUOTED_VARIABLE = re.compile(r"^'\{[A-Za-z_][A-Za-z0-9_]*\}'$")
 SUBCOMMANDS = ("stop", "resume", "status", "complete", "list")
 
 
@@ -97,6 +105,13 @@ class Kernelext(Magics):
     ).tag(config=True)
     interrupt_window = Float(
         2.0, help=("Seconds within which a second interrupt forces the stop.")
+    ).tag(config=True)
+    allow_files = Bool(
+        False,
+        help=(
+            "Let %%ledger queries read files outside the store (read_csv, glob, "
+            "'data.parquet'); off by default, like kx.sql(..., allow_files=True)."
+        ),
     ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
@@ -222,10 +237,15 @@ class Kernelext(Magics):
         return handle_for(run_id, row)
 
     # -- %%ledger / %ledger ------------------------------------------------------------------
+    @no_var_expand  # {name} is bound as a parameter here, never pasted by IPython
     @line_cell_magic
     def ledger(self, line: str, cell: str | None = None) -> Any:
         """Read-only SQL on the kernelext store: ``%ledger SELECT ...`` or a ``%%ledger``
-        cell. ``-o NAME`` also saves the result (a DataFrame) in the variable NAME."""
+        cell. ``-o NAME`` also saves the result (a DataFrame) in the variable NAME.
+
+        ``{name}`` in the query is the notebook variable ``name``, bound as a parameter
+        (``WHERE run_id = {run_id}``, without quotes). Files outside the store are read
+        only after ``%config Kernelext.allow_files = True``."""
         out: str | None = None
         head = line
         match = _OUT.match(line)
@@ -234,12 +254,9 @@ class Kernelext(Magics):
         elif line.strip().startswith("-"):
             raise UsageError("Usage: %%ledger [-o NAME] then the query; %ledger [-o NAME] QUERY")
         query = "\n".join(part for part in (head, cell or "") if part.strip()).strip()
-        if not query:
-            raise UsageError(
-                "%%ledger needs a query, e.g. SELECT status, count(*) FROM runs GROUP BY ALL"
-            )
+        query, params = self._bind_variables(query)
         try:
-            result = sql(query)
+            result = sql(query, params, allow_files=self.allow_files)
         except KernelextError as exc:
             raise UsageError(str(exc)) from None
         except Exception as exc:  # the backend's own message names the problem in the query
@@ -247,6 +264,31 @@ class Kernelext(Magics):
         if out is not None and self.shell is not None:
             self.shell.user_ns[out] = result
         return result
+
+    def _bind_variables(self, query: str) -> tuple[str, dict[str, Any] | None]:
+        """``{name}`` -> ``$name``, with the notebook's ``name`` as that parameter's value."""
+        namespace: dict[str, Any] = self.shell.user_ns if self.shell is not None else {}
+        params: dict[str, Any] = {}
+
+        def bind(match: re.Match[str]) -> str:
+            name = match.group("name")
+            if name is None:
+                if match.group("str") and _QUOTED_VARIABLE.match(match.group("str")):
+                    raise UsageError(
+                        f"%%ledger binds {match.group('str')[1:-1]} as a value: write it "
+                        "without quotes, e.g. WHERE run_id = {run_id}"
+                    )
+                return match.group(0)
+            if name not in namespace:
+                raise UsageError(
+                    f"%%ledger: {{{name}}} names no variable of this notebook. Define {name} "
+                    "first; its value is bound as a parameter, never pasted into the query."
+                )
+            params[name] = namespace[name]
+            return "$" + name
+
+        text = _VARIABLE.sub(bind, query)
+        return text, (params or None)
 
 
 def handle_for(run_id: str, row: dict[str, Any]) -> Handle:

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -109,7 +109,13 @@ class Backend(abc.ABC):
     ) -> tuple[list[tuple[Any, ...]], list[str]]: ...
 
     @abc.abstractmethod
-    def read_arrow(self, sql: str) -> Any: ...
+    def read_arrow(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        allow_files: bool = False,
+    ) -> Any: ...
 
     def try_read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]] | None:
         """A read that may answer ``None`` at once instead of waiting for the database."""
@@ -276,10 +282,18 @@ class StoreBase:
         self._catch_up()
         return self.backend.read(sql, params)
 
-    def read_arrow(self, sql: str) -> Any:
-        """A read-only query as a pyarrow Table (what ``kx.sql`` uses)."""
+    def read_arrow(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        allow_files: bool = False,
+    ) -> Any:
+        """A read-only query as a pyarrow Table (what ``kx.sql`` uses): ``params`` bound to
+        ``?``/``$1`` (a sequence) or ``$name`` (a mapping); files outside the store only
+        with ``allow_files``. A query that could change anything raises ReadOnlyError."""
         self._catch_up()
-        return self.backend.read_arrow(sql)
+        return self.backend.read_arrow(sql, params, allow_files=allow_files)
 
     def read_dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         rows, names = self._read_with_names(sql, params)
@@ -364,7 +378,14 @@ class StoreBase:
         reason: str | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        """Append one audit row inside the caller's transaction."""
+        """Append one audit row inside the caller's transaction.
+
+        ``reason`` and ``detail`` are scrubbed of secrets first: core installs its scrubber
+        as ``StoreBase.scrub`` (kernelext.core.secrets); the store knows no secrets itself.
+        """
+        scrub: Callable[[Any], Any] | None = getattr(self, "scrub", None)
+        if scrub is not None:
+            reason, detail = scrub(reason), scrub(detail)
         tx.execute(
             "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source,"
             " actor, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

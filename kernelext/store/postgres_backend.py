@@ -28,8 +28,9 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from ..errors import ReadOnlyError, StoreError
+from ..errors import StoreError
 from .base import Backend
+from .sql_guard import Params, check_query, normalize_params, refusal
 from .writer import Tx
 
 __all__ = [
@@ -45,7 +46,14 @@ MIGRATION_LOCK = "kernelext:migrations"
 READ_POOL_SIZE = 4
 # psycopg exceptions whose transaction can simply be run again.
 TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
-READ_ONLY_START = ("select", "with", "values", "table", "explain", "show", "(")
+# Queries from kx.sql run as this role when the login may take it and it can read the
+# store (README, "Security"); set_config(..., true) is SET LOCAL ROLE, for the transaction.
+READER_ROLE = "kernelext_reader"
+_TAKE_READER_ROLE = (
+    "SELECT set_config('role', r.rolname, true) FROM pg_roles r WHERE r.rolname = %s"
+    " AND NOT r.rolsuper AND pg_has_role(current_user, r.oid, 'MEMBER')"
+    " AND has_table_privilege(r.oid, 'runs', 'SELECT')"
+)
 
 _TOKEN = re.compile(
     r"""
@@ -278,59 +286,63 @@ class PostgresConnection(Backend):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def read_arrow(self, sql: str) -> Any:
-        """Run one statement in a READ ONLY transaction and return a pyarrow Table."""
-        text = sql.strip()
-        escaped, ends = _scan(text)
-        while escaped.rstrip().endswith(";"):
-            escaped = escaped.rstrip()[:-1]
-            ends -= 1
-        head = _first_word(escaped)
-        if ends > 0 or not escaped.strip():
-            raise ReadOnlyError(
-                "kx.sql is read-only and takes exactly one SELECT statement; this has "
-                f"{ends + 1 if escaped.strip() else 0}. Run them one at a time."
-            )
-        if not head.startswith(READ_ONLY_START):
-            raise ReadOnlyError(
-                f"kx.sql is read-only and takes one SELECT statement; this starts with "
-                f"{head.split()[0].upper() if head else 'nothing'!r}. Change runs through the "
-                "kernelext API (kx.resume, kx.reconcile, ...)."
-            )
+    def read_arrow(self, sql: str, params: Params = None, *, allow_files: bool = False) -> Any:
+        """Run one query nobody reviewed (``kx.sql``) and return a pyarrow Table.
+
+        ``sql_guard`` checks it with DuckDB's parser first (a query it cannot parse is
+        refused: it could not be checked). What passes runs in a READ ONLY transaction that
+        is always rolled back, as the role ``kernelext_reader`` when this login may take it
+        and it can read the store (``READER_ROLE``), over the extended protocol (one
+        statement, parameters bound by the server); session advisory locks are released
+        afterwards. File readers are DuckDB's: a PostgreSQL store refuses them, allowed or
+        not, and its server-side file functions (pg_read_file, ...) are refused always.
+        """
+        checked = check_query(sql.strip(), allow_files=True, strict_parse=True)
+        if checked.reads_files:  # DuckDB's file readers: whatever allow_files says
+            raise refusal("reading files on a PostgreSQL store", "files_server")
+        text, bound = _placeholders(checked.sql, normalize_params(params))
         for attempt in (1, 2):
             try:
-                columns, rows = self._read_only(escaped)
+                columns, rows = self._read_only(text, bound)
                 break
             except psycopg.OperationalError as exc:
                 if attempt == 2 or not connection_lost(exc):
                     raise
         return _to_arrow(columns, rows)
 
-    def _read_only(self, query: str) -> tuple[list[Any], list[tuple[Any, ...]]]:
+    def _read_only(
+        self, query: str, params: list[Any] | dict[str, Any]
+    ) -> tuple[list[Any], list[tuple[Any, ...]]]:
         columns: list[Any] = []
         rows: list[tuple[Any, ...]] = []
         with self._pool.connection() as con:
             try:
                 with con.transaction():
                     con.execute("SET TRANSACTION READ ONLY")
-                    cur = con.execute(query, [])
+                    # Strings are read as DuckDB's parser read them when it checked the query.
+                    con.execute("SET LOCAL standard_conforming_strings = on")
+                    con.execute(_TAKE_READER_ROLE, [READER_ROLE])
+                    # prepare=True: the extended protocol, one statement at most, always
+                    # (without parameters psycopg would use the simple protocol).
+                    cur = con.execute(query, params, prepare=True)
                     columns = list(cur.description or [])
                     rows = cur.fetchall() if columns else []
                     raise _Rollback
             except _Rollback:
                 pass
             except pg_errors.ReadOnlySqlTransaction as exc:
-                raise ReadOnlyError(
-                    f"kx.sql is read-only: PostgreSQL refused a write ({exc.diag.message_primary})."
-                    " Change runs through the kernelext API (kx.resume, kx.reconcile, ...)."
-                ) from None
+                raise refusal(f"a write ({exc.diag.message_primary})", "write") from None
+            except pg_errors.InsufficientPrivilege as exc:
+                reason = exc.diag.message_primary
+                raise refusal(f"what the read-only role may not do ({reason})", "server") from None
             except pg_errors.SyntaxError as exc:
                 if "multiple commands" in str(exc):
-                    raise ReadOnlyError(
-                        "kx.sql is read-only and takes exactly one SELECT statement. "
-                        "Run them one at a time."
-                    ) from None
+                    raise refusal("more than one statement", "multiple") from None
                 raise
+            finally:
+                if not con.closed and not con.broken:
+                    with contextlib.suppress(psycopg.Error):
+                        con.execute("SELECT pg_advisory_unlock_all()")
         return columns, rows
 
     # -- cross-process coordination ------------------------------------------------------
@@ -362,9 +374,63 @@ class _Rollback(Exception):
     """Leaves the read-only transaction block by rolling it back."""
 
 
-def _first_word(sql: str) -> str:
-    body = re.sub(r"^(\s|--[^\n]*\n?|/\*.*?\*/)*", "", sql, flags=re.DOTALL)
-    return body[:40].lower()
+_PLACEHOLDER = re.compile(
+    r"""
+      (?P<str>'(?:[^']|'')*')              # 'string literal'
+    | (?P<ident>"(?:[^"]|"")*")            # "quoted name"
+    | (?P<dollar>\$(?P<tag>[A-Za-z_]*)\$.*?\$(?P=tag)\$)  # $tag$ body $tag$
+    | (?P<line>--[^\n]*)                   # -- comment
+    | (?P<block>/\*.*?\*/)                 # /* comment */
+    | (?P<q>\?)                            # ? placeholder
+    | \$(?P<num>[0-9]+)                     # $1 placeholder
+    | \$(?P<name>[A-Za-z_][A-Za-z0-9_]*)    # $name placeholder
+    | (?P<pct>%)                           # psycopg's escape character
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
+def _placeholders(
+    sql: str, params: list[Any] | dict[str, Any] | None
+) -> tuple[str, list[Any] | dict[str, Any]]:
+    """User SQL with DuckDB's placeholders (``?``, ``$1``, ``$name``) as psycopg's.
+
+    Only placeholders outside literals, quoted names and comments count; the values stay
+    parameters, sent apart from the text. A mapping binds ``$name``, a sequence ``?``/``$1``.
+    """
+    out: list[str] = []
+    positional: list[Any] = []
+    questions = 0
+    pos = 0
+    for match in _PLACEHOLDER.finditer(sql):
+        out.append(sql[pos : match.start()])
+        pos = match.end()
+        kind = match.lastgroup
+        if kind == "pct":
+            out.append("%%")
+        elif kind == "name":
+            out.append(f"%({match.group('name')})s")
+        elif kind == "q":
+            questions += 1
+            out.append("%s")
+            positional.append(_nth(params, questions, f"placeholder ? number {questions}"))
+        elif kind == "num":
+            out.append("%s")
+            number = int(match.group("num"))
+            positional.append(_nth(params, number, f"${number}"))
+        else:
+            out.append(match.group(0).replace("%", "%%"))
+    out.append(sql[pos:])
+    text = "".join(out).rstrip().rstrip(";")
+    return text, (dict(params) if isinstance(params, dict) else positional)
+
+
+def _nth(params: list[Any] | dict[str, Any] | None, number: int, label: str) -> Any:
+    if not isinstance(params, list) or not 1 <= number <= len(params):
+        raise ValueError(
+            f"The query's {label} has no value: pass params as a list of at least {number}."
+        )
+    return params[number - 1]
 
 
 # -- result -> Arrow ------------------------------------------------------------------------

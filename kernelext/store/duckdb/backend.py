@@ -13,8 +13,15 @@ from typing import Any
 
 import duckdb
 
-from ...errors import ReadOnlyError, StoreError, StoreLockedError
+from ...errors import StoreError, StoreLockedError
 from ..base import Backend
+from ..sql_guard import (
+    Checked,
+    Params,
+    check_query,
+    normalize_params,
+    runtime_refusal,
+)
 from ..writer import Tx, Writer
 from .handoff import HandoffLock
 from .hot_path import JournalHotPath
@@ -25,10 +32,6 @@ __all__ = ["DuckDBConnection", "open_duckdb"]
 
 INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
 _PID = re.compile(r"\(PID (\d+)\)")
-# EXPLAIN ANALYZE executes its statement (a COPY TO would write a file), and a sequence
-# moves on even when the transaction around it is rolled back.
-_EXPLAIN = re.compile(r"^\s*explain(\s+analy[sz]e)?\b", re.IGNORECASE)
-_SEQUENCE_WRITE = re.compile(r"\b(nextval|setval)\s*\(", re.IGNORECASE)
 _UMASK_LOCK = threading.Lock()
 # Failures that the same records would meet again: the tables refuse them.
 _PERMANENT = (
@@ -50,6 +53,13 @@ _PERMANENT = (
 # every table and index costs at least a block. (An existing file keeps its block size.)
 # Another connection to the same file in this process must pass the same config.
 DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {"default_block_size": "16384"}
+# The throw-away database of a query that may read files (allow_files): no extension is
+# installed or loaded for it (the built-in CSV, Parquet, JSON and text readers suffice).
+_FILES_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": "false",
+    "autoload_known_extensions": "false",
+    "allow_community_extensions": "false",
+}
 
 
 class _DuckTx:
@@ -289,28 +299,85 @@ class DuckDBConnection(Backend):
             names = [d[0] for d in (cur.description or [])]
             return cur.fetchall(), names
 
-    def read_arrow(self, sql: str) -> Any:
-        """Run one read-only statement and return a pyarrow Table."""
-        kinds = [s.type for s in duckdb.extract_statements(sql)]
-        allowed = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-        if kinds == [duckdb.StatementType.EXPLAIN]:
-            inner = duckdb.extract_statements(_EXPLAIN.sub("", sql, count=1))
-            kinds = [s.type for s in inner]
-        if len(kinds) != 1 or kinds[0] not in allowed:
-            names = ", ".join(k.name for k in kinds) or "nothing"
-            raise ReadOnlyError(
-                f"kx.sql is read-only and takes one SELECT statement; this is {names}. "
-                "Change runs through the kernelext API (kx.resume, kx.reconcile, ...)."
-            )
-        if _SEQUENCE_WRITE.search(sql):
-            raise ReadOnlyError(
-                "kx.sql is read-only: nextval()/setval() advance a sequence of the store."
-            )
+    def read_arrow(self, sql: str, params: Params = None, *, allow_files: bool = False) -> Any:
+        """Run one query nobody reviewed (``kx.sql``) and return a pyarrow Table.
+
+        ``sql_guard`` checks it with DuckDB's parser first. What passes runs where it
+        cannot change anything even if that check were wrong: in a READ ONLY transaction
+        that is always rolled back, on a database instance whose settings are locked and
+        which reaches no file, extension or other database (``_lock_down``). With
+        ``allow_files``, a query that reads files runs in a throw-away in-memory DuckDB
+        that sees copies of the store's tables it names (``_read_with_files``).
+        """
+        checked = check_query(sql, allow_files=allow_files)
+        bound = normalize_params(params)
+        if allow_files and checked.reads_files:
+            return self._read_with_files(checked, bound)
+        try:
+            return self._read_locked(checked.sql, bound)
+        except duckdb.PermissionException as exc:
+            if not allow_files:
+                raise (runtime_refusal(exc) or exc) from None
+            return self._read_with_files(checked, bound)  # a file reader the check missed
+
+    def _read_locked(self, sql: str, params: list[Any] | dict[str, Any] | None) -> Any:
         with self._mutex:
             cur = self._cursor()
-            cur.execute("BEGIN TRANSACTION")
+            cur.execute("BEGIN TRANSACTION READ ONLY")
             try:
-                return cur.sql(sql).to_arrow_table()
+                return cur.sql(sql, params=params).to_arrow_table()
+            except duckdb.PermissionException:
+                raise
+            except duckdb.Error as exc:
+                refused = runtime_refusal(exc)
+                if refused is None:
+                    raise
+                raise refused from None
+            finally:
+                cur.execute("ROLLBACK")
+
+    def _read_with_files(self, checked: Checked, params: list[Any] | dict[str, Any] | None) -> Any:
+        """Run a query that reads files outside the store (the caller allowed it).
+
+        The store's instance has external access off for good, so the query runs in a
+        fresh in-memory DuckDB that may read files but installs and loads no extension;
+        the store tables the query names are copied in as Arrow (a consistent snapshot,
+        read in one transaction), its settings are locked and its transaction rolled back.
+        It costs a copy of those tables in memory on every call.
+        """
+        tables = self._export_tables(checked.tables)
+        side = duckdb.connect(":memory:", config=_FILES_CONFIG)
+        try:
+            for name, table in tables.items():
+                side.register(name, table)
+            side.execute("SET lock_configuration = true")
+            side.execute("BEGIN TRANSACTION READ ONLY")
+            try:
+                return side.sql(checked.sql, params=params).to_arrow_table()
+            except duckdb.Error as exc:
+                refused = runtime_refusal(exc)
+                if refused is None:
+                    raise
+                raise refused from None
+            finally:
+                side.execute("ROLLBACK")
+        finally:
+            side.close()
+
+    def _export_tables(self, names: frozenset[str]) -> dict[str, Any]:
+        """The store's tables among ``names``, as Arrow tables read in one transaction."""
+        if not names:
+            return {}
+        with self._mutex:
+            cur = self._cursor()
+            cur.execute("BEGIN TRANSACTION READ ONLY")
+            try:
+                rows = cur.execute(
+                    "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
+                ).fetchall()
+                present = {str(r[0]).lower(): str(r[0]) for r in rows}
+                wanted = sorted(names & present.keys())
+                return {present[n]: _whole_table(cur, present[n]) for n in wanted}
             finally:
                 cur.execute("ROLLBACK")
 
@@ -366,6 +433,7 @@ def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.Du
         # Store statements are tiny: one thread avoids DuckDB's per-statement scheduling
         # cost (about half of a small insert here); analytics over a million rows stay fast.
         con.execute("SET threads = 1")
+        _lock_down(con)
         if read_only:
             return con
         for suffix in ("", ".wal"):
@@ -373,6 +441,24 @@ def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.Du
                 os.chmod(path + suffix, 0o600)
         _private_wal(path)
         return con
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """Settle the instance for good, after the store's own settings (``threads``).
+
+    External access off: no SQL on this instance reads or writes a file other than the
+    store's own, installs or loads an extension, or attaches a database; kernelext's side
+    files and journals are Python I/O. Then the configuration is locked: no statement can
+    change a setting (``memory_limit``, ``enable_external_access``, ...) while it is open.
+    Both hold for every cursor; neither can be undone until the instance closes.
+    """
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def _whole_table(cur: duckdb.DuckDBPyConnection, name: str) -> Any:
+    quoted = '"' + name.replace('"', '""') + '"'
+    return cur.sql(f"SELECT * FROM main.{quoted}").to_arrow_table()
 
 
 def _private_wal(path: str) -> None:

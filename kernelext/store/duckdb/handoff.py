@@ -12,6 +12,7 @@ command line and ``kx.sql`` elsewhere can read. The lock file names its holder
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -33,6 +34,9 @@ class HandoffLock:
         self._fd: int | None = None
         self._want_fd: int | None = None
         self._courtesy_until = 0.0
+        if not read_only:  # so that a read-only opener, who cannot create it, can signal
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.want_path, os.O_RDWR | os.O_CREAT, 0o600))
 
     @property
     def held(self) -> bool:
