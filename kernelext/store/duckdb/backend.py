@@ -322,19 +322,7 @@ class DuckDBConnection(Backend):
 
     def _read_locked(self, sql: str, params: list[Any] | dict[str, Any] | None) -> Any:
         with self._mutex:
-            cur = self._cursor()
-            cur.execute("BEGIN TRANSACTION READ ONLY")
-            try:
-                return cur.sql(sql, params=params).to_arrow_table()
-            except duckdb.PermissionException:
-                raise
-            except duckdb.Error as exc:
-                refused = runtime_refusal(exc)
-                if refused is None:
-                    raise
-                raise refused from None
-            finally:
-                cur.execute("ROLLBACK")
+            return _query_rolled_back(self._cursor(), sql, params, keep=duckdb.PermissionException)
 
     def _read_with_files(self, checked: Checked, params: list[Any] | dict[str, Any] | None) -> Any:
         """Run a query that reads files outside the store (the caller allowed it).
@@ -351,16 +339,7 @@ class DuckDBConnection(Backend):
             for name, table in tables.items():
                 side.register(name, table)
             side.execute("SET lock_configuration = true")
-            side.execute("BEGIN TRANSACTION READ ONLY")
-            try:
-                return side.sql(checked.sql, params=params).to_arrow_table()
-            except duckdb.Error as exc:
-                refused = runtime_refusal(exc)
-                if refused is None:
-                    raise
-                raise refused from None
-            finally:
-                side.execute("ROLLBACK")
+            return _query_rolled_back(side, checked.sql, params)
         finally:
             side.close()
 
@@ -388,6 +367,28 @@ class DuckDBConnection(Backend):
                 self._release()
             finally:
                 self.lock.close()
+
+
+def _query_rolled_back(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: list[Any] | dict[str, Any] | None,
+    keep: type[BaseException] | tuple[type[BaseException], ...] = (),
+) -> Any:
+    """A user query as Arrow, in a READ ONLY transaction that is always rolled back;
+    what the database refuses comes back as the SQL surface's one refusal."""
+    con.execute("BEGIN TRANSACTION READ ONLY")
+    try:
+        return con.sql(sql, params=params).to_arrow_table()
+    except keep:
+        raise
+    except duckdb.Error as exc:
+        refused = runtime_refusal(exc)
+        if refused is None:
+            raise
+        raise refused from None
+    finally:
+        con.execute("ROLLBACK")
 
 
 def _utcnow() -> dt.datetime:

@@ -179,9 +179,18 @@ def _note_damage(
     kept = os.path.join(folder, f"journal.{journal_id}")
     for offset, end, why in scan.damage:
         error = f"{end - offset} damaged byte(s) at offset {offset}: {why}"
-        _quarantine_raw(run_tx, journal_id, kept, offset, "(damage)", "", error, now)
+        _quarantine_note(run_tx, journal_id, kept, f"(damage)@{offset}", error, now)
     for offset, text, why in scan.unreadable:
-        _quarantine_raw(run_tx, journal_id, kept, offset, "(unreadable)", text, why, now)
+        _quarantine_note(
+            run_tx,
+            journal_id,
+            kept,
+            f"(unreadable)@{offset}",
+            why,
+            now,
+            kind="(unreadable)",
+            payload=text,
+        )
     # Records of these runs may be in the damaged bytes (an intent, say): each waits for
     # a person to check it against the outside world before it goes on.
     runs = sorted({d["run_id"] for _, _, d in scan.records if isinstance(d.get("run_id"), str)})
@@ -192,7 +201,7 @@ def _note_damage(
             "run may be missing there. Check its effects against the systems they reached "
             "(kx.sql on effects), then resume it deliberately with kx.resume."
         )
-        _quarantine_run(run_tx, journal_id, kept, run_id, error, now)
+        _quarantine_note(run_tx, journal_id, kept, f"run:{run_id}", error, now, run_id=run_id)
     os.replace(path, kept)
     _log.error(
         "kernelext: the journal %s was damaged; the intact records were folded and the file "
@@ -203,41 +212,20 @@ def _note_damage(
     return True
 
 
-def _quarantine_run(
+def _quarantine_note(
     run_tx: Callable[[Callable[[Tx], Any]], Any],
     journal_id: str,
     file: str,
-    run_id: str,
+    marker: str,
     error: str,
     now: Callable[[], dt.datetime],
+    *,
+    kind: str = "(damage)",
+    payload: str = "",
+    run_id: str | None = None,
 ) -> None:
-    def job(tx: Tx) -> None:
-        quarantine_tx(
-            tx,
-            now(),
-            journal_id=journal_id,
-            seq=None,
-            kind="(damage)",
-            payload="",
-            error=error,
-            file=file,
-            run_id=run_id,
-            marker=f"run:{run_id}",
-        )
+    """One quarantine row about the file, not a record (``marker`` keeps it unique)."""
 
-    run_tx(job)
-
-
-def _quarantine_raw(
-    run_tx: Callable[[Callable[[Tx], Any]], Any],
-    journal_id: str,
-    file: str,
-    offset: int,
-    kind: str,
-    payload: str,
-    error: str,
-    now: Callable[[], dt.datetime],
-) -> None:
     def job(tx: Tx) -> None:
         quarantine_tx(
             tx,
@@ -248,8 +236,8 @@ def _quarantine_raw(
             payload=payload,
             error=error,
             file=file,
-            run_id=None,
-            marker=f"{kind}@{offset}",
+            run_id=run_id,
+            marker=marker,
         )
 
     run_tx(job)
