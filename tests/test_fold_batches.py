@@ -149,3 +149,17 @@ def test_any_batching_gives_the_tables_of_one_record_at_a_time(tmp_path: Path, s
         # A crash after the fold, before journal_state moved on: folded again, same tables.
         batched.write(lambda tx: apply_records(tx, records))
         assert tables(batched) == expected
+
+
+def test_a_batch_holding_a_record_the_tables_refuse_fails_as_permanent(tmp_path: Path) -> None:
+    """Whatever batch the refused record lands in (alone, or mixed into a VALUES list with
+    good ones), the failure is classified permanent: the fold goes record by record and
+    quarantines it, instead of retrying the batch as if the disk were full."""
+    records = run_records("r", 3, 0)
+    begins = [r for r in records if r[1] == "step_begin"]
+    bad = (99, "step_begin", dict(begins[0][2], id=uuid.uuid4(), ordinal="not a number"))
+    with fresh(tmp_path / "s.duckdb") as store:
+        for batch in ([bad], [*begins, bad], [bad, *begins]):
+            with pytest.raises(Exception) as caught:
+                store.write(lambda tx, b=batch: apply_records(tx, b))
+            assert store.backend.is_permanent(caught.value), repr(caught.value)

@@ -43,6 +43,7 @@ _PERMANENT = (
     duckdb.BinderException,
     duckdb.CatalogException,
     duckdb.ParserException,
+    duckdb.NotImplementedException,  # e.g. a batch's VALUES mixing a text into a number column
     KeyError,
     TypeError,
     ValueError,

@@ -241,10 +241,17 @@ class Folder:
     def _refused(self, exc: BaseException) -> None:
         """A permanent failure: fold one record at a time; quarantine the one refused."""
         with self._lock:
+            taken, self._taken = self._taken, []
+            stuck = bool(self._single_until) and (
+                not taken or taken[0][0] in self._poisoned  # even quarantining it failed
+            )
             if not self._single_until:
                 self._single_until = self.journal.last_seq
-            elif self._taken:
-                self._poisoned[self._taken[0][0]] = exc
+            elif not stuck:
+                self._poisoned[taken[0][0]] = exc
+        if stuck:  # the store itself is broken (a table gone, ...): back off, never spin
+            self._transient(exc)
+            return
         self.schedule()
 
     def _quarantine(self, tx: Tx, record: Record, exc: BaseException) -> None:
