@@ -55,13 +55,17 @@ _TAKE_READER_ROLE = (
     " AND has_table_privilege(r.oid, 'runs', 'SELECT')"
 )
 
-_TOKEN = re.compile(
-    r"""
+# What a placeholder scan steps over: literals, quoted names and comments.
+_SKIPPED = r"""
       (?P<str>'(?:[^']|'')*')              # 'string literal'
     | (?P<ident>"(?:[^"]|"")*")            # "quoted name"
     | (?P<dollar>\$(?P<tag>[A-Za-z_]*)\$.*?\$(?P=tag)\$)  # $tag$ body $tag$
     | (?P<line>--[^\n]*)                   # -- comment
     | (?P<block>/\*.*?\*/)                 # /* comment */
+"""
+_TOKEN = re.compile(
+    _SKIPPED
+    + r"""
     | (?P<q>\?)                            # placeholder
     | (?P<pct>%)                           # psycopg's escape character
     | (?P<semi>;)
@@ -375,12 +379,8 @@ class _Rollback(Exception):
 
 
 _PLACEHOLDER = re.compile(
-    r"""
-      (?P<str>'(?:[^']|'')*')              # 'string literal'
-    | (?P<ident>"(?:[^"]|"")*")            # "quoted name"
-    | (?P<dollar>\$(?P<tag>[A-Za-z_]*)\$.*?\$(?P=tag)\$)  # $tag$ body $tag$
-    | (?P<line>--[^\n]*)                   # -- comment
-    | (?P<block>/\*.*?\*/)                 # /* comment */
+    _SKIPPED
+    + r"""
     | (?P<q>\?)                            # ? placeholder
     | \$(?P<num>[0-9]+)                     # $1 placeholder
     | \$(?P<name>[A-Za-z_][A-Za-z0-9_]*)    # $name placeholder

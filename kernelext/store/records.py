@@ -14,13 +14,10 @@ from .writer import Tx
 
 __all__ = [
     "APPLY",
-    "INTENT",
-    "STEP_BEGIN",
     "apply_record",
     "check_record",
     "fact",
     "insert_intent",
-    "insert_rows",
     "intent_row",
     "outcome",
     "step_begin_row",

@@ -44,6 +44,17 @@ def _insert_new(tx: Tx, table: str, columns: str, key: str, rows: list[tuple[Any
         )
 
 
+def _update_from(tx: Tx, head: str, columns: str, where: str, rows: list[tuple[Any, ...]]) -> None:
+    """``head`` (an ``UPDATE … SET … = v.…``) applied from ``rows`` in a VALUES list ``v``."""
+    width = columns.count(",") + 1
+    for start in range(0, len(rows), _CHUNK):
+        chunk = rows[start : start + _CHUNK]
+        tx.execute(
+            f"{head} FROM (VALUES {values(width, len(chunk))}) AS v({columns}) WHERE {where}",
+            [value for row in chunk for value in row],
+        )
+
+
 _STEP_COLUMNS = "id, run_id, ordinal, key, name, status, started_at"
 _EFFECT_COLUMNS = (
     "key, run_id, step_key, step_ordinal, tool, call_ordinal, args_hash, args, status,"
@@ -96,15 +107,14 @@ def _steps(tx: Tx, begins: list[dict[str, Any]], completions: list[dict[str, Any
         for c in completions
         if c["step_id"] not in begun
     ]
-    for start in range(0, len(later), _CHUNK):
-        chunk = later[start : start + _CHUNK]
-        tx.execute(
-            "UPDATE steps SET status = 'completed', ended_at = v.ended_at,"
-            " duration_s = v.duration_s, snapshot_id = v.snapshot_id"
-            f" FROM (VALUES {values(4, len(chunk))}) AS v(id, ended_at, duration_s,"
-            " snapshot_id) WHERE steps.id = v.id",
-            [value for row in chunk for value in row],
-        )
+    _update_from(
+        tx,
+        "UPDATE steps SET status = 'completed', ended_at = v.ended_at,"
+        " duration_s = v.duration_s, snapshot_id = v.snapshot_id",
+        "id, ended_at, duration_s, snapshot_id",
+        "steps.id = v.id",
+        later,
+    )
 
 
 def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any]]) -> None:
@@ -128,15 +138,14 @@ def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any
     if finished:
         _insert_new(tx, "effects", _EFFECT_COLUMNS + ", result, error, outcome_at", "key", finished)
     rest = [(d["key"], d["status"], d["result"], d["error"], d["at"]) for d in first.values()]
-    for start in range(0, len(rest), _CHUNK):
-        chunk = rest[start : start + _CHUNK]
-        tx.execute(
-            "UPDATE effects SET status = v.status, result = CAST(v.result AS TEXT),"
-            " error = CAST(v.error AS TEXT), outcome_at = v.outcome_at"
-            f" FROM (VALUES {values(5, len(chunk))}) AS v(key, status, result, error, outcome_at)"
-            " WHERE effects.key = v.key AND effects.status = 'pending'",
-            [value for row in chunk for value in row],
-        )
+    _update_from(
+        tx,
+        "UPDATE effects SET status = v.status, result = CAST(v.result AS TEXT),"
+        " error = CAST(v.error AS TEXT), outcome_at = v.outcome_at",
+        "key, status, result, error, outcome_at",
+        "effects.key = v.key AND effects.status = 'pending'",
+        rest,
+    )
     for d in extra:
         outcome(tx, d)
 
