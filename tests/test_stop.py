@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.live import name, wait_until
 
 import kernelext as kx
 from kernelext.core.settings import SETTINGS
@@ -17,18 +16,6 @@ from kernelext.core.snapshot import Snapshotter
 from kernelext.store import Store
 
 WAIT = 60.0
-
-
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
 
 
 def events_of(store: Store, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:

@@ -12,29 +12,16 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.live import name, wait_until
 
 import kernelext as kx
 from kernelext.core.run import Run
 from kernelext.store import Store
 
 WAIT = 60.0
-
-
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
 
 
 def kinds(store: Store, run_id: str) -> list[str]:

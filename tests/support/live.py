@@ -1,8 +1,13 @@
-"""Teardown for tests that start agents: no run outlives its test."""
+"""Helpers for tests that start agents: unique names, waiting, and a teardown so that no
+run outlives its test."""
 
 from __future__ import annotations
 
-__all__ = ["finish_live_runs"]
+import time
+import uuid
+from collections.abc import Callable
+
+__all__ = ["finish_live_runs", "name", "wait_until"]
 
 
 def finish_live_runs(wait: float = 60.0) -> None:
@@ -15,3 +20,17 @@ def finish_live_runs(wait: float = 60.0) -> None:
         if handle.alive:
             handle.stop(source="test-teardown")
             handle.wait(wait)
+
+
+def name(prefix: str) -> str:
+    """A run or agent name unique to this test: ``prefix-<6 hex>``."""
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def wait_until(condition: Callable[[], bool], what: str, wait: float = 60.0) -> None:
+    """Poll ``condition`` every 10 ms; fail saying ``what`` after ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
