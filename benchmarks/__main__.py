@@ -18,7 +18,7 @@ from typing import Any
 from . import RESULTS_SCHEMA
 from .common import Plan, summarize
 
-TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e")
+TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e", "features")
 SYSTEMS = ("kernelext", "langgraph", "dbos")
 RIVAL_MODULES = {"langgraph": "langgraph.checkpoint.sqlite", "dbos": "dbos"}
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -221,6 +221,10 @@ def _topic_runner(topic: str, plan: Plan, systems: set[str]) -> Callable[[], Any
         from .e2e import measure_e2e
 
         return lambda: measure_e2e(plan, systems)
+    if topic == "features" and kx:
+        from .features import measure_features
+
+        return lambda: measure_features(plan)
     return None
 
 

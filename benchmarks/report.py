@@ -354,6 +354,10 @@ def _context(results: dict[str, Any]) -> list[str]:
         )
         lines.append("")
     lines.extend(_e2e_context(results.get("e2e") or {}, results.get("anchors", {})))
+    if results.get("features"):
+        from .features import feature_lines
+
+        lines.extend(feature_lines(results["features"]))
     return lines
 
 

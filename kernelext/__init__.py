@@ -9,24 +9,32 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .core.api import configure, open_store, runs, sql, stop
+from .adapters.mcp import wrap_mcp as mcp
+from .adapters.openai import wrap_openai as openai
+from .adapters.tools import Tools as tools
+from .core.agent import Agent, agent
+from .core.api import configure, open_store, runs, sql
+from .core.approvals import answer, approvals, questions
 from .core.checks import CHECKS as checks
 from .core.checks import CheckWarning
+from .core.control import resume, stop
 from .core.credentials import CREDENTIALS as credentials
 from .core.credentials import CredentialError
-from .core.engine import Agent, Handle, agent
 from .core.expiry import on_expire, sweep
+from .core.handle import Handle
 from .core.ledger import Effect, EffectFailed, effect
+from .core.plan import PlanChanged, ResumePlan, plan
 from .core.reconcile import reconcile
 from .core.restart import restart
-from .core.resume import resume
 from .core.revalidation import Revalidation, revalidation
 from .core.run import Run
 from .core.secrets import SECRETS as secrets
+from .core.timeline import timeline
 from .errors import (
     ClaimConflict,
     CodeChangedError,
     EffectArgumentsMismatch,
+    EffectRejected,
     ForcedStop,
     KernelextError,
     LedgerError,
@@ -49,11 +57,14 @@ __all__ = [
     "Effect",
     "EffectArgumentsMismatch",
     "EffectFailed",
+    "EffectRejected",
     "ForcedStop",
     "Handle",
     "KernelextError",
     "LedgerError",
     "NeedsDecision",
+    "PlanChanged",
+    "ResumePlan",
     "Revalidation",
     "Run",
     "RunNotFound",
@@ -63,12 +74,18 @@ __all__ = [
     "StoreLockedError",
     "__version__",
     "agent",
+    "answer",
+    "approvals",
     "checks",
     "configure",
     "credentials",
     "effect",
+    "mcp",
     "on_expire",
     "open_store",
+    "openai",
+    "plan",
+    "questions",
     "reconcile",
     "restart",
     "resume",
@@ -78,7 +95,19 @@ __all__ = [
     "sql",
     "stop",
     "sweep",
+    "timeline",
+    "tools",
 ]
+
+
+# Loaded on first use: ``kx.langgraph`` (the module itself imports LangGraph lazily too).
+_LAZY = {"langgraph": "kernelext.adapters.langgraph"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return importlib.import_module(_LAZY[name])
+    raise AttributeError(f"module 'kernelext' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 __all__ = [
     "AgentError",
     "ClaimConflict",
     "CodeChangedError",
     "EffectArgumentsMismatch",
+    "EffectRejected",
     "ForcedStop",
     "ForeignStoreError",
     "IntegrityError",
@@ -22,6 +26,7 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "StoreWriteError",
+    "did_you_mean",
 ]
 
 
@@ -104,6 +109,22 @@ class EffectArgumentsMismatch(LedgerError):
     """An effect key was reused with different arguments."""
 
 
+class EffectRejected(LedgerError):
+    """A person rejected this call of an effect that needs approval; it was not made.
+
+    Raised in the agent at the call (and again at that call on every replay), so the
+    agent can take another path. ``key`` is the effect's key, ``note`` the reason given.
+    """
+
+    def __init__(
+        self, message: str, *, key: str = "", tool: str = "", note: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.tool = tool
+        self.note = note
+
+
 class NeedsDecision(KernelextError):
     """The run waits for a human decision (an unknown effect or a stale fact)."""
 
@@ -118,3 +139,11 @@ class StopRequested(BaseException):
 
 class ForcedStop(StopRequested):
     """Raised into a step that overran ``max_step_seconds`` while a stop was pending."""
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` (with a leading space) for the closest candidates, or ``""``."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"

@@ -19,9 +19,36 @@ from support.live import finish_live_runs  # noqa: E402
 from support.postgres import postgres_server, postgres_url  # noqa: E402, F401  (fixtures)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules marked ``both_backends`` run every test that uses ``store_path`` (or the
+    ``store`` built on it) on DuckDB and on PostgreSQL; ``duckdb_only`` keeps a test on
+    DuckDB (it inspects DuckDB files, journals or side files)."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if not metafunc.definition.get_closest_marker("both_backends"):
+        return
+    params: list[Any] = ["duckdb"]
+    if not metafunc.definition.get_closest_marker("duckdb_only"):
+        params.append(pytest.param("postgres", marks=pytest.mark.postgres))
+    metafunc.parametrize("backend", params, indirect=True)
+
+
 @pytest.fixture
-def store_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh DuckDB path (not yet created); also exported as KERNELEXT_STORE."""
+def backend(request: pytest.FixtureRequest) -> str:
+    """``duckdb`` unless the module is marked ``both_backends`` (then both, in turn)."""
+    return str(getattr(request, "param", "duckdb"))
+
+
+@pytest.fixture
+def store_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, request: pytest.FixtureRequest
+) -> Any:
+    """Where this test's store lives, also exported as KERNELEXT_STORE: a fresh DuckDB
+    path (not yet created), or on PostgreSQL a fresh database's URL."""
+    if backend == "postgres":
+        url = str(request.getfixturevalue("postgres_url"))
+        monkeypatch.setenv("KERNELEXT_STORE", url)
+        return url
     path = tmp_path / "store" / "kernelext.duckdb"
     path.parent.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("KERNELEXT_STORE", str(path))
@@ -35,7 +62,7 @@ def store(store_path: Path) -> Iterator[Any]:
     import kernelext as kx
     from kernelext.core.settings import SETTINGS
 
-    opened = kx.open_store(str(store_path))
+    opened = kx.open_store(str(store_path))  # a path or a postgresql:// URL
     yield opened
     finish_live_runs()
     SETTINGS.close()
@@ -75,6 +102,11 @@ _SETTINGS_KEPT = (
     "check_timeout",
     "handle_renderer",
     "reconcile_renderer",
+    "approvals_renderer",
+    "max_step_seconds",
+    "soft_interrupt",
+    "interrupt_window",
+    "allow_files",
     "revalidation_renderer",
     "store_location",
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e")
+TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e", "features")
 
 
 @pytest.mark.slow

@@ -179,6 +179,8 @@ def test_quickstart_stop_resume_click_through(
         done = int(re.findall(rf"after (\d+)/{total} steps", outcome.inner_text())[0])
         assert 1 <= done < total
         assert delivery_server.count() == done  # stopped between steps: one email per step
+        # The plan of the waiting run, above Resume: what a resume will skip and replay.
+        expect(panel.locator(".kernelext-plan-preview")).to_contain_text("suspended")
         shot("suspended")
 
         # 3. Resume: the run continues and completes
@@ -186,6 +188,14 @@ def test_quickstart_stop_resume_click_through(
         expect(status).to_have_text("completed")
         expect(outcome).to_have_text(f"completed: {total}/{total} steps")
         shot("completed")
+
+        # The timeline: one bar per step attempt, visible in the page.
+        (picture_cell,) = tagged_cells(QUICKSTART, "timeline")
+        picture = lab.run_cell(page, picture_cell).locator("svg.kx-timeline").first
+        expect(picture).to_be_visible()
+        assert picture.locator("rect.kx-step").count() >= total
+        picture.scroll_into_view_if_needed()
+        shot("timeline")
 
         # 4. the ledger: nothing applied twice
         for index in tagged_cells(QUICKSTART, "ledger"):
@@ -297,3 +307,56 @@ def test_revalidation_accept_click_through(
     [(source, who)] = decisions
     assert source == "widget" and who  # the click in the browser, recorded with who
     assert flour_fact == ("2.65",)
+
+
+APPROVE_NOTEBOOK = TESTS_DIR / "browser" / "approve_payment.ipynb"
+
+
+def test_approve_click_sends_the_payment_exactly_once(
+    tmp_path: Path,
+    store_path: Path,
+    delivery_server: DeliveryServer,
+    page: Any,
+    shots_folder: Path,
+) -> None:
+    """A payment above the threshold waits for approval in the run's panel; clicking
+    Approve resumes the run, and the payment reaches the server once."""
+    from playwright.sync_api import expect
+
+    root = tmp_path / "root"
+    root.mkdir()
+    name = lab.copy_notebook(APPROVE_NOTEBOOK, root)
+    env = {
+        "KERNELEXT_STORE": str(store_path),
+        "KERNELEXT_TEST_PAY_URL": f"{delivery_server.url}/pay",
+    }
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook(page, server, name)
+        lab.run_cell(page, 0)
+        panel = lab.run_cell(page, 1).locator(PANEL)
+        expect(panel.locator(".kernelext-status")).to_have_text("suspended")
+        card = panel.locator(".kernelext-approval")
+        expect(card).to_contain_text("pay")
+        expect(card).to_contain_text("bob")
+        assert delivery_server.count() == 1  # ann's 40 went out; bob's 500 waits
+        shot("waiting-for-approval")
+
+        card.locator(".kernelext-approval-note input").fill("invoice checked")
+        lab.button(card, "Approve").click()
+        expect(panel.locator(".kernelext-status")).to_have_text("completed")
+        shot("approved-and-completed")
+
+    delivery_server.settle()
+    bodies = [d["body"] for d in delivery_server.deliveries]
+    assert sorted(b["to"] for b in bodies) == ["ann", "bob"], bodies  # each exactly once
+    import duckdb
+
+    with duckdb.connect(str(store_path), read_only=True) as db:
+        row = db.execute(
+            "SELECT decision, note, consumed_at IS NOT NULL FROM approvals WHERE run_id = ?",
+            ["pay-browser"],
+        ).fetchall()
+    assert row == [("approved", "invoice checked", True)]

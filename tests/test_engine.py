@@ -21,6 +21,8 @@ from kernelext.store import Store
 WAIT = 60.0
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.both_backends
+
 
 def name(prefix: str) -> str:
     """A unique agent name, so that agents of different tests never mix."""
@@ -288,6 +290,7 @@ def test_resuming_a_final_run_is_a_clear_error(store: Store, final: str, says: s
     assert "resumed" not in kinds(store, "final-1")
 
 
+@pytest.mark.duckdb_only
 def test_resuming_an_unknown_run_is_run_not_found(store: Store) -> None:
     with pytest.raises(kx.RunNotFound, match=r"no-such-run.*kx\.runs\(\)"):
         kx.resume("no-such-run")
@@ -320,6 +323,7 @@ class Config:
         self.items = items
 
 
+@pytest.mark.duckdb_only
 def test_non_json_arguments_resume_in_the_same_process(store: Store) -> None:
     @kx.agent(name=name("objarg"))
     def with_object(run: kx.Run, config: Config) -> None:

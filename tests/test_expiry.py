@@ -19,13 +19,15 @@ from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core import expiry
-from kernelext.core.expiry_policy import DEFAULT_EXPIRY
 from kernelext.core.registry import END_HOOKS
 from kernelext.core.settings import SETTINGS
+from kernelext.expiry_policy import DEFAULT_EXPIRY
 from kernelext.store import Store, open_store
 
 WAIT = 60.0
 T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
+
+pytestmark = pytest.mark.both_backends
 
 
 class FakeClock:
@@ -141,6 +143,7 @@ def test_the_deadline_is_set_at_suspension_from_the_reason(
     assert json.loads(expired["detail"])["suspend_reason"] == reason
 
 
+@pytest.mark.duckdb_only
 def test_configured_policy_and_a_per_call_override(store: Store, clock: FakeClock) -> None:
     kx.configure(expiry={"approval": 90, "rate_limit": dt.timedelta(minutes=5)})
     suspend_run(store, "approval", "configured")
@@ -159,6 +162,7 @@ def test_configured_policy_and_a_per_call_override(store: Store, clock: FakeCloc
     assert {store.get_run(r)["status"] for r in ("override-delta", "override-at")} == {"suspended"}
 
 
+@pytest.mark.duckdb_only
 def test_bad_expiry_configuration_is_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="positive number of seconds"):
         kx.configure(expiry={"approval": -5})
@@ -171,6 +175,7 @@ def price_of(sku: str) -> float:
     return PRICES[sku]
 
 
+@pytest.mark.duckdb_only
 def test_a_run_waiting_for_a_decision_expires_too(store: Store, clock: FakeClock) -> None:
     """needs_decision is a pause: it gets a deadline from the ``decision`` policy."""
     PRICES["A"] = 1.0
@@ -246,6 +251,7 @@ def test_expiry_releases_both_claims_so_another_run_can_take_them(
 
 
 # -- notification ---------------------------------------------------------------------------
+@pytest.mark.duckdb_only
 def test_callbacks_listeners_and_hooks_are_told_and_a_failing_callback_is_recorded(
     store: Store, clock: FakeClock
 ) -> None:
@@ -289,6 +295,7 @@ def test_callbacks_listeners_and_hooks_are_told_and_a_failing_callback_is_record
     assert "2 run(s) expired" in result.text()
 
 
+@pytest.mark.duckdb_only
 def test_on_expire_takes_only_callables(store: Store) -> None:
     with pytest.raises(TypeError, match="callable"):
         kx.on_expire("not a function")  # type: ignore[arg-type]
@@ -373,6 +380,7 @@ def test_a_sweep_racing_a_resume_has_exactly_one_winner(store: Store, clock: Fak
 
 
 # -- retention ----------------------------------------------------------------------------------
+@pytest.mark.duckdb_only
 def test_payloads_are_kept_for_the_retention_period_then_removed(
     store: Store, clock: FakeClock, store_path: Path
 ) -> None:
@@ -422,6 +430,7 @@ def test_payloads_are_kept_for_the_retention_period_then_removed(
     assert len(events(store, "keeper", "snapshots_removed")) == 1
 
 
+@pytest.mark.duckdb_only
 def test_the_sweeper_thread_sweeps_the_default_store(store: Store, clock: FakeClock) -> None:
     suspend_run(store, "rate_limit", "periodic")
     clock.advance(hours=2)

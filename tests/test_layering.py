@@ -1,4 +1,4 @@
-"""Imports flow one way: store <- core <- widgets / ipython (see DESIGN.md, Layering).
+"""Imports flow one way: store <- core <- widgets / ipython (see ARCHITECTURE.md).
 
 Static half: every ``import`` in a layer's source (module level, in functions,
 under ``TYPE_CHECKING`` alike, plus ``importlib.import_module("...")`` with a

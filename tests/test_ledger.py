@@ -25,6 +25,8 @@ from kernelext.store import Store, open_store
 SECRET = "sk-live-DO-NOT-LEAK-4242"
 WAIT = 60  # generous: a loaded CI machine
 
+pytestmark = pytest.mark.both_backends
+
 
 @pytest.fixture
 def store(store_path: Path) -> Iterator[Store]:
@@ -54,6 +56,7 @@ def deliver_via(server: DeliveryServer) -> Callable[..., Any]:
 
 
 # -- keys ------------------------------------------------------------------------------
+@pytest.mark.duckdb_only
 def test_key_is_derived_from_run_step_tool_and_ordinal() -> None:
     key = effect_key("run-1", "step-a", "send", 0)
     assert key == effect_key("run-1", "step-a", "send", 0)
@@ -67,6 +70,7 @@ def test_key_is_derived_from_run_step_tool_and_ordinal() -> None:
     assert isinstance(key, uuid.UUID) and len(key.bytes) == 16  # compact, 128-bit
 
 
+@pytest.mark.duckdb_only
 def test_same_calls_get_the_same_keys_in_another_store_at_another_time(
     tmp_path: Path, delivery_server: DeliveryServer
 ) -> None:
@@ -90,6 +94,7 @@ def test_same_calls_get_the_same_keys_in_another_store_at_another_time(
     assert sorted(sent) == sorted(list(expected) * 2)
 
 
+@pytest.mark.duckdb_only
 def test_key_is_passed_only_to_tools_that_declare_it(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
@@ -387,6 +392,7 @@ def test_same_key_with_other_arguments_is_refused_naming_the_key(
     assert store.effect(key)["status"] == "applied"
 
 
+@pytest.mark.duckdb_only
 def test_effect_outside_a_run_is_a_plain_call(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
@@ -399,6 +405,7 @@ def test_effect_outside_a_run_is_a_plain_call(
     assert re.search(r"outside a run is a plain call", readme), "document the pass-through"
 
 
+@pytest.mark.duckdb_only
 def test_unserialisable_result_is_a_clear_error_and_the_row_says_applied(
     store: Store, delivery_server: DeliveryServer
 ) -> None:

@@ -8,6 +8,8 @@ test_notebooks.py and test_interrupt.py.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
+import signal
 import socket
 import subprocess
 import sys
@@ -21,11 +23,13 @@ from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 import kernelext as kx
 from kernelext.core.cell_runs import CELL_AGENT, forget_cell_runs
-from kernelext.core.registry import LIVE, LIVE_LOCK
+from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
 from kernelext.core.settings import SETTINGS
 from kernelext.ipython import extension
 from kernelext.ipython.cells import AgentCellStopped
+from kernelext.ipython.interrupt import InterruptHandler
 from kernelext.ipython.magics import Kernelext
+from kernelext.ipython.options import notebook_option, saved
 
 EFFECTS = """
 import kernelext as kx
@@ -47,7 +51,7 @@ def ip(store_path: Path) -> Iterator[InteractiveShell]:
     assert shell.run_cell(EFFECTS).success
     yield shell
     with LIVE_LOCK:
-        handles = list(LIVE.values())
+        handles = list(LIVE_RUNS.values())
     for handle in handles:
         handle.wait(30)
     shell.run_line_magic("unload_ext", "kernelext")
@@ -341,3 +345,137 @@ h = shown.run(run_id="shown-1")
     assert data["text/plain"].startswith("run shown-1 [shown]: completed")
     status = cell(ip, "%agent status shown-1").result
     assert status is ip.user_ns["h"] or status.run_id == "shown-1"
+
+
+# -- did you mean -------------------------------------------------------------------------------
+def test_an_unknown_sub_command_names_the_nearest(ip: InteractiveShell) -> None:
+    result = cell(ip, "%agent stpo nightly")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "no sub-command 'stpo'; did you mean 'stop'?" in str(result.error_in_exec)
+    result = cell(ip, "%agent frobnicate nightly")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "did you mean" not in str(result.error_in_exec)
+    assert "%agent stop|resume|status|complete RUN_ID" in str(result.error_in_exec)
+
+
+def test_an_unknown_run_id_names_the_nearest(ip: InteractiveShell) -> None:
+    assert cell(ip, "%%agent nightly-report --step a\nx = 1").success
+    location = SETTINGS.store().location
+    for command in ("stop", "resume", "status", "complete"):
+        result = cell(ip, f"%agent {command} nightly-reprot")
+        assert isinstance(result.error_in_exec, UsageError), command
+        assert str(result.error_in_exec) == (
+            f"No run 'nightly-reprot' in the store at {location}; did you mean "
+            "'nightly-report'? List runs with %agent list."
+        )
+    result = cell(ip, "%agent status zzz")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == (
+        f"No run 'zzz' in the store at {location}. List runs with %agent list."
+    )
+
+
+# -- kx.configure = %config Kernelext ------------------------------------------------------------
+def test_configure_takes_every_config_option(ip: InteractiveShell, tmp_path: Path) -> None:
+    keywords = set(inspect.signature(kx.configure).parameters) - {"others"}
+    assert keywords == set(Kernelext.class_trait_names(config=True))
+    other = tmp_path / "other.duckdb"
+    secret = tmp_path / "notes.txt"
+    secret.write_text("read through %%ledger")
+    kx.configure(
+        store=str(other),
+        expiry={"user_stop": 60},
+        retention_seconds=5,
+        check_timeout=1.5,
+        max_step_seconds=7,
+        soft_interrupt=False,
+        interrupt_window=0.5,
+        allow_files=True,
+    )
+    assert SETTINGS.store().location == str(other)
+    assert SETTINGS.expiry.durations["user_stop"] == dt.timedelta(minutes=1)
+    assert (SETTINGS.retention_seconds, SETTINGS.check_timeout) == (5.0, 1.5)
+    assert cell(ip, "%%agent cfg-api\nx = 1").success
+    assert SETTINGS.store().get_run("cfg-api")["max_step_seconds"] == 7.0
+    ip.user_ns["path"] = str(secret)
+    try:
+        read = cell(ip, "%ledger SELECT content FROM read_text({path})")
+    finally:
+        ip.user_ns.pop("path", None)
+    assert read.success, read.error_in_exec
+    assert read.result["content"].tolist() == ["read through %%ledger"]
+    assert (notebook_option("soft_interrupt"), notebook_option("interrupt_window")) == (False, 0.5)
+
+
+def test_configure_refuses_an_unknown_option_or_a_bad_value_and_changes_nothing() -> None:
+    nearest = r"no option 'retention'\. Did you mean 'retention_seconds'\?"
+    with pytest.raises(TypeError, match=nearest):
+        kx.configure(retention=60)
+    with pytest.raises(TypeError, match=r"no option 'stor'\. Did you mean 'store'"):
+        kx.configure(stor="x.duckdb")
+    before = (SETTINGS.retention_seconds, dict(SETTINGS.expiry.durations), saved())
+    with pytest.raises(TypeError, match=r"allow_files=\.\.\.\) takes True or False"):
+        kx.configure(retention_seconds=60, allow_files="yes")
+    with pytest.raises(TypeError, match="takes a number of seconds"):
+        kx.configure(max_step_seconds="30")
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        kx.configure(expiry={"approval": 60, "user_stop": -1}, interrupt_window=9)
+    assert (SETTINGS.retention_seconds, dict(SETTINGS.expiry.durations), saved()) == before
+
+
+def test_config_goes_through_the_same_checks(
+    ip: InteractiveShell, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert cell(ip, "%config Kernelext.allow_files = True").success
+    assert notebook_option("allow_files") is True
+    ip.run_line_magic("unload_ext", "kernelext")  # unloading puts the options back
+    assert notebook_option("allow_files") is False
+    ip.config.pop("Kernelext", None)
+    ip.run_line_magic("load_ext", "kernelext")
+    magics = extension.loaded()
+    assert magics is not None
+    before = dict(SETTINGS.expiry.durations)
+    cell(ip, "%config Kernelext.expiry = {'approval': -5}")  # IPython logs the refusal
+    assert "positive number of seconds" in caplog.text
+    assert magics.expiry == {} and SETTINGS.expiry.durations == before  # left as it was
+
+
+def test_interrupt_options_are_read_at_each_press(ip: InteractiveShell) -> None:
+    assert cell(
+        ip,
+        """
+import threading
+gate = threading.Event()
+@kx.agent(name="pressed")
+def pressed(run):
+    for i in run.steps(range(2)):
+        if i == 0:
+            gate.wait(30)
+h = pressed.start(run_id="pressed-1")
+""",
+    ).success
+
+    class Kernel:  # what ipykernel offers the handler
+        saved_sigint_handler: Any = signal.SIG_IGN
+
+        def pre_handler_hook(self) -> None: ...
+
+        def post_handler_hook(self) -> None: ...
+
+    delegated: list[int] = []
+    handler = InterruptHandler(Kernel())
+    handler.original = lambda signum, frame: delegated.append(signum)
+    try:
+        kx.configure(soft_interrupt=False)
+        handler(signal.SIGINT, None)  # as if kernelext were not there
+        assert delegated == [signal.SIGINT] and handler.presses == []
+        kx.configure(soft_interrupt=True, interrupt_window=0.0)
+        handler(signal.SIGINT, None)
+        handler(signal.SIGINT, None)  # outside a window of 0 s: another soft stop
+        kx.configure(interrupt_window=60.0)
+        handler(signal.SIGINT, None)  # within 60 s of the last press: forced
+        handler.wait_idle()
+    finally:
+        ip.user_ns["gate"].set()
+    assert [kind for _, kind in handler.presses] == ["stop", "stop", "force"]
+    assert ip.user_ns["h"].wait(30) == "suspended"

@@ -25,7 +25,7 @@ from support.kernels import KernelDied, KernelSession
 from support.notebooks import execute, text_of
 
 import kernelext as kx
-from kernelext.core.registry import LIVE, LIVE_LOCK
+from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
 from kernelext.core.settings import SETTINGS
 from kernelext.ipython import extension
 from kernelext.widgets import NEEDS_DECISION_WIDGETS, ControlPanel, decisions, panel_for
@@ -83,7 +83,7 @@ def store(store_path: Path) -> Iterator[Any]:
     yield opened
     decisions.uninstall()
     with LIVE_LOCK:
-        handles = list(LIVE.values())
+        handles = list(LIVE_RUNS.values())
     for handle in handles:
         if handle.alive:
             handle.wait(30)

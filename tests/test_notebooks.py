@@ -34,6 +34,7 @@ def env(store_path: Path, delivery_server: DeliveryServer) -> dict[str, str]:
         "KERNELEXT_STORE": str(store_path),
         "KERNELEXT_DEMO_STEP_SECONDS": "0.3",
         "KERNELEXT_DEMO_OUTBOX": delivery_server.url + "/outbox",
+        "KERNELEXT_DEMO_OFFLINE": "1",  # llm_agent: the local scripted model, never a real API
     }
 
 
@@ -63,6 +64,15 @@ def test_every_notebook_runs_headless(
         start = next(c for c in nb.cells if c.get("id") == "start").outputs[0]["data"]
         assert {"application/vnd.jupyter.widget-view+json", "text/html"} <= set(start)
         assert_static_html_shows_the_panel(nb)
+        plan_cell = next(c for c in nb.cells if c.get("id") == "plan").outputs[0]["data"]
+        assert "text/html" in plan_cell and "suspended" in text_of(nb, "plan")
+        picture = next(c for c in nb.cells if c.get("id") == "timeline").outputs[0]["data"]
+        assert "<svg" in picture["text/html"] and "kx-step" in picture["text/html"]
+    if path.stem == "llm_agent":
+        assert len(counts) == 2
+        assert "'suspended'" in text_of(nb, "click-stop")
+        assert "'completed'" in text_of(nb, "click-resume")
+        assert "{0: 1, 1: 1, 2: 1, 3: 1}" in text_of(nb, "check")  # one request per turn
     if path.stem == "agent_cells":
         assert len(counts) == 2
         assert "completed" in text_of(nb, "complete")

@@ -18,7 +18,7 @@ import pytest
 
 import kernelext as kx
 from kernelext.core.cell_runs import cell_handle, forget_cell_runs, open_cell_run
-from kernelext.core.registry import LIVE, LIVE_LOCK
+from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
 from kernelext.core.settings import SETTINGS
 from kernelext.widgets import (
     NEEDS_DECISION_WIDGETS,
@@ -38,7 +38,7 @@ def store(store_path: Path) -> Iterator[Any]:
     opened = kx.open_store(str(store_path))
     yield opened
     with LIVE_LOCK:
-        handles = list(LIVE.values())
+        handles = list(LIVE_RUNS.values())
     for handle in handles:
         handle.wait(30)
     forget_cell_runs()

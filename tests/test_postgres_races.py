@@ -102,7 +102,7 @@ def test_processes_racing_for_resources_and_run_ids_get_one_winner_each(
 
 RESUMER = """
 import json, sys, time
-from kernelext.core.cell_runs import resume_cell_run
+from kernelext.core.control import resume
 from kernelext.errors import RunStateError
 from kernelext.store import open_store
 
@@ -112,7 +112,7 @@ store.read("SELECT 1")
 while time.time() < start_at:
     time.sleep(0.001)
 try:
-    resume_cell_run(run_id, store=store, source="race")
+    resume(run_id, store=store, source="race")
     outcome = "resumed"
 except RunStateError as exc:
     outcome = "refused: " + str(exc)

@@ -1,7 +1,7 @@
 """The public names of ``kernelext``: pinned, so that a change is a deliberate one.
 
 Adding or removing a name means editing PUBLIC below and noting it in the README's
-changelog (DESIGN.md: names and signatures are what users rely on).
+changelog (names and signatures are what users rely on: README.md, "API").
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ PUBLIC = [
     "Effect",
     "EffectArgumentsMismatch",
     "EffectFailed",
+    "EffectRejected",
     "ForcedStop",
     "Handle",
     "KernelextError",
     "LedgerError",
     "NeedsDecision",
+    "PlanChanged",
+    "ResumePlan",
     "Revalidation",
     "Run",
     "RunNotFound",
@@ -35,12 +38,18 @@ PUBLIC = [
     "StoreLockedError",
     "__version__",
     "agent",
+    "answer",
+    "approvals",
     "checks",
     "configure",
     "credentials",
     "effect",
+    "mcp",
     "on_expire",
     "open_store",
+    "openai",
+    "plan",
+    "questions",
     "reconcile",
     "restart",
     "resume",
@@ -50,9 +59,11 @@ PUBLIC = [
     "sql",
     "stop",
     "sweep",
+    "timeline",
+    "tools",
 ]
 
-# The names DESIGN.md promises; they may never disappear.
+# The names the README promises; they may never disappear.
 DESIGN_NAMES = {"agent", "effect", "resume", "restart", "runs", "sql", "reconcile", "Run"}
 
 SIGNALS = {"StopRequested", "ForcedStop"}  # BaseException on purpose: not swallowable

@@ -17,11 +17,14 @@ from kernelext.store import Store
 
 WAIT = 60.0
 
+pytestmark = pytest.mark.both_backends
+
 
 def events_of(store: Store, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
     return [e for e in store.events(run_id) if kind is None or e["kind"] == kind]
 
 
+@pytest.mark.duckdb_only
 def test_stop_signal_is_a_base_exception() -> None:
     for signal in (kx.StopRequested, kx.ForcedStop):
         assert issubclass(signal, BaseException)
@@ -237,6 +240,7 @@ def test_kx_stop_on_a_suspended_run_only_records_the_request(store: Store) -> No
         kx.stop("no-such-run")
 
 
+@pytest.mark.duckdb_only
 def test_a_stop_from_elsewhere_is_seen_at_the_next_safe_point_after_a_monitor_look(
     store: Store,
 ) -> None:

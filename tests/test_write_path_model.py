@@ -1,4 +1,4 @@
-"""The write path against a model of its contract (DESIGN.md, "What durable means").
+"""The write path against a model of its contract (ARCHITECTURE.md, "The write path").
 
 A ``hypothesis`` state machine interleaves, on one store and one real local HTTP server
 (no dedupe, so a repeated delivery shows): starting runs, running them to the end, a

@@ -6,6 +6,7 @@ with ``%load_ext kernelext`` shows it. Imports the core only, never the store.
 
 from __future__ import annotations
 
+from .approvals import install as _install_approvals
 from .panel import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,
@@ -13,11 +14,21 @@ from .panel import (
     panel_for,
     panel_mimebundle,
 )
+from .plan import install as _install_plan
+from .timeline import LiveTimeline
+from .timeline import install as _install_timeline
+
+# Every control panel shows: the stop estimate and a live timeline; the resume plan of a
+# waiting run above Resume; an open approval or question with its buttons.
+_install_timeline()
+_install_plan()
+_install_approvals()
 
 __all__ = [
     "NEEDS_DECISION_WIDGETS",
     "PANEL_ADDONS",
     "ControlPanel",
+    "LiveTimeline",
     "panel_for",
     "panel_mimebundle",
 ]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kernelext.core.reconcile import GIVE_UP
+
 from .panel import NEEDS_DECISION_WIDGETS, reset_decision_slots
 from .reconcile import ReconcileWidget, reconcile_for_handle
 from .revalidation import RevalidationWidget, revalidation_for_handle
@@ -43,7 +45,7 @@ def reconciliation_for_panel(panel: ControlPanel) -> ReconcileWidget | None:
 
     def decided(_item: Any) -> None:
         rec = made[0].rec
-        if rec.open or any(item.decision == "give_up" for item in rec):
+        if rec.open or any(item.decision == GIVE_UP for item in rec):
             panel.refresh()  # more to decide, or the run was given up (cancelled)
             return
         panel.resume_button.click()  # everything decided: the run goes on, same panel

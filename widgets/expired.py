@@ -20,6 +20,7 @@ import ipywidgets as w
 
 from kernelext.core.expiry import expiry_info
 from kernelext.core.restart import restart
+from kernelext.status import Status
 
 from .panel import PANEL_ADDONS
 
@@ -84,7 +85,7 @@ class ExpiredBanner(w.VBox):
             self.layout.display = "none"
             return self.info
         self.info = expiry_info(self.run_id, store=self.handle.store)
-        expired = self.info["status"] == "expired"
+        expired = self.info["status"] == Status.EXPIRED
         self.layout.display = None if expired else "none"
         self.message.value = (
             f'<div style="color:#6e7781"><b>expired</b> · {escape(banner_text(self.info))}</div>'
@@ -115,7 +116,7 @@ class ExpiredBanner(w.VBox):
         self.refresh()
 
     def __repr__(self) -> str:
-        if self.info.get("status") == "expired":
+        if self.info.get("status") == Status.EXPIRED:
             return banner_text(self.info)
         return f"<kernelext expired banner for {self.run_id} (run is {self.info.get('status')})>"
 

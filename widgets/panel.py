@@ -19,7 +19,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext.core.cell_runs import CELL_AGENT, stop_cell_run
+from kernelext.core import control
+from kernelext.core.plan import ResumePlan
+from kernelext.status import LIVE, RESUMABLE, Status
 
 from .render import (
     PanelView,
@@ -61,7 +63,9 @@ SWALLOWED = {
     "stop_swallowed": "the agent's code caught the stop and went on; it is raised again",
     "force_swallowed": "the agent's code caught the forced stop and went on; it is raised again",
 }
-RESUMABLE = ("suspended", "failed", "needs_decision")
+# The runs the Resume button offers: waiting or failed ones. A live run whose owner is
+# gone is resumable too (kx.resume takes it over), but its panel shows it as running.
+RESUME_OFFERED = RESUMABLE - LIVE
 
 _PANELS: weakref.WeakKeyDictionary[Any, ControlPanel] = weakref.WeakKeyDictionary()
 _OPEN: weakref.WeakSet[ControlPanel] = weakref.WeakSet()
@@ -197,7 +201,7 @@ class ControlPanel(w.VBox):
 
     @property
     def is_cell_run(self) -> bool:
-        return bool(self.handle.run.agent == CELL_AGENT)
+        return control.is_cell_run({"agent": self.handle.run.agent})
 
     # -- drawing -----------------------------------------------------------------------------
     def refresh(self) -> PanelView:
@@ -233,12 +237,12 @@ class ControlPanel(w.VBox):
                 with contextlib.suppress(Exception):
                     refresh()
         cell = self.is_cell_run
-        self.stop_button.disabled = not (view.status == "running" and (view.alive or cell))
-        self.force_button.disabled = not (view.alive and view.status == "stopping")
-        self.resume_button.disabled = view.alive or view.status not in RESUMABLE
+        self.stop_button.disabled = not (view.status == Status.RUNNING and (view.alive or cell))
+        self.force_button.disabled = not (view.alive and view.status == Status.STOPPING)
+        self.resume_button.disabled = view.alive or view.status not in RESUME_OFFERED
 
     def _fill_decision_slot(self, view: PanelView) -> None:
-        if view.status != "needs_decision":
+        if view.status != Status.NEEDS_DECISION:
             if self._decision_for is not None or self.decision_slot.children:
                 self.decision_slot.children = ()
                 self._decision_for = None
@@ -271,12 +275,11 @@ class ControlPanel(w.VBox):
 
     def _on_stop(self, _button: Any = None) -> None:
         def stop() -> str | None:
-            if self.is_cell_run:
-                stop_cell_run(self.handle.run_id, source=SOURCE)
-                return None
-            if not self.handle.alive:
+            # A cell run between two cells is at a safe point; an agent run is stopped
+            # from the kernel that executes it.
+            if not (self.handle.alive or self.is_cell_run):
                 return "the run is not executing in this kernel"
-            self.handle.stop(source=SOURCE)
+            control.stop(self.handle.run_id, source=SOURCE, store=self.handle.store)
             return None
 
         self._click(stop)
@@ -290,13 +293,24 @@ class ControlPanel(w.VBox):
 
         self._click(force)
 
+    def shown_plan(self) -> ResumePlan | None:
+        """The resume plan an add-on shows above Resume: Resume resumes as previewed."""
+        addons = getattr(self, "addons", None)
+        for child in getattr(addons, "children", ()):
+            plan = getattr(child, "plan", None)
+            if isinstance(plan, ResumePlan):
+                return plan
+        return None
+
     def _on_resume(self, _button: Any = None) -> None:
         def resume() -> str | None:
             if self.handle.alive:
                 return "the run is already executing"
-            new = self.handle.resume(source=SOURCE)
+            new = control.resume(
+                self.handle.run_id, store=self.handle.store, source=SOURCE, plan=self.shown_plan()
+            )
             self.follow(new)
-            if self.is_cell_run and new.status == "running":
+            if self.is_cell_run and new.status == Status.RUNNING:
                 return (
                     "resumed: run the notebook's %%agent cells again (completed ones are skipped)"
                 )

@@ -17,7 +17,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext.core.reconcile import Reconciliation, UnknownEffect, reconcile
+from kernelext.core.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
+from kernelext.status import EffectStatus
 
 __all__ = [
     "ReconcileWidget",
@@ -30,9 +31,9 @@ SOURCE = "widget"
 TABLE_HEIGHT = "320px"
 DECISION_TEXT = {
     None: "undecided",
-    "applied": "it happened",
-    "not_applied": "retry",
-    "give_up": "gave up",
+    EffectStatus.APPLIED: "it happened",
+    EffectStatus.NOT_APPLIED: "retry",
+    GIVE_UP: "gave up",
 }
 
 
@@ -98,7 +99,7 @@ class ReconcileWidget(w.VBox):
     def draw(self) -> None:
         rec = self.rec
         open_items = rec.open
-        gave_up = any(item.decision == "give_up" for item in rec)
+        gave_up = any(item.decision == GIVE_UP for item in rec)
         if gave_up:
             state = "the run was given up (cancelled)"
         elif open_items:

@@ -1,6 +1,6 @@
 """What a run's control panel shows, as data, HTML and plain text (no ipywidgets here).
 
-:func:`view_of` reads a handle (through the core's :class:`~kernelext.core.engine.Handle`
+:func:`view_of` reads a handle (through the core's :class:`~kernelext.core.handle.Handle`
 API only) into a :class:`PanelView`; the live panel, the static HTML fallback used by
 nbconvert and the plain-text repr are all drawn from that one view.
 """
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelext.core.revalidation import age_text
+from kernelext.status import FINAL, EffectStatus, Status
 
 __all__ = [
     "STATUS_COLOURS",
@@ -24,24 +25,24 @@ __all__ = [
     "view_of",
 ]
 
-STATUS_COLOURS = {
-    "running": "#1f6feb",
-    "stopping": "#bf8700",
-    "suspended": "#8250df",
-    "completed": "#1a7f37",
-    "failed": "#cf222e",
-    "needs_decision": "#d1242f",
-    "expired": "#6e7781",
-    "cancelled": "#6e7781",
+STATUS_COLOURS: dict[str, str] = {
+    Status.RUNNING: "#1f6feb",
+    Status.STOPPING: "#bf8700",
+    Status.SUSPENDED: "#8250df",
+    Status.COMPLETED: "#1a7f37",
+    Status.FAILED: "#cf222e",
+    Status.NEEDS_DECISION: "#d1242f",
+    Status.EXPIRED: "#6e7781",
+    Status.CANCELLED: "#6e7781",
 }
-EFFECT_ICONS = {
-    "pending": "…",
-    "applied": "✓",
-    "replayed": "↺",
-    "failed": "✗",
-    "unknown": "?",
-    "not_applied": "–",
-    "given_up": "–",
+EFFECT_ICONS: dict[str, str] = {
+    EffectStatus.PENDING: "…",
+    EffectStatus.APPLIED: "✓",
+    "replayed": "↺",  # an applied effect returned from the ledger on resume (not a status)
+    EffectStatus.FAILED: "✗",
+    EffectStatus.UNKNOWN: "?",
+    EffectStatus.NOT_APPLIED: "–",
+    EffectStatus.GIVEN_UP: "–",  # an unknown effect a person gave up on (run cancelled)
 }
 
 
@@ -68,11 +69,11 @@ class PanelView:
 
     @property
     def stop_pending(self) -> bool:
-        return self.status == "stopping"
+        return self.status == Status.STOPPING
 
     @property
     def final(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled", "expired")
+        return self.status in FINAL
 
     def step_text(self) -> str:
         if self.step_key is None:
@@ -116,16 +117,16 @@ class PanelView:
         return f"; expires in {age_text(left)} ({when})"
 
     def outcome_text(self) -> str | None:
-        if self.status == "completed":
+        if self.status == Status.COMPLETED:
             return f"completed: {self.progress_text(done='')}"
-        if self.status == "failed":
+        if self.status == Status.FAILED:
             return f"failed: {self.error or self.reason or 'see kx.runs()'}"
-        if self.status == "suspended":
+        if self.status == Status.SUSPENDED:
             done = self.progress_text(done="")
             return f"suspended ({self.reason or 'stopped'}) after {done}{self.expiry_text()}"
-        if self.status == "needs_decision":
+        if self.status == Status.NEEDS_DECISION:
             return f"needs a decision: {self.reason or 'see kx.reconcile()'}{self.expiry_text()}"
-        if self.status in ("expired", "cancelled"):
+        if self.status in (Status.EXPIRED, Status.CANCELLED):
             return f"{self.status}: {self.reason or ''}".rstrip(": ")
         return None
 

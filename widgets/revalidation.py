@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext.core.revalidation import FactCheck, Revalidation, age_text, revalidation
+from kernelext.status import Status
 
 __all__ = [
     "RevalidationWidget",
@@ -116,13 +117,13 @@ class RevalidationWidget(w.VBox):
         self._show_replayed()
         decidable = (
             rev.decision is None
-            and rev.status == "needs_decision"
+            and rev.status == Status.NEEDS_DECISION
             and bool(bad)
             and not rev.unknown_effects
         )
         self.accept_button.disabled = not decidable
         self.replan_button.disabled = not decidable or not options
-        self.abort_button.disabled = rev.decision is not None or rev.status != "needs_decision"
+        self.abort_button.disabled = rev.decision is not None or rev.status != Status.NEEDS_DECISION
         self.step_picker.disabled = self.replan_button.disabled
 
     def _show_replayed(self) -> None:
@@ -244,6 +245,6 @@ def revalidation_for_handle(
 ) -> RevalidationWidget | None:
     """For a run's panel: the widget when the run waits on contradicted facts, else None."""
     rev = revalidation(handle.run_id, store=handle.store)
-    if rev.status != "needs_decision" or rev.unknown_effects or not rev.contradictions:
+    if rev.status != Status.NEEDS_DECISION or rev.unknown_effects or not rev.contradictions:
         return None
     return RevalidationWidget(rev, on_decided=on_decided)

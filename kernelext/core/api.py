@@ -1,4 +1,4 @@
-"""Module-level helpers: the default store, listing runs, SQL, stopping by id."""
+"""Module-level helpers: the default store, settings, listing runs, SQL."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ from typing import Any
 
 from ..store import Store, default_store_path
 from ..store import open_store as _open_store
-from .engine import request_stop
-from .registry import live_handle
 from .settings import SETTINGS, get_store
 
-__all__ = ["configure", "open_store", "runs", "sql", "stop"]
+__all__ = ["configure", "open_store", "runs", "sql"]
 
 
 def open_store(location: str | None = None, *, read_only: bool | None = None) -> Store:
@@ -35,19 +33,99 @@ def open_store(location: str | None = None, *, read_only: bool | None = None) ->
 def configure(
     *,
     store: str | None = None,
-    expiry: dict[str, Any] | None = None,
+    expiry: Mapping[str, Any] | None = None,
     retention_seconds: float | None = None,
     check_timeout: float | None = None,
+    max_step_seconds: float | None = None,
+    soft_interrupt: bool | None = None,
+    interrupt_window: float | None = None,
+    allow_files: bool | None = None,
+    **others: Any,
 ) -> None:
-    """Set process-wide options (the same ones as ``%config Kernelext.*``)."""
+    """Set process-wide options: the same names, values and checks as ``%config Kernelext.*``.
+
+    ``store`` (a DuckDB path or ``postgresql://`` URL; refused while runs execute here),
+    ``expiry`` (seconds or timedelta per reason), ``retention_seconds``, ``check_timeout``,
+    and for notebooks ``max_step_seconds`` (of an ``%%agent`` cell), ``soft_interrupt``,
+    ``interrupt_window`` and ``allow_files`` (``%%ledger`` may read files). An option left
+    out (or ``None``) keeps its value. An unknown name raises ``TypeError`` naming the
+    nearest option; a value of the wrong type raises ``TypeError``, a bad duration
+    ``ValueError``; nothing is changed then.
+    """
+    import difflib
+    import inspect
+    import numbers
+    import os
+
+    from ..errors import RunStateError
+    from ..expiry_policy import ExpiryPolicy
+    from .registry import LIVE_LOCK, LIVE_RUNS
+
+    names = [n for n in inspect.signature(configure).parameters if n != "others"]
+    if others:
+        name = sorted(others)[0]
+        near = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise TypeError(
+            f"kx.configure() has no option {name!r}.{hint} Its options (the same as "
+            f"%config Kernelext.<option>): {', '.join(names)}."
+        )
+
+    def number(name: str, value: object) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"kx.configure({name}=...) takes a number of seconds, not {value!r}.")
+        return float(value)
+
+    def flag(name: str, value: object) -> bool | None:
+        if value is None:
+            return None
+        if not isinstance(value, int) or value not in (0, 1):  # as a %config Bool: 0/1 too
+            raise TypeError(f"kx.configure({name}=...) takes True or False, not {value!r}.")
+        return bool(value)
+
+    plain: dict[str, object] = {
+        name: number(name, value)
+        for name, value in (
+            ("retention_seconds", retention_seconds),
+            ("check_timeout", check_timeout),
+            ("max_step_seconds", max_step_seconds),
+            ("interrupt_window", interrupt_window),
+        )
+    }
+    plain.update(
+        (name, flag(name, value))
+        for name, value in (("soft_interrupt", soft_interrupt), ("allow_files", allow_files))
+    )
+    if expiry is not None:
+        if not isinstance(expiry, Mapping):
+            raise TypeError(
+                "kx.configure(expiry=...) takes a dict of reason -> seconds (or timedelta), "
+                f"e.g. {{'approval': 3600}}, not {expiry!r}."
+            )
+        ExpiryPolicy(expiry)  # checks every duration first (ValueError)
     if store is not None:
-        SETTINGS.use_store(store)
+        if not isinstance(store, (str, os.PathLike)):
+            raise TypeError(
+                "kx.configure(store=...) takes a DuckDB file path or a postgresql:// URL, "
+                f"not {store!r}."
+            )
+        with LIVE_LOCK:
+            live = [h.run_id for h in LIVE_RUNS.values() if h.alive]
+        if live:
+            raise RunStateError(
+                "Cannot switch the kernelext store while runs execute in this kernel: "
+                + ", ".join(live)
+                + ". Stop them first."
+            )
     if expiry is not None:
         SETTINGS.expiry.update(expiry)
-    if retention_seconds is not None:
-        SETTINGS.retention_seconds = float(retention_seconds)
-    if check_timeout is not None:
-        SETTINGS.check_timeout = float(check_timeout)
+    if store is not None:
+        SETTINGS.use_store(os.fspath(store))
+    for name, value in plain.items():
+        if value is not None:
+            setattr(SETTINGS, name, value)
 
 
 def _table(arrow: Any) -> Any:
@@ -88,17 +166,3 @@ def sql(
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:
     """The runs in the store (newest last), optionally only those in ``status``."""
     return _table(get_store(store).runs_table(status))
-
-
-def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
-    """Ask run ``run_id`` to stop at its next safe point; the request is recorded at once.
-
-    A run live in this process is stopped in its own store; any other run is looked up in
-    ``store`` (default: the current store), and its owner sees the request at its next
-    safe point, whichever process that is.
-    """
-    if store is None:
-        live = live_handle(run_id)
-        if live is not None:
-            store = live.store
-    return request_stop(get_store(store), run_id, source=source)

@@ -17,18 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NeedsDecision, RunStateError, StopRequested
+from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
 from ..store import Store, actor
 from .context import reset_current_run, set_current_run
-from .engine import Handle, _end_open_step, _suspend
-from .lease import check_takeover
-from .registry import resuming
-from .resume import run_resume_hooks
+from .handle import Handle
+from .resume_steps import before_first_action
 from .run import Run, StepInfo
-from .settings import SETTINGS, get_store
+from .settings import get_store
 from .snapshot import Snapshotter
+from .takeover import take_over
+from .worker import end_open_step, suspend_run
 
 __all__ = [
     "CELL_AGENT",
+    "INTERRUPTED",
     "CellRun",
     "StepOutcome",
     "cell_handle",
@@ -42,7 +44,7 @@ __all__ = [
 
 CELL_AGENT = "%%agent"  # the agent name of runs made of notebook cells
 SOURCE_PREFIX = "src:"
-TAKE_OVER_FROM = ("suspended", "needs_decision", "failed", "running", "stopping")
+INTERRUPTED = "interrupted"  # a cell's outcome when a stop or Ctrl-C cut it short
 
 _CACHE: dict[tuple[str, str], CellRun] = {}
 _CACHE_LOCK = threading.Lock()
@@ -97,6 +99,7 @@ class CellRun:
                 self.hashes[step["key"]] = name[len(SOURCE_PREFIX) :]
         run.effects = store.load_replayable_effects(run.id)
         run.current = None
+        run.suspend_request = None  # the last run.suspend / approval / question is over
         run.forced = False
         run.stop_source = None
         run.stop_event.clear()
@@ -107,20 +110,20 @@ class CellRun:
     def boundary(self) -> dict[str, Any]:
         """Honour a pending stop, take over a run left by a dead kernel; return the row."""
         row = self.store.get_run(self.run_id)
-        if row["status"] == "stopping":
+        if row["status"] == Status.STOPPING:
             self.run.stop_source = row.get("stop_source") or "api"
-            _suspend(self.store, self.run, StopRequested(self.run.stop_source))
-            self.run.notify("end", "suspended")
+            suspend_run(self.store, self.run, StopRequested(self.run.stop_source))
+            self.run.notify("end", Status.SUSPENDED)
             row = self.store.get_run(self.run_id)
-        elif row["status"] == "running" and not self.owned and row.get("owner") != actor():
-            status = _take_over(
+        elif row["status"] == Status.RUNNING and not self.owned and row.get("owner") != actor():
+            taken = take_over(
                 self.store, self.run_id, "cell", reason="taken over from a kernel that is gone"
             )
             self.reload()
-            if status == "running":  # credentials refreshed, facts re-checked first
-                run_resume_hooks(self.run, self.store)
+            if taken.status == Status.RUNNING:  # credentials refreshed, facts re-checked first
+                before_first_action(self.run, self.store)
             row = self.store.get_run(self.run_id)
-        if row["status"] == "running":
+        if row["status"] == Status.RUNNING:
             self.owned = True
         return row
 
@@ -165,42 +168,41 @@ class CellRun:
             self.hashes[info.key] = digest
             if error is not None:  # run.suspend(...) inside the cell: completed, then suspended
                 assert isinstance(error, StopRequested)
-                return self._suspended(info, error, "suspended")
+                return self._suspended(info, error, Status.SUSPENDED)
             row = store.get_run(run.id)
-            if row["status"] == "stopping":  # the boundary after the cell
+            if row["status"] == Status.STOPPING:  # the boundary after the cell
                 return self._suspended(
-                    info, StopRequested(row.get("stop_source") or "api"), "completed"
+                    info, StopRequested(row.get("stop_source") or "api"), StepStatus.COMPLETED
                 )
-            return StepOutcome("completed", info.key, info.ordinal)
+            return StepOutcome(StepStatus.COMPLETED, info.key, info.ordinal)
         if isinstance(error, KeyboardInterrupt):
             run.stop_source = "interrupt"
             run.forced = True
-            outcome = self._suspended(info, StopRequested("interrupt"), "interrupted")
+            outcome = self._suspended(info, StopRequested("interrupt"), INTERRUPTED)
         elif isinstance(error, StopRequested):
-            outcome = self._suspended(info, error, "interrupted")
+            outcome = self._suspended(info, error, INTERRUPTED)
         elif isinstance(error, NeedsDecision):
-            _end_open_step(store, run, "cancelled", str(error))
+            end_open_step(store, run, StepStatus.CANCELLED, str(error))
             store.transition(
                 run.id,
-                "needs_decision",
-                ("running", "stopping"),
-                kind="needs_decision",
+                Status.NEEDS_DECISION,
+                LIVE,
+                kind=Status.NEEDS_DECISION,
                 source="ledger",
                 reason=str(error),
-                fields=SETTINGS.waiting_fields(store),
             )
-            run.notify("end", "needs_decision")
-            outcome = StepOutcome("needs_decision", info.key, info.ordinal, str(error))
+            run.notify("end", Status.NEEDS_DECISION)
+            outcome = StepOutcome(Status.NEEDS_DECISION, info.key, info.ordinal, str(error))
         else:
             text = f"{type(error).__name__}: {error}"
-            _end_open_step(store, run, "failed", text[:2000])
+            end_open_step(store, run, StepStatus.FAILED, text[:2000])
             run.notify("step_failed", info)
-            outcome = StepOutcome("failed", info.key, info.ordinal, text)
+            outcome = StepOutcome(StepStatus.FAILED, info.key, info.ordinal, text)
         self.reload()  # the cell may have half-changed run.state: back to the snapshot
         return outcome
 
     def _suspended(self, info: StepInfo, stop: StopRequested, kind: str) -> StepOutcome:
-        status = _suspend(self.store, self.run, stop)
+        status = suspend_run(self.store, self.run, stop)
         self.run.notify("end", status)
         row = self.store.get_run(self.run.id)
         return StepOutcome(kind, info.key, info.ordinal, row.get("reason"))
@@ -263,48 +265,42 @@ def stop_cell_run(run_id: str, *, source: str = "api", store: Store | None = Non
     result = store.request_stop(run_id, source=source)
     cell = open_cell_run(run_id, store=store)
     cell.run.notify("stop", source)
-    if result.after == "stopping" and cell.run.current is None:  # no cell executing now
+    # Owned here and no cell executing now: this is the safe point. Another process's run
+    # stays stopping until its kernel reaches the boundary before its next cell.
+    if result.after == Status.STOPPING and cell.owned and cell.run.current is None:
         return str(cell.boundary()["status"])
     return str(result.after)
 
 
-def resume_cell_run(run_id: str, *, store: Store | None = None, source: str = "api") -> Handle:
+def resume_cell_run(
+    run_id: str, row: dict[str, Any], store: Store, *, source: str, recheck_facts: bool = True
+) -> Handle:
     """Let the cells of a suspended run execute again (completed cells stay skipped).
 
-    One resume wins (the guard of ``kx.resume``); a run this process already runs is
-    not taken over again.
+    Called by ``control.resume`` under the run's resume guard, with the run's row; a run
+    this process already runs is not taken over again.
     """
-    store = get_store(store)
-    with resuming(run_id):
-        return _resume_cell_run(run_id, store, source)
-
-
-def _resume_cell_run(run_id: str, store: Store, source: str) -> Handle:
-    store.flush()  # what this process journaled is read back (see resume)
-    row = store.get_run(run_id)
-    if row["agent"] != CELL_AGENT:
-        raise RunStateError(f"Run {run_id!r} is not a run of %%agent cells.")
-    if row["status"] == "running" and row.get("owner") == actor():
+    if row["status"] in LIVE and row.get("owner") == actor():
         raise RunStateError(
             f"Run {run_id!r} is already running in this process: its next %%agent cell "
             "continues it, so there is nothing to resume."
         )
-    if row["status"] not in TAKE_OVER_FROM:
+    if row["status"] not in RESUMABLE:
         raise RunStateError(
             f"Run {run_id!r} is {row['status']}; only a suspended, stopped or interrupted run "
             "can be resumed."
             + (
                 f" Start a new run from its snapshot with kx.restart({run_id!r})."
-                if row["status"] in ("expired", "cancelled")
+                if row["status"] in TERMINAL
                 else ""
             )
         )
-    status = _take_over(store, run_id, source)
+    taken = take_over(store, run_id, source)
     cell = open_cell_run(run_id, store=store)
     cell.reload()
     cell.owned = True
-    if status == "running":  # credentials refreshed, facts re-checked before the next cell
-        run_resume_hooks(cell.run, store)
+    if taken.status == Status.RUNNING:  # credentials refreshed, facts re-checked first
+        before_first_action(cell.run, store, recheck=recheck_facts)
     cell.run.notify("resumed", None)
     return Handle(cell.run, store)
 
@@ -313,61 +309,17 @@ def complete_cell_run(run_id: str, *, store: Store | None = None, source: str = 
     """Mark a cell run completed (its cells are done); further cells are refused."""
     store = get_store(store)
     result = store.transition(
-        run_id, "completed", ("running", "stopping", "suspended"), kind="completed", source=source
+        run_id,
+        Status.COMPLETED,
+        (*LIVE, Status.SUSPENDED),
+        kind=Status.COMPLETED,
+        source=source,
     )
     if not result.ok:
         raise RunStateError(f"Run {run_id!r} is {result.before}; it cannot be marked completed.")
     cell = open_cell_run(run_id, store=store)
-    cell.run.notify("end", "completed")
+    cell.run.notify("end", Status.COMPLETED)
     return str(result.after)
-
-
-def _take_over(store: Store, run_id: str, source: str, reason: str | None = None) -> str:
-    """Make this process the run's owner; pending effects become unknown (needs_decision).
-
-    Refused (RunStateError) while the owner is another live process (see ``lease``).
-    """
-    known_unknowns = len(store.open_unknowns(run_id))
-
-    def job(tx: Any) -> str:
-        current = store.lease_tx(tx, run_id)  # checked and taken in one transaction
-        if current is not None:
-            check_takeover(current, store.now())
-        result = store.transition_tx(
-            tx,
-            run_id,
-            "running",
-            TAKE_OVER_FROM,
-            kind="resumed",
-            source=source,
-            who=actor(),
-            reason=reason,
-            fields={
-                "deadline": None,
-                "stop_requested_at": None,
-                "stop_source": None,
-                "owner": actor(),
-            },
-        )
-        if not result.ok:
-            return str(result.before)
-        store.abandon_running_steps(tx, run_id)
-        unknown = known_unknowns + len(store.mark_pending_unknown(tx, run_id))
-        if unknown:
-            store.transition_tx(
-                tx,
-                run_id,
-                "needs_decision",
-                ("running",),
-                kind="needs_decision",
-                source="ledger",
-                reason=f"{unknown} effect(s) with unknown outcome",
-                fields=SETTINGS.waiting_fields(store),
-            )
-            return "needs_decision"
-        return "running"
-
-    return str(store.write(job))
 
 
 def _overrun_timer(cell: CellRun, info: StepInfo, limit: float | None) -> threading.Timer | None:

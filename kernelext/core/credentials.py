@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ..errors import KernelextError
+from ..status import FINAL
 from .checks import call_bounded, resolve
 from .codec import dumps_json
 from .registry import END_HOOKS
@@ -49,7 +50,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-FINAL = ("completed", "failed", "cancelled", "expired")
 _log = logging.getLogger("kernelext")
 
 

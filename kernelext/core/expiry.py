@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ..status import Status
 from ..store import Store
 from ..store.expiry import Expiry, PayloadRemoval
 from .registry import END_HOOKS, HANDLES, LIVE_LOCK
@@ -174,7 +175,7 @@ def _expire_tx(
 ) -> Expiry | None:
     expiry = store.expire_tx(tx, run_id, now, source=source)
     if expiry is not None:
-        store.release_run_claims_tx(tx, run_id, "expired", source=source)
+        store.release_run_claims_tx(tx, run_id, Status.EXPIRED, source=source)
     return expiry
 
 
@@ -182,10 +183,10 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult) -> None:
     with LIVE_LOCK:
         handle = HANDLES.get(info.run_id)
     if handle is not None:  # an open panel listens to its run
-        handle.run.notify("expired", info)
+        handle.run.notify(Status.EXPIRED, info)
     for hook in list(END_HOOKS):
         try:
-            hook(info.run_id, "expired")
+            hook(info.run_id, Status.EXPIRED)
         except Exception:  # a broken panel must not break the sweep
             continue
     with _CALLBACKS_LOCK:
@@ -223,7 +224,7 @@ def expiry_info(run_id: str, *, store: Store | None = None) -> dict[str, Any]:
         "removed_at": None,
         "restarts": store.children(run_id),
     }
-    if row["status"] == "expired":
+    if row["status"] == Status.EXPIRED:
         expired_at = store.expired_at(run_id)
         info["expired_at"] = expired_at
         if expired_at is not None:

@@ -12,6 +12,7 @@ import socket
 from typing import Any
 
 from ..errors import RunStateError
+from ..status import LIVE
 from ..store import actor
 
 __all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "check_takeover", "lease_until", "owner_alive"]
@@ -43,7 +44,7 @@ def owner_alive(owner: str | None) -> bool | None:
 
 def check_takeover(row: dict[str, Any], now: dt.datetime) -> None:
     """Refuse to take over a run that another live process holds."""
-    if row["status"] not in ("running", "stopping"):
+    if row["status"] not in LIVE:
         return
     owner = row.get("owner")
     if not owner or owner == actor():

@@ -10,13 +10,25 @@ import uuid
 from collections.abc import Callable
 from typing import Any, overload
 
-from ..errors import EffectArgumentsMismatch, LedgerError, NeedsDecision, SerializationError
+from ..errors import (
+    EffectArgumentsMismatch,
+    EffectRejected,
+    LedgerError,
+    NeedsDecision,
+    SerializationError,
+)
+from ..status import EffectStatus, Reason
+from ..store.approvals import APPROVED, REJECTED
+from .asking import wait_for_person
 from .codec import dumps_json, loads_json
 from .context import current_run
 from .run import Run
 from .secrets import REDACTED, SECRET_NAME, is_secret_name, scrub, scrub_text
+from .settings import SETTINGS
 
 __all__ = ["REDACTED", "SECRET_NAME", "Effect", "EffectFailed", "effect", "effect_key", "redact"]
+
+ApprovalRule = bool | Callable[..., Any]
 
 
 class EffectFailed(LedgerError):
@@ -67,12 +79,30 @@ class Effect:
     """A recorded external effect. Call it like the function it wraps."""
 
     def __init__(
-        self, fn: Callable[..., Any], *, name: str | None, resumable: bool, retry: bool
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None,
+        resumable: bool,
+        retry: bool,
+        needs_approval: ApprovalRule = False,
+        probe: Callable[..., Any] | None = None,
     ) -> None:
         self.fn = fn
         self.tool = name or fn.__name__
         self.resumable = resumable
         self.retry = retry
+        if not isinstance(needs_approval, bool) and not callable(needs_approval):
+            raise TypeError(
+                f"@kx.effect(needs_approval=...) takes True/False or a function of the call's "
+                f"arguments that returns whether it needs approval, not {needs_approval!r}."
+            )
+        self.needs_approval = needs_approval
+        self.probe = probe
+        if probe is not None:
+            from . import probes  # asked for only by effects that declare a probe
+
+            probes.register_probe(self.tool, probe)
         try:
             self.signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
@@ -83,7 +113,8 @@ class Effect:
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
-        return f"<kernelext effect {self.tool!r} resumable={self.resumable}>"
+        approval = ", needs approval" if self.needs_approval is not False else ""
+        return f"<kernelext effect {self.tool!r} resumable={self.resumable}{approval}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run = current_run()
@@ -94,9 +125,10 @@ class Effect:
         step_key, step_ordinal, call_ordinal = run.next_call()
         key = effect_key(run.id, step_key, self.tool, call_ordinal)
         digest = args_hash(args, kwargs)
+        gated = self._gated(args, kwargs)
         row = run.effects.get(key)
         if row is not None:
-            replay = self._replay(run, key, row, digest)
+            replay = self._replay(run, key, row, digest, gated)
             if replay is not _PERFORM:
                 return replay
         else:
@@ -111,15 +143,94 @@ class Effect:
                 "args": self._redacted_args(args, kwargs),
                 "resumable": self.resumable,
             }
-            with run.critical():
-                existing = run.store.write_intent(row)
+            existing = self._record_intent(run, row, gated)
             if existing is not None:
-                replay = self._replay(run, key, {**row, **existing}, digest)
+                replay = self._replay(run, key, {**row, **existing}, digest, gated)
                 if replay is not _PERFORM:
                     return replay
-        run.effects[key] = {**row, "status": "pending"}
-        run.notify("effect", (self.tool, key, "pending"))
+        run.effects[key] = {**row, "status": EffectStatus.PENDING}
+        run.notify("effect", (self.tool, key, EffectStatus.PENDING))
         return self._perform(run, key, args, kwargs)
+
+    # -- approval: one approved request, bound to key and arguments, per call ---------------
+    def _gated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        rule = self.needs_approval
+        return bool(rule(*args, **kwargs)) if callable(rule) else rule
+
+    def _record_intent(self, run: Run, row: dict[str, Any], gated: bool) -> dict[str, Any] | None:
+        """Record the intent (durable before the call); a gated call first consumes its
+        approval. Returns the ledger row when the call has an intent already."""
+        if not gated:
+            with run.critical():
+                return run.store.write_intent(row)
+        for _ in range(2):  # an approval that lapsed meanwhile: the second look asks again
+            grant = self._approval(run, row)
+            with run.critical():
+                consumed, existing = run.store.write_intent_consuming_approval(row, grant)
+            if existing is not None or consumed:
+                return existing
+        raise LedgerError(f"The approval of {self.tool} (key {row['key']}) could not be used.")
+
+    def _retry(self, run: Run, row: dict[str, Any], gated: bool) -> None:
+        """Make a decided call again under its key; a gated one needs a new approval."""
+        key = row["key"]
+        if gated:
+            for _ in range(2):
+                grant = self._approval(run, row)
+                with run.critical():
+                    if run.store.consume_approval(grant, run.id):
+                        break
+            else:
+                raise LedgerError(f"The approval of {self.tool} (key {key}) could not be used.")
+        run.store.retry_intent(key)
+
+    def _approval(self, run: Run, row: dict[str, Any]) -> Any:
+        """The id of the approved request for this very call (key and argument hash).
+
+        Otherwise the run suspends here (reason ``approval``) before anything is sent:
+        after recording a request when none is open for these arguments, or again while
+        the open one waits. A rejected request raises ``EffectRejected``.
+        """
+        store, key = run.store, row["key"]
+        now = store.now()
+        current = store.current_approval(key)
+        if current is not None and current["args_hash"] == row["args_hash"]:
+            if current["decision"] == REJECTED:
+                note = current["note"]
+                raise EffectRejected(
+                    f"{self.tool} (key {key}) was rejected by {current['actor']}"
+                    + (f": {note}" if note else "")
+                    + ". The call was not made. Catch kx.EffectRejected in the agent to take "
+                    "another path (an LLM agent can tell the model the user declined).",
+                    key=str(key),
+                    tool=self.tool,
+                    note=note,
+                )
+            expires = current["expires_at"]
+            if expires is None or expires > now:
+                if current["decision"] == APPROVED:
+                    return current["id"]
+                wait_for_person(run, Reason.APPROVAL, expires, self._waiting(run))
+        deadline = SETTINGS.expiry.deadline(Reason.APPROVAL, now)
+        with run.critical():
+            store.request_approval(
+                {
+                    "key": key,
+                    "run_id": run.id,
+                    "step": row["step_key"],
+                    "step_ordinal": row.get("step_ordinal"),
+                    "call_ordinal": row["call_ordinal"],
+                    "tool": self.tool,
+                    "args_hash": row["args_hash"],
+                    "args": row.get("args"),
+                    "expires_at": deadline,
+                }
+            )
+        run.notify("approval", (self.tool, key, "requested"))
+        wait_for_person(run, Reason.APPROVAL, deadline, self._waiting(run))
+
+    def _waiting(self, run: Run) -> str:
+        return f"{self.tool} waits for approval: kx.approvals({run.id!r})"
 
     # -- the call itself -----------------------------------------------------------
     def _perform(
@@ -131,13 +242,15 @@ class Effect:
         try:
             result = self.fn(*args, **call_kwargs)
         except Exception as exc:
-            run.store.write_outcome(key, "failed", error=_describe(exc))
-            run.effects[key]["status"] = "failed"
-            run.notify("effect", (self.tool, key, "failed"))
+            run.store.write_outcome(key, EffectStatus.FAILED, error=_describe(exc))
+            run.effects[key]["status"] = EffectStatus.FAILED
+            run.notify("effect", (self.tool, key, EffectStatus.FAILED))
             raise
         except BaseException:
             # A forced stop (or the process going down) mid-call: nobody knows.
-            run.store.write_outcome(key, "unknown", error="interrupted during the call", wait=True)
+            run.store.write_outcome(
+                key, EffectStatus.UNKNOWN, error="interrupted during the call", wait=True
+            )
             run.store.record_event(
                 run.id,
                 "effect_unknown",
@@ -146,27 +259,31 @@ class Effect:
                 reason="interrupted during the call",
                 detail={"key": str(key), "tool": self.tool},
             )
-            run.effects[key]["status"] = "unknown"
-            run.notify("effect", (self.tool, key, "unknown"))
+            run.effects[key]["status"] = EffectStatus.UNKNOWN
+            run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
             raise
         try:
             encoded = stored_result(result)
         except (TypeError, ValueError):
             run.store.write_outcome(
-                key, "applied", error=f"result of type {type(result).__name__} not stored"
+                key,
+                EffectStatus.APPLIED,
+                error=f"result of type {type(result).__name__} not stored",
             )
-            run.effects[key]["status"] = "applied"
+            run.effects[key]["status"] = EffectStatus.APPLIED
             raise SerializationError(
                 f"Effect {self.tool} (key {key}) was applied, but its result, a "
                 f"{type(result).__name__}, cannot be stored as JSON, so a resume could not "
                 "return it. Make the tool return plain values (dict, list, str, numbers)."
             ) from None
-        run.store.write_outcome(key, "applied", result=encoded)
-        run.effects[key].update(status="applied", result=encoded)
-        run.notify("effect", (self.tool, key, "applied"))
+        run.store.write_outcome(key, EffectStatus.APPLIED, result=encoded)
+        run.effects[key].update(status=EffectStatus.APPLIED, result=encoded)
+        run.notify("effect", (self.tool, key, EffectStatus.APPLIED))
         return result
 
-    def _replay(self, run: Run, key: uuid.UUID, row: dict[str, Any], digest: str) -> Any:
+    def _replay(
+        self, run: Run, key: uuid.UUID, row: dict[str, Any], digest: str, gated: bool
+    ) -> Any:
         if row["args_hash"] != digest:
             raise EffectArgumentsMismatch(
                 f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of step "
@@ -175,7 +292,7 @@ class Effect:
                 "on resume. Restore the original arguments, or restart the run with kx.restart."
             )
         status = row["status"]
-        if status == "applied":
+        if status == EffectStatus.APPLIED:
             run.notify("effect", (self.tool, key, "replayed"))
             if row.get("result") is None and row.get("error"):
                 raise SerializationError(
@@ -183,28 +300,28 @@ class Effect:
                     f"({row['error']}). Reconcile it with a result, or make the tool return JSON."
                 )
             return loads_json(row["result"]) if row.get("result") is not None else None
-        if status in ("unknown", "pending"):
+        if status in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
             raise NeedsDecision(
                 f"Effect {self.tool} (key {key}) has an unknown outcome. Decide it with "
                 f"kx.reconcile({run.id!r}) before the run goes on."
             )
-        if status == "not_applied":
-            run.store.retry_intent(key)
+        if status == EffectStatus.NOT_APPLIED:
+            self._retry(run, {**row, "key": key}, gated)
             return _PERFORM
-        if status == "failed":
+        if status == EffectStatus.FAILED:
             if not self.resumable:
                 # Listed by kx.reconcile from now on, so that it can be decided.
                 run.store.mark_failed_unknown(
                     key, f"resumable=False call failed ({row.get('error')}); may have happened"
                 )
-                row["status"] = "unknown"
+                row["status"] = EffectStatus.UNKNOWN
                 raise NeedsDecision(
                     f"Effect {self.tool} (key {key}) is declared resumable=False and failed "
                     f"before ({row.get('error')}); it may have half-happened. Decide it with "
                     f"kx.reconcile({run.id!r})."
                 )
             if self.retry:
-                run.store.retry_intent(key)
+                self._retry(run, {**row, "key": key}, gated)
                 return _PERFORM
             raise EffectFailed(
                 f"Effect {self.tool} (key {key}) failed before: {row.get('error')}. It is not "
@@ -239,7 +356,14 @@ def effect(fn: Callable[..., Any], /) -> Effect: ...
 
 @overload
 def effect(
-    fn: None = None, /, *, name: str | None = None, resumable: bool = True, retry: bool = False
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    resumable: bool = True,
+    retry: bool = False,
+    needs_approval: ApprovalRule = False,
+    probe: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Effect]: ...
 
 
@@ -250,10 +374,28 @@ def effect(
     name: str | None = None,
     resumable: bool = True,
     retry: bool = False,
+    needs_approval: ApprovalRule = False,
+    probe: Callable[..., Any] | None = None,
 ) -> Effect | Callable[[Callable[..., Any]], Effect]:
-    """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``."""
+    """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``.
+
+    ``needs_approval=True`` (or a function of the call's arguments, e.g.
+    ``lambda to, amount, **kw: amount > 100``): inside a run, a call waits for a person.
+    The first call records an approval request bound to the call's key and argument hash
+    and suspends the run (reason ``approval``) before anything is sent; after
+    ``kx.approvals(run_id)[0].approve()`` the resumed call consumes the approval, once.
+    A rejection raises ``kx.EffectRejected`` at the call. ``probe`` registers a function
+    that tells whether a call with an unknown outcome happened (see ``kernelext.core.probes``).
+    """
 
     def wrap(func: Callable[..., Any]) -> Effect:
-        return Effect(func, name=name, resumable=resumable, retry=retry)
+        return Effect(
+            func,
+            name=name,
+            resumable=resumable,
+            retry=retry,
+            needs_approval=needs_approval,
+            probe=probe,
+        )
 
     return wrap(fn) if fn is not None else wrap

@@ -6,15 +6,21 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from ..status import EffectStatus, Status
 from ..store import Store, actor
+from ..store.effects import GIVE_UP
 from .codec import dumps_json
 from .settings import SETTINGS, get_store
 
-__all__ = ["Reconciliation", "UnknownEffect", "reconcile"]
+__all__ = ["GIVE_UP", "Reconciliation", "UnknownEffect", "reconcile"]
 
 
 class UnknownEffect:
-    """One effect whose outcome nobody knows. Decide it with one of the three methods."""
+    """One effect whose outcome nobody knows. Decide it with one of the three methods.
+
+    ``decision`` is then ``applied``, ``not_applied`` (the status the effect got) or
+    ``give_up`` (``GIVE_UP``).
+    """
 
     def __init__(self, store: Store, row: dict[str, Any]) -> None:
         self.store = store
@@ -32,28 +38,28 @@ class UnknownEffect:
     ) -> None:
         """It happened. ``result`` is what the call returned, replayed on resume."""
         encoded = dumps_json(result).decode()
-        self._decide("applied", encoded, note, source)
+        self._decide(EffectStatus.APPLIED, encoded, note, source)
 
     def mark_not_applied(self, *, note: str | None = None, source: str = "api") -> None:
         """It did not happen: the call is made again on resume, under the same key."""
-        self._decide("not_applied", None, note, source)
+        self._decide(EffectStatus.NOT_APPLIED, None, note, source)
 
     def give_up(self, *, note: str | None = None, source: str = "api") -> None:
         """Abandon the run: it is cancelled and its claims released."""
-        self._decide("give_up", None, note, source)
+        self._decide(GIVE_UP, None, note, source)
 
     def _decide(self, decision: str, result: str | None, note: str | None, source: str) -> None:
         self.store.decide_effect(
             self.key, decision, result=result, who=actor(), note=note, source=source
         )
-        if decision == "give_up":
+        if decision == GIVE_UP:
             self.store.write(
-                lambda tx: self.store.release_run_claims_tx(tx, self.run_id, "cancelled")
+                lambda tx: self.store.release_run_claims_tx(tx, self.run_id, Status.CANCELLED)
             )
         self.decision = decision
 
     def __repr__(self) -> str:
-        state = self.decision or "unknown"
+        state = self.decision or EffectStatus.UNKNOWN
         return (
             f"<unknown effect {self.tool} key={self.key} step={self.step_key!r} "
             f"intent={self.intent_at:%Y-%m-%d %H:%M:%S} {state}>"

@@ -1,4 +1,4 @@
-"""Process-wide registries: agents by name, live runs, resume hooks."""
+"""Process-wide registries: agents by name, live runs and their handles, resume guards."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RunStateError
 
 if TYPE_CHECKING:
-    from .engine import Agent, Handle
-    from .run import Run
+    from .agent import Agent
+    from .handle import Handle
 
-__all__ = ["AGENTS", "HANDLES", "LIVE", "RESUME_HOOKS", "live_handle", "resuming"]
+__all__ = ["AGENTS", "ARGS_CACHE", "END_HOOKS", "HANDLES", "LIVE_RUNS", "live_handle", "resuming"]
 
 AGENTS: dict[str, Agent] = {}
-LIVE: dict[str, Handle] = {}  # run id -> handle of a run executing in this process
+LIVE_RUNS: dict[str, Handle] = {}  # run id -> handle of a run executing in this process
 # run id -> the newest handle of that run in this process, live or not (panels listen to it)
 HANDLES: weakref.WeakValueDictionary[str, Handle] = weakref.WeakValueDictionary()
 LIVE_LOCK = threading.Lock()
@@ -25,9 +25,8 @@ LIVE_LOCK = threading.Lock()
 _RESUMING: dict[str, tuple[int, int]] = {}
 _RESUMING_LOCK = threading.Lock()
 
-# Called with (run, store) before a resumed run executes anything; a hook may raise
-# NeedsDecision (with a reason) to stop the resume before the first action.
-RESUME_HOOKS: list[Callable[[Run, Any], None]] = []
+# Arguments that are not JSON can only be reused for a resume in this same process.
+ARGS_CACHE: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 # Called with (run_id, status) whenever a run of this process reaches a final or
 # suspended state.
 END_HOOKS: list[Callable[[str, str], None]] = []
@@ -35,7 +34,7 @@ END_HOOKS: list[Callable[[str, str], None]] = []
 
 def live_handle(run_id: str) -> Handle | None:
     with LIVE_LOCK:
-        handle = LIVE.get(run_id)
+        handle = LIVE_RUNS.get(run_id)
     if handle is not None and not handle.alive:
         return None
     return handle

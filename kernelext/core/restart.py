@@ -28,15 +28,16 @@ import datetime as dt
 from typing import Any
 
 from ..errors import RunStateError
+from ..status import EffectStatus
 from ..store import Store, actor
 from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
-from .engine import Handle
+from .control import resume
+from .handle import Handle
 from .ledger import effect_key
-from .registry import live_handle
-from .resume import agent_for, resume
+from .registry import ARGS_CACHE, live_handle
+from .resume import agent_for
 from .run import OUTSIDE_STEPS
 from .settings import SETTINGS, get_store
-from .starting import ARGS_CACHE
 
 __all__ = ["restart"]
 
@@ -106,7 +107,9 @@ def _check_restartable(
             f"Run {run_id!r} is {status}; a running run cannot be restarted. " + hint
         )
     unknown = [
-        e for e in store.load_effects(run_id).values() if e["status"] in ("unknown", "pending")
+        e
+        for e in store.load_effects(run_id).values()
+        if e["status"] in (EffectStatus.UNKNOWN, EffectStatus.PENDING)
     ]
     if unknown:
         tools = ", ".join(sorted({str(e["tool"]) for e in unknown}))
@@ -177,7 +180,7 @@ def _carried_effects(
     keys = {s["key"]: s["ordinal"] for s in carried}
     out: list[dict[str, Any]] = []
     for old in store.load_effects(old_id).values():
-        if old["status"] != "applied":
+        if old["status"] != EffectStatus.APPLIED:
             continue
         in_step = old["step_key"] in keys and old["step_ordinal"] == keys[old["step_key"]]
         outside = (

@@ -1,160 +1,69 @@
-"""Resuming a run: take it over, consult the ledger, revalidate, then continue."""
+"""Resuming an agent run: take it over, consult the ledger, prepare, then continue.
+
+``kx.resume`` (``control.resume``) guards the run and dispatches here for ``@kx.agent``
+runs (``cell_runs`` for ``%%agent`` runs). In order:
+
+1. ``takeover.take_over``: lease checked, run ``running`` and owned here, steps left
+   ``running`` abandoned, ``pending`` effects ``unknown``; any ``unknown`` effect stops
+   the resume in ``needs_decision`` before anything runs (``kx.reconcile`` decides).
+2. The ledger is loaded: applied effects are replayed, not repeated.
+3. ``resume_steps.before_first_action``: credentials refreshed, facts re-checked.
+4. The agent function is called again in a worker thread: completed steps are skipped by
+   key, and an effect that needs approval runs only with an approval for that exact call.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import AgentError, CodeChangedError, NeedsDecision, RunStateError
-from ..store import Store, actor
+from ..errors import AgentError, CodeChangedError, RunStateError
+from ..status import Status
+from ..store import Store
+from .agent import Agent
 from .codec import loads_json
-from .engine import Agent, Handle, launch
-from .lease import check_takeover, lease_until
-from .registry import AGENTS, RESUME_HOOKS, live_handle, resuming
+from .handle import Handle
+from .registry import AGENTS, ARGS_CACHE
+from .resume_steps import before_first_action
 from .run import Run
-from .settings import SETTINGS, get_store
-from .starting import ARGS_CACHE
+from .takeover import take_over
+from .worker import launch
 
-__all__ = ["RESUMABLE", "load_run", "resume"]
-
-RESUMABLE = ("suspended", "needs_decision", "failed", "running", "stopping")
+__all__ = ["agent_for", "check_resumable", "load_run", "resume_agent_run"]
 
 
-def resume(
+def resume_agent_run(
     run_id: str,
+    row: dict[str, Any],
+    store: Store,
     *,
-    store: Store | None = None,
     allow_code_change: bool = False,
     args: tuple[Any, ...] | None = None,
     kwargs: dict[str, Any] | None = None,
     source: str = "api",
+    recheck_facts: bool = True,
 ) -> Handle:
-    """Continue a suspended (or crashed) run from its last completed step.
-
-    One resume wins: within this process, checking, taking over and launching the run
-    happen under the run's resume guard (a second thread gets ``RunStateError``);
-    across processes the run's lease decides.
-    """
-    store = get_store(store)
-    with resuming(run_id):
-        return _resume(run_id, store, allow_code_change, args, kwargs, source)
-
-
-def _resume(
-    run_id: str,
-    store: Store,
-    allow_code_change: bool,
-    args: tuple[Any, ...] | None,
-    kwargs: dict[str, Any] | None,
-    source: str,
-) -> Handle:
-    # Everything this process journaled is in the tables before the run is read back;
-    # after a write fault that cannot be folded yet, StoreWriteError says so and nothing runs.
-    store.flush()
-    row = store.get_run(run_id)
-    live = live_handle(run_id)
-    if live is not None:
-        raise RunStateError(
-            f"Run {run_id!r} is already executing in this process (status {row['status']}). "
-            "Stop it first with its handle's .stop(), or wait for it with .wait()."
-        )
-    _check_status(run_id, row["status"])
-    if row["agent"] == "%%agent":  # a run made of %%agent notebook cells
-        from .cell_runs import resume_cell_run
-
-        return resume_cell_run(run_id, store=store, source=source)
+    """Continue agent run ``run_id`` (its row read under the resume guard) from its last
+    completed step (see the module docstring)."""
     agent = agent_for(run_id, row, allow_code_change, "resume")
     call_args, call_kwargs = _arguments(run_id, row, args, kwargs)
+    # Read before the take-over: a snapshot that cannot be read (IntegrityError) stops the
+    # resume before anything changes.
     run = load_run(store, run_id, agent.name, agent.max_step_seconds, agent.pickle)
+    taken = take_over(store, run_id, source, fingerprint=agent.fingerprint)
+    if not taken.ok:
+        check_resumable(run_id, taken.status)
+        raise RunStateError(f"Run {run_id!r} could not be resumed: it is {taken.status}.")
+    if {step["key"] for step in store.completed_steps(run_id)} != set(run.completed):
+        # Another process completed a step between the read and the take-over (its lease
+        # had just lapsed): read again, now that no one else can.
+        run = load_run(store, run_id, agent.name, agent.max_step_seconds, agent.pickle)
     handle = Handle(run, store)
-
-    def take_over(tx: Any) -> tuple[str, list[Any]]:
-        current = store.lease_tx(tx, run_id)
-        if current is not None:
-            check_takeover(current, store.now())
-        result = store.transition_tx(
-            tx,
-            run_id,
-            "running",
-            RESUMABLE,
-            kind="resumed",
-            source=source,
-            who=actor(),
-            fields={
-                "deadline": None,
-                "stop_requested_at": None,
-                "stop_source": None,
-                "owner": actor(),
-                "lease_until": lease_until(store.now()),
-                "fingerprint": agent.fingerprint,
-            },
-        )
-        if not result.ok:
-            return str(result.before), []
-        store.abandon_running_steps(tx, run_id)
-        fresh = store.mark_pending_unknown(tx, run_id)
-        open_rows = store.unknown_keys_tx(tx, run_id)
-        if open_rows:
-            store.transition_tx(
-                tx,
-                run_id,
-                "needs_decision",
-                ("running",),
-                kind="needs_decision",
-                source="ledger",
-                reason=f"{len(open_rows)} effect(s) with unknown outcome",
-                detail={"new_unknowns": len(fresh)},
-                fields=SETTINGS.waiting_fields(store),
-            )
-            return "needs_decision", list(open_rows)
-        return "running", []
-
-    status, _unknown = store.write(take_over)
-    if status not in ("running", "needs_decision"):
-        _check_status(run_id, status)
-        raise RunStateError(f"Run {run_id!r} could not be resumed: it is {status}.")
-    if status == "needs_decision":
+    if taken.status == Status.NEEDS_DECISION:
         return handle
     run.effects = store.load_replayable_effects(run_id)
-    if not run_resume_hooks(run, store):
+    if not before_first_action(run, store, recheck=recheck_facts):
         return handle
     return launch(handle, agent.fn, call_args, call_kwargs)
-
-
-def run_resume_hooks(run: Run, store: Store) -> bool:
-    """Before the first action of a resumed run: refresh credentials, re-check facts.
-
-    Returns False when the run now waits in ``needs_decision``. A hook that fails
-    suspends the run again (reason ``error``, with that policy's deadline) and its
-    error propagates: a resume never half-happens.
-    """
-    try:
-        for hook in list(RESUME_HOOKS):
-            hook(run, store)
-    except NeedsDecision as decision:
-        store.transition(
-            run.id,
-            "needs_decision",
-            ("running",),
-            kind="needs_decision",
-            source="revalidation",
-            reason=str(decision),
-            fields=SETTINGS.waiting_fields(store),
-        )
-        return False
-    except BaseException as exc:
-        deadline = SETTINGS.expiry.deadline("error", store.now())
-        store.transition(
-            run.id,
-            "suspended",
-            ("running",),
-            kind="resume_failed",
-            source="revalidation",
-            reason=f"resume stopped: {exc}",
-            detail={"deadline": deadline.isoformat()},
-            fields={"deadline": deadline, "reason": "error"},
-        )
-        raise
-    return True
 
 
 def agent_for(run_id: str, row: dict[str, Any], allow_code_change: bool, verb: str) -> Agent:
@@ -206,15 +115,16 @@ def load_run(
     return run  # the ledger is loaded once the run is taken over (pending -> unknown)
 
 
-def _check_status(run_id: str, status: str) -> None:
-    if status == "completed":
+def check_resumable(run_id: str, status: str) -> None:
+    """Refuse a run that can never continue, saying what to do instead."""
+    if status == Status.COMPLETED:
         raise RunStateError(f"Run {run_id!r} already completed; there is nothing to resume.")
-    if status == "cancelled":
+    if status == Status.CANCELLED:
         raise RunStateError(
             f"Run {run_id!r} was cancelled. To run it again from a snapshot, use "
             f"kx.restart({run_id!r})."
         )
-    if status == "expired":
+    if status == Status.EXPIRED:
         raise RunStateError(
             f"Run {run_id!r} expired while suspended; it cannot be resumed. Its snapshot is "
             f"kept: start a new run from it deliberately with kx.restart({run_id!r})."

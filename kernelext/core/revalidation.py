@@ -1,7 +1,7 @@
 """Revalidating a run before it continues, and the three ways out of a contradiction.
 
-On every resume, once the run has been taken over and before the first action, the
-resume hook here (the first of ``RESUME_HOOKS``):
+On every resume, once the run has been taken over and before the first action
+(``resume_steps.py``):
 
 1. refreshes every credential recorded by the completed steps (a failure stops the
    resume; the run stays ``suspended``);
@@ -25,54 +25,21 @@ from the ledger, not repeated), ``abort`` (the run is cancelled, claims released
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from typing import Any
 
-from ..errors import NeedsDecision, RunStateError
+from ..errors import RunStateError
+from ..status import Status
 from ..store import Store, actor
 from . import credentials
 from .codec import loads_json
-from .engine import Handle
-from .facts import CONTRADICTIONS, recheck
-from .registry import RESUME_HOOKS
-from .resume import resume
-from .run import Run
+from .control import resume
+from .facts import CONTRADICTIONS
+from .handle import Handle
 from .settings import SETTINGS, get_store
 
-__all__ = ["FactCheck", "Revalidation", "age_text", "revalidate_on_resume", "revalidation"]
+__all__ = ["FactCheck", "Revalidation", "age_text", "revalidation"]
 
 DECISION_EVENT = "revalidation_decision"
-_DECIDED: set[str] = set()  # runs resuming right after a decision: facts are not re-checked
-_DECIDED_LOCK = threading.Lock()
-
-
-# -- the resume hook ------------------------------------------------------------------------
-def revalidate_on_resume(run: Run, store: Store) -> None:
-    """Refresh credentials, then re-check facts; raise NeedsDecision on a contradiction."""
-    rows = store.facts(run.id)
-    kept = set(run.completed.values())
-    relevant = [r for r in rows if r["step_ordinal"] is None or r["step_ordinal"] in kept]
-    timeout = SETTINGS.check_timeout
-    credentials.refresh_all(run, store, [r for r in relevant if r["kind"] == "credential"], timeout)
-    with _DECIDED_LOCK:
-        if run.id in _DECIDED:
-            return
-    values = [r for r in relevant if r["kind"] == "value"]
-    if not values:
-        return
-    results = recheck(run, store, values, timeout)
-    bad = [r for r in results if r["status"] in CONTRADICTIONS]
-    if bad:
-        shown = "; ".join(f"{r['name']} {r['status']}" for r in bad[:5])
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise NeedsDecision(
-            f"{len(bad)} of {len(results)} fact(s) no longer hold ({shown}{more}). Decide with "
-            f"kx.revalidation({run.id!r}): .accept(), .replan(from_step) or .abort()."
-        )
-
-
-if revalidate_on_resume not in RESUME_HOOKS:
-    RESUME_HOOKS.insert(0, revalidate_on_resume)  # credentials are refreshed before anything
 
 
 # -- the side-by-side view ----------------------------------------------------------------------
@@ -249,14 +216,14 @@ class Revalidation:
             self.store.transition_tx(
                 tx,
                 self.run_id,
-                "cancelled",
-                ("needs_decision",),
-                kind="cancelled",
+                Status.CANCELLED,
+                (Status.NEEDS_DECISION,),
+                kind=Status.CANCELLED,
                 source=source,
                 who=who,
                 reason=note or "aborted at revalidation",
             )
-            self.store.release_run_claims_tx(tx, self.run_id, "cancelled")
+            self.store.release_run_claims_tx(tx, self.run_id, Status.CANCELLED)
 
         self.store.write(job)
         credentials.forget(self.run_id)
@@ -265,7 +232,7 @@ class Revalidation:
 
     def _decidable(self) -> list[FactCheck]:
         self.reload()
-        if self.status != "needs_decision":
+        if self.status != Status.NEEDS_DECISION:
             raise RunStateError(
                 f"Run {self.run_id!r} is {self.status}, not needs_decision: there is nothing to "
                 f"decide. Resume it with kx.resume({self.run_id!r})."
@@ -285,13 +252,10 @@ class Revalidation:
         return facts
 
     def _resume(self, source: str, options: dict[str, Any]) -> Handle:
-        with _DECIDED_LOCK:
-            _DECIDED.add(self.run_id)
-        try:
-            self.handle = resume(self.run_id, store=self.store, source=source, **options)
-        finally:
-            with _DECIDED_LOCK:
-                _DECIDED.discard(self.run_id)
+        # The person just decided about the facts: they are not re-checked at this resume.
+        self.handle = resume(
+            self.run_id, store=self.store, source=source, recheck_facts=False, **options
+        )
         self.reload()
         return self.handle
 
@@ -318,7 +282,7 @@ class Revalidation:
             )
         if self.decision:
             lines.append(f"Decided: {self.decision}.")
-        elif bad and self.status == "needs_decision":
+        elif bad and self.status == Status.NEEDS_DECISION:
             lines.append(
                 "Decide: .accept(note=...), .replan(from_step, note=...), .abort(note=...)"
             )

@@ -13,6 +13,7 @@ from types import FrameType, TracebackType
 from typing import Any, NoReturn, TypeVar
 
 from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
+from ..status import Reason, StepStatus
 from ..store import Store
 from ..store.steps import StagedPayload
 from .snapshot import Snapshotter
@@ -152,7 +153,7 @@ class Run:
         self.safe_point()
 
     def suspend(
-        self, reason: str = "other", *, deadline: Any = None, note: str | None = None
+        self, reason: str = Reason.OTHER, *, deadline: Any = None, note: str | None = None
     ) -> None:
         """Suspend the run at this point (a safe point); resume with ``kx.resume``."""
         self.finish_open_step()
@@ -168,6 +169,16 @@ class Run:
         from .claims import claim
 
         return claim(self, resource, amount)
+
+    def ask(self, prompt: str, *, schema: Any = None, default: Any = None) -> Any:
+        """Ask a person and return the answer: the run suspends here (reason ``input``)
+        until ``kx.answer(run_id, value)``; every later resume returns the stored answer
+        without asking. ``schema``: ``str``, ``int``, ``float``, ``bool``, a list of
+        choices, or a JSON-schema dict for a small form; ``default`` pre-fills the input.
+        The step around the question runs again on resume (its effects are replayed)."""
+        from .asking import ask
+
+        return ask(self, prompt, schema=schema, default=default)
 
     def fact(
         self,
@@ -342,7 +353,7 @@ class Run:
             self.completed[info.key] = info.ordinal
             self.current = None
             self.last_completed = info
-        self.notify("completed", info)
+        self.notify(StepStatus.COMPLETED, info)
 
     def next_call(self) -> tuple[str, int | None, int]:
         """The (step key, step ordinal, call ordinal) for the next effect call."""

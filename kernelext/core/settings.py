@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..expiry_policy import POLICY
 from ..store import Store, default_store_path, open_store
-from .expiry_policy import ExpiryPolicy
 
 __all__ = ["SETTINGS", "Settings", "get_store"]
 
@@ -16,19 +16,19 @@ __all__ = ["SETTINGS", "Settings", "get_store"]
 class Settings:
     def __init__(self) -> None:
         self.store_location: str | None = None
-        self.expiry = ExpiryPolicy()
+        self.expiry = POLICY  # the store reads the same object (waiting deadlines)
         self.retention_seconds: float = 30 * 24 * 3600.0
         self.check_timeout: float = 10.0
+        self.max_step_seconds: float | None = None  # default bound of %%agent cells
+        self.soft_interrupt: bool = True  # the interrupt button stops a live agent softly
+        self.interrupt_window: float = 2.0  # a second press within it forces the stop
+        self.allow_files: bool = False  # %%ledger may read files outside the store
         self.handle_renderer: Callable[[Any], Any] | None = None
         self.reconcile_renderer: Callable[[Any], Any] | None = None
+        self.approvals_renderer: Callable[[Any], Any] | None = None
         self.revalidation_renderer: Callable[[Any], Any] | None = None
         self._store: Store | None = None
         self._lock = threading.Lock()
-
-    def waiting_fields(self, store: Store) -> dict[str, Any]:
-        """Run fields for entering ``needs_decision``: a deadline from the ``decision``
-        policy, so a run nobody decides on expires like any other pause."""
-        return {"deadline": self.expiry.deadline("decision", store.now())}
 
     def store(self) -> Store:
         with self._lock:

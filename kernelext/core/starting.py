@@ -8,17 +8,16 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RunStateError
 from ..store import Store, actor
 from .codec import dumps_json
-from .engine import Handle, launch
+from .handle import Handle
+from .registry import ARGS_CACHE
 from .run import Run
 from .settings import get_store
+from .worker import launch
 
 if TYPE_CHECKING:
-    from .engine import Agent
+    from .agent import Agent
 
-__all__ = ["ARGS_CACHE", "encode_args", "start_run"]
-
-# Arguments that are not JSON can only be reused for a resume in this same process.
-ARGS_CACHE: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+__all__ = ["encode_args", "start_run"]
 
 
 def encode_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -11,21 +11,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.cell_runs import CellRun, StepOutcome, open_cell_run, source_hash
+from ..core.approvals import waiting_text
+from ..core.cell_runs import INTERRUPTED, CellRun, StepOutcome, open_cell_run, source_hash
+from ..core.plan import remember_cell_source
 from ..errors import NeedsDecision, StopRequested
+from ..status import Status, StepStatus
 
 __all__ = ["AgentCellStopped", "cell_identity", "run_agent_cell"]
 
-STATUS_ADVICE = {
-    "suspended": "resume it with %agent resume {id}, then run this cell again",
-    "needs_decision": (
+STATUS_ADVICE: dict[str, str] = {
+    Status.SUSPENDED: "resume it with %agent resume {id}, then run this cell again",
+    Status.NEEDS_DECISION: (
         "decide it in its panel (%agent status {id}), or with kx.reconcile({id!r}) for "
         "unknown effects or kx.revalidation({id!r}) for facts that changed"
     ),
-    "expired": "it cannot be resumed; start a new run from its snapshot with kx.restart({id!r})",
-    "cancelled": "it was cancelled; start a new run from its snapshot with kx.restart({id!r})",
-    "completed": "it is completed; give further cells a new run id",
-    "failed": "resume it with %agent resume {id}",
+    Status.EXPIRED: (
+        "it cannot be resumed; start a new run from its snapshot with kx.restart({id!r})"
+    ),
+    Status.CANCELLED: "it was cancelled; start a new run from its snapshot with kx.restart({id!r})",
+    Status.COMPLETED: "it is completed; give further cells a new run id",
+    Status.FAILED: "resume it with %agent resume {id}",
 }
 
 
@@ -76,6 +81,7 @@ def run_agent_cell(
     cell = open_cell_run(run_id, max_step_seconds=max_step_seconds)
     row = cell.boundary()
     key = cell_identity(shell, source, step)
+    remember_cell_source(run_id, key, source)  # kx.plan shows a diff once the cell changes
     digest = source_hash(source)
     seen = cell.lookup(key, digest)
     ordinal = cell.run.completed.get(key)
@@ -93,7 +99,7 @@ def run_agent_cell(
             run_id=run_id,
             status=row["status"],
         )
-    if row["status"] != "running":
+    if row["status"] != Status.RUNNING:
         raise _blocked(cell, row)
     outcome = _execute(shell, cell, key, digest, source, max_step_seconds)
     message = _report(cell, outcome)
@@ -114,26 +120,29 @@ def _blocked(cell: CellRun, row: dict[str, Any]) -> AgentCellStopped:
 
 def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
     rid = cell.run_id
-    if outcome.kind == "completed":
+    if outcome.kind == StepStatus.COMPLETED:
         status = cell.store.get_run(rid)["status"]
-        if status == "suspended":
+        if status == Status.SUSPENDED:
             print(
                 f"kernelext: step {outcome.ordinal} completed; run {rid!r} is now suspended "
                 f"(stop requested). Resume with %agent resume {rid}."
             )
         return None
-    if outcome.kind == "suspended":
+    if outcome.kind == Status.SUSPENDED:
         return (
             f"step {outcome.ordinal} completed and run {rid!r} suspended itself "
             f"({outcome.reason}). Resume with %agent resume {rid}."
         )
-    if outcome.kind == "interrupted":
+    waiting = waiting_text(rid, outcome.reason)  # waits for an approval or an answer
+    if outcome.kind == INTERRUPTED and waiting is not None:
+        return waiting
+    if outcome.kind == INTERRUPTED:
         return (
             f"interrupted: step {outcome.ordinal} of run {rid!r} was cancelled and the run "
             f"is suspended. Effects in flight are marked unknown. Resume with "
             f"%agent resume {rid}, then run this cell again."
         )
-    if outcome.kind == "needs_decision":
+    if outcome.kind == Status.NEEDS_DECISION:
         return (
             f"run {rid!r} needs a decision: {outcome.reason} Settle it with "
             f"kx.reconcile({rid!r}), then %agent resume {rid}."

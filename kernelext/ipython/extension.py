@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from ..core.settings import SETTINGS
+from . import options
 from .interrupt import InterruptHandler, kernel_supports_soft_interrupt, live_handles
 from .magics import Kernelext
 
@@ -34,14 +35,21 @@ DECISIONS_MODULE = "kernelext.widgets.decisions"
 
 class _Loaded:
     def __init__(
-        self, shell: Any, magics: Kernelext, previous_renderer: Any, store_was_open: bool
+        self,
+        shell: Any,
+        magics: Kernelext,
+        previous_renderer: Any,
+        store_was_open: bool,
+        previous_options: dict[str, Any],
     ) -> None:
         self.shell = shell
         self.magics = magics
         self.previous_renderer = previous_renderer
         self.store_was_open = store_was_open
+        self.previous_options = previous_options  # the notebook options before loading
         self.previous_reconcile_renderer = SETTINGS.reconcile_renderer
         self.previous_revalidation_renderer = SETTINGS.revalidation_renderer
+        self.previous_approvals_renderer = SETTINGS.approvals_renderer
 
 
 _STATE: _Loaded | None = None
@@ -83,6 +91,16 @@ def revalidation_bundle(rev: Any) -> dict[str, Any]:
         return {"text/plain": f"{rev.text()}\n(widget unavailable: {exc})"}
 
 
+def approvals_bundle(items: Any) -> dict[str, Any]:
+    """Display ``kx.approvals()`` / ``kx.questions()`` as cards with their buttons."""
+    try:
+        from kernelext.widgets.approvals import approvals_mimebundle
+
+        return approvals_mimebundle(items)
+    except Exception as exc:  # a widget failure must not hide the requests
+        return {"text/plain": f"{items.text()}\n(widget unavailable: {exc})"}
+
+
 def _install_decision_widgets(force: bool = False) -> None:
     """Panels show the reconciliation / revalidation widgets when a run needs a decision.
 
@@ -112,29 +130,21 @@ def load(shell: Any) -> None:
             return
         unload(_STATE.shell)
     store_was_open = SETTINGS._store is not None and not SETTINGS._store.closed
+    previous_options = options.saved()
     magics = Kernelext(shell=shell)
     shell.register_magics(magics)
     kernel = getattr(shell, "kernel", None)
     if kernel is not None and kernel_supports_soft_interrupt(kernel):
-        magics.interrupt = InterruptHandler(kernel, window=magics.interrupt_window)
-        if magics.soft_interrupt:
-            magics.interrupt.install()
-        magics.observe(_soft_interrupt_changed, names="soft_interrupt")
-    _STATE = _Loaded(shell, magics, SETTINGS.handle_renderer, store_was_open)
+        # Installed whatever soft_interrupt says: a press reads it (kx.configure may change it).
+        magics.interrupt = InterruptHandler(kernel)
+        magics.interrupt.install()
+    _STATE = _Loaded(shell, magics, SETTINGS.handle_renderer, store_was_open, previous_options)
     SETTINGS.handle_renderer = render_handle
     SETTINGS.reconcile_renderer = reconciliation_bundle
     SETTINGS.revalidation_renderer = revalidation_bundle
+    SETTINGS.approvals_renderer = approvals_bundle
     shell.events.register("post_execute", _refresh_panels)
     _install_decision_widgets()
-
-
-def _soft_interrupt_changed(change: Any) -> None:
-    handler = change["owner"].interrupt
-    if handler is not None:
-        if change["new"]:
-            handler.install()
-        else:
-            handler.uninstall()
 
 
 def unload(shell: Any) -> None:
@@ -156,13 +166,15 @@ def unload(shell: Any) -> None:
         shell.configurables.remove(magics)
     if magics.interrupt is not None:
         magics.interrupt.uninstall()
-        magics.unobserve(_soft_interrupt_changed, names="soft_interrupt")
+    options.restore(state.previous_options)
     if SETTINGS.handle_renderer is render_handle:
         SETTINGS.handle_renderer = state.previous_renderer
     if SETTINGS.reconcile_renderer is reconciliation_bundle:
         SETTINGS.reconcile_renderer = state.previous_reconcile_renderer
     if SETTINGS.revalidation_renderer is revalidation_bundle:
         SETTINGS.revalidation_renderer = state.previous_revalidation_renderer
+    if SETTINGS.approvals_renderer is approvals_bundle:
+        SETTINGS.approvals_renderer = state.previous_approvals_renderer
     decisions = sys.modules.get(DECISIONS_MODULE)
     if decisions is not None:
         decisions.uninstall()

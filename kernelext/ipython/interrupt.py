@@ -13,9 +13,10 @@ shell message::
 so while a cell runs, SIGINT raises ``KeyboardInterrupt`` in that cell (the interrupt
 belongs to it), and between messages the handler in ``saved_sigint_handler`` is
 active (ipykernel's own is ``SIG_IGN``). :class:`InterruptHandler` takes that slot.
-While no agent of this process is live it does what the handler it replaced did; while
-one is, the first press asks every live run to stop at its next safe point and a second
-press within ``window`` seconds forces the stop. ``tests/test_interrupt.py`` pins the
+While no agent of this process is live (or the ``soft_interrupt`` option is off) it does
+what the handler it replaced did; while one is, the first press asks every live run to
+stop at its next safe point and a second press within ``interrupt_window`` seconds forces
+the stop. Both options are read at each press. ``tests/test_interrupt.py`` pins the
 ipykernel internals this relies on.
 """
 
@@ -27,7 +28,8 @@ import time
 from types import FrameType
 from typing import Any
 
-from ..core.registry import LIVE, LIVE_LOCK
+from ..core.registry import LIVE_LOCK, LIVE_RUNS
+from .options import notebook_option
 
 __all__ = ["SOURCE", "InterruptHandler", "kernel_supports_soft_interrupt", "live_handles"]
 
@@ -44,16 +46,16 @@ def kernel_supports_soft_interrupt(kernel: Any) -> bool:
 def live_handles() -> list[Any]:
     """Handles of runs executing in a worker thread of this process."""
     with LIVE_LOCK:
-        handles = list(LIVE.values())
+        handles = list(LIVE_RUNS.values())
     return [h for h in handles if h.alive]
 
 
 class InterruptHandler:
     """A SIGINT handler: soft stop on the first press, force on a quick second press."""
 
-    def __init__(self, kernel: Any, window: float = 2.0) -> None:
+    def __init__(self, kernel: Any, window: float | None = None) -> None:
         self.kernel = kernel
-        self.window = window
+        self.window = window  # None: the interrupt_window option at each press
         self.original: Any = signal.SIG_IGN
         self.installed = False
         self.last_press: float | None = None
@@ -95,7 +97,7 @@ class InterruptHandler:
     # -- a press ------------------------------------------------------------------------
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         handles = live_handles()
-        if not handles:
+        if not handles or not notebook_option("soft_interrupt"):
             self.last_press = None
             self._delegate(signum, frame)
             return
@@ -103,7 +105,7 @@ class InterruptHandler:
         targets = {id(h) for h in handles}
         force = (
             self.last_press is not None
-            and now - self.last_press <= self.window
+            and now - self.last_press <= self.current_window
             and bool(targets & self._last_targets)
         )  # the same runs as the first press
         self.last_press = now
@@ -127,6 +129,13 @@ class InterruptHandler:
             except Exception:  # one run's store error must not hide the others
                 continue
 
+    @property
+    def current_window(self) -> float:
+        """Seconds within which a second press forces the stop."""
+        if self.window is not None:
+            return self.window
+        return float(notebook_option("interrupt_window"))
+
     def wait_idle(self, timeout: float = 5.0) -> None:
         """Wait until the stop requests sent so far are recorded (for tests)."""
         for worker in list(self._workers):
@@ -142,4 +151,4 @@ class InterruptHandler:
         original(signum, frame)
 
     def __repr__(self) -> str:
-        return f"<kernelext interrupt handler window={self.window}s>"
+        return f"<kernelext interrupt handler window={self.current_window}s>"

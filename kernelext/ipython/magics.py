@@ -1,7 +1,8 @@
 """The ``Kernelext`` magics: ``%%agent``, ``%agent``, ``%%ledger`` / ``%ledger``, and options.
 
 Every option is a traitlet, so ``%config Kernelext.store = 'other.duckdb'`` works in a
-notebook and ``c.Kernelext.store = ...`` in an IPython profile.
+notebook and ``c.Kernelext.store = ...`` in an IPython profile; each is also a keyword of
+``kx.configure``, which checks and applies both.
 """
 
 from __future__ import annotations
@@ -12,19 +13,17 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import MagicArgumentParser
-from traitlets import Bool, Dict, Float, TraitError, Unicode, observe, validate
+from traitlets import Bool, Dict, Float, TraitError, Unicode, validate
 
-from ..core.api import configure, runs, sql, stop
-from ..core.cell_runs import CELL_AGENT, cell_handle, complete_cell_run, stop_cell_run
+from ..core import control
+from ..core.api import configure, runs, sql
+from ..core.cell_runs import complete_cell_run
 from ..core.credentials import CredentialError
-from ..core.engine import Handle
-from ..core.registry import live_handle
-from ..core.resume import resume
-from ..core.run import Run
 from ..core.settings import SETTINGS
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
+from ..status import Status
 from .cells import run_agent_cell
-from .interrupt import live_handles
+from .options import NOTEBOOK_OPTIONS, did_you_mean, notebook_option
 
 __all__ = ["Kernelext"]
 
@@ -38,6 +37,17 @@ _VARIABLE = re.compile(
 )
 _QUOTED_VARIABLE = re.compile(r"^'\{[A-Za-z_][A-Za-z0-9_]*\}'$")
 SUBCOMMANDS = ("stop", "resume", "status", "complete", "list")
+# Every option is also a keyword of kx.configure, which checks and applies it.
+OPTIONS = (
+    "store",
+    "expiry",
+    "retention_seconds",
+    "check_timeout",
+    "max_step_seconds",
+    "soft_interrupt",
+    "interrupt_window",
+    "allow_files",
+)
 
 
 def _cell_parser() -> MagicArgumentParser:
@@ -59,7 +69,7 @@ def _line_parser() -> MagicArgumentParser:
     parser = MagicArgumentParser(  # type: ignore[no-untyped-call]
         prog="%agent", add_help=False, description="Control a run: " + ", ".join(SUBCOMMANDS)
     )
-    parser.add_argument("command", choices=SUBCOMMANDS)
+    parser.add_argument("command")  # checked by _agent_command, which suggests the nearest
     parser.add_argument("run_id", nargs="?", default=None)
     return parser
 
@@ -92,22 +102,23 @@ class Kernelext(Magics):
         help=("Seconds a fact's re-check may take on resume before it counts as a contradiction."),
     ).tag(config=True)
     max_step_seconds = Float(
-        None,
+        NOTEBOOK_OPTIONS["max_step_seconds"],
         allow_none=True,
         help=("Default time bound of one %%agent cell (overridden by --max-step-seconds)."),
     ).tag(config=True)
     soft_interrupt = Bool(
-        True,
+        NOTEBOOK_OPTIONS["soft_interrupt"],
         help=(
             "While an agent runs in the background, the notebook's interrupt button asks it to "
             "stop at its next safe point (a second press within interrupt_window forces it)."
         ),
     ).tag(config=True)
     interrupt_window = Float(
-        2.0, help=("Seconds within which a second interrupt forces the stop.")
+        NOTEBOOK_OPTIONS["interrupt_window"],
+        help=("Seconds within which a second interrupt forces the stop."),
     ).tag(config=True)
     allow_files = Bool(
-        False,
+        NOTEBOOK_OPTIONS["allow_files"],
         help=(
             "Let %%ledger queries read files outside the store (read_csv, glob, "
             "'data.parquet'); off by default, like kx.sql(..., allow_files=True)."
@@ -116,41 +127,19 @@ class Kernelext(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self.interrupt: Any = None  # set by the extension once installed
-        super().__init__(shell=shell, **kwargs)  # profile config fires the observers below
+        super().__init__(shell=shell, **kwargs)  # profile config goes through _configure
 
     # -- options ------------------------------------------------------------------------
-    @validate("store")
-    def _check_store(self, proposal: Any) -> Any:
+    @validate(*OPTIONS)
+    def _configure(self, proposal: Any) -> Any:
+        """``%config Kernelext.<name> = value`` is ``kx.configure(<name>=value)``: the same
+        checks, the same setting. A refused value leaves the option as it was."""
         value = proposal["value"]
-        if value is not None and live_handles():
-            raise TraitError(
-                "Cannot switch the kernelext store while runs execute in this kernel: "
-                + ", ".join(h.run_id for h in live_handles())
-                + ". Stop them first."
-            )
-        return value
-
-    @observe("store")
-    def _store_changed(self, change: Any) -> None:
-        if change["new"] is not None:
-            configure(store=change["new"])
-
-    @observe("expiry")
-    def _expiry_changed(self, change: Any) -> None:
         try:
-            configure(expiry=change["new"])
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-
-    @observe("retention_seconds", "check_timeout")
-    def _number_changed(self, change: Any) -> None:
-        if change["new"] is not None:
-            configure(**{change["name"]: change["new"]})
-
-    @observe("interrupt_window")
-    def _window_changed(self, change: Any) -> None:
-        if self.interrupt is not None:
-            self.interrupt.window = float(change["new"])
+            configure(**{proposal["trait"].name: value})
+        except (TypeError, ValueError, RunStateError) as exc:
+            raise TraitError(str(exc)) from None
+        return value
 
     # -- %%agent / %agent -------------------------------------------------------------------
     @line_cell_magic
@@ -168,7 +157,7 @@ class Kernelext(Magics):
             limit = (
                 args.max_step_seconds
                 if args.max_step_seconds is not None
-                else self.max_step_seconds
+                else notebook_option("max_step_seconds")
             )
             if limit is not None and limit <= 0:
                 raise UsageError("--max-step-seconds must be a positive number of seconds.")
@@ -193,27 +182,34 @@ class Kernelext(Magics):
 
     def _agent_command(self, line: str) -> Any:
         args = _line_parser().parse_argstring(line)  # type: ignore[no-untyped-call]
-        if args.command == "list":
+        command: str = args.command
+        if command not in SUBCOMMANDS:
+            raise UsageError(
+                f"%agent has no sub-command {command!r}"
+                f"{did_you_mean(command, SUBCOMMANDS) or '.'} "
+                "Use %agent stop|resume|status|complete RUN_ID, or %agent list."
+            )
+        if command == "list":
             return runs()
         if not args.run_id:
-            raise UsageError(f"%agent {args.command} needs a run id: %agent {args.command} RUN_ID")
+            raise UsageError(f"%agent {command} needs a run id: %agent {command} RUN_ID")
         run_id: str = args.run_id
-        row = SETTINGS.store().find_run(run_id)
+        store = SETTINGS.store()
+        row = store.find_run(run_id)
         if row is None:
+            known = [str(r["id"]) for r in store.list_runs()]
             raise UsageError(
-                f"No run {run_id!r} in the store at {SETTINGS.store().location}. "
-                "List runs with %agent list."
+                f"No run {run_id!r} in the store at {store.location}"
+                f"{did_you_mean(run_id, known) or '.'} List runs with %agent list."
             )
-        cells = row["agent"] == CELL_AGENT
-        if args.command == "stop":
-            status = (
-                stop_cell_run(run_id, source="magic") if cells else stop(run_id, source="magic")
-            )
+        cells = control.is_cell_run(row)
+        if command == "stop":
+            status = control.stop(run_id, source="magic", store=store)
             print(f"kernelext: stop requested for run {run_id!r}; it is {status}.")
             return None
-        if args.command == "resume":
-            handle = resume(run_id, source="magic")
-            if cells and handle.status == "needs_decision":
+        if command == "resume":
+            handle = control.resume(run_id, source="magic", store=store)
+            if cells and handle.status == Status.NEEDS_DECISION:
                 print(
                     f"kernelext: run {run_id!r} needs a decision before its cells go on: "
                     f"{handle.store.get_run(run_id).get('reason')}"
@@ -226,15 +222,16 @@ class Kernelext(Magics):
                 )
                 return None
             return handle
-        if args.command == "complete":
+        if command == "complete":
             if not cells:
                 raise UsageError(f"Run {run_id!r} is an agent run; it completes by itself.")
-            if row["status"] == "completed":
+            if row["status"] == Status.COMPLETED:
                 print(f"kernelext: run {run_id!r} is already completed.")
                 return None
-            print(f"kernelext: run {run_id!r} is {complete_cell_run(run_id, source='magic')}.")
+            done = complete_cell_run(run_id, store=store, source="magic")
+            print(f"kernelext: run {run_id!r} is {done}.")
             return None
-        return handle_for(run_id, row)
+        return control.handle_for(run_id, store=store)
 
     # -- %%ledger / %ledger ------------------------------------------------------------------
     @no_var_expand  # {name} is bound as a parameter here, never pasted by IPython
@@ -256,7 +253,7 @@ class Kernelext(Magics):
         query = "\n".join(part for part in (head, cell or "") if part.strip()).strip()
         query, params = self._bind_variables(query)
         try:
-            result = sql(query, params, allow_files=self.allow_files)
+            result = sql(query, params, allow_files=bool(notebook_option("allow_files")))
         except KernelextError as exc:
             raise UsageError(str(exc)) from None
         except Exception as exc:  # the backend's own message names the problem in the query
@@ -289,21 +286,3 @@ class Kernelext(Magics):
 
         text = _VARIABLE.sub(bind, query)
         return text, (params or None)
-
-
-def handle_for(run_id: str, row: dict[str, Any]) -> Handle:
-    """The handle that shows run ``run_id``: live, a cell run's, or a read-only one."""
-    live = live_handle(run_id)
-    if live is not None:
-        return live
-    if row["agent"] == CELL_AGENT:
-        return cell_handle(run_id)
-    store = SETTINGS.store()
-    run = Run(
-        store,
-        run_id,
-        row["agent"],
-        max_step_seconds=row.get("max_step_seconds"),
-        total_steps=row.get("total_steps"),
-    )
-    return Handle(run, store)

@@ -7,7 +7,9 @@ import importlib
 import os
 from collections.abc import Callable
 
+from .approvals import ApprovalsMixin
 from .base import StoreBase, actor, utcnow
+from .checkpoints import CheckpointsMixin
 from .claims import ClaimsMixin
 from .effects import EffectsMixin
 from .expiry import ExpiryMixin
@@ -23,6 +25,8 @@ DEFAULT_FILENAME = "store.duckdb"
 
 
 class Store(
+    ApprovalsMixin,
+    CheckpointsMixin,
     RestartMixin,
     ExpiryMixin,
     ClaimsMixin,

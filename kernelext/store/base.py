@@ -10,16 +10,17 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 from ..errors import StoreWriteError
+from ..expiry_policy import POLICY, ExpiryPolicy
 from .records import apply_record, check_record
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
 
-__all__ = ["Backend", "HotPath", "StoreBase", "actor", "utcnow"]
+__all__ = ["Backend", "HotPath", "StoreBase", "actor", "in_list", "utcnow"]
 
 T = TypeVar("T")
 _log = logging.getLogger("kernelext")
@@ -36,8 +37,15 @@ def actor() -> str:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
-        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+        user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "nobody"
     return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+def in_list(values: Iterable[str]) -> tuple[str, tuple[str, ...]]:
+    """``("(?, ?)", (a, b))``: an SQL ``IN`` list of placeholders and the values to bind,
+    for a group of statuses (``status IN {marks}``); statuses are never quoted in SQL."""
+    bound = tuple(sorted(values))
+    return "(" + ", ".join("?" for _ in bound) + ")", bound
 
 
 class HotPath(Protocol):
@@ -164,6 +172,7 @@ class StoreBase:
         self.location = backend.path
         self.for_update = backend.for_update
         self.read_only = backend.read_only
+        self.expiry: ExpiryPolicy = POLICY  # deadlines of waiting runs (see transitions)
         self.hot_path: HotPath | None = None
         self._journaled_intents: dict[Any, dict[str, Any]] = {}
         self._last_queued: Future[Any] | None = None

@@ -14,15 +14,15 @@ import uuid
 from typing import Any, NamedTuple
 
 from ..errors import ClaimConflict
-from .base import StoreBase
+from ..status import LIVE, WAITING, Status
+from .base import StoreBase, in_list
 from .runs import RunsMixin
 from .writer import Tx
 
 __all__ = ["HOLDING", "ClaimRow", "ClaimsMixin"]
 
 # A claim blocks others only while its run can still go on.
-HOLDING = ("running", "stopping", "suspended", "needs_decision")
-_HOLDING_SQL = ", ".join(f"'{s}'" for s in HOLDING)
+HOLDING = LIVE | WAITING
 
 
 class ClaimRow(NamedTuple):
@@ -57,12 +57,13 @@ class ClaimsMixin(RunsMixin, StoreBase):
                     "Claim a differently named resource for the extra amount."
                 )
             return ClaimRow(mine[0], resource, run_id, held_amount, mine[2], False)
+        marks, holding = in_list(HOLDING)
         holder = tx.fetchone(
             "SELECT c.run_id, c.claimed_at, c.amount, r.status, r.deadline FROM claims c"
             " JOIN runs r ON r.id = c.run_id"
-            f" WHERE c.resource = ? AND c.released_at IS NULL AND c.run_id <> ?"
-            f" AND r.status IN ({_HOLDING_SQL}) ORDER BY c.claimed_at LIMIT 1",
-            (resource, run_id),
+            " WHERE c.resource = ? AND c.released_at IS NULL AND c.run_id <> ?"
+            f" AND r.status IN {marks} ORDER BY c.claimed_at LIMIT 1",
+            (resource, run_id, *holding),
         )
         if holder is not None:
             raise ClaimConflict(_conflict_message(resource, run_id, holder))
@@ -125,7 +126,7 @@ def _conflict_message(resource: str, run_id: str, holder: tuple[Any, ...]) -> st
         f"{since:%Y-%m-%d %H:%M:%S} UTC; that run is {status}, so run {run_id!r} cannot "
         "claim it. "
     )
-    if status == "suspended" and deadline is not None:
+    if status == Status.SUSPENDED and deadline is not None:
         text += (
             f"It is released when run {holder_id!r} completes, is cancelled or expires "
             f"(deadline {deadline:%Y-%m-%d %H:%M:%S} UTC): resume and finish it with "

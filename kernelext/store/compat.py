@@ -31,7 +31,16 @@ _TABLES = (
     " AND table_schema NOT IN ('pg_catalog', 'information_schema')"
     " ORDER BY table_schema, table_name"
 )
-_OURS = frozenset((*TABLES, "journal_state", "quarantine"))
+_OURS = frozenset(
+    (
+        *TABLES,
+        "journal_state",
+        "quarantine",
+        "langgraph_checkpoints",
+        "langgraph_blobs",
+        "langgraph_writes",
+    )
+)
 _SHOWN = 5  # foreign tables named in the message
 
 

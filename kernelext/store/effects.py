@@ -6,17 +6,28 @@ import uuid
 from typing import Any
 
 from ..errors import LedgerError
+from ..status import LIVE, WAITING, EffectStatus, Status, StepStatus
 from .base import StoreBase
 from .records import insert_intent
 from .runs import RunsMixin
 from .writer import Tx
 
-__all__ = ["EffectsMixin"]
+__all__ = ["DECISIONS", "GIVEN_UP", "GIVE_UP", "EffectsMixin"]
 
 EFFECT_COLUMNS = (
     "key, run_id, step_key, step_ordinal, tool, call_ordinal, args_hash, args, status, resumable,"
     " result, error, intent_at, outcome_at, decided_by, decision_note"
 )
+# The three decisions on an unknown effect, and the status each gives it: "it happened"
+# (applied), "it did not happen" (not_applied: called again on resume), and giving up on
+# the run, which cancels it and leaves the effect ``given_up``.
+GIVE_UP = "give_up"
+GIVEN_UP = EffectStatus.GIVEN_UP
+DECISIONS: dict[str, str] = {
+    EffectStatus.APPLIED: EffectStatus.APPLIED,
+    EffectStatus.NOT_APPLIED: EffectStatus.NOT_APPLIED,
+    GIVE_UP: GIVEN_UP,
+}
 
 
 class EffectsMixin(RunsMixin, StoreBase):
@@ -35,8 +46,8 @@ class EffectsMixin(RunsMixin, StoreBase):
         outside steps). Completed steps are skipped, so their rows are never consulted."""
         rows = self.read_dicts(
             f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ? AND step_key NOT IN"
-            " (SELECT key FROM steps WHERE run_id = ? AND status = 'completed')",
-            (run_id, run_id),
+            " (SELECT key FROM steps WHERE run_id = ? AND status = ?)",
+            (run_id, run_id, StepStatus.COMPLETED),
         )
         return {row["key"]: row for row in rows}
 
@@ -73,7 +84,7 @@ class EffectsMixin(RunsMixin, StoreBase):
             # nothing behind, so a retry writes the intent again.
             self.record("intent", data, sync=True)
             self._journaled_intents[row["key"]] = {
-                "status": "pending",
+                "status": EffectStatus.PENDING,
                 "args_hash": row["args_hash"],
                 "result": None,
                 "error": None,
@@ -99,15 +110,15 @@ class EffectsMixin(RunsMixin, StoreBase):
 
         def job(tx: Tx) -> None:
             tx.execute(
-                "UPDATE effects SET status = 'pending', intent_at = ?, outcome_at = NULL,"
+                "UPDATE effects SET status = ?, intent_at = ?, outcome_at = NULL,"
                 " error = NULL WHERE key = ?",
-                (self.now(), key),
+                (EffectStatus.PENDING, self.now(), key),
             )
 
         self.write(job)
         known = self._journaled_intents.get(key)
         if known is not None:
-            known.update(status="pending", result=None, error=None)
+            known.update(status=EffectStatus.PENDING, result=None, error=None)
 
     def write_outcome(
         self,
@@ -125,9 +136,9 @@ class EffectsMixin(RunsMixin, StoreBase):
     def mark_pending_unknown(self, tx: Tx, run_id: str) -> list[uuid.UUID]:
         """On resume: every ``pending`` row of the run has an unknown outcome."""
         rows = tx.fetchall(
-            "UPDATE effects SET status = 'unknown', outcome_at = ? WHERE run_id = ?"
-            " AND status = 'pending' RETURNING key, tool",
-            (self.now(), run_id),
+            "UPDATE effects SET status = ?, outcome_at = ? WHERE run_id = ?"
+            " AND status = ? RETURNING key, tool",
+            (EffectStatus.UNKNOWN, self.now(), run_id, EffectStatus.PENDING),
         )
         for key, tool in rows:
             self.event(
@@ -144,9 +155,9 @@ class EffectsMixin(RunsMixin, StoreBase):
 
         def job(tx: Tx) -> None:
             rows = tx.fetchall(
-                "UPDATE effects SET status = 'unknown', outcome_at = ? WHERE key = ?"
-                " AND status = 'failed' RETURNING run_id, tool",
-                (self.now(), key),
+                "UPDATE effects SET status = ?, outcome_at = ? WHERE key = ?"
+                " AND status = ? RETURNING run_id, tool",
+                (EffectStatus.UNKNOWN, self.now(), key, EffectStatus.FAILED),
             )
             for run_id, tool in rows:
                 self.event(
@@ -161,15 +172,16 @@ class EffectsMixin(RunsMixin, StoreBase):
 
     def unknown_keys_tx(self, tx: Tx, run_id: str) -> list[uuid.UUID]:
         rows = tx.fetchall(
-            "SELECT key FROM effects WHERE run_id = ? AND status = 'unknown'", (run_id,)
+            "SELECT key FROM effects WHERE run_id = ? AND status = ?",
+            (run_id, EffectStatus.UNKNOWN),
         )
         return [r[0] for r in rows]
 
     def open_unknowns(self, run_id: str) -> list[dict[str, Any]]:
         return self.read_dicts(
-            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ? AND status = 'unknown'"
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ? AND status = ?"
             " ORDER BY intent_at, call_ordinal",
-            (run_id,),
+            (run_id, EffectStatus.UNKNOWN),
         )
 
     def decide_effect(
@@ -182,10 +194,8 @@ class EffectsMixin(RunsMixin, StoreBase):
         note: str | None,
         source: str = "api",
     ) -> str:
-        """Apply a human decision to an ``unknown`` row. Returns the run id."""
-        new_status = {"applied": "applied", "not_applied": "not_applied", "give_up": "given_up"}[
-            decision
-        ]
+        """Apply a human decision (``DECISIONS``) to an ``unknown`` row. Returns the run id."""
+        new_status = DECISIONS[decision]
 
         def job(tx: Tx) -> str:
             row = tx.fetchone(
@@ -194,15 +204,23 @@ class EffectsMixin(RunsMixin, StoreBase):
             if row is None:
                 raise LedgerError(f"No effect with key {key} in the ledger.")
             run_id, status, tool = row
-            if status != "unknown":
+            if status != EffectStatus.UNKNOWN:
                 raise LedgerError(
-                    f"Effect {key} ({tool}) is {status!r}, not 'unknown'; only unknown effects "
-                    "are reconciled. See kx.reconcile(run_id) for the open ones."
+                    f"Effect {key} ({tool}) is {status!r}, not {EffectStatus.UNKNOWN.value!r};"
+                    " only unknown effects are reconciled. See kx.reconcile(run_id) for the"
+                    " open ones."
                 )
             tx.execute(
                 "UPDATE effects SET status = ?, result = ?, outcome_at = ?, decided_by = ?,"
                 " decision_note = ? WHERE key = ?",
-                (new_status, result if decision == "applied" else None, self.now(), who, note, key),
+                (
+                    new_status,
+                    result if decision == EffectStatus.APPLIED else None,
+                    self.now(),
+                    who,
+                    note,
+                    key,
+                ),
             )
             self.event(
                 tx,
@@ -213,13 +231,13 @@ class EffectsMixin(RunsMixin, StoreBase):
                 reason=note,
                 detail={"key": str(key), "tool": tool, "decision": decision},
             )
-            if decision == "give_up":
+            if decision == GIVE_UP:
                 self.transition_tx(
                     tx,
                     run_id,
-                    "cancelled",
-                    ("needs_decision", "suspended", "stopping", "running", "failed"),
-                    kind="cancelled",
+                    Status.CANCELLED,
+                    (*WAITING, *LIVE, Status.FAILED),
+                    kind=Status.CANCELLED,
                     source=source,
                     who=who,
                     reason=f"gave up on unknown effect {tool}",

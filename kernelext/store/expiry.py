@@ -15,14 +15,14 @@ import os
 from typing import NamedTuple
 
 from ..errors import IntegrityError
+from ..status import WAITING, Status, waiting_reason
+from .base import in_list
 from .claims import ClaimsMixin
 from .runs import RunsMixin
 from .steps import StepsMixin
 from .writer import Tx
 
 __all__ = ["WAITING", "Expiry", "ExpiryMixin", "PayloadRemoval"]
-
-WAITING = ("suspended", "needs_decision")  # the paused statuses; both have a deadline
 
 
 class Expiry(NamedTuple):
@@ -42,11 +42,12 @@ class PayloadRemoval(NamedTuple):
 class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
     # -- expiry ----------------------------------------------------------------
     def due_for_expiry(self, now: dt.datetime) -> list[str]:
+        marks, waiting = in_list(WAITING)  # the paused statuses; both have a deadline
         rows = self.read(
-            "SELECT id FROM runs WHERE status IN ('suspended', 'needs_decision')"
+            f"SELECT id FROM runs WHERE status IN {marks}"
             " AND deadline IS NOT NULL"
             " AND deadline <= ? ORDER BY deadline, id",
-            (now,),
+            (*waiting, now),
         )
         return [str(r[0]) for r in rows]
 
@@ -60,14 +61,14 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
         if row is None or row[0] not in WAITING or row[2] is None or row[2] > now:
             return None
         # A run waiting for a decision expires as "deadline:decision"; its reason says why.
-        suspend_reason = "decision" if row[0] == "needs_decision" else str(row[1] or "other")
+        suspend_reason = str(waiting_reason(row[0], row[1]))
         deadline: dt.datetime = row[2]
         result = self.transition_tx(
             tx,
             run_id,
-            "expired",
+            Status.EXPIRED,
             WAITING,
-            kind="expired",
+            kind=Status.EXPIRED,
             source=source,
             reason=f"deadline:{suspend_reason}",
             detail={
@@ -97,7 +98,8 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
 
     def expired_at(self, run_id: str) -> dt.datetime | None:
         rows = self.read(
-            "SELECT max(occurred_at) FROM events WHERE run_id = ? AND kind = 'expired'", (run_id,)
+            "SELECT max(occurred_at) FROM events WHERE run_id = ? AND kind = ?",
+            (run_id, Status.EXPIRED),
         )
         return rows[0][0] if rows else None
 
@@ -109,11 +111,11 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
     def retention_due(self, cutoff: dt.datetime) -> list[str]:
         """Expired runs that expired at or before ``cutoff`` and still hold payloads."""
         rows = self.read(
-            "SELECT r.id FROM runs r JOIN events e ON e.run_id = r.id AND e.kind = 'expired'"
-            " WHERE r.status = 'expired' AND (EXISTS (SELECT 1 FROM snapshots s WHERE"
+            "SELECT r.id FROM runs r JOIN events e ON e.run_id = r.id AND e.kind = ?"
+            " WHERE r.status = ? AND (EXISTS (SELECT 1 FROM snapshots s WHERE"
             " s.run_id = r.id AND s.removed_at IS NULL) OR EXISTS (SELECT 1 FROM blobs b"
             " WHERE b.run_id = r.id)) GROUP BY r.id HAVING max(e.occurred_at) <= ? ORDER BY r.id",
-            (cutoff,),
+            (Status.EXPIRED, Status.EXPIRED, cutoff),
         )
         return [str(r[0]) for r in rows]
 
@@ -124,7 +126,7 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
 
         def job(tx: Tx) -> tuple[PayloadRemoval, list[str]] | None:
             row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
-            if row is None or row[0] != "expired":
+            if row is None or row[0] != Status.EXPIRED:
                 return None
             blobs = tx.fetchall(
                 "DELETE FROM blobs WHERE run_id = ? RETURNING location, size", (run_id,)

@@ -6,16 +6,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import RunStateError
+from ..status import Status, StepStatus
 from .base import StoreBase
 from .runs import RunsMixin
 from .writer import Tx
 
-__all__ = ["FACT_COLUMNS", "FactsMixin"]
+__all__ = ["FACT_COLUMNS", "SUPERSEDED_STEP", "FactsMixin"]
 
 FACT_COLUMNS = (
     "run_id, name, kind, value, fingerprint, check_name, check_args, tolerance, step_ordinal,"
     " recorded_at, checked_at, current_value, check_status, check_detail, compare_name"
 )
+# The status of a completed step that a re-plan sent back to run again (no longer counted).
+SUPERSEDED_STEP = StepStatus.SUPERSEDED
 
 
 class FactsMixin(RunsMixin, StoreBase):
@@ -90,7 +93,7 @@ class FactsMixin(RunsMixin, StoreBase):
         """The run's status, locked; refuses unless the run waits for a decision."""
         row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
         status = str(row[0]) if row else "missing"
-        if status != "needs_decision":
+        if status != Status.NEEDS_DECISION:
             raise RunStateError(
                 f"Run {run_id!r} is {status}, not needs_decision: there is no revalidation to "
                 f"decide. Look at it with kx.revalidation({run_id!r}) or resume it with "
@@ -110,16 +113,17 @@ class FactsMixin(RunsMixin, StoreBase):
     def supersede_steps_tx(self, tx: Tx, run_id: str, from_ordinal: int) -> int:
         """Completed steps at or after ``from_ordinal`` no longer count: they run again."""
         rows = tx.fetchall(
-            "UPDATE steps SET status = 'superseded' WHERE run_id = ? AND status = 'completed'"
+            "UPDATE steps SET status = ? WHERE run_id = ? AND status = ?"
             " AND ordinal >= ? RETURNING id",
-            (run_id, from_ordinal),
+            (SUPERSEDED_STEP, run_id, StepStatus.COMPLETED, from_ordinal),
         )
         tx.execute(
-            "UPDATE facts SET check_status = 'superseded' WHERE run_id = ? AND step_ordinal >= ?",
-            (run_id, from_ordinal),
+            "UPDATE facts SET check_status = ? WHERE run_id = ? AND step_ordinal >= ?",
+            (SUPERSEDED_STEP, run_id, from_ordinal),
         )
         done = tx.fetchone(
-            "SELECT count(*) FROM steps WHERE run_id = ? AND status = 'completed'", (run_id,)
+            "SELECT count(*) FROM steps WHERE run_id = ? AND status = ?",
+            (run_id, StepStatus.COMPLETED),
         )
         tx.execute(
             "UPDATE runs SET completed_steps = ?, updated_at = ? WHERE id = ?",

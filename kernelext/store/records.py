@@ -10,10 +10,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import RunNotFound
+from ..status import EffectStatus, Status, StepStatus
+from .transitions import move_tx
 from .writer import Tx
 
 __all__ = [
     "APPLY",
+    "STOP_REQUESTED",
     "apply_record",
     "check_record",
     "fact",
@@ -33,7 +37,15 @@ STEP_BEGIN = (
 
 
 def step_begin_row(d: dict[str, Any]) -> tuple[Any, ...]:
-    return (d["id"], d["run_id"], d["ordinal"], d["key"], d["name"], "running", d["started_at"])
+    return (
+        d["id"],
+        d["run_id"],
+        d["ordinal"],
+        d["key"],
+        d["name"],
+        StepStatus.RUNNING.value,
+        d["started_at"],
+    )
 
 
 def _step_begin(tx: Tx, d: dict[str, Any]) -> None:
@@ -56,14 +68,13 @@ def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
         (d["snapshot_id"], d["run_id"], d["ordinal"], d["at"], d["manifest"], d["bytes"]),
     )
     tx.execute(
-        "UPDATE steps SET status = 'completed', ended_at = ?, duration_s = ?, snapshot_id = ?"
-        " WHERE id = ?",
-        (d["at"], d["duration_s"], d["snapshot_id"], d["step_id"]),
+        "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, snapshot_id = ? WHERE id = ?",
+        (StepStatus.COMPLETED.value, d["at"], d["duration_s"], d["snapshot_id"], d["step_id"]),
     )
     tx.execute(
         "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-        " WHERE run_id = ? AND status = 'completed') WHERE id = ?",
-        (d["at"], d["run_id"], d["run_id"]),
+        " WHERE run_id = ? AND status = ?) WHERE id = ?",
+        (d["at"], d["run_id"], StepStatus.COMPLETED.value, d["run_id"]),
     )
 
 
@@ -84,7 +95,7 @@ def intent_row(d: dict[str, Any]) -> tuple[Any, ...]:
         d["call_ordinal"],
         d["args_hash"],
         d["args"],
-        "pending",
+        EffectStatus.PENDING.value,
         d["resumable"],
         d["at"],
     )
@@ -104,8 +115,8 @@ def insert_intent(tx: Tx, d: dict[str, Any]) -> bool:
 def outcome(tx: Tx, d: dict[str, Any]) -> None:
     tx.execute(
         "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?"
-        " WHERE key = ? AND status = 'pending'",
-        (d["status"], d["result"], d["error"], d["at"], d["key"]),
+        " WHERE key = ? AND status = ?",
+        (d["status"], d["result"], d["error"], d["at"], d["key"], EffectStatus.PENDING.value),
     )
 
 
@@ -141,9 +152,10 @@ def fact(tx: Tx, d: dict[str, Any]) -> None:
     )
 
 
+STOP_REQUESTED = "stop_requested"  # the event kind of every stop request
 _STOP_EVENT = (
     "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source, actor,"
-    " reason, detail) VALUES (?, ?, 'stop_requested', ?, ?, ?, ?, ?, ?)"
+    " reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -156,28 +168,32 @@ def stop_request(tx: Tx, d: dict[str, Any]) -> None:
     """
     detail = json.dumps({"request": d["request"]}, sort_keys=True)
     if tx.fetchone(
-        "SELECT 1 FROM events WHERE run_id = ? AND kind = 'stop_requested' AND occurred_at = ?"
-        " AND detail = ?",
-        (d["run_id"], d["at"], detail),
+        "SELECT 1 FROM events WHERE run_id = ? AND kind = ? AND occurred_at = ? AND detail = ?",
+        (d["run_id"], STOP_REQUESTED, d["at"], detail),
     ):
         return
-    # One statement decides, so a concurrent transition (PostgreSQL) cannot slip between.
-    moved = tx.fetchone(
-        "UPDATE runs SET status = 'stopping', updated_at = ?, stop_requested_at = ?,"
-        " stop_source = ? WHERE id = ? AND status = 'running' RETURNING id",
-        (d["at"], d["at"], d["source"], d["run_id"]),
-    )
-    reason = d.get("reason")
-    if moved is not None:
-        statuses: tuple[str | None, str | None] = ("running", "stopping")
-    else:
-        row = tx.fetchone("SELECT status FROM runs WHERE id = ?", (d["run_id"],))
-        if row is None:  # the run was deleted meanwhile: nothing left to stop
-            return
-        statuses = (None, None)
-        reason = reason or f"run already {row[0]}"
+    try:
+        moved = move_tx(
+            tx,
+            d["run_id"],
+            Status.STOPPING,
+            (Status.RUNNING,),
+            now=d["at"],
+            kind=STOP_REQUESTED,
+            source=d["source"],
+            who=d["who"],
+            reason=d.get("reason"),
+            detail={"request": d["request"]},
+            fields={"stop_requested_at": d["at"], "stop_source": d["source"]},
+        )
+    except RunNotFound:  # the run was deleted meanwhile: nothing left to stop
+        return
+    if moved.ok:
+        return
+    reason = d.get("reason") or f"run already {moved.before}"
     tx.execute(
-        _STOP_EVENT, (d["run_id"], d["at"], *statuses, d["source"], d["who"], reason, detail)
+        _STOP_EVENT,
+        (d["run_id"], d["at"], STOP_REQUESTED, None, None, d["source"], d["who"], reason, detail),
     )
 
 

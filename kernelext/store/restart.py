@@ -21,16 +21,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RunStateError, StoreError
+from ..status import FINAL, WAITING, Reason, Status, StepStatus
 from .claims import ClaimsMixin
 from .expiry import ExpiryMixin
 from .runs import RunsMixin
 from .steps import StepsMixin
 from .writer import Tx
 
-__all__ = ["ENDED", "SUPERSEDABLE", "RestartMixin", "RestartPlan"]
+__all__ = ["ENDED", "RESTART_REASON", "SUPERSEDABLE", "RestartMixin", "RestartPlan"]
 
-ENDED = ("expired", "cancelled", "failed", "completed")  # restart forks from these as they are
-SUPERSEDABLE = ("suspended", "needs_decision")  # restart cancels these first
+ENDED = FINAL  # restart forks from these as they are
+SUPERSEDABLE = WAITING  # restart cancels these first
+SUPERSEDED = StepStatus.SUPERSEDED.value  # the event kind: a restart replaced the run
+RESTART_REASON = Reason.RESTART  # a new run made by a restart, until it is resumed
 
 
 @dataclass
@@ -58,8 +61,8 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             "SELECT t.ordinal, t.key, t.name, t.started_at, t.ended_at, t.duration_s, t.forced,"
             " t.snapshot_id, s.manifest, s.bytes, s.created_at AS snapshot_at, s.removed_at"
             " FROM steps t LEFT JOIN snapshots s ON s.id = t.snapshot_id"
-            " WHERE t.run_id = ? AND t.status = 'completed' ORDER BY t.ordinal",
-            (run_id,),
+            " WHERE t.run_id = ? AND t.status = ? ORDER BY t.ordinal",
+            (run_id, StepStatus.COMPLETED),
         )
 
     def fact_rows(self, run_id: str) -> list[dict[str, Any]]:
@@ -109,14 +112,14 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             self.transition_tx(
                 tx,
                 plan.old_id,
-                "cancelled",
+                Status.CANCELLED,
                 SUPERSEDABLE,
-                kind="superseded",
+                kind=SUPERSEDED,
                 source=plan.source,
                 who=plan.who,
                 reason=f"superseded by restart {plan.new_id}",
             )
-            self.release_run_claims_tx(tx, plan.old_id, "superseded", source=plan.source)
+            self.release_run_claims_tx(tx, plan.old_id, SUPERSEDED, source=plan.source)
         elif status not in ENDED:
             raise RunStateError(
                 f"Run {plan.old_id!r} became {status} while the restart was prepared; "
@@ -138,10 +141,12 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         tx.execute(
             "INSERT INTO runs (id, agent, status, reason, created_at, updated_at, deadline,"
             " parent_id, fingerprint, max_step_seconds, args, owner, total_steps,"
-            " completed_steps) VALUES (?, ?, 'suspended', 'restart', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " completed_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 plan.new_id,
                 old[1],
+                Status.SUSPENDED,
+                RESTART_REASON,
                 now,
                 now,
                 plan.deadline,
@@ -176,10 +181,10 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             tx,
             plan.new_id,
             "created",
-            to_status="suspended",
+            to_status=Status.SUSPENDED,
             source=plan.source,
             who=plan.who,
-            reason="restart",
+            reason=RESTART_REASON,
             detail=detail,
         )
         self.event(
@@ -222,6 +227,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
                     step["ordinal"],
                     step["key"],
                     step["name"],
+                    StepStatus.COMPLETED,
                     step["started_at"],
                     step["ended_at"],
                     step["duration_s"],
@@ -236,7 +242,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         )
         tx.executemany(
             "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at, ended_at,"
-            " duration_s, snapshot_id, forced) VALUES (?, ?, ?, ?, ?, 'completed', ?, ?, ?, ?, ?)",
+            " duration_s, snapshot_id, forced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             step_rows,
         )
 

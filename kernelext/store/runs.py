@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
-from ..errors import RunNotFound
+from ..errors import RunNotFound, RunStateError, did_you_mean
+from ..status import LIVE, Status
 from .base import StoreBase, actor
-from .records import apply_record, check_record
+from .records import STOP_REQUESTED, apply_record, check_record
+from .transitions import Transition, move_tx
 from .writer import Tx
 
 __all__ = ["RunsMixin", "Transition"]
@@ -19,12 +21,6 @@ RUN_COLUMNS = (
     "max_step_seconds, args, stop_requested_at, stop_source, owner, lease_until, total_steps, "
     "completed_steps, error"
 )
-
-
-class Transition(NamedTuple):
-    ok: bool
-    before: str | None
-    after: str | None
 
 
 class RunsMixin(StoreBase):
@@ -49,11 +45,12 @@ class RunsMixin(StoreBase):
             inserted = tx.fetchone(
                 "INSERT INTO runs (id, agent, status, created_at, updated_at, parent_id,"
                 " fingerprint, max_step_seconds, args, owner, total_steps, completed_steps)"
-                " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
                 " ON CONFLICT (id) DO NOTHING RETURNING id",
                 (
                     run_id,
                     agent,
+                    Status.RUNNING.value,
                     now,
                     now,
                     parent_id,
@@ -70,7 +67,7 @@ class RunsMixin(StoreBase):
                 tx,
                 run_id,
                 "created",
-                to_status="running",
+                to_status=Status.RUNNING,
                 source=source,
                 detail={"parent": parent_id} if parent_id else None,
             )
@@ -82,10 +79,16 @@ class RunsMixin(StoreBase):
         rows = self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
         if not rows:
             raise RunNotFound(
-                f"No run {run_id!r} in the store at {self.location}. "
+                f"No run {run_id!r} in the store at {self.location}."
+                f"{did_you_mean(run_id, self.run_ids())} "
                 "List runs with kx.runs() (or `kernelext runs`)."
             )
         return rows[0]
+
+    def run_ids(self, limit: int = 10_000) -> list[str]:
+        """The newest ``limit`` run ids (for suggestions when an id is mistyped)."""
+        rows = self.read_dicts("SELECT id FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+        return [str(r["id"]) for r in rows]
 
     def find_run(self, run_id: str) -> dict[str, Any] | None:
         rows = self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
@@ -102,7 +105,7 @@ class RunsMixin(StoreBase):
         self,
         tx: Tx,
         run_id: str,
-        to_status: str,
+        to_status: Status,
         allowed_from: Iterable[str],
         *,
         kind: str = "transition",
@@ -112,34 +115,30 @@ class RunsMixin(StoreBase):
         detail: dict[str, Any] | None = None,
         fields: dict[str, Any] | None = None,
     ) -> Transition:
-        """Move a run to ``to_status`` if it is in one of ``allowed_from``."""
-        row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
-        if row is None:
-            raise RunNotFound(f"No run {run_id!r} in the store at {self.location}.")
-        before = str(row[0])
-        if before not in set(allowed_from):
-            return Transition(False, before, before)
-        updates: dict[str, Any] = {"status": to_status, "updated_at": self.now()}
-        if reason is not None or "reason" not in (fields or {}):
-            updates["reason"] = reason
-        updates.update(fields or {})
-        assignments = ", ".join(f"{name} = ?" for name in updates)
-        tx.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*updates.values(), run_id))
-        self.event(
+        """Move a run to ``to_status`` if it is in one of ``allowed_from``: the one door
+        every status change goes through (``transitions.move_tx``: the table is checked,
+        the event written, a waiting status gets its deadline from the expiry policy)."""
+        return move_tx(
             tx,
             run_id,
-            kind,
-            from_status=before,
-            to_status=to_status,
+            to_status,
+            allowed_from,
+            now=self.now(),
+            kind=kind,
+            for_update=self.for_update,
+            policy=self.expiry,
             source=source,
             reason=reason,
             who=who,
             detail=detail,
+            fields=fields,
+            actor=actor(),
+            scrub=getattr(self, "scrub", None),
+            location=self.location,
         )
-        return Transition(True, before, to_status)
 
     def transition(
-        self, run_id: str, to_status: str, allowed_from: Iterable[str], **kwargs: Any
+        self, run_id: str, to_status: Status, allowed_from: Iterable[str], **kwargs: Any
     ) -> Transition:
         allowed = tuple(allowed_from)
         return self.write(lambda tx: self.transition_tx(tx, run_id, to_status, allowed, **kwargs))
@@ -154,37 +153,28 @@ class RunsMixin(StoreBase):
         """
 
         def job(tx: Tx) -> Transition:
-            row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))
-            if row is None:
-                raise RunNotFound(f"No run {run_id!r} in the store at {self.location}.")
-            before = str(row[0])
-            if before == "running":
-                now = self.now()
-                tx.execute(
-                    "UPDATE runs SET status = 'stopping', updated_at = ?, stop_requested_at = ?,"
-                    " stop_source = ? WHERE id = ?",
-                    (now, now, source, run_id),
-                )
+            now = self.now()
+            moved = self.transition_tx(
+                tx,
+                run_id,
+                Status.STOPPING,
+                (Status.RUNNING,),
+                kind=STOP_REQUESTED,
+                source=source,
+                who=who,
+                reason=reason,
+                fields={"stop_requested_at": now, "stop_source": source},
+            )
+            if not moved.ok:
                 self.event(
                     tx,
                     run_id,
-                    "stop_requested",
-                    from_status=before,
-                    to_status="stopping",
+                    STOP_REQUESTED,
                     source=source,
                     who=who,
-                    reason=reason,
+                    reason=reason or f"run already {moved.before}",
                 )
-                return Transition(True, before, "stopping")
-            self.event(
-                tx,
-                run_id,
-                "stop_requested",
-                source=source,
-                who=who,
-                reason=reason or f"run already {before}",
-            )
-            return Transition(False, before, before)
+            return moved
 
         return self.write(job)
 
@@ -229,6 +219,8 @@ class RunsMixin(StoreBase):
         self.write(job)
 
     def update_run_tx(self, tx: Tx, run_id: str, **fields: Any) -> None:
+        if "status" in fields:
+            raise RunStateError("A run's status changes only through Store.transition_tx.")
         fields.setdefault("updated_at", self.now())
         assignments = ", ".join(f"{name} = ?" for name in fields)
         tx.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*fields.values(), run_id))
@@ -249,9 +241,8 @@ class RunsMixin(StoreBase):
 
         def job(tx: Tx) -> None:
             tx.execute(
-                "UPDATE runs SET lease_until = ?, owner = ? WHERE id = ?"
-                " AND status IN ('running', 'stopping')",
-                (until, owner, run_id),
+                "UPDATE runs SET lease_until = ?, owner = ? WHERE id = ? AND status IN (?, ?)",
+                (until, owner, run_id, *sorted(s.value for s in LIVE)),
             )
 
         self.write_async(job)

@@ -161,14 +161,110 @@ _V4_QUARANTINE = (
     )""",
 )
 
+_V5_APPROVALS_AND_INPUTS = (
+    # Requests to approve one call of an effect (``@kx.effect(needs_approval=...)``): bound
+    # to the effect's key and argument hash, decided once, consumed by one call. A request
+    # made again for the same key (other arguments, or the first one expired) supersedes it.
+    """CREATE TABLE IF NOT EXISTS approvals (
+        id UUID PRIMARY KEY,
+        key UUID NOT NULL,
+        run_id TEXT NOT NULL,
+        step TEXT NOT NULL,
+        step_ordinal INTEGER,
+        call_ordinal INTEGER NOT NULL,
+        tool TEXT NOT NULL,
+        args_hash TEXT NOT NULL,
+        args TEXT,
+        requested_at TIMESTAMP NOT NULL,
+        expires_at TIMESTAMP,
+        decided_at TIMESTAMP,
+        decision TEXT,
+        actor TEXT,
+        note TEXT,
+        consumed_at TIMESTAMP,
+        superseded_at TIMESTAMP
+    )""",
+    # Questions an agent asked a person (``run.ask``) and the answers, replayed on resume.
+    """CREATE TABLE IF NOT EXISTS inputs (
+        key UUID PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        step TEXT NOT NULL,
+        step_ordinal INTEGER,
+        call_ordinal INTEGER NOT NULL,
+        prompt TEXT NOT NULL,
+        answer_schema TEXT,
+        default_answer TEXT,
+        asked_at TIMESTAMP NOT NULL,
+        expires_at TIMESTAMP,
+        answer TEXT,
+        answered_at TIMESTAMP,
+        actor TEXT,
+        note TEXT
+    )""",
+)
+
+_V6_LANGGRAPH = (
+    # LangGraph checkpoints (``kx.langgraph``; store/checkpoints.py): a checkpoint without
+    # its channel values, each channel version stored once, and the tasks' pending writes.
+    """CREATE TABLE IF NOT EXISTS langgraph_checkpoints (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        parent_checkpoint_id TEXT,
+        step INTEGER,
+        source TEXT,
+        graph_run_id TEXT,
+        encoding TEXT NOT NULL,
+        checkpoint BLOB NOT NULL,
+        metadata TEXT NOT NULL,
+        channel_versions TEXT NOT NULL,
+        created_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+    )""",
+    """CREATE TABLE IF NOT EXISTS langgraph_blobs (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        version TEXT NOT NULL,
+        encoding TEXT NOT NULL,
+        value BLOB,
+        PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+    )""",
+    """CREATE TABLE IF NOT EXISTS langgraph_writes (
+        thread_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        task_path TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        encoding TEXT NOT NULL,
+        value BLOB,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
     Migration(3, "journal_state", _V3_JOURNAL),
     Migration(4, "quarantine", _V4_QUARANTINE),
+    Migration(5, "approvals and inputs", _V5_APPROVALS_AND_INPUTS),
+    Migration(6, "langgraph checkpoints", _V6_LANGGRAPH),
 )
 
-TABLES = ("runs", "steps", "snapshots", "blobs", "effects", "facts", "claims", "events")
+TABLES = (
+    "runs",
+    "steps",
+    "snapshots",
+    "blobs",
+    "effects",
+    "facts",
+    "claims",
+    "events",
+    "approvals",
+    "inputs",
+)
 
 SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER PRIMARY KEY,

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import IntegrityError, StoreError
+from ..status import StepStatus
 from .base import StoreBase
 from .integrity import (
     PayloadUse,
@@ -111,17 +112,17 @@ class StepsMixin(StoreBase):
     def abandon_running_steps(self, tx: Tx, run_id: str) -> int:
         """Steps left ``running`` by a dead process become ``abandoned``."""
         rows = tx.fetchall(
-            "UPDATE steps SET status = 'abandoned', ended_at = ? WHERE run_id = ? AND"
-            " status = 'running' RETURNING id",
-            (self.now(), run_id),
+            "UPDATE steps SET status = ?, ended_at = ? WHERE run_id = ? AND"
+            " status = ? RETURNING id",
+            (StepStatus.ABANDONED, self.now(), run_id, StepStatus.RUNNING),
         )
         return len(rows)
 
     def completed_steps(self, run_id: str) -> list[dict[str, Any]]:
         return self.read_dicts(
             "SELECT ordinal, key, name, started_at, ended_at, duration_s, snapshot_id"
-            " FROM steps WHERE run_id = ? AND status = 'completed' ORDER BY ordinal",
-            (run_id,),
+            " FROM steps WHERE run_id = ? AND status = ? ORDER BY ordinal",
+            (run_id, StepStatus.COMPLETED),
         )
 
     def steps(self, run_id: str) -> list[dict[str, Any]]:
@@ -136,10 +137,10 @@ class StepsMixin(StoreBase):
         """The newest kept snapshot, or the newest one taken before ``before_ordinal``."""
         sql = (
             "SELECT s.id, s.step_ordinal, s.manifest, s.removed_at FROM snapshots s"
-            " JOIN steps t ON t.snapshot_id = s.id AND t.status = 'completed'"
+            " JOIN steps t ON t.snapshot_id = s.id AND t.status = ?"
             " WHERE s.run_id = ?"
         )
-        params: list[Any] = [run_id]
+        params: list[Any] = [StepStatus.COMPLETED, run_id]
         if before_ordinal is not None:
             sql += " AND s.step_ordinal < ?"
             params.append(before_ordinal)

@@ -6,4 +6,12 @@ they are imported) so that failures show the compared values.
 
 import pytest
 
-pytest.register_assert_rewrite("conformance.store_suite")
+pytest.register_assert_rewrite(
+    "conformance.store_suite",
+    "conformance.store_suite_approvals",
+    "conformance.store_suite_claims",
+    "conformance.store_suite_lifecycle",
+    "conformance.store_suite_records",
+    "conformance.store_suite_support",
+    "conformance.store_suite_writer",
+)

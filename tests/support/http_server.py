@@ -17,8 +17,11 @@ Stdlib only, so that it can also run standalone in a subprocess::
 prints its base URL on the first line of stdout, then serves until SIGTERM/SIGINT.
 
 Endpoints: ``POST /<anything>`` records a delivery; ``GET /deliveries`` and
-``GET /replays`` return the recorded lists as JSON; ``GET /health`` returns ``ok``;
-``GET /settle`` returns once every request accepted before it was handled.
+``GET /replays`` return the recorded lists as JSON; ``GET /deliveries?key=K`` looks a
+request up by its Idempotency-Key, as payment APIs allow: ``{"key": K, "applied": true,
+"deliveries": 1, "first": {...the first delivery...}}`` (``applied`` false, ``first`` null
+when none was received); ``GET /health`` returns ``ok``; ``GET /settle`` returns once every
+request accepted before it was handled.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -62,8 +66,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         owner = self.server.owner
-        path = self.path.split("?", 1)[0]
-        if path == "/deliveries":
+        path, _, query = self.path.partition("?")
+        keys = urllib.parse.parse_qs(query).get("key")
+        if path == "/deliveries" and keys:
+            self._send(200, json.dumps(owner.lookup(keys[0])).encode())
+        elif path == "/deliveries":
             self._send(200, json.dumps(owner.deliveries).encode())
         elif path == "/replays":
             self._send(200, json.dumps(owner.replays).encode())
@@ -202,6 +209,17 @@ class DeliveryServer:
         """Number of recorded deliveries, optionally for one Idempotency-Key / path."""
         with self._lock:
             return sum(1 for d in self.deliveries if _matches(d, key, path))
+
+    def lookup(self, key: str) -> dict[str, Any]:
+        """Was a delivery with Idempotency-Key ``key`` received? (``GET /deliveries?key=``)"""
+        with self._lock:
+            found = [d for d in self.deliveries if d["idempotency_key"] == key]
+        return {
+            "key": key,
+            "applied": bool(found),
+            "deliveries": len(found),
+            "first": found[0] if found else None,
+        }
 
     def count_replays(self, key: str | None = None) -> int:
         with self._lock:

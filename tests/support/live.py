@@ -12,10 +12,10 @@ __all__ = ["finish_live_runs", "name", "wait_until"]
 
 def finish_live_runs(wait: float = 60.0) -> None:
     """Stop every run still live in this process and wait for each to end."""
-    from kernelext.core.registry import LIVE, LIVE_LOCK
+    from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
 
     with LIVE_LOCK:
-        handles = list(LIVE.values())
+        handles = list(LIVE_RUNS.values())
     for handle in handles:
         if handle.alive:
             handle.stop(source="test-teardown")

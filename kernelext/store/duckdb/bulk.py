@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...status import EffectStatus, StepStatus
 from ..records import (
     fact,
     intent_row,
@@ -44,14 +45,25 @@ def _insert_new(tx: Tx, table: str, columns: str, key: str, rows: list[tuple[Any
         )
 
 
-def _update_from(tx: Tx, head: str, columns: str, where: str, rows: list[tuple[Any, ...]]) -> None:
-    """``head`` (an ``UPDATE … SET … = v.…``) applied from ``rows`` in a VALUES list ``v``."""
+def _update_from(
+    tx: Tx,
+    head: tuple[str, tuple[Any, ...]],
+    columns: str,
+    where: tuple[str, tuple[Any, ...]],
+    rows: list[tuple[Any, ...]],
+) -> None:
+    """``head`` (an ``UPDATE … SET … = v.…``) applied from ``rows`` in a VALUES list ``v``.
+
+    ``head`` and ``where`` are SQL text with the values of their own placeholders.
+    """
     width = columns.count(",") + 1
+    (head_sql, head_params), (where_sql, where_params) = head, where
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start : start + _CHUNK]
         tx.execute(
-            f"{head} FROM (VALUES {values(width, len(chunk))}) AS v({columns}) WHERE {where}",
-            [value for row in chunk for value in row],
+            f"{head_sql} FROM (VALUES {values(width, len(chunk))}) AS v({columns})"
+            f" WHERE {where_sql}",
+            [*head_params, *(value for row in chunk for value in row), *where_params],
         )
 
 
@@ -86,7 +98,7 @@ def _steps(tx: Tx, begins: list[dict[str, Any]], completions: list[dict[str, Any
     finished = [
         (
             *step_begin_row(d)[:5],
-            "completed",
+            StepStatus.COMPLETED,
             d["started_at"],
             c["at"],
             c["duration_s"],
@@ -109,10 +121,13 @@ def _steps(tx: Tx, begins: list[dict[str, Any]], completions: list[dict[str, Any
     ]
     _update_from(
         tx,
-        "UPDATE steps SET status = 'completed', ended_at = v.ended_at,"
-        " duration_s = v.duration_s, snapshot_id = v.snapshot_id",
+        (
+            "UPDATE steps SET status = ?, ended_at = v.ended_at,"
+            " duration_s = v.duration_s, snapshot_id = v.snapshot_id",
+            (StepStatus.COMPLETED,),
+        ),
         "id, ended_at, duration_s, snapshot_id",
-        "steps.id = v.id",
+        ("steps.id = v.id", ()),
         later,
     )
 
@@ -140,10 +155,13 @@ def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any
     rest = [(d["key"], d["status"], d["result"], d["error"], d["at"]) for d in first.values()]
     _update_from(
         tx,
-        "UPDATE effects SET status = v.status, result = CAST(v.result AS TEXT),"
-        " error = CAST(v.error AS TEXT), outcome_at = v.outcome_at",
+        (
+            "UPDATE effects SET status = v.status, result = CAST(v.result AS TEXT),"
+            " error = CAST(v.error AS TEXT), outcome_at = v.outcome_at",
+            (),
+        ),
         "key, status, result, error, outcome_at",
-        "effects.key = v.key AND effects.status = 'pending'",
+        ("effects.key = v.key AND effects.status = ?", (EffectStatus.PENDING,)),
         rest,
     )
     for d in extra:
@@ -179,6 +197,6 @@ def _completed_counts(tx: Tx, completions: list[dict[str, Any]]) -> None:
     for run_id, at in latest.items():
         tx.execute(
             "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-            " WHERE run_id = ? AND status = 'completed') WHERE id = ?",
-            (at, run_id, run_id),
+            " WHERE run_id = ? AND status = ?) WHERE id = ?",
+            (at, run_id, StepStatus.COMPLETED, run_id),
         )

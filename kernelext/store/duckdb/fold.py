@@ -21,7 +21,10 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from ...errors import RunNotFound
+from ...status import LIVE, Status
 from ..records import APPLY
+from ..transitions import move_tx
 from ..writer import Tx, Writer
 from .bulk import apply_records
 from .journal import Journal, Record, encode_payload
@@ -30,7 +33,6 @@ __all__ = ["Folder", "quarantine_tx", "set_journal_state"]
 
 _log = logging.getLogger("kernelext")
 BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # then parked until a flush, read or close
-DECISION_WAIT = dt.timedelta(days=3)  # the default 'decision' expiry policy
 _QUARANTINE_NS = uuid.UUID("6b1f4d1e-8f43-4a5e-9a57-6b2f0c1d7e11")
 
 
@@ -73,25 +75,26 @@ def quarantine_tx(
     )
     if run_id is None:
         return
-    row = tx.fetchone("SELECT status FROM runs WHERE id = ?", (run_id,))
-    if row is None or row[0] not in ("running", "stopping", "suspended"):
-        return
     reason = (
         f"a {kind} record was refused by the store and quarantined ({error[:200]})"
         if kind != "(damage)"
         else error[:500]
     )
-    tx.execute(
-        "UPDATE runs SET status = 'needs_decision', reason = ?, updated_at = ?, deadline = ?"
-        " WHERE id = ?",
-        (reason, now, now + DECISION_WAIT, run_id),
-    )
-    tx.execute(
-        "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source, actor,"
-        " reason, detail) VALUES (?, ?, 'needs_decision', ?, 'needs_decision', 'store',"
-        " 'kernelext', ?, ?)",
-        (run_id, now, row[0], reason, detail),
-    )
+    try:
+        move_tx(
+            tx,
+            run_id,
+            Status.NEEDS_DECISION,
+            (*LIVE, Status.SUSPENDED),
+            now=now,
+            kind=Status.NEEDS_DECISION,
+            source="store",
+            reason=reason,
+            detail=json.loads(detail),
+            actor="kernelext",
+        )
+    except RunNotFound:
+        return
 
 
 def record_payload(record: Record) -> str:

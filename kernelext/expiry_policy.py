@@ -1,15 +1,21 @@
-"""Deadlines for suspended runs, chosen from the reason the run suspended."""
+"""Deadlines for waiting runs, chosen from the reason the run waits.
+
+``POLICY`` is the process's policy (``kx.configure(expiry=...)``, ``%config
+Kernelext.expiry``); the store sets a waiting run's deadline from it in its one
+``transition`` (``kernelext/store/runs.py``).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
 
-__all__ = ["DEFAULT_EXPIRY", "ExpiryPolicy"]
+__all__ = ["DEFAULT_EXPIRY", "POLICY", "ExpiryPolicy"]
 
 DEFAULT_EXPIRY: dict[str, dt.timedelta] = {
     "user_stop": dt.timedelta(days=7),
     "approval": dt.timedelta(days=3),
+    "input": dt.timedelta(days=3),  # run.ask: waiting for a person's answer
     "decision": dt.timedelta(days=3),  # needs_decision: waiting for someone to reconcile
     "rate_limit": dt.timedelta(hours=1),
     "error": dt.timedelta(days=1),
@@ -51,3 +57,6 @@ class ExpiryPolicy:
         if override is not None:
             return now + _as_delta(override)
         return now + self.durations.get(reason, self.durations["other"])
+
+
+POLICY = ExpiryPolicy()  # the process's policy: settings and every store share it

@@ -32,15 +32,37 @@ import os
 import re
 from typing import Any
 
-from .cli import EXIT, CommandUsageError, emit_json, say, status_exit_code
-from .core.cell_runs import CELL_AGENT, complete_cell_run
-from .core.lease import check_takeover
-from .errors import RunStateError
-from .store import Store, open_store
+from ..core import control
+from ..core.cell_runs import complete_cell_run
+from ..core.lease import check_takeover
+from ..errors import RunStateError
+from ..status import LIVE, TERMINAL, Status
+from ..store import Store
+from .common import (
+    EPILOG,
+    STATUS_EXIT,
+    AddCommand,
+    CommandUsageError,
+    Exit,
+    emit_json,
+    open_cli_store,
+    say,
+    status_exit_code,
+)
 
-__all__ = ["derive_run_id", "run_notebook_command"]
+__all__ = ["derive_run_id", "register", "run_notebook_command"]
 
-FINISHED = ("completed", "expired", "cancelled")
+SOURCE = "cli"
+
+RUN_CONTRACT = """\
+the notebook's side: the kernel gets KERNELEXT_RUN_ID and KERNELEXT_STORE.
+  RUN_ID = os.environ.get("KERNELEXT_RUN_ID", "my-run")   # in the first cell
+  %%agent {RUN_ID}                                        # each step cell
+Completed %%agent cells are skipped on a rerun; when every cell ran, the run is
+marked completed. A notebook that runs an @kx.agent starts it with
+run_id=RUN_ID, calls kx.resume(RUN_ID) when that raises RunStateError (the run
+exists), and waits with h.wait().
+"""
 
 
 def derive_run_id(path: str) -> str:
@@ -51,22 +73,23 @@ def derive_run_id(path: str) -> str:
 
 
 def choose_run_id(store: Store, path: str) -> str:
+    """The derived id, or the first ``-N`` variant whose run is not finished."""
     base = derive_run_id(path)
     number = 1
     while True:
         run_id = base if number == 1 else f"{base}-{number}"
         row = store.find_run(run_id)
-        if row is None or row["status"] not in FINISHED:
+        if row is None or row["status"] not in TERMINAL:
             return run_id
         number += 1
 
 
-PRELUDE = """\
+PRELUDE = f"""\
 # kernelext run: resume the run before the notebook's cells (removed from --output)
 import os as _kx_os
-from kernelext.core.cell_runs import resume_cell_run as _kx_resume_cell_run
-_kx_resume_cell_run(_kx_os.environ["KERNELEXT_RUN_ID"], source="cli")
-del _kx_os, _kx_resume_cell_run
+import kernelext.core.control as _kx_control
+_kx_control.resume(_kx_os.environ["KERNELEXT_RUN_ID"], source={SOURCE!r})
+del _kx_os, _kx_control
 """
 
 
@@ -76,36 +99,37 @@ def prepare(store: Store, run_id: str) -> tuple[int | None, str | None]:
     if row is None:
         return None, None
     status = row["status"]
-    if status == "completed":
+    if status == Status.COMPLETED:
         say(f"kernelext: run {run_id} is already completed; nothing to do.")
-        return EXIT["done"], None
-    if status in ("expired", "cancelled"):
+        return Exit.DONE, None
+    if status in TERMINAL:  # expired or cancelled
         say(
             f"kernelext: run {run_id} is {status}; it cannot go on. Start a new run with "
             f"another --run-id, or fork it deliberately with kx.restart({run_id!r})."
         )
-        return EXIT["failed"], None
-    if status == "needs_decision":
+        return Exit.FAILED, None
+    if status == Status.NEEDS_DECISION:
         say(
             f"kernelext: run {run_id} needs a decision first: kernelext reconcile {run_id} "
             "(then run this command again)."
         )
-        return EXIT["needs_decision"], None
-    if status in ("running", "stopping"):
+        return Exit.NEEDS_DECISION, None
+    if status in LIVE:
         try:
             check_takeover(row, store.now())
         except RunStateError as exc:
             say(f"kernelext: {exc}")
-            return EXIT["error"], None
+            return Exit.ERROR, None
         say(f"kernelext: run {run_id} was interrupted; going on where it stopped")
         return None, None
-    if row["agent"] == CELL_AGENT:  # suspended or failed: the kernel resumes it first
+    if control.is_cell_run(row):  # suspended or failed: the kernel resumes it first
         say(f"kernelext: resuming run {run_id} (completed cells are skipped)")
         return None, PRELUDE
     return None, None
 
 
 def execute(args: argparse.Namespace, run_id: str, prelude: str | None) -> dict[str, Any]:
+    """Run the notebook in a fresh kernel; say how far it got and how it ended."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
@@ -158,6 +182,7 @@ def execute(args: argparse.Namespace, run_id: str, prelude: str | None) -> dict[
 
 
 def run_notebook_command(args: argparse.Namespace, store: Store) -> int:
+    """``kernelext run NOTEBOOK.ipynb``: execute (or go on with) a notebook's run."""
     if not os.path.isfile(args.notebook):
         raise CommandUsageError(f"No notebook at {args.notebook!r}.")
     if "://" not in args.store:
@@ -169,16 +194,16 @@ def run_notebook_command(args: argparse.Namespace, store: Store) -> int:
     store.close()  # an embedded store is the kernel's while the notebook runs
     say(f"kernelext: run {run_id}: {args.notebook} (store {args.store})")
     outcome = execute(args, run_id, prelude)
-    store = open_store(args.store)
+    store = open_cli_store(args.store)
     try:
         row = store.find_run(run_id)
         if (
             row is not None
             and outcome["error"] is None
-            and row["agent"] == CELL_AGENT
-            and row["status"] == "running"
+            and control.is_cell_run(row)
+            and row["status"] == Status.RUNNING
         ):
-            complete_cell_run(run_id, store=store, source="cli")
+            complete_cell_run(run_id, store=store, source=SOURCE)
             row = store.find_run(run_id)
         status = row["status"] if row else None
     finally:
@@ -189,12 +214,13 @@ def run_notebook_command(args: argparse.Namespace, store: Store) -> int:
 def report(
     args: argparse.Namespace, run_id: str, status: str | None, outcome: dict[str, Any]
 ) -> int:
+    """Tell how the run ended (stderr, or JSON on stdout); return the exit code."""
     if outcome["died"]:
-        code = EXIT["failed"]
-    elif status in ("suspended", "needs_decision", "failed", "expired", "cancelled"):
+        code = Exit.FAILED
+    elif status is not None and status in STATUS_EXIT:
         code = status_exit_code(status)
     elif outcome["error"] is not None:
-        code = EXIT["failed"]
+        code = Exit.FAILED
     else:
         code = status_exit_code(status)
     if args.json:
@@ -214,15 +240,36 @@ def report(
             f"kernelext: the kernel died during {where}. Run the same command again to resume "
             f"run {run_id}: completed steps and %%agent cells are skipped."
         )
-    elif status == "suspended":
+    elif status == Status.SUSPENDED:
         say(
             f"kernelext: run {run_id} is suspended (at {where}). Run the same command again to "
             "resume it."
         )
-    elif status == "needs_decision":
+    elif status == Status.NEEDS_DECISION:
         say(f"kernelext: run {run_id} needs a decision: kernelext reconcile {run_id}")
     elif outcome["error"] is not None:
         say(f"kernelext: {where} failed: {outcome['error']}")
     else:
         say(f"kernelext: run {run_id} is {status or 'done'} ({outcome['cells']} cells)")
     return code
+
+
+def register(add: AddCommand) -> None:
+    """Add ``run`` to the command line."""
+    sub = add(
+        "run",
+        run_notebook_command,
+        "Execute an agent notebook headlessly. Rerunning the same command after the kernel "
+        "died resumes the run.",
+    )
+    sub.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub.epilog = RUN_CONTRACT + "\n" + EPILOG
+    sub.add_argument("notebook", metavar="NOTEBOOK.ipynb")
+    sub.add_argument(
+        "--run-id",
+        help="the run id (default: derived from the notebook's path; a finished run gets a "
+        "new one)",
+    )
+    sub.add_argument("--timeout", type=float, default=None, help="seconds a cell may take")
+    sub.add_argument("--kernel", default=None, help="kernel name (default: the notebook's)")
+    sub.add_argument("--output", default=None, help="save the executed notebook here")

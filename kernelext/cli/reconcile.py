@@ -18,16 +18,24 @@ import json
 import sys
 from typing import Any
 
-from .cli import EXIT, CommandUsageError, emit_json, say
-from .core.reconcile import Reconciliation, UnknownEffect, reconcile
-from .store import Store
+from ..core.reconcile import Reconciliation, UnknownEffect, reconcile
+from ..status import EffectStatus, Status
+from ..store import Store
+from .common import AddCommand, CommandUsageError, Exit, emit_json, require_run, say
 
-__all__ = ["reconcile_command"]
+__all__ = ["check_arguments", "reconcile_command", "register"]
 
 UNSET = object()
+SOURCE = "cli"
+GIVE_UP = "give_up"
+APPLIED = EffectStatus.APPLIED
+NOT_APPLIED = EffectStatus.NOT_APPLIED
+# After the last decision, these can be resumed where the agent is defined.
+RESUMABLE_AFTER = (Status.NEEDS_DECISION, Status.SUSPENDED, Status.FAILED)
 
 
 def describe(item: UnknownEffect) -> str:
+    """One line about an unknown effect: the call, its key, step and intent time."""
     return (
         f"{item.tool}({item.args or ''})  key={item.key}  step={item.step_key!r}  "
         f"intent {item.intent_at:%Y-%m-%d %H:%M:%S} UTC"
@@ -35,11 +43,12 @@ def describe(item: UnknownEffect) -> str:
 
 
 def summary(rec: Reconciliation, store: Store) -> dict[str, Any]:
+    """The run's status and its unknown effects with their decisions (for ``--json``)."""
     status = store.get_run(rec.run_id)["status"]
     return {
         "run_id": rec.run_id,
         "status": status,
-        "unknown": [
+        str(EffectStatus.UNKNOWN): [
             {
                 "key": item.key,
                 "tool": item.tool,
@@ -55,13 +64,14 @@ def summary(rec: Reconciliation, store: Store) -> dict[str, Any]:
 
 
 def finish(args: argparse.Namespace, rec: Reconciliation, store: Store) -> int:
+    """Print what is left to decide; exit 4 while an unknown effect waits, else 0."""
     info = summary(rec, store)
-    cancelled = info["status"] == "cancelled"  # given up: nothing is left to decide
+    cancelled = info["status"] == Status.CANCELLED  # given up: nothing is left to decide
     if args.json:
         emit_json(info)
     else:
         if cancelled:
-            print(f"run {rec.run_id} is cancelled.")
+            print(f"run {rec.run_id} is {Status.CANCELLED}.")
         elif rec.open:
             print(f"run {rec.run_id}: {len(rec.open)} effect(s) still wait for a decision:")
             for item in rec.open:
@@ -70,7 +80,7 @@ def finish(args: argparse.Namespace, rec: Reconciliation, store: Store) -> int:
                 f"decide with: kernelext reconcile {rec.run_id} --key KEY "
                 "--applied [--result JSON] | --not-applied | --give-up"
             )
-        elif info["status"] in ("needs_decision", "suspended", "failed"):
+        elif info["status"] in RESUMABLE_AFTER:
             print(
                 f"run {rec.run_id}: no unknown effect left (status {info['status']}). Resume it "
                 f"where its agent is defined: kx.resume({rec.run_id!r}) or "
@@ -78,10 +88,11 @@ def finish(args: argparse.Namespace, rec: Reconciliation, store: Store) -> int:
             )
         else:
             print(f"run {rec.run_id}: no unknown effect (status {info['status']}).")
-    return EXIT["needs_decision"] if rec.open and not cancelled else EXIT["done"]
+    return Exit.NEEDS_DECISION if rec.open and not cancelled else Exit.DONE
 
 
 def find(rec: Reconciliation, key: str) -> UnknownEffect:
+    """The open unknown effect whose key starts with ``key``; a usage error otherwise."""
     wanted = key.strip().lower()
     matches = [item for item in rec.open if str(item.key).startswith(wanted)]
     if len(matches) == 1:
@@ -95,22 +106,30 @@ def find(rec: Reconciliation, key: str) -> UnknownEffect:
 
 
 def decide(item: UnknownEffect, decision: str, result: Any, note: str | None) -> None:
-    if decision == "applied":
-        item.mark_applied(None if result is UNSET else result, note=note, source="cli")
-    elif decision == "not_applied":
-        item.mark_not_applied(note=note, source="cli")
+    """Record ``decision`` (applied, not applied or give up) on ``item``."""
+    if decision == APPLIED:
+        item.mark_applied(None if result is UNSET else result, note=note, source=SOURCE)
+    elif decision == NOT_APPLIED:
+        item.mark_not_applied(note=note, source=SOURCE)
     else:
-        item.give_up(note=note, source="cli")
+        item.give_up(note=note, source=SOURCE)
+
+
+def spoken(decision: str) -> str:
+    """``not_applied`` -> ``not applied``."""
+    return str(decision).replace("_", " ")
 
 
 def reconcile_command(args: argparse.Namespace, store: Store) -> int:
+    """``kernelext reconcile RUN_ID``: decide by flags, ask in a terminal, or list."""
+    require_run(store, args.run_id)
     rec = reconcile(args.run_id, store=store)
     decision = (
-        "applied"
+        APPLIED
         if args.applied
-        else "not_applied"
+        else NOT_APPLIED
         if args.not_applied
-        else "give_up"
+        else GIVE_UP
         if args.give_up
         else None
     )
@@ -124,7 +143,7 @@ def reconcile_command(args: argparse.Namespace, store: Store) -> int:
         item = find(rec, args.key)
         decide(item, decision, result, args.note)
         if not args.json:
-            print(f"effect {item.tool} key={item.key}: {decision.replace('_', ' ')}")
+            print(f"effect {item.tool} key={item.key}: {spoken(decision)}")
         return finish(args, rec, store)
     if args.key:
         raise CommandUsageError("--key needs a decision: --applied, --not-applied or --give-up.")
@@ -134,6 +153,7 @@ def reconcile_command(args: argparse.Namespace, store: Store) -> int:
 
 
 def ask(prompt: str) -> str | None:
+    """``input(prompt)``, or ``None`` at the end of input."""
     try:
         return input(prompt)
     except EOFError:
@@ -141,6 +161,7 @@ def ask(prompt: str) -> str | None:
 
 
 def interactive(rec: Reconciliation) -> None:
+    """Ask about each open unknown effect in turn (a, n, g or s)."""
     items = rec.open
     print(f"run {rec.run_id}: {len(items)} effect(s) with an unknown outcome")
     for number, item in enumerate(items, 1):
@@ -169,8 +190,45 @@ def interactive(rec: Reconciliation) -> None:
                 except json.JSONDecodeError as exc:
                     say(f"  not JSON: {exc}")
         note = ask("  Note (optional): ")
-        decision = {"a": "applied", "n": "not_applied", "g": "give_up"}[choice]
+        decision = {"a": APPLIED, "n": NOT_APPLIED, "g": GIVE_UP}[choice]
         decide(item, decision, result, (note or "").strip() or None)
-        print(f"  -> {decision.replace('_', ' ')}")
-        if decision == "give_up":
+        print(f"  -> {spoken(decision)}")
+        if decision == GIVE_UP:
             return
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags before the store is opened, or ``None``."""
+    if args.result is None:
+        return None
+    if not args.applied:
+        return "--result goes with --applied"
+    try:
+        json.loads(args.result)
+    except json.JSONDecodeError as exc:
+        return f"--result must be JSON ({exc}), e.g. --result '{{\"id\": 7}}'"
+    return None
+
+
+def register(add: AddCommand) -> None:
+    """Add ``reconcile`` to the command line."""
+    sub = add(
+        "reconcile",
+        reconcile_command,
+        "Decide effects whose outcome is unknown: interactive in a terminal, or with flags.",
+    )
+    sub.set_defaults(check=check_arguments)
+    sub.add_argument("run_id", metavar="RUN_ID")
+    sub.add_argument("--key", help="the effect's key (or a unique prefix of it)")
+    decision = sub.add_mutually_exclusive_group()
+    decision.add_argument("--applied", action="store_true", help="it happened")
+    decision.add_argument(
+        "--not-applied", action="store_true", help="it did not happen: redo it on resume"
+    )
+    decision.add_argument(
+        "--give-up", action="store_true", help="abandon the run (it is cancelled)"
+    )
+    sub.add_argument(
+        "--result", help="with --applied: what the call returned, as JSON (replayed on resume)"
+    )
+    sub.add_argument("--note", help="why you decided so (kept in the ledger)")

@@ -1,0 +1,1 @@
+"""Optional adapters for the libraries agents are written with (each an extra)."""

@@ -1,0 +1,98 @@
+"""Taking a run over: the one transaction behind ``kx.resume``, ``%agent resume``, the
+command line and a kernel that finds a ``%%agent`` run whose owner is gone.
+
+In one transaction: the lease is checked (a live owner elsewhere refuses), the run moves to
+``running`` owned by this process with a fresh lease, steps left ``running`` become
+``abandoned``, ``pending`` effects become ``unknown``, and if any effect is ``unknown`` the
+run moves on to ``needs_decision``. Then the probes of the unknown effects
+(``@kx.effect(probe=...)``) ask the external system; when they settle every one, the run is
+taken over again and goes on; otherwise a person reconciles before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..status import RESUMABLE, Status
+from ..store import Store, actor
+from .lease import check_takeover, lease_until
+from .probes import settle_unknowns
+
+__all__ = ["TakeOver", "take_over"]
+
+
+class TakeOver(NamedTuple):
+    """``status`` after the take-over (``running``, ``needs_decision``, or what the run
+    was when it could not be taken over); ``unknown``: keys of effects a person decides."""
+
+    status: str
+    unknown: list[Any]
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (Status.RUNNING, Status.NEEDS_DECISION)
+
+
+def take_over(
+    store: Store,
+    run_id: str,
+    source: str,
+    *,
+    reason: str | None = None,
+    fingerprint: str | None = None,
+) -> TakeOver:
+    """Make this process the owner of run ``run_id`` (see the module docstring).
+
+    Raises ``RunStateError`` while another live process owns the run (``lease``).
+    ``fingerprint``: the code that continues the run (agent runs), recorded on the run.
+    """
+    me = actor()
+
+    def job(tx: Any) -> TakeOver:
+        current = store.lease_tx(tx, run_id)  # checked and taken in one transaction
+        if current is not None:
+            check_takeover(current, store.now())
+        fields: dict[str, Any] = {
+            "stop_requested_at": None,
+            "stop_source": None,
+            "owner": me,
+            "lease_until": lease_until(store.now()),
+        }
+        if fingerprint is not None:
+            fields["fingerprint"] = fingerprint
+        result = store.transition_tx(
+            tx,
+            run_id,
+            Status.RUNNING,
+            RESUMABLE,
+            kind="resumed",
+            source=source,
+            who=me,
+            reason=reason,
+            fields=fields,
+        )
+        if not result.ok:
+            return TakeOver(str(result.before), [])
+        store.abandon_running_steps(tx, run_id)
+        fresh = store.mark_pending_unknown(tx, run_id)
+        unknown = list(store.unknown_keys_tx(tx, run_id))
+        if not unknown:
+            return TakeOver(Status.RUNNING, [])
+        store.transition_tx(
+            tx,
+            run_id,
+            Status.NEEDS_DECISION,
+            (Status.RUNNING,),
+            kind=Status.NEEDS_DECISION,
+            source="ledger",
+            reason=f"{len(unknown)} effect(s) with unknown outcome",
+            detail={"new_unknowns": len(fresh)},
+        )
+        return TakeOver(Status.NEEDS_DECISION, unknown)
+
+    result: TakeOver = store.write(job)
+    # Before a person is asked: the probes of unknown effects ask the external system.
+    settled = result.status == Status.NEEDS_DECISION and settle_unknowns(run_id, store)
+    if settled and not store.open_unknowns(run_id):  # every unknown answered by its probe
+        result = store.write(job)
+    return result

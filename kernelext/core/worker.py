@@ -1,0 +1,248 @@
+"""The worker thread that executes a run, and how a run's end is recorded.
+
+``launch`` starts three threads per run: the worker (the agent's code), the monitor
+(escalates a stop that overruns ``max_step_seconds``, renews the lease; never waits for
+the store) and the stop-watch (sees stops recorded by other processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import NeedsDecision, StopRequested, StoreWriteError
+from ..status import FINAL, LIVE, Reason, Status, StepStatus
+from ..store import Store, actor
+from .context import reset_current_run, set_current_run
+from .handle import Handle
+from .lease import RENEW_SECONDS, lease_until
+from .registry import END_HOOKS, LIVE_LOCK, LIVE_RUNS
+from .run import STOP_POLL_SECONDS, Run
+from .secrets import scrub_text
+
+__all__ = ["end_open_step", "finish_run", "launch", "suspend_run"]
+
+MONITOR_TICK = 0.05
+_log = logging.getLogger("kernelext")
+
+
+def launch(
+    handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Handle:
+    with LIVE_LOCK:
+        LIVE_RUNS[handle.run_id] = handle
+    thread = threading.Thread(
+        target=_execute,
+        args=(handle, fn, args, kwargs),
+        name=f"kernelext-run[{handle.run_id}]",
+        daemon=True,
+    )
+    handle.thread = thread
+    thread.start()
+    monitor = threading.Thread(
+        target=_monitor, args=(handle,), daemon=True, name=f"kernelext-monitor[{handle.run_id}]"
+    )
+    monitor.start()
+    watcher = threading.Thread(
+        target=_watch_external_stop,
+        args=(handle,),
+        daemon=True,
+        name=f"kernelext-stop-watch[{handle.run_id}]",
+    )
+    watcher.start()
+    return handle
+
+
+def _execute(
+    handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    run, store = handle.run, handle.store
+    run.thread_id = threading.get_ident()
+    token = set_current_run(run)
+    outcome: BaseException | None = None
+    finished = False
+    try:
+        handle.result = fn(run, *args, **kwargs)
+        run.enforce_stop("the end of the agent")  # it returned after swallowing a stop
+        finished = True
+    except BaseException as exc:  # recorded below, after the run is sealed
+        outcome = exc
+    while True:  # absorb a forced stop that lands after the agent returned
+        try:
+            run.seal()
+            break
+        except StopRequested as late:
+            if not finished and outcome is None:
+                outcome = late
+    status: str = Status.FAILED
+    try:
+        if finished:
+            run.finish_open_step()
+            status = finish_run(store, run, Status.COMPLETED)
+        elif isinstance(outcome, StopRequested):
+            status = suspend_run(store, run, outcome)
+        elif isinstance(outcome, NeedsDecision):
+            end_open_step(store, run, StepStatus.CANCELLED, str(outcome))
+            status = finish_run(store, run, Status.NEEDS_DECISION, reason=str(outcome))
+        else:
+            assert outcome is not None
+            handle.error = outcome
+            text = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
+            text = scrub_text(text)  # before it is cut: no half secret left behind
+            end_open_step(store, run, StepStatus.FAILED, text)
+            status = finish_run(store, run, Status.FAILED, reason=text[:500])
+    except Exception as exc:
+        handle.error = handle.error or exc
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        try:
+            end_open_step(store, run, StepStatus.FAILED, text)
+            status = finish_run(store, run, Status.FAILED, reason=text[:500])
+        except Exception as fault:  # the store refuses writes: end cleanly anyway
+            status = _store_fault(handle, fault)
+    finally:
+        handle.final_status = status
+        run.thread_id = None
+        with LIVE_LOCK:
+            if LIVE_RUNS.get(run.id) is handle:
+                del LIVE_RUNS[run.id]
+        reset_current_run(token)
+        run.notify("end", status)
+        for hook in list(END_HOOKS):
+            try:
+                hook(run.id, status)
+            except Exception:
+                continue
+
+
+def _store_fault(handle: Handle, fault: Exception) -> str:
+    """The run ended but the store could not record how: say so, and what to do."""
+    run_id = handle.run_id
+    handle.store_fault = StoreWriteError(
+        f"Run {run_id!r} ended, but the store could not record its end ({fault}). Everything "
+        "the run stored before is kept (in the tables or the journal). Once the store takes "
+        f"writes again (free space, memory), call kx.resume({run_id!r}): applied effects are "
+        "not repeated, and a call whose outcome was not recorded waits in kx.reconcile."
+    )
+    handle.store_fault.__cause__ = handle.error or fault  # what went wrong first
+    handle.error = handle.store_fault
+    _log.error("kernelext: %s", handle.store_fault)
+    return Status.FAILED
+
+
+def end_open_step(store: Store, run: Run, status: str, error: str | None) -> None:
+    info = run.current
+    if info is not None:
+        error = scrub_text(error) if error is not None else None
+        store.end_step(
+            run.id, info.id, status, error=error, forced=run.forced, duration_s=info.elapsed
+        )
+        run.current = None
+
+
+def finish_run(store: Store, run: Run, status: Status, reason: str | None = None) -> str:
+    """Record how a live run ended (completed, failed, needs_decision); claims of a final
+    run are released in the same transaction."""
+    reason = scrub_text(reason) if reason is not None else None  # runs.reason: no secrets
+
+    def job(tx: Any) -> str:
+        result = store.transition_tx(
+            tx, run.id, status, LIVE, kind=status, reason=reason, source="engine"
+        )
+        if result.ok and status in FINAL:
+            store.release_run_claims_tx(tx, run.id, status)
+        return str(result.after)
+
+    return str(store.write(job))
+
+
+def suspend_run(store: Store, run: Run, stop: StopRequested) -> str:
+    """Record that a live run stopped at a safe point (or was forced): ``suspended``, with
+    the deadline its reason's expiry policy (or ``run.suspend(until=...)``) gives."""
+    forced = run.forced
+    end_open_step(store, run, StepStatus.CANCELLED, "forced stop" if forced else "stopped")
+    if run.suspend_request is not None:
+        reason, override, note = run.suspend_request
+        source = "agent"
+    else:
+        reason, override, note = Reason.USER_STOP, None, None
+        source = run.stop_source or "api"
+    detail: dict[str, Any] = {"forced": forced}  # the deadline is added by the transition
+    if note:
+        detail["note"] = note
+    if run.last_completed is not None:
+        detail["last_step"] = run.last_completed.key
+    fields: dict[str, Any] | None = None
+    if override is not None:  # run.suspend(deadline=...) overrides the policy this once
+        deadline = store.expiry.deadline(reason, store.now(), override)
+        fields, detail["deadline"] = {"deadline": deadline}, deadline.isoformat()
+    result = store.transition(
+        run.id,
+        Status.SUSPENDED,
+        LIVE,
+        kind="stop_forced" if forced else Status.SUSPENDED,
+        reason=reason,
+        source=source,
+        detail=detail,
+        fields=fields,
+    )
+    return str(result.after)
+
+
+def _renew_lease(store: Store, run_id: str) -> None:
+    """Keep this process's claim on a live run fresh (see ``lease``)."""
+    store.renew_lease(run_id, lease_until(store.now()), actor())
+
+
+def _watch_external_stop(handle: Handle) -> None:
+    """Look for a stop that another process recorded in the run's row.
+
+    Such a look may wait for the store file (another process may hold it), so it has a
+    thread of its own: the monitor, which escalates stops, never waits for the store.
+    """
+    run = handle.run
+    while handle.thread is not None and handle.thread.is_alive() and not run.stop_event.is_set():
+        run.poll_external_stop(wait=True)
+        run.stop_event.wait(STOP_POLL_SECONDS)
+
+
+def _monitor(handle: Handle) -> None:
+    """Escalate a pending stop when the current step overruns its time bound.
+
+    Everything it writes is queued (``write_async``): it never waits for the store.
+    """
+    run = handle.run
+    renewed = 0.0
+    while handle.thread is not None and handle.thread.is_alive():
+        if time.monotonic() - renewed >= RENEW_SECONDS:
+            renewed = time.monotonic()
+            _renew_lease(handle.store, run.id)
+        time.sleep(MONITOR_TICK)
+        info = run.current
+        if not run.stop_event.is_set() or info is None:
+            if (
+                info is not None
+                and run.max_step_seconds
+                and not info.overrun_reported
+                and info.elapsed > run.max_step_seconds
+            ):
+                info.overrun_reported = True
+                handle.store.record_event(
+                    run.id,
+                    "step_overran",
+                    wait=False,
+                    reason=f"step {info.key!r} passed max_step_seconds={run.max_step_seconds}",
+                )
+            continue
+        overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
+        if (run.force_wanted or overran) and run.try_force():
+            handle.store.record_event(
+                run.id,
+                "force_raised",
+                wait=False,
+                source="engine",
+                reason=f"step {info.key!r} cancelled after {info.elapsed:.1f}s",
+            )

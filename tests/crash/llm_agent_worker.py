@@ -1,0 +1,146 @@
+"""Worker process for the LLM agent crash test (tests/test_adapter_openai.py).
+
+The agent ``llm-crash`` is a tool-calling loop as people write it, with no steps: ask the
+model (the real ``openai`` client, wrapped with ``kx.openai``, pointed at the test's
+scripted LLMServer), run the tool calls it asks for, append the results, ask again,
+until it answers. Every other turn is streamed. The one tool, ``deliver``, is an
+``@kx.effect`` that POSTs to the test's DeliveryServer with the ledger's key as
+``Idempotency-Key``. ``CRASH_SCRIPT`` is what the model server answers: four turns, one
+of them with two tool calls at once, then the final answer.
+
+Protocol: see ``tests/crash/__init__.py``. The ``go`` line carries ``store``, ``run_id``,
+``attempt``, ``llm_url``, ``delivery_url`` and ``pause_ms``: ``deliver`` dawdles up to
+``pause_ms`` after its POST was answered, so kills land between the delivery and its
+recorded outcome too.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from typing import Any
+
+from openai import OpenAI
+from support.http_server import post_json
+
+import kernelext as kx
+import kernelext.store.duckdb.backend  # imports duckdb before `go`
+from crash import drive_run, read_go
+from kernelext.adapters.openai import wrap_openai
+from kernelext.adapters.tools import Tools
+from kernelext.store import open_store
+
+MODEL = "scripted"
+CRASH_SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "deliver", "arguments": {"parcel": 1, "address": "1 Main St"}}]},
+    {
+        "tool_calls": [
+            {"name": "deliver", "arguments": {"parcel": 2, "address": "2 Mill Rd"}},
+            {"name": "deliver", "arguments": {"parcel": 3, "address": "3 Dock Ln"}},
+        ]
+    },
+    {"tool_calls": [{"name": "deliver", "arguments": {"parcel": 4, "address": "4 Hill Ave"}}]},
+    {"content": "All four parcels are delivered."},
+]
+MODEL_CALLS, DELIVERIES = 4, 4
+CONFIG: dict[str, Any] = {"delivery_url": "", "pause_ms": 0.0, "client": None}
+RNG = random.Random(0)
+
+
+@kx.effect
+def deliver(parcel: int, address: str, *, idempotency_key: str | None = None) -> Any:
+    """Deliver one parcel to an address."""
+    response = post_json(
+        CONFIG["delivery_url"] + "/deliver",
+        {"run": CONFIG["run_id"], "parcel": parcel, "address": address},
+        idempotency_key=idempotency_key,
+        timeout=60,
+    )
+    if response.status != 200:
+        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    if CONFIG["pause_ms"]:
+        time.sleep(RNG.uniform(0, CONFIG["pause_ms"]) / 1000)
+    return response.body
+
+
+TOOLS = Tools(deliver)
+
+
+def message_from_chunks(chunks: Any) -> dict[str, Any]:
+    """The assistant message a chat completions stream spells out, as a dict."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            content.append(delta.content or "")
+            for part in delta.tool_calls or []:
+                call = calls.setdefault(
+                    part.index,
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = part.id or call["id"]
+                if part.function is not None:
+                    call["function"]["name"] += part.function.name or ""
+                    call["function"]["arguments"] += part.function.arguments or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+def converse(client: Any, tools: Tools, question: str, *, stream_every: int = 2) -> str:
+    """Ask, run the tools the model calls, ask again, until the model answers."""
+    messages: list[Any] = [{"role": "user", "content": question}]
+    for turn in range(20):
+        if stream_every and turn % stream_every == stream_every - 1:
+            chunks = client.chat.completions.create(
+                model=MODEL, messages=messages, tools=tools, stream=True
+            )
+            message: Any = message_from_chunks(chunks)
+            calls, answer = message.get("tool_calls"), message["content"]
+        else:
+            message = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+            message = message.choices[0].message
+            calls, answer = message.tool_calls, message.content
+        messages.append(message)
+        if not calls:
+            return str(answer)
+        messages += tools.call_all(calls)
+    raise RuntimeError("the model never answered")
+
+
+@kx.agent(name="llm-crash")
+def llm_crash(run: kx.Run, question: str) -> str:
+    answer = converse(CONFIG["client"], TOOLS, question)
+    run.state["answer"] = answer
+    return answer
+
+
+def main() -> int:
+    global RNG
+    print("loaded", flush=True)
+    command = read_go(sys.stdin)
+    if command is None:
+        return 0
+    run_id = command["run_id"]
+    CONFIG.update(run_id=run_id, delivery_url=command["delivery_url"])
+    CONFIG["pause_ms"] = float(command["pause_ms"])
+    CONFIG["client"] = wrap_openai(
+        OpenAI(base_url=command["llm_url"], api_key="sk-crash-test-key-0123456789", max_retries=0)
+    )
+    RNG = random.Random(f"{run_id}/{command['attempt']}")
+    store = open_store(command["store"])
+    try:
+        return drive_run(
+            store,
+            run_id,
+            lambda: llm_crash.start(f"deliver the parcels of {run_id}", run_id=run_id, store=store),
+        )
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
