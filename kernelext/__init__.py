@@ -7,7 +7,7 @@ points, suspended runs expire, and everything is queryable with SQL.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .adapters.mcp import wrap_mcp as mcp
 from .adapters.openai import wrap_openai as openai
@@ -15,10 +15,8 @@ from .adapters.tools import Tools as tools
 from .core.agent import Agent, agent
 from .core.api import configure, open_store, runs, sql
 from .core.approvals import answer, approvals, questions
-from .core.checks import CHECKS as checks
 from .core.checks import CheckWarning
 from .core.control import resume, stop
-from .core.credentials import CREDENTIALS as credentials
 from .core.credentials import CredentialError
 from .core.expiry import on_expire, sweep
 from .core.handle import Handle
@@ -28,6 +26,7 @@ from .core.reconcile import reconcile
 from .core.restart import restart
 from .core.revalidation import Revalidation, revalidation
 from .core.run import Run
+from .core.runtime import runtime as _runtime
 from .core.secrets import SECRETS as secrets
 from .core.timeline import timeline
 from .errors import (
@@ -45,6 +44,12 @@ from .errors import (
     StopRequested,
     StoreLockedError,
 )
+
+if TYPE_CHECKING:  # at run time: __getattr__, the registries of the current runtime
+    from .core.registries import CheckRegistry, CredentialRegistry
+
+    checks: CheckRegistry
+    credentials: CredentialRegistry
 
 __version__ = "0.1.0"
 
@@ -105,6 +110,10 @@ _LAZY = {"langgraph": "kernelext.adapters.langgraph"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "checks":  # read at each use: a new runtime has registries of its own
+        return _runtime().checks
+    if name == "credentials":
+        return _runtime().credentials
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
     raise AttributeError(f"module 'kernelext' has no attribute {name!r}")

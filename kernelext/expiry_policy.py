@@ -1,8 +1,10 @@
 """Deadlines for waiting runs, chosen from the reason the run waits.
 
-``POLICY`` is the process's policy (``kx.configure(expiry=...)``, ``%config
-Kernelext.expiry``); the store sets a waiting run's deadline from it in its one
-``transition`` (``kernelext/store/runs.py``).
+Each runtime has its own policy (``runtime().settings.expiry``, changed by
+``kx.configure(expiry=...)`` and ``%config Kernelext.expiry``) and hands it to every store
+it opens or is given; the store sets a waiting run's deadline from it in its one
+``transition`` (``kernelext/store/runs.py``). ``POLICY`` (the defaults) is the policy of a
+store used without a runtime.
 """
 
 from __future__ import annotations
@@ -59,4 +61,4 @@ class ExpiryPolicy:
         return now + self.durations.get(reason, self.durations["other"])
 
 
-POLICY = ExpiryPolicy()  # the process's policy: settings and every store share it
+POLICY = ExpiryPolicy()  # the defaults, for a store no runtime opened or was given

@@ -60,12 +60,12 @@ def store(store_path: Path) -> Iterator[Any]:
     """The default store for kx.* calls, on this test's own DuckDB file. Runs still
     live at the end are stopped. Modules that need another clock or backend override it."""
     import kernelext as kx
-    from kernelext.core.settings import SETTINGS
+    from kernelext.core.runtime import runtime
 
     opened = kx.open_store(str(store_path))  # a path or a postgresql:// URL
     yield opened
     finish_live_runs()
-    SETTINGS.close()
+    runtime().close()
 
 
 @pytest.fixture
@@ -82,31 +82,14 @@ def delivery_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 
 
 @pytest.fixture(autouse=True)
-def _fresh_default_store() -> Iterator[None]:
-    """Each test starts and ends without a default store left open by another test,
-    and with the process-wide settings (expiry policy, timeouts, renderers) it found."""
-    from kernelext.core import settings
+def _fresh_runtime() -> Iterator[None]:
+    """Each test runs in a fresh kernelext runtime: default settings, no store open, no
+    live runs, hooks, callbacks or caches of another test. It keeps what the test modules
+    defined when they were imported (agents, kx.checks, kx.credentials, effect probes).
+    Runs still live at the end are stopped before the previous runtime comes back (the
+    current runtime is process-wide: their threads read it too)."""
+    from kernelext.core.runtime import Runtime, runtime, use_runtime
 
-    current = settings.SETTINGS
-    saved: dict[str, object] = {name: getattr(current, name) for name in _SETTINGS_KEPT}
-    saved["_expiry"] = dict(current.expiry.durations)
-    yield
-    current.use_store(None)
-    current.expiry.durations = saved.pop("_expiry")  # type: ignore[assignment]
-    for name, value in saved.items():
-        setattr(current, name, value)
-
-
-_SETTINGS_KEPT = (
-    "retention_seconds",
-    "check_timeout",
-    "handle_renderer",
-    "reconcile_renderer",
-    "approvals_renderer",
-    "max_step_seconds",
-    "soft_interrupt",
-    "interrupt_window",
-    "allow_files",
-    "revalidation_renderer",
-    "store_location",
-)
+    with use_runtime(Runtime(definitions_from=runtime())):
+        yield
+        finish_live_runs()

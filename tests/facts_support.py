@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import kernelext as kx
-from kernelext.core.registry import AGENTS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 RELEASE_HANGING = threading.Event()
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> None:
     try:
         if action == "start":
             spec = json.loads(argv[3])
-            agent = AGENTS[spec.pop("agent")]
+            agent = runtime().agents[spec.pop("agent")]
             handle = agent.start(run_id=run_id, store=store, **spec)
             out["status"] = handle.wait(60)
         elif action == "resume":

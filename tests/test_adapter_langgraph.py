@@ -4,8 +4,7 @@
   (``langgraph-checkpoint-conformance``) on DuckDB and on PostgreSQL: every base
   capability and the three extended ones (``delete_for_runs``, ``copy_thread``, ``prune``).
 * A stop lands at the next superstep boundary; ``kx.resume`` continues from the
-  checkpoint. ``interrupt()`` suspends the run with reason ``input`` and
-  ``kx.langgraph.answer`` resumes it.
+  checkpoint. (``interrupt()`` and its answers: ``test_adapter_langgraph_questions.py``.)
 * In real kernels: a ``ToolNode`` whose tool POSTs to the local delivery server, cut
   mid-node by the panel's Stop + Force stop and resumed, delivers each order exactly once;
   the same graph with LangGraph's ``SqliteSaver``, cut by the notebook's interrupt button
@@ -33,7 +32,7 @@ from support.live import wait_until
 import kernelext as kx
 from kernelext.adapters import langgraph as kx_langgraph
 from kernelext.adapters.langgraph_saver import KernelextSaver
-from kernelext.status import EffectStatus, Reason, Status
+from kernelext.status import EffectStatus, Status
 from kernelext.store import Store, open_store
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -92,7 +91,7 @@ def test_metadata_is_stored_with_secrets_scrubbed(store: Store) -> None:
     assert saver.get_tuple({"configurable": {"thread_id": "t"}}) is not None
 
 
-# -- stop, resume, interrupt, answer (in this process) ------------------------------------------
+# -- stop and resume (in this process) ---------------------------------------------------------
 class Log(TypedDict):
     log: list[str]
 
@@ -132,52 +131,6 @@ def test_stop_lands_at_the_next_superstep_boundary(store: Store) -> None:
     assert ran == ["a", "b", "c"] and resumed.result == {"log": ["a", "b", "c"]}
     steps = store.steps("lg-boundary")
     assert [s["name"] for s in steps if s["status"] == "completed"][-3:] == ["a", "b", "c"]
-
-
-def test_interrupt_suspends_for_input_and_answer_resumes_without_a_second_delivery(
-    store: Store, delivery_server: DeliveryServer
-) -> None:
-    from langgraph.graph import END, START, StateGraph
-    from langgraph.types import interrupt
-
-    @kx_langgraph.tool
-    def notify(order: str) -> int:
-        """Tell the shop an order waits for approval."""
-        response = post(f"{delivery_server.url}/orders/{order}")
-        return int(response)
-
-    def approve(state: Log) -> Log:
-        notify("A")  # before interrupt(): the node runs again from here after the answer
-        decision = interrupt({"question": "ship order A?", "order": "A"})
-        return {"log": [*state["log"], f"A:{decision}"]}
-
-    builder = StateGraph(Log)
-    builder.add_node("approve", approve)
-    builder.add_edge(START, "approve")
-    builder.add_edge("approve", END)
-    handle = kx_langgraph.start(builder.compile(), {"log": []}, run_id="lg-ask")
-    assert handle.wait(30) == Status.SUSPENDED
-    info = handle.info()
-    assert info["reason"] == Reason.INPUT
-    waiting = kx_langgraph.pending_interrupt("lg-ask")
-    assert waiting is not None and waiting["value"] == {"question": "ship order A?", "order": "A"}
-    with pytest.raises(ValueError, match="not 'nope'"):
-        kx_langgraph.answer("lg-ask", "yes", interrupt_id="nope")
-    resumed = kx_langgraph.answer("lg-ask", "yes")
-    assert resumed is not None and resumed.wait(30) == Status.COMPLETED
-    assert resumed.result == {"log": ["A:yes"]}
-    assert kx_langgraph.pending_interrupt("lg-ask") is None
-    with pytest.raises(kx.RunStateError, match="waits for no answer"):
-        kx_langgraph.answer("lg-ask", "again")
-    assert delivery_server.count(path="/orders/A") == 1  # replayed from the ledger
-    kinds = [e["kind"] for e in store.events("lg-ask")]
-    assert kinds.index(kx_langgraph.INTERRUPT_EVENT) < kinds.index(kx_langgraph.ANSWER_EVENT)
-
-
-def post(url: str) -> int:
-    from support.http_server import post_json
-
-    return int(post_json(url, {}).body["delivery"])
 
 
 # -- in real kernels: cut mid-node, resumed -----------------------------------------------------

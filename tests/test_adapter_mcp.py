@@ -29,7 +29,7 @@ from support.mcp_server import SCRIPT, SERVER_NAME, McpClient
 
 import kernelext as kx
 from kernelext.adapters.mcp import result_json, wrap_mcp
-from kernelext.status import EffectStatus, Status, StepStatus
+from kernelext.status import EffectStatus, Reason, Status, StepStatus
 from kernelext.store import Store
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -244,6 +244,29 @@ def test_approval_rules_are_kept_by_tool_name() -> None:
     assert wrap_mcp(plain, needs_approval=True).approval_required("add", {})
     assert not wrap_mcp(plain).approval_required("deliver", {})
     assert wrap_mcp(plain, needs_approval="deliver").approval_required("deliver", {})
+
+
+def test_a_tool_that_needs_approval_waits_and_is_called_once_approved(
+    store: Store, delivery_server: DeliveryServer, agent_context: None, mcp_client: McpClient
+) -> None:
+    """``needs_approval`` by tool name: the run suspends before the call goes out, the
+    request names the MCP tool, and once approved the tool is called exactly once."""
+    CONTEXT["session"] = wrap_mcp(mcp_client.session, needs_approval={"deliver"})
+    GATE.set()
+    run_id = name("mcp-approval")
+    handle = mcp_agent.start("ops", "pay me", run_id=run_id)
+    assert handle.wait(WAIT) == Status.SUSPENDED
+    assert store.get_run(run_id)["reason"] == Reason.APPROVAL
+    assert delivery_server.count() == 0  # nothing left before a person said yes
+    (request,) = kx.approvals(run_id)
+    assert request.tool == DELIVER
+    request.approve(note="checked")  # the run was started here: it resumes at once
+    wait_until(lambda: store.get_run(run_id)["status"] == Status.COMPLETED, "completion", WAIT)
+    assert delivery_server.count() == 1
+    assert [(r["tool"], r["status"]) for r in ledger(store, run_id)] == [
+        (ADD, EffectStatus.APPLIED),
+        (DELIVER, EffectStatus.APPLIED),
+    ]
 
 
 # -- a worker process SIGKILLed and resumed here -------------------------------------------------

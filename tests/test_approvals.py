@@ -29,7 +29,7 @@ from support.notebooks import execute, text_of
 
 import kernelext as kx
 from kernelext.core.cell_runs import forget_cell_runs
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 WAIT = 60.0
@@ -334,7 +334,7 @@ def test_question_cards_fit_their_schema_and_answer_resumes(store: Store) -> Non
 @pytest.fixture
 def shell(store_path: Path) -> Iterator[InteractiveShell]:
     ip = InteractiveShell.instance()
-    SETTINGS.use_store(str(store_path))
+    runtime().settings.use_store(str(store_path))
     ip.run_line_magic("load_ext", "kernelext")
     yield ip
     ip.run_line_magic("unload_ext", "kernelext")
@@ -342,8 +342,8 @@ def shell(store_path: Path) -> Iterator[InteractiveShell]:
         ip.user_ns.pop(key, None)
     forget_cell_runs()
     finish_live_runs()
-    SETTINGS.close()
-    SETTINGS.use_store(None)
+    runtime().settings.close()
+    runtime().settings.use_store(None)
 
 
 def test_an_agent_cell_waits_for_approval_and_its_rerun_sends_once(
@@ -362,7 +362,7 @@ def test_an_agent_cell_waits_for_approval_and_its_rerun_sends_once(
     cell = f"%%agent {run_id}\nreceipt = pay('hal', 700)\n"
     first = shell.run_cell(cell)
     assert not first.success  # the cell stopped at the call, nothing sent
-    store = SETTINGS.store()
+    store = runtime().settings.store()
     assert (store.get_run(run_id)["status"], store.get_run(run_id)["reason"]) == (
         "suspended",
         "approval",
@@ -391,10 +391,10 @@ class FakeClock:
 def timed(store_path: Path) -> Iterator[tuple[Store, FakeClock]]:
     clock = FakeClock()
     opened = open_store(str(store_path), clock=clock)
-    SETTINGS.use_store(opened)
+    runtime().settings.use_store(opened)
     yield opened, clock
     finish_live_runs()
-    SETTINGS.close()
+    runtime().settings.close()
 
 
 def test_a_pending_approval_expires_with_its_run_and_releases_its_claims(

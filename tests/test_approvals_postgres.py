@@ -17,7 +17,7 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs, name
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 pytestmark = pytest.mark.postgres
@@ -28,10 +28,10 @@ WAIT = 60.0
 @pytest.fixture
 def pg(postgres_url: str) -> Iterator[Store]:
     opened = open_store(postgres_url)
-    SETTINGS.use_store(opened)
+    runtime().settings.use_store(opened)
     yield opened
     finish_live_runs()
-    SETTINGS.close()
+    runtime().settings.close()
 
 
 def agent(server: DeliveryServer, plan: dict[str, int]) -> Any:

@@ -22,7 +22,7 @@ from support.live import finish_live_runs, name
 import kernelext as kx
 from kernelext.core.asking import check_answer, parse_answer, schema_spec
 from kernelext.core.cell_runs import forget_cell_runs
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 WAIT = 60.0
@@ -162,7 +162,7 @@ def test_typed_text_and_the_default_answer_too(
 @pytest.fixture
 def shell(store_path: Path) -> Iterator[InteractiveShell]:
     ip = InteractiveShell.instance()
-    SETTINGS.use_store(str(store_path))
+    runtime().settings.use_store(str(store_path))
     ip.run_line_magic("load_ext", "kernelext")
     yield ip
     ip.run_line_magic("unload_ext", "kernelext")
@@ -170,15 +170,15 @@ def shell(store_path: Path) -> Iterator[InteractiveShell]:
         ip.user_ns.pop(key, None)
     forget_cell_runs()
     finish_live_runs()
-    SETTINGS.close()
-    SETTINGS.use_store(None)
+    runtime().settings.close()
+    runtime().settings.use_store(None)
 
 
 def test_an_agent_cell_asks_and_its_rerun_gets_the_answer(shell: InteractiveShell) -> None:
     run_id = name("cell-ask")
     cell = f"%%agent {run_id}\nbatch = run.ask('Batch size?', schema=[10, 50, 100])\n"
     assert not shell.run_cell(cell).success  # suspended at the question
-    row = SETTINGS.store().get_run(run_id)
+    row = runtime().settings.store().get_run(run_id)
     assert (row["status"], row["reason"]) == ("suspended", "input")
     assert kx.answer(run_id, 50) is not None  # this kernel's run: resumed
     assert shell.run_cell(cell).success
@@ -189,7 +189,7 @@ def test_an_agent_cell_asks_and_its_rerun_gets_the_answer(shell: InteractiveShel
 def test_an_expired_question_cannot_be_answered(store_path: Path) -> None:
     now = [dt.datetime(2031, 5, 1, 12, 0)]
     store = open_store(str(store_path), clock=lambda: now[0])
-    SETTINGS.use_store(store)
+    runtime().settings.use_store(store)
     try:
 
         @kx.agent(name=name("late"))
@@ -206,7 +206,7 @@ def test_an_expired_question_cannot_be_answered(store_path: Path) -> None:
             question.answer(True)
     finally:
         finish_live_runs()
-        SETTINGS.close()
+        runtime().settings.close()
 
 
 # -- an answer outlives its kernel ---------------------------------------------------------------

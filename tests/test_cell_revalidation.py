@@ -15,7 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import kernelext as kx
 from kernelext.core.cell_runs import forget_cell_runs
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 
 SETUP = """
 import kernelext as kx
@@ -53,7 +53,7 @@ order("A", price)
 @pytest.fixture
 def ip(store_path: Path) -> Iterator[InteractiveShell]:
     shell = InteractiveShell.instance()
-    SETTINGS.use_store(str(store_path))
+    runtime().settings.use_store(str(store_path))
     shell.run_line_magic("load_ext", "kernelext")
     assert shell.run_cell(SETUP).success
     yield shell
@@ -63,7 +63,7 @@ def ip(store_path: Path) -> Iterator[InteractiveShell]:
     kx.credentials.unregister("api")
     kx.checks.unregister("price_of")
     forget_cell_runs()
-    SETTINGS.close()
+    runtime().settings.close()
 
 
 def stopped_after_first_cell(ip: InteractiveShell) -> None:
@@ -112,7 +112,7 @@ def test_a_failing_refresh_leaves_the_cell_run_suspended_with_a_deadline(
     result = ip.run_cell("%agent resume shop")
     assert isinstance(result.error_in_exec, UsageError)  # one line, no traceback
     assert "'api'" in str(result.error_in_exec)
-    row = SETTINGS.store().get_run("shop")
+    row = runtime().settings.store().get_run("shop")
     assert row["status"] == "suspended" and row["reason"] == "error"
     assert row["deadline"] is not None
     assert ip.user_ns["SENT"] == []

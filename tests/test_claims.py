@@ -14,7 +14,7 @@ import pytest
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 WAIT = 60.0
@@ -24,10 +24,10 @@ T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
 @pytest.fixture
 def store(store_path: Path) -> Iterator[Store]:
     opened = open_store(str(store_path), clock=lambda: T0)
-    SETTINGS.use_store(opened)
+    runtime().settings.use_store(opened)
     yield opened
     finish_live_runs()
-    SETTINGS.close()
+    runtime().settings.close()
 
 
 def unique(prefix: str) -> str:

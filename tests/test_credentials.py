@@ -9,7 +9,7 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 TABLES = ("runs", "steps", "snapshots", "blobs", "effects", "facts", "claims", "events")
@@ -107,7 +107,7 @@ def test_a_failing_refresh_stops_the_resume_and_the_run_stays_suspended(store: S
     run = store.get_run("bad-refresh")
     assert run["status"] == "suspended" and run["reason"] == "error"
     # Still a pause with a deadline, set from the ``error`` policy when the resume failed.
-    error_policy = SETTINGS.expiry.durations["error"]
+    error_policy = runtime().settings.expiry.durations["error"]
     assert before + error_policy <= run["deadline"] <= store.now() + error_policy
     assert [c for c in fs.CALLS if c[0] == "step"] == []
     assert len(store.steps("bad-refresh")) == steps_before
@@ -133,13 +133,13 @@ def test_a_missing_refresh_stops_the_resume(store: Store) -> None:
 def test_a_hanging_refresh_is_time_bounded(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     suspended(store, "slow-refresh")
     kx.credentials.register("api_token", refresh=lambda: fs.hanging_check("token"))
-    saved = SETTINGS.check_timeout
-    SETTINGS.check_timeout = 0.3
+    saved = runtime().settings.check_timeout
+    runtime().settings.check_timeout = 0.3
     try:
         with pytest.raises(kx.CredentialError, match=r"no answer within 0\.3 s"):
             kx.resume("slow-refresh", store=store)
     finally:
-        SETTINGS.check_timeout = saved
+        runtime().settings.check_timeout = saved
         fs.RELEASE_HANGING.set()
     assert store.get_run("slow-refresh")["status"] == "suspended"
 

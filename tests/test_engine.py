@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.errors import AgentError
 from kernelext.store import Store
 
@@ -163,13 +163,13 @@ def test_resumed_state_equals_uninterrupted_state(store: Store, store_path: Path
     while handle.wait(WAIT) == "suspended":
         resumes += 1
         # Each resume starts from the store alone: close it and open it again.
-        SETTINGS.close()
+        runtime().settings.close()
         kx.open_store(str(store_path))
         handle = kx.resume("bumpy")
     assert handle.status == "completed"
     assert resumes == 4
     assert handle.result == expected
-    reopened = SETTINGS.store()
+    reopened = runtime().settings.store()
     assert [s["key"] for s in reopened.completed_steps("bumpy")] == [str(i) for i in range(20)]
     assert kinds(reopened, "bumpy").count("resumed") == 4
 
@@ -392,7 +392,7 @@ def test_non_json_arguments_give_a_clear_error_in_another_process(
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("objarg_agent", None)
-    SETTINGS.close()  # hand the file to the other process
+    runtime().settings.close()  # hand the file to the other process
     done = subprocess.run(
         [sys.executable, "-c", OTHER_PROCESS, str(folder), str(store_path)],
         capture_output=True,

@@ -19,8 +19,7 @@ from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core import expiry
-from kernelext.core.registry import END_HOOKS
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.expiry_policy import DEFAULT_EXPIRY
 from kernelext.store import Store, open_store
 
@@ -57,17 +56,13 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def store(store_path: Path, clock: FakeClock) -> Iterator[Store]:
-    """A real DuckDB store on the fake clock, also the default store for kx.* calls."""
-    durations = dict(SETTINGS.expiry.durations)
-    retention = SETTINGS.retention_seconds
+    """A real DuckDB store on the fake clock, also the default store for kx.* calls (the
+    test's runtime forgets its options and kx.on_expire callbacks after the test)."""
     opened = open_store(str(store_path), clock=clock)
-    SETTINGS.use_store(opened)
+    runtime().settings.use_store(opened)
     yield opened
     finish_live_runs()
-    SETTINGS.close()
-    expiry._CALLBACKS.clear()
-    SETTINGS.expiry.durations = durations
-    SETTINGS.retention_seconds = retention
+    runtime().close()
 
 
 def unique(prefix: str) -> str:
@@ -271,14 +266,14 @@ def test_callbacks_listeners_and_hooks_are_told_and_a_failing_callback_is_record
     assert kx.on_expire(remember) is remember
     kx.on_expire(remember)  # registering twice calls it once
     handle.run.listeners.append(lambda what, value: panel.append((what, value)))
-    END_HOOKS.append(lambda run_id, status: hooked.append((run_id, status)))
+    runtime().end_hooks.append(lambda run_id, status: hooked.append((run_id, status)))
     try:
         clock.advance(hours=1)
         result = kx.sweep()
     finally:
         expiry.remove_on_expire(broken)
         expiry.remove_on_expire(remember)
-        END_HOOKS.pop()
+        runtime().end_hooks.pop()
     deadline = T0 + dt.timedelta(hours=1)
     assert sorted(seen) == [
         expiry.ExpiredRun("notified-1", "deadline:rate_limit", deadline, "rate_limit"),

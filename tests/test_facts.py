@@ -11,7 +11,7 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 SKUS = ["A", "B", "C"]
@@ -177,13 +177,13 @@ def test_a_check_that_raises_is_a_contradiction_with_its_reason(store: Store) ->
 
 def test_a_check_that_hangs_times_out(store: Store) -> None:
     suspended_run(store, "hangs", mode="hangs")
-    saved = SETTINGS.check_timeout
-    SETTINGS.check_timeout = 0.3
+    saved = runtime().settings.check_timeout
+    runtime().settings.check_timeout = 0.3
     try:
         handle = kx.resume("hangs", store=store)
         assert handle.status == "needs_decision"
     finally:
-        SETTINGS.check_timeout = saved
+        runtime().settings.check_timeout = saved
         fs.RELEASE_HANGING.set()
     row = fs.fact_rows(store, "hangs")["price:A"]
     assert row["check_status"] == "timeout"

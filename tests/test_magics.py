@@ -23,8 +23,7 @@ from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 import kernelext as kx
 from kernelext.core.cell_runs import CELL_AGENT, forget_cell_runs
-from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.ipython import extension
 from kernelext.ipython.cells import AgentCellStopped
 from kernelext.ipython.interrupt import InterruptHandler
@@ -46,12 +45,12 @@ def send(x):
 def ip(store_path: Path) -> Iterator[InteractiveShell]:
     shell = InteractiveShell.instance()
     shell.config.pop("Kernelext", None)  # %config in one test must not reach the next
-    SETTINGS.use_store(str(store_path))
+    runtime().settings.use_store(str(store_path))
     shell.run_line_magic("load_ext", "kernelext")
     assert shell.run_cell(EFFECTS).success
     yield shell
-    with LIVE_LOCK:
-        handles = list(LIVE_RUNS.values())
+    with runtime().live_lock:
+        handles = list(runtime().live_runs.values())
     for handle in handles:
         handle.wait(30)
     shell.run_line_magic("unload_ext", "kernelext")
@@ -59,8 +58,8 @@ def ip(store_path: Path) -> Iterator[InteractiveShell]:
         shell.user_ns.pop(name, None)
     shell.config.pop("Kernelext", None)
     forget_cell_runs()
-    SETTINGS.close()
-    SETTINGS.use_store(None)
+    runtime().settings.close()
+    runtime().settings.use_store(None)
 
 
 def cell(ip: InteractiveShell, source: str) -> ExecutionResult:
@@ -76,11 +75,11 @@ def test_load_registers_and_unload_undoes_everything(ip: InteractiveShell) -> No
     magics = ip.magics_manager.magics
     assert {"agent", "ledger"} <= set(magics["line"]) and {"agent", "ledger"} <= set(magics["cell"])
     assert any(isinstance(c, Kernelext) for c in ip.configurables)
-    assert SETTINGS.handle_renderer is extension.render_handle
+    assert runtime().settings.handle_renderer is extension.render_handle
     ip.run_line_magic("unload_ext", "kernelext")
     assert "agent" not in magics["line"] and "ledger" not in magics["cell"]
     assert not any(isinstance(c, Kernelext) for c in ip.configurables)
-    assert SETTINGS.handle_renderer is None
+    assert runtime().settings.handle_renderer is None
     assert extension.loaded() is None
     result = cell(ip, "%ledger SELECT 1")
     assert isinstance(result.error_in_exec, UsageError)  # the magic is gone
@@ -90,31 +89,31 @@ def test_load_registers_and_unload_undoes_everything(ip: InteractiveShell) -> No
 
 def test_loading_does_not_open_the_store(store_path: Path) -> None:
     shell = InteractiveShell.instance()
-    SETTINGS.close()
-    SETTINGS.use_store(str(store_path))
+    runtime().settings.close()
+    runtime().settings.use_store(str(store_path))
     shell.run_line_magic("load_ext", "kernelext")
     try:
-        assert SETTINGS._store is None and not store_path.exists()
+        assert runtime().settings._store is None and not store_path.exists()
         assert cell(shell, "%ledger SELECT count(*) AS n FROM runs").result["n"].tolist() == [0]
         assert store_path.exists()
     finally:
         shell.run_line_magic("unload_ext", "kernelext")
-        SETTINGS.close()
-        SETTINGS.use_store(None)
-    assert SETTINGS._store is None  # opened lazily by the extension, closed by unloading
+        runtime().settings.close()
+        runtime().settings.use_store(None)
+    assert runtime().settings._store is None  # opened lazily by the extension, closed by unloading
 
 
 def test_config_options_reach_the_settings(ip: InteractiveShell, tmp_path: Path) -> None:
     other = tmp_path / "other.duckdb"
     assert cell(ip, f"%config Kernelext.store = {str(other)!r}").success
-    assert SETTINGS.store().location == str(other)
+    assert runtime().settings.store().location == str(other)
     assert cell(ip, "%config Kernelext.expiry = {'user_stop': 3600}").success
-    assert SETTINGS.expiry.durations["user_stop"] == dt.timedelta(hours=1)
+    assert runtime().settings.expiry.durations["user_stop"] == dt.timedelta(hours=1)
     assert cell(ip, "%config Kernelext.check_timeout = 2.5").success
-    assert SETTINGS.check_timeout == 2.5
+    assert runtime().settings.check_timeout == 2.5
     assert cell(ip, "%config Kernelext.max_step_seconds = 12.0").success
     assert cell(ip, "%%agent cfg\nx = 1").success
-    assert SETTINGS.store().get_run("cfg")["max_step_seconds"] == 12.0
+    assert runtime().settings.store().get_run("cfg")["max_step_seconds"] == 12.0
     magics = extension.loaded()
     assert magics is not None and magics.store == str(other)
 
@@ -122,7 +121,7 @@ def test_config_options_reach_the_settings(ip: InteractiveShell, tmp_path: Path)
 def test_store_switch_is_refused_while_a_run_executes(
     ip: InteractiveShell, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    before = SETTINGS.store().location
+    before = runtime().settings.store().location
     assert cell(
         ip,
         """
@@ -141,7 +140,7 @@ h = blocked.start(run_id="blocked-1")
         ip.user_ns["gate"].set()
     assert "Stop them first" in caplog.text
     assert ip.user_ns["h"].wait(30) == "completed"
-    assert SETTINGS.store().location == before
+    assert runtime().settings.store().location == before
 
 
 # -- %%agent ---------------------------------------------------------------------------------
@@ -155,9 +154,9 @@ def test_agent_cell_is_one_step_and_is_skipped_once_completed(
     assert cell(ip, source).success
     assert "skipped" in capsys.readouterr().out
     assert sent(ip) == ["a"]
-    row = SETTINGS.store().get_run("nightly")
+    row = runtime().settings.store().get_run("nightly")
     assert row["agent"] == CELL_AGENT and row["status"] == "running"
-    steps = SETTINGS.store().completed_steps("nightly")
+    steps = runtime().settings.store().completed_steps("nightly")
     assert [s["key"] for s in steps] == ["a"]
 
 
@@ -187,7 +186,7 @@ def test_stop_skips_the_next_cell_until_resumed(
     assert cell(ip, "%%agent job --step one\nsend(1)").success  # completed: skipped
     assert cell(ip, "%%agent job --step two\nsend(2)").success
     assert sent(ip) == [1, 2]
-    kinds = [e["kind"] for e in SETTINGS.store().events("job")]
+    kinds = [e["kind"] for e in runtime().settings.store().events("job")]
     assert kinds == ["created", "stop_requested", "suspended", "resumed"]
 
 
@@ -199,7 +198,7 @@ def test_failed_cell_restores_state_and_does_not_repeat_effects(ip: InteractiveS
     assert cell(ip, "%%agent f --step b\nseen = run.state['n']\nsend('b')").success
     assert ip.user_ns["seen"] == 1  # the failed cell's change was rolled back
     assert sent(ip) == ["b"]  # applied once; the re-run replayed it
-    statuses = [s["status"] for s in SETTINGS.store().steps("f")]
+    statuses = [s["status"] for s in runtime().settings.store().steps("f")]
     assert statuses == ["completed", "failed", "completed"]
 
 
@@ -208,9 +207,9 @@ def test_run_suspend_inside_a_cell(ip: InteractiveShell) -> None:
         ip, "%%agent s --step ask\nrun.state['asked'] = True\nrun.suspend(reason='approval')"
     )
     assert isinstance(result.error_in_exec, AgentCellStopped)
-    row = SETTINGS.store().get_run("s")
+    row = runtime().settings.store().get_run("s")
     assert row["status"] == "suspended" and row["reason"] == "approval"
-    assert [s["key"] for s in SETTINGS.store().completed_steps("s")] == ["ask"]
+    assert [s["key"] for s in runtime().settings.store().completed_steps("s")] == ["ask"]
 
 
 def test_interrupt_inside_a_cell_suspends_and_unknown_effect_needs_decision(
@@ -227,7 +226,7 @@ def hang(x):
     result = cell(ip, "%%agent k --step a\nhang(1)")
     assert isinstance(result.error_in_exec, AgentCellStopped)
     assert "interrupted" in str(result.error_in_exec)
-    store = SETTINGS.store()
+    store = runtime().settings.store()
     assert store.get_run("k")["status"] == "suspended"
     assert [e["status"] for e in store.load_effects("k").values()] == ["unknown"]
     assert any(e["kind"] == "stop_forced" and e["source"] == "interrupt" for e in store.events("k"))
@@ -241,7 +240,7 @@ def hang(x):
 
 def test_a_new_process_takes_over_and_skips_completed_cells(ip: InteractiveShell) -> None:
     assert cell(ip, "%%agent t --step a\nrun.state['n'] = 5\nsend('a')").success
-    store = SETTINGS.store()
+    store = runtime().settings.store()
     store.update_run("t", owner="someone@elsewhere:1")  # as if the kernel had died
     forget_cell_runs()
     assert cell(ip, "%%agent t --step a\nrun.state['n'] = 5\nsend('a')").success
@@ -255,7 +254,7 @@ def test_a_run_owned_by_a_live_process_is_not_taken_over(ip: InteractiveShell) -
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         owner = f"someone@{socket.gethostname()}:{other.pid}"  # another kernel on this host
-        SETTINGS.store().update_run("live", owner=owner)
+        runtime().settings.store().update_run("live", owner=owner)
         forget_cell_runs()
         result = cell(ip, "%%agent live --step b\nsend('b')")
         assert isinstance(result.error_in_exec, UsageError)
@@ -360,7 +359,7 @@ def test_an_unknown_sub_command_names_the_nearest(ip: InteractiveShell) -> None:
 
 def test_an_unknown_run_id_names_the_nearest(ip: InteractiveShell) -> None:
     assert cell(ip, "%%agent nightly-report --step a\nx = 1").success
-    location = SETTINGS.store().location
+    location = runtime().settings.store().location
     for command in ("stop", "resume", "status", "complete"):
         result = cell(ip, f"%agent {command} nightly-reprot")
         assert isinstance(result.error_in_exec, UsageError), command
@@ -392,11 +391,11 @@ def test_configure_takes_every_config_option(ip: InteractiveShell, tmp_path: Pat
         interrupt_window=0.5,
         allow_files=True,
     )
-    assert SETTINGS.store().location == str(other)
-    assert SETTINGS.expiry.durations["user_stop"] == dt.timedelta(minutes=1)
-    assert (SETTINGS.retention_seconds, SETTINGS.check_timeout) == (5.0, 1.5)
+    assert runtime().settings.store().location == str(other)
+    assert runtime().settings.expiry.durations["user_stop"] == dt.timedelta(minutes=1)
+    assert (runtime().settings.retention_seconds, runtime().settings.check_timeout) == (5.0, 1.5)
     assert cell(ip, "%%agent cfg-api\nx = 1").success
-    assert SETTINGS.store().get_run("cfg-api")["max_step_seconds"] == 7.0
+    assert runtime().settings.store().get_run("cfg-api")["max_step_seconds"] == 7.0
     ip.user_ns["path"] = str(secret)
     try:
         read = cell(ip, "%ledger SELECT content FROM read_text({path})")
@@ -413,14 +412,22 @@ def test_configure_refuses_an_unknown_option_or_a_bad_value_and_changes_nothing(
         kx.configure(retention=60)
     with pytest.raises(TypeError, match=r"no option 'stor'\. Did you mean 'store'"):
         kx.configure(stor="x.duckdb")
-    before = (SETTINGS.retention_seconds, dict(SETTINGS.expiry.durations), saved())
+    before = (
+        runtime().settings.retention_seconds,
+        dict(runtime().settings.expiry.durations),
+        saved(),
+    )
     with pytest.raises(TypeError, match=r"allow_files=\.\.\.\) takes True or False"):
         kx.configure(retention_seconds=60, allow_files="yes")
     with pytest.raises(TypeError, match="takes a number of seconds"):
         kx.configure(max_step_seconds="30")
     with pytest.raises(ValueError, match="positive number of seconds"):
         kx.configure(expiry={"approval": 60, "user_stop": -1}, interrupt_window=9)
-    assert (SETTINGS.retention_seconds, dict(SETTINGS.expiry.durations), saved()) == before
+    assert (
+        runtime().settings.retention_seconds,
+        dict(runtime().settings.expiry.durations),
+        saved(),
+    ) == before
 
 
 def test_config_goes_through_the_same_checks(
@@ -434,10 +441,10 @@ def test_config_goes_through_the_same_checks(
     ip.run_line_magic("load_ext", "kernelext")
     magics = extension.loaded()
     assert magics is not None
-    before = dict(SETTINGS.expiry.durations)
+    before = dict(runtime().settings.expiry.durations)
     cell(ip, "%config Kernelext.expiry = {'approval': -5}")  # IPython logs the refusal
     assert "positive number of seconds" in caplog.text
-    assert magics.expiry == {} and SETTINGS.expiry.durations == before  # left as it was
+    assert magics.expiry == {} and runtime().settings.expiry.durations == before  # left as it was
 
 
 def test_interrupt_options_are_read_at_each_press(ip: InteractiveShell) -> None:

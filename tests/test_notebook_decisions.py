@@ -25,8 +25,7 @@ from support.kernels import KernelDied, KernelSession
 from support.notebooks import execute, text_of
 
 import kernelext as kx
-from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.ipython import extension
 from kernelext.widgets import NEEDS_DECISION_WIDGETS, ControlPanel, decisions, panel_for
 from kernelext.widgets.reconcile import ReconcileWidget
@@ -82,13 +81,13 @@ def store(store_path: Path) -> Iterator[Any]:
     decisions.install()
     yield opened
     decisions.uninstall()
-    with LIVE_LOCK:
-        handles = list(LIVE_RUNS.values())
+    with runtime().live_lock:
+        handles = list(runtime().live_runs.values())
     for handle in handles:
         if handle.alive:
             handle.wait(30)
-    SETTINGS.close()
-    SETTINGS.use_store(None)
+    runtime().settings.close()
+    runtime().settings.use_store(None)
 
 
 def slot_widget(panel: ControlPanel) -> Any:
@@ -221,7 +220,7 @@ def test_abort_from_the_panel_cancels_and_replan_follows(store: Any) -> None:
 @pytest.fixture
 def ip(store: Any) -> Iterator[InteractiveShell]:
     shell = InteractiveShell.instance()
-    SETTINGS.use_store(store)
+    runtime().settings.use_store(store)
     decisions.uninstall()  # the extension installs them itself
     shell.run_line_magic("load_ext", "kernelext")
     yield shell
@@ -231,8 +230,8 @@ def ip(store: Any) -> Iterator[InteractiveShell]:
 
 
 def test_extension_displays_reconcile_and_revalidation_as_widgets(ip: InteractiveShell) -> None:
-    assert SETTINGS.reconcile_renderer is extension.reconciliation_bundle
-    assert SETTINGS.revalidation_renderer is extension.revalidation_bundle
+    assert runtime().settings.reconcile_renderer is extension.reconciliation_bundle
+    assert runtime().settings.revalidation_renderer is extension.revalidation_bundle
     LOSE.add("A-1")
     assert dispatch.start(["A-1"], run_id="shown").wait(30) == "failed"
     kx.resume("shown")
@@ -249,7 +248,10 @@ def test_extension_displays_reconcile_and_revalidation_as_widgets(ip: Interactiv
     assert isinstance(slot_widget(panel_for(ip.user_ns["h"])), ReconcileWidget)
 
     ip.run_line_magic("unload_ext", "kernelext")
-    assert SETTINGS.reconcile_renderer is None and SETTINGS.revalidation_renderer is None
+    assert (
+        runtime().settings.reconcile_renderer is None
+        and runtime().settings.revalidation_renderer is None
+    )
     assert not decisions.installed()
     assert ip.display_formatter.format(kx.reconcile("shown"))[0].keys() == {"text/plain"}
     ip.run_line_magic("load_ext", "kernelext")  # for the fixture's unload

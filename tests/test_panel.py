@@ -18,8 +18,7 @@ import pytest
 
 import kernelext as kx
 from kernelext.core.cell_runs import cell_handle, forget_cell_runs, open_cell_run
-from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.widgets import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,
@@ -37,13 +36,13 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 def store(store_path: Path) -> Iterator[Any]:
     opened = kx.open_store(str(store_path))
     yield opened
-    with LIVE_LOCK:
-        handles = list(LIVE_RUNS.values())
+    with runtime().live_lock:
+        handles = list(runtime().live_runs.values())
     for handle in handles:
         handle.wait(30)
     forget_cell_runs()
-    SETTINGS.close()
-    SETTINGS.use_store(None)
+    runtime().settings.close()
+    runtime().settings.use_store(None)
 
 
 class Gate:

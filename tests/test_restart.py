@@ -20,7 +20,7 @@ from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext.core.ledger import effect_key
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 
 WAIT = 60.0
@@ -52,13 +52,11 @@ def clock() -> TickingClock:
 
 @pytest.fixture
 def store(store_path: Path, clock: TickingClock) -> Iterator[Store]:
-    retention = SETTINGS.retention_seconds
     opened = open_store(str(store_path), clock=clock)
-    SETTINGS.use_store(opened)
+    runtime().settings.use_store(opened)
     yield opened
     finish_live_runs()
-    SETTINGS.close()
-    SETTINGS.retention_seconds = retention
+    runtime().close()
 
 
 @kx.effect

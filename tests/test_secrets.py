@@ -261,7 +261,7 @@ def test_kernelext_log_lines_are_scrubbed(
 def test_planted_secrets_are_in_no_file_the_store_wrote(
     store: Any, store_path: Path, planted: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from kernelext.core.settings import SETTINGS
+    from kernelext.core.runtime import runtime
 
     with caplog.at_level(logging.DEBUG, logger="kernelext"):
         failed = planted_agent.start("fail", run_id="secrets-fail")
@@ -293,7 +293,7 @@ def test_planted_secrets_are_in_no_file_the_store_wrote(
     assert run["reason"].startswith(f"RuntimeError: gave up with {MASK} on postgresql://app:***@")
     assert any(MASK in (e["detail"] or "") for e in store.events("secrets-suspend"))
 
-    SETTINGS.close()
+    runtime().settings.close()
     folder = store_path.parent
     files = files_under(folder)
     assert store_path in files

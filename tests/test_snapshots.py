@@ -15,7 +15,7 @@ import pytest
 
 import kernelext as kx
 from kernelext.core.codec import dumps_json
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.core.snapshot import Snapshotter
 from kernelext.store import Store
 
@@ -28,7 +28,7 @@ def name(prefix: str) -> str:
 
 def reopen(store_path: Path) -> Store:
     """Close the default store and open the file again: nothing survives in memory."""
-    SETTINGS.close()
+    runtime().settings.close()
     return kx.open_store(str(store_path))
 
 
@@ -261,7 +261,7 @@ def test_appending_to_a_list_stores_deltas_and_restores_exactly(
     assert handle.wait(WAIT) == "completed"
     expected = [message(i) for i in range(steps)]
     assert handle.result == expected
-    final_store = SETTINGS.store()
+    final_store = runtime().settings.store()
     final = final_store.latest_snapshot("chat-1")
     assert final is not None
     assert Snapshotter("chat-1").restore(final_store, final["manifest"]) == {"messages": expected}

@@ -24,7 +24,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.errors import ReadOnlyError
 from kernelext.store import Store, open_store
 from kernelext.store.sql_guard import REASONS, Checked
@@ -324,7 +324,7 @@ def run_in_shell(store_path: Path, queries: list[str]) -> dict[str, str]:
 def shell_with_extension(store_path: Path) -> InteractiveShell:
     shell = InteractiveShell.instance()
     shell.config.pop("Kernelext", None)
-    SETTINGS.use_store(str(store_path))
+    runtime().settings.use_store(str(store_path))
     shell.run_line_magic("load_ext", "kernelext")
     return shell
 
@@ -334,8 +334,8 @@ def close_shell(shell: InteractiveShell) -> None:
     shell.config.pop("Kernelext", None)
     for name in ("run_id", "evil", "out", "path"):
         shell.user_ns.pop(name, None)
-    SETTINGS.close()
-    SETTINGS.use_store(None)
+    runtime().settings.close()
+    runtime().settings.use_store(None)
 
 
 def cli_sql(store_path: Path, cwd: Path, query: str, *options: str) -> Any:

@@ -11,7 +11,7 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.core.snapshot import Snapshotter
 from kernelext.store import Store
 
@@ -56,7 +56,7 @@ def test_stop_at_a_safe_point_suspends_with_the_last_step_durable(
     assert handle.wait(WAIT) == "suspended"
 
     # Everything below is read back from the file after closing it.
-    SETTINGS.close()
+    runtime().settings.close()
     reopened = kx.open_store(str(store_path))
     row = reopened.get_run("safe-1")
     assert (row["status"], row["reason"]) == ("suspended", "user_stop")

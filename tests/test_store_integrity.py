@@ -17,7 +17,7 @@ import duckdb
 import pytest
 
 import kernelext as kx
-from kernelext.core.settings import SETTINGS
+from kernelext.core.runtime import runtime
 from kernelext.errors import ForeignStoreError, IntegrityError, SchemaTooNewError, StoreError
 from kernelext.store import Store, open_store
 from kernelext.store.schema import MIGRATIONS
@@ -194,7 +194,7 @@ def test_a_moved_project_folder_resumes_with_its_side_files(
     before = tmp_path / "proj" / ".kernelext" / "store.duckdb"
     kx.open_store(str(before))
     suspended_run("travels")
-    SETTINGS.close()
+    runtime().settings.close()
 
     shutil.move(str(tmp_path / "proj"), str(tmp_path / "moved"))
     after = tmp_path / "moved" / ".kernelext" / "store.duckdb"
@@ -240,7 +240,7 @@ def test_a_moved_project_folder_resumes_restarts_and_sweeps_its_side_files(
     kx.configure(retention_seconds=60)
     for run_id in ("resumed", "restarted", "expires"):
         suspended_run(run_id)
-    SETTINGS.close()
+    runtime().settings.close()
 
     shutil.move(str(tmp_path / "proj"), str(tmp_path / "moved"))
     after = tmp_path / "moved" / ".kernelext" / "store.duckdb"

@@ -254,7 +254,7 @@ def cards(items: list[Any], on_decided: Decided | None = None) -> list[Any]:
 
 
 def approvals_mimebundle(items: Any) -> dict[str, Any]:
-    """For ``SETTINGS.approvals_renderer``: ``kx.approvals()`` / ``kx.questions()`` as
+    """For ``runtime().settings.approvals_renderer``: ``kx.approvals()`` / ``kx.questions()`` as
     cards, with their text as the fallback."""
     body = cards(list(items)) or [w.HTML(f"<div>{html.escape(items.text())}</div>")]
     box = w.VBox(body)

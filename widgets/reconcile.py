@@ -229,7 +229,7 @@ def render_reconciliation(
 
 
 def reconciliation_mimebundle(rec: Reconciliation) -> dict[str, Any]:
-    """For ``SETTINGS.reconcile_renderer``: the widget plus its text fallback."""
+    """For ``runtime().settings.reconcile_renderer``: the widget plus its text fallback."""
     widget = render_reconciliation(rec)
     bundle: dict[str, Any] = dict(widget._repr_mimebundle_() or {})
     bundle["text/plain"] = rec.text()

@@ -233,7 +233,7 @@ def render_revalidation(
 
 
 def revalidation_mimebundle(rev: Revalidation) -> dict[str, Any]:
-    """For ``SETTINGS.revalidation_renderer``: the widget plus its text fallback."""
+    """For ``runtime().settings.revalidation_renderer``: the widget plus its text fallback."""
     widget = render_revalidation(rev)
     bundle: dict[str, Any] = dict(widget._repr_mimebundle_() or {})
     bundle["text/plain"] = rev.text()

@@ -126,9 +126,13 @@ class McpSession:
             sent: Awaitable[Any] = self.session.call_tool(name, arguments, *args, **kwargs)
             return sent
 
-        # Approvals: once Effect takes ``needs_approval``, pass
-        # ``needs_approval=self.approval_required(name, dict(arguments or {}))`` here.
-        call = ToolCall(tool, send, resumable=self.resumable, retry=self.retry)
+        call = ToolCall(
+            tool,
+            send,
+            resumable=self.resumable,
+            retry=self.retry,
+            needs_approval=self.approval_required(name, dict(arguments or {})),
+        )
         outcome = call(dict(arguments or {}))
         if isinstance(outcome, _InFlight):
             return outcome.coroutine
@@ -209,9 +213,17 @@ class ToolCall(Effect):
     code (``applied`` with the result as JSON, ``failed``, or ``unknown`` if cancelled)."""
 
     def __init__(
-        self, tool: str, send: Callable[[], Awaitable[Any]], *, resumable: bool, retry: bool
+        self,
+        tool: str,
+        send: Callable[[], Awaitable[Any]],
+        *,
+        resumable: bool,
+        retry: bool,
+        needs_approval: bool = False,
     ) -> None:
-        super().__init__(_arguments, name=tool, resumable=resumable, retry=retry)
+        super().__init__(
+            _arguments, name=tool, resumable=resumable, retry=retry, needs_approval=needs_approval
+        )
         self.send = send
 
     def _perform(

@@ -11,7 +11,7 @@ from typing import Any, overload
 from ..store import Store
 from .handle import Handle
 from .plan import remember_agent_source
-from .registry import AGENTS
+from .runtime import runtime
 from .starting import start_run
 
 __all__ = ["Agent", "agent", "fingerprint"]
@@ -89,7 +89,7 @@ def agent(
 
     def wrap(func: Callable[..., Any]) -> Agent:
         made = Agent(func, name or func.__name__, max_step_seconds, pickle)
-        AGENTS[made.name] = made
+        runtime().agents[made.name] = made
         return made
 
     return wrap(fn) if fn is not None else wrap

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..store import Store, default_store_path
 from ..store import open_store as _open_store
-from .settings import SETTINGS, get_store
+from .runtime import get_store, runtime
 
 __all__ = ["configure", "open_store", "runs", "sql"]
 
@@ -20,14 +20,15 @@ def open_store(location: str | None = None, *, read_only: bool | None = None) ->
     ``read_only=True`` opens it for queries only (a store on a read-only mount opens that
     way by itself).
     """
+    settings = runtime().settings
     if read_only is not None:
         store = _open_store(location or default_store_path(), read_only=read_only)
-        SETTINGS.use_store(None)
-        SETTINGS.use_store(store)
+        settings.use_store(None)
+        settings.use_store(store)
         return store
     if location is not None:
-        SETTINGS.use_store(location)
-    return SETTINGS.store()
+        settings.use_store(location)
+    return settings.store()
 
 
 def configure(
@@ -42,7 +43,8 @@ def configure(
     allow_files: bool | None = None,
     **others: Any,
 ) -> None:
-    """Set process-wide options: the same names, values and checks as ``%config Kernelext.*``.
+    """Set options of the current runtime: the same names, values and checks as
+    ``%config Kernelext.*``.
 
     ``store`` (a DuckDB path or ``postgresql://`` URL; refused while runs execute here),
     ``expiry`` (seconds or timedelta per reason), ``retention_seconds``, ``check_timeout``,
@@ -59,7 +61,6 @@ def configure(
 
     from ..errors import RunStateError
     from ..expiry_policy import ExpiryPolicy
-    from .registry import LIVE_LOCK, LIVE_RUNS
 
     names = [n for n in inspect.signature(configure).parameters if n != "others"]
     if others:
@@ -111,21 +112,21 @@ def configure(
                 "kx.configure(store=...) takes a DuckDB file path or a postgresql:// URL, "
                 f"not {store!r}."
             )
-        with LIVE_LOCK:
-            live = [h.run_id for h in LIVE_RUNS.values() if h.alive]
+        live = [h.run_id for h in runtime().live_handles()]
         if live:
             raise RunStateError(
                 "Cannot switch the kernelext store while runs execute in this kernel: "
                 + ", ".join(live)
                 + ". Stop them first."
             )
+    settings = runtime().settings
     if expiry is not None:
-        SETTINGS.expiry.update(expiry)
+        settings.expiry.update(expiry)
     if store is not None:
-        SETTINGS.use_store(os.fspath(store))
+        settings.use_store(os.fspath(store))
     for name, value in plain.items():
         if value is not None:
-            setattr(SETTINGS, name, value)
+            setattr(settings, name, value)
 
 
 def _table(arrow: Any) -> Any:

@@ -21,8 +21,7 @@ from ..store import Store, actor
 from ..store.approvals import APPROVED, REJECTED
 from .asking import check_answer, encode_answer, parse_answer
 from .codec import loads_json
-from .registry import live_handle
-from .settings import SETTINGS, get_store
+from .runtime import get_store, runtime
 
 __all__ = [
     "Approval",
@@ -91,7 +90,7 @@ def resume_if_here(store: Store, run_id: str, source: str) -> Any:
     now = store.now()
     if store.open_approvals(run_id, now) or store.open_inputs(run_id, now):
         return None
-    live = live_handle(run_id)
+    live = runtime().live_handle(run_id)
     if live is not None:  # its worker is still recording the suspension
         live.wait(30)
     from .control import resume
@@ -182,7 +181,7 @@ class Approvals(list[Approval]):
         return self.text()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = SETTINGS.approvals_renderer
+        renderer = runtime().settings.approvals_renderer
         if renderer is None:
             return {"text/plain": self.text()}
         return renderer(self)
@@ -366,7 +365,7 @@ class Questions(list[Question]):
         return self.text()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = SETTINGS.approvals_renderer
+        renderer = runtime().settings.approvals_renderer
         if renderer is None:
             return {"text/plain": self.text()}
         return renderer(self)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ..errors import StopRequested
 from ..status import Reason
 from .codec import dumps_json, loads_json
+from .runtime import runtime
 from .secrets import scrub
-from .settings import SETTINGS
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -214,7 +214,7 @@ def ask(run: Run, prompt: str, *, schema: Any = None, default: Any = None) -> An
     now = store.now()
     deadline = row["expires_at"] if row is not None else None
     if deadline is None or deadline <= now:
-        deadline = SETTINGS.expiry.deadline(Reason.INPUT, now)
+        deadline = runtime().settings.expiry.deadline(Reason.INPUT, now)
         with run.critical():
             store.ask_input(
                 {

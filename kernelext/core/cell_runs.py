@@ -23,7 +23,7 @@ from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .resume_steps import before_first_action
 from .run import Run, StepInfo
-from .settings import get_store
+from .runtime import get_store, runtime
 from .snapshot import Snapshotter
 from .takeover import take_over
 from .worker import end_open_step, suspend_run
@@ -45,9 +45,6 @@ __all__ = [
 CELL_AGENT = "%%agent"  # the agent name of runs made of notebook cells
 SOURCE_PREFIX = "src:"
 INTERRUPTED = "interrupted"  # a cell's outcome when a stop or Ctrl-C cut it short
-
-_CACHE: dict[tuple[str, str], CellRun] = {}
-_CACHE_LOCK = threading.Lock()
 
 
 def source_hash(source: str) -> str:
@@ -211,12 +208,13 @@ class CellRun:
 def open_cell_run(
     run_id: str, *, store: Store | None = None, max_step_seconds: float | None = None
 ) -> CellRun:
-    """The cell run ``run_id``: cached in this process, loaded from the store, or new."""
+    """The cell run ``run_id``: cached in this runtime, loaded from the store, or new."""
     if not isinstance(run_id, str) or not run_id.strip():
         raise ValueError(f"A run id must be a non-empty string, not {run_id!r}.")
     store = get_store(store)
-    with _CACHE_LOCK:
-        cached = _CACHE.get((store.location, run_id))
+    rt = runtime()
+    with rt.cell_runs_lock:
+        cached = rt.cell_runs.get((store.location, run_id))
         if cached is not None and cached.store is store and not store.closed:
             return cached
         row = store.find_run(run_id)
@@ -242,15 +240,16 @@ def open_cell_run(
             )
             cell = CellRun(run, owned=row.get("owner") == actor())
             cell.reload()
-        _CACHE[(store.location, run_id)] = cell
+        rt.cell_runs[(store.location, run_id)] = cell
         return cell
 
 
 def forget_cell_runs(run_id: str | None = None) -> None:
     """Drop cached cell runs (all, or one id) so the next cell reloads from the store."""
-    with _CACHE_LOCK:
-        for key in [k for k in _CACHE if run_id is None or k[1] == run_id]:
-            del _CACHE[key]
+    rt = runtime()
+    with rt.cell_runs_lock:
+        for key in [k for k in rt.cell_runs if run_id is None or k[1] == run_id]:
+            del rt.cell_runs[key]
 
 
 def cell_handle(run_id: str, *, store: Store | None = None) -> Handle:

@@ -8,7 +8,7 @@ name is resolved, in order, through:
    is ``__main__``, so the function is found once its cell has been re-run);
 3. the globals of ``__main__`` by bare qualified name (a module that cannot be
    imported any more, e.g. a script run with ``%run``);
-4. the function itself, kept in memory by the process that recorded the fact (the
+4. the function itself, kept in memory by the runtime that recorded the fact (the
    only way a lambda or closure can be found; a fresh process cannot).
 
 A check that resolves nowhere is a contradiction ("cannot re-check"), never a pass.
@@ -23,10 +23,12 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import Any, NamedTuple
+
+from .registries import CheckRegistry
+from .runtime import runtime
 
 __all__ = [
-    "CHECKS",
     "CheckRegistry",
     "CheckWarning",
     "Outcome",
@@ -37,103 +39,15 @@ __all__ = [
     "resolve",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-# (run id, fact name, role) -> callable: lambdas and closures, usable in this process only.
-_LOCAL: dict[tuple[str, str, str], Callable[..., Any]] = {}
-_LOCAL_LOCK = threading.Lock()
-
 
 class CheckWarning(UserWarning):
     """A check (or comparator) that only a resume in this same process can call again."""
 
 
-class CheckRegistry:
-    """``kx.checks``: checks registered explicitly, by name or by prefix.
-
-    ``kx.checks.register("price:*", get_price)`` checks every fact whose name (or
-    stored check name) starts with ``price:``; ``register("pricing:get_price", fn)``
-    answers the stored check name ``pricing:get_price`` exactly. An exact key wins
-    over a prefix, and a longer prefix over a shorter one. Registering a lambda
-    under a name also makes it portable: facts recorded with that very function
-    store the registered name.
-    """
-
-    def __init__(self) -> None:
-        self._checks: dict[str, Callable[..., Any]] = {}
-        self._lock = threading.Lock()
-
-    @overload
-    def register(self, name_or_prefix: str, fn: F) -> F: ...
-
-    @overload
-    def register(self, name_or_prefix: str, fn: None = None) -> Callable[[F], F]: ...
-
-    def register(self, name_or_prefix: str, fn: Callable[..., Any] | None = None) -> Any:
-        """Register ``fn`` (or use as a decorator: ``@kx.checks.register("price:*")``)."""
-        if not isinstance(name_or_prefix, str) or not name_or_prefix.strip("*"):
-            raise ValueError(
-                f"kx.checks.register needs a name or a prefix ending in '*', not "
-                f"{name_or_prefix!r}; e.g. kx.checks.register('price:*', get_price)."
-            )
-
-        def add(func: F) -> F:
-            if not callable(func):
-                raise TypeError(
-                    f"kx.checks.register({name_or_prefix!r}, ...) needs a function, "
-                    f"not {type(func).__name__}."
-                )
-            with self._lock:
-                self._checks[name_or_prefix] = func
-            return func
-
-        return add(fn) if fn is not None else add
-
-    def unregister(self, name_or_prefix: str) -> None:
-        with self._lock:
-            self._checks.pop(name_or_prefix, None)
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._checks)
-
-    def name_of(self, fn: Callable[..., Any]) -> str | None:
-        """The exact (non-prefix) key ``fn`` is registered under, if any."""
-        with self._lock:
-            for key, func in self._checks.items():
-                if func is fn and not key.endswith("*"):
-                    return key
-        return None
-
-    def lookup(self, *names: str | None) -> Callable[..., Any] | None:
-        """The registered check for the first matching name: exact, then longest prefix."""
-        wanted = [n for n in names if n]
-        with self._lock:
-            items = dict(self._checks)
-        for name in wanted:
-            if name in items:
-                return items[name]
-        best: tuple[int, Callable[..., Any]] | None = None
-        for key, func in items.items():
-            if not key.endswith("*"):
-                continue
-            prefix = key[:-1]
-            longer = best is None or len(prefix) > best[0]
-            if longer and any(n.startswith(prefix) for n in wanted):
-                best = (len(prefix), func)
-        return best[1] if best else None
-
-    def __repr__(self) -> str:
-        return f"<kx.checks: {', '.join(self.names()) or 'nothing registered'}>"
-
-
-CHECKS = CheckRegistry()
-
-
 # -- naming a callable ------------------------------------------------------------------
 def qualified_name(fn: Callable[..., Any]) -> tuple[str, bool]:
     """``(module:qualname, portable)``: portable when a fresh process can find it by name."""
-    registered = CHECKS.name_of(fn)
+    registered = runtime().checks.name_of(fn)
     if registered is not None:
         return registered, True
     module = getattr(fn, "__module__", None)
@@ -178,13 +92,16 @@ def _by_attribute(module: str, qual: str) -> Any:
 
 
 def remember_local(run_id: str, fact: str, role: str, fn: Callable[..., Any]) -> None:
-    with _LOCAL_LOCK:
-        _LOCAL[(run_id, fact, role)] = fn
+    """Keep a lambda or closure of a fact, so that a resume in this runtime can call it."""
+    rt = runtime()
+    with rt.lock:
+        rt.local_checks[(run_id, fact, role)] = fn
 
 
 def local_callable(run_id: str, fact: str, role: str) -> Callable[..., Any] | None:
-    with _LOCAL_LOCK:
-        return _LOCAL.get((run_id, fact, role))
+    rt = runtime()
+    with rt.lock:
+        return rt.local_checks.get((run_id, fact, role))
 
 
 def warn_not_portable(what: str, fact: str, name: str, stacklevel: int = 5) -> None:
@@ -209,7 +126,8 @@ def resolve(
 ) -> tuple[Callable[..., Any] | None, str]:
     """Find the callable stored as ``check_name``. Returns ``(fn, '')`` or ``(None, why)``."""
     if use_registry:
-        found = CHECKS.lookup(check_name, fact) if role == "check" else CHECKS.lookup(check_name)
+        checks = runtime().checks
+        found = checks.lookup(check_name, fact) if role == "check" else checks.lookup(check_name)
         if found is not None:
             return found, ""
     if check_name and ":" in check_name and not check_name.startswith("<"):

@@ -15,10 +15,9 @@ from ..store import Store
 from . import cell_runs
 from .handle import Handle, request_stop
 from .plan import ResumePlan, check_plan
-from .registry import live_handle, resuming
 from .resume import check_resumable, resume_agent_run
 from .run import Run
-from .settings import get_store
+from .runtime import get_store, runtime
 
 __all__ = ["handle_for", "is_cell_run", "resume", "stop"]
 
@@ -36,7 +35,7 @@ def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str
     safe point, whichever process that is. A ``%%agent`` run between two cells is at a safe
     point already: it suspends at once. Returns the run's status after the request.
     """
-    live = live_handle(run_id)
+    live = runtime().live_handle(run_id)
     if live is not None:
         return request_stop(live.store, run_id, source=source, handle=live)
     store = get_store(store)
@@ -74,12 +73,12 @@ def resume(
     if plan is not None and plan.run_id != run_id:
         raise ValueError(f"That plan is for run {plan.run_id!r}, not {run_id!r}.")
     store = get_store(store)
-    with resuming(run_id):
+    with runtime().resuming(run_id):
         # Everything this process journaled is in the tables before the run is read back;
         # after a write fault that cannot be folded yet, StoreWriteError says so.
         store.flush()
         row = store.get_run(run_id)
-        if live_handle(run_id) is not None:
+        if runtime().live_handle(run_id) is not None:
             raise RunStateError(
                 f"Run {run_id!r} is already executing in this process (status "
                 f"{row['status']}). Stop it first with its handle's .stop(), or wait for it "
@@ -107,7 +106,7 @@ def resume(
 def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
     """The handle that shows run ``run_id``: the live one, a cell run's, or a detached one
     (for a run another process executes, or one that ended)."""
-    live = live_handle(run_id)
+    live = runtime().live_handle(run_id)
     if live is not None:
         return live
     store = get_store(store)

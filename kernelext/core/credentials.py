@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelextError
-from ..status import FINAL
 from .checks import call_bounded, resolve
 from .codec import dumps_json
-from .registry import END_HOOKS
+from .registries import CredentialRegistry
+from .runtime import runtime
 from .secrets import MIN_LENGTH, SECRETS, scrub_text
 
 if TYPE_CHECKING:
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
     from .run import Run
 
 __all__ = [
-    "CREDENTIALS",
     "CredentialError",
     "CredentialRegistry",
     "current",
@@ -49,65 +47,11 @@ __all__ = [
     "remember",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger("kernelext")
 
 
 class CredentialError(KernelextError):
     """A credential could not be refreshed (the resume stopped) or is not available."""
-
-
-class CredentialRegistry:
-    """``kx.credentials``: how to obtain a fresh value of each named credential."""
-
-    def __init__(self) -> None:
-        self._refresh: dict[str, Callable[[], Any]] = {}
-        self._lock = threading.Lock()
-
-    @overload
-    def register(self, name: str, refresh: F) -> F: ...
-
-    @overload
-    def register(self, name: str, refresh: None = None) -> Callable[[F], F]: ...
-
-    def register(self, name: str, refresh: Callable[[], Any] | None = None) -> Any:
-        """``kx.credentials.register("github", refresh=get_token)`` (or as a decorator)."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"A credential name must be a non-empty string, not {name!r}.")
-
-        def add(func: F) -> F:
-            if not callable(func):
-                raise TypeError(
-                    f"kx.credentials.register({name!r}, refresh=...) needs a "
-                    f"function, not {type(func).__name__}."
-                )
-            with self._lock:
-                self._refresh[name] = func
-            return func
-
-        return add(refresh) if refresh is not None else add
-
-    def unregister(self, name: str) -> None:
-        with self._lock:
-            self._refresh.pop(name, None)
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._refresh)
-
-    def refresh_for(self, name: str) -> Callable[[], Any] | None:
-        with self._lock:
-            return self._refresh.get(name)
-
-    def __repr__(self) -> str:
-        return f"<kx.credentials: {', '.join(self.names()) or 'nothing registered'}>"
-
-
-CREDENTIALS = CredentialRegistry()
-
-# run id -> credential name -> value. Memory only; dropped when the run ends.
-_VALUES: dict[str, dict[str, Any]] = {}
-_VALUES_LOCK = threading.Lock()
 
 
 def fingerprint(value: Any) -> str:
@@ -127,8 +71,9 @@ def fingerprint(value: Any) -> str:
 def remember(run_id: str, name: str, value: Any) -> None:
     """Keep the value in memory for the run, and scrub it from everything written."""
     short = _scrub_from_now_on(value)
-    with _VALUES_LOCK:
-        _VALUES.setdefault(run_id, {})[name] = value
+    rt = runtime()  # values are kept per run, in memory only; dropped when the run ends
+    with rt.lock:
+        rt.credential_values.setdefault(run_id, {})[name] = value
     if short:
         _log.warning(
             "kernelext: credential %r of run %r holds a text of fewer than %d characters; "
@@ -157,14 +102,17 @@ def _scrub_from_now_on(value: Any) -> bool:
 
 
 def forget(run_id: str) -> None:
-    with _VALUES_LOCK:
-        _VALUES.pop(run_id, None)
+    """Drop the credential values of run ``run_id`` from memory."""
+    rt = runtime()
+    with rt.lock:
+        rt.credential_values.pop(run_id, None)
 
 
 def current(run: Run, name: str) -> Any:
     """The credential's value in this process: refreshed on resume, else as recorded."""
-    with _VALUES_LOCK:
-        values = _VALUES.get(run.id, {})
+    rt = runtime()
+    with rt.lock:
+        values = rt.credential_values.get(run.id, {})
         if name in values:
             return values[name]
     raise CredentialError(
@@ -181,7 +129,7 @@ def refresh_all(run: Run, store: Store, rows: Sequence[dict[str, Any]], timeout:
     calls: list[Callable[[], Any]] = []
     missing: dict[int, str] = {}
     for index, row in enumerate(rows):
-        fn = CREDENTIALS.refresh_for(row["name"])
+        fn = runtime().credentials.refresh_for(row["name"])
         why = ""
         if fn is None and row.get("check_name"):
             fn, why = resolve(row["check_name"], run_id=run.id, fact=row["name"], role="refresh")
@@ -233,12 +181,3 @@ def refresh_all(run: Run, store: Store, rows: Sequence[dict[str, Any]], timeout:
 
 def _nothing() -> None:
     return None
-
-
-def _drop_when_final(run_id: str, status: str) -> None:
-    if status in FINAL:
-        forget(run_id)
-
-
-if _drop_when_final not in END_HOOKS:
-    END_HOOKS.append(_drop_when_final)

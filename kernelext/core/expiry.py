@@ -3,11 +3,11 @@
 ``kx.sweep(now=None)`` moves every suspended run whose deadline has passed to
 ``expired`` (reason ``deadline:<suspend reason>``), releases its claims and tells
 whoever waits: an ``expired`` event row, the callbacks registered with
-``kx.on_expire``, the run's listeners (open panels) and ``END_HOOKS``. Each run is
+``kx.on_expire``, the run's listeners (open panels) and the runtime's end hooks. Each run is
 expired in one transaction that re-checks its status, so two sweeps, or a sweep and
 a resume, have exactly one winner.
 
-An expired run keeps its snapshots for ``SETTINGS.retention_seconds``
+An expired run keeps its snapshots for ``retention_seconds``
 (``kx.configure(retention_seconds=...)``) so that it can be restarted with
 ``kx.restart``. After that the sweeper removes the payloads and writes a
 ``snapshots_removed`` event; the run row, its steps and its ledger stay.
@@ -27,8 +27,7 @@ from typing import Any, NamedTuple
 from ..status import Status
 from ..store import Store
 from ..store.expiry import Expiry, PayloadRemoval
-from .registry import END_HOOKS, HANDLES, LIVE_LOCK
-from .settings import SETTINGS, get_store
+from .runtime import get_store, runtime
 
 __all__ = [
     "ExpiredRun",
@@ -97,8 +96,6 @@ class SweepResult:
 
 SWEEP_LOCK = "kernelext:sweep"  # the advisory lock that makes one sweeper act at a time
 ExpireCallback = Callable[[ExpiredRun], Any]
-_CALLBACKS: list[ExpireCallback] = []
-_CALLBACKS_LOCK = threading.Lock()
 
 
 def on_expire(callback: ExpireCallback) -> ExpireCallback:
@@ -111,16 +108,19 @@ def on_expire(callback: ExpireCallback) -> ExpireCallback:
     """
     if not callable(callback):
         raise TypeError(f"kx.on_expire() takes a callable, not {callback!r}.")
-    with _CALLBACKS_LOCK:
-        if callback not in _CALLBACKS:
-            _CALLBACKS.append(callback)
+    rt = runtime()
+    with rt.lock:
+        if callback not in rt.expire_callbacks:
+            rt.expire_callbacks.append(callback)
     return callback
 
 
 def remove_on_expire(callback: ExpireCallback) -> None:
-    with _CALLBACKS_LOCK:
-        if callback in _CALLBACKS:
-            _CALLBACKS.remove(callback)
+    """Stop calling ``callback`` (registered with ``kx.on_expire``) on expiry."""
+    rt = runtime()
+    with rt.lock:
+        if callback in rt.expire_callbacks:
+            rt.expire_callbacks.remove(callback)
 
 
 def _utc_naive(value: dt.datetime) -> dt.datetime:
@@ -161,7 +161,7 @@ def _sweep(now: dt.datetime | None, store: Store, source: str) -> SweepResult:
             )
             result.expired.append(info)
             _notify(store, info, result)
-    retention = float(SETTINGS.retention_seconds)
+    retention = float(runtime().settings.retention_seconds)
     cutoff = at - dt.timedelta(seconds=retention)
     for run_id in store.retention_due(cutoff):
         removal = store.remove_payloads(run_id, at, retention_seconds=retention, source=source)
@@ -180,17 +180,14 @@ def _expire_tx(
 
 
 def _notify(store: Store, info: ExpiredRun, result: SweepResult) -> None:
-    with LIVE_LOCK:
-        handle = HANDLES.get(info.run_id)
+    rt = runtime()
+    with rt.live_lock:
+        handle = rt.handles.get(info.run_id)
     if handle is not None:  # an open panel listens to its run
         handle.run.notify(Status.EXPIRED, info)
-    for hook in list(END_HOOKS):
-        try:
-            hook(info.run_id, Status.EXPIRED)
-        except Exception:  # a broken panel must not break the sweep
-            continue
-    with _CALLBACKS_LOCK:
-        callbacks = list(_CALLBACKS)
+    rt.run_ended(info.run_id, Status.EXPIRED)  # a broken hook must not break the sweep
+    with rt.lock:
+        callbacks = list(rt.expire_callbacks)
     for callback in callbacks:
         try:
             callback(info)
@@ -228,7 +225,9 @@ def expiry_info(run_id: str, *, store: Store | None = None) -> dict[str, Any]:
         expired_at = store.expired_at(run_id)
         info["expired_at"] = expired_at
         if expired_at is not None:
-            info["kept_until"] = expired_at + dt.timedelta(seconds=SETTINGS.retention_seconds)
+            info["kept_until"] = expired_at + dt.timedelta(
+                seconds=runtime().settings.retention_seconds
+            )
         info["removed_at"] = store.snapshots_removed_at(run_id)
     return info
 

@@ -8,7 +8,7 @@ as JSON, never pickled.
 
 On resume every fact recorded by a completed step (or outside any step) is
 re-checked before anything runs: ``check(*args)`` is called with a time bound
-(``SETTINGS.check_timeout``) and compared with the recorded value, by equality,
+(the ``check_timeout`` setting) and compared with the recorded value, by equality,
 within ``tolerance`` for numbers, or by a comparator ``compare(recorded, current)``
 returning true when the fact still holds. The outcome of each is stored in the
 ``facts`` table: ``ok``, ``changed``, ``error`` (the check or comparator raised),
@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SerializationError
 from . import credentials
-from .checks import CHECKS, call_bounded, qualified_name, remember_local, resolve, warn_not_portable
+from .checks import call_bounded, qualified_name, remember_local, resolve, warn_not_portable
 from .codec import dumps_json, loads_json
+from .runtime import runtime
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -87,7 +88,7 @@ def record_fact(
         tolerance = float(tolerance)
         if not tolerance >= 0:
             raise ValueError(f"Fact {name!r}: tolerance must be zero or more, not {tolerance}.")
-    if check is None and CHECKS.lookup(name) is None:
+    if check is None and runtime().checks.lookup(name) is None:
         raise TypeError(
             f"Fact {name!r} needs a way to be re-checked on resume: pass check=fn (a named "
             f"function, with args=) or register one with kx.checks.register({name!r}, fn)."

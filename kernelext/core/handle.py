@@ -8,9 +8,8 @@ from typing import Any
 from ..errors import StoreWriteError
 from ..status import Status
 from ..store import Store
-from .registry import HANDLES, live_handle
 from .run import Run
-from .settings import SETTINGS
+from .runtime import runtime
 from .stop_estimate import estimate_stop
 
 __all__ = ["Handle", "request_stop"]
@@ -29,7 +28,7 @@ class Handle:
         self.final_status: str | None = None
         self.store_fault: StoreWriteError | None = None  # the store refused the run's end
         self._done = threading.Event()
-        HANDLES[self.run_id] = self
+        runtime().handles[self.run_id] = self
 
     # -- status ---------------------------------------------------------------------
     @property
@@ -78,7 +77,7 @@ class Handle:
         return f"<kernelext run {self.run_id!r} status={self.status}>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = SETTINGS.handle_renderer
+        renderer = runtime().settings.handle_renderer
         if renderer is None:
             return {"text/plain": self.text_summary()}
         return renderer(self)
@@ -116,7 +115,7 @@ def request_stop(
     answer is ``stopping``, known without reading the store. Any other run: the request
     is written to its row, where its owner's monitor sees it.
     """
-    handle = handle or live_handle(run_id)
+    handle = handle or runtime().live_handle(run_id)
     if handle is None or not handle.alive:
         result = store.request_stop(run_id, source=source, who=who)
         return result.after or str(result.before)

@@ -23,8 +23,8 @@ from .asking import wait_for_person
 from .codec import dumps_json, loads_json
 from .context import current_run
 from .run import Run
+from .runtime import runtime
 from .secrets import REDACTED, SECRET_NAME, is_secret_name, scrub, scrub_text
-from .settings import SETTINGS
 
 __all__ = ["REDACTED", "SECRET_NAME", "Effect", "EffectFailed", "effect", "effect_key", "redact"]
 
@@ -211,7 +211,7 @@ class Effect:
                 if current["decision"] == APPROVED:
                     return current["id"]
                 wait_for_person(run, Reason.APPROVAL, expires, self._waiting(run))
-        deadline = SETTINGS.expiry.deadline(Reason.APPROVAL, now)
+        deadline = runtime().settings.expiry.deadline(Reason.APPROVAL, now)
         with run.critical():
             store.request_approval(
                 {

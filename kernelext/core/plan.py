@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import inspect
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +27,6 @@ from ..status import LIVE, EffectStatus, StepStatus
 from ..store import Store
 from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
 from .checks import resolve
-from .credentials import CREDENTIALS
 from .facts import CONTRADICTIONS
 from .lease import check_takeover
 from .plan_render import (
@@ -46,8 +44,7 @@ from .plan_render import (
     plan_differences,
 )
 from .probes import probe_for
-from .registry import AGENTS, live_handle
-from .settings import get_store
+from .runtime import get_store, runtime
 
 __all__ = [
     "STALE_AFTER",
@@ -69,10 +66,6 @@ __all__ = [
 
 STALE_AFTER = 3600.0  # seconds: a fact recorded longer ago than this looks stale
 DIFF_LINES = 12
-_SOURCES_LOCK = threading.Lock()
-_AGENT_SOURCES: dict[str, str] = {}  # agent fingerprint -> its source, seen in this process
-_CELL_SOURCES: dict[tuple[str, str], str] = {}  # (run id, step key) -> latest cell source
-_CELL_BY_HASH: dict[str, str] = {}  # source hash -> a cell source seen in this process
 
 
 class PlanChanged(RunStateError):
@@ -101,15 +94,17 @@ def remember_agent_source(fingerprint: str, fn: Callable[..., Any] | str) -> Non
     """Keep the source of an agent version, so that a later plan can show a diff."""
     text = fn if isinstance(fn, str) else _source_of(fn)
     if text is not None:
-        with _SOURCES_LOCK:
-            _AGENT_SOURCES[fingerprint] = text
+        rt = runtime()
+        with rt.lock:
+            rt.agent_sources[fingerprint] = text
 
 
 def remember_cell_source(run_id: str, key: str, source: str) -> None:
     """The current source of the ``%%agent`` cell that is step ``key`` of run ``run_id``."""
-    with _SOURCES_LOCK:
-        _CELL_SOURCES[(run_id, key)] = source
-        _CELL_BY_HASH[source_hash(source)] = source
+    rt = runtime()
+    with rt.lock:
+        rt.cell_sources[(run_id, key)] = source
+        rt.cell_sources_by_hash[source_hash(source)] = source
 
 
 def _source_of(fn: Callable[..., Any]) -> str | None:
@@ -163,8 +158,9 @@ def plan(
     cell_run = row["agent"] == CELL_AGENT
     sources = dict(cell_sources or {})
     if cell_run and cell_sources is None:
-        with _SOURCES_LOCK:
-            sources = {k: v for (r, k), v in _CELL_SOURCES.items() if r == run_id}
+        rt = runtime()
+        with rt.lock:
+            sources = {k: v for (r, k), v in rt.cell_sources.items() if r == run_id}
     steps = store.steps(run_id)
     _steps(result, steps, cell_run, sources)
     live = _liveness(result, row, now)
@@ -227,7 +223,7 @@ def _with_note(item: StepItem, note: str) -> StepItem:
 
 def _liveness(result: ResumePlan, row: dict[str, Any], now: dt.datetime) -> str | None:
     """Where the run is live (``here`` or the other owner), or None when it is not."""
-    if live_handle(result.run_id) is not None:
+    if runtime().live_handle(result.run_id) is not None:
         return "here"
     if row["status"] not in LIVE:
         return None
@@ -313,7 +309,7 @@ def _max_age(value: Any, default: float) -> float:
 
 
 def _refresh_of(result: ResumePlan, row: dict[str, Any]) -> str | None:
-    if CREDENTIALS.refresh_for(row["name"]) is not None:
+    if runtime().credentials.refresh_for(row["name"]) is not None:
         return "kx.credentials"
     if row.get("check_name"):
         fn, _why = resolve(
@@ -326,15 +322,16 @@ def _refresh_of(result: ResumePlan, row: dict[str, Any]) -> str | None:
 
 def _agent_change(result: ResumePlan, row: dict[str, Any]) -> CodeChange:
     recorded = row.get("fingerprint")
-    agent = AGENTS.get(result.agent)
+    rt = runtime()
+    agent = rt.agents.get(result.agent)
     if agent is None:
         return CodeChange("agent", result.agent, recorded, None, UNSEEN)
     current = str(agent.fingerprint)
     remember_agent_source(current, agent.fn)
     if not recorded or recorded == current:
         return CodeChange("agent", result.agent, recorded, current, "same")
-    with _SOURCES_LOCK:
-        old, new = _AGENT_SOURCES.get(recorded), _AGENT_SOURCES.get(current)
+    with rt.lock:
+        old, new = rt.agent_sources.get(recorded), rt.agent_sources.get(current)
     return CodeChange("agent", result.agent, recorded, current, "changed", _short_diff(old, new))
 
 
@@ -355,8 +352,9 @@ def _cell_changes(completed: list[StepItem], sources: Mapping[str, str]) -> list
         current = source_hash(source) if source is not None else None
         diff = ""
         if state == "changed":
-            with _SOURCES_LOCK:
-                old = _CELL_BY_HASH.get(recorded or "")
+            rt = runtime()
+            with rt.lock:
+                old = rt.cell_sources_by_hash.get(recorded or "")
             diff = _short_diff(old, source)
         changes.append(CodeChange("cell", step.key, recorded, current, state, diff))
     return changes

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +30,8 @@ from ..status import EffectStatus
 from ..store import Store
 from .checks import call_bounded
 from .codec import dumps_json
+from .runtime import runtime
 from .secrets import scrub
-from .settings import SETTINGS
 
 __all__ = [
     "PROBE_SOURCE",
@@ -47,8 +46,6 @@ __all__ = [
 
 Probe = Callable[[str, Any], Any]
 PROBE_SOURCE = "probe"  # the ``source`` of the events a probe's decision writes
-_PROBES: dict[str, Probe] = {}
-_LOCK = threading.Lock()
 _log = logging.getLogger("kernelext")
 
 
@@ -73,20 +70,23 @@ def register_probe(tool: str, fn: Probe) -> Probe:
             f"{EffectStatus.APPLIED.value!r}, {EffectStatus.NOT_APPLIED.value!r} or None, "
             f"not {type(fn).__name__}."
         )
-    with _LOCK:
-        _PROBES[tool] = fn
+    rt = runtime()
+    with rt.lock:
+        rt.probes[tool] = fn
     return fn
 
 
 def unregister_probe(tool: str) -> None:
-    with _LOCK:
-        _PROBES.pop(tool, None)
+    rt = runtime()
+    with rt.lock:
+        rt.probes.pop(tool, None)
 
 
 def probe_for(tool: str) -> Probe | None:
-    """The probe registered for ``tool`` in this process, if any."""
-    with _LOCK:
-        return _PROBES.get(tool)
+    """The probe registered for ``tool`` in this runtime, if any."""
+    rt = runtime()
+    with rt.lock:
+        return rt.probes.get(tool)
 
 
 def probe_actor(tool: str) -> str:
@@ -97,13 +97,13 @@ def probe_actor(tool: str) -> str:
 def settle_unknowns(run_id: str, store: Store, *, timeout: float | None = None) -> list[Settled]:
     """Ask the probes of run ``run_id``'s unknown effects; record each clear answer.
 
-    ``timeout`` bounds each probe (default: ``SETTINGS.check_timeout``, 10 s). Returns
+    ``timeout`` bounds each probe (default: the ``check_timeout`` setting, 10 s). Returns
     the effects decided; the others stay unknown for ``kx.reconcile``.
     """
     asked = [(row, fn) for row in store.open_unknowns(run_id) if (fn := probe_for(row["tool"]))]
     if not asked:
         return []
-    limit = SETTINGS.check_timeout if timeout is None else timeout
+    limit = runtime().settings.check_timeout if timeout is None else timeout
     calls = [_bind(fn, str(row["key"]), _stored_args(row.get("args"))) for row, fn in asked]
     settled: list[Settled] = []
     for (row, _fn), outcome in zip(asked, call_bounded(calls, limit), strict=True):

@@ -10,7 +10,7 @@ from ..status import EffectStatus, Status
 from ..store import Store, actor
 from ..store.effects import GIVE_UP
 from .codec import dumps_json
-from .settings import SETTINGS, get_store
+from .runtime import get_store, runtime
 
 __all__ = ["GIVE_UP", "Reconciliation", "UnknownEffect", "reconcile"]
 
@@ -94,7 +94,7 @@ class Reconciliation(list[UnknownEffect]):
         return self.text()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = SETTINGS.reconcile_renderer
+        renderer = runtime().settings.reconcile_renderer
         if renderer is None:
             return {"text/plain": self.text()}
         return renderer(self)

@@ -34,10 +34,9 @@ from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
 from .control import resume
 from .handle import Handle
 from .ledger import effect_key
-from .registry import ARGS_CACHE, live_handle
 from .resume import agent_for
 from .run import OUTSIDE_STEPS
-from .settings import SETTINGS, get_store
+from .runtime import get_store, runtime
 
 __all__ = ["restart"]
 
@@ -73,14 +72,15 @@ def restart(
         steps=carried,
         effects=_carried_effects(store, run_id, new_id, carried, cutoff),
         facts=[f for f in store.fact_rows(run_id) if _before(f, start, cutoff)],
-        deadline=SETTINGS.expiry.deadline("restart", store.now()),
+        deadline=runtime().settings.expiry.deadline("restart", store.now()),
         source=source,
         who=who,
         detail={"old_status": row["status"]},
     )
     store.write_restart(plan)
-    if run_id in ARGS_CACHE:
-        ARGS_CACHE.setdefault(new_id, ARGS_CACHE[run_id])
+    args_cache = runtime().args_cache
+    if run_id in args_cache:
+        args_cache.setdefault(new_id, args_cache[run_id])
     return resume(
         new_id,
         store=store,
@@ -96,7 +96,7 @@ def _check_restartable(
 ) -> None:
     status = row["status"]
     if status not in ENDED and status not in SUPERSEDABLE:
-        if live_handle(run_id) is not None:
+        if runtime().live_handle(run_id) is not None:
             hint = "Stop it first (its handle's .stop()) and wait for it."
         else:
             hint = (

@@ -22,9 +22,9 @@ from ..store import Store
 from .agent import Agent
 from .codec import loads_json
 from .handle import Handle
-from .registry import AGENTS, ARGS_CACHE
 from .resume_steps import before_first_action
 from .run import Run
+from .runtime import runtime
 from .takeover import take_over
 from .worker import launch
 
@@ -71,7 +71,7 @@ def agent_for(run_id: str, row: dict[str, Any], allow_code_change: bool, verb: s
 
     ``verb`` is the call the user makes again once they fixed it: ``resume`` or ``restart``.
     """
-    agent = AGENTS.get(row["agent"])
+    agent = runtime().agents.get(row["agent"])
     if agent is None:
         raise AgentError(
             f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
@@ -139,8 +139,9 @@ def _arguments(
     if row.get("args"):
         decoded = loads_json(row["args"])
         return tuple(decoded["args"]), dict(decoded["kwargs"])
-    if run_id in ARGS_CACHE:
-        return ARGS_CACHE[run_id]
+    args_cache = runtime().args_cache
+    if run_id in args_cache:
+        return args_cache[run_id]
     raise AgentError(
         f"Run {run_id!r} was started with arguments that are not JSON, so they were not stored. "
         f"Pass them again: kx.resume({run_id!r}, args=(...), kwargs={{...}})."

@@ -19,7 +19,7 @@ from ..store import Store
 from . import credentials
 from .facts import CONTRADICTIONS, recheck
 from .run import Run
-from .settings import SETTINGS
+from .runtime import runtime
 
 __all__ = ["before_first_action", "recheck_facts", "refresh_credentials"]
 
@@ -68,7 +68,7 @@ def _kept_facts(run: Run, store: Store, kind: str) -> list[dict[str, object]]:
 def refresh_credentials(run: Run, store: Store) -> None:
     """Refresh every credential the kept steps used (``kx.credentials``)."""
     rows = _kept_facts(run, store, "credential")
-    credentials.refresh_all(run, store, rows, SETTINGS.check_timeout)
+    credentials.refresh_all(run, store, rows, runtime().settings.check_timeout)
 
 
 def recheck_facts(run: Run, store: Store) -> None:
@@ -76,7 +76,7 @@ def recheck_facts(run: Run, store: Store) -> None:
     values = _kept_facts(run, store, "value")
     if not values:
         return
-    results = recheck(run, store, values, SETTINGS.check_timeout)
+    results = recheck(run, store, values, runtime().settings.check_timeout)
     bad = [r for r in results if r["status"] in CONTRADICTIONS]
     if bad:
         shown = "; ".join(f"{r['name']} {r['status']}" for r in bad[:5])

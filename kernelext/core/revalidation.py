@@ -6,7 +6,7 @@ On every resume, once the run has been taken over and before the first action
 1. refreshes every credential recorded by the completed steps (a failure stops the
    resume; the run stays ``suspended``);
 2. re-checks every value fact recorded by the completed steps (or outside any step),
-   each within ``SETTINGS.check_timeout`` seconds;
+   each within the ``check_timeout`` setting (seconds);
 3. on any contradiction, stops the resume in ``needs_decision``. The side-by-side
    details are in the ``facts`` table and in ``kx.revalidation(run_id)``.
 
@@ -35,7 +35,7 @@ from .codec import loads_json
 from .control import resume
 from .facts import CONTRADICTIONS
 from .handle import Handle
-from .settings import SETTINGS, get_store
+from .runtime import get_store, runtime
 
 __all__ = ["FactCheck", "Revalidation", "age_text", "revalidation"]
 
@@ -292,7 +292,7 @@ class Revalidation:
         return self.text()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = getattr(SETTINGS, "revalidation_renderer", None)
+        renderer = runtime().settings.revalidation_renderer
         if renderer is None:
             return {"text/plain": self.text()}
         return renderer(self)

@@ -9,9 +9,8 @@ from ..errors import RunStateError
 from ..store import Store, actor
 from .codec import dumps_json
 from .handle import Handle
-from .registry import ARGS_CACHE
 from .run import Run
-from .settings import get_store
+from .runtime import get_store, runtime
 from .worker import launch
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ def start_run(
     run_id = run_id or f"{agent.name}-{uuid.uuid4().hex[:8]}"
     if not isinstance(run_id, str) or not run_id.strip():
         raise ValueError(f"run_id must be a non-empty string, not {run_id!r}.")
-    ARGS_CACHE[run_id] = (args, kwargs)
+    runtime().args_cache[run_id] = (args, kwargs)
     created = store.create_run(
         run_id,
         agent.name,

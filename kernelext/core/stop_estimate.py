@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ..status import Status, StepStatus
 from ..store import Store
-from .settings import get_store
+from .runtime import get_store
 
 __all__ = [
     "CurrentStep",

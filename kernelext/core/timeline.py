@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from ..status import FINAL, Reason, Status, StepStatus
 from ..store import Store
-from .settings import get_store
+from .runtime import get_store
 from .stop_estimate import seconds_text, step_label
 from .timeline_svg import TimeAxis, clock, draw, esc
 

@@ -20,8 +20,8 @@ from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import RENEW_SECONDS, lease_until
-from .registry import END_HOOKS, LIVE_LOCK, LIVE_RUNS
 from .run import STOP_POLL_SECONDS, Run
+from .runtime import Runtime, runtime
 from .secrets import scrub_text
 
 __all__ = ["end_open_step", "finish_run", "launch", "suspend_run"]
@@ -33,11 +33,12 @@ _log = logging.getLogger("kernelext")
 def launch(
     handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Handle:
-    with LIVE_LOCK:
-        LIVE_RUNS[handle.run_id] = handle
+    rt = runtime()  # the worker ends its run in the runtime that launched it
+    with rt.live_lock:
+        rt.live_runs[handle.run_id] = handle
     thread = threading.Thread(
         target=_execute,
-        args=(handle, fn, args, kwargs),
+        args=(rt, handle, fn, args, kwargs),
         name=f"kernelext-run[{handle.run_id}]",
         daemon=True,
     )
@@ -58,7 +59,11 @@ def launch(
 
 
 def _execute(
-    handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    rt: Runtime,
+    handle: Handle,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> None:
     run, store = handle.run, handle.store
     run.thread_id = threading.get_ident()
@@ -106,16 +111,12 @@ def _execute(
     finally:
         handle.final_status = status
         run.thread_id = None
-        with LIVE_LOCK:
-            if LIVE_RUNS.get(run.id) is handle:
-                del LIVE_RUNS[run.id]
+        with rt.live_lock:
+            if rt.live_runs.get(run.id) is handle:
+                del rt.live_runs[run.id]
         reset_current_run(token)
         run.notify("end", status)
-        for hook in list(END_HOOKS):
-            try:
-                hook(run.id, status)
-            except Exception:
-                continue
+        rt.run_ended(run.id, status)
 
 
 def _store_fault(handle: Handle, fault: Exception) -> str:

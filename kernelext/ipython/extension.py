@@ -15,7 +15,7 @@ import contextlib
 import sys
 from typing import Any
 
-from ..core.settings import SETTINGS
+from ..core.runtime import Settings, runtime
 from . import options
 from .interrupt import InterruptHandler, kernel_supports_soft_interrupt, live_handles
 from .magics import Kernelext
@@ -38,18 +38,19 @@ class _Loaded:
         self,
         shell: Any,
         magics: Kernelext,
-        previous_renderer: Any,
+        settings: Settings,
         store_was_open: bool,
         previous_options: dict[str, Any],
     ) -> None:
         self.shell = shell
         self.magics = magics
-        self.previous_renderer = previous_renderer
+        self.settings = settings  # of the runtime that was current at loading
+        self.previous_renderer = settings.handle_renderer
         self.store_was_open = store_was_open
         self.previous_options = previous_options  # the notebook options before loading
-        self.previous_reconcile_renderer = SETTINGS.reconcile_renderer
-        self.previous_revalidation_renderer = SETTINGS.revalidation_renderer
-        self.previous_approvals_renderer = SETTINGS.approvals_renderer
+        self.previous_reconcile_renderer = settings.reconcile_renderer
+        self.previous_revalidation_renderer = settings.revalidation_renderer
+        self.previous_approvals_renderer = settings.approvals_renderer
 
 
 _STATE: _Loaded | None = None
@@ -129,7 +130,8 @@ def load(shell: Any) -> None:
         if _STATE.shell is shell:
             return
         unload(_STATE.shell)
-    store_was_open = SETTINGS._store is not None and not SETTINGS._store.closed
+    settings = runtime().settings
+    store_was_open = settings.store_open
     previous_options = options.saved()
     magics = Kernelext(shell=shell)
     shell.register_magics(magics)
@@ -138,11 +140,11 @@ def load(shell: Any) -> None:
         # Installed whatever soft_interrupt says: a press reads it (kx.configure may change it).
         magics.interrupt = InterruptHandler(kernel)
         magics.interrupt.install()
-    _STATE = _Loaded(shell, magics, SETTINGS.handle_renderer, store_was_open, previous_options)
-    SETTINGS.handle_renderer = render_handle
-    SETTINGS.reconcile_renderer = reconciliation_bundle
-    SETTINGS.revalidation_renderer = revalidation_bundle
-    SETTINGS.approvals_renderer = approvals_bundle
+    _STATE = _Loaded(shell, magics, settings, store_was_open, previous_options)
+    settings.handle_renderer = render_handle
+    settings.reconcile_renderer = reconciliation_bundle
+    settings.revalidation_renderer = revalidation_bundle
+    settings.approvals_renderer = approvals_bundle
     shell.events.register("post_execute", _refresh_panels)
     _install_decision_widgets()
 
@@ -166,15 +168,16 @@ def unload(shell: Any) -> None:
         shell.configurables.remove(magics)
     if magics.interrupt is not None:
         magics.interrupt.uninstall()
-    options.restore(state.previous_options)
-    if SETTINGS.handle_renderer is render_handle:
-        SETTINGS.handle_renderer = state.previous_renderer
-    if SETTINGS.reconcile_renderer is reconciliation_bundle:
-        SETTINGS.reconcile_renderer = state.previous_reconcile_renderer
-    if SETTINGS.revalidation_renderer is revalidation_bundle:
-        SETTINGS.revalidation_renderer = state.previous_revalidation_renderer
-    if SETTINGS.approvals_renderer is approvals_bundle:
-        SETTINGS.approvals_renderer = state.previous_approvals_renderer
+    settings = state.settings
+    options.restore(state.previous_options, settings)
+    if settings.handle_renderer is render_handle:
+        settings.handle_renderer = state.previous_renderer
+    if settings.reconcile_renderer is reconciliation_bundle:
+        settings.reconcile_renderer = state.previous_reconcile_renderer
+    if settings.revalidation_renderer is revalidation_bundle:
+        settings.revalidation_renderer = state.previous_revalidation_renderer
+    if settings.approvals_renderer is approvals_bundle:
+        settings.approvals_renderer = state.previous_approvals_renderer
     decisions = sys.modules.get(DECISIONS_MODULE)
     if decisions is not None:
         decisions.uninstall()
@@ -184,4 +187,4 @@ def unload(shell: Any) -> None:
     if module is not None:
         module.close_open_panels()
     if not state.store_was_open and not live_handles():
-        SETTINGS.close()  # opened lazily by this session; the next use opens it again
+        settings.close()  # opened lazily by this session; the next use opens it again

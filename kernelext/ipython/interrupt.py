@@ -28,7 +28,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from ..core.registry import LIVE_LOCK, LIVE_RUNS
+from ..core.runtime import runtime
 from .options import notebook_option
 
 __all__ = ["SOURCE", "InterruptHandler", "kernel_supports_soft_interrupt", "live_handles"]
@@ -44,10 +44,8 @@ def kernel_supports_soft_interrupt(kernel: Any) -> bool:
 
 
 def live_handles() -> list[Any]:
-    """Handles of runs executing in a worker thread of this process."""
-    with LIVE_LOCK:
-        handles = list(LIVE_RUNS.values())
-    return [h for h in handles if h.alive]
+    """Handles of runs executing in a worker thread of this process (its runtime)."""
+    return list(runtime().live_handles())
 
 
 class InterruptHandler:

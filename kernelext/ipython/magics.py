@@ -19,7 +19,7 @@ from ..core import control
 from ..core.api import configure, runs, sql
 from ..core.cell_runs import complete_cell_run
 from ..core.credentials import CredentialError
-from ..core.settings import SETTINGS
+from ..core.runtime import runtime
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
 from ..status import Status
 from .cells import run_agent_cell
@@ -194,7 +194,7 @@ class Kernelext(Magics):
         if not args.run_id:
             raise UsageError(f"%agent {command} needs a run id: %agent {command} RUN_ID")
         run_id: str = args.run_id
-        store = SETTINGS.store()
+        store = runtime().settings.store()
         row = store.find_run(run_id)
         if row is None:
             known = [str(r["id"]) for r in store.list_runs()]

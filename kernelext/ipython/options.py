@@ -1,7 +1,7 @@
 """The notebook options, as the IPython layer reads them when it acts.
 
 ``%config Kernelext.<name> = value`` and ``kx.configure(<name>=value)`` set the same
-process-wide setting (both go through ``kx.configure``, so both check values the same
+setting of the current runtime (both go through ``kx.configure``, so both check values the same
 way). The options below matter only in a notebook; they are read when a cell runs
 (``max_step_seconds``, ``allow_files``) or the interrupt button is pressed
 (``soft_interrupt``, ``interrupt_window``), so a change takes hold at once.
@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from ..core.settings import SETTINGS
+from ..core.runtime import Settings, runtime
 
 __all__ = ["NOTEBOOK_OPTIONS", "did_you_mean", "notebook_option", "restore", "saved"]
 
@@ -28,7 +28,7 @@ NOTEBOOK_OPTIONS: dict[str, Any] = {
 
 def notebook_option(name: str) -> Any:
     """The current value of notebook option ``name``."""
-    return getattr(SETTINGS, name, NOTEBOOK_OPTIONS[name])
+    return getattr(runtime().settings, name, NOTEBOOK_OPTIONS[name])
 
 
 def saved() -> dict[str, Any]:
@@ -36,10 +36,11 @@ def saved() -> dict[str, Any]:
     return {name: notebook_option(name) for name in NOTEBOOK_OPTIONS}
 
 
-def restore(values: dict[str, Any]) -> None:
-    """Put back what :func:`saved` returned."""
+def restore(values: dict[str, Any], settings: Settings | None = None) -> None:
+    """Put back what :func:`saved` returned (into ``settings``, default the current ones)."""
+    settings = settings if settings is not None else runtime().settings
     for name, value in values.items():
-        setattr(SETTINGS, name, value)
+        setattr(settings, name, value)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

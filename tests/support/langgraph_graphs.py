@@ -7,6 +7,8 @@ turn (so the ``ToolNode`` runs them in parallel threads), then answers ``done``.
 tool POSTs ``/orders/<order>`` and then waits until the file ``gate`` exists (a
 confirmation that takes a while): a test stops or interrupts the run while the tool waits,
 after the delivery happened and before the node's writes are saved.
+
+:func:`asking_graph` is a one-node graph whose node asks a person with ``interrupt()``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from langchain_core.tools import tool as langchain_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode
+from langgraph.types import interrupt
 
 from support.http_server import post_json
 
-__all__ = ["State", "build_graph", "orders_input"]
+__all__ = ["Asked", "State", "asking_graph", "build_graph", "orders_input"]
 
 
 class State(TypedDict):
@@ -77,3 +80,25 @@ def build_graph(
     builder.add_conditional_edges("model", route, ["tools", END])
     builder.add_edge("tools", "model")
     return builder.compile(checkpointer=checkpointer, name="deliveries")
+
+
+class Asked(TypedDict):
+    log: list[str]
+
+
+def asking_graph(*, twice: bool = False) -> Any:
+    """``approve`` asks whether to ship order A; ``twice``: then how many boxes (an integer
+    of at least 1, LangGraph's ``response_schema``), in the same node."""
+
+    def approve(state: Asked) -> Asked:
+        log = [*state["log"], f"A:{interrupt({'question': 'ship order A?', 'order': 'A'})}"]
+        if twice:
+            boxes = interrupt("How many boxes?", response_schema={"type": "integer", "minimum": 1})
+            log.append(f"boxes:{boxes}")
+        return {"log": log}
+
+    builder = StateGraph(Asked)
+    builder.add_node("approve", approve)
+    builder.add_edge(START, "approve")
+    builder.add_edge("approve", END)
+    return builder.compile(name="asking")

@@ -11,11 +11,12 @@ __all__ = ["finish_live_runs", "name", "wait_until"]
 
 
 def finish_live_runs(wait: float = 60.0) -> None:
-    """Stop every run still live in this process and wait for each to end."""
-    from kernelext.core.registry import LIVE_LOCK, LIVE_RUNS
+    """Stop every run still live in this process (its runtime) and wait for each to end."""
+    from kernelext.core.runtime import runtime
 
-    with LIVE_LOCK:
-        handles = list(LIVE_RUNS.values())
+    rt = runtime()
+    with rt.live_lock:
+        handles = list(rt.live_runs.values())
     for handle in handles:
         if handle.alive:
             handle.stop(source="test-teardown")
