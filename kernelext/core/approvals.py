@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import LedgerError
 from ..status import Reason, Status
@@ -99,6 +99,9 @@ def resume_if_here(store: Store, run_id: str, source: str) -> Any:
 
 
 # -- approvals ------------------------------------------------------------------------------
+T = TypeVar("T")
+
+
 class Approval:
     """One request to approve one call. Decide it with ``.approve()`` or ``.reject()``."""
 
@@ -156,13 +159,30 @@ class Approval:
         return f"<approval request {self.describe()} {self.decision or 'open'}>"
 
 
-class Approvals(list[Approval]):
-    """Open approval requests. In a notebook it displays as the approvals widget."""
+class _Waiting(list[T]):
+    """What waits for a person (of one run, or of every run); in a notebook it displays
+    as cards with their buttons (``approvals_renderer``), elsewhere as ``text()``."""
 
-    def __init__(self, run_id: str | None, store: Store, items: list[Approval]) -> None:
+    def __init__(self, run_id: str | None, store: Store, items: list[T]) -> None:
         super().__init__(items)
         self.run_id = run_id
         self.store = store
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        renderer = runtime().settings.approvals_renderer
+        if renderer is None:
+            return {"text/plain": self.text()}
+        return renderer(self)
+
+
+class Approvals(_Waiting[Approval]):
+    """Open approval requests. In a notebook it displays as the approvals widget."""
 
     @property
     def open(self) -> list[Approval]:
@@ -176,15 +196,6 @@ class Approvals(list[Approval]):
         lines += [f"  {item.describe()} -> {item.decision or 'undecided'}" for item in self]
         lines.append("Decide each: .approve(note=...) or .reject(note=...)")
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = runtime().settings.approvals_renderer
-        if renderer is None:
-            return {"text/plain": self.text()}
-        return renderer(self)
 
 
 def approvals(run_id: str | None = None, *, store: Store | None = None) -> Approvals:
@@ -344,13 +355,8 @@ class Question:
         return f"<question {self.describe()} {'answered' if self.answered else 'open'}>"
 
 
-class Questions(list[Question]):
+class Questions(_Waiting[Question]):
     """Open questions. In a notebook it displays as the questions widget."""
-
-    def __init__(self, run_id: str | None, store: Store, items: list[Question]) -> None:
-        super().__init__(items)
-        self.run_id = run_id
-        self.store = store
 
     def text(self) -> str:
         scope = f"Run {self.run_id}" if self.run_id else "All runs"
@@ -360,15 +366,6 @@ class Questions(list[Question]):
         lines += [f"  {q.describe()}" for q in self]
         lines.append("Answer each: .answer(value)  (or kx.answer(run_id, value))")
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = runtime().settings.approvals_renderer
-        if renderer is None:
-            return {"text/plain": self.text()}
-        return renderer(self)
 
 
 def questions(run_id: str | None = None, *, store: Store | None = None) -> Questions:

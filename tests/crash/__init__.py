@@ -177,7 +177,8 @@ class Worker:
         self._stderr.close()
 
     def stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:  # closed once the worker was reaped or killed
+            self._stderr.flush()
         try:
             return self.stderr_path.read_text(errors="replace")[-4000:]
         except OSError:
