@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import LedgerError, RunStateError
 from ..status import TERMINAL
+from .base import in_list
 from .effects import EffectsMixin
 from .records import insert_intent
 from .runs import RunsMixin
@@ -150,13 +151,14 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
     def open_approvals(self, run_id: str | None, now: dt.datetime) -> list[dict[str, Any]]:
         """Requests waiting for a decision, not expired, of runs that can still go on."""
         cols = ", ".join(f"a.{name}" for name in _APPROVAL_NAMES)
+        ended, terminal = in_list(TERMINAL)
         sql = (
             f"SELECT {cols} FROM approvals a JOIN runs r ON r.id = a.run_id"
             " WHERE a.decision IS NULL AND a.consumed_at IS NULL AND a.superseded_at IS NULL"
             " AND (a.expires_at IS NULL OR a.expires_at > ?)"
-            f" AND r.status NOT IN ({', '.join('?' for _ in TERMINAL)})"
+            f" AND r.status NOT IN {ended}"
         )
-        params: list[Any] = [now, *sorted(str(s) for s in TERMINAL)]
+        params: list[Any] = [now, *terminal]
         if run_id is not None:
             sql += " AND a.run_id = ?"
             params.append(run_id)
@@ -338,12 +340,13 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
     def open_inputs(self, run_id: str | None, now: dt.datetime) -> list[dict[str, Any]]:
         """Questions waiting for an answer, not expired, of runs that can still go on."""
         cols = ", ".join(f"i.{name}" for name in _INPUT_NAMES)
+        ended, terminal = in_list(TERMINAL)
         sql = (
             f"SELECT {cols} FROM inputs i JOIN runs r ON r.id = i.run_id"
             " WHERE i.answered_at IS NULL AND (i.expires_at IS NULL OR i.expires_at > ?)"
-            f" AND r.status NOT IN ({', '.join('?' for _ in TERMINAL)})"
+            f" AND r.status NOT IN {ended}"
         )
-        params: list[Any] = [now, *sorted(str(s) for s in TERMINAL)]
+        params: list[Any] = [now, *terminal]
         if run_id is not None:
             sql += " AND i.run_id = ?"
             params.append(run_id)

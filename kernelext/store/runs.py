@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import RunNotFound, RunStateError, did_you_mean
 from ..status import LIVE, Status
-from .base import StoreBase, actor
+from .base import StoreBase, actor, in_list
 from .records import STOP_REQUESTED, apply_record, check_record
 from .transitions import Transition, move_tx
 from .writer import Tx
@@ -239,10 +239,12 @@ class RunsMixin(StoreBase):
     def renew_lease(self, run_id: str, until: dt.datetime, owner: str) -> None:
         """Queue a lease renewal for a live run (ignored once the run is no longer live)."""
 
+        marks, live = in_list(LIVE)
+
         def job(tx: Tx) -> None:
             tx.execute(
-                "UPDATE runs SET lease_until = ?, owner = ? WHERE id = ? AND status IN (?, ?)",
-                (until, owner, run_id, *sorted(s.value for s in LIVE)),
+                f"UPDATE runs SET lease_until = ?, owner = ? WHERE id = ? AND status IN {marks}",
+                (until, owner, run_id, *live),
             )
 
         self.write_async(job)
