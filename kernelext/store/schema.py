@@ -244,6 +244,17 @@ _V6_LANGGRAPH = (
     )""",
 )
 
+_V7_TRUST = (
+    # The owner epoch: every take-over of a run increments it, and every write a process
+    # makes for a run carries the epoch it owns; a stale one is refused (fencing).
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS owner_epoch BIGINT DEFAULT 0",
+    # How the run's effect keys and argument hashes are derived; NULL: recorded before
+    # schema 7 (scheme 1: NUL-joined keys, type-name hashes), kept so resumes repeat nothing.
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS key_scheme INTEGER",
+    # When the run's expiry was delivered to ``kx.on_expire`` callbacks (at least once).
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS expiry_notified_at TIMESTAMP",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
@@ -251,6 +262,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "quarantine", _V4_QUARANTINE),
     Migration(5, "approvals and inputs", _V5_APPROVALS_AND_INPUTS),
     Migration(6, "langgraph checkpoints", _V6_LANGGRAPH),
+    Migration(7, "owner epoch, key scheme, expiry delivery", _V7_TRUST),
 )
 
 TABLES = (
