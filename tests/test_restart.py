@@ -147,15 +147,16 @@ def test_restart_from_an_earlier_step_does_not_repeat_carried_effects(
     expired_run(store, clock, delivery_server)
     handle = kx.restart("old", from_step=from_step, args=(delivery_server.url, ITEMS, None))
     assert handle.wait(WAIT) == "completed"
-    # State after step 0 ("a"), then b..e again: the carried announce and a are not
-    # delivered again; b and c run again because the restart chose to redo them.
+    # State after step 0 ("a"), then b..e again: the step bodies of b and c run again,
+    # but every effect the old run applied is carried over and replayed, never repeated.
     assert handle.result == ITEMS
-    assert counts(delivery_server) == {"announce": 1, "a": 1, "b": 2, "c": 2, "d": 1, "e": 1}
+    assert counts(delivery_server) == {"announce": 1, "a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
     new_steps = store.steps(handle.run_id)
     assert [s["key"] for s in new_steps] == ITEMS
-    # The repeated calls went out under the new run's keys.
-    keys = {r["idempotency_key"] for r in delivery_server.deliveries if r["body"]["item"] == "b"}
-    assert str(effect_key(handle.run_id, "b", "deliver", 0)) in keys
+    # The replayed calls of b and c are in the new run's ledger under its own keys.
+    ledger = store.load_effects(handle.run_id)
+    row = ledger[effect_key(handle.run_id, "b", "deliver", 0)]
+    assert row["status"] == "applied" and "carried over from run old" in row["decision_note"]
 
 
 def test_a_second_restart_gets_a_new_id_and_restarting_a_restart_works(
@@ -211,8 +212,9 @@ def test_restart_with_unknown_effects_demands_reconciliation(
     assert restarted.wait(WAIT) == "completed"
     assert restarted.result == ["x", "y"]
     assert store.get_run("hung")["status"] == "cancelled"  # superseded by the restart
-    # No step had completed, so the new run starts from the beginning: its own call.
-    assert counts(delivery_server) == {"x": 2, "y": 1}
+    # No step had completed, so the new run starts from the beginning; the call decided
+    # applied is carried with its result and replayed, not made again.
+    assert counts(delivery_server) == {"x": 1, "y": 1}
 
 
 def test_restart_takes_the_claims_back_and_refuses_when_someone_else_holds_them(

@@ -7,6 +7,23 @@ whoever waits: an ``expired`` event row, the callbacks registered with
 expired in one transaction that re-checks its status, so two sweeps, or a sweep and
 a resume, have exactly one winner.
 
+Callbacks get every expiry **at least once**. The expiry is committed first (status,
+event, claims), then this process's callbacks run, then ``runs.expiry_notified_at`` is
+set. A sweep in a process with callbacks registered (the kernel's periodic sweeper, a
+``kx.sweep()``) also delivers the expirations that no process marked: one whose sweep
+was killed between the commit and the mark, or a ``kernelext sweep`` from cron, which
+has no callbacks and leaves them for a process that has. An unmarked expiry is late
+``LATE_AFTER_SECONDS`` (60 s) after its commit (the sweep that made it marks it within
+moments) and is delivered while its snapshot is kept (``retention_seconds``).
+
+A callback may see a run twice: when its process dies after calling it and before the
+mark, the next sweep calls it again, so make callbacks idempotent (key them by
+``run_id``). Two sweeps of one process never both deliver one expiry; sweeps of several
+processes take turns on PostgreSQL (one advisory lock), while on DuckDB two processes
+sweeping at the same moment could both deliver a late one, each to its own callbacks.
+A callback that raises is recorded (``expire_callback_failed``) and counts as
+delivered: it is not called again for that run.
+
 An expired run keeps its snapshots for ``retention_seconds``
 (``kx.configure(retention_seconds=...)``) so that it can be restarted with
 ``kx.restart``. After that the sweeper removes the payloads and writes a
@@ -17,10 +34,11 @@ An expired run keeps its snapshots for ``retention_seconds``
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -56,12 +74,19 @@ class SweepResult:
     now: dt.datetime
     expired: list[ExpiredRun] = field(default_factory=list)
     removed: list[PayloadRemoval] = field(default_factory=list)
+    # Expired earlier (by a sweep that died before its callbacks ran, or one without
+    # callbacks), delivered to this process's callbacks by this sweep.
+    delivered: list[ExpiredRun] = field(default_factory=list)
     callback_errors: list[tuple[str, str]] = field(default_factory=list)  # (run id, error)
     busy: bool = False  # another process was sweeping this store; it did the work
 
     @property
     def expired_ids(self) -> list[str]:
         return [e.run_id for e in self.expired]
+
+    @property
+    def delivered_ids(self) -> list[str]:
+        return [e.run_id for e in self.delivered]
 
     @property
     def removed_ids(self) -> list[str]:
@@ -82,6 +107,9 @@ class SweepResult:
             for e in self.expired
         ]
         lines += [
+            f"  delivered the earlier expiry of {e.run_id} ({e.reason})" for e in self.delivered
+        ]
+        lines += [
             f"  removed {r.snapshots} snapshot(s), {r.blobs} payload(s) of {r.run_id}"
             for r in self.removed
         ]
@@ -95,11 +123,20 @@ class SweepResult:
 
 
 SWEEP_LOCK = "kernelext:sweep"  # the advisory lock that makes one sweeper act at a time
+# An expiry still not marked delivered this long after it was committed is delivered by
+# the next sweep with callbacks; the sweep that made it marks it within moments.
+LATE_AFTER_SECONDS = 60.0
+_DELIVERING: set[str] = set()  # run ids whose expiry a sweep of this process delivers now
+_DELIVERING_LOCK = threading.Lock()
 ExpireCallback = Callable[[ExpiredRun], Any]
 
 
 def on_expire(callback: ExpireCallback) -> ExpireCallback:
-    """Call ``callback(expired_run)`` whenever a sweep in this process expires a run.
+    """Call ``callback(expired_run)`` for every run that expires (at least once).
+
+    A sweep in this process calls it for the runs it expires, and for runs expired
+    earlier whose expiry no process delivered yet (see the module doc); a run may be
+    seen twice if a process dies between calling and recording the delivery.
 
     ``expired_run`` has ``run_id``, ``reason``, ``deadline`` and ``suspend_reason``.
     Usable as a decorator; a callback that raises is recorded as an
@@ -148,26 +185,67 @@ def sweep(
 def _sweep(now: dt.datetime | None, store: Store, source: str) -> SweepResult:
     at = _utc_naive(now) if now is not None else store.now()
     result = SweepResult(at)
+    rt = runtime()
+    retention = float(rt.settings.retention_seconds)
     for run_id in store.due_for_expiry(at):
         expiry = store.write(
             functools.partial(_expire_tx, store, run_id=run_id, now=at, source=source)
         )
         if expiry is not None:
-            info = ExpiredRun(
-                expiry.run_id,
-                f"deadline:{expiry.suspend_reason}",
-                expiry.deadline,
-                expiry.suspend_reason,
-            )
+            info = _info(expiry)
             result.expired.append(info)
-            _notify(store, info, result)
-    retention = float(runtime().settings.retention_seconds)
+            with _delivering(info.run_id):  # this sweep made the expiry: it delivers it
+                _notify(store, info, result)
+    _deliver_late(store, at, at - dt.timedelta(seconds=retention), result)
     cutoff = at - dt.timedelta(seconds=retention)
     for run_id in store.retention_due(cutoff):
         removal = store.remove_payloads(run_id, at, retention_seconds=retention, source=source)
         if removal is not None:
             result.removed.append(removal)
     return result
+
+
+def _info(expiry: Expiry) -> ExpiredRun:
+    return ExpiredRun(
+        expiry.run_id, f"deadline:{expiry.suspend_reason}", expiry.deadline, expiry.suspend_reason
+    )
+
+
+def _deliver_late(store: Store, at: dt.datetime, since: dt.datetime, result: SweepResult) -> None:
+    """Expirations no process delivered to its callbacks yet (the sweep that expired them
+    died first, or had no callbacks), expired within the retention period and at least
+    ``LATE_AFTER_SECONDS`` ago: this process's callbacks get them now. A process without
+    callbacks leaves them for one that has."""
+    rt = runtime()
+    with rt.lock:
+        if not rt.expire_callbacks:
+            return
+    fresh = {e.run_id for e in result.expired}
+    before = at - dt.timedelta(seconds=LATE_AFTER_SECONDS)
+    for expiry in store.undelivered_expiries(since, before):
+        if expiry.run_id in fresh:
+            continue
+        with _delivering(expiry.run_id) as mine:
+            # Another sweep of this process may have delivered and marked it meanwhile.
+            if mine and not store.expiry_delivered(expiry.run_id):
+                info = _info(expiry)
+                result.delivered.append(info)
+                _notify(store, info, result, late=True)
+
+
+@contextlib.contextmanager
+def _delivering(run_id: str) -> Iterator[bool]:
+    """Whether this thread delivers ``run_id`` now: False while another sweep of this
+    process delivers it (threads sweeping a DuckDB store do not exclude each other)."""
+    with _DELIVERING_LOCK:
+        mine = run_id not in _DELIVERING
+        _DELIVERING.add(run_id)
+    try:
+        yield mine
+    finally:
+        if mine:
+            with _DELIVERING_LOCK:
+                _DELIVERING.discard(run_id)
 
 
 def _expire_tx(
@@ -179,19 +257,25 @@ def _expire_tx(
     return expiry
 
 
-def _notify(store: Store, info: ExpiredRun, result: SweepResult) -> None:
+def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool = False) -> None:
+    """Tell this process: an open panel, the end hooks (for an expiry this sweep made),
+    then the ``kx.on_expire`` callbacks; once they ran, ``expiry_notified_at`` records the
+    delivery (a crash before that delivers it again: at least once)."""
     rt = runtime()
     with rt.live_lock:
         handle = rt.handles.get(info.run_id)
     if handle is not None:  # an open panel listens to its run
         handle.run.notify(Status.EXPIRED, info)
-    rt.run_ended(info.run_id, Status.EXPIRED)  # a broken hook must not break the sweep
+    if not late:
+        rt.run_ended(info.run_id, Status.EXPIRED)  # a broken hook must not break the sweep
     with rt.lock:
         callbacks = list(rt.expire_callbacks)
+    if not callbacks:  # left for a process that has callbacks (see _deliver_late)
+        return
     for callback in callbacks:
         try:
             callback(info)
-        except Exception as exc:  # recorded, never breaks the sweep
+        except Exception as exc:  # recorded, never breaks the sweep; not called again
             name = getattr(callback, "__qualname__", repr(callback))
             error = f"{type(exc).__name__}: {exc}"[:1000]
             result.callback_errors.append((info.run_id, error))
@@ -205,6 +289,10 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult) -> None:
                 )
             except Exception:  # the failure is in result.callback_errors
                 continue
+    try:
+        store.mark_expiry_notified([info.run_id], store.now())
+    except Exception as exc:  # not marked: the next sweep with callbacks delivers it again
+        result.callback_errors.append((info.run_id, f"not marked delivered: {exc}"[:1000]))
 
 
 def expiry_info(run_id: str, *, store: Store | None = None) -> dict[str, Any]:

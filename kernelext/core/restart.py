@@ -3,39 +3,58 @@
 The new run (new id, ``parent_id`` = the old run) starts from the state after the
 steps it carries over:
 
-* ``from_step=None``: after the last completed step (nothing is repeated);
+* ``from_step=None``: after the last completed step;
 * ``from_step=N`` (an int): at step ordinal ``N`` (0-based, as in the ``steps``
   table): steps ``0 .. N-1`` are carried over, the state is the one after step
-  ``N-1``, and step ``N`` runs again;
+  ``N-1``, and step ``N`` and every later one run again;
 * ``from_step="key"`` (a str): at the completed step with that key (it runs again).
 
-Carried steps become completed steps of the new run; their applied effects are
-copied into the new run's ledger under the new run's keys, so they are replayed,
-never repeated. Applied effects made outside any step before the restart point are
-carried too. Facts recorded before that point are copied and revalidated by the
-ordinary resume path, which the new run goes through. Claims the old run held are
-taken again by the new run.
+**Every applied effect of the old run is carried over**, whatever step made it: the
+completed steps', the effects of the step that was in progress when the run stopped
+(suspended for an approval that expired, failed with an error, was force-stopped or
+its process died), those of steps at or after ``from_step`` that run again, and calls
+made outside any step. Each is copied into the new run's ledger under the key the new
+run computes for the same call (``ledger.effect_key`` of the new run id, step key,
+tool and call ordinal), so the step that runs again replays it (its recorded result
+comes back) and never repeats it. A replayed call with other arguments stops with
+``EffectArgumentsMismatch``, as after ``replan``. The effects the old run carried from
+its own parent are in its ledger, so a restart of a restart carries them on.
 
-Refused when the old run has effects with an unknown outcome (reconcile first),
-when it is still executing, or when the needed snapshot was removed after the
-retention period. A run that is ``suspended`` or ``needs_decision`` is superseded:
-it is cancelled (claims released) in the same transaction that creates the new run.
+Effects that did not happen are not carried and are called again: ``failed`` ones
+(a resumable effect that failed: restarting is the deliberate retry), ``not_applied``
+ones (a person said it did not happen) and ``given_up`` ones (a person gave up on the
+old run without saying); the ``created`` event of the new run lists them
+(``called_again``). Refused while the old run has effects with an unknown outcome
+(``unknown``/``pending``, or a ``resumable=False`` call that failed and may have
+half-happened, which becomes ``unknown`` as on a resume): reconcile them first, and a
+``mark_applied`` decision is carried with its result like any applied effect.
+
+Facts recorded before the restart point are copied and revalidated by the ordinary
+resume path, which the new run goes through. Claims the old run held are taken again
+by the new run. Also refused when the old run is still executing, or when the needed
+snapshot was removed after the retention period. A run that is ``suspended`` or
+``needs_decision`` is superseded: it is cancelled (claims released) in the same
+transaction that creates the new run. A run made of ``%%agent`` cells restarts too (no
+agent function to check: the notebook's cells are its code): run the cells again under
+the new run id (``%%agent <old id>-restart1``); completed cells are skipped and the
+cell that was in progress replays what the old run applied.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 from ..errors import RunStateError
 from ..status import EffectStatus
 from ..store import Store, actor
 from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
+from .cell_runs import CELL_AGENT
 from .control import resume
 from .handle import Handle
 from .ledger import effect_key
 from .resume import agent_for
-from .run import OUTSIDE_STEPS
 from .runtime import get_store, runtime
 
 __all__ = ["restart"]
@@ -61,6 +80,7 @@ def restart(
     carried = [s for s in steps if s["ordinal"] < start]
     _check_snapshots(run_id, carried)
     cutoff: dt.datetime | None = max((s["ended_at"] for s in carried), default=None)
+    effects = list(store.load_effects(run_id).values())
     new_id = new_run_id or _next_child_id(store, run_id)
     if not isinstance(new_id, str) or not new_id.strip():
         raise ValueError(f"new_run_id must be a non-empty string, not {new_id!r}.")
@@ -70,12 +90,12 @@ def restart(
         new_id=new_id,
         start_ordinal=start,
         steps=carried,
-        effects=_carried_effects(store, run_id, new_id, carried, cutoff),
+        effects=_carried_effects(effects, run_id, new_id),
         facts=[f for f in store.fact_rows(run_id) if _before(f, start, cutoff)],
         deadline=runtime().settings.expiry.deadline("restart", store.now()),
         source=source,
         who=who,
-        detail={"old_status": row["status"]},
+        detail={"old_status": row["status"], "called_again": _called_again(effects)},
     )
     store.write_restart(plan)
     args_cache = runtime().args_cache
@@ -106,11 +126,17 @@ def _check_restartable(
         raise RunStateError(
             f"Run {run_id!r} is {status}; a running run cannot be restarted. " + hint
         )
-    unknown = [
-        e
-        for e in store.load_effects(run_id).values()
-        if e["status"] in (EffectStatus.UNKNOWN, EffectStatus.PENDING)
-    ]
+    if row["agent"] != CELL_AGENT:  # %%agent cells: the notebook's cells are the code
+        agent_for(run_id, row, allow_code_change, "restart")  # before the ledger changes
+    effects = store.load_effects(run_id).values()
+    for effect in effects:  # may have half-happened: decided like an unknown one, as on resume
+        if effect["status"] == EffectStatus.FAILED and not effect["resumable"]:
+            store.mark_failed_unknown(
+                effect["key"],
+                f"resumable=False call failed ({effect.get('error')}); may have happened",
+            )
+            effect["status"] = EffectStatus.UNKNOWN
+    unknown = [e for e in effects if e["status"] in (EffectStatus.UNKNOWN, EffectStatus.PENDING)]
     if unknown:
         tools = ", ".join(sorted({str(e["tool"]) for e in unknown}))
         raise RunStateError(
@@ -118,7 +144,6 @@ def _check_restartable(
             f"Reconcile them first with kx.reconcile({run_id!r}) (mark each applied or not "
             f"applied), then call kx.restart({run_id!r}) again."
         )
-    agent_for(run_id, row, allow_code_change, "restart")
 
 
 def _start_ordinal(run_id: str, steps: list[dict[str, Any]], from_step: int | str | None) -> int:
@@ -170,36 +195,34 @@ def _before(row: dict[str, Any], start: int, cutoff: dt.datetime | None) -> bool
     return cutoff is not None and row["recorded_at"] <= cutoff
 
 
+def child_key(new_id: str, row: dict[str, Any]) -> uuid.UUID:
+    """The key the new run computes for the call recorded in ``row`` (the one place
+    restart derives a key: through the ledger's ``effect_key``)."""
+    return effect_key(new_id, row["step_key"], row["tool"], int(row["call_ordinal"]))
+
+
 def _carried_effects(
-    store: Store,
-    old_id: str,
-    new_id: str,
-    carried: list[dict[str, Any]],
-    cutoff: dt.datetime | None,
+    effects: list[dict[str, Any]], old_id: str, new_id: str
 ) -> list[dict[str, Any]]:
-    keys = {s["key"]: s["ordinal"] for s in carried}
+    """Every applied effect of the old run, keyed for the new run (see the module doc)."""
     out: list[dict[str, Any]] = []
-    for old in store.load_effects(old_id).values():
+    for old in effects:
         if old["status"] != EffectStatus.APPLIED:
-            continue
-        in_step = old["step_key"] in keys and old["step_ordinal"] == keys[old["step_key"]]
-        outside = (
-            old["step_key"] == OUTSIDE_STEPS and cutoff is not None and old["intent_at"] <= cutoff
-        )
-        if not (in_step or outside):
             continue
         note = f"carried over from run {old_id} (key {old['key']})"
         if old.get("decision_note"):
             note += f"; {old['decision_note']}"
-        out.append(
-            {
-                **old,
-                "key": effect_key(new_id, old["step_key"], old["tool"], int(old["call_ordinal"])),
-                "run_id": new_id,
-                "decision_note": note,
-            }
-        )
+        out.append({**old, "key": child_key(new_id, old), "run_id": new_id, "decision_note": note})
     return out
+
+
+def _called_again(effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The effects of the old run that did not happen, which the new run calls again."""
+    return [
+        {"key": str(e["key"]), "tool": e["tool"], "step": e["step_key"], "status": e["status"]}
+        for e in effects
+        if e["status"] != EffectStatus.APPLIED
+    ]
 
 
 def _next_child_id(store: Store, run_id: str) -> str:

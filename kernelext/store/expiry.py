@@ -2,6 +2,9 @@
 
 * Expiring a run re-checks, inside the transaction, that it is still suspended and
   past its deadline, so two sweepers (or a sweeper and a resume) have one winner.
+* Delivery of an expiry to ``kx.on_expire`` callbacks is tracked in
+  ``runs.expiry_notified_at``: set once a process's callbacks ran for it (see
+  ``core/expiry.py``: at least once).
 * After the retention period the payloads of an expired run (blob rows and side
   files) are removed and its snapshots marked ``removed_at``; the run row, steps,
   ledger and events stay as the audit record.
@@ -22,7 +25,9 @@ from .runs import RunsMixin
 from .steps import StepsMixin
 from .writer import Tx
 
-__all__ = ["WAITING", "Expiry", "ExpiryMixin", "PayloadRemoval"]
+__all__ = ["EXPIRY_PREFIX", "WAITING", "Expiry", "ExpiryMixin", "PayloadRemoval"]
+
+EXPIRY_PREFIX = "deadline:"  # an expired run's reason: "deadline:<why it waited>"
 
 
 class Expiry(NamedTuple):
@@ -70,7 +75,7 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
             WAITING,
             kind=Status.EXPIRED,
             source=source,
-            reason=f"deadline:{suspend_reason}",
+            reason=EXPIRY_PREFIX + suspend_reason,
             detail={
                 "deadline": deadline.isoformat(),
                 "suspend_reason": suspend_reason,
@@ -78,6 +83,47 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
             },
         )
         return Expiry(run_id, suspend_reason, deadline) if result.ok else None
+
+    # -- delivery to kx.on_expire callbacks (at least once) ------------------------------
+    def undelivered_expiries(self, since: dt.datetime, before: dt.datetime) -> list[Expiry]:
+        """Expired runs whose expiry no process delivered to its ``kx.on_expire`` callbacks
+        yet (``expiry_notified_at`` is NULL), among those that expired between ``since``
+        and ``before``; oldest expiry first."""
+        rows = self.read(
+            "SELECT r.id, r.reason, r.deadline FROM runs r JOIN events e ON e.run_id = r.id"
+            " AND e.kind = ? WHERE r.status = ? AND r.expiry_notified_at IS NULL"
+            " GROUP BY r.id, r.reason, r.deadline"
+            " HAVING max(e.occurred_at) >= ? AND max(e.occurred_at) <= ?"
+            " ORDER BY max(e.occurred_at), r.id",
+            (Status.EXPIRED, Status.EXPIRED, since, before),
+        )
+        return [
+            Expiry(str(run_id), str(reason or "").removeprefix(EXPIRY_PREFIX), deadline)
+            for run_id, reason, deadline in rows
+        ]
+
+    def expiry_delivered(self, run_id: str) -> bool:
+        """Whether a process recorded delivering the expiry of ``run_id`` to callbacks."""
+        rows = self.read("SELECT expiry_notified_at FROM runs WHERE id = ?", (run_id,))
+        return bool(rows) and rows[0][0] is not None
+
+    def mark_expiry_notified(self, run_ids: list[str], now: dt.datetime) -> list[str]:
+        """Record that this process's callbacks ran for these expired runs; returns the ids
+        this call marked (a run another sweep marked meanwhile keeps its time)."""
+        if not run_ids:
+            return []
+        marks, ids = in_list(run_ids)
+
+        def job(tx: Tx) -> list[str]:
+            rows = tx.fetchall(
+                f"UPDATE runs SET expiry_notified_at = ? WHERE id IN {marks}"
+                " AND status = ? AND expiry_notified_at IS NULL RETURNING id",
+                (now, *ids, Status.EXPIRED),
+            )
+            return sorted(str(r[0]) for r in rows)
+
+        marked: list[str] = self.write(job)
+        return marked
 
     def release_run_claims_tx(self, tx: Tx, run_id: str, why: str, source: str = "engine") -> int:
         rows = tx.fetchall(

@@ -1,7 +1,8 @@
 """Restart: copying what a new run carries over from an old one, in one transaction.
 
-The kept snapshots, completed steps, applied effects (already keyed for the new run
-by the core) and facts of the old run are copied into a new run in status
+The kept snapshots, completed steps, every applied effect (already keyed for the new
+run by the core; the transaction re-checks that the old run's ledger did not change
+since) and facts of the old run are copied into a new run in status
 ``suspended``; payload side files are hard-linked (copied when linking fails), so
 the old run's retention removal never touches the new run's payloads. The claims the
 old run held are taken again. A ``suspended`` or ``needs_decision`` old run is
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RunStateError, StoreError
-from ..status import FINAL, WAITING, Reason, Status, StepStatus
+from ..status import FINAL, WAITING, EffectStatus, Reason, Status, StepStatus
+from .base import in_list
 from .claims import ClaimsMixin
 from .expiry import ExpiryMixin
 from .runs import RunsMixin
@@ -125,6 +127,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
                 f"Run {plan.old_id!r} became {status} while the restart was prepared; "
                 "try again once it has stopped."
             )
+        self._check_ledger_tx(tx, plan)
         snapshot_ids = [s["snapshot_id"] for s in plan.steps if s["snapshot_id"] is not None]
         if snapshot_ids:
             marks = ", ".join("?" for _ in snapshot_ids)
@@ -196,6 +199,27 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             reason=f"restarted as {plan.new_id}",
             detail={"new_run": plan.new_id, "from_step": plan.start_ordinal},
         )
+
+    @staticmethod
+    def _check_ledger_tx(tx: Tx, plan: RestartPlan) -> None:
+        """The old run's ledger is still the one the core read: every applied effect is
+        carried and none has an open outcome (a resume in between would show here)."""
+        marks, statuses = in_list(
+            (EffectStatus.APPLIED, EffectStatus.UNKNOWN, EffectStatus.PENDING)
+        )
+        rows = tx.fetchall(
+            f"SELECT status, count(*) FROM effects WHERE run_id = ? AND status IN {marks}"
+            " GROUP BY status",
+            (plan.old_id, *statuses),
+        )
+        found = {str(status): int(n) for status, n in rows}
+        applied = found.pop(EffectStatus.APPLIED, 0)
+        if applied != len(plan.effects) or found:
+            raise RunStateError(
+                f"The ledger of run {plan.old_id!r} changed while the restart was prepared "
+                f"({applied} applied, {found or 'none'} open, {len(plan.effects)} carried); "
+                "try again."
+            )
 
     def _copy_steps_tx(
         self, tx: Tx, plan: RestartPlan, mapping: dict[uuid.UUID, uuid.UUID]

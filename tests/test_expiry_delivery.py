@@ -1,0 +1,217 @@
+"""``kx.on_expire`` callbacks get every expiry at least once (issue 19 item 7).
+
+The expiry is committed first; ``runs.expiry_notified_at`` records that a process's
+callbacks ran for it. A sweep killed in between leaves it unmarked, and the next sweep
+of a process with callbacks delivers it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crash import CRASH_DIR, WorkerPool, whole_lines
+from support.live import finish_live_runs
+
+import kernelext as kx
+from kernelext.core import expiry
+from kernelext.core.runtime import runtime
+from kernelext.store import Store, open_store
+
+pytestmark = pytest.mark.both_backends
+
+WAIT = 60.0
+T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
+LATE = dt.timedelta(seconds=expiry.LATE_AFTER_SECONDS + 1)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = T0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> dt.datetime:
+        with self._lock:
+            self.now += dt.timedelta(microseconds=100)
+            return self.now
+
+    def advance(self, delta: dt.timedelta) -> dt.datetime:
+        with self._lock:
+            self.now += delta
+            return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(store_path: Path, clock: FakeClock) -> Iterator[Store]:
+    opened = open_store(str(store_path), clock=clock)
+    runtime().settings.use_store(opened)
+    yield opened
+    finish_live_runs()
+    runtime().close()
+
+
+def suspend(run_id: str, store: Store | None = None, deadline: Any = None) -> None:
+    @kx.agent(name=f"waiter-{uuid.uuid4().hex[:6]}")
+    def waiter(run: kx.Run) -> None:
+        with run.step("only"):
+            run.suspend("rate_limit", deadline=deadline)
+
+    assert waiter.start(run_id=run_id, store=store).wait(WAIT) == "suspended"
+
+
+def notified_at(store: Store, run_id: str) -> Any:
+    [(at,)] = store.read("SELECT expiry_notified_at FROM runs WHERE id = ?", (run_id,))
+    return at
+
+
+@pytest.fixture
+def seen() -> Iterator[list[str]]:
+    calls: list[str] = []
+
+    def remember(info: expiry.ExpiredRun) -> None:
+        calls.append(info.run_id)
+
+    kx.on_expire(remember)
+    yield calls
+    expiry.remove_on_expire(remember)
+
+
+# -- a sweep killed right after the expiry committed ----------------------------------------
+@pytest.mark.crash
+def test_a_sweep_killed_after_the_expiry_leaves_it_for_the_next_sweep(tmp_path: Path) -> None:
+    path = tmp_path / "swept.duckdb"
+    side_log = tmp_path / "paged.log"
+    opened = open_store(str(path))
+    runtime().settings.use_store(opened)
+    pool = WorkerPool(CRASH_DIR / "sweep_worker.py", tmp_path)
+    try:
+        suspend("paged", opened, deadline=dt.timedelta(seconds=1))
+        now = opened.now() + dt.timedelta(seconds=5)
+        worker = pool.take()
+        worker.go(store=str(path), side_log=str(side_log), now=now.isoformat())
+        assert worker.reap() == -9, worker.stderr()  # killed inside its callback
+        assert [m.group(0) for m in whole_lines(side_log, r"paged")] == ["paged"]
+        row = opened.get_run("paged")
+        assert (row["status"], row["reason"]) == ("expired", "deadline:rate_limit")
+        assert [e for e in opened.events("paged") if e["kind"] == "expired"]
+        assert not opened.expiry_delivered("paged")  # the delivery was never recorded
+
+        calls: list[expiry.ExpiredRun] = []
+        kx.on_expire(calls.append)
+        soon = kx.sweep(now + dt.timedelta(seconds=1))  # still the other sweep's to mark
+        assert (soon.expired, soon.delivered, calls) == ([], [], [])
+        late = kx.sweep(now + LATE)
+        assert (
+            late.expired == [] and late.delivered_ids == ["paged"]
+            if hasattr(late, "delivered_ids")
+            else [e.run_id for e in late.delivered] == ["paged"]
+        )
+        assert calls == [
+            expiry.ExpiredRun("paged", "deadline:rate_limit", row["deadline"], "rate_limit")
+        ]
+        assert "delivered the earlier expiry of paged" in late.text()
+        assert opened.expiry_delivered("paged")
+        assert kx.sweep(now + 2 * LATE).delivered == []  # once marked, never again
+        assert len(calls) == 1
+    finally:
+        pool.close()
+        runtime().close()
+
+
+# -- in one process ---------------------------------------------------------------------
+def test_a_sweep_with_callbacks_marks_what_it_delivered(
+    store: Store, clock: FakeClock, seen: list[str]
+) -> None:
+    suspend("marked")
+    clock.advance(dt.timedelta(hours=2))
+    assert kx.sweep().expired_ids == ["marked"]
+    assert seen == ["marked"] and notified_at(store, "marked") is not None
+    clock.advance(LATE)
+    assert kx.sweep().delivered == [] and seen == ["marked"]
+
+
+def test_a_sweep_without_callbacks_leaves_the_delivery_to_one_with_them(
+    store: Store, clock: FakeClock
+) -> None:
+    suspend("cron")
+    clock.advance(dt.timedelta(hours=2))
+    assert kx.sweep().expired_ids == ["cron"]  # like `kernelext sweep` from cron
+    assert notified_at(store, "cron") is None
+    clock.advance(LATE)
+    assert kx.sweep().delivered == []  # still nobody to tell
+    calls: list[str] = []
+    kx.on_expire(lambda info: calls.append(info.run_id))
+    assert kx.sweep().delivered_ids == ["cron"]
+    assert calls == ["cron"] and notified_at(store, "cron") is not None
+
+
+def test_a_callback_that_raises_counts_as_delivered(store: Store, clock: FakeClock) -> None:
+    calls: list[str] = []
+
+    def broken(info: expiry.ExpiredRun) -> None:
+        calls.append(info.run_id)
+        raise RuntimeError("pager offline")
+
+    suspend("broken")
+    kx.on_expire(broken)
+    clock.advance(dt.timedelta(hours=2))
+    result = kx.sweep()
+    assert [r for r, _ in result.callback_errors] == ["broken"]
+    assert notified_at(store, "broken") is not None
+    clock.advance(LATE)
+    assert kx.sweep().delivered == [] and calls == ["broken"]  # not retried forever
+    assert len([e for e in store.events("broken") if e["kind"] == "expire_callback_failed"]) == 1
+
+
+def test_two_sweeps_at_once_deliver_a_late_expiry_once(store: Store, clock: FakeClock) -> None:
+    for i in range(4):
+        suspend(f"late-{i}")
+    clock.advance(dt.timedelta(hours=2))
+    assert len(kx.sweep().expired) == 4  # no callbacks yet: all unmarked
+    calls: list[str] = []
+    slow = threading.Event()
+
+    def pager(info: expiry.ExpiredRun) -> None:
+        calls.append(info.run_id)
+        slow.wait(0.05)  # long enough for the other sweeps to look meanwhile
+
+    kx.on_expire(pager)
+    clock.advance(LATE)
+    barrier = threading.Barrier(3)
+    results: list[expiry.SweepResult] = []
+
+    def sweeper() -> None:
+        barrier.wait(WAIT)
+        results.append(kx.sweep())
+
+    threads = [threading.Thread(target=sweeper) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert sorted(calls) == [f"late-{i}" for i in range(4)]
+    assert sorted(e.run_id for r in results for e in r.delivered) == sorted(calls)
+
+
+def test_an_expiry_older_than_the_retention_period_is_not_delivered(
+    store: Store, clock: FakeClock
+) -> None:
+    kx.configure(retention_seconds=3600)
+    suspend("ancient")
+    clock.advance(dt.timedelta(hours=2))
+    kx.sweep()
+    clock.advance(dt.timedelta(hours=2))  # its snapshot is gone: nothing left to act on
+    calls: list[str] = []
+    kx.on_expire(lambda info: calls.append(info.run_id))
+    result = kx.sweep()
+    assert result.removed_ids == ["ancient"] and result.delivered == [] and calls == []

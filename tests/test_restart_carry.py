@@ -1,0 +1,544 @@
+"""``kx.restart`` carries every applied effect of the old run, whatever way its last
+step ended: none is delivered twice (issue 19 item 6).
+
+Each test counts deliveries on the real local HTTP server (tests/support/http_server.py)
+that the effects POST to, under the ledger's key as ``Idempotency-Key`` (no dedupe:
+a repeated call would be counted).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crash import CRASH_DIR, Worker, WorkerPool
+from support.http_server import DeliveryServer, post_json
+from support.live import finish_live_runs
+
+import kernelext as kx
+from kernelext.core.ledger import effect_key
+from kernelext.core.runtime import runtime
+from kernelext.store import Store, open_store
+
+WAIT = 60.0
+T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
+
+
+class TickingClock:
+    """Fake UTC time: a millisecond passes per reading; ``advance`` jumps ahead."""
+
+    def __init__(self) -> None:
+        self.now = T0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> dt.datetime:
+        with self._lock:
+            self.now += dt.timedelta(milliseconds=1)
+            return self.now
+
+    def advance(self, **delta: float) -> None:
+        with self._lock:
+            self.now += dt.timedelta(**delta)
+
+
+@pytest.fixture
+def clock() -> TickingClock:
+    return TickingClock()
+
+
+@pytest.fixture
+def store(store_path: Path, clock: TickingClock) -> Iterator[Store]:
+    opened = open_store(str(store_path), clock=clock)
+    runtime().settings.use_store(opened)
+    yield opened
+    finish_live_runs()
+    runtime().close()
+
+
+URL: dict[str, str] = {"url": ""}
+
+
+@pytest.fixture
+def server(delivery_server: DeliveryServer) -> DeliveryServer:
+    URL["url"] = delivery_server.url
+    return delivery_server
+
+
+@kx.effect
+def notify(item: str, *, idempotency_key: str | None = None) -> Any:
+    return post_json(URL["url"] + "/notify", {"item": item}, idempotency_key=idempotency_key).body
+
+
+@kx.effect(needs_approval=True)
+def pay(amount: int, *, idempotency_key: str | None = None) -> Any:
+    body = {"item": f"pay {amount}"}
+    return post_json(URL["url"] + "/pay", body, idempotency_key=idempotency_key).body
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def counts(server: DeliveryServer) -> dict[str, int]:
+    server.settle()
+    out: dict[str, int] = {}
+    for record in server.deliveries:
+        out[record["body"]["item"]] = out.get(record["body"]["item"], 0) + 1
+    return out
+
+
+def carried(store: Store, run_id: str) -> dict[str, dict[str, Any]]:
+    """The carried ledger rows of ``run_id`` by their arguments' ``item``."""
+    out = {}
+    for row in store.load_effects(run_id).values():
+        if "carried over from run" in (row["decision_note"] or ""):
+            args = json.loads(row["args"])
+            out[str(args.get("item", row["args"]))] = row
+    return out
+
+
+def approval_agent() -> kx.Agent:
+    """One step that notifies, then makes a payment that needs approval."""
+
+    @kx.agent(name=unique("payer"))
+    def payer(run: kx.Run) -> Any:
+        with run.step("checkout"):
+            run.state["note"] = notify("checkout")
+            run.state["receipt"] = pay(40)
+        with run.step("thanks"):
+            notify("thanks")
+        return sorted(run.state)
+
+    return payer
+
+
+def expire(clock: TickingClock, run_id: str, days: float = 8) -> None:
+    clock.advance(days=days)
+    assert run_id in kx.sweep().expired_ids
+
+
+# -- (a) the issue's case: an approval that expired ---------------------------------------
+def test_a_step_whose_approval_expired_does_not_notify_again(
+    store: Store, clock: TickingClock, server: DeliveryServer
+) -> None:
+    handle = approval_agent().start(run_id="shop")
+    assert handle.wait(WAIT) == "suspended"
+    assert store.get_run("shop")["reason"] == "approval"
+    expire(clock, "shop")
+    assert counts(server) == {"checkout": 1}
+
+    child = kx.restart("shop")
+    assert child.wait(WAIT) == "suspended"  # the payment asks for a new approval
+    assert counts(server) == {"checkout": 1}  # the notification was replayed
+    [request] = kx.approvals(child.run_id)
+    done = request.approve()
+    assert done.wait(WAIT) == "completed"
+    assert counts(server) == {"checkout": 1, "pay 40": 1, "thanks": 1}
+    row = carried(store, child.run_id)["checkout"]
+    assert row["key"] == effect_key(child.run_id, "checkout", "notify", 0)
+    assert row["step_key"] == "checkout" and row["status"] == "applied"
+    # The same notification under the new key is what the step got back on replay.
+    assert done.run.state["note"] == json.loads(row["result"])
+
+
+def test_a_restart_of_a_restart_carries_the_grandparents_effects(
+    store: Store, clock: TickingClock, server: DeliveryServer
+) -> None:
+    assert approval_agent().start(run_id="gp").wait(WAIT) == "suspended"
+    expire(clock, "gp")
+    first = kx.restart("gp")
+    assert first.wait(WAIT) == "suspended"
+    expire(clock, first.run_id)  # the new approval request expired too
+    second = kx.restart(first.run_id)
+    assert second.run_id == "gp-restart1-restart1"
+    assert second.wait(WAIT) == "suspended"
+    assert kx.approvals(second.run_id)[0].approve().wait(WAIT) == "completed"
+    assert counts(server) == {"checkout": 1, "pay 40": 1, "thanks": 1}
+    note = carried(store, second.run_id)["checkout"]["decision_note"]
+    assert note.startswith("carried over from run gp-restart1") and "from run gp " in note
+
+
+def test_two_restarts_of_one_parent_both_replay_its_effects(
+    store: Store, clock: TickingClock, server: DeliveryServer
+) -> None:
+    assert approval_agent().start(run_id="twice").wait(WAIT) == "suspended"
+    expire(clock, "twice")
+    one = kx.restart("twice")
+    two = kx.restart("twice")
+    assert (one.run_id, two.run_id) == ("twice-restart1", "twice-restart2")
+    assert one.wait(WAIT) == "suspended" and two.wait(WAIT) == "suspended"
+    assert counts(server) == {"checkout": 1}
+    for run_id in (one.run_id, two.run_id):
+        assert carried(store, run_id)["checkout"]["key"] == effect_key(
+            run_id, "checkout", "notify", 0
+        )
+
+
+# -- (b) the step raised an error after an effect -----------------------------------------
+def test_a_step_that_raised_after_an_effect_does_not_repeat_it(
+    store: Store, server: DeliveryServer
+) -> None:
+    @kx.agent(name=unique("crasher"))
+    def crasher(run: kx.Run, fail: bool) -> Any:
+        with run.step("one"):
+            notify("one")
+        with run.step("two"):
+            notify("two")
+            if fail:
+                raise RuntimeError("the model answered nonsense")
+            notify("two-b")
+        return "ok"
+
+    handle = crasher.start(True, run_id="raised")
+    assert handle.wait(WAIT) == "failed"
+    child = kx.restart("raised", args=(False,))
+    assert child.wait(WAIT) == "completed" and child.result == "ok"
+    assert counts(server) == {"one": 1, "two": 1, "two-b": 1}
+    assert set(carried(store, child.run_id)) == {"one", "two"}
+
+
+def test_failed_and_not_applied_effects_are_called_again(
+    store: Store, server: DeliveryServer
+) -> None:
+    attempts: list[str] = []
+
+    @kx.effect
+    def flaky(item: str) -> Any:
+        attempts.append(item)
+        if len(attempts) == 1:
+            raise ConnectionError("the API is down")
+        return post_json(URL["url"] + "/flaky", {"item": item}).body
+
+    @kx.agent(name=unique("flaker"))
+    def flaker(run: kx.Run) -> Any:
+        with run.step("only"):
+            notify("before")
+            return flaky("x")
+
+    assert flaker.start(run_id="flaked").wait(WAIT) == "failed"
+    child = kx.restart("flaked")
+    assert child.wait(WAIT) == "completed"
+    assert attempts == ["x", "x"]  # restarting is the deliberate retry of a failed call
+    assert counts(server) == {"before": 1, "x": 1}
+    created = next(e for e in store.events(child.run_id) if e["kind"] == "created")
+    [again] = json.loads(created["detail"])["called_again"]
+    assert (again["tool"], again["status"]) == ("flaky", "failed")
+
+
+def test_a_failed_resumable_false_call_must_be_reconciled_first(
+    store: Store, server: DeliveryServer
+) -> None:
+    calls: list[int] = []
+
+    @kx.effect(resumable=False)
+    def legacy(item: str) -> Any:
+        calls.append(1)
+        post_json(URL["url"] + "/legacy", {"item": item})
+        if len(calls) == 1:
+            raise TimeoutError("no answer")  # it may have happened (it did)
+        return "ok"
+
+    @kx.agent(name=unique("legacy"))
+    def legacy_agent(run: kx.Run) -> Any:
+        with run.step("only"):
+            return legacy("L")
+
+    assert legacy_agent.start(run_id="legacy").wait(WAIT) == "failed"
+    with pytest.raises(kx.RunStateError, match=r"unknown \(legacy\)"):
+        kx.restart("legacy")
+    [unknown] = kx.reconcile("legacy")
+    unknown.mark_applied(result="ok", note="the server log shows it")
+    child = kx.restart("legacy")
+    assert child.wait(WAIT) == "completed" and child.result == "ok"
+    assert calls == [1] and counts(server) == {"L": 1}
+
+
+# -- (c) a forced stop during the step, after an effect completed -------------------------
+def test_a_forced_stop_after_an_effect_carries_it_once_the_unknown_one_is_decided(
+    store: Store, server: DeliveryServer
+) -> None:
+    entered = threading.Event()
+
+    @kx.effect
+    def hang(item: str) -> str:
+        post_json(URL["url"] + "/hang", {"item": item})
+        if not entered.is_set():
+            entered.set()
+            while True:  # the forced stop lands here, at a bytecode boundary
+                time.sleep(0.01)
+        return "sent"
+
+    @kx.agent(name=unique("hanger"), max_step_seconds=0.3)
+    def hanger(run: kx.Run) -> Any:
+        with run.step("first"):
+            notify("first")
+        with run.step("slow"):
+            notify("slow")
+            run.state["hang"] = hang("h")
+            notify("slow-after")
+        return run.state["hang"]
+
+    handle = hanger.start(run_id="forced")
+    assert entered.wait(WAIT)
+    handle.stop(source="button")  # past max_step_seconds: forced
+    assert handle.wait(WAIT) == "suspended"
+    statuses = {
+        e["tool"] + "/" + e["step_key"]: e["status"] for e in store.load_effects("forced").values()
+    }
+    assert statuses == {"notify/first": "applied", "notify/slow": "applied", "hang/slow": "unknown"}
+    with pytest.raises(kx.RunStateError, match=r"unknown \(hang\)"):
+        kx.restart("forced")
+    [unknown] = kx.reconcile("forced")
+    unknown.mark_applied(result="sent-by-hand")  # the server log shows the POST
+    child = kx.restart("forced")
+    assert child.wait(WAIT) == "completed"
+    assert child.result == "sent-by-hand"  # the decided result is replayed
+    assert counts(server) == {"first": 1, "slow": 1, "h": 1, "slow-after": 1}
+    assert store.get_run("forced")["status"] == "cancelled"  # superseded
+
+
+def test_a_call_decided_not_applied_is_made_again(store: Store, server: DeliveryServer) -> None:
+    entered = threading.Event()
+
+    @kx.effect
+    def hang(item: str) -> str:
+        if not entered.is_set():
+            entered.set()
+            while True:
+                time.sleep(0.01)
+        post_json(URL["url"] + "/hang", {"item": item})
+        return "sent"
+
+    @kx.agent(name=unique("hanger"), max_step_seconds=0.3)
+    def hanger(run: kx.Run) -> Any:
+        with run.step("slow"):
+            notify("slow")
+            return hang("h")
+
+    handle = hanger.start(run_id="undecided")
+    assert entered.wait(WAIT)
+    handle.stop()
+    assert handle.wait(WAIT) == "suspended"
+    [unknown] = kx.reconcile("undecided")
+    unknown.mark_not_applied(note="the server never saw it")
+    child = kx.restart("undecided")
+    assert child.wait(WAIT) == "completed" and child.result == "sent"
+    assert counts(server) == {"slow": 1, "h": 1}
+
+
+# -- (d) the process was SIGKILLed mid-step after an effect applied -----------------------
+@pytest.mark.crash
+def test_a_killed_process_mid_step_then_reconcile_then_restart_repeats_nothing(
+    tmp_path: Path, delivery_server: DeliveryServer
+) -> None:
+    path = tmp_path / "killed.duckdb"
+    pool = WorkerPool(CRASH_DIR / "restart_worker.py", tmp_path)
+    go = {"store": str(path), "run_id": "killed", "url": delivery_server.url}
+    try:
+        worker: Worker = pool.take()
+        worker.go(kill_at="delivered", **go)
+        assert worker.reap() == -9, worker.stderr()
+        assert counts(delivery_server) == {"work": 1, "parcel": 1}
+        # The dead process's run still says running: a restart refuses it.
+        worker = pool.take()
+        worker.go(restart=True, **go)
+        line = worker.expect("refused")
+        worker.reap()
+        assert "running run cannot be restarted" in line and "kx.resume('killed')" in line
+        # A resume takes the run over: the open intent becomes unknown, a person decides.
+        worker = pool.take()
+        worker.go(**go)
+        assert worker.expect("needs_decision").startswith("needs_decision")
+        worker.reap()
+        opened = open_store(str(path))
+        try:
+            [unknown] = kx.reconcile("killed", store=opened)
+            assert unknown.tool == "deliver"
+            unknown.mark_applied(result=delivery_server.deliveries[1]["body"])
+        finally:
+            opened.close()
+        worker = pool.take()
+        worker.go(restart=True, **go)
+        line = worker.expect("restarted")
+        worker.reap()
+        assert line == "restarted killed-restart1 completed"
+    finally:
+        pool.close()
+    assert counts(delivery_server) == {"work": 1, "parcel": 1, "after": 1}
+    opened = open_store(str(path))
+    try:
+        ledger = opened.load_effects("killed-restart1")
+        assert sorted(
+            (r["step_key"], r["tool"])
+            for r in ledger.values()
+            if "carried" in (r["decision_note"] or "")
+        ) == [("work", "deliver"), ("work", "notify")]
+    finally:
+        opened.close()
+
+
+# -- (e) a user stop mid-step in a hand-written loop, then expiry -------------------------
+def test_a_user_stop_mid_step_then_expiry_does_not_repeat_the_steps_effects(
+    store: Store, clock: TickingClock, server: DeliveryServer
+) -> None:
+    sent = threading.Event()
+    go_on = threading.Event()
+
+    @kx.agent(name=unique("looper"))
+    def looper(run: kx.Run) -> Any:
+        for name in ("one", "two", "three"):
+            with run.step(name):
+                notify(name)
+                if name == "two" and not go_on.is_set():
+                    sent.set()
+                    go_on.wait(WAIT)
+                run.checkpoint()  # the stop lands here, inside step "two"
+                notify(name + "-done")
+        return "looped"
+
+    handle = looper.start(run_id="looped")
+    assert sent.wait(WAIT)
+    handle.stop(source="button")
+    go_on.set()
+    assert handle.wait(WAIT) == "suspended"
+    assert store.get_run("looped")["reason"] == "user_stop"
+    assert [s["key"] for s in store.steps("looped") if s["status"] == "completed"] == ["one"]
+    expire(clock, "looped")
+    child = kx.restart("looped")
+    assert child.wait(WAIT) == "completed" and child.result == "looped"
+    assert counts(server) == {
+        "one": 1,
+        "one-done": 1,
+        "two": 1,
+        "two-done": 1,
+        "three": 1,
+        "three-done": 1,
+    }
+
+
+def test_from_step_reruns_the_steps_but_replays_their_effects(
+    store: Store, clock: TickingClock, server: DeliveryServer
+) -> None:
+    bodies: list[str] = []
+
+    @kx.agent(name=unique("stepper"))
+    def stepper(run: kx.Run, stop_at: str | None) -> Any:
+        for item in run.steps(["a", "b", "c"], key=str):
+            bodies.append(item)
+            run.state[item] = notify(item)
+            if item == stop_at:
+                run.suspend("approval")
+        notify("summary")  # outside any step
+        return sorted(run.state)
+
+    assert stepper.start(None, run_id="full").wait(WAIT) == "completed"
+    # Restart a completed run from step 1, and past its end (nothing runs again).
+    again = kx.restart("full", from_step="b", args=(None,))
+    assert again.wait(WAIT) == "completed" and again.result == ["a", "b", "c"]
+    assert bodies == ["a", "b", "c", "b", "c"]  # the step bodies ran again ...
+    assert counts(server) == {"a": 1, "b": 1, "c": 1, "summary": 1}  # ... replaying
+    end = kx.restart("full", from_step=3, args=(None,))
+    assert end.wait(WAIT) == "completed"
+    assert bodies == ["a", "b", "c", "b", "c"]
+    assert counts(server) == {"a": 1, "b": 1, "c": 1, "summary": 1}
+    with pytest.raises(ValueError, match="between 0 and 3"):
+        kx.restart("full", from_step=4)
+
+
+def test_a_replayed_call_with_other_arguments_stops_with_a_mismatch(
+    store: Store, server: DeliveryServer
+) -> None:
+    @kx.agent(name=unique("changer"))
+    def changer(run: kx.Run, item: str) -> Any:
+        with run.step("only"):
+            return notify(item)
+
+    assert changer.start("first", run_id="changed").wait(WAIT) == "completed"
+    child = kx.restart("changed", from_step=0, args=("second",))
+    assert child.wait(WAIT) == "failed"
+    assert isinstance(child.error, kx.EffectArgumentsMismatch), child.error
+    assert counts(server) == {"first": 1}
+
+
+# -- (f) %%agent cell runs ------------------------------------------------------------------
+CELL_EFFECTS = """
+import kernelext as kx
+from support.http_server import post_json
+
+@kx.effect
+def notify(item, *, idempotency_key=None):
+    return post_json(SERVER + "/notify", {"item": item}, idempotency_key=idempotency_key).body
+
+@kx.effect(needs_approval=True)
+def pay(amount, *, idempotency_key=None):
+    body = {"item": f"pay {amount}"}
+    return post_json(SERVER + "/pay", body, idempotency_key=idempotency_key).body
+"""
+
+
+@pytest.fixture
+def shell(store: Store) -> Iterator[Any]:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from kernelext.core.cell_runs import forget_cell_runs
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "kernelext")
+    yield ip
+    ip.run_line_magic("unload_ext", "kernelext")
+    for key in ("notify", "pay", "SERVER", "note", "receipt", "post_json"):
+        ip.user_ns.pop(key, None)
+    forget_cell_runs()
+
+
+def test_a_cell_run_restarts_and_its_cells_replay_what_the_old_run_applied(
+    shell: Any, store: Store, clock: TickingClock, server: DeliveryServer
+) -> None:
+    shell.user_ns["SERVER"] = server.url
+    assert shell.run_cell(CELL_EFFECTS).success
+    first = "note = notify('first cell')\n"
+    second = "note = notify('checkout')\nreceipt = pay(40)\n"
+    assert shell.run_cell("%%agent cells\n" + first).success
+    assert not shell.run_cell("%%agent cells\n" + second).success  # waits for approval
+    expire(clock, "cells")
+    child = kx.restart("cells")
+    assert child.run_id == "cells-restart1"
+    # The notebook's cells are the code: run them again under the new run id.
+    assert shell.run_cell("%%agent cells-restart1\n" + first).success  # completed: skipped
+    assert not shell.run_cell("%%agent cells-restart1\n" + second).success  # a new approval
+    assert counts(server) == {"first cell": 1, "checkout": 1}
+    [request] = kx.approvals("cells-restart1")
+    request.approve()
+    assert shell.run_cell("%%agent cells-restart1\n" + second).success
+    assert shell.user_ns["receipt"]["delivery"] == 3
+    assert counts(server) == {"first cell": 1, "checkout": 1, "pay 40": 1}
+
+
+# -- the ledger changed between the core's read and the transaction -----------------------
+def test_the_restart_transaction_refuses_a_ledger_that_changed(
+    store: Store, clock: TickingClock, server: DeliveryServer
+) -> None:
+    assert approval_agent().start(run_id="moved").wait(WAIT) == "suspended"
+    expire(clock, "moved")
+    real = store.write_restart
+
+    def stale(plan: Any) -> None:
+        plan.effects = []  # as if the core had read the ledger before the notification
+        real(plan)
+
+    store.write_restart = stale  # type: ignore[method-assign]
+    try:
+        with pytest.raises(kx.RunStateError, match="ledger of run 'moved' changed"):
+            kx.restart("moved")
+    finally:
+        del store.write_restart
+    assert store.find_run("moved-restart1") is None
+    assert kx.restart("moved").wait(WAIT) == "suspended"
+    assert counts(server) == {"checkout": 1}
