@@ -333,6 +333,41 @@ def test_a_call_decided_not_applied_is_made_again(store: Store, server: Delivery
     assert counts(server) == {"slow": 1, "h": 1}
 
 
+def test_a_given_up_call_is_made_again_by_a_deliberate_restart(
+    store: Store, server: DeliveryServer
+) -> None:
+    entered = threading.Event()
+
+    @kx.effect
+    def hang(item: str) -> str:
+        if not entered.is_set():
+            entered.set()
+            while True:
+                time.sleep(0.01)
+        post_json(URL["url"] + "/hang", {"item": item})
+        return "sent"
+
+    @kx.agent(name=unique("quitter"), max_step_seconds=0.3)
+    def quitter(run: kx.Run) -> Any:
+        with run.step("slow"):
+            notify("slow")
+            return hang("h")
+
+    handle = quitter.start(run_id="gaveup")
+    assert entered.wait(WAIT)
+    handle.stop()
+    assert handle.wait(WAIT) == "suspended"
+    [unknown] = kx.reconcile("gaveup")
+    unknown.give_up(note="nobody can tell")
+    assert store.get_run("gaveup")["status"] == "cancelled"
+    child = kx.restart("gaveup")
+    assert child.wait(WAIT) == "completed"
+    assert counts(server) == {"slow": 1, "h": 1}
+    created = next(e for e in store.events(child.run_id) if e["kind"] == "created")
+    [again] = json.loads(created["detail"])["called_again"]
+    assert (again["tool"], again["status"]) == ("hang", "given_up")
+
+
 # -- (d) the process was SIGKILLed mid-step after an effect applied -----------------------
 @pytest.mark.crash
 def test_a_killed_process_mid_step_then_reconcile_then_restart_repeats_nothing(

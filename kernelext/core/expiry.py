@@ -14,7 +14,8 @@ set. A sweep in a process with callbacks registered (the kernel's periodic sweep
 was killed between the commit and the mark, or a ``kernelext sweep`` from cron, which
 has no callbacks and leaves them for a process that has. An unmarked expiry is late
 ``LATE_AFTER_SECONDS`` (60 s) after its commit (the sweep that made it marks it within
-moments) and is delivered while its snapshot is kept (``retention_seconds``).
+moments) and is delivered while its snapshot is kept (``retention_seconds``, at least
+an hour): an expiry older than that, e.g. of a store made before schema 7, is not.
 
 A callback may see a run twice: when its process dies after calling it and before the
 mark, the next sweep calls it again, so make callbacks idempotent (key them by
@@ -126,6 +127,8 @@ SWEEP_LOCK = "kernelext:sweep"  # the advisory lock that makes one sweeper act a
 # An expiry still not marked delivered this long after it was committed is delivered by
 # the next sweep with callbacks; the sweep that made it marks it within moments.
 LATE_AFTER_SECONDS = 60.0
+# ... while it expired within the retention period, and at least within this hour.
+LATE_WINDOW_MIN_SECONDS = 3600.0
 _DELIVERING: set[str] = set()  # run ids whose expiry a sweep of this process delivers now
 _DELIVERING_LOCK = threading.Lock()
 ExpireCallback = Callable[[ExpiredRun], Any]
@@ -196,7 +199,8 @@ def _sweep(now: dt.datetime | None, store: Store, source: str) -> SweepResult:
             result.expired.append(info)
             with _delivering(info.run_id):  # this sweep made the expiry: it delivers it
                 _notify(store, info, result)
-    _deliver_late(store, at, at - dt.timedelta(seconds=retention), result)
+    window = max(retention, LATE_WINDOW_MIN_SECONDS)
+    _deliver_late(store, at, at - dt.timedelta(seconds=window), result)
     cutoff = at - dt.timedelta(seconds=retention)
     for run_id in store.retention_due(cutoff):
         removal = store.remove_payloads(run_id, at, retention_seconds=retention, source=source)

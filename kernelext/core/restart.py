@@ -197,7 +197,9 @@ def _before(row: dict[str, Any], start: int, cutoff: dt.datetime | None) -> bool
 
 def child_key(new_id: str, row: dict[str, Any]) -> uuid.UUID:
     """The key the new run computes for the call recorded in ``row`` (the one place
-    restart derives a key: through the ledger's ``effect_key``)."""
+    restart derives a key: through the ledger's ``effect_key``). With per-run key schemes
+    (``runs.key_scheme``) this must be the scheme the new run's row records, so that its
+    calls find these rows."""
     return effect_key(new_id, row["step_key"], row["tool"], int(row["call_ordinal"]))
 
 
