@@ -21,7 +21,6 @@ __all__ = [
     "FILE_READERS",
     "FUNCTIONS",
     "MODIFIERS",
-    "QUALIFIERS",
     "REFUSED_VIEWS",
     "TABLE_FUNCTIONS",
     "TABLE_REFS",
@@ -266,8 +265,6 @@ TABLE_REFS = _names("BASE_TABLE EMPTY EXPRESSION_LIST JOIN PIVOT SHOW_REF SUBQUE
 MODIFIERS = _names("DISTINCT_MODIFIER LIMIT_MODIFIER LIMIT_PERCENT_MODIFIER ORDER_MODIFIER")
 # Views of the system catalogue that read what a refused table function reads.
 REFUSED_VIEWS = _names("duckdb_logs")
-# Where a function may live: built-ins are in system.main (pg_catalog has none of its own).
-QUALIFIERS = frozenset({"", "main", "system"})
 
 
 def allowed_function(name: str, *, window: bool = False) -> bool:

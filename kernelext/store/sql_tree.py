@@ -17,7 +17,6 @@ from .sql_allowed import (
     EXPRESSIONS,
     FILE_READERS,
     MODIFIERS,
-    QUALIFIERS,
     REFUSED_VIEWS,
     TABLE_REFS,
     allowed_function,
@@ -158,8 +157,7 @@ def _check_expression(node: dict[str, Any], cls: str, in_from: bool, allow_files
     name = node.get("function_name")
     if not isinstance(name, str):
         raise _Refused("a call without a name", "unchecked")
-    name = name.lower()
-    _check_qualifiers(node, name)
+    name = name.lower()  # x.f() may be a method call: f(x); the name is what is checked
     if cls == "WINDOW":
         allowed = allowed_function(name, window=True)
     elif in_from:
@@ -173,15 +171,6 @@ def _check_expression(node: dict[str, Any], cls: str, in_from: bool, allow_files
     if name in AGGREGATE_NAME_ARGUMENT:
         _check_aggregate_name(node, name, AGGREGATE_NAME_ARGUMENT[name])
     return in_from and name in FILE_READERS
-
-
-def _check_qualifiers(node: dict[str, Any], name: str) -> None:
-    """Built-in functions only: no catalog or schema but ``system`` / ``main``."""
-    path = node.get("qualified_name", {}).get("path", [name])
-    parts = [node.get("catalog", ""), node.get("schema", ""), *list(path)[:-1]]
-    if any(not isinstance(p, str) or p.lower() not in QUALIFIERS for p in parts):
-        shown = ".".join(str(p) for p in [*parts, name] if p)
-        raise _Refused(f"a call to {shown}() (only built-in functions are listed)", "unlisted")
 
 
 def _check_aggregate_name(node: dict[str, Any], name: str, index: int) -> None:
