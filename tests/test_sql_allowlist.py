@@ -161,6 +161,19 @@ def test_every_function_the_list_does_not_name_is_refused() -> None:
         "SELECT setseed(0.5)",
         "SELECT write_log('x')",
         "SELECT pg_sleep(1)",
+        # the escape wherever a query can stand
+        "SUMMARIZE FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))",
+        "DESCRIBE FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))",
+        "SELECT (SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1')))",
+        "SELECT 1 WHERE 1 IN (FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1')))",
+        "SELECT * FROM json_each(json_serialize_sql('DELETE FROM runs'))",
+        "FROM range(1), LATERAL json_execute_serialized_sql(json_serialize_sql('SELECT 1'))",
+        "SELECT json_execute_serialized_sql('x')",
+        "FROM list_value(1)",
+        "SELECT [1].list_transform(x -> x.nextval())",
+        "SELECT * FROM runs AT (VERSION => nextval('events_seq'))",
+        "SELECT * REPLACE (nextval('events_seq') AS id) FROM events",
+        "SELECT string_agg(kind, ',' ORDER BY nextval('events_seq')) FROM events",
     ],
 )
 def test_unknown_and_unreviewed_calls_are_refused(query: str) -> None:
