@@ -62,7 +62,13 @@ ATTACKS: list[str] = [
     "WITH x AS (INSERT INTO events (run_id, occurred_at, kind) VALUES ('x', now(), 'forged')"
     " RETURNING *) SELECT * FROM x",
     "SELECT * FROM (WITH x AS (DELETE FROM events RETURNING id) SELECT id FROM x) AS y",
-    # SQL text run by the database itself
+    # SQL text run by the database itself (json_execute_serialized_sql: issue 19)
+    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql("
+    "'WITH x AS (DELETE FROM runs RETURNING *) SELECT * FROM x'))",
+    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql("
+    "'SELECT setval(''events_seq'', 1000)'))",
+    "SELECT count(*) FROM runs, json_execute_serialized_sql(json_serialize_sql("
+    "'SELECT * FROM runs'))",
     "SELECT * FROM query('DELETE FROM runs')",
     "SELECT * FROM query('SELECT * FROM runs')",
     "SELECT * FROM query_table('runs')",

@@ -30,7 +30,7 @@ from psycopg import errors as pg_errors
 
 from ..errors import StoreError
 from .base import Backend
-from .sql_guard import Params, check_query, normalize_params, refusal
+from .sql_guard import Params, breach, check_query, normalize_params, refusal
 from .writer import Tx
 
 __all__ = [
@@ -331,6 +331,7 @@ class PostgresConnection(Backend):
                     cur = con.execute(query, params, prepare=True)
                     columns = list(cur.description or [])
                     rows = cur.fetchall() if columns else []
+                    _no_transaction_id(con, query)
                     raise _Rollback
             except _Rollback:
                 pass
@@ -372,6 +373,18 @@ class PostgresConnection(Backend):
             if not self.con.closed:
                 self.con.rollback()
         self.con.close()
+
+
+def _no_transaction_id(con: Any, query: str) -> None:
+    """The third layer: a READ ONLY transaction that was given a transaction id wrote.
+
+    PostgreSQL assigns an id at a transaction's first write (or lock that needs one), so
+    after the query it must still have none; otherwise :class:`SurfaceBreach`, loudly
+    (the transaction is rolled back all the same).
+    """
+    row = con.execute("SELECT txid_current_if_assigned()").fetchone()
+    if row is not None and row[0] is not None:
+        raise breach(f"was given transaction id {row[0]} (it wrote something)", query)
 
 
 class _Rollback(Exception):

@@ -21,18 +21,22 @@ what was refused, why, and what to do instead.
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 
-from ..errors import ReadOnlyError
+from ..errors import ReadOnlyError, StoreError
+from .sql_tree import _Refused, check_tree
 
 __all__ = [
     "Checked",
     "Params",
+    "SurfaceBreach",
+    "breach",
     "check_query",
     "normalize_params",
     "refusal",
@@ -40,9 +44,9 @@ __all__ = [
 ]
 
 Params = Sequence[Any] | Mapping[str, Any] | None
+_log = logging.getLogger("kernelext")
 
 SURFACE = "the ledger's SQL surface (kx.sql, %%ledger, kernelext sql)"
-QUERY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE", "CTE_NODE"})
 _T = duckdb.StatementType
 
 # -- why, and what to do instead (one entry per kind of refusal) ---------------------------
@@ -94,6 +98,10 @@ REASONS: dict[str, tuple[str, str]] = {
     ),
     "multiple": ("runs exactly one statement", "Run them one at a time."),
     "empty": ("needs one query", "For example: SELECT status, count(*) FROM runs GROUP BY ALL."),
+    "unlisted": (
+        "calls only the functions it lists as harmless (kernelext.store.sql_allowed)",
+        "Use a listed function, or compute it in Python on the result of kx.sql(...).",
+    ),
     "unchecked": (
         "checks every query with DuckDB's SQL parser before running it, and this one "
         "cannot be checked",
@@ -107,88 +115,6 @@ def refusal(what: str, kind: str) -> ReadOnlyError:
     """The one refusal message: what was refused, why, and what to do instead."""
     why, instead = REASONS[kind]
     return ReadOnlyError(f"Refused {what}: {SURFACE} is read-only and {why}. {instead}")
-
-
-class _Refused(Exception):
-    """Inside the check: what is refused and the kind of refusal (see ``REASONS``)."""
-
-    def __init__(self, what: str, kind: str) -> None:
-        super().__init__(what)
-        self.what = what
-        self.kind = kind
-
-
-# -- functions, by what they would do ------------------------------------------------------
-SEQUENCE_FUNCTIONS = frozenset({"nextval", "setval"})
-DYNAMIC_FUNCTIONS = frozenset(
-    {"query", "query_table", "cursor_to_xml", "cursor_to_xmlschema", "database_to_xml"}
-)
-FILE_FUNCTIONS = frozenset(
-    {"glob", "sniff_csv", "st_read", "st_read_meta", "st_readosm", "iceberg_metadata"}
-)
-SERVER_FUNCTIONS = frozenset(
-    {
-        "checkpoint",
-        "force_checkpoint",
-        "enable_logging",
-        "disable_logging",
-        "truncate_duckdb_logs",
-        "set_config",
-        "pg_read_file",
-        "pg_read_binary_file",
-        "pg_stat_file",
-        "pg_terminate_backend",
-        "pg_cancel_backend",
-        "pg_reload_conf",
-        "pg_switch_wal",
-        "pg_create_restore_point",
-        "pg_promote",
-        "pg_logical_emit_message",
-        "pg_notify",
-        "pg_import_system_collations",
-    }
-)
-SERVER_PREFIXES: tuple[str, ...] = (
-    "pg_advisory",
-    "pg_try_advisory",
-    "pg_ls_",
-    "pg_stat_reset",
-    "lo_",
-    "dblink",
-    "pg_rotate_logfile",
-    "pg_replication_",
-    "pg_create_",
-    "pg_drop_",
-    "pg_wal_",
-)
-
-
-def function_kind(name: str, *, allow_files: bool) -> str | None:
-    """What calling function ``name`` would do that the surface refuses (None: fine)."""
-    name = name.lower()
-    if name in SEQUENCE_FUNCTIONS:
-        return "sequence"
-    if name in DYNAMIC_FUNCTIONS or name.endswith("_to_xml") or "_to_xml_" in name:
-        return "dynamic"
-    if name in SERVER_FUNCTIONS or name.startswith(SERVER_PREFIXES):
-        return "server"
-    if not allow_files and reads_files(name):
-        return "files"
-    return None
-
-
-def reads_files(name: str) -> bool:
-    """Is ``name`` one of DuckDB's file readers (``read_csv``, ``parquet_scan``, ``glob``…)?"""
-    return (
-        name in FILE_FUNCTIONS
-        or name.startswith(("read_", "parquet_", "iceberg_", "delta_"))
-        or name.endswith("_scan")
-    )
-
-
-def looks_like_path(table: str) -> bool:
-    """A table name that DuckDB would read as a file (``FROM 'data.csv'``)."""
-    return any(c in table for c in "./\\:") or table.startswith("~")
 
 
 # -- the check -------------------------------------------------------------------------------
@@ -304,53 +230,8 @@ def _check_select(sql: str, *, allow_files: bool) -> Checked:
     tree = _PARSER.tree(sql)
     if tree.get("error"):
         raise _Refused(f"a query ({tree.get('error_message')})", "unchecked")
-    tables: set[str] = set()
-    files = False
-    for node in _nodes(tree.get("statements", [])):
-        _check_query_node(node)
-        files = _check_function(node, allow_files=allow_files) or files
-        table = node.get("table_name") if node.get("type") == "BASE_TABLE" else None
-        if not isinstance(table, str):
-            continue
-        if not looks_like_path(table):
-            tables.add(table.lower())
-        elif allow_files:
-            files = True
-        else:
-            raise _Refused(f"reading the file {table!r}", "files")
-    return Checked(sql, frozenset(tables), files)
-
-
-def _check_query_node(node: dict[str, Any]) -> None:
-    """Refuse a query node that is not a SELECT (``DELETE_QUERY_NODE`` in a WITH…)."""
-    node_type = node.get("type")
-    if isinstance(node_type, str) and node_type.endswith("_NODE") and node_type not in QUERY_NODES:
-        verb = node_type.removesuffix("_NODE").removesuffix("_QUERY").replace("_", " ")
-        what = f"{_article(verb)} {verb} inside a query (a data-modifying WITH clause)"
-        raise _Refused(what, "write")
-
-
-def _check_function(node: dict[str, Any], *, allow_files: bool) -> bool:
-    """Refuse a call the surface does not make; True when it is an allowed file reader."""
-    name = node.get("function_name") if node.get("class") == "FUNCTION" else None
-    if not isinstance(name, str):
-        return False
-    problem = function_kind(name, allow_files=allow_files)
-    if problem is not None:
-        raise _Refused(f"a call to {name.lower()}()", problem)
-    return reads_files(name.lower())
-
-
-def _nodes(value: Any) -> Iterator[dict[str, Any]]:
-    """Every object in a serialized syntax tree, depth first."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            yield item
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    tables, files = check_tree(tree, allow_files=allow_files)
+    return Checked(sql, tables, files)
 
 
 def _words(sql: str) -> list[tuple[int, str, Any]]:
@@ -433,6 +314,21 @@ def runtime_refusal(exc: BaseException) -> ReadOnlyError | None:
     if isinstance(exc, duckdb.InvalidInputException) and "configuration has been locked" in text:
         return refusal(f"a settings change ({text})", "settings")
     return None
+
+
+class SurfaceBreach(StoreError):
+    """A query that passed the check did something behind it (the third layer saw it)."""
+
+
+def breach(what: str, sql: str) -> SurfaceBreach:
+    """The loud error (logged at ERROR as well) for a query that got past the check."""
+    message = (
+        f"kernelext's SQL check let through a query that {what}: this is a bug in kernelext "
+        "(please report it, with the query). Its own transaction was rolled back, but what "
+        f"it ran outside that one may have committed: check the store. Query: {sql[:500]!r}"
+    )
+    _log.error("SQL surface breach: %s", message)
+    return SurfaceBreach(message)
 
 
 def normalize_params(params: Params) -> list[Any] | dict[str, Any] | None:

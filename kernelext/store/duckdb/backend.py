@@ -18,6 +18,7 @@ from ..base import Backend
 from ..sql_guard import (
     Checked,
     Params,
+    breach,
     check_query,
     normalize_params,
     runtime_refusal,
@@ -377,8 +378,17 @@ def _query_rolled_back(
     keep: type[BaseException] | tuple[type[BaseException], ...] = (),
 ) -> Any:
     """A user query as Arrow, in a READ ONLY transaction that is always rolled back;
-    what the database refuses comes back as the SQL surface's one refusal."""
+    what the database refuses comes back as the SQL surface's one refusal.
+
+    The third layer: DuckDB numbers transactions from one counter per database instance,
+    and the caller holds the connection's mutex (no other kernelext transaction runs), so
+    the first transaction after the rollback must be the next number. A larger one means
+    the query started transactions of its own, on another connection and outside this
+    read-only one (``json_execute_serialized_sql`` did), which may have committed: that
+    raises :class:`SurfaceBreach`, loudly, whatever the query returned.
+    """
     con.execute("BEGIN TRANSACTION READ ONLY")
+    first = _transaction_id(con)
     try:
         return con.sql(sql, params=params).to_arrow_table()
     except keep:
@@ -390,6 +400,14 @@ def _query_rolled_back(
         raise refused from None
     finally:
         con.execute("ROLLBACK")
+        others = _transaction_id(con) - first - 1
+        if others:
+            raise breach(f"ran {others} transaction(s) of its own outside its read-only one", sql)
+
+
+def _transaction_id(con: duckdb.DuckDBPyConnection) -> int:
+    rows = con.execute("SELECT current_transaction_id()").fetchall()
+    return int(rows[0][0]) if rows else 0
 
 
 def _utcnow() -> dt.datetime:
