@@ -33,7 +33,8 @@ from ..store import Store, actor
 from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
 from .control import resume
 from .handle import Handle
-from .ledger import effect_key
+from .keys import effect_key
+from .names import check_name
 from .resume import agent_for
 from .run import OUTSIDE_STEPS
 from .runtime import get_store, runtime
@@ -53,6 +54,8 @@ def restart(
     source: str = "api",
 ) -> Handle:
     """Fork run ``run_id`` into a new run from a kept snapshot, and start it."""
+    if new_run_id is not None:
+        check_name(new_run_id, "new run id", hint="Pass kx.restart(..., new_run_id='orders-2').")
     store = get_store(store)
     row = store.get_run(run_id)
     _check_restartable(store, run_id, row, allow_code_change)
@@ -61,16 +64,16 @@ def restart(
     carried = [s for s in steps if s["ordinal"] < start]
     _check_snapshots(run_id, carried)
     cutoff: dt.datetime | None = max((s["ended_at"] for s in carried), default=None)
-    new_id = new_run_id or _next_child_id(store, run_id)
-    if not isinstance(new_id, str) or not new_id.strip():
-        raise ValueError(f"new_run_id must be a non-empty string, not {new_id!r}.")
+    new_id = check_name(new_run_id or _next_child_id(store, run_id), "new run id")
     who = actor()
     plan = RestartPlan(
         old_id=run_id,
         new_id=new_id,
         start_ordinal=start,
         steps=carried,
-        effects=_carried_effects(store, run_id, new_id, carried, cutoff),
+        effects=_carried_effects(
+            store, run_id, new_id, carried, cutoff, row.get("key_scheme") or 1
+        ),
         facts=[f for f in store.fact_rows(run_id) if _before(f, start, cutoff)],
         deadline=runtime().settings.expiry.deadline("restart", store.now()),
         source=source,
@@ -176,7 +179,10 @@ def _carried_effects(
     new_id: str,
     carried: list[dict[str, Any]],
     cutoff: dt.datetime | None,
+    scheme: int,
 ) -> list[dict[str, Any]]:
+    """The applied effects a restart keeps, keyed for the new run in the parent's key
+    scheme (the new run keeps it: see ``RestartMixin.write_restart``)."""
     keys = {s["key"]: s["ordinal"] for s in carried}
     out: list[dict[str, Any]] = []
     for old in store.load_effects(old_id).values():
@@ -194,7 +200,9 @@ def _carried_effects(
         out.append(
             {
                 **old,
-                "key": effect_key(new_id, old["step_key"], old["tool"], int(old["call_ordinal"])),
+                "key": effect_key(
+                    new_id, old["step_key"], old["tool"], int(old["call_ordinal"]), scheme
+                ),
                 "run_id": new_id,
                 "decision_note": note,
             }
