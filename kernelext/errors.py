@@ -14,10 +14,12 @@ __all__ = [
     "ForcedStop",
     "ForeignStoreError",
     "IntegrityError",
+    "InvalidName",
     "KernelextError",
     "LedgerError",
     "NeedsDecision",
     "ReadOnlyError",
+    "ResultNotStorable",
     "RunNotFound",
     "RunStateError",
     "SchemaTooNewError",
@@ -26,6 +28,7 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "StoreWriteError",
+    "UnencodableArgument",
     "did_you_mean",
 ]
 
@@ -101,6 +104,16 @@ class SerializationError(KernelextError, TypeError):
     """A value cannot be stored safely."""
 
 
+class UnencodableArgument(SerializationError):
+    """An effect's argument has no faithful encoding, so the call cannot be bound to it
+    (for its approval and for ``EffectArgumentsMismatch``); nothing was recorded."""
+
+
+class InvalidName(KernelextError, ValueError):
+    """A run id, step key or tool name kernelext cannot store faithfully (not text, empty,
+    too long, a NUL character or a lone surrogate); refused before anything is recorded."""
+
+
 class LedgerError(KernelextError):
     """The effect ledger refuses a call."""
 
@@ -127,6 +140,11 @@ class EffectRejected(LedgerError):
 
 class NeedsDecision(KernelextError):
     """The run waits for a human decision (an unknown effect or a stale fact)."""
+
+
+class ResultNotStorable(NeedsDecision, SerializationError):
+    """An effect was applied but its result cannot be stored; the effect is ``unknown``
+    until ``kx.reconcile`` decides it (``mark_applied(result=...)`` with a storable value)."""
 
 
 class StopRequested(BaseException):

@@ -166,7 +166,7 @@ def test_row_holds_hash_redacted_args_status_result_and_utc_times(
         "charge",
         0,
     )
-    assert re.fullmatch(r"[0-9a-f]{32}", row["args_hash"])
+    assert re.fullmatch(r"[0-9a-f]{64}", row["args_hash"])  # scheme 2 (scheme 1: 32)
     assert row["args_hash"] == args_hash(
         ("acct-7", 12, SECRET),
         {"api_key": SECRET, "headers": {"Authorization": SECRET, "Accept": "json"}},
@@ -406,33 +406,43 @@ def test_effect_outside_a_run_is_a_plain_call(
 
 
 @pytest.mark.duckdb_only
-def test_unserialisable_result_is_a_clear_error_and_the_row_says_applied(
+def test_unstorable_result_is_unknown_and_reconcile_decides_it(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
+    """Applied, result not storable: never a dead end. The effect is ``unknown`` (the run
+    waits in needs_decision), kx.reconcile lists it, and the decision is replayed."""
+
     @kx.effect
     def send(to: str, *, idempotency_key: str | None = None) -> Any:
         post_json(delivery_server.url + "/send", {"to": to}, idempotency_key=idempotency_key)
-        return object()  # a client object, say: not JSON
+        return object()  # a client object, say: not storable
 
     @kx.agent(name="ledger-unserialisable")
-    def agent(run: kx.Run) -> None:
+    def agent(run: kx.Run) -> Any:
         with run.step("s"):
-            send("fy@example.org")
+            return send("fy@example.org")
 
     handle = agent.start(run_id="unser", store=store)
-    assert finish(handle) == "failed"
-    assert isinstance(handle.error, kx.SerializationError)
-    message = str(handle.error)
+    assert finish(handle) == "needs_decision"
+    message = store.get_run("unser")["reason"]  # the ResultNotStorable (a NeedsDecision)
     key = effect_key("unser", "s", "send", 0)
     assert "send" in message and str(key) in message and "object" in message
-    assert "applied" in message
+    assert "applied" in message and "kx.reconcile" in message
     row = store.effect(key)
-    assert row is not None and row["status"] == "applied"
+    assert row is not None and row["status"] == "unknown"
+    assert "cannot be stored" in (row["error"] or "")
     assert delivery_server.count() == 1
-    # On resume the call is not made again; the missing result is said plainly.
+    # A resume does not call again: it waits for the decision.
     resumed = kx.resume("unser", store=store)
-    assert finish(resumed) == "failed"
-    assert isinstance(resumed.error, kx.SerializationError)
+    assert finish(resumed) == "needs_decision"
+    assert delivery_server.count() == 1
+    (open_effect,) = kx.reconcile("unser", store=store)
+    with pytest.raises(kx.SerializationError, match="cannot be stored"):
+        open_effect.mark_applied(result=object())
+    open_effect.mark_applied(result={"sent": dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)})
+    final = kx.resume("unser", store=store)
+    assert finish(final) == "completed"
+    assert final.result == {"sent": dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)}
     assert delivery_server.count() == 1
 
 

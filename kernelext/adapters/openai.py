@@ -33,7 +33,6 @@ methods passes through unrecorded.
 from __future__ import annotations
 
 import importlib
-import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -41,7 +40,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..core.context import current_run
-from ..core.ledger import Effect, redact
+from ..core.keys import display_args
+from ..core.ledger import Effect
 from ..core.secrets import SECRETS, is_secret_name
 from ..errors import LedgerError
 from ..status import EffectStatus
@@ -279,8 +279,8 @@ class ModelCall(Effect):
         extra.setdefault(header, key)
         return {**self.kwargs, "extra_headers": extra}
 
-    def _redacted_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        return json.dumps({k: redact(v, k) for k, v in kwargs.items()})
+    def _redacted_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], scheme: int) -> str:
+        return display_args(kwargs, scheme, tool=self.tool)
 
     # -- the call: the ledger's, deferred for streams and coroutines ------------------------
     def _replay(self, run: Run, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:

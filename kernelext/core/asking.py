@@ -11,14 +11,13 @@ choices, or a JSON-schema dict (``type``, ``enum``, ``minimum``/``maximum``,
 
 from __future__ import annotations
 
-import hashlib
 import json
-import uuid
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import StopRequested
 from ..status import Reason
 from .codec import dumps_json, loads_json
+from .keys import question_key
 from .runtime import runtime
 from .secrets import scrub
 
@@ -49,12 +48,6 @@ _KINDS = {
 }
 _TRUE = {"true", "yes", "y", "1", "on"}
 _FALSE = {"false", "no", "n", "0", "off"}
-
-
-def question_key(run_id: str, step_key: str, call_ordinal: int) -> uuid.UUID:
-    """The deterministic key of one question: run, step and ordinal of the call in the step."""
-    raw = "\0".join(("kernelext.ask", run_id, step_key, str(call_ordinal))).encode()
-    return uuid.UUID(bytes=hashlib.sha256(raw).digest()[:16])
 
 
 def wait_for_person(run: Run, reason: str, deadline: dt.datetime | None, note: str) -> NoReturn:
@@ -205,7 +198,7 @@ def ask(run: Run, prompt: str, *, schema: Any = None, default: Any = None) -> An
     if default is not None:
         check_answer(spec, default, "the default")
     step_key, step_ordinal, call_ordinal = run.next_call()
-    key = question_key(run.id, step_key, call_ordinal)
+    key = question_key(run.id, step_key, call_ordinal, run.key_scheme)
     store = run.store
     row = store.input_row(key)
     if row is not None and row["answered_at"] is not None:

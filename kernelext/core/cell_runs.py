@@ -21,6 +21,7 @@ from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
 from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .handle import Handle
+from .names import check_name
 from .resume_steps import before_first_action
 from .run import Run, StepInfo
 from .runtime import get_store, runtime
@@ -209,8 +210,7 @@ def open_cell_run(
     run_id: str, *, store: Store | None = None, max_step_seconds: float | None = None
 ) -> CellRun:
     """The cell run ``run_id``: cached in this runtime, loaded from the store, or new."""
-    if not isinstance(run_id, str) or not run_id.strip():
-        raise ValueError(f"A run id must be a non-empty string, not {run_id!r}.")
+    check_name(run_id, "run id", hint="Name the cell run like %%agent orders-2026-11.")
     store = get_store(store)
     rt = runtime()
     with rt.cell_runs_lock:
@@ -237,6 +237,7 @@ def open_cell_run(
                 CELL_AGENT,
                 max_step_seconds=row["max_step_seconds"],
                 total_steps=row.get("total_steps"),
+                key_scheme=row.get("key_scheme"),
             )
             cell = CellRun(run, owned=row.get("owner") == actor())
             cell.reload()

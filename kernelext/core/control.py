@@ -14,6 +14,7 @@ from ..errors import RunStateError
 from ..store import Store
 from . import cell_runs
 from .handle import Handle, request_stop
+from .names import check_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
 from .run import Run
@@ -70,6 +71,7 @@ def resume(
     in it changed since (another process resumed, a new unknown effect, the code changed),
     ``PlanChanged`` says what and nothing runs.
     """
+    check_name(run_id, "run id", hint="Pass the id of a run in the store (see kx.runs()).")
     if plan is not None and plan.run_id != run_id:
         raise ValueError(f"That plan is for run {plan.run_id!r}, not {run_id!r}.")
     store = get_store(store)
@@ -119,5 +121,6 @@ def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
         row["agent"],
         max_step_seconds=row.get("max_step_seconds"),
         total_steps=row.get("total_steps"),
+        key_scheme=row.get("key_scheme"),
     )
     return Handle(run, store)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
-import json
 import uuid
 from collections.abc import Callable
 from typing import Any, overload
@@ -15,64 +13,45 @@ from ..errors import (
     EffectRejected,
     LedgerError,
     NeedsDecision,
-    SerializationError,
+    ResultNotStorable,
 )
 from ..status import EffectStatus, Reason
 from ..store.approvals import APPROVED, REJECTED
 from .asking import wait_for_person
-from .codec import dumps_json, loads_json
+from .canonical import Unencodable
 from .context import current_run
+from .keys import (
+    args_hash,
+    call_hashes,
+    display_args,
+    effect_key,
+    hash_for,
+    load_result,
+    redact,
+    stored_result,
+)
+from .names import check_name
 from .run import Run
 from .runtime import runtime
-from .secrets import REDACTED, SECRET_NAME, is_secret_name, scrub, scrub_text
+from .secrets import REDACTED, SECRET_NAME, scrub_text
 
-__all__ = ["REDACTED", "SECRET_NAME", "Effect", "EffectFailed", "effect", "effect_key", "redact"]
+__all__ = [
+    "REDACTED",
+    "SECRET_NAME",
+    "Effect",
+    "EffectFailed",
+    "args_hash",
+    "effect",
+    "effect_key",
+    "redact",
+    "stored_result",
+]
 
 ApprovalRule = bool | Callable[..., Any]
 
 
 class EffectFailed(LedgerError):
     """An effect failed before; by default it is not retried silently on resume."""
-
-
-def effect_key(run_id: str, step_key: str, tool: str, call_ordinal: int) -> uuid.UUID:
-    """The deterministic 128-bit key of one call: run, step, tool and ordinal in the step."""
-    raw = "\0".join((run_id, step_key, tool, str(call_ordinal))).encode()
-    return uuid.UUID(bytes=hashlib.sha256(raw).digest()[:16])
-
-
-def _stable(obj: object) -> Any:
-    return f"<{type(obj).__module__}.{type(obj).__qualname__}>"
-
-
-def args_hash(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    text = json.dumps(
-        {"a": list(args), "k": kwargs}, sort_keys=True, default=_stable, separators=(",", ":")
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def redact(value: Any, name: str = "") -> Any:
-    """An argument as stored: secrets by name become ``***redacted***``, secrets inside
-    text ``***`` (see ``kernelext.core.secrets``), other objects a ``<type>`` placeholder."""
-    if name and is_secret_name(name):
-        return REDACTED
-    if isinstance(value, dict):
-        return {str(k): redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
-    if isinstance(value, str):
-        return scrub_text(value)
-    if isinstance(value, (int, float, bool)) or value is None:
-        return value
-    return _stable(value)
-
-
-def stored_result(result: Any) -> str:
-    """The JSON a result is stored (and replayed on resume) as: keys named like a secret
-    redacted (not a bare ``token``: model answers have those), registered secrets and URL
-    passwords masked. The caller gets it unchanged."""
-    return dumps_json(scrub(result, heuristics=False, result=True)).decode()
 
 
 class Effect:
@@ -89,7 +68,11 @@ class Effect:
         probe: Callable[..., Any] | None = None,
     ) -> None:
         self.fn = fn
-        self.tool = name or fn.__name__
+        self.tool = check_name(
+            getattr(fn, "__name__", None) if name is None else name,
+            "tool name",
+            hint="Pass @kx.effect(name='send_email') with a short, printable name.",
+        )
         self.resumable = resumable
         self.retry = retry
         if not isinstance(needs_approval, bool) and not callable(needs_approval):
@@ -122,13 +105,15 @@ class Effect:
             return self.fn(*args, **kwargs)
         run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
         kwargs.pop("idempotency_key", None)
+        scheme = run.key_scheme
+        # Refuses an argument it cannot bind by value before anything is recorded.
+        digest, old = call_hashes(args, kwargs, scheme, tool=self.tool, names=self._positional)
         step_key, step_ordinal, call_ordinal = run.next_call()
-        key = effect_key(run.id, step_key, self.tool, call_ordinal)
-        digest = args_hash(args, kwargs)
+        key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
         gated = self._gated(args, kwargs)
         row = run.effects.get(key)
         if row is not None:
-            replay = self._replay(run, key, row, digest, gated)
+            replay = self._replay(run, key, row, hash_for(row["args_hash"], digest, old), gated)
             if replay is not _PERFORM:
                 return replay
         else:
@@ -140,12 +125,14 @@ class Effect:
                 "tool": self.tool,
                 "call_ordinal": call_ordinal,
                 "args_hash": digest,
-                "args": self._redacted_args(args, kwargs),
+                "args": self._redacted_args(args, kwargs, 1 if digest == old else 2),
                 "resumable": self.resumable,
             }
             existing = self._record_intent(run, row, gated)
             if existing is not None:
-                replay = self._replay(run, key, {**row, **existing}, digest, gated)
+                known = {**row, **existing}
+                expected = hash_for(known["args_hash"], digest, old)
+                replay = self._replay(run, key, known, expected, gated)
                 if replay is not _PERFORM:
                     return replay
         run.effects[key] = {**row, "status": EffectStatus.PENDING}
@@ -264,18 +251,8 @@ class Effect:
             raise
         try:
             encoded = stored_result(result)
-        except (TypeError, ValueError):
-            run.store.write_outcome(
-                key,
-                EffectStatus.APPLIED,
-                error=f"result of type {type(result).__name__} not stored",
-            )
-            run.effects[key]["status"] = EffectStatus.APPLIED
-            raise SerializationError(
-                f"Effect {self.tool} (key {key}) was applied, but its result, a "
-                f"{type(result).__name__}, cannot be stored as JSON, so a resume could not "
-                "return it. Make the tool return plain values (dict, list, str, numbers)."
-            ) from None
+        except (Unencodable, TypeError, ValueError) as exc:
+            raise self._unstorable(run, key, result, exc) from None
         run.store.write_outcome(key, EffectStatus.APPLIED, result=encoded)
         run.effects[key].update(status=EffectStatus.APPLIED, result=encoded)
         run.notify("effect", (self.tool, key, EffectStatus.APPLIED))
@@ -295,11 +272,17 @@ class Effect:
         if status == EffectStatus.APPLIED:
             run.notify("effect", (self.tool, key, "replayed"))
             if row.get("result") is None and row.get("error"):
-                raise SerializationError(
-                    f"Effect {self.tool} (key {key}) was applied but its result was not stored "
-                    f"({row['error']}). Reconcile it with a result, or make the tool return JSON."
+                # An earlier release left such a call applied without its result: a dead
+                # end. Listed by kx.reconcile from now on, so that a person can decide it.
+                note = f"applied, but its result was not stored ({row['error']})"
+                run.store.mark_failed_unknown(key, note, status=EffectStatus.APPLIED)
+                row["status"] = EffectStatus.UNKNOWN
+                raise NeedsDecision(
+                    f"Effect {self.tool} (key {key}) was {note}, so a resume cannot return "
+                    f"it. Decide it with kx.reconcile({run.id!r}): mark_applied(result=...) "
+                    "with the value it returned, or mark_not_applied() to make it again."
                 )
-            return loads_json(row["result"]) if row.get("result") is not None else None
+            return load_result(row["result"]) if row.get("result") is not None else None
         if status in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
             raise NeedsDecision(
                 f"Effect {self.tool} (key {key}) has an unknown outcome. Decide it with "
@@ -329,7 +312,7 @@ class Effect:
             )
         raise LedgerError(f"Effect {self.tool} (key {key}) is {status}; the run cannot go on.")
 
-    def _redacted_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def _redacted_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], scheme: int) -> str:
         named: dict[str, Any]
         if self.signature is not None:
             try:
@@ -338,7 +321,42 @@ class Effect:
                 named = {"args": list(args), **kwargs}
         else:
             named = {"args": list(args), **kwargs}
-        return json.dumps({k: redact(v, k) for k, v in named.items()}, default=_stable)
+        return display_args(named, scheme, tool=self.tool)
+
+    @functools.cached_property
+    def _positional(self) -> tuple[str, ...]:
+        """The names of the positional parameters, for errors about an argument."""
+        if self.signature is None:
+            return ()
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return tuple(p.name for p in self.signature.parameters.values() if p.kind in kinds)
+
+    def _unstorable(
+        self, run: Run, key: uuid.UUID, result: Any, exc: Exception
+    ) -> ResultNotStorable:
+        """The call was made but its result cannot be stored: ``unknown`` (listed by
+        ``kx.reconcile``), never an applied row a resume could not return."""
+        kind = type(result).__name__
+        why = str(exc) if isinstance(exc, Unencodable) else f"{type(exc).__name__}: {exc}"
+        note = scrub_text(f"applied, but its result (a {kind}) cannot be stored: {why}")[:2000]
+        run.store.write_outcome(key, EffectStatus.UNKNOWN, error=note, wait=True)
+        run.store.record_event(
+            run.id,
+            "effect_unknown",
+            wait=False,
+            source="engine",
+            reason=note,
+            detail={"key": str(key), "tool": self.tool},
+        )
+        run.effects[key]["status"] = EffectStatus.UNKNOWN
+        run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
+        return ResultNotStorable(
+            f"Effect {self.tool} (key {key}) was applied, but its result, a {kind}, cannot be "
+            f"stored ({why}), so a resume could not return it. The call is recorded as "
+            f"unknown: decide it with kx.reconcile({run.id!r}) (mark_applied(result=...) with "
+            "a value that can be stored). Make the tool return plain values (dict, list, str, "
+            "numbers, datetime, Decimal, bytes, tuples, sets)."
+        )
 
 
 _PERFORM = object()

@@ -6,10 +6,12 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from ..errors import SerializationError
 from ..status import EffectStatus, Status
 from ..store import Store, actor
 from ..store.effects import GIVE_UP
-from .codec import dumps_json
+from .canonical import Unencodable
+from .keys import stored_result
 from .runtime import get_store, runtime
 
 __all__ = ["GIVE_UP", "Reconciliation", "UnknownEffect", "reconcile"]
@@ -37,7 +39,14 @@ class UnknownEffect:
         self, result: Any = None, *, note: str | None = None, source: str = "api"
     ) -> None:
         """It happened. ``result`` is what the call returned, replayed on resume."""
-        encoded = dumps_json(result).decode()
+        try:
+            encoded = stored_result(result)
+        except Unencodable as exc:
+            raise SerializationError(
+                f"The result given for {self.tool} (key {self.key}) cannot be stored ({exc}); "
+                "pass a value a resume can return: plain JSON, datetime, Decimal, bytes, "
+                "tuples, sets."
+            ) from None
         self._decide(EffectStatus.APPLIED, encoded, note, source)
 
     def mark_not_applied(self, *, note: str | None = None, source: str = "api") -> None:

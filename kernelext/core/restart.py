@@ -53,7 +53,8 @@ from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
 from .cell_runs import CELL_AGENT
 from .control import resume
 from .handle import Handle
-from .ledger import effect_key
+from .keys import effect_key
+from .names import check_name
 from .resume import agent_for
 from .runtime import get_store, runtime
 
@@ -72,6 +73,8 @@ def restart(
     source: str = "api",
 ) -> Handle:
     """Fork run ``run_id`` into a new run from a kept snapshot, and start it."""
+    if new_run_id is not None:
+        check_name(new_run_id, "new run id", hint="Pass kx.restart(..., new_run_id='orders-2').")
     store = get_store(store)
     row = store.get_run(run_id)
     _check_restartable(store, run_id, row, allow_code_change)
@@ -81,16 +84,15 @@ def restart(
     _check_snapshots(run_id, carried)
     cutoff: dt.datetime | None = max((s["ended_at"] for s in carried), default=None)
     effects = list(store.load_effects(run_id).values())
-    new_id = new_run_id or _next_child_id(store, run_id)
-    if not isinstance(new_id, str) or not new_id.strip():
-        raise ValueError(f"new_run_id must be a non-empty string, not {new_id!r}.")
+    new_id = check_name(new_run_id or _next_child_id(store, run_id), "new run id")
+    scheme = row.get("key_scheme") or 1
     who = actor()
     plan = RestartPlan(
         old_id=run_id,
         new_id=new_id,
         start_ordinal=start,
         steps=carried,
-        effects=_carried_effects(effects, run_id, new_id),
+        effects=_carried_effects(effects, run_id, new_id, scheme),
         facts=[f for f in store.fact_rows(run_id) if _before(f, start, cutoff)],
         deadline=runtime().settings.expiry.deadline("restart", store.now()),
         source=source,
@@ -195,16 +197,16 @@ def _before(row: dict[str, Any], start: int, cutoff: dt.datetime | None) -> bool
     return cutoff is not None and row["recorded_at"] <= cutoff
 
 
-def child_key(new_id: str, row: dict[str, Any]) -> uuid.UUID:
+def child_key(new_id: str, row: dict[str, Any], scheme: int) -> uuid.UUID:
     """The key the new run computes for the call recorded in ``row`` (the one place
-    restart derives a key: through the ledger's ``effect_key``). With per-run key schemes
-    (``runs.key_scheme``) this must be the scheme the new run's row records, so that its
-    calls find these rows."""
-    return effect_key(new_id, row["step_key"], row["tool"], int(row["call_ordinal"]))
+    restart derives a key: through ``effect_key``), in the key scheme the new run's row
+    records (the parent's: see ``RestartMixin.write_restart``), so that its calls find
+    these rows."""
+    return effect_key(new_id, row["step_key"], row["tool"], int(row["call_ordinal"]), scheme)
 
 
 def _carried_effects(
-    effects: list[dict[str, Any]], old_id: str, new_id: str
+    effects: list[dict[str, Any]], old_id: str, new_id: str, scheme: int
 ) -> list[dict[str, Any]]:
     """Every applied effect of the old run, keyed for the new run (see the module doc)."""
     out: list[dict[str, Any]] = []
@@ -214,7 +216,9 @@ def _carried_effects(
         note = f"carried over from run {old_id} (key {old['key']})"
         if old.get("decision_note"):
             note += f"; {old['decision_note']}"
-        out.append({**old, "key": child_key(new_id, old), "run_id": new_id, "decision_note": note})
+        out.append(
+            {**old, "key": child_key(new_id, old, scheme), "run_id": new_id, "decision_note": note}
+        )
     return out
 
 

@@ -105,6 +105,7 @@ def load_run(
         max_step_seconds=max_step_seconds,
         allow_pickle=allow_pickle,
         total_steps=row.get("total_steps"),
+        key_scheme=row.get("key_scheme"),
     )
     snapshot = store.latest_snapshot(run_id, before_ordinal)
     if snapshot is not None:

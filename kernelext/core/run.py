@@ -15,7 +15,9 @@ from typing import Any, NoReturn, TypeVar
 from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..status import Reason, StepStatus
 from ..store import Store
+from ..store.runs import KEY_SCHEME
 from ..store.steps import StagedPayload
+from .names import check_name
 from .snapshot import Snapshotter
 
 __all__ = ["Run", "StepInfo"]
@@ -74,9 +76,13 @@ class Run:
         max_step_seconds: float | None,
         allow_pickle: bool = False,
         total_steps: int | None = None,
+        key_scheme: int | None = KEY_SCHEME,
     ) -> None:
         self.store = store
         self.id = run_id
+        # How this run's effect keys and argument hashes are derived (kernelext.core.keys):
+        # a run row's key_scheme, NULL (scheme 1) for a run recorded by an earlier release.
+        self.key_scheme = key_scheme or 1
         self.agent = agent
         self.max_step_seconds = max_step_seconds
         self.state: dict[str, Any] = {}
@@ -313,6 +319,12 @@ class Run:
     def begin_step(self, key: str, name: str | None) -> bool:
         """Open a step. Returns False when it completed before (resume)."""
         self.finish_open_step()
+        check_name(
+            key,
+            "step key",
+            hint="Give run.steps(key=...) a function that returns a short printable text "
+            "(or int) for each item, or run.step() such a name.",
+        )
         self.safe_point()
         if key in self._seen:
             raise KernelextError(

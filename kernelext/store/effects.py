@@ -150,14 +150,17 @@ class EffectsMixin(RunsMixin, StoreBase):
             )
         return [r[0] for r in rows]
 
-    def mark_failed_unknown(self, key: uuid.UUID, reason: str) -> None:
-        """A ``failed`` row whose call may have half-happened (``resumable=False``) is unknown."""
+    def mark_failed_unknown(
+        self, key: uuid.UUID, reason: str, *, status: str = EffectStatus.FAILED
+    ) -> None:
+        """A ``failed`` row whose call may have half-happened (``resumable=False``) is unknown;
+        so is (``status="applied"``) an applied one whose result was not stored."""
 
         def job(tx: Tx) -> None:
             rows = tx.fetchall(
                 "UPDATE effects SET status = ?, outcome_at = ? WHERE key = ?"
                 " AND status = ? RETURNING run_id, tool",
-                (EffectStatus.UNKNOWN, self.now(), key, EffectStatus.FAILED),
+                (EffectStatus.UNKNOWN, self.now(), key, status),
             )
             for run_id, tool in rows:
                 self.event(

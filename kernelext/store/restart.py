@@ -99,8 +99,8 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         locations: dict[uuid.UUID, str],
     ) -> None:
         old = tx.fetchone(
-            "SELECT status, agent, fingerprint, max_step_seconds, args, total_steps, owner"
-            f" FROM runs WHERE id = ?{self.for_update}",
+            "SELECT status, agent, fingerprint, max_step_seconds, args, total_steps, owner,"
+            f" key_scheme FROM runs WHERE id = ?{self.for_update}",
             (plan.old_id,),
         )
         if old is None:
@@ -144,7 +144,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         tx.execute(
             "INSERT INTO runs (id, agent, status, reason, created_at, updated_at, deadline,"
             " parent_id, fingerprint, max_step_seconds, args, owner, total_steps,"
-            " completed_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " completed_steps, key_scheme) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 plan.new_id,
                 old[1],
@@ -160,6 +160,9 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
                 plan.who or old[6],
                 old[5],
                 len(plan.steps),
+                # The parent's scheme: the carried effects' argument hashes were made with
+                # it from arguments that are not stored, so the new run must hash the same.
+                old[7] or 1,
             ),
         )
         tx.executemany(

@@ -19,8 +19,11 @@ __all__ = ["RunsMixin", "Transition"]
 RUN_COLUMNS = (
     "id, agent, status, reason, created_at, updated_at, deadline, parent_id, fingerprint, "
     "max_step_seconds, args, stop_requested_at, stop_source, owner, lease_until, total_steps, "
-    "completed_steps, error"
+    "completed_steps, error, key_scheme"
 )
+# How effect keys and argument hashes of new runs are derived (see kernelext.core.keys);
+# a run row with key_scheme NULL was recorded before schema 7: scheme 1.
+KEY_SCHEME = 2
 
 
 class RunsMixin(StoreBase):
@@ -36,6 +39,7 @@ class RunsMixin(StoreBase):
         owner: str | None = None,
         total_steps: int | None = None,
         source: str = "api",
+        key_scheme: int = KEY_SCHEME,
     ) -> bool:
         """Insert a run in status ``running``. Returns False if the id is taken."""
 
@@ -44,8 +48,8 @@ class RunsMixin(StoreBase):
             # One statement: two processes creating the same id at once get one winner.
             inserted = tx.fetchone(
                 "INSERT INTO runs (id, agent, status, created_at, updated_at, parent_id,"
-                " fingerprint, max_step_seconds, args, owner, total_steps, completed_steps)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+                " fingerprint, max_step_seconds, args, owner, total_steps, completed_steps,"
+                " key_scheme) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?)"
                 " ON CONFLICT (id) DO NOTHING RETURNING id",
                 (
                     run_id,
@@ -59,6 +63,7 @@ class RunsMixin(StoreBase):
                     args,
                     owner,
                     total_steps,
+                    key_scheme,
                 ),
             )
             if inserted is None:

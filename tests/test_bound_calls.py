@@ -1,0 +1,337 @@
+"""Calls bound by value, names checked at the API, runs of an earlier release, results that
+round-trip (issue 19 items 2, 5, 7), on real runs.
+
+Payments and mails go to the real local HTTP server (``delivery_server``), which counts
+every delivery: "not sent", "sent once" are read from the receiving side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import pathlib
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pydantic
+import pytest
+from support.http_server import DeliveryServer, post_json
+from support.live import name
+
+import kernelext as kx
+from kernelext.core.cell_runs import open_cell_run
+from kernelext.core.keys import args_hash, effect_key
+from kernelext.errors import InvalidName, UnencodableArgument
+from kernelext.store import Store
+
+WAIT = 60.0
+
+
+class Tier(enum.Enum):
+    GOLD = "gold"
+    SILVER = "silver"
+
+
+@dataclasses.dataclass
+class Amount:
+    value: int
+    currency: str
+
+
+class Money(pydantic.BaseModel):
+    value: int
+    currency: str
+
+
+def tz(hours: int) -> dt.timezone:
+    return dt.timezone(dt.timedelta(hours=hours))
+
+
+# (approved value, the value the resumed call brings instead): same type, other value.
+PAIRS: dict[str, tuple[Any, Any]] = {
+    "decimal": (Decimal("10"), Decimal("9999999")),
+    "bytes": (b"ten", b"9999999"),
+    "datetime": (
+        dt.datetime(2026, 1, 1, 9, tzinfo=tz(0)),
+        dt.datetime(2026, 1, 1, 9, tzinfo=tz(2)),
+    ),
+    "naive-datetime": (dt.datetime(2026, 1, 1, 9), dt.datetime(2026, 1, 1, 9, 0, 1)),
+    "date": (dt.date(2026, 1, 1), dt.date(2026, 1, 2)),
+    "time": (dt.time(9), dt.time(21)),
+    "timedelta": (dt.timedelta(days=1), dt.timedelta(days=100)),
+    "set": ({"ann"}, {"ann", "mallory"}),
+    "frozenset": (frozenset({1}), frozenset({1, 2})),
+    "tuple": ((1, 2), (1, 3)),
+    "uuid": (uuid.UUID(int=1), uuid.UUID(int=2)),
+    "path": (pathlib.Path("/srv/a"), pathlib.Path("/srv/b")),
+    "enum": (Tier.SILVER, Tier.GOLD),
+    "dataclass": (Amount(10, "EUR"), Amount(9999999, "EUR")),
+    "pydantic": (Money(value=10, currency="EUR"), Money(value=9999999, currency="EUR")),
+    "numpy-scalar": (np.int64(10), np.int64(9999999)),
+    "numpy-dtype": (np.float64(10), np.float32(10)),
+    "numpy-array": (np.array([10, 20]), np.array([10, 9999999])),
+    "pandas-timestamp": (
+        pd.Timestamp("2026-01-01", tz="UTC"),
+        pd.Timestamp("2026-01-02", tz="UTC"),
+    ),
+    "dataframe": (pd.DataFrame({"amount": [10]}), pd.DataFrame({"amount": [9999999]})),
+    "series": (pd.Series([10]), pd.Series([9999999])),
+    "arrow": (pa.table({"amount": [10]}), pa.table({"amount": [9999999]})),
+    "float-vs-int": (10, 10.0),
+    "nested": ({"to": ["bob", Decimal("1")]}, {"to": ["bob", Decimal("2")]}),
+}
+
+
+def payer(server: DeliveryServer, plan: dict[str, Any]) -> kx.Agent:
+    @kx.effect(needs_approval=True)
+    def pay(to: str, amount: Any, *, idempotency_key: str | None = None) -> Any:
+        body = {"to": to, "amount": repr(amount)}
+        return post_json(server.url + "/pay", body, idempotency_key=idempotency_key).body
+
+    @kx.agent(name=name("bound-payer"))
+    def agent(run: kx.Run) -> None:
+        with run.step("bob"):
+            pay("bob", plan["amount"])
+
+    return agent
+
+
+@pytest.mark.parametrize("kind", sorted(PAIRS))
+def test_an_approval_is_bound_to_the_value_of_each_argument_type(
+    kind: str, store: Store, delivery_server: DeliveryServer
+) -> None:
+    approved, other = PAIRS[kind]
+    plan = {"amount": approved}
+    run_id = name("bound-" + kind)
+    assert payer(delivery_server, plan).start(run_id=run_id).wait(WAIT) == "suspended"
+    [first] = kx.approvals(run_id)
+    shown = first.arguments["amount"]
+    placeholder = f"<{type(approved).__module__}.{type(approved).__qualname__}>"
+    assert placeholder not in json.dumps(shown), f"the approver must see the value: {shown}"
+    assert first.approve(resume=False) is None
+    plan["amount"] = other  # the resumed call brings another value of the same type
+    assert kx.resume(run_id).wait(WAIT) == "suspended"
+    assert delivery_server.count() == 0, "the approval of another value was consumed"
+    [second] = kx.approvals(run_id)
+    assert second.id != first.id and second.key == first.key
+    assert json.dumps(second.arguments["amount"]) != json.dumps(shown)
+    assert second.approve().wait(WAIT) == "completed"
+    assert [d["body"]["amount"] for d in delivery_server.deliveries] == [repr(other)]
+
+
+def test_the_approver_sees_values_tagged_not_type_names(store: Store) -> None:
+    from kernelext.core.keys import display_args
+
+    text = display_args(
+        {"amount": Decimal("10"), "at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}
+    )
+    assert json.loads(text) == {
+        "amount": {"$kx": "decimal", "v": "10"},
+        "at": {"$kx": "datetime", "v": "2026-01-01T00:00:00+00:00"},
+    }
+
+
+def test_an_argument_that_cannot_be_bound_is_refused_before_anything_is_recorded(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    @kx.effect
+    def send(to: str, client: Any) -> Any:
+        return post_json(delivery_server.url + "/send", {"to": to}).body
+
+    deep: Any = "x"
+    for _ in range(500):
+        deep = [deep]
+
+    @kx.agent(name=name("unbound"))
+    def agent(run: kx.Run, which: str) -> None:
+        with run.step("s"):
+            send("ann", object() if which == "object" else deep)
+
+    for which in ("object", "deep"):
+        run_id = name("unbound-" + which)
+        handle = agent.start(which, run_id=run_id)
+        assert handle.wait(WAIT) == "failed"
+        assert isinstance(handle.error, UnencodableArgument), handle.error
+        assert "client" in str(handle.error) and "send" in str(handle.error)
+        assert kx.sql("SELECT count(*) AS n FROM effects WHERE run_id = ?", [run_id])["n"][0] == 0
+    assert delivery_server.count() == 0
+
+
+# -- names ---------------------------------------------------------------------------------
+BAD_NAMES = ["a\0b", "caf\udce9", "", "   ", "x" * 1001, 7]
+
+
+@pytest.mark.parametrize(
+    "bad", BAD_NAMES, ids=["nul", "surrogate", "empty", "blank", "long", "int"]
+)
+def test_bad_run_ids_are_refused_at_every_entry_point(bad: Any, store: Store) -> None:
+    @kx.agent(name=name("names"))
+    def agent(run: kx.Run) -> None:
+        with run.step("s"):
+            pass
+
+    with pytest.raises(InvalidName, match="run id"):
+        agent.start(run_id=bad)
+    with pytest.raises(InvalidName, match="run id"):
+        kx.resume(bad)
+    with pytest.raises(InvalidName, match="run id"):
+        open_cell_run(bad, store=store)
+    good = name("names-good")
+    assert agent.start(run_id=good).wait(WAIT) == "completed"
+    with pytest.raises(InvalidName, match="new run id"):
+        kx.restart(good, new_run_id=bad)
+    assert [r["id"] for r in store.list_runs()] == [good]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES[:5], ids=["nul", "surrogate", "empty", "blank", "long"])
+def test_bad_step_keys_fail_the_run_before_the_step_is_recorded(
+    bad: str, store: Store, delivery_server: DeliveryServer
+) -> None:
+    @kx.effect
+    def send(to: str) -> Any:
+        return post_json(delivery_server.url + "/send", {"to": to}).body
+
+    @kx.agent(name=name("keys"))
+    def agent(run: kx.Run) -> None:
+        for item in run.steps(["ok", "bad"], key=lambda i: bad if i == "bad" else i):
+            send(item)
+
+    run_id = name("keys")
+    handle = agent.start(run_id=run_id)
+    assert handle.wait(WAIT) == "failed"  # never completed without its step
+    assert isinstance(handle.error, InvalidName) and "step key" in str(handle.error)
+    assert [s["key"] for s in store.completed_steps(run_id)] == ["ok"]
+    assert delivery_server.count() == 1
+    with pytest.raises(InvalidName, match="tool name"):
+        kx.effect(name=bad)(lambda: None)
+
+
+# -- runs recorded by an earlier release ---------------------------------------------------
+def test_a_run_of_an_earlier_release_resumes_with_its_old_keys_and_repeats_nothing(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    stop_after = {"on": True}
+
+    @kx.effect
+    def mail(to: str, when: Any, *, idempotency_key: str | None = None) -> Any:
+        return post_json(
+            delivery_server.url + "/mail", {"to": to}, idempotency_key=idempotency_key
+        ).body
+
+    @kx.agent(name=name("legacy"))
+    def agent(run: kx.Run) -> None:
+        for to in run.steps(["ann", "bob"]):
+            mail(to, Decimal("1.0"))
+            if to == "bob" and stop_after["on"]:
+                kx.stop(run.id)
+                run.checkpoint()  # a stop mid-step: the step runs again on resume
+            mail(to + "-2", Decimal("2.0"))
+
+    run_id = name("legacy")
+    assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
+    assert delivery_server.count() == 3  # ann, ann-2, bob
+
+    # Rewrite the run as an earlier release recorded it: no key_scheme, NUL-joined keys,
+    # type-name argument hashes.
+    def as_scheme_1(tx: Any) -> None:
+        tx.execute("UPDATE runs SET key_scheme = NULL WHERE id = ?", (run_id,))
+        for row in store.load_effects(run_id).values():
+            old_key = effect_key(run_id, row["step_key"], row["tool"], row["call_ordinal"], 1)
+            to = json.loads(row["args"])["to"]
+            digest = args_hash((to, Decimal("0")), {}, 1)  # scheme 1 hashed a type name
+            tx.execute(
+                "UPDATE effects SET key = ?, args_hash = ? WHERE key = ?",
+                (old_key, digest, row["key"]),
+            )
+
+    keys_before = {r["key"] for r in store.load_effects(run_id).values()}
+    store.write(as_scheme_1)
+    keys_after = {r["key"] for r in store.load_effects(run_id).values()}
+    assert not keys_before & keys_after
+    stop_after["on"] = False
+    assert kx.resume(run_id).wait(WAIT) == "completed"
+    bodies = sorted(d["body"]["to"] for d in delivery_server.deliveries)
+    assert bodies == ["ann", "ann-2", "bob", "bob-2"], "each delivery exactly once"
+    assert store.get_run(run_id)["key_scheme"] is None  # it stays a scheme-1 run
+    keys = {
+        (r["step_key"], r["call_ordinal"]): r["key"] for r in store.load_effects(run_id).values()
+    }
+    assert keys[("1", 1)] == effect_key(run_id, "1", "mail", 1, 1)  # a new call: old scheme
+    hashes = {
+        (r["step_key"], r["call_ordinal"]): len(r["args_hash"])
+        for r in store.load_effects(run_id).values()
+    }
+    # The rows of the earlier release keep their hashes; the call recorded now is bound by
+    # value (a scheme-2 hash, 64 digits), so its approval could not take another amount.
+    assert hashes == {("0", 0): 32, ("0", 1): 32, ("1", 0): 32, ("1", 1): 64}
+
+
+def test_new_runs_record_key_scheme_2_and_a_restart_keeps_its_parents(store: Store) -> None:
+    @kx.agent(name=name("scheme"))
+    def agent(run: kx.Run) -> None:
+        with run.step("s"):
+            pass
+
+    run_id = name("scheme")
+    assert agent.start(run_id=run_id).wait(WAIT) == "completed"
+    assert store.get_run(run_id)["key_scheme"] == 2
+    child = kx.restart(run_id, from_step=0)
+    assert child.wait(WAIT) == "completed"
+    assert store.get_run(child.run.id)["key_scheme"] == 2
+
+
+# -- results -------------------------------------------------------------------------------
+def test_results_of_common_types_come_back_as_they_were_on_resume(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    made = {
+        "at": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc),
+        "amount": Decimal("10.50"),
+        "receipt": b"\x00\x01",
+        "pair": ("a", 1),
+        "tags": {"x"},
+        "usage": {"total_tokens": 7},
+    }
+    stop_after = {"on": True}
+
+    @kx.effect
+    def book(to: str, *, idempotency_key: str | None = None) -> Any:
+        post_json(delivery_server.url + "/book", {"to": to}, idempotency_key=idempotency_key)
+        return dict(made)
+
+    @kx.effect
+    def when() -> dt.datetime:
+        return dt.datetime(2026, 5, 1, tzinfo=dt.timezone.utc)
+
+    @kx.agent(name=name("results"))
+    def agent(run: kx.Run) -> Any:
+        with run.step("s"):
+            got = book("ann")
+            at = when()
+            if stop_after["on"]:
+                kx.stop(run.id)
+                run.checkpoint()
+            return got, at
+
+    run_id = name("results")
+    assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
+    stop_after["on"] = False
+    resumed = kx.resume(run_id)
+    assert resumed.wait(WAIT) == "completed"
+    got, at = resumed.result
+    assert got == made and {k: type(v) for k, v in got.items()} == {
+        k: type(v) for k, v in made.items()
+    }
+    assert at == dt.datetime(2026, 5, 1, tzinfo=dt.timezone.utc)
+    assert delivery_server.count() == 1
+    tokens = kx.sql(
+        "SELECT result->>'$.usage.total_tokens' AS t FROM effects WHERE run_id = ? AND tool = ?",
+        [run_id, "book"],
+    )
+    assert str(tokens["t"][0]) == "7"  # plain JSON stays queryable

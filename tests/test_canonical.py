@@ -1,0 +1,328 @@
+"""The canonical encoding (issue 19 items 2, 5, 7): argument hashes bound by value,
+injective keys, results that round-trip.
+
+Property tests (hypothesis): equal values give equal hashes and distinct values distinct
+ones, judged by an oracle written independently of the encoder, also across processes
+(another PYTHONHASHSEED: set and dict order must not leak in); effect keys are injective
+over valid run ids, step keys and tool names, and the framing is prefix-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import math
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pydantic
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernelext.core.canonical import MAX_DEPTH, Unencodable, canonical, digest, frame
+from kernelext.core.keys import args_hash, effect_key, question_key, stored_result
+from kernelext.core.tagged import tagged, untag
+from kernelext.errors import UnencodableArgument
+
+
+class Colour(enum.Enum):
+    RED = 1
+    ONE = "1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: Any
+    y: Any
+
+
+class Model(pydantic.BaseModel):
+    a: int
+    b: str
+
+
+# -- strategies ----------------------------------------------------------------------------
+UTC_OFFSETS = st.sampled_from(
+    [None, dt.timezone.utc, dt.timezone(dt.timedelta(hours=1)), dt.timezone(-dt.timedelta(hours=5))]
+)
+text = st.text(max_size=8)
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**200), max_value=2**200),
+    st.floats(allow_nan=True, allow_infinity=True),
+    text,
+    st.decimals(allow_nan=True, allow_infinity=True, places=None),
+    st.binary(max_size=8),
+    st.builds(bytearray, st.binary(max_size=4)),
+    st.datetimes(timezones=UTC_OFFSETS),
+    st.dates(),
+    st.times(),
+    st.timedeltas(),
+    st.uuids(),
+    st.builds(pathlib.PurePosixPath, text),
+    st.sampled_from(list(Colour)),
+    st.builds(np.int64, st.integers(-(2**63), 2**63 - 1)),
+    st.builds(np.float32, st.floats(width=32)),
+    st.builds(Model, a=st.integers(), b=text),
+)
+hashable = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), text, st.decimals(allow_nan=False)),
+    lambda inner: st.one_of(st.tuples(inner, inner), st.frozensets(inner, max_size=3)),
+    max_leaves=6,
+)
+values = st.recursive(
+    leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.tuples(inner, inner),
+        st.dictionaries(hashable, inner, max_size=3),
+        st.sets(hashable, max_size=3),
+        st.frozensets(hashable, max_size=3),
+        st.builds(Point, inner, inner),
+    ),
+    max_leaves=12,
+)
+
+
+def oracle(v: Any) -> Any:
+    """What "the same value" means, written without the encoder: type-strict equality,
+    NaN equal to NaN, aware datetimes with their offset (see kernelext/core/canonical.py)."""
+    if isinstance(v, enum.Enum):
+        return ("enum", type(v).__qualname__, oracle(v.value))
+    if isinstance(v, np.generic):
+        return ("np", v.dtype.str, v.tobytes())
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, int):
+        return ("int", v)
+    if isinstance(v, float):
+        return ("float", "nan" if math.isnan(v) else v + 0.0)
+    if isinstance(v, Decimal):
+        return ("dec", "nan" if v.is_nan() else v, v.is_snan())
+    if isinstance(v, (bytes, bytearray)):
+        return ("bytes", bytes(v))
+    if isinstance(v, dt.datetime):
+        return ("datetime", v.replace(tzinfo=None), v.utcoffset())
+    if isinstance(v, (dt.date, dt.time, dt.timedelta, uuid.UUID, str)) or v is None:
+        return (type(v).__name__, v)
+    if isinstance(v, pathlib.PurePath):
+        return ("path", str(v))
+    if isinstance(v, list):
+        return ("list", tuple(oracle(x) for x in v))
+    if isinstance(v, tuple):
+        return ("tuple", tuple(oracle(x) for x in v))
+    if isinstance(v, dict):
+        return ("dict", frozenset((oracle(k), oracle(x)) for k, x in v.items()))
+    if isinstance(v, (set, frozenset)):
+        return ("set", frozenset(oracle(x) for x in v))
+    if isinstance(v, Point):
+        return ("Point", oracle(v.x), oracle(v.y))
+    if isinstance(v, Model):
+        return ("Model", v.a, v.b)
+    raise AssertionError(f"no oracle for {type(v)}")
+
+
+# -- properties ----------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(values, values)
+def test_equal_values_equal_hashes_distinct_values_distinct_hashes(a: Any, b: Any) -> None:
+    assert (oracle(a) == oracle(b)) == (digest(a) == digest(b))
+    assert digest(a) == digest(pickle.loads(pickle.dumps(a)))  # a copy: the same hash
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.lists(values, min_size=40, max_size=40))
+def test_hashes_are_the_same_in_another_process(batch: list[Any]) -> None:
+    here = [digest(v) for v in batch]
+    code = (
+        "import pickle, sys\n"
+        "from kernelext.core.canonical import digest\n"
+        "batch = pickle.loads(sys.stdin.buffer.read())\n"
+        "sys.stdout.write('\\n'.join(digest(v) for v in batch))\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": str(1 + len(batch) + os.getpid() % 1000)}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps(batch),
+        capture_output=True,
+        env={**env, "PYTHONPATH": os.path.dirname(__file__)},
+        check=True,
+        timeout=60,
+    ).stdout.decode()
+    assert out.split("\n") == here
+
+
+valid_name = st.text(
+    alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="\0"),
+    min_size=1,
+    max_size=12,
+).filter(str.strip)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.tuples(valid_name, valid_name, valid_name, st.integers(0, 3)),
+    st.tuples(valid_name, valid_name, valid_name, st.integers(0, 3)),
+)
+def test_effect_keys_are_injective_and_the_framing_prefix_free(a: Any, b: Any) -> None:
+    assert (a == b) == (effect_key(*a) == effect_key(*b))
+    assert (a[:2] + a[3:] == b[:2] + b[3:]) == (
+        question_key(a[0], a[1], a[3]) == question_key(b[0], b[1], b[3])
+    )
+    if a != b:
+        assert not frame(*b).startswith(frame(*a))
+
+
+def test_nul_joined_parts_no_longer_share_a_key() -> None:
+    assert effect_key("a\0b", "c", "t", 0) != effect_key("a", "b\0c", "t", 0)
+    assert effect_key("a\0b", "c", "t", 0, scheme=1) == effect_key("a", "b\0c", "t", 0, scheme=1)
+
+
+# -- attacks -------------------------------------------------------------------------------
+def test_types_that_compare_equal_in_python_are_still_different_arguments() -> None:
+    same_number = [1, 1.0, True, "1", Decimal(1), np.int64(1), np.float64(1.0), Colour.RED]
+    assert len({digest(v) for v in same_number}) == len(same_number)
+    assert digest([1, 2]) != digest((1, 2))
+    assert digest(b"ab") == digest(bytearray(b"ab")) == digest(memoryview(b"ab"))
+    assert digest({1, 2}) == digest(frozenset({2, 1}))
+    assert digest("") != digest(b"") != digest(None) != digest([])
+
+
+def test_equal_values_of_one_type_hash_equal() -> None:
+    assert digest(Decimal("1.0")) == digest(Decimal("1.00")) == digest(Decimal("1"))
+    assert digest(Decimal("-0")) == digest(Decimal("0.000"))
+    assert digest(Decimal("1.5")) != digest(Decimal("15"))
+    long = Decimal("1." + "1" * 60)  # longer than the context's 28 digits: not rounded
+    assert digest(long) != digest(long + Decimal("1e-60"))
+    assert digest(0.0) == digest(-0.0) and digest(math.nan) == digest(-math.nan)
+    assert digest(math.inf) != digest(-math.inf) != digest(1e308)
+    assert digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
+
+
+def test_datetimes_keep_their_zone_and_naive_is_not_aware() -> None:
+    utc = dt.datetime(2026, 1, 1, 12, tzinfo=dt.timezone.utc)
+    paris = utc.astimezone(dt.timezone(dt.timedelta(hours=1)))
+    assert utc == paris and digest(utc) != digest(paris)  # documented: the zone is shown
+    assert digest(utc.replace(tzinfo=None)) != digest(utc)
+    assert digest(dt.date(2026, 1, 1)) != digest(dt.datetime(2026, 1, 1))
+
+
+def test_tagged_data_and_user_data_that_looks_like_a_tag_never_collide() -> None:
+    fake = {"$kx": "decimal", "v": "10"}
+    assert digest(fake) != digest(Decimal("10"))
+    assert untag(tagged(fake, result=True)) == fake
+    assert untag(tagged(Decimal("10"), result=True)) == Decimal("10")
+    # the canonical bytes of a str that spells another value's encoding
+    assert digest(canonical(1).decode("latin-1")) != digest(1)
+    assert digest(["a", "b"]) != digest(["ab"]) != digest(["a", ["b"]])
+    assert args_hash(("a", "b"), {}) != args_hash(("a",), {"b": "b"})
+
+
+def test_numpy_pandas_arrow_are_bound_by_dtype_shape_and_data() -> None:
+    assert digest(np.array([1, 2], dtype=np.int64)) != digest(np.array([1, 2], dtype=np.int32))
+    assert digest(np.zeros((2, 3))) != digest(np.zeros((3, 2)))
+    assert digest(np.arange(6)[::2]) == digest(np.array([0, 2, 4]))  # layout does not count
+    frame_a = pd.DataFrame({"a": [1, 2]})
+    assert digest(frame_a) == digest(pd.DataFrame({"a": [1, 2]}))
+    assert digest(frame_a) != digest(pd.DataFrame({"a": [1, 3]}))
+    assert digest(frame_a["a"]) != digest(frame_a)
+    chunked = pa.concat_tables([pa.table({"a": [1]}), pa.table({"a": [2]})])
+    assert digest(chunked) == digest(pa.table({"a": [1, 2]}))  # chunking does not count
+    assert digest(pd.Timestamp("2026-01-01", tz="UTC")) != digest(pd.Timestamp("2026-01-01"))
+    assert digest(pd.NA) != digest(None) != digest(pd.NaT)
+
+
+def test_huge_ints_and_deep_nesting() -> None:
+    big = 10**5000  # past int('...') 4300-digit limit
+    assert digest(big) != digest(big + 1)
+    assert untag(tagged(big, result=True)) == big
+    deep: Any = []
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(Unencodable, match="nested more than"):
+        digest(deep)
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    with pytest.raises(Unencodable, match="nested more than"):
+        digest(cycle)
+
+
+def test_what_cannot_be_encoded_is_refused_naming_the_argument() -> None:
+    with open(os.devnull) as handle:
+        for bad in (object(), lambda: 1, handle):
+            with pytest.raises(UnencodableArgument) as caught:
+                args_hash(("bob", {"nested": [bad]}), {}, tool="pay", names=("to", "amount"))
+            message = str(caught.value)
+            assert "pay" in message and "amount['nested'][0]" in message
+            assert type(bad).__name__ in message and "Pass plain values" in message
+
+
+def test_results_round_trip_and_plain_json_stays_plain() -> None:
+    value = {
+        "at": dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc),
+        "amount": Decimal("10.50"),
+        "raw": b"\x00\xff",
+        "pair": (1, "a"),
+        "tags": {"x", "y"},
+        "frozen": frozenset({1}),
+        "ids": {1: "one", (2, 3): "two-three"},
+        "nan": math.nan,
+        "day": dt.date(2026, 1, 2),
+        "uid": uuid.UUID(int=5),
+        "surrogate": "caf\udce9",
+    }
+    back = untag(__import__("json").loads(stored_result(value)))
+    assert math.isnan(back.pop("nan")) and math.isnan(value.pop("nan"))
+    assert back == value
+    assert {k: type(v) for k, v in back.items()} == {k: type(v) for k, v in value.items()}
+    plain = {"usage": {"total_tokens": 7}, "choices": [{"text": "hi"}]}
+    assert stored_result(plain) == '{"usage":{"total_tokens":7},"choices":[{"text":"hi"}]}'
+    for bad in (object(), Point(1, 2), Colour.RED, np.zeros(2)):
+        with pytest.raises(Unencodable):
+            stored_result({"x": bad})
+
+
+def test_results_are_scrubbed_of_secrets() -> None:
+    import kernelext as kx
+
+    kx.secrets.register("s3cr3t-value-42")
+    stored = stored_result(
+        {
+            "api_key": "k",
+            "token": "Hello",
+            "note": ("see s3cr3t-value-42",),
+            "b": b"s3cr3t-value-42",
+        }
+    )
+    assert "s3cr3t" not in stored and "Hello" in stored
+    back = untag(__import__("json").loads(stored))
+    assert back["api_key"] == "***redacted***" and back["note"] == ("see ***",)
+    assert back["b"] == b"***"
+
+
+def test_a_scheme_1_run_binds_new_calls_by_value_and_still_accepts_what_it_accepted() -> None:
+    from kernelext.core.keys import call_hashes, hash_for
+
+    new, old = call_hashes(("bob", Decimal("10")), {}, 1, tool="pay")
+    assert len(new) == 64 and old is not None and len(old) == 32
+    assert old == call_hashes(("bob", Decimal("9999999")), {}, 1, tool="pay")[1]  # weak
+    assert new != call_hashes(("bob", Decimal("9999999")), {}, 1, tool="pay")[0]  # by value
+    assert hash_for(old, new, old) == old and hash_for(new, new, old) == new
+    fallback, old2 = call_hashes(("bob", object()), {}, 1, tool="pay")
+    assert fallback == old2 and len(fallback) == 32  # an earlier release accepted it
+    with pytest.raises(UnencodableArgument):
+        call_hashes(("bob", object()), {}, 2, tool="pay")
+    assert call_hashes(("bob",), {}, 2, tool="pay")[1] is None
