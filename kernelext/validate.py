@@ -8,15 +8,21 @@ to pass. Each check returns the value as the caller uses it (a float, a str, ...
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 import math
 import numbers
 import os
-from collections.abc import Callable
-from typing import Any
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+F = TypeVar("F", bound=Callable[..., Any])
+Check = Callable[[str, Any], Any]
 
 __all__ = [
     "check_agent_function",
+    "check_approval_rule",
     "check_callable",
     "check_duration",
     "check_effect_function",
@@ -28,6 +34,13 @@ __all__ = [
     "check_text",
     "refuse_unrun_result",
 ]
+
+
+def _loaded(module: str, name: str) -> Any:
+    """A kernelext class by name, if its module is loaded (no instance exists otherwise).
+
+    This module imports nothing of kernelext: the store and core layers both use it."""
+    return getattr(sys.modules.get(module), name, None)
 
 
 def _shown(value: object) -> str:
@@ -57,8 +70,8 @@ def check_duration(
     if math.isnan(seconds) or math.isinf(seconds):
         raise ValueError(f"{where} takes a finite number of seconds, not {_shown(value)}.")
     if seconds < 0 or (seconds == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "more than zero"
-        raise ValueError(f"{where} takes a duration of {bound} seconds, not {_shown(value)}.")
+        bound = "zero or a positive" if allow_zero else "a positive"
+        raise ValueError(f"{where} takes {bound} number of seconds, not {_shown(value)}.")
     return seconds
 
 
@@ -92,7 +105,9 @@ def check_optional_str(where: str, value: object) -> str | None:
     raise TypeError(f"{where} takes a str (or None), not {type(value).__name__} {_shown(value)}.")
 
 
-def check_callable(where: str, value: object, *, what: str = "a function") -> Callable[..., Any]:
+def check_callable(
+    where: str, value: object, *, what: str = "a function (any callable)"
+) -> Callable[..., Any]:
     if not callable(value):
         raise TypeError(f"{where} takes {what}, not {type(value).__name__} {_shown(value)}.")
     return value
@@ -127,9 +142,8 @@ def check_store(where: str, value: object) -> None:
     """``None`` (the current store) or a store from ``kx.open_store``."""
     if value is None:
         return
-    from .store.base import StoreBase
-
-    if not isinstance(value, StoreBase):
+    StoreBase = _loaded("kernelext.store.base", "StoreBase")
+    if StoreBase is None or not isinstance(value, StoreBase):
         raise TypeError(
             f"{where} takes a store from kx.open_store(...) (or None for the current one), "
             f"not {type(value).__name__} {_shown(value)}. To use another file, pass "
@@ -151,9 +165,8 @@ def check_effect_function(fn: object) -> None:
     A generator function or an ``async def`` returns without running its body, so the
     ledger would record ``applied`` for work that never happened: both are refused here.
     """
-    from .core.ledger import Effect
-
-    if isinstance(fn, Effect):
+    Effect = _loaded("kernelext.core.ledger", "Effect")
+    if Effect is not None and isinstance(fn, Effect):
         raise TypeError(
             f"{fn!r} is already an effect: wrapping it again would record each call twice. "
             "To give it another name, wrap its function: kx.effect(name=...)(effect.fn)."
@@ -177,6 +190,15 @@ def check_effect_function(fn: object) -> None:
             f"@kx.effect cannot wrap {name}: async def effects are not supported yet. Wrap the "
             "awaited call in a sync function (e.g. def f(...): return asyncio.run(coro(...)), "
             "or a sync client) and decorate that; the ledger records it when it returns."
+        )
+
+
+def check_approval_rule(rule: object) -> None:
+    """``@kx.effect(needs_approval=...)``: a bool, or a function of the call's arguments."""
+    if not isinstance(rule, bool) and not callable(rule):
+        raise TypeError(
+            "@kx.effect(needs_approval=...) takes True/False or a function of the call's "
+            f"arguments that returns whether it needs approval, not {_shown(rule)}."
         )
 
 
@@ -218,3 +240,131 @@ def check_agent_function(fn: object) -> None:
             "supported yet. Make it a plain def; inside a step, run the coroutine with "
             "asyncio.run(...)."
         )
+
+
+# -- checks by parameter, for ``validated`` -------------------------------------------------
+def optional(check: Check) -> Check:
+    """``check``, or ``None``."""
+
+    def checked(where: str, value: Any) -> Any:
+        return None if value is None else check(where, value)
+
+    return checked
+
+
+def check_source(where: str, value: object) -> str:
+    """Who asks (``api``, ``cli``, ``panel``...): a short non-empty str."""
+    return check_text(where, value, what="a short str naming who asks (e.g. 'api')")
+
+
+def check_datetime(where: str, value: object) -> Any:
+    if not isinstance(value, dt.datetime):
+        raise TypeError(
+            f"{where} takes a datetime (UTC), not {type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
+def check_args_tuple(where: str, value: object) -> Any:
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(
+            f"{where} takes a tuple of the agent's positional arguments, not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
+def check_mapping(where: str, value: object) -> Any:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where} takes a dict, not {type(value).__name__} {_shown(value)}.")
+    return value
+
+
+def check_step(where: str, value: object) -> Any:
+    """A step: its ordinal (an int, not a bool) or its key (a str)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(
+            f"{where} takes a step ordinal (int) or a step key (str), not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
+def check_count(where: str, value: object) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"{where} takes a whole number >= 0, not {_shown(value)}.")
+    return value
+
+
+def check_plan(where: str, value: object) -> Any:
+    ResumePlan = _loaded("kernelext.core.plan", "ResumePlan")
+    if ResumePlan is None or not isinstance(value, ResumePlan):
+        raise TypeError(
+            f"{where} takes the plan kx.plan(run_id) returned, not {type(value).__name__} "
+            f"{_shown(value)}."
+        )
+    return value
+
+
+def check_key(where: str, value: object) -> Any:
+    """A key or id: a ``uuid.UUID`` or a non-empty str (whole or a unique prefix)."""
+    import uuid
+
+    if isinstance(value, uuid.UUID):
+        return value
+    return check_text(where, value, what="a key (a uuid.UUID or a non-empty str)")
+
+
+def check_run_id(where: str, value: object) -> str:
+    return check_text(where, value, what="a run id (a non-empty str)")
+
+
+RUN_ID = check_run_id
+OPTIONAL_RUN_ID = optional(check_run_id)
+STORE = check_store
+SOURCE = check_source
+NOTE = check_optional_str
+FLAG = check_flag
+FUNCTION = check_callable
+
+
+def validated(label: str, **checks: Check) -> Callable[[F], F]:
+    """Check the named parameters of every call before the function runs.
+
+    ``label`` is how users write the call (``"kx.resume"``); an error names the parameter
+    as ``kx.resume(store=...)``. Parameters left out keep their default (not checked).
+    """
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        unknown = set(checks) - set(signature.parameters)
+        if unknown:
+            raise AssertionError(f"{fn.__qualname__} has no parameter(s) {sorted(unknown)}")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{label}(): {exc}") from None
+            for name, value in bound.arguments.items():
+                check = checks.get(name)
+                if check is not None:
+                    check(f"{label}({name}=...)", value)
+            return fn(*args, **kwargs)
+
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def check_wait(where: str, value: object) -> Any:
+    """How long to wait: zero or more seconds (``None``: as long as it takes)."""
+    return check_duration(where, value, allow_zero=True)
+
+
+def check_secret(where: str, value: object) -> Any:
+    """A secret value: a str or bytes."""
+    if not isinstance(value, (str, bytes)):
+        raise TypeError(f"{where} takes the secret as a str or bytes, not {type(value).__name__}.")
+    return value

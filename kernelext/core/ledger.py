@@ -20,6 +20,7 @@ from ..errors import (
 from ..status import EffectStatus, Reason
 from ..store.approvals import APPROVED, REJECTED
 from ..validate import (
+    check_approval_rule,
     check_callable,
     check_effect_function,
     check_flag,
@@ -351,14 +352,6 @@ class Effect:
 
 
 _PERFORM = object()
-
-
-def check_approval_rule(rule: object) -> None:
-    if not isinstance(rule, bool) and not callable(rule):
-        raise TypeError(
-            "@kx.effect(needs_approval=...) takes True/False or a function of the call's "
-            f"arguments that returns whether it needs approval, not {rule!r}."
-        )
 
 
 def _describe(exc: BaseException) -> str:

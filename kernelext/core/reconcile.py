@@ -9,6 +9,7 @@ from typing import Any
 from ..status import EffectStatus, Status
 from ..store import Store, actor
 from ..store.effects import GIVE_UP
+from ..validate import NOTE, RUN_ID, SOURCE, STORE, validated
 from .codec import dumps_json
 from .runtime import get_store, runtime
 
@@ -33,6 +34,7 @@ class UnknownEffect:
         self.intent_at: dt.datetime = row["intent_at"]
         self.decision: str | None = None
 
+    @validated("UnknownEffect.mark_applied", note=NOTE, source=SOURCE)
     def mark_applied(
         self, result: Any = None, *, note: str | None = None, source: str = "api"
     ) -> None:
@@ -40,10 +42,12 @@ class UnknownEffect:
         encoded = dumps_json(result).decode()
         self._decide(EffectStatus.APPLIED, encoded, note, source)
 
+    @validated("UnknownEffect.mark_not_applied", note=NOTE, source=SOURCE)
     def mark_not_applied(self, *, note: str | None = None, source: str = "api") -> None:
         """It did not happen: the call is made again on resume, under the same key."""
         self._decide(EffectStatus.NOT_APPLIED, None, note, source)
 
+    @validated("UnknownEffect.give_up", note=NOTE, source=SOURCE)
     def give_up(self, *, note: str | None = None, source: str = "api") -> None:
         """Abandon the run: it is cancelled and its claims released."""
         self._decide(GIVE_UP, None, note, source)
@@ -100,6 +104,7 @@ class Reconciliation(list[UnknownEffect]):
         return renderer(self)
 
 
+@validated("kx.reconcile", run_id=RUN_ID, store=STORE)
 def reconcile(run_id: str, *, store: Store | None = None) -> Reconciliation:
     """The open unknown effects of ``run_id``, each with its three ways out."""
     store = get_store(store)

@@ -31,6 +31,18 @@ from ..errors import RunStateError
 from ..status import EffectStatus
 from ..store import Store, actor
 from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
+from ..validate import (
+    FLAG,
+    OPTIONAL_RUN_ID,
+    RUN_ID,
+    SOURCE,
+    STORE,
+    check_args_tuple,
+    check_mapping,
+    check_step,
+    optional,
+    validated,
+)
 from .control import resume
 from .handle import Handle
 from .ledger import effect_key
@@ -41,6 +53,17 @@ from .runtime import get_store, runtime
 __all__ = ["restart"]
 
 
+@validated(
+    "kx.restart",
+    run_id=RUN_ID,
+    from_step=optional(check_step),
+    new_run_id=OPTIONAL_RUN_ID,
+    store=STORE,
+    allow_code_change=FLAG,
+    args=optional(check_args_tuple),
+    kwargs=optional(check_mapping),
+    source=SOURCE,
+)
 def restart(
     run_id: str,
     from_step: int | str | None = None,

@@ -208,13 +208,18 @@ class DuckDBConnection(Backend):
                 return
             what = "deleted" if now is None else "replaced by another file"
             journal = self.hot_path.path if self.hot_path is not None else self.path + ".journal.*"
+            kept = (
+                f"the records not yet in its tables are kept in the journal {journal}, nothing "
+                "acknowledged is lost"
+                if os.path.exists(journal) or self.hot_path is None
+                else f"its folder was removed too, with the journal {journal}"
+            )
             self.lost = (
                 f"The kernelext store file {self.path!r} was {what} while this process had it "
                 "open (os.replace, a restore from a backup, a sync tool, rm?). kernelext writes "
-                "nothing more to it: the records not yet in its tables are kept in the journal "
-                f"{journal}, nothing acknowledged is lost. Put the original file back (or keep "
-                "the new one), open it again with kx.open_store(path) (or restart the kernel), "
-                "then call kx.resume(run_id) for the runs that were executing."
+                f"nothing more to it: {kept}. Put the original file back (or keep the new "
+                "one), open it again with kx.open_store(path) (or restart the kernel), then "
+                "call kx.resume(run_id) for the runs that were executing."
             )
             _log.error("kernelext: %s", self.lost)
         if self.lost is not None:
