@@ -14,7 +14,7 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -138,10 +138,10 @@ def check_store_location(where: str, value: object) -> str:
     return location
 
 
-def check_store(where: str, value: object) -> None:
+def check_store(where: str, value: object) -> Any:
     """``None`` (the current store) or a store from ``kx.open_store``."""
     if value is None:
-        return
+        return None
     StoreBase = _loaded("kernelext.store.base", "StoreBase")
     if StoreBase is None or not isinstance(value, StoreBase):
         raise TypeError(
@@ -149,6 +149,7 @@ def check_store(where: str, value: object) -> None:
             f"not {type(value).__name__} {_shown(value)}. To use another file, pass "
             "store=kx.open_store(path)."
         )
+    return value
 
 
 def _async_call(fn: object) -> bool:
@@ -290,6 +291,25 @@ def check_step(where: str, value: object) -> Any:
     return value
 
 
+def check_amount(where: str, value: object) -> float:
+    """A finite number (an amount, a tolerance); ``True``/``False`` are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} takes a number, not {type(value).__name__} {_shown(value)}.")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{where} takes a finite number, not {_shown(value)}.")
+    return number
+
+
+def check_iterable(where: str, value: object) -> Any:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"{where} takes the items to go through (a list, a generator...), not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
 def check_count(where: str, value: object) -> Any:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TypeError(f"{where} takes a whole number >= 0, not {_shown(value)}.")
@@ -332,7 +352,8 @@ def validated(label: str, **checks: Check) -> Callable[[F], F]:
     """Check the named parameters of every call before the function runs.
 
     ``label`` is how users write the call (``"kx.resume"``); an error names the parameter
-    as ``kx.resume(store=...)``. Parameters left out keep their default (not checked).
+    as ``kx.resume(store=...)``. A check returns the value the function then gets (a
+    duration as a float seconds, a flag as a bool). Parameters left out keep their default.
     """
 
     def decorate(fn: F) -> F:
@@ -349,9 +370,9 @@ def validated(label: str, **checks: Check) -> Callable[[F], F]:
                 raise TypeError(f"{label}(): {exc}") from None
             for name, value in bound.arguments.items():
                 check = checks.get(name)
-                if check is not None:
-                    check(f"{label}({name}=...)", value)
-            return fn(*args, **kwargs)
+                if check is not None:  # the value as the function uses it (a float, ...)
+                    bound.arguments[name] = check(f"{label}({name}=...)", value)
+            return fn(*bound.args, **bound.kwargs)
 
         return cast(F, wrapper)
 

@@ -418,3 +418,41 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
     assert len(outcomes) >= 1
     if how == "deleted":
         assert not path.exists()  # never silently created again
+
+
+def test_a_store_file_replaced_while_this_process_let_go_of_it_is_refused_at_reconnect(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.duckdb"
+    store = open_store(str(path))
+    try:
+        store.write(lambda tx: None)
+        store.backend._release()  # as after its linger, or when handing over to a waiter
+        open_store(str(tmp_path / "other.duckdb")).close()
+        os.replace(tmp_path / "other.duckdb", path)
+        with pytest.raises(StoreWriteError, match="replaced by another file"):
+            store.write(lambda tx: None)
+        os.remove(path)
+        with pytest.raises(StoreWriteError, match="replaced"):  # the first cause is kept
+            store.read("SELECT 1")
+        assert not path.exists()  # never created anew behind the user's back
+    finally:
+        store.close()
+    reopened = open_store(str(tmp_path / "fresh.duckdb"))  # a new Store object works
+    reopened.close()
+
+
+def test_checked_arguments_reach_the_function_as_it_uses_them(store: Store) -> None:
+    np = pytest.importorskip("numpy")
+
+    @kx.agent(name="quick_args")
+    def agent(run: kx.Run) -> None:
+        with run.step("one"):
+            run.state["x"] = 1
+
+    handle = agent.start(run_id="quick-args")
+    assert handle.wait(dt.timedelta(seconds=30)) == "completed"
+    assert handle.wait(np.float64(5)) == "completed"
+    assert kx.plan("quick-args", stale_after=dt.timedelta(hours=1)).status == "completed"
+    with pytest.raises(ValueError, match="timeout"):
+        handle.wait(-1)

@@ -221,3 +221,34 @@ def test_the_skip_list_names_real_entry_points() -> None:
     for name in SKIP:
         assert name in kx.__all__, name
     assert uuid  # imported for annotations in signatures
+
+
+def test_the_run_methods_an_agent_calls_refuse_wrong_argument_types_up_front(
+    store: Store,
+) -> None:
+    problems: list[str] = []
+    ctx: dict[str, Any] = {"value": 1, "items": [1], "prompt": "How many?", "run_id": "r"}
+
+    @kx.agent(name="entry_point_run_methods")
+    def agent(run: kx.Run) -> None:
+        with run.step("calls"):
+            for meth in ("ask", "claim", "credential", "fact", "step", "steps", "suspend"):
+                for label, what, call in calls(f"run.{meth}", getattr(run, meth), ctx):
+                    try:
+                        made = call()
+                        if meth == "steps":
+                            list(made)
+                    except (TypeError, ValueError, KernelextError) as exc:
+                        if what.split("=")[0] not in str(exc):
+                            problems.append(f"{label}({what}): not naming it: {exc}")
+                    except BaseException as exc:  # a stop too: the call was accepted
+                        problems.append(f"{label}({what}): {type(exc).__name__}: {exc}")
+                    else:
+                        problems.append(f"{label}({what}): accepted")
+
+    before = row_counts(store)
+    handle = agent.start(run_id="run-methods")
+    assert handle.wait(30) == "completed", handle.error
+    assert not problems, "\n".join(problems)
+    assert store.read("SELECT count(*) FROM facts")[0][0] == before["facts"]
+    assert store.read("SELECT count(*) FROM claims")[0][0] == 0

@@ -16,6 +16,7 @@ from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..status import Reason, StepStatus
 from ..store import Store
 from ..store.steps import StagedPayload
+from ..validate import FUNCTION, NOTE, check_amount, check_iterable, check_name, optional, validated
 from .snapshot import Snapshotter
 
 __all__ = ["Run", "StepInfo"]
@@ -116,6 +117,7 @@ class Run:
     def stop_requested(self) -> bool:
         return self.stop_event.is_set()
 
+    @validated("run.steps", items=check_iterable, key=optional(FUNCTION), name=optional(check_name))
     def steps(
         self, items: Iterable[T], key: Callable[[T], Any] | None = None, name: str | None = None
     ) -> Iterator[T]:
@@ -146,12 +148,17 @@ class Run:
 
     def step(self, name: str, key: str | None = None) -> _StepContext:
         """``with run.step("fetch"):`` — one step; skipped on resume once completed."""
+        if type(name) is not str or (key is not None and type(key) is not str):  # cheap
+            check_name("run.step(name=...)", name)
+            if key is not None:
+                check_name("run.step(key=...)", key)
         return _StepContext(self, key or name, name)
 
     def checkpoint(self) -> None:
         """An explicit safe point: honours a pending stop here."""
         self.safe_point()
 
+    @validated("run.suspend", reason=check_name, note=NOTE)
     def suspend(
         self, reason: str = Reason.OTHER, *, deadline: Any = None, note: str | None = None
     ) -> None:
@@ -160,6 +167,7 @@ class Run:
         self.suspend_request = (reason, deadline, note)
         raise StopRequested(reason)
 
+    @validated("run.claim", resource=check_name, amount=optional(check_amount))
     def claim(self, resource: str, amount: float | None = None) -> Any:
         """Hold ``resource`` until the run ends (completed, cancelled, expired).
 
@@ -180,6 +188,14 @@ class Run:
 
         return ask(self, prompt, schema=schema, default=default)
 
+    @validated(
+        "run.fact",
+        name=check_name,
+        check=optional(FUNCTION),
+        tolerance=optional(check_amount),
+        kind=check_name,
+        compare=optional(FUNCTION),
+    )
     def fact(
         self,
         name: str,
@@ -209,6 +225,7 @@ class Run:
             self, name, value, check, args, tolerance=tolerance, kind=kind, compare=compare
         )
 
+    @validated("run.credential", name=check_name)
     def credential(self, name: str) -> Any:
         """The current value of a credential fact (the refreshed one after a resume)."""
         from .credentials import current

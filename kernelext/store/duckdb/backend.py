@@ -215,8 +215,8 @@ class DuckDBConnection(Backend):
                 else f"its folder was removed too, with the journal {journal}"
             )
             self.lost = (
-                f"The kernelext store file {self.path!r} was {what} while this process had it "
-                "open (os.replace, a restore from a backup, a sync tool, rm?). kernelext writes "
+                f"The kernelext store file {self.path!r} was {what} while this process was using "
+                "it (os.replace, a restore from a backup, a sync tool, rm?). kernelext writes "
                 f"nothing more to it: {kept}. Put the original file back (or keep the new "
                 "one), open it again with kx.open_store(path) (or restart the kernel), then "
                 "call kx.resume(run_id) for the runs that were executing."
