@@ -456,3 +456,32 @@ def test_checked_arguments_reach_the_function_as_it_uses_them(store: Store) -> N
     assert kx.plan("quick-args", stale_after=dt.timedelta(hours=1)).status == "completed"
     with pytest.raises(ValueError, match="timeout"):
         handle.wait(-1)
+
+
+def test_kernelext_store_naming_a_folder_is_refused_before_anything_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelext.errors import StoreError
+
+    folder = tmp_path / "stores"
+    folder.mkdir()
+    monkeypatch.setenv("KERNELEXT_STORE", str(folder))
+    with pytest.raises(StoreError, match="is a folder"):
+        kx.open_store()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stores"]  # no .lock, no .want
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_an_agent_cell_refuses_a_bad_step_bound(store: Store, value: str) -> None:
+    shell_module = pytest.importorskip("IPython.core.interactiveshell")
+    shell = shell_module.InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "kernelext")
+    try:
+        before = row_counts(store)
+        result = shell.run_cell(f"%%agent cell-bound --max-step-seconds {value}\nx = 1\n")
+        assert not result.success
+        assert "max-step-seconds" in str(result.error_in_exec)
+        assert row_counts(store) == before
+    finally:
+        shell.run_line_magic("unload_ext", "kernelext")

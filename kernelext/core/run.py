@@ -167,7 +167,6 @@ class Run:
         self.suspend_request = (reason, deadline, note)
         raise StopRequested(reason)
 
-    @validated("run.claim", resource=check_name, amount=optional(check_amount))
     def claim(self, resource: str, amount: float | None = None) -> Any:
         """Hold ``resource`` until the run ends (completed, cancelled, expired).
 

@@ -545,6 +545,12 @@ def open_duckdb(
     with a clear error. ``True`` asks for it, ``False`` refuses a read-only folder.
     """
     path = os.path.abspath(path)
+    if os.path.isdir(path):  # before anything is created beside it (.lock, .want)
+        raise StoreError(
+            f"The kernelext store {path!r} is a folder; the store is a file. Point "
+            f"KERNELEXT_STORE (or kx.open_store) at a file in it, e.g. "
+            f"{os.path.join(path, 'store.duckdb')!r}."
+        )
     parent = os.path.dirname(path)
     writable = _writable(path)
     if read_only is None:
