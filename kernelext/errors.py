@@ -17,6 +17,7 @@ __all__ = [
     "InvalidName",
     "KernelextError",
     "LedgerError",
+    "NameNotText",
     "NeedsDecision",
     "ReadOnlyError",
     "ResultNotStorable",
@@ -112,6 +113,10 @@ class UnencodableArgument(SerializationError):
 class InvalidName(KernelextError, ValueError):
     """A run id, step key or tool name kernelext cannot store faithfully (not text, empty,
     too long, a NUL character or a lone surrogate); refused before anything is recorded."""
+
+
+class NameNotText(InvalidName, TypeError):
+    """A run id, step key or tool name that is not a ``str`` at all."""
 
 
 class LedgerError(KernelextError):

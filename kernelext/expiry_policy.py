@@ -25,14 +25,24 @@ DEFAULT_EXPIRY: dict[str, dt.timedelta] = {
 }
 
 
-def _as_delta(value: object) -> dt.timedelta:
-    if isinstance(value, dt.timedelta):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return dt.timedelta(seconds=float(value))
-    raise ValueError(
-        f"An expiry duration must be a timedelta or a positive number of seconds, not {value!r}."
-    )
+_LONGEST = 1000 * 365.25 * 86400  # seconds
+
+
+def _as_delta(value: object, reason: str | None = None) -> dt.timedelta:
+    """A positive, finite duration (seconds or a timedelta); anything else is refused."""
+    from .validate import check_duration
+
+    where = f"expiry[{reason!r}]" if reason is not None else "A suspension's duration"
+    try:
+        seconds = check_duration(where, value)
+    except TypeError as exc:  # a ValueError to callers, as documented
+        raise ValueError(str(exc)) from None
+    assert seconds is not None
+    if seconds > _LONGEST:  # a deadline past year 9999 cannot be stored
+        raise ValueError(
+            f"{where} of {value!r} is too long for a deadline; the longest is 1000 years."
+        )
+    return value if isinstance(value, dt.timedelta) else dt.timedelta(seconds=seconds)
 
 
 class ExpiryPolicy:
@@ -43,8 +53,14 @@ class ExpiryPolicy:
         self.update(durations or {})
 
     def update(self, durations: Mapping[str, object]) -> None:
+        checked = {}  # every duration first: a bad one changes nothing
         for reason, value in durations.items():
-            self.durations[str(reason)] = _as_delta(value)
+            if not isinstance(reason, str) or not reason.strip():
+                raise ValueError(
+                    f"An expiry reason is a non-empty name (e.g. 'approval'), not {reason!r}."
+                )
+            checked[reason] = _as_delta(value, reason)
+        self.durations.update(checked)
 
     def deadline(
         self,

@@ -176,15 +176,15 @@ def test_bad_run_ids_are_refused_at_every_entry_point(bad: Any, store: Store) ->
         with run.step("s"):
             pass
 
-    with pytest.raises(InvalidName, match="run id"):
+    with pytest.raises(InvalidName, match=r"run.id"):
         agent.start(run_id=bad)
-    with pytest.raises(InvalidName, match="run id"):
+    with pytest.raises(InvalidName, match=r"run.id"):
         kx.resume(bad)
-    with pytest.raises(InvalidName, match="run id"):
+    with pytest.raises(InvalidName, match=r"run.id"):
         open_cell_run(bad, store=store)
     good = name("names-good")
     assert agent.start(run_id=good).wait(WAIT) == "completed"
-    with pytest.raises(InvalidName, match="new run id"):
+    with pytest.raises(InvalidName, match=r"new.run.id"):
         kx.restart(good, new_run_id=bad)
     assert [r["id"] for r in store.list_runs()] == [good]
 
@@ -205,10 +205,11 @@ def test_bad_step_keys_fail_the_run_before_the_step_is_recorded(
     run_id = name("keys")
     handle = agent.start(run_id=run_id)
     assert handle.wait(WAIT) == "failed"  # never completed without its step
-    assert isinstance(handle.error, InvalidName) and "step key" in str(handle.error)
+    assert isinstance(handle.error, InvalidName)
+    assert "step key" in str(handle.error) or "key=" in str(handle.error)
     assert [s["key"] for s in store.completed_steps(run_id)] == ["ok"]
     assert delivery_server.count() == 1
-    with pytest.raises(InvalidName, match="tool name"):
+    with pytest.raises(InvalidName, match=r"name=|tool name"):
         kx.effect(name=bad)(lambda: None)
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union
 
 from ..core.ledger import Effect
+from ..validate import check_flag
 
 __all__ = ["ToolArgumentError", "Tools", "json_schema", "tool_schema", "type_hints"]
 
@@ -98,7 +99,7 @@ class Tools(list[dict[str, Any]]):
 
     def __init__(self, *functions: Callable[..., Any], record: bool = True) -> None:
         super().__init__()
-        self.record = record
+        self.record = check_flag("kx.tools(record=...)", record)
         self._tools: dict[str, _Tool] = {}
         for fn in functions:
             self.add(fn)

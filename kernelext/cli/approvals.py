@@ -20,7 +20,7 @@ from typing import Any
 from ..core import approvals as human
 from ..errors import LedgerError, RunStateError
 from ..store import Store
-from .common import AddCommand, CommandUsageError, Exit, emit_json, table
+from .common import RUN_ID, AddCommand, CommandUsageError, Exit, emit_json, nonblank, table
 
 __all__ = ["register"]
 
@@ -95,7 +95,7 @@ def answer_command(args: argparse.Namespace, store: Store) -> int:
 def register(add: AddCommand) -> None:
     """Add ``approvals``, ``approve``, ``reject`` and ``answer`` to the command line."""
     sub = add("approvals", approvals_command, "List approval requests and questions that wait.")
-    sub.add_argument("--run", help="only this run's")
+    sub.add_argument("--run", type=RUN_ID, help="only this run's")
     for verb, handler in (("approve", approve_command), ("reject", reject_command)):
         sub = add(
             verb,
@@ -103,14 +103,22 @@ def register(add: AddCommand) -> None:
             f"{verb.capitalize()} one waiting call (its request id or effect key, or a unique "
             "prefix of either).",
         )
-        sub.add_argument("key", metavar="KEY")
+        sub.add_argument(
+            "key",
+            metavar="KEY",
+            type=nonblank("KEY", "pass a request id or effect key (`kernelext approvals`)"),
+        )
         sub.add_argument("--note", help="why (kept with the decision)")
     sub = add(
         "answer",
         answer_command,
         "Answer a run's open question (run.ask); VALUE is read as its schema asks.",
     )
-    sub.add_argument("run_id", metavar="RUN_ID")
-    sub.add_argument("value", metavar="VALUE")
-    sub.add_argument("--key", help="which question, when several wait")
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
+    sub.add_argument("value", metavar="VALUE")  # "" may be a valid answer (a str schema)
+    sub.add_argument(
+        "--key",
+        type=nonblank("--key", "pass the question's key (kernelext approvals lists them)"),
+        help="which question, when several wait",
+    )
     sub.add_argument("--note", help="kept with the answer")

@@ -27,6 +27,7 @@ __all__ = [
     "cell_text",
     "emit_json",
     "jsonable",
+    "nonblank",
     "open_cli_store",
     "require_run",
     "say",
@@ -65,6 +66,22 @@ EPILOG = (
 
 Handler = Callable[[argparse.Namespace, Store], int]
 AddCommand = Callable[[str, Handler, str], argparse.ArgumentParser]
+
+
+def nonblank(what: str, hint: str) -> Callable[[str], str]:
+    """An argparse ``type`` that refuses an empty or blank value (exit code 2), before the
+    store is opened: an empty key would match every key as a prefix."""
+
+    def check(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"{what} must not be empty; {hint}")
+        return value
+
+    check.__name__ = what
+    return check
+
+
+RUN_ID = nonblank("RUN_ID", "pass a run id (kernelext runs lists them)")
 
 
 class CommandUsageError(Exception):

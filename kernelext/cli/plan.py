@@ -11,7 +11,7 @@ import argparse
 
 from ..core.plan import plan
 from ..store import Store
-from .common import AddCommand, emit_json, require_run, status_exit_code
+from .common import RUN_ID, AddCommand, emit_json, require_run, status_exit_code
 
 __all__ = ["plan_command", "register"]
 
@@ -34,4 +34,4 @@ def register(add: AddCommand) -> None:
         plan_command,
         "Show what resuming a run would do (steps, effects, facts, code), changing nothing.",
     )
-    sub.add_argument("run_id", metavar="RUN_ID")
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)

@@ -21,7 +21,16 @@ from typing import Any
 from ..core.reconcile import Reconciliation, UnknownEffect, reconcile
 from ..status import EffectStatus, Status
 from ..store import Store
-from .common import AddCommand, CommandUsageError, Exit, emit_json, require_run, say
+from .common import (
+    RUN_ID,
+    AddCommand,
+    CommandUsageError,
+    Exit,
+    emit_json,
+    nonblank,
+    require_run,
+    say,
+)
 
 __all__ = ["check_arguments", "reconcile_command", "register"]
 
@@ -218,8 +227,12 @@ def register(add: AddCommand) -> None:
         "Decide effects whose outcome is unknown: interactive in a terminal, or with flags.",
     )
     sub.set_defaults(check=check_arguments)
-    sub.add_argument("run_id", metavar="RUN_ID")
-    sub.add_argument("--key", help="the effect's key (or a unique prefix of it)")
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
+    sub.add_argument(
+        "--key",
+        type=nonblank("--key", "pass an effect key or a unique prefix (kernelext show RUN_ID)"),
+        help="the effect's key (or a unique prefix of it)",
+    )
     decision = sub.add_mutually_exclusive_group()
     decision.add_argument("--applied", action="store_true", help="it happened")
     decision.add_argument(

@@ -12,11 +12,13 @@ from ..core.stop_estimate import estimate_stop
 from ..status import LIVE, Status
 from ..store import Store
 from .common import (
+    RUN_ID,
     AddCommand,
     CommandUsageError,
     Exit,
     cell_text,
     emit_json,
+    nonblank,
     require_run,
     status_exit_code,
     table,
@@ -177,14 +179,14 @@ def register(add: AddCommand) -> None:
     sub.add_argument("--status", choices=[str(s) for s in Status], help="only runs in this status")
 
     sub = add("show", cmd_show, "Show one run: its steps, effects, facts and events.")
-    sub.add_argument("run_id", metavar="RUN_ID")
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
 
     sub = add(
         "stop",
         cmd_stop,
         "Ask a run to stop at its next safe point (recorded at once, source 'cli').",
     )
-    sub.add_argument("run_id", metavar="RUN_ID")
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
     sub.add_argument("--wait", action="store_true", help="wait until the run has stopped")
     sub.add_argument(
         "--timeout", type=float, default=60.0, help="seconds --wait waits (default 60)"
@@ -193,7 +195,12 @@ def register(add: AddCommand) -> None:
     add("sweep", cmd_sweep, "Expire suspended runs past their deadline; drop old snapshots.")
 
     sub = add("sql", cmd_sql, "Run one read-only query on the store.")
-    sub.add_argument("query", metavar="QUERY", help='e.g. "SELECT status, count(*) FROM runs"')
+    sub.add_argument(
+        "query",
+        metavar="QUERY",
+        type=nonblank("QUERY", "pass one SQL query"),
+        help='e.g. "SELECT status, count(*) FROM runs"',
+    )
     sub.add_argument(
         "--param",
         action="append",

@@ -9,6 +9,13 @@ from collections.abc import Callable
 from typing import Any, overload
 
 from ..store import Store
+from ..validate import (
+    check_agent_function,
+    check_duration,
+    check_flag,
+    check_name,
+    check_store,
+)
 from .handle import Handle
 from .plan import remember_agent_source
 from .runtime import runtime
@@ -33,10 +40,13 @@ class Agent:
     def __init__(
         self, fn: Callable[..., Any], name: str, max_step_seconds: float | None, pickle: bool
     ) -> None:
+        check_agent_function(fn)
         self.fn = fn
-        self.name = name
-        self.max_step_seconds = max_step_seconds
-        self.pickle = pickle
+        self.name = check_name("kx.Agent(name)", name)
+        self.max_step_seconds = check_duration(
+            "kx.Agent(max_step_seconds)", max_step_seconds, allow_none=True
+        )
+        self.pickle = check_flag("kx.Agent(pickle)", pickle)
         self.fingerprint = fingerprint(fn)
         remember_agent_source(self.fingerprint, fn)  # kx.plan shows a diff once it changes
         functools.update_wrapper(self, fn)
@@ -45,6 +55,9 @@ class Agent:
         self, *args: Any, run_id: str | None = None, store: Store | None = None, **kwargs: Any
     ) -> Handle:
         """Start a new run in a worker thread and return its handle at once."""
+        if run_id is not None:
+            check_name(f"{self.name}.start(run_id=...)", run_id)
+        check_store(f"{self.name}.start(store=...)", store)
         return start_run(self, args, kwargs, run_id=run_id, store=store)
 
     def run(
@@ -86,8 +99,15 @@ def agent(
     pickle: bool = False,
 ) -> Agent | Callable[[Callable[..., Any]], Agent]:
     """Declare an agent: ``@kx.agent(name="triage", max_step_seconds=60)``."""
+    if name is not None:  # the options first, so that a bad one is named before any def
+        check_name("@kx.agent(name=...)", name)
+    max_step_seconds = check_duration(
+        "@kx.agent(max_step_seconds=...)", max_step_seconds, allow_none=True
+    )
+    check_flag("@kx.agent(pickle=...)", pickle)
 
     def wrap(func: Callable[..., Any]) -> Agent:
+        check_agent_function(func)
         made = Agent(func, name or func.__name__, max_step_seconds, pickle)
         runtime().agents[made.name] = made
         return made

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..store import Store, default_store_path
 from ..store import open_store as _open_store
+from ..validate import check_duration, check_flag, check_store, check_store_location, check_text
 from .runtime import get_store, runtime
 
 __all__ = ["configure", "open_store", "runs", "sql"]
@@ -20,6 +21,10 @@ def open_store(location: str | None = None, *, read_only: bool | None = None) ->
     ``read_only=True`` opens it for queries only (a store on a read-only mount opens that
     way by itself).
     """
+    if location is not None:
+        location = check_store_location("kx.open_store(location)", location)
+    if read_only is not None:
+        read_only = check_flag("kx.open_store(read_only=...)", read_only)
     settings = runtime().settings
     if read_only is not None:
         store = _open_store(location or default_store_path(), read_only=read_only)
@@ -56,7 +61,6 @@ def configure(
     """
     import difflib
     import inspect
-    import numbers
     import os
 
     from ..errors import RunStateError
@@ -75,16 +79,13 @@ def configure(
     def number(name: str, value: object) -> float | None:
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"kx.configure({name}=...) takes a number of seconds, not {value!r}.")
-        return float(value)
+        # Zero keeps no snapshot after expiry / turns the double press off: deliberate
+        # settings. A zero check_timeout or step bound would fail every check and step.
+        zero = name in ("retention_seconds", "interrupt_window")
+        return check_duration(f"kx.configure({name}=...)", value, allow_zero=zero)
 
     def flag(name: str, value: object) -> bool | None:
-        if value is None:
-            return None
-        if not isinstance(value, int) or value not in (0, 1):  # as a %config Bool: 0/1 too
-            raise TypeError(f"kx.configure({name}=...) takes True or False, not {value!r}.")
-        return bool(value)
+        return None if value is None else check_flag(f"kx.configure({name}=...)", value)
 
     plain: dict[str, object] = {
         name: number(name, value)
@@ -107,11 +108,7 @@ def configure(
             )
         ExpiryPolicy(expiry)  # checks every duration first (ValueError)
     if store is not None:
-        if not isinstance(store, (str, os.PathLike)):
-            raise TypeError(
-                "kx.configure(store=...) takes a DuckDB file path or a postgresql:// URL, "
-                f"not {store!r}."
-            )
+        store = check_store_location("kx.configure(store=...)", store)
         live = [h.run_id for h in runtime().live_handles()]
         if live:
             raise RunStateError(
@@ -161,9 +158,34 @@ def sql(
     change a setting, advance a sequence or touch a file raises ``ReadOnlyError``, which
     says what to do instead.
     """
+    check_text("kx.sql(query)", query, what="one SQL query as a str")
+    if params is not None and (
+        isinstance(params, (str, bytes)) or not isinstance(params, (Sequence, Mapping))
+    ):
+        raise TypeError(
+            "kx.sql(query, params=...) takes a list or tuple of values for ? (or $1), or a "
+            f"dict for $name, not {type(params).__name__} {params!r}."
+        )
+    allow_files = check_flag("kx.sql(allow_files=...)", allow_files)
+    check_store("kx.sql(store=...)", store)
     return _table(get_store(store).read_arrow(query, params, allow_files=allow_files))
 
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:
     """The runs in the store (newest last), optionally only those in ``status``."""
+    if status is not None:
+        from ..status import Status
+
+        check_text("kx.runs(status)", status, what="a run status (a str)")
+        if status not in {str(s) for s in Status}:
+            from ..errors import did_you_mean
+
+            raise ValueError(
+                f"kx.runs(status) takes a run status, not {status!r}."
+                + did_you_mean(status, [str(s) for s in Status])
+                + " Statuses: "
+                + ", ".join(str(s) for s in Status)
+                + "."
+            )
+    check_store("kx.runs(store=...)", store)
     return _table(get_store(store).runs_table(status))

@@ -19,6 +19,17 @@ from ..errors import LedgerError
 from ..status import Reason, Status
 from ..store import Store, actor
 from ..store.approvals import APPROVED, REJECTED
+from ..validate import (
+    FLAG,
+    NOTE,
+    OPTIONAL_RUN_ID,
+    RUN_ID,
+    SOURCE,
+    STORE,
+    check_key,
+    optional,
+    validated,
+)
 from .asking import check_answer, encode_answer, parse_answer
 from .codec import loads_json
 from .runtime import get_store, runtime
@@ -130,11 +141,13 @@ class Approval:
     def time_left(self) -> str:
         return time_left_text(self.expires_at, self.store.now())
 
+    @validated("Approval.approve", note=NOTE, source=SOURCE, resume=FLAG)
     def approve(self, note: str | None = None, *, source: str = "api", resume: bool = True) -> Any:
         """Allow this one call, with these arguments, once. Resumes the run when this
         process runs it (returns its new handle); else its next ``kx.resume`` goes on."""
         return self._decide(APPROVED, note, source, resume)
 
+    @validated("Approval.reject", note=NOTE, source=SOURCE, resume=FLAG)
     def reject(self, note: str | None = None, *, source: str = "api", resume: bool = True) -> Any:
         """Refuse the call: on resume the agent gets ``kx.EffectRejected`` at it."""
         return self._decide(REJECTED, note, source, resume)
@@ -198,6 +211,7 @@ class Approvals(_Waiting[Approval]):
         return "\n".join(lines)
 
 
+@validated("kx.approvals", run_id=OPTIONAL_RUN_ID, store=STORE)
 def approvals(run_id: str | None = None, *, store: Store | None = None) -> Approvals:
     """The approval requests waiting for a decision (of one run, or of every run)."""
     store = get_store(store)
@@ -237,6 +251,14 @@ def _named(row: dict[str, Any], prefix: str) -> bool:
     return str(row["id"]).startswith(prefix) or str(row["key"]).startswith(prefix)
 
 
+@validated(
+    "kx.core.approvals.approve",
+    ident=check_key,
+    note=NOTE,
+    store=STORE,
+    source=SOURCE,
+    resume=FLAG,
+)
 def approve(
     ident: str | uuid.UUID,
     *,
@@ -249,6 +271,14 @@ def approve(
     return _decide(ident, APPROVED, note, store, source, resume)
 
 
+@validated(
+    "kx.core.approvals.reject",
+    ident=check_key,
+    note=NOTE,
+    store=STORE,
+    source=SOURCE,
+    resume=FLAG,
+)
 def reject(
     ident: str | uuid.UUID,
     *,
@@ -317,6 +347,7 @@ class Question:
                 f"stored; answer again with a value that fits (schema {json.dumps(self.schema)})."
             ) from None
 
+    @validated("Question.answer", note=NOTE, source=SOURCE, resume=FLAG)
     def answer(
         self,
         value: Any = _UNSET,
@@ -368,6 +399,7 @@ class Questions(_Waiting[Question]):
         return "\n".join(lines)
 
 
+@validated("kx.questions", run_id=OPTIONAL_RUN_ID, store=STORE)
 def questions(run_id: str | None = None, *, store: Store | None = None) -> Questions:
     """The questions (``run.ask``) waiting for an answer (of one run, or of every run)."""
     store = get_store(store)
@@ -377,6 +409,16 @@ def questions(run_id: str | None = None, *, store: Store | None = None) -> Quest
     return Questions(run_id, store, [Question(store, row) for row in rows])
 
 
+@validated(
+    "kx.answer",
+    run_id=RUN_ID,
+    key=optional(check_key),
+    note=NOTE,
+    text=FLAG,
+    store=STORE,
+    source=SOURCE,
+    resume=FLAG,
+)
 def answer(
     run_id: str,
     value: Any = _UNSET,

@@ -21,7 +21,7 @@ from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
 from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .handle import Handle
-from .names import check_name
+from .names import check_stored_name
 from .resume_steps import before_first_action
 from .run import Run, StepInfo
 from .runtime import get_store, runtime
@@ -210,7 +210,7 @@ def open_cell_run(
     run_id: str, *, store: Store | None = None, max_step_seconds: float | None = None
 ) -> CellRun:
     """The cell run ``run_id``: cached in this runtime, loaded from the store, or new."""
-    check_name(run_id, "run id", hint="Name the cell run like %%agent orders-2026-11.")
+    check_stored_name(run_id, "run id", hint="Name the cell run like %%agent orders-2026-11.")
     store = get_store(store)
     rt = runtime()
     with rt.cell_runs_lock:

@@ -12,9 +12,20 @@ from typing import Any
 
 from ..errors import RunStateError
 from ..store import Store
+from ..validate import (
+    FLAG,
+    RUN_ID,
+    SOURCE,
+    STORE,
+    check_args_tuple,
+    check_mapping,
+    optional,
+    validated,
+)
+from ..validate import check_plan as plan_type
 from . import cell_runs
 from .handle import Handle, request_stop
-from .names import check_name
+from .names import check_stored_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
 from .run import Run
@@ -28,6 +39,7 @@ def is_cell_run(row: dict[str, Any]) -> bool:
     return bool(row["agent"] == cell_runs.CELL_AGENT)
 
 
+@validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE)
 def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
     """Ask run ``run_id`` to stop at its next safe point; the request is recorded at once.
 
@@ -46,6 +58,17 @@ def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str
     return request_stop(store, run_id, source=source)
 
 
+@validated(
+    "kx.resume",
+    run_id=RUN_ID,
+    store=STORE,
+    allow_code_change=FLAG,
+    args=optional(check_args_tuple),
+    kwargs=optional(check_mapping),
+    source=SOURCE,
+    recheck_facts=FLAG,
+    plan=optional(plan_type),
+)
 def resume(
     run_id: str,
     *,
@@ -71,7 +94,7 @@ def resume(
     in it changed since (another process resumed, a new unknown effect, the code changed),
     ``PlanChanged`` says what and nothing runs.
     """
-    check_name(run_id, "run id", hint="Pass the id of a run in the store (see kx.runs()).")
+    check_stored_name(run_id, "run id", hint="Pass the id of a run in the store (see kx.runs()).")
     if plan is not None and plan.run_id != run_id:
         raise ValueError(f"That plan is for run {plan.run_id!r}, not {run_id!r}.")
     store = get_store(store)
@@ -105,6 +128,7 @@ def resume(
         )
 
 
+@validated("kx.core.control.handle_for", run_id=RUN_ID, store=STORE)
 def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
     """The handle that shows run ``run_id``: the live one, a cell run's, or a detached one
     (for a run another process executes, or one that ended)."""

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 from ..status import Status
 from ..store import Store
 from ..store.expiry import Expiry, PayloadRemoval
+from ..validate import FUNCTION, SOURCE, STORE, check_datetime, optional, validated
 from .runtime import get_store, runtime
 
 __all__ = [
@@ -134,6 +135,7 @@ _DELIVERING_LOCK = threading.Lock()
 ExpireCallback = Callable[[ExpiredRun], Any]
 
 
+@validated("kx.on_expire", callback=FUNCTION)
 def on_expire(callback: ExpireCallback) -> ExpireCallback:
     """Call ``callback(expired_run)`` for every run that expires (at least once).
 
@@ -169,6 +171,7 @@ def _utc_naive(value: dt.datetime) -> dt.datetime:
     return value
 
 
+@validated("kx.sweep", now=optional(check_datetime), store=STORE, source=SOURCE)
 def sweep(
     now: dt.datetime | None = None, *, store: Store | None = None, source: str = "api"
 ) -> SweepResult:

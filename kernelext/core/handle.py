@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import StoreWriteError
 from ..status import Status
 from ..store import Store
+from ..validate import NOTE, SOURCE, check_wait, optional, validated
 from .run import Run
 from .runtime import runtime
 from .stop_estimate import estimate_stop
@@ -42,6 +43,7 @@ class Handle:
     def info(self) -> dict[str, Any]:
         return self.store.get_run(self.run_id)
 
+    @validated("Handle.wait", timeout=optional(check_wait))
     def wait(self, timeout: float | None = None) -> str:
         """Block until the run stops, suspends or finishes; return its status."""
         if self.thread is not None:
@@ -53,6 +55,7 @@ class Handle:
         return self.status
 
     # -- control --------------------------------------------------------------------
+    @validated("Handle.stop", source=SOURCE, who=NOTE)
     def stop(self, source: str = "api", *, who: str | None = None) -> str:
         """Ask the run to stop at its next safe point. Returns the status after the request.
 
@@ -61,6 +64,7 @@ class Handle:
         """
         return request_stop(self.store, self.run_id, source=source, who=who, handle=self)
 
+    @validated("Handle.force_stop", source=SOURCE)
     def force_stop(self, source: str = "api") -> None:
         """Stop now: raise into the step. In-flight effects become ``unknown``."""
         self.stop(source)

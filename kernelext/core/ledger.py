@@ -17,6 +17,14 @@ from ..errors import (
 )
 from ..status import EffectStatus, Reason
 from ..store.approvals import APPROVED, REJECTED
+from ..validate import (
+    check_approval_rule,
+    check_callable,
+    check_effect_function,
+    check_flag,
+    check_name,
+    refuse_unrun_result,
+)
 from .asking import wait_for_person
 from .canonical import Unencodable
 from .context import current_run
@@ -30,7 +38,7 @@ from .keys import (
     redact,
     stored_result,
 )
-from .names import check_name
+from .names import check_stored_name
 from .run import Run
 from .runtime import runtime
 from .secrets import REDACTED, SECRET_NAME, scrub_text
@@ -67,19 +75,20 @@ class Effect:
         needs_approval: ApprovalRule = False,
         probe: Callable[..., Any] | None = None,
     ) -> None:
+        check_effect_function(fn)
+        if name is not None:
+            check_name("@kx.effect(name=...)", name)
         self.fn = fn
-        self.tool = check_name(
-            getattr(fn, "__name__", None) if name is None else name,
+        self.tool = check_stored_name(
+            (getattr(fn, "__name__", None) or type(fn).__name__) if name is None else name,
             "tool name",
             hint="Pass @kx.effect(name='send_email') with a short, printable name.",
         )
-        self.resumable = resumable
-        self.retry = retry
-        if not isinstance(needs_approval, bool) and not callable(needs_approval):
-            raise TypeError(
-                f"@kx.effect(needs_approval=...) takes True/False or a function of the call's "
-                f"arguments that returns whether it needs approval, not {needs_approval!r}."
-            )
+        self.resumable = check_flag("@kx.effect(resumable=...)", resumable)
+        self.retry = check_flag("@kx.effect(retry=...)", retry)
+        if probe is not None:
+            check_callable("@kx.effect(probe=...)", probe, what="a function (key, args)")
+        check_approval_rule(needs_approval)
         self.needs_approval = needs_approval
         self.probe = probe
         if probe is not None:
@@ -228,6 +237,7 @@ class Effect:
             call_kwargs["idempotency_key"] = str(key)
         try:
             result = self.fn(*args, **call_kwargs)
+            refuse_unrun_result(self.tool, result)
         except Exception as exc:
             run.store.write_outcome(key, EffectStatus.FAILED, error=_describe(exc))
             run.effects[key]["status"] = EffectStatus.FAILED
@@ -405,6 +415,14 @@ def effect(
     A rejection raises ``kx.EffectRejected`` at the call. ``probe`` registers a function
     that tells whether a call with an unknown outcome happened (see ``kernelext.core.probes``).
     """
+
+    if name is not None:  # the options first, so that a bad one is named before any def
+        check_name("@kx.effect(name=...)", name)
+    check_flag("@kx.effect(resumable=...)", resumable)
+    check_flag("@kx.effect(retry=...)", retry)
+    if probe is not None:
+        check_callable("@kx.effect(probe=...)", probe, what="a function (key, args)")
+    check_approval_rule(needs_approval)
 
     def wrap(func: Callable[..., Any]) -> Effect:
         return Effect(

@@ -10,38 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InvalidName
+from ..errors import InvalidName, NameNotText
+from ..validate import MAX_NAME, name_problem
 
-__all__ = ["MAX_NAME", "check_name"]
-
-MAX_NAME = 1000
+__all__ = ["MAX_NAME", "check_stored_name"]
 
 
-def check_name(value: Any, what: str, *, hint: str = "") -> str:
+def check_stored_name(value: Any, what: str, *, hint: str = "") -> str:
     """``value`` if it is a valid ``what`` (e.g. "run id"); otherwise ``InvalidName``
     saying what is wrong and what to pass instead."""
     fix = hint or "Pass a short, printable text, e.g. 'orders-2026-11'."
     if not isinstance(value, str):
-        raise InvalidName(
+        raise NameNotText(
             f"A {what} must be text (str), not {type(value).__name__} {value!r}. {fix}"
         )
-    problem = ""
-    if not value.strip():
-        problem = "is empty" if not value else "is only blanks"
-    elif len(value) > MAX_NAME:
-        problem = f"has {len(value)} characters (at most {MAX_NAME})"
-    elif "\0" in value:
-        problem = f"holds a NUL character at position {value.index(chr(0))}"
-    else:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            problem = (
-                f"holds a lone surrogate {value[exc.start]!r} at position {exc.start} (text "
-                "decoded with errors='surrogateescape', e.g. a file name from os.listdir); "
-                "decode it properly first, e.g. name.encode('utf-8', 'surrogateescape')"
-                ".decode('latin-1')"
-            )
+    problem = name_problem(value)
     if problem:
         shown = value if len(value) <= 80 else value[:77] + "..."
         raise InvalidName(f"The {what} {shown!r} {problem}; it cannot be stored faithfully. {fix}")

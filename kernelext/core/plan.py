@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
 from ..store import Store
+from ..validate import RUN_ID, STORE, check_duration, check_mapping, optional, validated
 from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
 from .checks import resolve
 from .facts import CONTRADICTIONS
@@ -84,6 +85,7 @@ class ResumePlan(PlanData):
     ``.to_json()``; ``kx.resume(run_id, plan=p)`` resumes only as previewed.
     """
 
+    @validated("ResumePlan.verify", store=STORE)
     def verify(self, store: Store | None = None) -> ResumePlan:
         """Compute the plan again; raise :class:`PlanChanged` if what matters moved."""
         return check_plan(self, store)
@@ -128,6 +130,13 @@ def _short_diff(old: str | None, new: str | None) -> str:
 
 
 # -- computing the plan ---------------------------------------------------------------------
+@validated(
+    "kx.plan",
+    run_id=RUN_ID,
+    store=STORE,
+    stale_after=check_duration,
+    cell_sources=optional(check_mapping),
+)
 def plan(
     run_id: str,
     store: Store | None = None,

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from ..status import TERMINAL
+from ..validate import check_count, optional, validated
 from .facts import CONTRADICTIONS
 
 __all__ = [
@@ -163,6 +164,7 @@ class PlanData:
         """The plan as plain JSON values (times as ISO text, UTC)."""
         return plan_dict(self)
 
+    @validated("ResumePlan.to_json", indent=optional(check_count))
     def to_json(self, indent: int | None = 2) -> str:
         return plan_json(self, indent)
 

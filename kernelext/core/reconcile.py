@@ -10,6 +10,7 @@ from ..errors import SerializationError
 from ..status import EffectStatus, Status
 from ..store import Store, actor
 from ..store.effects import GIVE_UP
+from ..validate import NOTE, RUN_ID, SOURCE, STORE, validated
 from .canonical import Unencodable
 from .keys import stored_result
 from .runtime import get_store, runtime
@@ -35,6 +36,7 @@ class UnknownEffect:
         self.intent_at: dt.datetime = row["intent_at"]
         self.decision: str | None = None
 
+    @validated("UnknownEffect.mark_applied", note=NOTE, source=SOURCE)
     def mark_applied(
         self, result: Any = None, *, note: str | None = None, source: str = "api"
     ) -> None:
@@ -49,10 +51,12 @@ class UnknownEffect:
             ) from None
         self._decide(EffectStatus.APPLIED, encoded, note, source)
 
+    @validated("UnknownEffect.mark_not_applied", note=NOTE, source=SOURCE)
     def mark_not_applied(self, *, note: str | None = None, source: str = "api") -> None:
         """It did not happen: the call is made again on resume, under the same key."""
         self._decide(EffectStatus.NOT_APPLIED, None, note, source)
 
+    @validated("UnknownEffect.give_up", note=NOTE, source=SOURCE)
     def give_up(self, *, note: str | None = None, source: str = "api") -> None:
         """Abandon the run: it is cancelled and its claims released."""
         self._decide(GIVE_UP, None, note, source)
@@ -109,6 +113,7 @@ class Reconciliation(list[UnknownEffect]):
         return renderer(self)
 
 
+@validated("kx.reconcile", run_id=RUN_ID, store=STORE)
 def reconcile(run_id: str, *, store: Store | None = None) -> Reconciliation:
     """The open unknown effects of ``run_id``, each with its three ways out."""
     store = get_store(store)

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from ..validate import FUNCTION, check_name, optional, validated
+
 __all__ = ["CheckRegistry", "CredentialRegistry"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -38,6 +40,7 @@ class CheckRegistry:
     @overload
     def register(self, name_or_prefix: str, fn: None = None) -> Callable[[F], F]: ...
 
+    @validated("kx.checks.register", name_or_prefix=check_name, fn=optional(FUNCTION))
     def register(self, name_or_prefix: str, fn: Callable[..., Any] | None = None) -> Any:
         """Register ``fn`` (or use as a decorator: ``@kx.checks.register("price:*")``)."""
         if not isinstance(name_or_prefix, str) or not name_or_prefix.strip("*"):
@@ -58,6 +61,7 @@ class CheckRegistry:
 
         return add(fn) if fn is not None else add
 
+    @validated("kx.checks.unregister", name_or_prefix=check_name)
     def unregister(self, name_or_prefix: str) -> None:
         with self._lock:
             self._checks.pop(name_or_prefix, None)
@@ -116,6 +120,7 @@ class CredentialRegistry:
     @overload
     def register(self, name: str, refresh: None = None) -> Callable[[F], F]: ...
 
+    @validated("kx.credentials.register", name=check_name, refresh=optional(FUNCTION))
     def register(self, name: str, refresh: Callable[[], Any] | None = None) -> Any:
         """``kx.credentials.register("github", refresh=get_token)`` (or as a decorator)."""
         if not isinstance(name, str) or not name:
@@ -133,6 +138,7 @@ class CredentialRegistry:
 
         return add(refresh) if refresh is not None else add
 
+    @validated("kx.credentials.unregister", name=check_name)
     def unregister(self, name: str) -> None:
         with self._lock:
             self._refresh.pop(name, None)
@@ -141,6 +147,7 @@ class CredentialRegistry:
         with self._lock:
             return sorted(self._refresh)
 
+    @validated("kx.credentials.refresh_for", name=check_name)
     def refresh_for(self, name: str) -> Callable[[], Any] | None:
         with self._lock:
             return self._refresh.get(name)

@@ -50,17 +50,40 @@ from ..errors import RunStateError
 from ..status import EffectStatus
 from ..store import Store, actor
 from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
+from ..validate import (
+    FLAG,
+    OPTIONAL_RUN_ID,
+    RUN_ID,
+    SOURCE,
+    STORE,
+    check_args_tuple,
+    check_mapping,
+    check_step,
+    optional,
+    validated,
+)
 from .cell_runs import CELL_AGENT
 from .control import resume
 from .handle import Handle
 from .keys import effect_key
-from .names import check_name
+from .names import check_stored_name
 from .resume import agent_for
 from .runtime import get_store, runtime
 
 __all__ = ["restart"]
 
 
+@validated(
+    "kx.restart",
+    run_id=RUN_ID,
+    from_step=optional(check_step),
+    new_run_id=OPTIONAL_RUN_ID,
+    store=STORE,
+    allow_code_change=FLAG,
+    args=optional(check_args_tuple),
+    kwargs=optional(check_mapping),
+    source=SOURCE,
+)
 def restart(
     run_id: str,
     from_step: int | str | None = None,
@@ -74,7 +97,9 @@ def restart(
 ) -> Handle:
     """Fork run ``run_id`` into a new run from a kept snapshot, and start it."""
     if new_run_id is not None:
-        check_name(new_run_id, "new run id", hint="Pass kx.restart(..., new_run_id='orders-2').")
+        check_stored_name(
+            new_run_id, "new run id", hint="Pass kx.restart(..., new_run_id='orders-2')."
+        )
     store = get_store(store)
     row = store.get_run(run_id)
     _check_restartable(store, run_id, row, allow_code_change)
@@ -84,7 +109,7 @@ def restart(
     _check_snapshots(run_id, carried)
     cutoff: dt.datetime | None = max((s["ended_at"] for s in carried), default=None)
     effects = list(store.load_effects(run_id).values())
-    new_id = check_name(new_run_id or _next_child_id(store, run_id), "new run id")
+    new_id = check_stored_name(new_run_id or _next_child_id(store, run_id), "new run id")
     scheme = row.get("key_scheme") or 1
     who = actor()
     plan = RestartPlan(

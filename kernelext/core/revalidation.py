@@ -30,6 +30,7 @@ from typing import Any
 from ..errors import RunStateError
 from ..status import Status
 from ..store import Store, actor
+from ..validate import NOTE, RUN_ID, SOURCE, STORE, check_step, validated
 from . import credentials
 from .codec import loads_json
 from .control import resume
@@ -119,6 +120,7 @@ class Revalidation:
         return self.store.effects_from_step(self.run_id, self.step_ordinal(from_step))
 
     # -- the three decisions -------------------------------------------------------------
+    @validated("Revalidation.accept", note=NOTE, source=SOURCE)
     def accept(
         self, note: str | None = None, *, source: str = "api", **resume_options: Any
     ) -> Handle:
@@ -130,6 +132,7 @@ class Revalidation:
         detail = {"decision": "accept", "facts": [_fact_detail(f) for f in facts]}
         return self._decide(names, detail, note, source, resume_options)
 
+    @validated("Revalidation.replan", from_step=check_step, note=NOTE, source=SOURCE)
     def replan(
         self,
         from_step: int | str,
@@ -202,6 +205,7 @@ class Revalidation:
         self.decision = str(detail["decision"])
         return self._resume(source, resume_options)
 
+    @validated("Revalidation.abort", note=NOTE, source=SOURCE)
     def abort(self, note: str | None = None, *, source: str = "api") -> None:
         """Cancel the run (terminal); its claims are released and its records kept."""
         self.reload()
@@ -298,6 +302,7 @@ class Revalidation:
         return renderer(self)
 
 
+@validated("kx.revalidation", run_id=RUN_ID, store=STORE)
 def revalidation(run_id: str, *, store: Store | None = None) -> Revalidation:
     """The facts of ``run_id`` side by side, with ``accept`` / ``replan`` / ``abort``."""
     return Revalidation(run_id, get_store(store))

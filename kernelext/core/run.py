@@ -17,7 +17,8 @@ from ..status import Reason, StepStatus
 from ..store import Store
 from ..store.runs import KEY_SCHEME
 from ..store.steps import StagedPayload
-from .names import check_name
+from ..validate import FUNCTION, NOTE, check_amount, check_iterable, check_name, optional, validated
+from .names import check_stored_name
 from .snapshot import Snapshotter
 
 __all__ = ["Run", "StepInfo"]
@@ -122,6 +123,7 @@ class Run:
     def stop_requested(self) -> bool:
         return self.stop_event.is_set()
 
+    @validated("run.steps", items=check_iterable, key=optional(FUNCTION), name=optional(check_name))
     def steps(
         self, items: Iterable[T], key: Callable[[T], Any] | None = None, name: str | None = None
     ) -> Iterator[T]:
@@ -152,12 +154,17 @@ class Run:
 
     def step(self, name: str, key: str | None = None) -> _StepContext:
         """``with run.step("fetch"):`` — one step; skipped on resume once completed."""
+        if type(name) is not str or (key is not None and type(key) is not str):  # cheap
+            check_name("run.step(name=...)", name)
+            if key is not None:
+                check_name("run.step(key=...)", key)
         return _StepContext(self, key or name, name)
 
     def checkpoint(self) -> None:
         """An explicit safe point: honours a pending stop here."""
         self.safe_point()
 
+    @validated("run.suspend", reason=check_name, note=NOTE)
     def suspend(
         self, reason: str = Reason.OTHER, *, deadline: Any = None, note: str | None = None
     ) -> None:
@@ -186,6 +193,14 @@ class Run:
 
         return ask(self, prompt, schema=schema, default=default)
 
+    @validated(
+        "run.fact",
+        name=check_name,
+        check=optional(FUNCTION),
+        tolerance=optional(check_amount),
+        kind=check_name,
+        compare=optional(FUNCTION),
+    )
     def fact(
         self,
         name: str,
@@ -215,6 +230,7 @@ class Run:
             self, name, value, check, args, tolerance=tolerance, kind=kind, compare=compare
         )
 
+    @validated("run.credential", name=check_name)
     def credential(self, name: str) -> Any:
         """The current value of a credential fact (the refreshed one after a resume)."""
         from .credentials import current
@@ -319,7 +335,7 @@ class Run:
     def begin_step(self, key: str, name: str | None) -> bool:
         """Open a step. Returns False when it completed before (resume)."""
         self.finish_open_step()
-        check_name(
+        check_stored_name(
             key,
             "step key",
             hint="Give run.steps(key=...) a function that returns a short printable text "

@@ -31,6 +31,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
+from ..validate import check_name, check_secret, optional, validated
+
 __all__ = [
     "MASK",
     "MIN_LENGTH",
@@ -121,6 +123,7 @@ class SecretRegistry:
     @overload
     def register(self, value: None = None, /, *, name: str) -> str: ...
 
+    @validated("kx.secrets.register", name=optional(check_name))  # value: checked below
     def register(self, value: str | bytes | None = None, /, *, name: str | None = None) -> Any:
         """Scrub ``value`` everywhere from now on; or, with ``name=``, redact that argument."""
         if (value is None) == (name is None):
@@ -146,6 +149,7 @@ class SecretRegistry:
         self.add(text)
         return value
 
+    @validated("kx.secrets.add", text=check_secret)
     def add(self, text: str) -> bool:
         """Scrub ``text`` from now on (no checks); False when it is too short to scrub."""
         if len(text) < MIN_LENGTH:
@@ -158,6 +162,7 @@ class SecretRegistry:
             self._publish()
         return True
 
+    @validated("kx.secrets.forget", value=optional(check_secret), name=optional(check_name))
     def forget(self, value: str | bytes | None = None, /, *, name: str | None = None) -> None:
         """Stop scrubbing ``value`` (or stop redacting arguments called ``name``)."""
         with self._lock:

@@ -9,7 +9,7 @@ from ..errors import RunStateError
 from ..store import Store, actor
 from .codec import dumps_json
 from .handle import Handle
-from .names import check_name
+from .names import check_stored_name
 from .run import Run
 from .runtime import get_store, runtime
 from .worker import launch
@@ -37,7 +37,7 @@ def start_run(
 ) -> Handle:
     store = get_store(store)
     run_id = f"{agent.name}-{uuid.uuid4().hex[:8]}" if run_id is None else run_id
-    check_name(run_id, "run id", hint="Pass agent.start(..., run_id='orders-2026-11').")
+    check_stored_name(run_id, "run id", hint="Pass agent.start(..., run_id='orders-2026-11').")
     runtime().args_cache[run_id] = (args, kwargs)
     created = store.create_run(
         run_id,

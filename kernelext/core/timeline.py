@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from ..status import FINAL, Reason, Status, StepStatus
 from ..store import Store
+from ..validate import RUN_ID, STORE, check_duration, validated
 from .runtime import get_store
 from .stop_estimate import seconds_text, step_label
 from .timeline_svg import TimeAxis, clock, draw, esc
@@ -316,6 +317,7 @@ class Timeline:
             out.write('<?xml version="1.0" encoding="UTF-8"?>\n' + self.svg)
 
 
+@validated("kx.timeline", run_id=RUN_ID, store=STORE, idle_seconds=check_duration)
 def timeline(run_id: str, store: Store | None = None, *, idle_seconds: float = 60.0) -> Timeline:
     """The picture of run ``run_id`` on one time axis (reads the run, steps, effects, events).
 

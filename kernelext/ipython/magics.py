@@ -22,6 +22,7 @@ from ..core.credentials import CredentialError
 from ..core.runtime import runtime
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
 from ..status import Status
+from ..validate import check_duration
 from .cells import run_agent_cell
 from .options import NOTEBOOK_OPTIONS, did_you_mean, notebook_option
 
@@ -159,8 +160,8 @@ class Kernelext(Magics):
                 if args.max_step_seconds is not None
                 else notebook_option("max_step_seconds")
             )
-            if limit is not None and limit <= 0:
-                raise UsageError("--max-step-seconds must be a positive number of seconds.")
+            if limit is not None:  # NaN and inf are refused too (ValueError -> UsageError)
+                limit = check_duration("%%agent --max-step-seconds", limit)
             run_agent_cell(
                 self.shell,
                 args.run_id,

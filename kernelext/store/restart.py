@@ -25,6 +25,7 @@ from ..errors import RunStateError, StoreError
 from ..status import FINAL, WAITING, EffectStatus, Reason, Status, StepStatus
 from .base import in_list
 from .claims import ClaimsMixin
+from .duckdb.side_files import private_dirs
 from .expiry import ExpiryMixin
 from .runs import RunsMixin
 from .steps import StepsMixin
@@ -307,7 +308,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             return location
         source = self.payload_path(location)  # relative, absolute, or of a moved folder
         folder = self.blob_dir(new_id)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        private_dirs(folder)  # the blob folder too, if it is new: 0700
         target = os.path.join(folder, new_blob.hex)
         try:
             os.link(source, target)  # payload files are immutable: share them

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import os
 import re
 import threading
@@ -13,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from ...errors import StoreError, StoreLockedError
+from ...errors import StoreError, StoreLockedError, StoreWriteError
 from ..base import Backend
 from ..sql_guard import (
     Checked,
@@ -27,10 +28,11 @@ from ..writer import Tx, Writer
 from .handoff import HandoffLock
 from .hot_path import JournalHotPath
 from .recovery import fold_orphaned_journals
-from .side_files import SideFiles
+from .side_files import SideFiles, private_dirs
 
 __all__ = ["DuckDBConnection", "open_duckdb"]
 
+_log = logging.getLogger("kernelext")
 INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
 _PID = re.compile(r"\(PID (\d+)\)")
 _UMASK_LOCK = threading.Lock()
@@ -122,6 +124,8 @@ class DuckDBConnection(Backend):
         self._generation = 0
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._last_used = time.monotonic()
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
+        self.lost: str | None = None  # why the store file can no longer be written, once known
 
     # -- opening and handing over ----------------------------------------------------
     def _open(self) -> duckdb.DuckDBPyConnection:
@@ -131,10 +135,18 @@ class DuckDBConnection(Backend):
                 "kx.open_store(path)."
             )
         if self.con is None:
+            self._check_file()  # before connecting: a file gone would be created anew
             self.lock.acquire(self.wait_timeout)
             try:
                 self.con = _connect(self.path, self.wait_timeout, read_only=self.read_only)
+                if self._identity is None:
+                    self._identity = _identity(self.path)
+                self._check_file()  # replaced while this process waited for its turn
             except BaseException:
+                if self.con is not None:
+                    with contextlib.suppress(duckdb.Error):
+                        self.con.close()
+                    self.con = None
                 self.lock.release()
                 raise
             try:
@@ -173,9 +185,46 @@ class DuckDBConnection(Backend):
     def open_hot_path(self, writer: Writer) -> JournalHotPath:
         """This process's journal: hot-path records are durable after one fdatasync."""
         self.hot_path = JournalHotPath(
-            self.path, writer, is_permanent=self.is_permanent, now=self.now
+            self.path, writer, is_permanent=self.is_permanent, now=self.now, lost=self._lost
         )
         return self.hot_path
+
+    # -- the store file replaced or deleted under this process ----------------------------
+    def _lost(self) -> str | None:
+        return self.lost
+
+    def _check_file(self) -> None:
+        """Refuse to go on when the path no longer names the file this process opened.
+
+        DuckDB keeps writing to the file it opened: after an ``os.replace`` over it (a
+        restore, a sync tool) or its deletion, every commit would go to a file nobody can
+        open again, and the run would report ``completed``. One ``stat`` per transaction
+        (a group commit or a fold batch, which cost a millisecond) and per reconnect (a
+        hand-over) finds it; from then on nothing is written here, and the journal keeps
+        what was not folded yet (it is not deleted while records wait in it).
+        """
+        if self.lost is None and self._identity is not None and not self.read_only:
+            now = _identity(self.path)
+            if now == self._identity:
+                return
+            what = "deleted" if now is None else "replaced by another file"
+            journal = self.hot_path.path if self.hot_path is not None else self.path + ".journal.*"
+            kept = (
+                f"the records not yet in its tables are kept in the journal {journal}, nothing "
+                "acknowledged is lost"
+                if os.path.exists(journal) or self.hot_path is None
+                else f"its folder was removed too, with the journal {journal}"
+            )
+            self.lost = (
+                f"The kernelext store file {self.path!r} was {what} while this process was using "
+                "it (os.replace, a restore from a backup, a sync tool, rm?). kernelext writes "
+                f"nothing more to it: {kept}. Put the original file back (or keep the new "
+                "one), open it again with kx.open_store(path) (or restart the kernel), then "
+                "call kx.resume(run_id) for the runs that were executing."
+            )
+            _log.error("kernelext: %s", self.lost)
+        if self.lost is not None:
+            raise StoreWriteError(self.lost)
 
     def _release(self, *, handing_over: bool = False) -> None:
         if self.con is None:
@@ -223,6 +272,7 @@ class DuckDBConnection(Backend):
         self._mutex.acquire()
         try:
             con = self._open()
+            self._check_file()
             con.execute("BEGIN TRANSACTION")
         except BaseException:
             self._mutex.release()
@@ -253,6 +303,8 @@ class DuckDBConnection(Backend):
                     return
                 raise
             if not self.read_only:
+                if statement == "COMMIT":
+                    self._check_file()  # committed to a file gone meanwhile: not stored
                 _private_wal(self.path)
         finally:
             self._in_tx = False
@@ -410,6 +462,15 @@ def _transaction_id(con: duckdb.DuckDBPyConnection) -> int:
     return int(rows[0][0]) if rows else 0
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the file at ``path``, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
@@ -502,6 +563,12 @@ def open_duckdb(
     with a clear error. ``True`` asks for it, ``False`` refuses a read-only folder.
     """
     path = os.path.abspath(path)
+    if os.path.isdir(path):  # before anything is created beside it (.lock, .want)
+        raise StoreError(
+            f"The kernelext store {path!r} is a folder; the store is a file. Point "
+            f"KERNELEXT_STORE (or kx.open_store) at a file in it, e.g. "
+            f"{os.path.join(path, 'store.duckdb')!r}."
+        )
     parent = os.path.dirname(path)
     writable = _writable(path)
     if read_only is None:
@@ -514,7 +581,7 @@ def open_duckdb(
                 "point KERNELEXT_STORE at a writable folder to run agents."
             )
         try:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
+            private_dirs(parent)
         except OSError as exc:
             raise StoreError(
                 f"Cannot create the folder for the kernelext store {path!r}: {exc}"

@@ -23,6 +23,7 @@ from .journal import Journal
 __all__ = ["JournalHotPath"]
 
 _log = logging.getLogger("kernelext")
+STARTS = ("intent", "step_begin")  # records that begin something (a call, a step)
 READ_RETRY = 2.0  # seconds between fold attempts made by reads while the store refuses writes
 
 
@@ -34,8 +35,10 @@ class JournalHotPath:
         *,
         is_permanent: Callable[[BaseException], bool],
         now: Callable[[], dt.datetime],
+        lost: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.location = store_path
+        self.lost = lost  # why the store file is gone, once the backend found out
         self.writer = writer
         self.journal = Journal(store_path)
         writer.rollback_listeners.append(self.journal.rolled_back)
@@ -55,6 +58,10 @@ class JournalHotPath:
         return self.folder.quarantined_runs
 
     def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None:
+        if kind in STARTS:
+            lost = self.lost()
+            if lost is not None:  # the store file is gone: start nothing new (what happened
+                raise StoreWriteError(lost)  # already, outcomes, is still journaled)
         self.journal.append(kind, data, sync=sync, enqueue=self.folder.schedule)
 
     def sync(self) -> None:

@@ -15,7 +15,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ...errors import IntegrityError
+from ...errors import IntegrityError, StoreWriteError
 from .journal import write_all
 
 __all__ = [
@@ -23,8 +23,10 @@ __all__ = [
     "StagedPayload",
     "inside",
     "locate_side_file",
+    "private_dirs",
     "read_side_file",
     "side_file_candidates",
+    "side_file_error",
     "side_file_location",
     "stage",
     "write_durably",
@@ -40,6 +42,18 @@ def _pool() -> ThreadPoolExecutor:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kernelext-payload")
         return _POOL
+
+
+def private_dirs(path: str) -> None:
+    """Create folder ``path`` and each missing parent with mode 0700 (``os.makedirs`` gives
+    the parents the umask's mode, often 0755: other users could list the store's files)."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        private_dirs(parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
 
 
 def write_durably(path: str, data: bytes) -> None:
@@ -60,9 +74,17 @@ class StagedPayload:
         self._done: Future[None] = _pool().submit(write_durably, self.tmp, data)
 
     def commit(self, path: str) -> None:
-        """Wait until the payload is durable, then give it its final name."""
-        self._done.result()
-        os.replace(self.tmp, path)
+        """Wait until the payload is durable, then give it its final name.
+
+        A write that failed (disk full, I/O error) raises :class:`StoreWriteError`, and the
+        temporary file is removed: nothing refers to it."""
+        try:
+            self._done.result()
+            os.replace(self.tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(self.tmp)
+            raise side_file_error(path, exc) from None
 
     def discard(self) -> None:
         """The payload will not be used (the step failed): remove the temporary file."""
@@ -73,8 +95,20 @@ class StagedPayload:
 
 
 def stage(folder: str, data: bytes) -> StagedPayload:
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
+        private_dirs(folder)
+    except OSError as exc:
+        raise side_file_error(folder, exc) from None
     return StagedPayload(folder, data)
+
+
+def side_file_error(path: str, exc: OSError) -> StoreWriteError:
+    return StoreWriteError(
+        f"kernelext could not write the side file {path!r} of a large payload: "
+        f"{exc.strerror or exc}. Nothing was acknowledged for it (the step did not complete); "
+        "what was stored before is kept. Free space (or fix the folder), then resume the run "
+        "with kx.resume(run_id)."
+    )
 
 
 def side_file_candidates(location: str, root: str) -> list[str]:
@@ -159,9 +193,14 @@ class SideFiles:
         if staged is not None:
             staged.commit(path)
         else:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            write_durably(path + ".tmp", data)
-            os.replace(path + ".tmp", path)
+            try:
+                private_dirs(folder)
+                write_durably(path + ".tmp", data)
+                os.replace(path + ".tmp", path)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.remove(path + ".tmp")
+                raise side_file_error(path, exc) from None
         return self.location(run_id, blob_id)
 
     def locate(self, location: str) -> str:

@@ -1,0 +1,487 @@
+"""Every dead end has an exit (issue 19 item 7): bad input is refused up front with an
+error that says what to do, and the store stays intact; faults under a running process
+(the store file replaced or deleted, a side file that meets a full disk) end the run with
+``StoreWriteError``, nothing acknowledged lost."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import glob
+import math
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kernelext as kx
+from kernelext.cli.main import main as cli
+from kernelext.errors import StoreWriteError
+from kernelext.store import Store, open_store
+from kernelext.store.duckdb.journal import scan_journal
+
+
+def ledger(store: Store, run_id: str) -> list[tuple[str, str, str | None]]:
+    rows = store.read(
+        "SELECT tool, status, error FROM effects WHERE run_id = ? ORDER BY intent_at", (run_id,)
+    )
+    return [(str(r[0]), str(r[1]), r[2]) for r in rows]
+
+
+def row_counts(store: Store) -> dict[str, int]:
+    tables = ("runs", "steps", "effects", "events", "approvals", "inputs", "facts", "snapshots")
+    return {t: int(store.read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
+
+
+# -- 1. generator / async effects ----------
+def test_a_generator_or_async_function_is_refused_as_an_effect_at_decoration() -> None:
+    def gen(x: int) -> Iterator[int]:
+        yield x
+
+    async def agen(x: int) -> Any:
+        yield x
+
+    async def coro(x: int) -> int:
+        return x
+
+    class AsyncCallable:
+        async def __call__(self, x: int) -> int:
+            return x
+
+    for fn in (gen, agen):
+        with pytest.raises(TypeError, match="generator function"):
+            kx.effect(fn)
+        with pytest.raises(TypeError, match="generator function"):
+            kx.effect(name="x")(fn)
+    for fn in (coro, AsyncCallable()):
+        with pytest.raises(TypeError, match="async def effects are not supported yet"):
+            kx.effect(fn)
+    with pytest.raises(TypeError, match="Wrap the awaited call in a sync function"):
+        kx.effect(retry=True)(coro)
+
+
+def test_an_effect_that_returns_a_coroutine_is_recorded_failed_not_applied(store: Store) -> None:
+    ran: list[str] = []
+
+    async def send() -> str:
+        ran.append("sent")  # never runs
+        return "ok"
+
+    @kx.effect
+    def sneaky() -> Any:
+        return send()
+
+    @kx.effect
+    def lazy() -> Any:
+        return (ran.append("item") for _ in range(2))
+
+    @kx.agent(name="returns_coro")
+    def agent(run: kx.Run, which: str) -> None:
+        with run.step("one"):
+            (sneaky if which == "coro" else lazy)()
+
+    for which, tool in (("coro", "sneaky"), ("gen", "lazy")):
+        handle = agent.start(which, run_id=f"unrun-{which}")
+        assert handle.wait(30) == "failed"
+        assert isinstance(handle.error, TypeError)
+        assert "never run" in str(handle.error) and "nothing was sent" in str(handle.error)
+        [(name, status, error)] = ledger(store, f"unrun-{which}")
+        assert (name, status) == (tool, "failed") and "never run" in (error or "")
+    assert ran == []
+
+
+# -- 4. the command line refuses empty keys ----------
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["approve", ""],
+        ["approve", "  "],
+        ["reject", ""],
+        ["reconcile", "r", "--key", ""],
+        ["show", ""],
+        ["stop", " "],
+        ["plan", ""],
+        ["answer", "", "x"],
+        ["sql", ""],
+    ],
+)
+def test_the_command_line_refuses_an_empty_key_with_exit_2(
+    argv: list[str], store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = row_counts(store)
+    with pytest.raises(SystemExit) as done:
+        cli([*argv, "--store", store.location])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "must not be empty" in err
+    assert row_counts(store) == before
+
+
+def test_an_empty_key_does_not_approve_the_only_open_request(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @kx.effect(needs_approval=True)
+    def pay(amount: int) -> int:
+        return amount
+
+    @kx.agent(name="pays_once")
+    def agent(run: kx.Run) -> None:
+        with run.step("pay"):
+            pay(5)
+
+    assert agent.start(run_id="pay-empty").wait(30) == "suspended"
+    [request] = kx.approvals("pay-empty")
+    with pytest.raises(SystemExit) as done:
+        cli(["approve", "", "--store", store.location])
+    assert done.value.code == 2
+    assert "must not be empty" in capsys.readouterr().err
+    assert [r.decision for r in kx.approvals("pay-empty")] == [None]
+    assert request.decision is None
+    # answer "" stays a valid answer for a str question (not refused by the parser)
+    assert cli(["answer", "pay-empty", "", "--store", store.location]) == 2  # no question
+    assert "must not be empty" not in capsys.readouterr().err
+
+
+# -- 5. folder modes ----------
+def test_the_folders_kernelext_creates_are_private(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "proj" / ".kernelext" / "store.duckdb"
+        store = open_store(str(path))
+        try:
+            store.write(lambda tx: None)
+            folder = store.backend.side_files.run_dir("r")
+            store.backend.side_files.store("r", __import__("uuid").uuid4(), b"x" * 10, None)
+        finally:
+            store.close()
+        for created in (path.parent, Path(folder).parent, Path(folder)):
+            assert stat.S_IMODE(created.stat().st_mode) == 0o700, created
+        # the quarantine folder (a damaged journal of a dead process is moved there)
+        journal = Path(f"{path}.journal.999999.dead")
+        journal.write_bytes(b"\x07garbage that is not a frame")
+        open_store(str(path)).close()
+        quarantine = Path(f"{path}.quarantine")
+        assert quarantine.is_dir()
+        assert stat.S_IMODE(quarantine.stat().st_mode) == 0o700
+    finally:
+        os.umask(old)
+
+
+def test_a_large_state_value_makes_its_blob_folder_private(store: Store) -> None:
+    @kx.agent(name="big_state")
+    def agent(run: kx.Run) -> None:
+        with run.step("big"):
+            run.state["big"] = b"x" * (100 << 10)
+
+    assert agent.start(run_id="big-modes").wait(30) == "completed"
+    root = Path(store.location + ".blobs")
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    for sub in root.iterdir():
+        assert stat.S_IMODE(sub.stat().st_mode) == 0o700
+
+
+# -- 6. options ----------
+DURATIONS = ("retention_seconds", "check_timeout", "max_step_seconds", "interrupt_window")
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+@pytest.mark.parametrize(
+    "value", [math.nan, math.inf, -math.inf, -1, dt.timedelta(seconds=-5), "10", True, [1]]
+)
+def test_configure_refuses_a_bad_duration(name: str, value: Any) -> None:
+    before = getattr(kx.core.runtime.runtime().settings, name)
+    with pytest.raises((TypeError, ValueError)) as caught:
+        kx.configure(**{name: value})
+    assert name in str(caught.value)
+    assert getattr(kx.core.runtime.runtime().settings, name) == before
+
+
+def test_configure_takes_numpy_and_timedelta_durations_and_zero_where_it_means_off() -> None:
+    np = pytest.importorskip("numpy")
+    kx.configure(check_timeout=np.float64(2.5), max_step_seconds=dt.timedelta(minutes=1))
+    settings = kx.core.runtime.runtime().settings
+    assert settings.check_timeout == 2.5 and type(settings.check_timeout) is float
+    assert settings.max_step_seconds == 60.0
+    kx.configure(retention_seconds=0, interrupt_window=0)
+    with pytest.raises(ValueError, match="check_timeout"):
+        kx.configure(check_timeout=0)
+    with pytest.raises(ValueError, match="check_timeout"):
+        kx.configure(check_timeout=np.float64("nan"))
+
+
+@pytest.mark.parametrize(
+    "value", [math.nan, math.inf, 0, -3, dt.timedelta(0), dt.timedelta(days=-1), "1", 1e300]
+)
+def test_configure_refuses_a_bad_expiry_duration_and_changes_nothing(value: Any) -> None:
+    policy = kx.core.runtime.runtime().settings.expiry
+    before = dict(policy.durations)
+    with pytest.raises(ValueError, match="approval"):
+        kx.configure(expiry={"user_stop": 5, "approval": value})
+    assert policy.durations == before
+    kx.configure(expiry={"my_own_reason": 60})  # custom reasons are a feature
+    assert policy.durations["my_own_reason"] == dt.timedelta(seconds=60)
+
+
+def test_configure_refuses_a_folder_as_the_store(tmp_path: Path) -> None:
+    for value in (tmp_path, str(tmp_path), ""):
+        with pytest.raises((ValueError, TypeError), match="store"):
+            kx.configure(store=value)
+    with pytest.raises(ValueError, match="folder"):
+        kx.open_store(str(tmp_path))
+    assert kx.core.runtime.runtime().settings.store_location is None
+
+
+def test_config_magic_refuses_the_same_values(tmp_path: Path) -> None:
+    pytest.importorskip("IPython")
+    from traitlets import TraitError
+
+    from kernelext.ipython.magics import Kernelext
+
+    magics = Kernelext(shell=None)
+    for name in DURATIONS:
+        with pytest.raises(TraitError, match=name):
+            setattr(magics, name, math.nan)
+        with pytest.raises(TraitError, match=name):
+            setattr(magics, name, -1.0)
+    with pytest.raises(TraitError, match="folder"):
+        magics.store = str(tmp_path)
+    with pytest.raises(TraitError, match="approval"):
+        magics.expiry = {"approval": math.inf}
+
+
+# -- 7. decorators and kx.sql ----------
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (lambda: kx.effect(42), TypeError, "kx.effect takes the function"),
+        (lambda: kx.effect(name=5), TypeError, "name"),
+        (lambda: kx.effect(name=""), ValueError, "name"),
+        (lambda: kx.effect(resumable="no"), TypeError, "resumable"),
+        (lambda: kx.effect(probe=3), TypeError, "probe"),
+        (lambda: kx.effect(needs_approval="yes"), TypeError, "needs_approval"),
+        (lambda: kx.agent(max_step_seconds="a"), TypeError, "max_step_seconds"),
+        (lambda: kx.agent(max_step_seconds=math.nan), ValueError, "max_step_seconds"),
+        (lambda: kx.agent(max_step_seconds=0), ValueError, "max_step_seconds"),
+        (lambda: kx.agent(max_step_seconds=-1), ValueError, "max_step_seconds"),
+        (lambda: kx.agent(max_step_seconds=math.inf), ValueError, "max_step_seconds"),
+        (lambda: kx.agent(max_step_seconds=True), TypeError, "max_step_seconds"),
+        (lambda: kx.agent(name=""), ValueError, "name"),
+        (lambda: kx.agent(42), TypeError, "kx.agent takes the agent function"),
+        (lambda: kx.sql(None), TypeError, "query"),
+        (lambda: kx.sql("SELECT 1", params=5), TypeError, "params"),
+        (lambda: kx.sql("SELECT 1", params="abc"), TypeError, "params"),
+        (lambda: kx.runs(status="nope"), ValueError, "status"),
+    ],
+)
+def test_decorators_and_sql_refuse_bad_arguments_up_front(
+    call: Any, error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error) as caught:
+        call()
+    assert words in str(caught.value)
+
+
+def test_an_async_agent_is_refused_at_decoration() -> None:
+    async def agent(run: kx.Run) -> None:
+        await asyncio.sleep(0)
+
+    with pytest.raises(TypeError, match="async def agents are not supported yet"):
+        kx.agent(agent)
+
+
+# -- 3. a side file on a full disk ----------
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of its own (root only): filling it fills nothing else."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount(8) to mount a small tmpfs")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path: Path, leave: int = 0) -> None:
+    """Write until at most ``leave`` bytes are free."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    chunk = b"\0" * (64 << 10)
+    try:
+        while True:
+            free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+            if free <= leave:
+                break
+            try:
+                os.write(fd, chunk[: max(1, min(len(chunk), free - leave))])
+            except OSError:
+                if len(chunk) == 1:
+                    break
+                chunk = chunk[: len(chunk) // 2]
+    finally:
+        os.close(fd)
+
+
+def test_a_side_file_that_meets_a_full_disk_is_a_store_write_error(small_disk: Path) -> None:
+    store = open_store(str(small_disk / "store.duckdb"))
+    filler = small_disk / "filler"
+
+    @kx.agent(name="big_on_full_disk")
+    def agent(run: kx.Run) -> None:
+        with run.step("small"):
+            run.state["n"] = 1
+        with run.step("big"):
+            fill(filler, leave=256 << 10)  # room for the journal, not for the payload
+            run.state["big"] = os.urandom(2 << 20)
+
+    try:
+        handle = agent.start(run_id="side-full", store=store)
+        assert handle.wait(60) == "failed"
+        assert isinstance(handle.error, StoreWriteError), repr(handle.error)
+        message = str(handle.error)
+        assert "side file" in message and "kx.resume" in message
+        leftovers = glob.glob(str(small_disk / "store.duckdb.blobs" / "*" / "*.tmp"))
+        assert leftovers == []
+        filler.unlink()
+        assert store.get_run("side-full")["completed_steps"] == 1
+    finally:
+        store.close()
+
+
+# -- 2. the store file replaced or deleted under a running run ----------
+@pytest.mark.parametrize("how", ["replaced", "deleted"])
+def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_error(
+    tmp_path: Path, how: str
+) -> None:
+    path = tmp_path / "store.duckdb"
+    other = tmp_path / "other.duckdb"
+    open_store(str(other)).close()  # a valid kernelext store of its own
+    store = open_store(str(path))
+    calls: list[int] = []
+    gone = threading.Event()
+
+    @kx.effect(name=f"deliver_{how}")
+    def deliver(item: int) -> int:
+        calls.append(item)
+        if item == 3:
+            if how == "replaced":
+                os.replace(other, path)
+            else:
+                os.remove(path)
+                for extra in glob.glob(f"{path}.wal"):
+                    os.remove(extra)
+            gone.set()
+        return item
+
+    @kx.agent(name=f"store_{how}")
+    def agent(run: kx.Run, items: list[int]) -> None:
+        for item in run.steps(items, key=str):
+            deliver(item)
+            if gone.is_set():
+                gone.wait()
+                import time
+
+                time.sleep(0.05)  # let the fold of this outcome meet the missing file
+
+    try:
+        handle = agent.start(list(range(20)), run_id=f"file-{how}", store=store)
+        status = handle.wait(60)
+        assert status == "failed", (status, handle.error)
+        assert isinstance(handle.error, StoreWriteError), repr(handle.error)
+        message = str(handle.error)
+        assert how.split()[0] in message and "kx.open_store" in message and "journal" in message
+        assert len(calls) < 20  # it did not run to the end against a file nobody can open
+        journal = store.hot_path.path if store.hot_path is not None else ""
+    finally:
+        store.close()
+    # nothing acknowledged is lost: the journal was kept, with every applied outcome
+    assert os.path.exists(journal), "the journal must be kept while the store file is gone"
+    outcomes = [
+        r
+        for r in scan_journal(journal).records
+        if r[1] == "outcome" and r[2]["status"] == "applied"
+    ]
+    assert len(outcomes) >= 1
+    if how == "deleted":
+        assert not path.exists()  # never silently created again
+
+
+def test_a_store_file_replaced_while_this_process_let_go_of_it_is_refused_at_reconnect(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.duckdb"
+    store = open_store(str(path))
+    try:
+        store.write(lambda tx: None)
+        store.backend._release()  # as after its linger, or when handing over to a waiter
+        open_store(str(tmp_path / "other.duckdb")).close()
+        os.replace(tmp_path / "other.duckdb", path)
+        with pytest.raises(StoreWriteError, match="replaced by another file"):
+            store.write(lambda tx: None)
+        os.remove(path)
+        with pytest.raises(StoreWriteError, match="replaced"):  # the first cause is kept
+            store.read("SELECT 1")
+        assert not path.exists()  # never created anew behind the user's back
+    finally:
+        store.close()
+    reopened = open_store(str(tmp_path / "fresh.duckdb"))  # a new Store object works
+    reopened.close()
+
+
+def test_checked_arguments_reach_the_function_as_it_uses_them(store: Store) -> None:
+    np = pytest.importorskip("numpy")
+
+    @kx.agent(name="quick_args")
+    def agent(run: kx.Run) -> None:
+        with run.step("one"):
+            run.state["x"] = 1
+
+    handle = agent.start(run_id="quick-args")
+    assert handle.wait(dt.timedelta(seconds=30)) == "completed"
+    assert handle.wait(np.float64(5)) == "completed"
+    assert kx.plan("quick-args", stale_after=dt.timedelta(hours=1)).status == "completed"
+    with pytest.raises(ValueError, match="timeout"):
+        handle.wait(-1)
+
+
+def test_kernelext_store_naming_a_folder_is_refused_before_anything_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelext.errors import StoreError
+
+    folder = tmp_path / "stores"
+    folder.mkdir()
+    monkeypatch.setenv("KERNELEXT_STORE", str(folder))
+    with pytest.raises(StoreError, match="is a folder"):
+        kx.open_store()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stores"]  # no .lock, no .want
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
+def test_an_agent_cell_refuses_a_bad_step_bound(store: Store, value: str) -> None:
+    shell_module = pytest.importorskip("IPython.core.interactiveshell")
+    shell = shell_module.InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "kernelext")
+    try:
+        before = row_counts(store)
+        result = shell.run_cell(f"%%agent cell-bound --max-step-seconds {value}\nx = 1\n")
+        assert not result.success
+        assert "max-step-seconds" in str(result.error_in_exec)
+        assert row_counts(store) == before
+    finally:
+        shell.run_line_magic("unload_ext", "kernelext")
