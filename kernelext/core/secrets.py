@@ -24,6 +24,7 @@ their anchor (``://``; for pairs and tokens one of the secret words, then ``=``/
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 import threading
@@ -114,6 +115,7 @@ class SecretRegistry:
         self._names: set[str] = set()
         self.name_set: frozenset[str] = frozenset()
         self.pattern: re.Pattern[str] | None = None  # published whole: read without the lock
+        self.byte_values: tuple[bytes, ...] = ()  # the values as UTF-8, for bytes.find
 
     @overload
     def register(self, value: S, /) -> S: ...
@@ -172,8 +174,10 @@ class SecretRegistry:
     def _publish(self) -> None:
         if not self._values:
             self.pattern = None
+            self.byte_values = ()
             return
         ordered = sorted(self._values, key=len, reverse=True)  # the longest wins
+        self.byte_values = tuple(v.encode() for v in ordered)
         self.pattern = re.compile("|".join(map(re.escape, ordered)))
 
     def names(self) -> list[str]:
@@ -263,12 +267,58 @@ def scrub(value: Any, name: str = "", *, heuristics: bool = True, result: bool =
         return scrub_text(value, heuristics=heuristics)
     if isinstance(value, Mapping):
         return {
-            k: scrub(v, k if isinstance(k, str) else "", heuristics=heuristics, result=result)
+            _scrub_key(k): scrub(
+                v, k if isinstance(k, str) else "", heuristics=heuristics, result=result
+            )
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
         return [scrub(v, heuristics=heuristics, result=result) for v in value]
     return value
+
+
+def _scrub_key(key: Any) -> Any:
+    """A dict key keeps its name, but not a registered secret or a URL password in it."""
+    if isinstance(key, str) and (SECRETS.pattern is not None or "://" in key):
+        return scrub_text(key, heuristics=False)
+    return key
+
+
+# -- the store's one door (kernelext.store.columns) ----------------------------------------
+class StoreScrubber:
+    """What the store's write path calls for each value (see ``kernelext.store.columns``)."""
+
+    def text(self, value: str) -> str:
+        return scrub_text(value)
+
+    def json(self, value: str, *, result: bool) -> str:
+        """JSON text scrubbed by name and by value; unchanged text when nothing changed.
+
+        Without registered secrets, text without ``://`` and without one of the secret
+        words is returned at once (no parse)."""
+        if SECRETS.pattern is None and "://" not in value and not _has_hint(value):
+            return value
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return scrub_text(value, heuristics=not result)
+        clean = scrub(decoded, heuristics=not result, result=result)
+        if clean == decoded:
+            return value
+        return json.dumps(clean, ensure_ascii=False, default=str)
+
+    def holds_secret(self, value: Any) -> bool:
+        """Does ``value`` (text or bytes) contain a registered value? One ``find`` per value
+        when some are registered; nothing at all otherwise."""
+        pattern = SECRETS.pattern
+        if pattern is None:
+            return False
+        if isinstance(value, str):
+            return pattern.search(value) is not None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            data = value if isinstance(value, (bytes, bytearray)) else bytes(value)
+            return any(data.find(v) >= 0 for v in SECRETS.byte_values)
+        return False
 
 
 # -- kernelext's log lines -----------------------------------------------------------------
@@ -298,10 +348,10 @@ def _install_log_filter() -> None:
 
 
 def _install_store_scrubber() -> None:
-    """Events are written by the store, which may not import core: hand it the scrubber."""
-    from ..store.base import StoreBase
+    """The store may not import core: hand its write path (store/columns.py) the scrubber."""
+    from ..store import columns
 
-    setattr(StoreBase, "scrub", staticmethod(scrub))  # noqa: B010 - set from core on purpose
+    columns.install(StoreScrubber())
 
 
 _install_log_filter()

@@ -133,7 +133,6 @@ class RunsMixin(StoreBase):
             detail=detail,
             fields=fields,
             actor=actor(),
-            scrub=getattr(self, "scrub", None),
             location=self.location,
         )
 

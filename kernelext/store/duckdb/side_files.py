@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ...errors import IntegrityError
+from ..columns import refuse_secret
 from .journal import write_all
 
 __all__ = [
@@ -73,6 +74,7 @@ class StagedPayload:
 
 
 def stage(folder: str, data: bytes) -> StagedPayload:
+    refuse_secret(data, "a snapshot value (side file)")  # the door for side files
     os.makedirs(folder, mode=0o700, exist_ok=True)
     return StagedPayload(folder, data)
 
@@ -159,6 +161,7 @@ class SideFiles:
         if staged is not None:
             staged.commit(path)
         else:
+            refuse_secret(data, "a snapshot value (side file)")
             os.makedirs(folder, mode=0o700, exist_ok=True)
             write_durably(path + ".tmp", data)
             os.replace(path + ".tmp", path)
