@@ -17,6 +17,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,8 +144,6 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from kernelext.cli.main import main as cli
-
     log_file = tmp_path / "kernelext.log"
     handler = logging.FileHandler(log_file)
     logging.getLogger("kernelext").addHandler(handler)
@@ -173,14 +175,15 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
         stopper = planted_agent.start("stop", run_id="stopped")
         stopper.stop(source=ALL)
         stopper.wait(WAIT)
-        # the command line (in this process: it knows the registered secret), last: it
-        # closes the store when it is done
+        # the command line, in a process of its own that registered the secret too
         _unknown_run(store, "reconcile-cli")
         (item,) = kx.reconcile("reconcile-cli")
         cli_approval = planted_agent.start("cli", run_id="cli-approve")
         cli_approval.wait(WAIT)
         asked = planted_agent.start("cli", run_id="cli-reject")
         asked.wait(WAIT)
+        _settled("cli-approve", "cli-reject", "stopped")
+        store.flush()
         (mine,) = kx.approvals("cli-approve")
         (theirs,) = kx.approvals("cli-reject")
         store.flush()
@@ -189,7 +192,6 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
                     "--result", result, "--note", ALL]) == 0  # fmt: skip
         assert cli(["approve", str(mine.key), "--note", ALL]) == 0
         assert cli(["reject", str(theirs.key), "--note", ALL]) == 0
-        store = kx.open_store(str(store_path))
         store.flush()
         rows = _all_text(store)
     finally:
@@ -234,6 +236,36 @@ def _wait_resumed(run_id: str) -> Any:
     assert handle is not None
     handle.wait(WAIT)
     return handle
+
+
+def cli(argv: list[str]) -> int:
+    """``kernelext ARGV`` in a process that registered the secret (as a team's wrapper
+    script would, from the environment): the CLI knows no secret of another process."""
+    code = (
+        "import sys, kernelext as kx; kx.secrets.register(sys.argv[1]);"
+        "kx.secrets.register(sys.argv[2]);"
+        "from kernelext.cli.main import main; sys.exit(main(sys.argv[3:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, SECRET, CRED, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert SECRET not in done.stdout + done.stderr
+    return done.returncode
+
+
+def _settled(*run_ids: str) -> None:
+    """Until the runs' threads have recorded their end (the CLI closes the store)."""
+    from kernelext.core.runtime import runtime
+
+    deadline = time.monotonic() + WAIT
+    while any(r in runtime().live_runs for r in run_ids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for thread in threading.enumerate():  # its monitor too: it reads the store
+        if any(f"[{r}]" in thread.name for r in run_ids):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _unknown_run(store: Any, run_id: str) -> None:
