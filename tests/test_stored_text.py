@@ -30,6 +30,7 @@ import pytest
 
 import kernelext as kx
 from kernelext.core.secrets import SECRETS
+from kernelext.errors import AgentError
 from kernelext.store.columns import SCRUBBED, SecretRefused, param_columns, scrub_params
 
 pytestmark = pytest.mark.both_backends
@@ -356,3 +357,26 @@ def test_with_nothing_registered_the_door_changes_nothing() -> None:
     params = ["a-run", "some text", '{"to": "x"}']
     sql = "INSERT INTO effects (run_id, error, args) VALUES (?, ?, ?)"
     assert scrub_params(sql, params) == params
+
+
+@kx.agent(name="needs-key")
+def needs_key(run: kx.Run, key: str) -> None:
+    for step in run.steps(["first", "second"]):
+        if step == "first" and not run.state.get("paused"):
+            run.state["paused"] = True
+            run.suspend("other")
+        run.state["seen"] = key == SECRET
+
+
+def test_start_arguments_lose_the_secret_and_a_resume_asks_for_them(
+    store: Any, planted: None
+) -> None:
+    from kernelext.core.runtime import runtime
+
+    assert needs_key.start(SECRET, run_id="needs-key").wait(WAIT) == "suspended"
+    assert SECRET not in (store.get_run("needs-key")["args"] or "")
+    runtime().args_cache.clear()  # a fresh kernel: only the stored arguments are left
+    with pytest.raises(AgentError, match="held a secret"):
+        kx.resume("needs-key")
+    assert kx.resume("needs-key", args=(SECRET,)).wait(WAIT) == "completed"
+    assert store.get_run("needs-key")["status"] == "completed"

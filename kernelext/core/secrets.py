@@ -152,7 +152,7 @@ class SecretRegistry:
         """Scrub ``text`` from now on (no checks); False when it is too short to scrub."""
         if len(text) < MIN_LENGTH:
             return False
-        variants = {text, urllib.parse.quote(text, safe="")}
+        variants = _variants(text)
         with self._lock:
             if variants <= self._values:
                 return True
@@ -168,7 +168,7 @@ class SecretRegistry:
                 self.name_set = frozenset(self._names)
             text = _as_text(value) if value is not None else None
             if text is not None:
-                self._values -= {text, urllib.parse.quote(text, safe="")}
+                self._values -= _variants(text)
                 self._publish()
 
     def _publish(self) -> None:
@@ -201,6 +201,19 @@ class SecretRegistry:
     def __repr__(self) -> str:
         names = ", ".join(self.names()) or "none"
         return f"<kx.secrets: {len(self)} value(s) (never shown); names: {names}>"
+
+
+def _variants(text: str) -> set[str]:
+    """The forms a value takes in stored text: as is, URL-encoded, escaped as in JSON
+    (ASCII or not) and as in a Python ``repr`` (an exception's message quoting it)."""
+    forms = {
+        text,
+        urllib.parse.quote(text, safe=""),
+        json.dumps(text)[1:-1],
+        json.dumps(text, ensure_ascii=False)[1:-1],
+        repr(text)[1:-1],
+    }
+    return {form for form in forms if len(form) >= MIN_LENGTH}
 
 
 def _as_text(value: object) -> str | None:
@@ -285,6 +298,15 @@ def _scrub_key(key: Any) -> Any:
 
 
 # -- the store's one door (kernelext.store.columns) ----------------------------------------
+_JSON_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:')  # the keys of a JSON text (and a few more)
+
+
+def _secret_key(name: str, result: bool) -> bool:
+    if result and _classify(name)[1] in AMBIGUOUS_IN_RESULTS:
+        return False
+    return is_secret_name(name)
+
+
 class StoreScrubber:
     """What the store's write path calls for each value (see ``kernelext.store.columns``)."""
 
@@ -296,8 +318,12 @@ class StoreScrubber:
 
         Without registered secrets, text without ``://`` and without one of the secret
         words is returned at once (no parse)."""
-        if SECRETS.pattern is None and "://" not in value and not _has_hint(value):
-            return value
+        if SECRETS.pattern is None and not ("://" in value and _URL_PASSWORD.search(value)):
+            names = _JSON_KEY.findall(value)
+            if not any(_secret_key(name, result) for name in names) and (
+                result or not _has_hint(value)  # arguments: also name=value pairs in text
+            ):
+                return value
         try:
             decoded = json.loads(value)
         except ValueError:

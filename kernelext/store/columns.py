@@ -431,26 +431,44 @@ def param_columns(sql: str) -> Plan | tuple[str, ...]:
     return tuple(plan)
 
 
+@functools.lru_cache(maxsize=2048)
+def _modes(sql: str) -> tuple[tuple[str, str] | None, ...] | None:
+    """(mode, label) of each ``?`` of ``sql`` (None: nothing to do); None: unreadable."""
+    plan = param_columns(sql)
+    if plan is None:
+        return None
+    out: list[tuple[str, str] | None] = []
+    for where in plan:
+        column = SCRUBBED.get(where, _DEFAULT) if isinstance(where, tuple) else None
+        if column is None or column.mode == "plain":
+            out.append(None)
+        else:
+            assert isinstance(where, tuple)
+            out.append((column.mode, f"{where[0]}.{where[1]}"))
+    return tuple(out)
+
+
+_SKIP = (int, float, bool)
+
+
 def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
     """``params`` as they may be stored by ``sql`` (see the module doc)."""
     if not params or _SCRUBBER is None:
         return params
-    plan = param_columns(sql)
-    if plan == _NO_WRITE:
+    modes = _modes(sql)
+    if modes == ():
         return params
+    if modes is None or len(modes) != len(params):  # unreadable, or bound otherwise: be safe
+        return [
+            v if v is None or isinstance(v, _SKIP) else _scrub_value(_T, v, "a value")
+            for v in params
+        ]
     out = list(params)
-    if plan is None:
-        for i, value in enumerate(out):
-            out[i] = _scrub_value(_DEFAULT.mode, value, "a value") if value is not None else None
-        return out
-    if len(plan) != len(out):  # a statement bound differently than written: be safe
-        return [_scrub_value(_T, v, "a value") if v is not None else None for v in out]
-    for i, (where, value) in enumerate(zip(plan, out, strict=True)):
-        if where is None or value is None or isinstance(value, (int, float, bool)):
-            continue
-        column = SCRUBBED.get(where, _DEFAULT)  # type: ignore[arg-type]
-        if column.mode != "plain":
-            out[i] = _scrub_value(column.mode, value, f"{where[0]}.{where[1]}")
+    for i, mode in enumerate(modes):
+        if mode is not None:
+            value = out[i]
+            if value is not None and not isinstance(value, _SKIP):
+                out[i] = _scrub_value(mode[0], value, mode[1])
     return out
 
 
