@@ -316,9 +316,12 @@ class StoreScrubber:
     def json(self, value: str, *, result: bool) -> str:
         """JSON text scrubbed by name and by value; unchanged text when nothing changed.
 
-        Without registered secrets, text without ``://`` and without one of the secret
-        words is returned at once (no parse)."""
-        if SECRETS.pattern is None and not ("://" in value and _URL_PASSWORD.search(value)):
+        Text holding no registered value (in any escaped form), no URL password and no
+        key named like a secret is returned at once, without a parse."""
+        pattern = SECRETS.pattern  # it knows the JSON-escaped forms: the raw text is enough
+        if not (pattern is not None and pattern.search(value)) and not (
+            "://" in value and _URL_PASSWORD.search(value)
+        ):
             names = _JSON_KEY.findall(value)
             if not any(_secret_key(name, result) for name in names) and (
                 result or not _has_hint(value)  # arguments: also name=value pairs in text
@@ -332,6 +335,9 @@ class StoreScrubber:
         if clean == decoded:
             return value
         return json.dumps(clean, ensure_ascii=False, default=str)
+
+    def armed(self) -> bool:
+        return SECRETS.pattern is not None
 
     def holds_secret(self, value: Any) -> bool:
         """Does ``value`` (text or bytes) contain a registered value? One ``find`` per value

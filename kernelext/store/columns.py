@@ -206,6 +206,10 @@ class Scrubber(Protocol):
 
     def holds_secret(self, value: Any) -> bool: ...
 
+    def armed(self) -> bool:
+        """Are values registered (else ``holds_secret`` is always False)?"""
+        ...
+
 
 _SCRUBBER: Scrubber | None = None
 
@@ -449,6 +453,7 @@ def _modes(sql: str) -> tuple[tuple[str, str] | None, ...] | None:
 
 
 _SKIP = (int, float, bool)
+_REFUSING = frozenset({"key", "exact"})
 
 
 def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
@@ -464,8 +469,9 @@ def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
             for v in params
         ]
     out = list(params)
+    refusals = _SCRUBBER.armed()  # ids and state: checked only when secrets are registered
     for i, mode in enumerate(modes):
-        if mode is not None:
+        if mode is not None and (refusals or mode[0] not in _REFUSING):
             value = out[i]
             if value is not None and not isinstance(value, _SKIP):
                 out[i] = _scrub_value(mode[0], value, mode[1])
