@@ -19,7 +19,6 @@ from ..status import Reason
 from .codec import dumps_json, loads_json
 from .keys import question_key
 from .runtime import runtime
-from .secrets import scrub
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -183,9 +182,9 @@ def _json_or_text(text: str) -> Any:
 
 
 def encode_answer(value: Any) -> str:
-    """The JSON an answer is stored (and replayed) as; names that look like secrets are
-    redacted, as in effect results."""
-    return dumps_json(scrub(value, heuristics=False, result=True)).decode()
+    """The JSON an answer is stored (and replayed) as; the store's write path redacts names
+    that look like secrets and registered values, as in effect results (store/columns.py)."""
+    return dumps_json(value).decode()
 
 
 # -- run.ask -----------------------------------------------------------------------------

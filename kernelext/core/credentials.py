@@ -31,7 +31,7 @@ from .checks import call_bounded, resolve
 from .codec import dumps_json
 from .registries import CredentialRegistry
 from .runtime import runtime
-from .secrets import MIN_LENGTH, SECRETS, scrub_text
+from .secrets import MIN_LENGTH, SECRETS
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -165,7 +165,7 @@ def refresh_all(run: Run, store: Store, rows: Sequence[dict[str, Any]], timeout:
                 "checked_at": now,
                 "current_value": None,
                 "status": status,
-                "detail": scrub_text(detail),
+                "detail": detail,  # scrubbed by the store's write path
                 "fingerprint": fp,
             }
         )

@@ -31,7 +31,6 @@ from ..store import Store
 from .checks import call_bounded
 from .codec import dumps_json
 from .runtime import runtime
-from .secrets import scrub
 
 __all__ = [
     "PROBE_SOURCE",
@@ -117,7 +116,7 @@ def settle_unknowns(run_id: str, store: Store, *, timeout: float | None = None) 
             _unsettled(run_id, tool, key, f"could not tell (answered {outcome.value!r})")
             continue
         decision, result = answer
-        encoded = dumps_json(scrub(result, heuristics=False, result=True)).decode()
+        encoded = dumps_json(result).decode()  # scrubbed by the store's write path
         try:
             store.decide_effect(
                 key,

@@ -25,6 +25,7 @@ from .handle import Handle
 from .resume_steps import before_first_action
 from .run import Run
 from .runtime import runtime
+from .secrets import MASK
 from .takeover import take_over
 from .worker import launch
 
@@ -137,10 +138,19 @@ def _arguments(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if args is not None or kwargs is not None:
         return tuple(args or ()), dict(kwargs or {})
-    if row.get("args"):
+    args_cache = runtime().args_cache
+    stored = row.get("args")
+    if stored and MASK in stored and run_id in args_cache:  # secrets were taken out of them
+        return args_cache[run_id]
+    if stored:
+        if MASK in stored:
+            raise AgentError(
+                f"Run {run_id!r} was started with arguments that held a secret, and secrets "
+                f"are never stored. Pass them again: kx.resume({run_id!r}, args=(...), "
+                "kwargs={...}), or give the agent the secret through run.credential(...)."
+            )
         decoded = loads_json(row["args"])
         return tuple(decoded["args"]), dict(decoded["kwargs"])
-    args_cache = runtime().args_cache
     if run_id in args_cache:
         return args_cache[run_id]
     raise AgentError(

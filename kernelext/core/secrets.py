@@ -24,6 +24,7 @@ their anchor (``://``; for pairs and tokens one of the secret words, then ``=``/
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 import threading
@@ -116,6 +117,7 @@ class SecretRegistry:
         self._names: set[str] = set()
         self.name_set: frozenset[str] = frozenset()
         self.pattern: re.Pattern[str] | None = None  # published whole: read without the lock
+        self.byte_values: tuple[bytes, ...] = ()  # the values as UTF-8, for bytes.find
 
     @overload
     def register(self, value: S, /) -> S: ...
@@ -154,7 +156,7 @@ class SecretRegistry:
         """Scrub ``text`` from now on (no checks); False when it is too short to scrub."""
         if len(text) < MIN_LENGTH:
             return False
-        variants = {text, urllib.parse.quote(text, safe="")}
+        variants = _variants(text)
         with self._lock:
             if variants <= self._values:
                 return True
@@ -171,14 +173,16 @@ class SecretRegistry:
                 self.name_set = frozenset(self._names)
             text = _as_text(value) if value is not None else None
             if text is not None:
-                self._values -= {text, urllib.parse.quote(text, safe="")}
+                self._values -= _variants(text)
                 self._publish()
 
     def _publish(self) -> None:
         if not self._values:
             self.pattern = None
+            self.byte_values = ()
             return
         ordered = sorted(self._values, key=len, reverse=True)  # the longest wins
+        self.byte_values = tuple(v.encode() for v in ordered)
         self.pattern = re.compile("|".join(map(re.escape, ordered)))
 
     def names(self) -> list[str]:
@@ -202,6 +206,19 @@ class SecretRegistry:
     def __repr__(self) -> str:
         names = ", ".join(self.names()) or "none"
         return f"<kx.secrets: {len(self)} value(s) (never shown); names: {names}>"
+
+
+def _variants(text: str) -> set[str]:
+    """The forms a value takes in stored text: as is, URL-encoded, escaped as in JSON
+    (ASCII or not) and as in a Python ``repr`` (an exception's message quoting it)."""
+    forms = {
+        text,
+        urllib.parse.quote(text, safe=""),
+        json.dumps(text)[1:-1],
+        json.dumps(text, ensure_ascii=False)[1:-1],
+        repr(text)[1:-1],
+    }
+    return {form for form in forms if len(form) >= MIN_LENGTH}
 
 
 def _as_text(value: object) -> str | None:
@@ -268,12 +285,77 @@ def scrub(value: Any, name: str = "", *, heuristics: bool = True, result: bool =
         return scrub_text(value, heuristics=heuristics)
     if isinstance(value, Mapping):
         return {
-            k: scrub(v, k if isinstance(k, str) else "", heuristics=heuristics, result=result)
+            _scrub_key(k): scrub(
+                v, k if isinstance(k, str) else "", heuristics=heuristics, result=result
+            )
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
         return [scrub(v, heuristics=heuristics, result=result) for v in value]
     return value
+
+
+def _scrub_key(key: Any) -> Any:
+    """A dict key keeps its name, but not a registered secret or a URL password in it."""
+    if isinstance(key, str) and (SECRETS.pattern is not None or "://" in key):
+        return scrub_text(key, heuristics=False)
+    return key
+
+
+# -- the store's one door (kernelext.store.columns) ----------------------------------------
+_JSON_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:')  # the keys of a JSON text (and a few more)
+
+
+def _secret_key(name: str, result: bool) -> bool:
+    if result and _classify(name)[1] in AMBIGUOUS_IN_RESULTS:
+        return False
+    return is_secret_name(name)
+
+
+class StoreScrubber:
+    """What the store's write path calls for each value (see ``kernelext.store.columns``)."""
+
+    def text(self, value: str) -> str:
+        return scrub_text(value)
+
+    def json(self, value: str, *, result: bool) -> str:
+        """JSON text scrubbed by name and by value; unchanged text when nothing changed.
+
+        Text holding no registered value (in any escaped form), no URL password and no
+        key named like a secret is returned at once, without a parse."""
+        pattern = SECRETS.pattern  # it knows the JSON-escaped forms: the raw text is enough
+        if not (pattern is not None and pattern.search(value)) and not (
+            "://" in value and _URL_PASSWORD.search(value)
+        ):
+            names = _JSON_KEY.findall(value)
+            if not any(_secret_key(name, result) for name in names) and (
+                result or not _has_hint(value)  # arguments: also name=value pairs in text
+            ):
+                return value
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return scrub_text(value, heuristics=not result)
+        clean = scrub(decoded, heuristics=not result, result=result)
+        if clean == decoded:
+            return value
+        return json.dumps(clean, ensure_ascii=False, default=str)
+
+    def armed(self) -> bool:
+        return SECRETS.pattern is not None
+
+    def holds_secret(self, value: Any) -> bool:
+        """Does ``value`` (text or bytes) contain a registered value? One ``find`` per value
+        when some are registered; nothing at all otherwise."""
+        pattern = SECRETS.pattern
+        if pattern is None:
+            return False
+        if isinstance(value, str):
+            return pattern.search(value) is not None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            data = value if isinstance(value, (bytes, bytearray)) else bytes(value)
+            return any(data.find(v) >= 0 for v in SECRETS.byte_values)
+        return False
 
 
 # -- kernelext's log lines -----------------------------------------------------------------
@@ -303,10 +385,10 @@ def _install_log_filter() -> None:
 
 
 def _install_store_scrubber() -> None:
-    """Events are written by the store, which may not import core: hand it the scrubber."""
-    from ..store.base import StoreBase
+    """The store may not import core: hand its write path (store/columns.py) the scrubber."""
+    from ..store import columns
 
-    setattr(StoreBase, "scrub", staticmethod(scrub))  # noqa: B010 - set from core on purpose
+    columns.install(StoreScrubber())
 
 
 _install_log_filter()

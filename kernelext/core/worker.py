@@ -102,8 +102,8 @@ def _execute(
             status = finish_run(store, run, Status.FAILED, reason=text[:500])
     except Exception as exc:
         handle.error = handle.error or exc
-        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        try:
+        text = scrub_text("".join(traceback.format_exception_only(type(exc), exc)).strip())
+        try:  # (scrubbed before it is cut, as above)
             end_open_step(store, run, StepStatus.FAILED, text)
             status = finish_run(store, run, Status.FAILED, reason=text[:500])
         except Exception as fault:  # the store refuses writes: end cleanly anyway
@@ -137,7 +137,6 @@ def _store_fault(handle: Handle, fault: Exception) -> str:
 def end_open_step(store: Store, run: Run, status: str, error: str | None) -> None:
     info = run.current
     if info is not None:
-        error = scrub_text(error) if error is not None else None
         store.end_step(
             run.id, info.id, status, error=error, forced=run.forced, duration_s=info.elapsed
         )
@@ -147,7 +146,6 @@ def end_open_step(store: Store, run: Run, status: str, error: str | None) -> Non
 def finish_run(store: Store, run: Run, status: Status, reason: str | None = None) -> str:
     """Record how a live run ended (completed, failed, needs_decision); claims of a final
     run are released in the same transaction."""
-    reason = scrub_text(reason) if reason is not None else None  # runs.reason: no secrets
 
     def job(tx: Any) -> str:
         result = store.transition_tx(

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import StoreWriteError
 from ..expiry_policy import POLICY, ExpiryPolicy
+from .columns import scrub_record
 from .records import apply_record, check_record
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
@@ -253,6 +254,7 @@ class StoreBase:
         """
         check_record(kind, data)
         self._refuse_if_read_only()
+        data = scrub_record(kind, data)  # the door for journal frames and direct writes alike
         if self.hot_path is not None:
             self.hot_path.record(kind, data, sync=sync)
             return
@@ -387,14 +389,8 @@ class StoreBase:
         reason: str | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        """Append one audit row inside the caller's transaction.
-
-        ``reason`` and ``detail`` are scrubbed of secrets first: core installs its scrubber
-        as ``StoreBase.scrub`` (kernelext.core.secrets); the store knows no secrets itself.
-        """
-        scrub: Callable[[Any], Any] | None = getattr(self, "scrub", None)
-        if scrub is not None:
-            reason, detail = scrub(reason), scrub(detail)
+        """Append one audit row inside the caller's transaction (``reason`` and ``detail``
+        are scrubbed of secrets by the write path, see ``store/columns.py``)."""
         tx.execute(
             "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source,"
             " actor, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

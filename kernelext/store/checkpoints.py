@@ -18,7 +18,7 @@ serializes, this mixin stores bytes and text.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .base import StoreBase
@@ -61,7 +61,7 @@ class CheckpointsMixin(StoreBase):
         as text}). ``blobs``: (channel, version, encoding, value) of the versions this
         checkpoint wrote; a version stored before is kept as it is.
         """
-        metadata = self._clean_metadata(row["metadata"])
+        metadata = dict(row["metadata"])  # scrubbed by the write path (store/columns.py)
         step = metadata.get("step")
         values = (
             row["thread_id"],
@@ -299,11 +299,6 @@ class CheckpointsMixin(StoreBase):
         return rows
 
     # -- helpers -----------------------------------------------------------------------------
-    def _clean_metadata(self, metadata: dict[str, Any]) -> dict[str, Any]:
-        """Metadata as stored: secrets scrubbed (core installs ``scrub``; see ``event``)."""
-        scrub: Callable[[Any], Any] | None = getattr(self, "scrub", None)
-        cleaned = scrub(metadata) if scrub is not None else metadata
-        return dict(cleaned) if isinstance(cleaned, dict) else dict(metadata)
 
 
 def _text_or_none(value: Any) -> str | None:

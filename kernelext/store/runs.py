@@ -138,7 +138,6 @@ class RunsMixin(StoreBase):
             detail=detail,
             fields=fields,
             actor=actor(),
-            scrub=getattr(self, "scrub", None),
             location=self.location,
         )
 

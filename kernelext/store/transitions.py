@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ..errors import RunNotFound
@@ -44,7 +44,6 @@ def move_tx(
     detail: dict[str, Any] | None = None,
     fields: dict[str, Any] | None = None,
     actor: str | None = None,
-    scrub: Callable[[Any], Any] | None = None,
     location: str = "",
 ) -> Transition:
     """Move run ``run_id`` to ``to_status`` if it is in one of ``allowed_from`` (the
@@ -76,7 +75,6 @@ def move_tx(
     computed = "deadline" not in (fields or {}) and isinstance(updates.get("deadline"), dt.datetime)
     if to_status == Status.SUSPENDED and computed:  # the policy chose it: say which
         detail.setdefault("deadline", updates["deadline"].isoformat())
-    event_reason, event_detail = (scrub(reason), scrub(detail)) if scrub else (reason, detail)
     tx.execute(
         "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source,"
         " actor, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -88,8 +86,8 @@ def move_tx(
             Status(to_status).value,
             source,
             who or actor,
-            event_reason,
-            json.dumps(event_detail, sort_keys=True, default=str) if event_detail else None,
+            reason,  # reason and detail: scrubbed by the write path (store/columns.py)
+            json.dumps(detail, sort_keys=True, default=str) if detail else None,
         ),
     )
     return Transition(True, before, Status(to_status))

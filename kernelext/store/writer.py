@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
+from .columns import ScrubbingTx
+
 __all__ = ["Tx", "Writer"]
 
 T = TypeVar("T")
@@ -144,7 +146,7 @@ class Writer:
             return
         results: list[Any] = []
         try:
-            tx = self._conn.begin()
+            tx = ScrubbingTx(self._conn.begin())  # the one door: every stored value scrubbed
             for job, _ in live:
                 results.append(job(tx))
             self._conn.commit()
@@ -162,7 +164,7 @@ class Writer:
 
     def _run_one(self, job: Callable[[Tx], Any], fut: Future[Any]) -> None:
         try:
-            tx = self._conn.begin()
+            tx = ScrubbingTx(self._conn.begin())
             result = job(tx)
             self._conn.commit()
             self.commits += 1

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ...errors import IntegrityError, StoreWriteError
+from ..columns import refuse_secret
 from .journal import write_all
 
 __all__ = [
@@ -95,6 +96,7 @@ class StagedPayload:
 
 
 def stage(folder: str, data: bytes) -> StagedPayload:
+    refuse_secret(data, "a snapshot value (side file)")  # the door for side files
     try:
         private_dirs(folder)
     except OSError as exc:
@@ -193,6 +195,7 @@ class SideFiles:
         if staged is not None:
             staged.commit(path)
         else:
+            refuse_secret(data, "a snapshot value (side file)")
             try:
                 private_dirs(folder)
                 write_durably(path + ".tmp", data)
