@@ -95,8 +95,25 @@ def test_a_stale_write_of_each_kind_is_refused(store: Any, backend: str) -> None
         store.write_outcome(pending, EffectStatus.APPLIED, result="2", wait=True)
     except OwnershipLost:
         assert backend == "postgres"
+    fact = {
+        "run_id": "r",
+        "name": "price",
+        "kind": "value",
+        "value": "1",
+        "fingerprint": None,
+        "check_name": None,
+        "check_args": None,
+        "tolerance": None,
+        "step_ordinal": 0,
+        "compare_name": None,
+    }
+    try:  # a fact: like a step start
+        store.record_fact(fact)
+    except OwnershipLost:
+        assert backend == "duckdb"
     store.renew_lease("r", dt.datetime(2099, 1, 1), actor())
     store.flush()
+    assert store.read("SELECT count(*) FROM facts WHERE run_id = 'r'") == [(0,)]
 
     run = store.get_run("r")
     assert run["status"] == Status.RUNNING and run["owner"] == "someone@elsewhere:4242.7"
@@ -220,3 +237,124 @@ def test_a_reused_pid_never_blocks_a_take_over() -> None:
     finally:
         other.kill()
         other.wait()
+
+
+# -- attacks ------------------------------------------------------------------------
+def test_two_take_overs_at_one_instant_leave_one_writer(store: Any, store_path: Any) -> None:
+    """Two store objects (as two processes would) take the run over at one instant: each
+    take-over raises the epoch once, and only the last one's writes go through."""
+    import threading
+
+    if not str(store_path).startswith("postgresql"):
+        pytest.skip("two writers on one DuckDB file take turns through one process's hand-over")
+    from kernelext.store import open_store
+
+    other = open_store(str(store_path))  # not the runtime's: a second, independent writer
+    try:
+        assert store.create_run("r", "agent", owner=actor())
+        store.transition("r", Status.SUSPENDED, (Status.RUNNING,), epoch=1)
+        barrier = threading.Barrier(2)
+        results: dict[str, Any] = {}
+
+        def resume(name: str, s: Any) -> None:
+            barrier.wait()
+            results[name] = take_over(s, "r", "api")
+
+        threads = [
+            threading.Thread(target=resume, args=(n, s)) for n, s in (("a", store), ("b", other))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        epochs = sorted(r.epoch for r in results.values())
+        assert epochs == [2, 3] and store.get_run("r")["owner_epoch"] == 3
+        last, first = (other, store) if other.held_epoch("r") == 3 else (store, other)
+        with pytest.raises(OwnershipLost):
+            first.write_intent(_intent("r", uuid.uuid4()))
+        assert last.write_intent(_intent("r", uuid.uuid4())) is None
+    finally:
+        other.close()
+
+
+def test_an_old_journal_folded_after_a_take_over_is_kept_not_applied(
+    store: Any, backend: str
+) -> None:
+    """A dead owner's journal, folded by the next open after another process took the run
+    over: what the take-over did not see is refused, kept in quarantine, the run not held."""
+    if backend != "duckdb":
+        pytest.skip("no journal on PostgreSQL")
+    from kernelext.store.duckdb.journal import frame
+
+    location = store.location
+    assert store.create_run("r", "agent", owner=actor())
+    _taken_elsewhere(store, "r")
+    key = uuid.uuid4()
+    stale = {**_intent("r", key), "at": store.now(), "epoch": 1}
+    legacy_key = uuid.uuid4()  # a record of an older release (no epoch) is applied as before
+    legacy = {**_intent("r", legacy_key, 1), "at": store.now()}
+    Path(f"{location}.journal.999998.cafef00d").write_bytes(
+        frame(1, "intent", stale) + frame(2, "intent", legacy)
+    )
+    from kernelext.core.runtime import runtime
+
+    runtime().close()
+    reopened = kx.open_store(location)
+    assert reopened.effect(key) is None
+    assert reopened.effect(legacy_key)["status"] == EffectStatus.PENDING
+    rows = kx.sql("SELECT kind, run_id FROM quarantine").to_dict("records")
+    assert rows == [{"kind": "intent", "run_id": "r"}]
+    assert reopened.get_run("r")["status"] == Status.RUNNING
+
+
+def test_a_take_over_waits_for_an_intent_being_appended_then_refuses(tmp_path: Path) -> None:
+    from kernelext.store.duckdb.fence import FenceFiles
+
+    fence = FenceFiles(str(tmp_path / "s.duckdb"))
+    fence.advance("r", 1)
+    with fence.shared("r") as epoch:  # an owner between its check and its append
+        assert epoch == 1
+        with pytest.raises(RunStateError, match="cannot be taken over now"):
+            fence.advance("r", 2, wait=0.2)
+    fence.advance("r", 2, wait=0.2)
+    assert fence.read("r") == 2
+    fence.start("r", 1)  # never overwrites an epoch a take-over wrote
+    assert fence.read("r") == 2
+    fence.close()
+
+
+def test_a_run_without_a_fence_file_falls_back_to_the_tables(store: Any, backend: str) -> None:
+    if backend != "duckdb":
+        pytest.skip("fence files are DuckDB's")
+    import shutil
+
+    assert store.create_run("r", "agent", owner=actor())
+    store.backend.fence.close()
+    shutil.rmtree(f"{store.location}.fence")
+    assert store.write_intent(_intent("r", uuid.uuid4())) is None  # epoch 1 from the tables
+    _taken_elsewhere(store, "r")
+    with pytest.raises(OwnershipLost):
+        store.write_intent(_intent("r", uuid.uuid4(), 1))
+
+
+def test_fence_descriptors_stay_few_over_many_runs(tmp_path: Path) -> None:
+    from kernelext.store.duckdb.fence import KEEP_OPEN, FenceFiles
+
+    fence = FenceFiles(str(tmp_path / "s.duckdb"))
+    for n in range(KEEP_OPEN * 3):
+        fence.advance(f"r{n}", n + 1)
+        assert fence.read(f"r{n}") == n + 1
+        assert len(fence._fds) <= KEEP_OPEN + 1
+    fence.close()
+
+
+def test_a_stale_retry_of_a_call_decided_not_applied_is_refused(store: Any) -> None:
+    assert store.create_run("r", "agent", owner=actor())
+    key = uuid.uuid4()
+    store.write_intent(_intent("r", key))
+    store.write_outcome(key, EffectStatus.FAILED, error="boom", wait=True)
+    store.flush()
+    _taken_elsewhere(store, "r")
+    with pytest.raises(OwnershipLost):
+        store.retry_intent(key)
+    assert store.effect(key)["status"] == EffectStatus.FAILED

@@ -355,6 +355,7 @@ class StoreBase:
     def ownership_lost(self, run_id: str, held: int | None, what: str = "write") -> OwnershipLost:
         """The error for a refused write: who owns the run now, since when, its epoch."""
         names = {
+            "fact": "fact",
             "step_begin": "step start",
             "step_complete": "step completion (and its snapshot)",
             "intent": "effect intent",

@@ -115,9 +115,16 @@ class EffectsMixin(RunsMixin, StoreBase):
         return self.write(job)
 
     def retry_intent(self, key: uuid.UUID) -> None:
-        """A row decided ``not_applied`` (or ``failed`` with retry) goes back to ``pending``."""
+        """A row decided ``not_applied`` (or ``failed`` with retry) goes back to ``pending``
+        (the intent of the call made again): refused (``OwnershipLost``) once the run was
+        taken over from this process, before the call."""
+        lock = self.backend.for_share
 
         def job(tx: Tx) -> None:
+            found = tx.fetchone("SELECT run_id FROM effects WHERE key = ?", (key,))
+            held = self.held_epoch(str(found[0])) if found is not None else None
+            if found is not None and held is not None:
+                check_epoch_tx(tx, str(found[0]), held, lock=lock, what="effect intent (retry)")
             tx.execute(
                 "UPDATE effects SET status = ?, intent_at = ?, outcome_at = NULL,"
                 " error = NULL WHERE key = ?",

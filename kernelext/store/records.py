@@ -262,8 +262,9 @@ def apply_record(tx: Tx, kind: str, data: dict[str, Any], *, lock: str = "") -> 
 
 
 # -- ownership epochs ----------------------------------------------------------------
-FENCED = ("step_begin", "step_complete", "intent", "outcome")
+FENCED = ("step_begin", "step_complete", "intent", "outcome", "fact")
 _WHAT = {
+    "fact": "fact",
     "step_begin": "step start",
     "step_complete": "step completion (and its snapshot)",
     "intent": "effect intent",
@@ -294,6 +295,11 @@ def _present(tx: Tx, kind: str, d: dict[str, Any]) -> bool:
     elif kind == "intent":
         row = tx.fetchone(
             "SELECT 1 FROM effects WHERE key = ? AND intent_at = ?", (d["key"], d["at"])
+        )
+    elif kind == "fact":
+        row = tx.fetchone(
+            "SELECT 1 FROM facts WHERE run_id = ? AND name = ? AND recorded_at = ?",
+            (d["run_id"], d["name"], d["at"]),
         )
     else:
         row = tx.fetchone(

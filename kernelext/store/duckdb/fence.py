@@ -35,7 +35,8 @@ from .journal import Record, scan_journal
 __all__ = ["FenceFiles", "foreign_records"]
 
 WAIT_SECONDS = 5.0
-_FENCED = ("step_begin", "step_complete", "intent", "outcome")
+KEEP_OPEN = 64  # descriptors kept open (one per run recently written)
+_FENCED = ("step_begin", "step_complete", "intent", "outcome", "fact")
 
 
 class FenceFiles:
@@ -44,6 +45,7 @@ class FenceFiles:
     def __init__(self, store_path: str) -> None:
         self.folder = f"{store_path}.fence"
         self._fds: dict[str, int] = {}
+        self._using: dict[str, int] = {}  # run id -> threads inside ``shared`` now
         self._lock = threading.Lock()
 
     def path(self, run_id: str) -> str:
@@ -54,23 +56,41 @@ class FenceFiles:
         os.makedirs(self.folder, exist_ok=True)
         return os.open(self.path(run_id), os.O_RDWR | os.O_CREAT, 0o600)
 
-    def _fd(self, run_id: str) -> int:
+    def _take(self, run_id: str) -> int:
+        """The run's descriptor, marked in use (kept open for the next record; at most
+        ``KEEP_OPEN`` idle ones are kept, so a long-lived kernel never runs out of them)."""
         with self._lock:
             fd = self._fds.get(run_id)
             if fd is None:
                 fd = self._fds[run_id] = self._open(run_id)
+            self._using[run_id] = self._using.get(run_id, 0) + 1
             return fd
+
+    def _give_back(self, run_id: str) -> None:
+        with self._lock:
+            left = self._using[run_id] - 1
+            if left:
+                self._using[run_id] = left
+            else:
+                del self._using[run_id]
+            if len(self._fds) > KEEP_OPEN:
+                for idle in [r for r in self._fds if r not in self._using][: len(self._fds) // 2]:
+                    with contextlib.suppress(OSError):
+                        os.close(self._fds.pop(idle))
 
     @contextlib.contextmanager
     def shared(self, run_id: str) -> Iterator[int | None]:
         """Hold the run's fence shared; yields its epoch (None: no fence file yet)."""
-        fd = self._fd(run_id)
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        fd = self._take(run_id)
         try:
-            data = os.pread(fd, 8, 0)
-            yield int.from_bytes(data, "little") if len(data) == 8 else None
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                data = os.pread(fd, 8, 0)
+                yield int.from_bytes(data, "little") if len(data) == 8 else None
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            self._give_back(run_id)
 
     def read(self, run_id: str) -> int | None:
         with self.shared(run_id) as epoch:
