@@ -19,6 +19,7 @@ __all__ = [
     "LedgerError",
     "NameNotText",
     "NeedsDecision",
+    "OwnershipLost",
     "ReadOnlyError",
     "ResultNotStorable",
     "RunNotFound",
@@ -87,6 +88,37 @@ class RunNotFound(KernelextError, LookupError):
 
 class RunStateError(KernelextError):
     """The run is in a state that does not allow the request."""
+
+
+class OwnershipLost(RunStateError):
+    """Another process took this run over: this process's writes for it are refused.
+
+    ``owner``: who owns the run now, ``since``: when it took it over (UTC), ``epoch``: the
+    run's ownership epoch now, ``held``: the epoch this process held."""
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        owner: str | None,
+        since: object = None,
+        epoch: int | None = None,
+        held: int | None = None,
+        what: str = "write",
+    ) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.since = since
+        self.epoch = epoch
+        self.held = held
+        when = f" since {since:%Y-%m-%d %H:%M:%S} UTC" if hasattr(since, "strftime") else ""
+        mine = f", this process held epoch {held}" if held is not None else ""
+        super().__init__(
+            f"Run {run_id!r} is owned by {owner or 'another process'}{when} (ownership epoch "
+            f"{epoch}{mine}); this process's {what} was refused and nothing was sent. What "
+            "this process knows of the run is stale. To take the run back, stop it there "
+            f"(kx.stop({run_id!r})), then `%agent resume {run_id}` or kx.resume({run_id!r})."
+        )
 
 
 class CodeChangedError(RunStateError):

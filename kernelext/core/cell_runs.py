@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import NeedsDecision, RunStateError, StopRequested
+from ..errors import NeedsDecision, OwnershipLost, RunStateError, StopRequested
 from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
 from ..store import Store, actor
 from .context import reset_current_run, set_current_run
 from .handle import Handle
+from .lease import check_takeover, owner_alive
 from .names import check_stored_name
 from .resume_steps import before_first_action
 from .run import Run, StepInfo
@@ -32,6 +33,7 @@ from .worker import end_open_step, suspend_run
 __all__ = [
     "CELL_AGENT",
     "INTERRUPTED",
+    "LOST",
     "CellRun",
     "StepOutcome",
     "cell_handle",
@@ -46,6 +48,7 @@ __all__ = [
 CELL_AGENT = "%%agent"  # the agent name of runs made of notebook cells
 SOURCE_PREFIX = "src:"
 INTERRUPTED = "interrupted"  # a cell's outcome when a stop or Ctrl-C cut it short
+LOST = "ownership_lost"  # a cell's outcome when another process took the run over meanwhile
 
 
 def source_hash(source: str) -> str:
@@ -79,6 +82,16 @@ class CellRun:
         return self.run.store
 
     @property
+    def epoch(self) -> int | None:
+        """The ownership epoch this process holds for the run (see ``Run.epoch``)."""
+        return self.run.epoch
+
+    def lost(self, row: dict[str, Any]) -> bool:
+        """This process owned the run, and another took it over since (a higher epoch)."""
+        held = self.epoch
+        return self.owned and held is not None and row.get("owner_epoch") != held
+
+    @property
     def run_id(self) -> str:
         return self.run.id
 
@@ -106,14 +119,23 @@ class CellRun:
 
     # -- the safe point before a cell -------------------------------------------------
     def boundary(self) -> dict[str, Any]:
-        """Honour a pending stop, take over a run left by a dead kernel; return the row."""
+        """Honour a pending stop, take over a run left by a dead kernel; return the row.
+
+        Raises ``OwnershipLost`` when another process took the run over from this one: its
+        cached state is stale, and nothing of this cell runs (``%agent resume`` takes the
+        run back)."""
         row = self.store.get_run(self.run_id)
+        if self.lost(row):
+            self.owned = False
+            raise self.store.ownership_lost(self.run_id, self.epoch, "next cell")
         if row["status"] == Status.STOPPING:
             self.run.stop_source = row.get("stop_source") or "api"
             suspend_run(self.store, self.run, StopRequested(self.run.stop_source))
             self.run.notify("end", Status.SUSPENDED)
             row = self.store.get_run(self.run_id)
         elif row["status"] == Status.RUNNING and not self.owned and row.get("owner") != actor():
+            if owner_alive(row.get("owner")) is True:  # a live kernel's cells: never adopted
+                check_takeover({**row, "lease_until": None}, self.store.now())  # raises
             taken = take_over(
                 self.store, self.run_id, "cell", reason="taken over from a kernel that is gone"
             )
@@ -122,6 +144,9 @@ class CellRun:
                 before_first_action(self.run, self.store)
             row = self.store.get_run(self.run_id)
         if row["status"] == Status.RUNNING:
+            if not self.owned and row.get("owner") not in (None, actor()):
+                # Live in another kernel (its owner is alive): never run a cell of it here.
+                raise self.store.ownership_lost(self.run_id, self.epoch, "next cell")
             self.owned = True
         return row
 
@@ -173,6 +198,10 @@ class CellRun:
                     info, StopRequested(row.get("stop_source") or "api"), StepStatus.COMPLETED
                 )
             return StepOutcome(StepStatus.COMPLETED, info.key, info.ordinal)
+        if isinstance(error, OwnershipLost):  # taken over meanwhile: nothing more is written
+            run.current = None
+            self.owned = False
+            return StepOutcome(LOST, info.key, info.ordinal, str(error))
         if isinstance(error, KeyboardInterrupt):
             run.stop_source = "interrupt"
             run.forced = True
@@ -188,6 +217,7 @@ class CellRun:
                 kind=Status.NEEDS_DECISION,
                 source="ledger",
                 reason=str(error),
+                epoch=store.held_epoch(run.id),
             )
             run.notify("end", Status.NEEDS_DECISION)
             outcome = StepOutcome(Status.NEEDS_DECISION, info.key, info.ordinal, str(error))
@@ -240,6 +270,8 @@ def open_cell_run(
                 key_scheme=row.get("key_scheme"),
             )
             cell = CellRun(run, owned=row.get("owner") == actor())
+            if cell.owned and store.held_epoch(run_id) is None:  # this process's own run
+                store.hold_epoch(run_id, int(row.get("owner_epoch") or 0))
             cell.reload()
         rt.cell_runs[(store.location, run_id)] = cell
         return cell

@@ -2,6 +2,16 @@
 
 Another process may take a ``running``/``stopping`` run over only when its lease has
 lapsed or its owner is a process on this host that no longer exists (a killed kernel).
+
+An owner is ``user@host:pid.start``: ``start`` is the process start time (Linux
+``/proc/<pid>/stat`` field 22), so a PID reused by another process after the owner died is
+not taken for the owner. Owners written by older releases (``user@host:pid``, no start
+time) are still read: their PID alone says whether they live.
+
+A lapsed lease is taken over even when the owner's PID lives (a frozen process: SIGSTOP, a
+debugger, a suspended laptop; or an older release's owner whose PID was reused): a live
+owner renews every ``RENEW_SECONDS``, and the take-over raises the run's ownership epoch, so
+whatever the old owner still tries to write for the run is refused (``OwnershipLost``).
 """
 
 from __future__ import annotations
@@ -14,8 +24,16 @@ from typing import Any
 from ..errors import RunStateError
 from ..status import LIVE
 from ..store import actor
+from ..store.base import process_start
 
-__all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "check_takeover", "lease_until", "owner_alive"]
+__all__ = [
+    "LEASE_SECONDS",
+    "RENEW_SECONDS",
+    "check_takeover",
+    "lease_until",
+    "owner_alive",
+    "parse_owner",
+]
 
 LEASE_SECONDS = 30.0
 RENEW_SECONDS = 10.0
@@ -25,20 +43,42 @@ def lease_until(now: dt.datetime) -> dt.datetime:
     return now + dt.timedelta(seconds=LEASE_SECONDS)
 
 
-def owner_alive(owner: str | None) -> bool | None:
-    """True/False for an owner on this host; None when it cannot be told from here."""
-    if not owner or "@" not in owner or ":" not in owner:
+def parse_owner(owner: str) -> tuple[str, int, int | None] | None:
+    """``(host, pid, start)`` of ``user@host:pid[.start]``; None when it is not one.
+
+    The user name may hold ``@`` or ``:`` (the last ``@`` starts the host)."""
+    if "@" not in owner:
         return None
-    host_pid = owner.rsplit("@", 1)[1]
-    host, _, pid_text = host_pid.rpartition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
+    host, sep, tail = owner.rsplit("@", 1)[1].rpartition(":")
+    if not sep:
+        return None
+    pid_text, dot, start_text = tail.partition(".")
+    if not pid_text.isdigit() or (dot and not start_text.isdigit()):
+        return None
+    return host, int(pid_text), int(start_text) if dot else None
+
+
+def owner_alive(owner: str | None) -> bool | None:
+    """True/False for an owner on this host; None when it cannot be told from here.
+
+    With a start time in the owner, a live PID that started at another time is a reused
+    PID: the owner is gone."""
+    parsed = parse_owner(owner) if owner else None
+    if parsed is None:
+        return None
+    host, pid, start = parsed
+    if host != socket.gethostname():
         return None
     try:
-        os.kill(int(pid_text), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    if start is not None:
+        now_start = process_start(pid)
+        if now_start is not None and now_start != start:
+            return False  # the PID was reused
     return True
 
 
@@ -53,11 +93,11 @@ def check_takeover(row: dict[str, Any], now: dt.datetime) -> None:
     if alive is False:
         return
     lease = row.get("lease_until")
-    if lease is not None and lease <= now and alive is None:
-        return
+    if lease is not None and lease <= now:
+        return  # lapsed: the owner is gone or frozen; the epoch fences what it still writes
     if lease is None and alive is None:
         return
-    until = f" (lease until {lease:%H:%M:%S} UTC)" if lease is not None else ""
+    until = f" (lease until {lease:%Y-%m-%d %H:%M:%S} UTC)" if lease is not None else ""
     raise RunStateError(
         f"Run {row['id']!r} is live in {owner}{until}. It cannot be resumed twice at once. "
         f"Stop it there (kx.stop({row['id']!r}) or `kernelext stop {row['id']}`), or, if that "

@@ -120,6 +120,12 @@ class Run:
         return self.id
 
     @property
+    def epoch(self) -> int | None:
+        """The ownership epoch this process holds for the run (None: it never took it
+        over); its writes carry it and are refused once another process took the run."""
+        return self.store.held_epoch(self.id)
+
+    @property
     def stop_requested(self) -> bool:
         return self.stop_event.is_set()
 

@@ -1,7 +1,9 @@
 """Taking a run over: the one transaction behind ``kx.resume``, ``%agent resume``, the
 command line and a kernel that finds a ``%%agent`` run whose owner is gone.
 
-In one transaction: the lease is checked (a live owner elsewhere refuses), the run moves to
+In one transaction: the lease is checked (a live owner elsewhere refuses), the run's
+ownership epoch goes up by one (``runs.owner_epoch``: from its commit on, every write the
+previous owner still makes for the run is refused, ``OwnershipLost``), the run moves to
 ``running`` owned by this process with a fresh lease, steps left ``running`` become
 ``abandoned``, ``pending`` effects become ``unknown``, and if any effect is ``unknown`` the
 run moves on to ``needs_decision``. Then the probes of the unknown effects
@@ -23,10 +25,12 @@ __all__ = ["TakeOver", "take_over"]
 
 class TakeOver(NamedTuple):
     """``status`` after the take-over (``running``, ``needs_decision``, or what the run
-    was when it could not be taken over); ``unknown``: keys of effects a person decides."""
+    was when it could not be taken over); ``unknown``: keys of effects a person decides;
+    ``epoch``: the ownership epoch this process now holds (None: not taken over)."""
 
     status: str
     unknown: list[Any]
+    epoch: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -73,11 +77,14 @@ def take_over(
         )
         if not result.ok:
             return TakeOver(str(result.before), [])
+        # After the move (a refused one changes nothing): what a previous owner journaled
+        # is folded under its epoch first, so its intents are seen as pending just below.
+        epoch = store.advance_epoch_tx(tx, run_id)
         store.abandon_running_steps(tx, run_id)
         fresh = store.mark_pending_unknown(tx, run_id)
         unknown = list(store.unknown_keys_tx(tx, run_id))
         if not unknown:
-            return TakeOver(Status.RUNNING, [])
+            return TakeOver(Status.RUNNING, [], epoch)
         store.transition_tx(
             tx,
             run_id,
@@ -88,11 +95,15 @@ def take_over(
             reason=f"{len(unknown)} effect(s) with unknown outcome",
             detail={"new_unknowns": len(fresh)},
         )
-        return TakeOver(Status.NEEDS_DECISION, unknown)
+        return TakeOver(Status.NEEDS_DECISION, unknown, epoch)
 
     result: TakeOver = store.write(job)
+    if result.epoch is not None:
+        store.hold_epoch(run_id, result.epoch)
     # Before a person is asked: the probes of unknown effects ask the external system.
     settled = result.status == Status.NEEDS_DECISION and settle_unknowns(run_id, store)
     if settled and not store.open_unknowns(run_id):  # every unknown answered by its probe
         result = store.write(job)
+        if result.epoch is not None:
+            store.hold_epoch(run_id, result.epoch)
     return result

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import NeedsDecision, StopRequested, StoreWriteError
+from ..errors import NeedsDecision, OwnershipLost, StopRequested, StoreWriteError
 from ..status import FINAL, LIVE, Reason, Status, StepStatus
 from ..store import Store, actor
 from .context import reset_current_run, set_current_run
@@ -85,6 +85,8 @@ def _execute(
                 outcome = late
     status: str = Status.FAILED
     try:
+        if isinstance(outcome, OwnershipLost):  # taken over elsewhere: write nothing more
+            raise outcome
         if finished:
             run.finish_open_step()
             status = finish_run(store, run, Status.COMPLETED)
@@ -100,6 +102,8 @@ def _execute(
             text = scrub_text(text)  # before it is cut: no half secret left behind
             end_open_step(store, run, StepStatus.FAILED, text)
             status = finish_run(store, run, Status.FAILED, reason=text[:500])
+    except OwnershipLost as lost:
+        status = _lost(handle, lost)
     except Exception as exc:
         handle.error = handle.error or exc
         text = scrub_text("".join(traceback.format_exception_only(type(exc), exc)).strip())
@@ -117,6 +121,19 @@ def _execute(
         reset_current_run(token)
         run.notify("end", status)
         rt.run_ended(run.id, status)
+
+
+def _lost(handle: Handle, lost: OwnershipLost) -> str:
+    """Another process took the run over: this one's thread ends without another write
+    (the new owner's tables are not touched); ``h.error`` says who owns it and how to take
+    it back. The status returned is the run's as the store has it now."""
+    handle.error = lost
+    handle.run.current = None
+    _log.warning("kernelext: %s", lost)
+    try:
+        return str(handle.store.get_run(handle.run_id)["status"])
+    except Exception:
+        return Status.FAILED
 
 
 def _store_fault(handle: Handle, fault: Exception) -> str:
@@ -149,7 +166,14 @@ def finish_run(store: Store, run: Run, status: Status, reason: str | None = None
 
     def job(tx: Any) -> str:
         result = store.transition_tx(
-            tx, run.id, status, LIVE, kind=status, reason=reason, source="engine"
+            tx,
+            run.id,
+            status,
+            LIVE,
+            kind=status,
+            reason=reason,
+            source="engine",
+            epoch=store.held_epoch(run.id),
         )
         if result.ok and status in FINAL:
             store.release_run_claims_tx(tx, run.id, status)
@@ -187,6 +211,7 @@ def suspend_run(store: Store, run: Run, stop: StopRequested) -> str:
         source=source,
         detail=detail,
         fields=fields,
+        epoch=store.held_epoch(run.id),
     )
     return str(result.after)
 

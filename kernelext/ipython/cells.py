@@ -12,9 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.approvals import waiting_text
-from ..core.cell_runs import INTERRUPTED, CellRun, StepOutcome, open_cell_run, source_hash
+from ..core.cell_runs import (
+    INTERRUPTED,
+    LOST,
+    CellRun,
+    StepOutcome,
+    open_cell_run,
+    source_hash,
+)
 from ..core.plan import remember_cell_source
-from ..errors import NeedsDecision, StopRequested
+from ..errors import NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
 
 __all__ = ["AgentCellStopped", "cell_identity", "run_agent_cell"]
@@ -79,7 +86,10 @@ def run_agent_cell(
 ) -> None:
     """Execute ``source`` as one step of run ``run_id`` (its last value is displayed)."""
     cell = open_cell_run(run_id, max_step_seconds=max_step_seconds)
-    row = cell.boundary()
+    try:
+        row = cell.boundary()
+    except OwnershipLost as lost:  # another kernel owns the run: nothing of this cell runs
+        raise AgentCellStopped(str(lost), run_id=run_id, status=Status.RUNNING) from None
     key = cell_identity(shell, source, step)
     remember_cell_source(run_id, key, source)  # kx.plan shows a diff once the cell changes
     digest = source_hash(source)
@@ -101,7 +111,11 @@ def run_agent_cell(
         )
     if row["status"] != Status.RUNNING:
         raise _blocked(cell, row)
-    outcome = _execute(shell, cell, key, digest, source, max_step_seconds)
+    try:
+        outcome = _execute(shell, cell, key, digest, source, max_step_seconds)
+    except OwnershipLost as lost:  # its step start was refused: the cell did not run
+        cell.owned = False
+        raise AgentCellStopped(str(lost), run_id=run_id, status=Status.RUNNING) from None
     message = _report(cell, outcome)
     if message is not None:
         raise AgentCellStopped(message, run_id=run_id, status=cell.store.get_run(run_id)["status"])
@@ -142,6 +156,8 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
             f"is suspended. Effects in flight are marked unknown. Resume with "
             f"%agent resume {rid}, then run this cell again."
         )
+    if outcome.kind == LOST:
+        return outcome.reason
     if outcome.kind == Status.NEEDS_DECISION:
         return (
             f"run {rid!r} needs a decision: {outcome.reason} Settle it with "

@@ -17,7 +17,7 @@ from ..errors import LedgerError, RunStateError
 from ..status import TERMINAL
 from .base import in_list
 from .effects import EffectsMixin
-from .records import insert_intent
+from .records import check_epoch_tx, insert_intent
 from .runs import RunsMixin
 from .writer import Tx
 
@@ -275,8 +275,14 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
             return True, self.write_intent(row)
 
         data = {name: row[name] for name in _INTENT_FIELDS}
+        epoch = self.held_epoch(row["run_id"])
+        self._intent_runs[key] = row["run_id"]
 
         def job(tx: Tx) -> tuple[bool, dict[str, Any] | None]:
+            if epoch is not None:
+                check_epoch_tx(
+                    tx, row["run_id"], epoch, lock=self.backend.for_share, what="effect intent"
+                )
             existing = _intent_tx(tx, key, self.for_update)
             if existing is not None:
                 return False, existing

@@ -14,14 +14,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
-from ..errors import StoreWriteError
+from ..errors import OwnershipLost, StoreWriteError
 from ..expiry_policy import POLICY, ExpiryPolicy
 from .columns import scrub_record
-from .records import apply_record, check_record
+from .records import FENCED, apply_record, check_record
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
 
-__all__ = ["Backend", "HotPath", "StoreBase", "actor", "in_list", "utcnow"]
+__all__ = ["Backend", "HotPath", "StoreBase", "actor", "in_list", "process_start", "utcnow"]
 
 T = TypeVar("T")
 _log = logging.getLogger("kernelext")
@@ -33,13 +33,39 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux ``/proc/<pid>/stat``
+    field 22); None where that cannot be read (another OS, no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            text = handle.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # Field 2 (the command) is in parentheses and may hold spaces or ')': split after it.
+    rest = text[text.rfind(")") + 2 :].split()
+    try:
+        return int(rest[19])  # field 22 = the 20th after the command
+    except (IndexError, ValueError):
+        return None
+
+
+_START: dict[int, int | None] = {}
+
+
 def actor() -> str:
-    """Who is asking: the OS user, host and process."""
+    """Who is asking: the OS user, host and process, ``user@host:pid.start`` where
+    ``start`` is the process start time (clock ticks since boot; left out where it cannot
+    be read), so that a reused PID is never taken for the owner (``core/lease.py``)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = f"uid{os.getuid()}" if hasattr(os, "getuid") else "nobody"
-    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+    pid = os.getpid()
+    if pid not in _START:  # one read per process (and per fork)
+        _START[pid] = process_start(pid)
+    start = _START[pid]
+    tail = f".{start}" if start is not None else ""
+    return f"{user}@{socket.gethostname()}:{pid}{tail}"
 
 
 def in_list(values: Iterable[str]) -> tuple[str, tuple[str, ...]]:
@@ -92,6 +118,8 @@ class Backend(abc.ABC):
     path: str
     read_only: bool = False
     for_update: str = ""  # appended to a SELECT that locks the row until the end of its tx
+    for_share: str = ""  # the same, shared: a take-over (FOR UPDATE) waits for it
+    fence: Any = None  # per-run fence files (``duckdb/fence.py``) when records are journaled
     inline_limit: int = (1 << 30) - 1  # payloads above it go to ``side_files``
     side_files: Any = None  # a ``SideFiles`` when payloads may live in files beside the store
     foreign_if_any_table: bool = False  # a database with tables but no schema_version is foreign
@@ -138,6 +166,11 @@ class Backend(abc.ABC):
         """Where hot-path records go; None: each is committed directly."""
         return None
 
+    def fold_foreign_tx(self, tx: Tx, run_id: str) -> None:
+        """A take-over, after the run's fence moved on: fold what other processes journaled
+        for ``run_id`` and may not have folded yet. Nothing to do without a journal."""
+        return None
+
     def idle_tick(self) -> float | None:
         """Called by the idle writer: how long it may sleep (None: until a job comes)."""
         return None
@@ -176,6 +209,10 @@ class StoreBase:
         self.expiry: ExpiryPolicy = POLICY  # deadlines of waiting runs (see transitions)
         self.hot_path: HotPath | None = None
         self._journaled_intents: dict[Any, dict[str, Any]] = {}
+        # Ownership epochs this process holds (run id -> epoch), set by a take-over or a
+        # start; every record it writes for the run carries it (``records.FENCED``).
+        self._held_epochs: dict[str, int] = {}
+        self._intent_runs: dict[Any, str] = {}  # effect key -> run id (its outcome's fence)
         self._last_queued: Future[Any] | None = None
         backend.bind(self.now)
         self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
@@ -255,17 +292,90 @@ class StoreBase:
         check_record(kind, data)
         self._refuse_if_read_only()
         data = scrub_record(kind, data)  # the door for journal frames and direct writes alike
+        epoch = self._stamp(kind, data)
         if self.hot_path is not None:
-            self.hot_path.record(kind, data, sync=sync)
+            fence = self.backend.fence
+            if epoch is not None and fence is not None and kind != "outcome":
+                self._fenced_record(kind, data, epoch, sync=sync)
+            else:  # an outcome: the call was made; a stale one is refused by the fold
+                self.hot_path.record(kind, data, sync=sync)
             return
+        lock = self.backend.for_share
 
         def job(tx: Tx) -> None:
-            apply_record(tx, kind, data)
+            apply_record(tx, kind, data, lock=lock)
 
         if sync:
             self.write(job)
         else:
             self.write_async(job)
+
+    # -- ownership epochs (one owner per run) ---------------------------------------
+    def hold_epoch(self, run_id: str, epoch: int) -> None:
+        """This process owns ``run_id`` at ``epoch`` (after a take-over or a start)."""
+        self._held_epochs[run_id] = int(epoch)
+
+    def held_epoch(self, run_id: str) -> int | None:
+        return self._held_epochs.get(run_id)
+
+    def _stamp(self, kind: str, data: dict[str, Any]) -> int | None:
+        """Put the held epoch on an owner's record; returns it (None: not fenced)."""
+        if kind not in FENCED:
+            return None
+        run_id = data.get("run_id")
+        if kind == "outcome" and run_id is None:
+            run_id = self._intent_runs.get(data.get("key"))
+            if run_id is not None:
+                data["run_id"] = run_id
+        if "epoch" not in data and isinstance(run_id, str):
+            held = self._held_epochs.get(run_id)
+            if held is not None:
+                data["epoch"] = held
+        epoch = data.get("epoch")
+        return int(epoch) if epoch is not None else None
+
+    def _fenced_record(self, kind: str, data: dict[str, Any], epoch: int, *, sync: bool) -> None:
+        """Append ``kind`` under the run's fence, shared: refused (``OwnershipLost``) unless
+        the fence still holds ``epoch``; a take-over waits for the append (``fence.py``)."""
+        fence, run_id = self.backend.fence, data["run_id"]
+        assert self.hot_path is not None
+        for _ in range(2):
+            with fence.shared(run_id) as current:
+                if current == epoch:
+                    self.hot_path.record(kind, data, sync=sync)
+                    return
+            if current is not None:
+                break
+            # No fence file (a run from before fences): the tables say, once, outside the
+            # lock (a read may wait for the store file), then the fence starts from there.
+            rows = self.backend.read("SELECT owner_epoch FROM runs WHERE id = ?", (run_id,))
+            if not rows or rows[0][0] != epoch:
+                break
+            fence.start(run_id, epoch)
+        raise self.ownership_lost(run_id, epoch, kind)
+
+    def ownership_lost(self, run_id: str, held: int | None, what: str = "write") -> OwnershipLost:
+        """The error for a refused write: who owns the run now, since when, its epoch."""
+        names = {
+            "fact": "fact",
+            "step_begin": "step start",
+            "step_complete": "step completion (and its snapshot)",
+            "intent": "effect intent",
+            "outcome": "effect outcome",
+        }
+        owner = since = epoch = None
+        with contextlib.suppress(Exception):  # the message must not fail on a store fault
+            rows = self.backend.read(
+                "SELECT r.owner, r.owner_epoch, (SELECT max(occurred_at) FROM events e"
+                " WHERE e.run_id = r.id AND e.kind IN ('resumed', 'created')) FROM runs r"
+                " WHERE r.id = ?",
+                (run_id,),
+            )
+            if rows:
+                owner, epoch, since = rows[0]
+        return OwnershipLost(
+            run_id, owner=owner, since=since, epoch=epoch, held=held, what=names.get(what, what)
+        )
 
     @property
     def quarantined_runs(self) -> set[str]:

@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import LedgerError
 from ..status import LIVE, WAITING, EffectStatus, Status, StepStatus
 from .base import StoreBase
-from .records import insert_intent
+from .records import check_epoch_tx, insert_intent
 from .runs import RunsMixin
 from .writer import Tx
 
@@ -58,8 +58,11 @@ class EffectsMixin(RunsMixin, StoreBase):
     def write_intent(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """Durably record ``pending`` before the call. Returns the existing row if any.
 
-        With a journal (DuckDB) the row is appended and fsynced; the process owns the run
-        (its lease), so no other writer can have made the same call meanwhile.
+        With a journal (DuckDB) the row is appended and fsynced under the run's fence; the
+        process owns the run (its ownership epoch), so no other writer can have made the
+        same call meanwhile. A run taken over since raises ``OwnershipLost`` before
+        anything is written (PostgreSQL: in the intent's transaction, the run row locked
+        shared, so a take-over and an intent are ordered).
         """
         data = {
             name: row[name]
@@ -76,6 +79,8 @@ class EffectsMixin(RunsMixin, StoreBase):
             )
         }
         data["at"] = self.now()
+        self._intent_runs[row["key"]] = row["run_id"]
+        epoch = self.held_epoch(row["run_id"])
         if self.hot_path is not None:
             known = self._journaled_intents.get(row["key"])
             if known is not None:
@@ -91,7 +96,11 @@ class EffectsMixin(RunsMixin, StoreBase):
             }
             return None
 
+        lock = self.backend.for_share
+
         def job(tx: Tx) -> dict[str, Any] | None:
+            if epoch is not None:
+                check_epoch_tx(tx, row["run_id"], epoch, lock=lock, what="effect intent")
             if insert_intent(tx, data):  # the usual case: one round trip
                 return None
             existing = tx.fetchone(
@@ -106,9 +115,16 @@ class EffectsMixin(RunsMixin, StoreBase):
         return self.write(job)
 
     def retry_intent(self, key: uuid.UUID) -> None:
-        """A row decided ``not_applied`` (or ``failed`` with retry) goes back to ``pending``."""
+        """A row decided ``not_applied`` (or ``failed`` with retry) goes back to ``pending``
+        (the intent of the call made again): refused (``OwnershipLost``) once the run was
+        taken over from this process, before the call."""
+        lock = self.backend.for_share
 
         def job(tx: Tx) -> None:
+            found = tx.fetchone("SELECT run_id FROM effects WHERE key = ?", (key,))
+            held = self.held_epoch(str(found[0])) if found is not None else None
+            if found is not None and held is not None:
+                check_epoch_tx(tx, str(found[0]), held, lock=lock, what="effect intent (retry)")
             tx.execute(
                 "UPDATE effects SET status = ?, intent_at = ?, outcome_at = NULL,"
                 " error = NULL WHERE key = ?",

@@ -221,6 +221,7 @@ class PostgresConnection(Backend):
 
     dialect = "postgres"
     for_update = " FOR UPDATE"  # READ COMMITTED: a status change locks its row
+    for_share = " FOR SHARE"  # an owner's write waits for a take-over of its run, and back
     # Payloads stay in the database (BYTEA, up to 1 GiB): every host can read them.
     inline_limit = (1 << 30) - 1
 

@@ -2,6 +2,12 @@
 
 Every record is idempotent: applying it twice leaves the tables as applying it once,
 so the journal can be folded again after a crash without harm.
+
+The records an owner writes for its run (``FENCED``) carry the run's ownership ``epoch``
+(``runs.owner_epoch`` when the process took the run over). A record whose epoch is no
+longer the run's is refused (``stale``) unless it is already in the tables (the same record
+applied before: folding twice stays harmless). Records without an epoch (older journals)
+are applied as before.
 """
 
 from __future__ import annotations
@@ -10,20 +16,23 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import RunNotFound
+from ..errors import OwnershipLost, RunNotFound
 from ..status import EffectStatus, Status, StepStatus
 from .transitions import move_tx
 from .writer import Tx
 
 __all__ = [
     "APPLY",
+    "FENCED",
     "STOP_REQUESTED",
     "apply_record",
+    "check_epoch_tx",
     "check_record",
     "fact",
     "insert_intent",
     "intent_row",
     "outcome",
+    "split_stale",
     "step_begin_row",
     "stop_request",
     "values",
@@ -228,8 +237,105 @@ def check_record(kind: str, data: dict[str, Any]) -> None:
         raise ValueError("a step_complete record needs an integer byte count")
 
 
-def apply_record(tx: Tx, kind: str, data: dict[str, Any]) -> None:
+def apply_record(tx: Tx, kind: str, data: dict[str, Any], *, lock: str = "") -> None:
+    """Apply one record; a stale one (``FENCED``) raises ``OwnershipLost`` unless it was
+    applied before. ``lock``: appended to the read of the run's epoch (PostgreSQL:
+    `` FOR SHARE``, so a take-over waits for this transaction and it for a take-over)."""
+    epoch = data.get("epoch")
+    if kind in FENCED and epoch is not None and isinstance(data.get("run_id"), str):
+        current = tx.fetchone(
+            f"SELECT owner_epoch, owner, updated_at FROM runs WHERE id = ?{lock}",
+            (data["run_id"],),
+        )
+        if current is not None and current[0] != epoch:
+            if _present(tx, kind, data):
+                return
+            raise OwnershipLost(
+                data["run_id"],
+                owner=current[1],
+                since=current[2],
+                epoch=current[0],
+                held=epoch,
+                what=_WHAT[kind],
+            )
     APPLY[kind](tx, data)
+
+
+# -- ownership epochs ----------------------------------------------------------------
+FENCED = ("step_begin", "step_complete", "intent", "outcome", "fact")
+_WHAT = {
+    "fact": "fact",
+    "step_begin": "step start",
+    "step_complete": "step completion (and its snapshot)",
+    "intent": "effect intent",
+    "outcome": "effect outcome",
+}
+
+
+def check_epoch_tx(tx: Tx, run_id: str, epoch: int, *, lock: str = "", what: str = "write") -> None:
+    """Refuse (``OwnershipLost``) unless run ``run_id`` is still at ownership ``epoch``."""
+    current = tx.fetchone(
+        f"SELECT owner_epoch, owner, updated_at FROM runs WHERE id = ?{lock}", (run_id,)
+    )
+    if current is not None and current[0] != epoch:
+        raise OwnershipLost(
+            run_id, owner=current[1], since=current[2], epoch=current[0], held=epoch, what=what
+        )
+
+
+def _present(tx: Tx, kind: str, d: dict[str, Any]) -> bool:
+    """This very record was applied before (a fold again after a crash, or a take-over that
+    folded a previous owner's journal first)."""
+    if kind == "step_begin":
+        row = tx.fetchone("SELECT 1 FROM steps WHERE id = ?", (d["id"],))
+    elif kind == "step_complete":
+        row = tx.fetchone(
+            "SELECT 1 FROM steps WHERE id = ? AND snapshot_id = ?", (d["step_id"], d["snapshot_id"])
+        )
+    elif kind == "intent":
+        row = tx.fetchone(
+            "SELECT 1 FROM effects WHERE key = ? AND intent_at = ?", (d["key"], d["at"])
+        )
+    elif kind == "fact":
+        row = tx.fetchone(
+            "SELECT 1 FROM facts WHERE run_id = ? AND name = ? AND recorded_at = ?",
+            (d["run_id"], d["name"], d["at"]),
+        )
+    else:
+        row = tx.fetchone(
+            "SELECT 1 FROM effects WHERE key = ? AND outcome_at = ? AND status = ?",
+            (d["key"], d["at"], d["status"]),
+        )
+    return row is not None
+
+
+Record = tuple[int, str, dict[str, Any]]
+
+
+def split_stale(tx: Tx, records: list[Record]) -> tuple[list[Record], list[Record]]:
+    """``(to_apply, refused)``: records whose epoch is no longer their run's are refused,
+    unless applied before (then they are left out: applying twice is as once)."""
+    runs = {
+        d["run_id"]
+        for _, kind, d in records
+        if kind in FENCED and d.get("epoch") is not None and isinstance(d.get("run_id"), str)
+    }
+    if not runs:
+        return records, []
+    ids = sorted(runs)
+    marks = ", ".join("?" for _ in ids)
+    epochs = dict(tx.fetchall(f"SELECT id, owner_epoch FROM runs WHERE id IN ({marks})", ids))
+    keep: list[Record] = []
+    refused: list[Record] = []
+    for record in records:
+        _, kind, d = record
+        epoch = d.get("epoch")
+        current = epochs.get(d.get("run_id")) if kind in FENCED and epoch is not None else None
+        if current is None or current == epoch:
+            keep.append(record)
+        elif not _present(tx, kind, d):
+            refused.append(record)
+    return keep, refused
 
 
 # -- folding many records at once (the journal's path) -------------------------------------

@@ -19,7 +19,7 @@ __all__ = ["RunsMixin", "Transition"]
 RUN_COLUMNS = (
     "id, agent, status, reason, created_at, updated_at, deadline, parent_id, fingerprint, "
     "max_step_seconds, args, stop_requested_at, stop_source, owner, lease_until, total_steps, "
-    "completed_steps, error, key_scheme"
+    "completed_steps, error, key_scheme, owner_epoch"
 )
 # How effect keys and argument hashes of new runs are derived (see kernelext.core.keys);
 # a run row with key_scheme NULL was recorded before schema 7: scheme 1.
@@ -49,7 +49,7 @@ class RunsMixin(StoreBase):
             inserted = tx.fetchone(
                 "INSERT INTO runs (id, agent, status, created_at, updated_at, parent_id,"
                 " fingerprint, max_step_seconds, args, owner, total_steps, completed_steps,"
-                " key_scheme) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?)"
+                " key_scheme, owner_epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, 1)"
                 " ON CONFLICT (id) DO NOTHING RETURNING id",
                 (
                     run_id,
@@ -68,6 +68,8 @@ class RunsMixin(StoreBase):
             )
             if inserted is None:
                 return False
+            if self.backend.fence is not None:  # a fresh start is ownership epoch 1
+                self.backend.fence.advance(run_id, 1)
             self.event(
                 tx,
                 run_id,
@@ -78,7 +80,29 @@ class RunsMixin(StoreBase):
             )
             return True
 
-        return self.write(job)
+        created: bool = self.write(job)
+        if created and owner == actor():
+            self.hold_epoch(run_id, 1)
+        return created
+
+    def advance_epoch_tx(self, tx: Tx, run_id: str) -> int:
+        """A take-over: the run's ownership epoch goes up by one, in the caller's
+        transaction; every write of a previous owner is refused from its commit on.
+
+        With a journal (DuckDB) the run's fence is advanced first (``duckdb/fence.py``: no
+        intent of an older epoch is appended after it), then what previous owners journaled
+        for the run and may not have folded is folded here, under their epoch, before the
+        take-over looks at the run's steps and effects."""
+        row = tx.fetchone(f"SELECT owner_epoch FROM runs WHERE id = ?{self.for_update}", (run_id,))
+        if row is None:
+            raise RunNotFound(f"No run {run_id!r} in the store at {self.location}.")
+        epoch = int(row[0] or 0) + 1
+        fence = self.backend.fence
+        if fence is not None:
+            fence.advance(run_id, epoch)
+        self.backend.fold_foreign_tx(tx, run_id)
+        tx.execute("UPDATE runs SET owner_epoch = ? WHERE id = ?", (epoch, run_id))
+        return epoch
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         rows = self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
@@ -119,10 +143,14 @@ class RunsMixin(StoreBase):
         who: str | None = None,
         detail: dict[str, Any] | None = None,
         fields: dict[str, Any] | None = None,
+        epoch: int | None = None,
     ) -> Transition:
         """Move a run to ``to_status`` if it is in one of ``allowed_from``: the one door
         every status change goes through (``transitions.move_tx``: the table is checked,
-        the event written, a waiting status gets its deadline from the expiry policy)."""
+        the event written, a waiting status gets its deadline from the expiry policy).
+
+        ``epoch``: the owner's ownership epoch; a run taken over since raises
+        ``OwnershipLost`` and nothing changes."""
         return move_tx(
             tx,
             run_id,
@@ -139,6 +167,7 @@ class RunsMixin(StoreBase):
             fields=fields,
             actor=actor(),
             location=self.location,
+            epoch=epoch,
         )
 
     def transition(
@@ -244,11 +273,14 @@ class RunsMixin(StoreBase):
         """Queue a lease renewal for a live run (ignored once the run is no longer live)."""
 
         marks, live = in_list(LIVE)
+        held = self.held_epoch(run_id)
+        fenced = " AND owner_epoch = ?" if held is not None else ""  # never a taker's lease
 
         def job(tx: Tx) -> None:
             tx.execute(
-                f"UPDATE runs SET lease_until = ?, owner = ? WHERE id = ? AND status IN {marks}",
-                (until, owner, run_id, *live),
+                "UPDATE runs SET lease_until = ?, owner = ? WHERE id = ?"
+                f" AND status IN {marks}{fenced}",
+                (until, owner, run_id, *live, *((held,) if held is not None else ())),
             )
 
         self.write_async(job)
@@ -256,12 +288,14 @@ class RunsMixin(StoreBase):
     def lease_tx(self, tx: Tx, run_id: str) -> dict[str, Any] | None:
         """The run's status, owner and lease, locked for the rest of the transaction."""
         row = tx.fetchone(
-            f"SELECT id, status, owner, lease_until FROM runs WHERE id = ?{self.for_update}",
+            "SELECT id, status, owner, lease_until, owner_epoch FROM runs WHERE id = ?"
+            f"{self.for_update}",
             (run_id,),
         )
         if row is None:
             return None
-        return dict(zip(("id", "status", "owner", "lease_until"), row, strict=True))
+        names = ("id", "status", "owner", "lease_until", "owner_epoch")
+        return dict(zip(names, row, strict=True))
 
     def runs_table(self, status: str | None = None) -> Any:
         """The runs as a pyarrow Table (newest last), optionally only one status."""

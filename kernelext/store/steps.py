@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from ..errors import IntegrityError, StoreError
+from ..errors import IntegrityError, OwnershipLost, StoreError
 from ..status import StepStatus
 from .base import StoreBase
 from .integrity import (
@@ -18,6 +18,7 @@ from .integrity import (
     outside_message,
     payload_use,
 )
+from .records import check_epoch_tx
 from .writer import Tx
 
 __all__ = ["Blob", "StagedPayload", "StepsMixin", "discard_staged"]
@@ -85,7 +86,11 @@ class StepsMixin(StoreBase):
             "bytes": snapshot_bytes,
             "blobs": rows,
         }
-        self.record("step_complete", data, sync=True)
+        try:
+            self.record("step_complete", data, sync=True)
+        except OwnershipLost:  # refused before anything was written: no side file kept
+            discard_staged(new_blobs)
+            raise
         return snapshot_id
 
     def end_step(
@@ -98,9 +103,13 @@ class StepsMixin(StoreBase):
         forced: bool = False,
         duration_s: float | None = None,
     ) -> None:
-        """Mark a step that did not complete (``failed``, ``cancelled``, ``abandoned``)."""
+        """Mark a step that did not complete (``failed``, ``cancelled``, ``abandoned``).
+        Refused (``OwnershipLost``) once the run was taken over from this process."""
+        epoch, lock = self.held_epoch(run_id), self.backend.for_share
 
         def job(tx: Tx) -> None:
+            if epoch is not None:
+                check_epoch_tx(tx, run_id, epoch, lock=lock, what="step end")
             tx.execute(
                 "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, error = ?, forced = ?"
                 " WHERE id = ?",

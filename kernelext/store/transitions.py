@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from ..errors import RunNotFound
+from ..errors import OwnershipLost, RunNotFound
 from ..expiry_policy import POLICY, ExpiryPolicy
 from ..status import WAITING, Status, check_transition, waiting_reason
 from .writer import Tx
@@ -45,29 +45,39 @@ def move_tx(
     fields: dict[str, Any] | None = None,
     actor: str | None = None,
     location: str = "",
+    epoch: int | None = None,
 ) -> Transition:
     """Move run ``run_id`` to ``to_status`` if it is in one of ``allowed_from`` (the
     caller's precondition); a move the transition table forbids raises ``RunStateError``.
 
     ``fields``: other run columns to set in the same UPDATE. ``reason`` is written to the
     row (unless ``fields`` sets it) and to the event. Returns what the status was and is.
+    ``epoch``: the caller owns the run at this ownership epoch; if it was taken over since,
+    ``OwnershipLost`` is raised and nothing changes (the compare-and-set includes it).
     """
     allowed = {str(status) for status in allowed_from}
     while True:
-        row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{for_update}", (run_id,))
+        row = tx.fetchone(
+            f"SELECT status, owner_epoch, owner FROM runs WHERE id = ?{for_update}", (run_id,)
+        )
         if row is None:
             where = f" at {location}" if location else ""
             raise RunNotFound(f"No run {run_id!r} in the store{where}.")
         before = str(row[0])
+        if epoch is not None and row[1] != epoch:
+            raise OwnershipLost(
+                run_id, owner=row[2], epoch=row[1], held=epoch, what=f"move to {to_status}"
+            )
         if before not in allowed:
             return Transition(False, before, before)
         check_transition(run_id, before, to_status)
         updates = _updates(to_status, now, reason, fields, policy)
         assignments = ", ".join(f"{name} = ?" for name in updates)
         # Compare and set: a move another transaction made meanwhile is seen, not overwritten.
+        fenced = " AND owner_epoch = ?" if epoch is not None else ""
         moved = tx.fetchone(
-            f"UPDATE runs SET {assignments} WHERE id = ? AND status = ? RETURNING id",
-            (*updates.values(), run_id, before),
+            f"UPDATE runs SET {assignments} WHERE id = ? AND status = ?{fenced} RETURNING id",
+            (*updates.values(), run_id, before, *((epoch,) if epoch is not None else ())),
         )
         if moved is not None:
             break

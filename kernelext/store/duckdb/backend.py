@@ -25,6 +25,8 @@ from ..sql_guard import (
     runtime_refusal,
 )
 from ..writer import Tx, Writer
+from .bulk import apply_records
+from .fence import FenceFiles, foreign_records
 from .handoff import HandoffLock
 from .hot_path import JournalHotPath
 from .recovery import fold_orphaned_journals
@@ -112,6 +114,7 @@ class DuckDBConnection(Backend):
         self.read_only = read_only
         self.lock = HandoffLock(path, read_only=read_only)
         self.side_files = SideFiles(path)
+        self.fence = None if read_only else FenceFiles(path)
         self.con: duckdb.DuckDBPyConnection | None = None
         self.opens = 0
         self.now: Callable[[], dt.datetime] = _utcnow
@@ -225,6 +228,20 @@ class DuckDBConnection(Backend):
             _log.error("kernelext: %s", self.lost)
         if self.lost is not None:
             raise StoreWriteError(self.lost)
+
+    def fold_foreign_tx(self, tx: Tx, run_id: str) -> None:
+        """What previous owners journaled for ``run_id`` (journal files of live processes
+        included) is folded, under their epoch, before the take-over reads the run. What
+        the fold refuses there is kept by the journal's own process when it folds it."""
+        own = self.hot_path.path if self.hot_path is not None else None
+        for journal_id, records in foreign_records(self.path, own, run_id):
+            row = tx.fetchone(
+                "SELECT last_seq FROM journal_state WHERE journal_id = ?", (journal_id,)
+            )
+            folded = int(row[0]) if row is not None else 0
+            unfolded = [r for r in records if r[0] > folded]
+            if unfolded:
+                apply_records(tx, unfolded)
 
     def _release(self, *, handing_over: bool = False) -> None:
         if self.con is None:
@@ -421,6 +438,8 @@ class DuckDBConnection(Backend):
                 self._release()
             finally:
                 self.lock.close()
+                if self.fence is not None:
+                    self.fence.close()
 
 
 def _query_rolled_back(

@@ -14,9 +14,11 @@ from typing import Any
 
 from ...status import EffectStatus, StepStatus
 from ..records import (
+    Record,
     fact,
     intent_row,
     outcome,
+    split_stale,
     step_begin_row,
     stop_request,
     values,
@@ -28,21 +30,38 @@ __all__ = ["apply_records"]
 _CHUNK = 200
 
 
-def _insert_new(tx: Tx, table: str, columns: str, key: str, rows: list[tuple[Any, ...]]) -> None:
+def _insert_new(
+    tx: Tx,
+    table: str,
+    columns: str,
+    key: str,
+    rows: list[tuple[Any, ...]],
+    *,
+    skipped: bool = False,
+) -> list[tuple[Any, ...]]:
     """Insert the rows whose ``key`` is not in ``table`` yet (folding twice is harmless).
 
     An anti-join costs about a quarter less than ``ON CONFLICT DO NOTHING`` on DuckDB; rows
-    are made unique by key first, as a batch must not hold one key twice.
+    are made unique by key first, as a batch must not hold one key twice. With ``skipped``,
+    returns the rows that were not inserted (their key was there): the caller tells a
+    record applied before from a second writer of the key.
     """
     width = columns.count(",") + 1
     unique = list({row[0]: row for row in reversed(rows)}.values())[::-1]  # first one wins
+    left: list[tuple[Any, ...]] = []
     for start in range(0, len(unique), _CHUNK):
         chunk = unique[start : start + _CHUNK]
-        tx.execute(
+        sql = (
             f"INSERT INTO {table} ({columns}) SELECT * FROM (VALUES {values(width, len(chunk))})"
-            f" AS v({columns}) ANTI JOIN {table} AS t ON t.{key} = v.{key}",
-            [value for row in chunk for value in row],
+            f" AS v({columns}) ANTI JOIN {table} AS t ON t.{key} = v.{key}"
         )
+        params = [value for row in chunk for value in row]
+        if not skipped:
+            tx.execute(sql, params)
+            continue
+        inserted = {r[0] for r in tx.fetchall(f"{sql} RETURNING {key}", params)}
+        left.extend(row for row in chunk if row[0] not in inserted)
+    return left
 
 
 def _update_from(
@@ -74,15 +93,22 @@ _EFFECT_COLUMNS = (
 )
 
 
-def apply_records(tx: Tx, records: list[tuple[int, str, dict[str, Any]]]) -> None:
+def apply_records(tx: Tx, records: list[Record]) -> list[Record]:
     """Apply records in bulk, in dependency order (steps and intents before what refers to
-    them); within a kind, journal order."""
+    them); within a kind, journal order. Returns the records refused: those of an owner
+    whose ownership epoch is over (``records.split_stale``), and intents whose key another
+    call wrote first. The caller keeps them (quarantine); nothing refused is dropped."""
+    records, refused = split_stale(tx, records)
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for _, kind, data in records:
         by_kind.setdefault(kind, []).append(data)
     completions = by_kind.get("step_complete", [])
     _steps(tx, by_kind.get("step_begin", []), completions)
-    _effects(tx, by_kind.get("intent", []), by_kind.get("outcome", []))
+    clashes = _effects(tx, by_kind.get("intent", []), by_kind.get("outcome", []))
+    if clashes:
+        refused.extend(
+            r for r in records if r[1] in ("intent", "outcome") and r[2]["key"] in clashes
+        )
     if completions:
         _snapshots(tx, completions)
         _completed_counts(tx, completions)
@@ -90,6 +116,7 @@ def apply_records(tx: Tx, records: list[tuple[int, str, dict[str, Any]]]) -> Non
         fact(tx, d)
     for d in by_kind.get("stop_request", []):
         stop_request(tx, d)
+    return refused
 
 
 def _steps(tx: Tx, begins: list[dict[str, Any]], completions: list[dict[str, Any]]) -> None:
@@ -132,7 +159,9 @@ def _steps(tx: Tx, begins: list[dict[str, Any]], completions: list[dict[str, Any
     )
 
 
-def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any]]) -> None:
+def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any]]) -> set[Any]:
+    """Returns the keys of intents refused: a row with the key was there, written by
+    another call (not this very record applied before: its ``intent_at`` differs)."""
     first: dict[Any, dict[str, Any]] = {}
     extra: list[dict[str, Any]] = []  # a second outcome of one key (after a retry): in order
     for d in outcomes:
@@ -148,10 +177,19 @@ def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any
         else:
             row = intent_row(d)
             finished.append((*row[:8], o["status"], *row[9:], o["result"], o["error"], o["at"]))
+    skipped: list[tuple[Any, ...]] = []
     if pending:
-        _insert_new(tx, "effects", _EFFECT_COLUMNS, "key", pending)
+        skipped += _insert_new(tx, "effects", _EFFECT_COLUMNS, "key", pending, skipped=True)
     if finished:
-        _insert_new(tx, "effects", _EFFECT_COLUMNS + ", result, error, outcome_at", "key", finished)
+        skipped += _insert_new(
+            tx,
+            "effects",
+            _EFFECT_COLUMNS + ", result, error, outcome_at",
+            "key",
+            finished,
+            skipped=True,
+        )
+    clashes = _clashes(tx, skipped)
     rest = [(d["key"], d["status"], d["result"], d["error"], d["at"]) for d in first.values()]
     _update_from(
         tx,
@@ -166,6 +204,18 @@ def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any
     )
     for d in extra:
         outcome(tx, d)
+    return clashes
+
+
+def _clashes(tx: Tx, skipped: list[tuple[Any, ...]]) -> set[Any]:
+    """Of intents whose key was in the table, those written by another call (a second
+    caller: refused, never dropped silently); the same record applied before is not one."""
+    clashes: set[Any] = set()
+    for row in skipped:  # rare: a fold again after a crash, or a second writer
+        key, at = row[0], row[10]
+        if tx.fetchone("SELECT 1 FROM effects WHERE key = ? AND intent_at = ?", (key, at)) is None:
+            clashes.add(key)
+    return clashes
 
 
 def _snapshots(tx: Tx, completions: list[dict[str, Any]]) -> None:

@@ -29,7 +29,7 @@ from ..writer import Tx, Writer
 from .bulk import apply_records
 from .journal import Journal, Record, encode_payload
 
-__all__ = ["Folder", "quarantine_tx", "set_journal_state"]
+__all__ = ["Folder", "quarantine_tx", "refuse_tx", "set_journal_state"]
 
 _log = logging.getLogger("kernelext")
 BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # then parked until a flush, read or close
@@ -56,8 +56,10 @@ def quarantine_tx(
     file: str,
     run_id: str | None,
     marker: str = "",
+    hold: bool = True,
 ) -> None:
-    """Keep a refused record where a person sees it, and hold its run for a decision."""
+    """Keep a refused record where a person sees it, and hold its run for a decision
+    (``hold=False``: a stale owner's record; the run's current owner goes on)."""
     qid = uuid.uuid5(_QUARANTINE_NS, f"{journal_id}\0{seq}\0{marker}")
     inserted = tx.fetchone(
         "INSERT INTO quarantine (id, journal_id, seq, kind, run_id, payload, error, file,"
@@ -73,7 +75,7 @@ def quarantine_tx(
         " VALUES (?, ?, 'record_quarantined', 'store', 'kernelext', ?, ?)",
         (run_id, now, f"{kind} record refused: {error[:300]}", detail),
     )
-    if run_id is None:
+    if run_id is None or not hold:
         return
     reason = (
         f"a {kind} record was refused by the store and quarantined ({error[:200]})"
@@ -95,6 +97,39 @@ def quarantine_tx(
         )
     except RunNotFound:
         return
+
+
+def refuse_tx(
+    tx: Tx, now: dt.datetime, *, journal_id: str, file: str, records: list[Record]
+) -> None:
+    """Keep the records the fold refused (``bulk.apply_records``): a stale owner's, or an
+    intent whose key another call wrote. Quarantined with an ``events`` row each; the run
+    is not held (it belongs to someone else now)."""
+    for record in records:
+        seq, kind, data = record
+        run_id = data.get("run_id") if isinstance(data.get("run_id"), str) else None
+        quarantine_tx(
+            tx,
+            now,
+            journal_id=journal_id,
+            seq=seq,
+            kind=kind,
+            payload=record_payload(record),
+            error=(
+                f"written under ownership epoch {data.get('epoch')}, which is over (the run"
+                " was taken over), or a second call with an intent's key"
+            ),
+            file=file,
+            run_id=run_id,
+            hold=False,
+        )
+        _log.error(
+            "kernelext: journal record %s (%s) of run %s was refused (its writer no longer "
+            "owns the run) and kept in quarantine.",
+            seq,
+            kind,
+            run_id,
+        )
 
 
 def record_payload(record: Record) -> str:
@@ -176,7 +211,15 @@ class Folder:
         if refused is not None:  # found before: keep it in quarantine instead
             self._quarantine(tx, records[0], refused)
         else:
-            apply_records(tx, records)
+            stale = apply_records(tx, records)
+            if stale:
+                refuse_tx(
+                    tx,
+                    self.now(),
+                    journal_id=self.journal.id,
+                    file=self.journal.path,
+                    records=stale,
+                )
         last = records[-1][0]
         set_journal_state(tx, self.journal.id, last)
         return last

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..writer import Tx
 from .bulk import apply_records
-from .fold import known_and_unknown, quarantine_tx, record_payload, set_journal_state
+from .fold import known_and_unknown, quarantine_tx, record_payload, refuse_tx, set_journal_state
 from .journal import Record, Scan, orphaned_journals, scan_journal
 
 __all__ = ["fold_orphaned_journals"]
@@ -100,7 +100,8 @@ def _fold_records(
         return
 
     def bulk(tx: Tx) -> None:
-        apply_records(tx, records)
+        refused = apply_records(tx, records)
+        refuse_tx(tx, now(), journal_id=journal_id, file=path, records=refused)
         set_journal_state(tx, journal_id, records[-1][0])
 
     try:
@@ -111,16 +112,19 @@ def _fold_records(
             raise
     for record in records:  # find the refused ones; fold the others
         try:
-            run_tx(_one(journal_id, record))
+            run_tx(_one(journal_id, path, record, now))
         except Exception as exc:
             if not is_permanent(exc):
                 raise
             _quarantine(run_tx, journal_id, path, record, f"{type(exc).__name__}: {exc}", now)
 
 
-def _one(journal_id: str, record: Record) -> Callable[[Tx], None]:
+def _one(
+    journal_id: str, path: str, record: Record, now: Callable[[], dt.datetime]
+) -> Callable[[Tx], None]:
     def job(tx: Tx) -> None:
-        apply_records(tx, [record])
+        refused = apply_records(tx, [record])
+        refuse_tx(tx, now(), journal_id=journal_id, file=path, records=refused)
         set_journal_state(tx, journal_id, record[0])
 
     return job

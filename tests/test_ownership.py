@@ -1,0 +1,360 @@
+"""One owner per run, fenced by the ownership epoch (issue 19 item 4).
+
+Unit and store-level tests: a stale-epoch write of each kind is refused on both backends;
+every take-over raises the epoch; owner identity carries the process start time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kernelext as kx
+from kernelext.core.lease import check_takeover, owner_alive, parse_owner
+from kernelext.core.takeover import take_over
+from kernelext.errors import OwnershipLost, RunStateError
+from kernelext.status import EffectStatus, Status
+from kernelext.store import actor
+from kernelext.store.base import process_start
+
+pytestmark = pytest.mark.both_backends
+
+
+def _intent(run_id: str, key: uuid.UUID, ordinal: int = 0) -> dict[str, Any]:
+    return {
+        "key": key,
+        "run_id": run_id,
+        "step_key": "s0",
+        "step_ordinal": 0,
+        "tool": "pay",
+        "call_ordinal": ordinal,
+        "args_hash": "h",
+        "args": "{}",
+        "resumable": True,
+    }
+
+
+def _taken_elsewhere(store: Any, run_id: str) -> int:
+    """What another process's take-over does to the tables (and the fence), leaving this
+    store's held epoch as it was."""
+    epoch: int = store.write(lambda tx: store.advance_epoch_tx(tx, run_id))
+    store.update_run(run_id, owner="someone@elsewhere:4242.7")
+    return epoch
+
+
+def test_a_start_holds_epoch_one_and_each_take_over_raises_it(store: Any) -> None:
+    assert store.create_run("r", "agent", owner=actor())
+    assert store.held_epoch("r") == 1 and store.get_run("r")["owner_epoch"] == 1
+    store.transition("r", Status.SUSPENDED, (Status.RUNNING,), epoch=1)
+    taken = take_over(store, "r", "api")
+    assert taken.epoch == 2 and store.held_epoch("r") == 2
+    assert store.get_run("r")["owner_epoch"] == 2
+
+
+def test_a_stale_write_of_each_kind_is_refused(store: Any, backend: str) -> None:
+    assert store.create_run("r", "agent", owner=actor())
+    step = uuid.uuid4()
+    store.begin_step("r", step, 0, "s0", None)
+    done = uuid.uuid4()
+    store.write_intent(_intent("r", done))
+    store.write_outcome(done, EffectStatus.APPLIED, result="1", wait=True)
+    pending = uuid.uuid4()
+    store.write_intent(_intent("r", pending, 1))
+    store.flush()
+    assert _taken_elsewhere(store, "r") == 2
+    lease_before = store.get_run("r")["lease_until"]
+
+    with pytest.raises(OwnershipLost) as lost:  # the effect intent: before any call
+        store.write_intent(_intent("r", uuid.uuid4(), 2))
+    text = str(lost.value)
+    assert "someone@elsewhere:4242.7" in text and "epoch 2" in text
+    assert "%agent resume r" in text and "kx.resume('r')" in text
+    with pytest.raises(OwnershipLost):  # a step's completion and its snapshot
+        store.complete_step("r", step, 0, 0.1, {"format": 1, "keys": {}}, [], 0)
+    with pytest.raises(OwnershipLost):  # a step's end
+        store.end_step("r", step, "failed", error="x")
+    with pytest.raises(OwnershipLost):  # a status change
+        store.transition("r", Status.SUSPENDED, (Status.RUNNING,), epoch=1)
+    # A step's start: refused at the append (DuckDB: under the fence) or in its
+    # transaction, which commits in the background (PostgreSQL): no row either way.
+    try:
+        store.begin_step("r", uuid.uuid4(), 1, "s1", None)
+    except OwnershipLost:
+        assert backend == "duckdb"
+    # An effect's outcome (the call was made): refused in its transaction (PostgreSQL) or
+    # by the fold, which keeps it in quarantine (DuckDB); never applied.
+    try:
+        store.write_outcome(pending, EffectStatus.APPLIED, result="2", wait=True)
+    except OwnershipLost:
+        assert backend == "postgres"
+    fact = {
+        "run_id": "r",
+        "name": "price",
+        "kind": "value",
+        "value": "1",
+        "fingerprint": None,
+        "check_name": None,
+        "check_args": None,
+        "tolerance": None,
+        "step_ordinal": 0,
+        "compare_name": None,
+    }
+    try:  # a fact: like a step start
+        store.record_fact(fact)
+    except OwnershipLost:
+        assert backend == "duckdb"
+    store.renew_lease("r", dt.datetime(2099, 1, 1), actor())
+    store.flush()
+    assert store.read("SELECT count(*) FROM facts WHERE run_id = 'r'") == [(0,)]
+
+    run = store.get_run("r")
+    assert run["status"] == Status.RUNNING and run["owner"] == "someone@elsewhere:4242.7"
+    assert run["lease_until"] == lease_before  # a stale owner never renews the taker's lease
+    assert store.effect(pending)["status"] == EffectStatus.PENDING
+    assert [s["key"] for s in store.steps("r")] == ["s0"]
+    assert store.steps("r")[0]["status"] == "running"
+    assert len(store.load_effects("r")) == 2
+
+
+def test_a_stale_outcome_journaled_is_kept_in_quarantine_not_applied(
+    store: Any, backend: str
+) -> None:
+    if backend != "duckdb":
+        pytest.skip("PostgreSQL refuses it at the call (previous test)")
+    assert store.create_run("r", "agent", owner=actor())
+    key = uuid.uuid4()
+    store.write_intent(_intent("r", key))
+    store.flush()
+    _taken_elsewhere(store, "r")
+    store.write_outcome(key, EffectStatus.APPLIED, result="1", wait=True)
+    store.flush()
+    assert store.effect(key)["status"] == EffectStatus.PENDING
+    rows = kx.sql("SELECT kind, run_id FROM quarantine").to_dict("records")
+    assert rows == [{"kind": "outcome", "run_id": "r"}]
+    assert store.get_run("r")["status"] == Status.RUNNING  # the new owner is not held
+
+
+def test_a_take_over_folds_what_the_previous_owner_journaled(store: Any, backend: str) -> None:
+    """An intent appended (durable) but not folded when the take-over happens is seen by
+    the take-over: it becomes unknown instead of being made again."""
+    if backend != "duckdb":
+        pytest.skip("no journal on PostgreSQL")
+    from kernelext.store.duckdb.journal import frame
+
+    assert store.create_run("r", "agent", owner=actor())
+    store.transition("r", Status.SUSPENDED, (Status.RUNNING,), epoch=1)
+    key = uuid.uuid4()
+    data = {**_intent("r", key), "at": store.now(), "epoch": 1}
+    journal = f"{store.location}.journal.999999.deadbeef"  # another live process's
+    Path(journal).write_bytes(frame(1, "intent", data))
+    taken = take_over(store, "r", "api")
+    assert taken.status == Status.NEEDS_DECISION and taken.unknown == [key]
+    assert store.effect(key)["status"] == EffectStatus.UNKNOWN
+    # Its own process folds it again later: the same record is applied as once.
+    from kernelext.store.duckdb.bulk import apply_records
+
+    refused = store.write(lambda tx: apply_records(tx, [(1, "intent", data)]))
+    assert refused == [] and store.effect(key)["status"] == EffectStatus.UNKNOWN
+    # A stale intent the take-over did not see (appended after it) is refused, kept.
+    late = {**_intent("r", uuid.uuid4(), 1), "at": store.now(), "epoch": 1}
+    refused = store.write(lambda tx: apply_records(tx, [(2, "intent", late)]))
+    assert [r[2]["key"] for r in refused] == [late["key"]]
+    assert store.effect(late["key"]) is None
+
+
+def test_an_intent_with_a_known_key_from_another_call_is_refused(store: Any, backend: str) -> None:
+    if backend != "duckdb":
+        pytest.skip("the fold is DuckDB's; PostgreSQL returns the existing row to the caller")
+    from kernelext.store.duckdb.bulk import apply_records
+
+    assert store.create_run("r", "agent", owner=actor())
+    key = uuid.uuid4()
+    first = {**_intent("r", key), "at": store.now(), "epoch": 1}
+    assert store.write(lambda tx: apply_records(tx, [(1, "intent", first)])) == []
+    again = store.write(lambda tx: apply_records(tx, [(1, "intent", first)]))
+    assert again == []  # the same record twice: as once
+    other = {**first, "at": first["at"] + dt.timedelta(seconds=1)}
+    refused = store.write(lambda tx: apply_records(tx, [(2, "intent", other)]))
+    assert [r[2]["at"] for r in refused] == [other["at"]]
+
+
+# -- owner identity -------------------------------------------------------------------
+def test_owner_identity_carries_the_process_start_time() -> None:
+    me = actor()
+    start = process_start(os.getpid())
+    if start is None:
+        pytest.skip("no /proc here")
+    assert me.endswith(f":{os.getpid()}.{start}")
+    assert parse_owner(me) == (socket.gethostname(), os.getpid(), start)
+    assert owner_alive(me) is True
+
+
+@pytest.mark.parametrize(
+    "owner, parsed",
+    [
+        ("a@b@host:12.34", ("host", 12, 34)),
+        ("do:main\\user@host:12", ("host", 12, None)),
+        ("u:x@host:12.3", ("host", 12, 3)),
+        ("u@host:12.x", None),
+        ("nohost", None),
+        ("u@host", None),
+    ],
+)
+def test_owner_strings_with_at_or_colon_in_the_user_name(
+    owner: str, parsed: tuple[str, int, int | None] | None
+) -> None:
+    assert parse_owner(owner) == parsed
+
+
+def test_a_reused_pid_never_blocks_a_take_over() -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = process_start(other.pid)
+        if start is None:
+            pytest.skip("no /proc here")
+        now = dt.datetime(2026, 1, 1, 12, 0, 0)
+        host = socket.gethostname()
+        live = {"id": "r", "status": Status.RUNNING, "lease_until": now + dt.timedelta(seconds=20)}
+        # The very process, lease current: refused, with the full UTC date-time.
+        with pytest.raises(RunStateError, match="lease until 2026-01-01 12:00:20 UTC"):
+            check_takeover({**live, "owner": f"u@{host}:{other.pid}.{start}"}, now)
+        # The same PID with another start time: the owner died and the PID was reused.
+        check_takeover({**live, "owner": f"u@{host}:{other.pid}.{start + 1}"}, now)
+        # An older release's owner (no start time) naming a live PID: once the lease
+        # lapsed it is taken over (the epoch fences whatever that process still writes).
+        old = f"u@{host}:{other.pid}"
+        with pytest.raises(RunStateError):
+            check_takeover({**live, "owner": old}, now)
+        check_takeover({**live, "owner": old, "lease_until": now - dt.timedelta(seconds=1)}, now)
+    finally:
+        other.kill()
+        other.wait()
+
+
+# -- attacks ------------------------------------------------------------------------
+def test_two_take_overs_at_one_instant_leave_one_writer(store: Any, store_path: Any) -> None:
+    """Two store objects (as two processes would) take the run over at one instant: each
+    take-over raises the epoch once, and only the last one's writes go through."""
+    import threading
+
+    if not str(store_path).startswith("postgresql"):
+        pytest.skip("two writers on one DuckDB file take turns through one process's hand-over")
+    from kernelext.store import open_store
+
+    other = open_store(str(store_path))  # not the runtime's: a second, independent writer
+    try:
+        assert store.create_run("r", "agent", owner=actor())
+        store.transition("r", Status.SUSPENDED, (Status.RUNNING,), epoch=1)
+        barrier = threading.Barrier(2)
+        results: dict[str, Any] = {}
+
+        def resume(name: str, s: Any) -> None:
+            barrier.wait()
+            results[name] = take_over(s, "r", "api")
+
+        threads = [
+            threading.Thread(target=resume, args=(n, s)) for n, s in (("a", store), ("b", other))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        epochs = sorted(r.epoch for r in results.values())
+        assert epochs == [2, 3] and store.get_run("r")["owner_epoch"] == 3
+        last, first = (other, store) if other.held_epoch("r") == 3 else (store, other)
+        with pytest.raises(OwnershipLost):
+            first.write_intent(_intent("r", uuid.uuid4()))
+        assert last.write_intent(_intent("r", uuid.uuid4())) is None
+    finally:
+        other.close()
+
+
+def test_an_old_journal_folded_after_a_take_over_is_kept_not_applied(
+    store: Any, backend: str
+) -> None:
+    """A dead owner's journal, folded by the next open after another process took the run
+    over: what the take-over did not see is refused, kept in quarantine, the run not held."""
+    if backend != "duckdb":
+        pytest.skip("no journal on PostgreSQL")
+    from kernelext.store.duckdb.journal import frame
+
+    location = store.location
+    assert store.create_run("r", "agent", owner=actor())
+    _taken_elsewhere(store, "r")
+    key = uuid.uuid4()
+    stale = {**_intent("r", key), "at": store.now(), "epoch": 1}
+    legacy_key = uuid.uuid4()  # a record of an older release (no epoch) is applied as before
+    legacy = {**_intent("r", legacy_key, 1), "at": store.now()}
+    Path(f"{location}.journal.999998.cafef00d").write_bytes(
+        frame(1, "intent", stale) + frame(2, "intent", legacy)
+    )
+    from kernelext.core.runtime import runtime
+
+    runtime().close()
+    reopened = kx.open_store(location)
+    assert reopened.effect(key) is None
+    assert reopened.effect(legacy_key)["status"] == EffectStatus.PENDING
+    rows = kx.sql("SELECT kind, run_id FROM quarantine").to_dict("records")
+    assert rows == [{"kind": "intent", "run_id": "r"}]
+    assert reopened.get_run("r")["status"] == Status.RUNNING
+
+
+def test_a_take_over_waits_for_an_intent_being_appended_then_refuses(tmp_path: Path) -> None:
+    from kernelext.store.duckdb.fence import FenceFiles
+
+    fence = FenceFiles(str(tmp_path / "s.duckdb"))
+    fence.advance("r", 1)
+    with fence.shared("r") as epoch:  # an owner between its check and its append
+        assert epoch == 1
+        with pytest.raises(RunStateError, match="cannot be taken over now"):
+            fence.advance("r", 2, wait=0.2)
+    fence.advance("r", 2, wait=0.2)
+    assert fence.read("r") == 2
+    fence.start("r", 1)  # never overwrites an epoch a take-over wrote
+    assert fence.read("r") == 2
+    fence.close()
+
+
+def test_a_run_without_a_fence_file_falls_back_to_the_tables(store: Any, backend: str) -> None:
+    if backend != "duckdb":
+        pytest.skip("fence files are DuckDB's")
+    import shutil
+
+    assert store.create_run("r", "agent", owner=actor())
+    store.backend.fence.close()
+    shutil.rmtree(f"{store.location}.fence")
+    assert store.write_intent(_intent("r", uuid.uuid4())) is None  # epoch 1 from the tables
+    _taken_elsewhere(store, "r")
+    with pytest.raises(OwnershipLost):
+        store.write_intent(_intent("r", uuid.uuid4(), 1))
+
+
+def test_fence_descriptors_stay_few_over_many_runs(tmp_path: Path) -> None:
+    from kernelext.store.duckdb.fence import KEEP_OPEN, FenceFiles
+
+    fence = FenceFiles(str(tmp_path / "s.duckdb"))
+    for n in range(KEEP_OPEN * 3):
+        fence.advance(f"r{n}", n + 1)
+        assert fence.read(f"r{n}") == n + 1
+        assert len(fence._fds) <= KEEP_OPEN + 1
+    fence.close()
+
+
+def test_a_stale_retry_of_a_call_decided_not_applied_is_refused(store: Any) -> None:
+    assert store.create_run("r", "agent", owner=actor())
+    key = uuid.uuid4()
+    store.write_intent(_intent("r", key))
+    store.write_outcome(key, EffectStatus.FAILED, error="boom", wait=True)
+    store.flush()
+    _taken_elsewhere(store, "r")
+    with pytest.raises(OwnershipLost):
+        store.retry_intent(key)
+    assert store.effect(key)["status"] == EffectStatus.FAILED

@@ -1,0 +1,173 @@
+"""One owner per run across real processes (issue 19 item 4), with the real HTTP server.
+
+Two kernels on one ``%%agent`` run, and an agent-run owner frozen past its lease
+(SIGSTOP), taken over by another process, then let go again (SIGCONT): each call is made
+exactly once, and the stale owner gets a clear ``OwnershipLost``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.http_server import DeliveryServer
+from support.kernels import KernelSession
+
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
+
+PAY = """
+import json, urllib.request
+import kernelext as kx
+
+@kx.effect
+def pay(to, amount, *, idempotency_key=None):
+    body = json.dumps({{"to": to, "amount": amount}}).encode()
+    req = urllib.request.Request({url!r} + "/pay", data=body, headers={{
+        "Idempotency-Key": idempotency_key, "Content-Type": "application/json"}})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.status
+"""
+
+
+def _kernel(store_path: Any, url: str) -> KernelSession:
+    kernel = KernelSession(env={"KERNELEXT_STORE": str(store_path)})
+    kernel.run("%load_ext kernelext").ok()
+    kernel.run(PAY.format(url=url)).ok()
+    return kernel
+
+
+def _error_text(reply: Any) -> str:
+    error = reply.error or {}
+    return f"{error.get('ename')}: {error.get('evalue')}\n{reply.stdout}{reply.stderr}"
+
+
+def test_two_kernels_on_one_cell_run_pay_once(
+    store_path: Any, delivery_server: DeliveryServer
+) -> None:
+    """The issue as seen on main: A stops the run, B resumes it and pays, A (trusting its
+    cached state) runs the same cell: refused, nothing sent, and A is told who owns it."""
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(_kernel(store_path, delivery_server.url))
+        second = stack.enter_context(_kernel(store_path, delivery_server.url))
+        first.run("%%agent payroll --step setup\nrun.state['n'] = 1").ok()
+        assert "suspended" in first.run("print(kx.stop('payroll'))").ok().text
+        second.run("%agent resume payroll").ok()
+        second.run("%%agent payroll --step pay\npay('bob', 500)").ok()
+        assert delivery_server.count(path="/pay") == 1
+
+        stale = first.run("%%agent payroll --step pay\npay('bob', 500)")
+        text = _error_text(stale)
+        assert stale.status == "error", text
+        assert "is owned by" in text and "%agent resume payroll" in text, text
+        assert "ownership epoch 2" in text, text
+        # Its next cell, whatever it is, is refused too: nothing half-done.
+        again = first.run("%%agent payroll --step other\npay('carol', 1)")
+        said = _error_text(again)
+        assert again.status == "error" and ("is owned by" in said or "is live in" in said)
+        time.sleep(0.5)
+        assert delivery_server.count(path="/pay") == 1
+        keys = {d["idempotency_key"] for d in delivery_server.deliveries}
+        assert len(keys) == 1
+        # The ledger has the one call, applied, and the run goes on in the second kernel.
+        rows = second.run(
+            "print(kx.sql(\"SELECT tool, status FROM effects WHERE run_id = 'payroll'\")"
+            ".to_dict('records'))"
+        ).ok()
+        assert "[{'tool': 'pay', 'status': 'applied'}]" in rows.text
+        second.run("%%agent payroll --step after\nrun.state['n'] = 2").ok()
+
+
+SCRIPT = """
+import sys, time
+import kernelext as kx
+import kernelext.core.lease as lease
+
+lease.LEASE_SECONDS = 1.5  # renewed at the start, then every 10 s: lapsed while it sleeps
+{pay}
+
+@kx.agent(name="payer")
+def payer(run, items):
+    for item in run.steps(items):
+        if sys.argv[1] == "first":
+            print("ready", item, flush=True)
+            time.sleep(5)            # frozen in here (SIGSTOP), past its lease
+        pay(item, 100)
+
+if sys.argv[1] == "first":
+    h = payer.start(["a", "b", "c"], run_id="frozen")
+else:
+    h = kx.resume("frozen")
+status = h.wait(120)
+print("status", status, type(h.error).__name__ if h.error else None, flush=True)
+print("error", h.error, flush=True)
+"""
+
+
+def _holder(store_path: Any) -> int | None:
+    """The PID holding the DuckDB store file (its lock file names it)."""
+    try:
+        info = json.loads(Path(f"{store_path}.lock").read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    pid = info.get("pid")
+    return pid if isinstance(pid, int) else None
+
+
+def test_an_owner_frozen_past_its_lease_cannot_pay_after_a_take_over(
+    store_path: Any, delivery_server: DeliveryServer, tmp_path: Path
+) -> None:
+    script = tmp_path / "payer.py"
+    script.write_text(SCRIPT.format(pay=PAY.format(url=delivery_server.url)))
+    env = {**os.environ, "KERNELEXT_STORE": str(store_path)}
+    first = subprocess.Popen(
+        [sys.executable, str(script), "first"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline().strip() == "ready a"
+        time.sleep(2.0)  # its lease (1.5 s) lapsed while it sleeps in step "a"
+        postgres = str(store_path).startswith("postgresql")
+        if postgres:
+            os.kill(first.pid, signal.SIGSTOP)  # frozen
+        second = subprocess.Popen(
+            [sys.executable, str(script), "second"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if not postgres:
+            # A process frozen while it holds the DuckDB file blocks every other one (they
+            # wait KERNELEXT_STORE_WAIT, then StoreLockedError): freeze the first process
+            # once it handed the file over to the second.
+            deadline = time.monotonic() + 30
+            while _holder(store_path) != second.pid and time.monotonic() < deadline:
+                time.sleep(0.002)
+            os.kill(first.pid, signal.SIGSTOP)
+        said, err = second.communicate(timeout=120)
+        assert "status completed None" in said, said + err
+        assert delivery_server.count(path="/pay") == 3
+        os.kill(first.pid, signal.SIGCONT)
+        out, _ = first.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(first.pid, signal.SIGCONT)
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if first.stdout is not None:
+            first.stdout.close()
+    assert "OwnershipLost" in out, out
+    assert "is owned by" in out and "kx.resume('frozen')" in out, out
+    assert "effect intent was refused" in out, out
+    time.sleep(0.3)
+    assert delivery_server.count(path="/pay") == 3
+    assert len({d["idempotency_key"] for d in delivery_server.deliveries}) == 3
