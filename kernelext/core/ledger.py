@@ -7,6 +7,7 @@ import hashlib
 import inspect
 import json
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -26,7 +27,16 @@ from .run import Run
 from .runtime import runtime
 from .secrets import REDACTED, SECRET_NAME, is_secret_name, scrub, scrub_text
 
-__all__ = ["REDACTED", "SECRET_NAME", "Effect", "EffectFailed", "effect", "effect_key", "redact"]
+__all__ = [
+    "REDACTED",
+    "SECRET_NAME",
+    "Effect",
+    "EffectFailed",
+    "effect",
+    "effect_key",
+    "idempotency_key_for",
+    "redact",
+]
 
 ApprovalRule = bool | Callable[..., Any]
 
@@ -39,6 +49,22 @@ def effect_key(run_id: str, step_key: str, tool: str, call_ordinal: int) -> uuid
     """The deterministic 128-bit key of one call: run, step, tool and ordinal in the step."""
     raw = "\0".join((run_id, step_key, tool, str(call_ordinal))).encode()
     return uuid.UUID(bytes=hashlib.sha256(raw).digest()[:16])
+
+
+_ROOTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # run -> chain root
+
+
+def idempotency_key_for(run: Run, step_key: str, tool: str, call_ordinal: int) -> str:
+    """The ``idempotency_key`` handed to a tool for one call: the same for that call in
+    every run of a restart chain, so that an API that dedupes by key dedupes a call a
+    restart makes again (a ``failed`` or ``not_applied`` one). It is the key of the call
+    in the chain's root run (the run that was not made by a restart), through
+    ``effect_key``; for a run never restarted, its own effect key."""
+    root = _ROOTS.get(run)
+    if root is None:  # read once per run: a run's parent never changes
+        root = run.store.chain_root(run.id)
+        _ROOTS[run] = root
+    return str(effect_key(root, step_key, tool, call_ordinal))
 
 
 def _stable(obj: object) -> Any:
@@ -237,8 +263,11 @@ class Effect:
         self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         call_kwargs = dict(kwargs)
-        if self.takes_key:
-            call_kwargs["idempotency_key"] = str(key)
+        if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
+            row = run.effects[key]
+            call_kwargs["idempotency_key"] = idempotency_key_for(
+                run, row["step_key"], row["tool"], int(row["call_ordinal"])
+            )
         try:
             result = self.fn(*args, **call_kwargs)
         except Exception as exc:
@@ -289,7 +318,10 @@ class Effect:
                 f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of step "
                 f"{row.get('step_key')!r} in run {run.id!r}) was first used with other "
                 "arguments. A key stands for one call; the same step must make the same calls "
-                "on resume. Restore the original arguments, or restart the run with kx.restart."
+                'on resume. Restore the original arguments (the recorded call: kx.sql("select '
+                f"args from effects where key = '{key}'\")). kx.restart does not help: it "
+                "carries this applied call and stops here the same way. To make a different "
+                "call deliberately, make it in a new step (another step key) or a new run."
             )
         status = row["status"]
         if status == EffectStatus.APPLIED:
