@@ -45,7 +45,9 @@ be resumed), is refused with the child's id and what to do (``kx.resume('<child>
 one wins) and in the take-over of every resume. A run that is ``suspended`` or
 ``needs_decision`` is also cancelled (claims released) in the transaction that creates
 the new run. The new id is checked free before any payload file is linked, and a
-refused restart removes only files it created itself. A run made of ``%%agent`` cells restarts too (no
+refused restart removes only files it created itself.
+
+A run made of ``%%agent`` cells restarts too (no
 agent function to check: the notebook's cells are its code): run the cells again under
 the new run id (``%%agent <old id>-restart1``); completed cells are skipped and the
 cell that was in progress replays what the old run applied.
