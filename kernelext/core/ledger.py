@@ -259,15 +259,18 @@ class Effect:
         return f"{self.tool} waits for approval: kx.approvals({run.id!r})"
 
     # -- the call itself -----------------------------------------------------------
+    @staticmethod
+    def idempotency_key(run: Run, key: uuid.UUID) -> str:
+        """The ``idempotency_key`` handed over for the call recorded under ``key``."""
+        row = run.effects[key]
+        return idempotency_key_for(run, row["step_key"], row["tool"], int(row["call_ordinal"]))
+
     def _perform(
         self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         call_kwargs = dict(kwargs)
         if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
-            row = run.effects[key]
-            call_kwargs["idempotency_key"] = idempotency_key_for(
-                run, row["step_key"], row["tool"], int(row["call_ordinal"])
-            )
+            call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
         try:
             result = self.fn(*args, **call_kwargs)
         except Exception as exc:
