@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from support.live import finish_live_runs
 import kernelext as kx
 from kernelext.core import expiry
 from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext.store import Store, actor, open_store
 
 pytestmark = pytest.mark.both_backends
 
@@ -108,18 +109,16 @@ def test_a_sweep_killed_after_the_expiry_leaves_it_for_the_next_sweep(tmp_path: 
 
         calls: list[expiry.ExpiredRun] = []
         kx.on_expire(calls.append)
-        soon = kx.sweep(now + dt.timedelta(seconds=1))  # still the other sweep's to mark
-        assert (soon.expired, soon.delivered, calls) == ([], [], [])
-        late = kx.sweep(now + LATE)
-        assert (
-            late.expired == [] and late.delivered_ids == ["paged"]
-            if hasattr(late, "delivered_ids")
-            else [e.run_id for e in late.delivered] == ["paged"]
-        )
+        # The sweeping process is gone (same host, its PID is not alive): the very next
+        # sweep delivers, without waiting for LATE_AFTER_SECONDS.
+        expired = next(e for e in opened.events("paged") if e["kind"] == "expired")
+        assert expired["actor"] and expired["actor"] != actor()
+        soon = kx.sweep(now + dt.timedelta(seconds=1))
+        assert soon.expired == [] and soon.delivered_ids == ["paged"]
         assert calls == [
             expiry.ExpiredRun("paged", "deadline:rate_limit", row["deadline"], "rate_limit")
         ]
-        assert "delivered the earlier expiry of paged" in late.text()
+        assert "delivered the earlier expiry of paged" in soon.text()
         assert opened.expiry_delivered("paged")
         assert kx.sweep(now + 2 * LATE).delivered == []  # once marked, never again
         assert len(calls) == 1
@@ -173,6 +172,54 @@ def test_a_callback_that_raises_counts_as_delivered(store: Store, clock: FakeClo
     assert len([e for e in store.events("broken") if e["kind"] == "expire_callback_failed"]) == 1
 
 
+def wait_for(predicate: Any, timeout: float = WAIT) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_callback_raising_systemexit_never_stops_the_periodic_sweeper(
+    store: Store, clock: FakeClock
+) -> None:
+    calls: list[str] = []
+
+    def exits(info: expiry.ExpiredRun) -> None:
+        calls.append(info.run_id)
+        raise SystemExit(3)
+
+    kx.on_expire(exits)
+    suspend("exit1")
+    clock.advance(dt.timedelta(hours=2))
+    sweeper = expiry.Sweeper(0.05).start()
+    try:
+        wait_for(lambda: "exit1" in calls and store.expiry_delivered("exit1"))
+        suspend("exit2")
+        clock.advance(dt.timedelta(hours=2))
+        wait_for(lambda: "exit2" in calls and store.expiry_delivered("exit2"))
+        assert sweeper.running
+    finally:
+        sweeper.stop()
+    assert calls == ["exit1", "exit2"]  # each once: recorded, counts as delivered
+    failed = [e for e in store.events("exit1") if e["kind"] == "expire_callback_failed"]
+    assert len(failed) == 1 and "SystemExit" in failed[0]["reason"]
+
+
+def test_a_keyboard_interrupt_in_a_callback_of_kx_sweep_is_let_through(
+    store: Store, clock: FakeClock
+) -> None:
+    def interrupted(info: expiry.ExpiredRun) -> None:
+        raise KeyboardInterrupt
+
+    kx.on_expire(interrupted)
+    suspend("ctrlc")
+    clock.advance(dt.timedelta(hours=2))
+    with pytest.raises(KeyboardInterrupt):
+        kx.sweep()
+    assert store.get_run("ctrlc")["status"] == "expired"
+    assert store.expiry_delivered("ctrlc")  # marked before it was let through
+
+
 def test_two_sweeps_at_once_deliver_a_late_expiry_once(store: Store, clock: FakeClock) -> None:
     for i in range(4):
         suspend(f"late-{i}")
@@ -203,15 +250,37 @@ def test_two_sweeps_at_once_deliver_a_late_expiry_once(store: Store, clock: Fake
     assert sorted(e.run_id for r in results for e in r.delivered) == sorted(calls)
 
 
-def test_an_expiry_older_than_the_retention_period_is_not_delivered(
+def test_an_expiry_long_past_its_retention_is_still_delivered(
     store: Store, clock: FakeClock
 ) -> None:
     kx.configure(retention_seconds=3600)
     suspend("ancient")
     clock.advance(dt.timedelta(hours=2))
-    kx.sweep()
-    clock.advance(dt.timedelta(hours=2))  # its snapshot is gone: nothing left to act on
+    assert kx.sweep().expired_ids == ["ancient"]  # like cron: no callbacks, left unmarked
+    clock.advance(dt.timedelta(days=31))
     calls: list[str] = []
     kx.on_expire(lambda info: calls.append(info.run_id))
     result = kx.sweep()
-    assert result.removed_ids == ["ancient"] and result.delivered == [] and calls == []
+    assert result.removed_ids == ["ancient"] and result.delivered_ids == ["ancient"]
+    assert calls == ["ancient"] and store.expiry_delivered("ancient")
+    assert kx.sweep().delivered == [] and calls == ["ancient"]
+
+
+def test_expiries_from_before_schema_7_are_not_delivered_late(
+    store: Store, clock: FakeClock, store_path: Path
+) -> None:
+    suspend("before7")
+    clock.advance(dt.timedelta(hours=2))
+    assert kx.sweep().expired_ids == ["before7"]
+    assert not store.expiry_delivered("before7")
+    # The store as it was at schema 6: migration 7 runs again when it is opened.
+    store.write(lambda tx: tx.execute("DELETE FROM schema_version WHERE version = 7"))
+    runtime().close()
+    reopened = open_store(str(store_path), clock=clock)
+    runtime().settings.use_store(reopened)
+    assert reopened.schema_version() == 7
+    assert reopened.expiry_delivered("before7")  # no callback was waiting for it
+    calls: list[str] = []
+    kx.on_expire(lambda info: calls.append(info.run_id))
+    clock.advance(dt.timedelta(hours=1))
+    assert kx.sweep().delivered == [] and calls == []

@@ -159,16 +159,17 @@ def test_restart_from_an_earlier_step_does_not_repeat_carried_effects(
     assert row["status"] == "applied" and "carried over from run old" in row["decision_note"]
 
 
-def test_a_second_restart_gets_a_new_id_and_restarting_a_restart_works(
+def test_a_restarted_run_is_superseded_and_restarting_a_restart_works(
     store: Store, clock: TickingClock, delivery_server: DeliveryServer
 ) -> None:
     expired_run(store, clock, delivery_server)
     args = (delivery_server.url, ITEMS, "d")
     first = kx.restart("old", args=args)
     assert first.wait(WAIT) == "suspended"  # paused again after d
-    second = kx.restart("old", from_step=2, new_run_id="old-fork", args=args)
-    assert second.run_id == "old-fork"
-    assert second.wait(WAIT) == "suspended"
+    # A second restart of the same run is refused: its child goes on instead.
+    with pytest.raises(kx.RunStateError, match=r"kx\.restart\('old-restart1'\)"):
+        kx.restart("old", from_step=2, new_run_id="old-fork", args=args)
+    assert store.find_run("old-fork") is None
     assert store.get_run("old-restart1")["status"] == "suspended"
     # A restart of the restarted run, from a step it carried over (a fresh copy).
     third = kx.restart("old-restart1", from_step=1, args=(delivery_server.url, ITEMS, None))

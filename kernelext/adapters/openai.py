@@ -301,7 +301,7 @@ class ModelCall(Effect):
         if not self.stream:
             return super()._perform(run, key, args, kwargs)
         try:
-            source = self.owner.wrapped.create(**self.outgoing(str(key)))
+            source = self.owner.wrapped.create(**self.outgoing(self.idempotency_key(run, key)))
         except BaseException as exc:
             return self._settle(run, key, args, kwargs, error=exc)
         return RecordedStream(
@@ -312,7 +312,9 @@ class ModelCall(Effect):
         self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         try:
-            self.live = await self.owner.wrapped.create(**self.outgoing(str(key)))
+            self.live = await self.owner.wrapped.create(
+                **self.outgoing(self.idempotency_key(run, key))
+            )
         except BaseException as exc:
             return self._settle(run, key, args, kwargs, error=exc)
         if not self.stream:

@@ -8,22 +8,25 @@ expired in one transaction that re-checks its status, so two sweeps, or a sweep 
 a resume, have exactly one winner.
 
 Callbacks get every expiry **at least once**. The expiry is committed first (status,
-event, claims), then this process's callbacks run, then ``runs.expiry_notified_at`` is
-set. A sweep in a process with callbacks registered (the kernel's periodic sweeper, a
-``kx.sweep()``) also delivers the expirations that no process marked: one whose sweep
-was killed between the commit and the mark, or a ``kernelext sweep`` from cron, which
-has no callbacks and leaves them for a process that has. An unmarked expiry is late
-``LATE_AFTER_SECONDS`` (60 s) after its commit (the sweep that made it marks it within
-moments) and is delivered while its snapshot is kept (``retention_seconds``, at least
-an hour): an expiry older than that, e.g. of a store made before schema 7, is not.
+event naming the sweeping process, claims), then this process's callbacks run, then
+``runs.expiry_notified_at`` is set. A sweep in a process with callbacks registered (the
+kernel's periodic sweeper, a ``kx.sweep()``) also delivers the expirations that no
+process marked, however old: one whose sweep was killed between the commit and the mark,
+or a ``kernelext sweep`` from cron, which has no callbacks and leaves them for a process
+that has. It delivers one at once when the process that expired the run is gone (on this
+host, its PID is not alive), otherwise ``LATE_AFTER_SECONDS`` (60 s) after the expiry
+(the sweep that made it marks it within moments). Migration 7 marks the expirations made
+before it as delivered: no callback was waiting for them.
 
 A callback may see a run twice: when its process dies after calling it and before the
 mark, the next sweep calls it again, so make callbacks idempotent (key them by
 ``run_id``). Two sweeps of one process never both deliver one expiry; sweeps of several
 processes take turns on PostgreSQL (one advisory lock), while on DuckDB two processes
 sweeping at the same moment could both deliver a late one, each to its own callbacks.
-A callback that raises is recorded (``expire_callback_failed``) and counts as
-delivered: it is not called again for that run.
+A callback that raises anything (also ``SystemExit``) is recorded
+(``expire_callback_failed``) and counts as delivered: it is not called again for that
+run, and the sweep and the periodic sweeper go on; only a ``KeyboardInterrupt`` in the
+main thread (Ctrl-C on a ``kx.sweep()``) is let through, after the delivery is marked.
 
 An expired run keeps its snapshots for ``retention_seconds``
 (``kx.configure(retention_seconds=...)``) so that it can be restarted with
@@ -47,6 +50,7 @@ from ..status import Status
 from ..store import Store
 from ..store.expiry import Expiry, PayloadRemoval
 from ..validate import FUNCTION, SOURCE, STORE, check_datetime, optional, validated
+from .lease import owner_alive
 from .runtime import get_store, runtime
 
 __all__ = [
@@ -126,10 +130,9 @@ class SweepResult:
 
 SWEEP_LOCK = "kernelext:sweep"  # the advisory lock that makes one sweeper act at a time
 # An expiry still not marked delivered this long after it was committed is delivered by
-# the next sweep with callbacks; the sweep that made it marks it within moments.
+# the next sweep with callbacks; the sweep that made it marks it within moments. When the
+# process that made it is known to be gone (same host, PID not alive), at once.
 LATE_AFTER_SECONDS = 60.0
-# ... while it expired within the retention period, and at least within this hour.
-LATE_WINDOW_MIN_SECONDS = 3600.0
 _DELIVERING: set[str] = set()  # run ids whose expiry a sweep of this process delivers now
 _DELIVERING_LOCK = threading.Lock()
 ExpireCallback = Callable[[ExpiredRun], Any]
@@ -202,8 +205,7 @@ def _sweep(now: dt.datetime | None, store: Store, source: str) -> SweepResult:
             result.expired.append(info)
             with _delivering(info.run_id):  # this sweep made the expiry: it delivers it
                 _notify(store, info, result)
-    window = max(retention, LATE_WINDOW_MIN_SECONDS)
-    _deliver_late(store, at, at - dt.timedelta(seconds=window), result)
+    _deliver_late(store, at, result)
     cutoff = at - dt.timedelta(seconds=retention)
     for run_id in store.retention_due(cutoff):
         removal = store.remove_payloads(run_id, at, retention_seconds=retention, source=source)
@@ -218,20 +220,24 @@ def _info(expiry: Expiry) -> ExpiredRun:
     )
 
 
-def _deliver_late(store: Store, at: dt.datetime, since: dt.datetime, result: SweepResult) -> None:
+def _deliver_late(store: Store, at: dt.datetime, result: SweepResult) -> None:
     """Expirations no process delivered to its callbacks yet (the sweep that expired them
-    died first, or had no callbacks), expired within the retention period and at least
-    ``LATE_AFTER_SECONDS`` ago: this process's callbacks get them now. A process without
-    callbacks leaves them for one that has."""
+    died first, or had no callbacks), however old: this process's callbacks get them now,
+    at once when the process that expired the run is gone (``owner_alive``), otherwise
+    once ``LATE_AFTER_SECONDS`` passed since the expiry. A process without callbacks
+    leaves them for one that has."""
     rt = runtime()
     with rt.lock:
         if not rt.expire_callbacks:
             return
     fresh = {e.run_id for e in result.expired}
     before = at - dt.timedelta(seconds=LATE_AFTER_SECONDS)
-    for expiry in store.undelivered_expiries(since, before):
+    for expiry in store.undelivered_expiries():
         if expiry.run_id in fresh:
             continue
+        gone = owner_alive(expiry.expired_by) is False
+        if not gone and expiry.expired_at is not None and expiry.expired_at > before:
+            continue  # its sweep may still be delivering it
         with _delivering(expiry.run_id) as mine:
             # Another sweep of this process may have delivered and marked it meanwhile.
             if mine and not store.expiry_delivered(expiry.run_id):
@@ -279,14 +285,17 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool =
         callbacks = list(rt.expire_callbacks)
     if not callbacks:  # left for a process that has callbacks (see _deliver_late)
         return
+    interrupted: BaseException | None = None
     for callback in callbacks:
         try:
             callback(info)
-        except Exception as exc:  # recorded, never breaks the sweep; not called again
+        except BaseException as exc:  # recorded, never breaks the sweep; not called again
+            if isinstance(exc, KeyboardInterrupt) and _in_main_thread():
+                interrupted = exc  # Ctrl-C on a kx.sweep(): recorded, then let through
             name = getattr(callback, "__qualname__", repr(callback))
             error = f"{type(exc).__name__}: {exc}"[:1000]
             result.callback_errors.append((info.run_id, error))
-            try:
+            with contextlib.suppress(Exception):  # the failure is in result.callback_errors
                 store.record_event(
                     info.run_id,
                     "expire_callback_failed",
@@ -294,12 +303,18 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool =
                     reason=f"{name}: {error}",
                     detail={"callback": name},
                 )
-            except Exception:  # the failure is in result.callback_errors
-                continue
+            if interrupted is not None:
+                break
     try:
         store.mark_expiry_notified([info.run_id], store.now())
     except Exception as exc:  # not marked: the next sweep with callbacks delivers it again
         result.callback_errors.append((info.run_id, f"not marked delivered: {exc}"[:1000]))
+    if interrupted is not None:
+        raise interrupted
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def expiry_info(run_id: str, *, store: Store | None = None) -> dict[str, Any]:
@@ -370,8 +385,10 @@ class Sweeper:
         try:
             self.last_result = sweep(store=self.store, source=self.source)
             self.last_error = None
-        except Exception as exc:  # e.g. the store was closed; try next tick
+        except BaseException as exc:  # e.g. the store was closed; try next tick (any error)
             self.last_error = exc
+            if isinstance(exc, KeyboardInterrupt) and _in_main_thread():
+                raise
             return None
         finally:
             self.sweeps += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -51,6 +52,7 @@ __all__ = [
     "args_hash",
     "effect",
     "effect_key",
+    "idempotency_key_for",
     "redact",
     "stored_result",
 ]
@@ -60,6 +62,23 @@ ApprovalRule = bool | Callable[..., Any]
 
 class EffectFailed(LedgerError):
     """An effect failed before; by default it is not retried silently on resume."""
+
+
+_ROOTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # run -> chain root
+
+
+def idempotency_key_for(run: Run, step_key: str, tool: str, call_ordinal: int) -> str:
+    """The ``idempotency_key`` handed to a tool for one call: the same for that call in
+    every run of a restart chain, so that an API that dedupes by key dedupes a call a
+    restart makes again (a ``failed`` or ``not_applied`` one). It is the key of the call
+    in the chain's root run (the run that was not made by a restart), through
+    ``effect_key``, in the run's key scheme (a restarted run keeps its parent's); for a run
+    never restarted, its own effect key."""
+    root = _ROOTS.get(run)
+    if root is None:  # read once per run: a run's parent never changes
+        root = run.store.chain_root(run.id)
+        _ROOTS[run] = root
+    return str(effect_key(root, step_key, tool, call_ordinal, run.key_scheme))
 
 
 class Effect:
@@ -229,12 +248,18 @@ class Effect:
         return f"{self.tool} waits for approval: kx.approvals({run.id!r})"
 
     # -- the call itself -----------------------------------------------------------
+    @staticmethod
+    def idempotency_key(run: Run, key: uuid.UUID) -> str:
+        """The ``idempotency_key`` handed over for the call recorded under ``key``."""
+        row = run.effects[key]
+        return idempotency_key_for(run, row["step_key"], row["tool"], int(row["call_ordinal"]))
+
     def _perform(
         self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         call_kwargs = dict(kwargs)
-        if self.takes_key:
-            call_kwargs["idempotency_key"] = str(key)
+        if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
+            call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
         try:
             result = self.fn(*args, **call_kwargs)
             refuse_unrun_result(self.tool, result)
@@ -276,7 +301,10 @@ class Effect:
                 f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of step "
                 f"{row.get('step_key')!r} in run {run.id!r}) was first used with other "
                 "arguments. A key stands for one call; the same step must make the same calls "
-                "on resume. Restore the original arguments, or restart the run with kx.restart."
+                'on resume. Restore the original arguments (the recorded call: kx.sql("select '
+                f"args from effects where key = '{key}'\")). kx.restart does not help: it "
+                "carries this applied call and stops here the same way. To make a different "
+                "call deliberately, make it in a new step (another step key) or a new run."
             )
         status = row["status"]
         if status == EffectStatus.APPLIED:

@@ -21,20 +21,33 @@ comes back) and never repeats it. A replayed call with other arguments stops wit
 its own parent are in its ledger, so a restart of a restart carries them on.
 
 Effects that did not happen are not carried and are called again: ``failed`` ones
-(a resumable effect that failed: restarting is the deliberate retry), ``not_applied``
-ones (a person said it did not happen) and ``given_up`` ones (a person gave up on the
-old run without saying); the ``created`` event of the new run lists them
-(``called_again``). Refused while the old run has effects with an unknown outcome
-(``unknown``/``pending``, or a ``resumable=False`` call that failed and may have
-half-happened, which becomes ``unknown`` as on a resume): reconcile them first, and a
-``mark_applied`` decision is carried with its result like any applied effect.
+(a resumable effect that failed: restarting is the deliberate retry) and ``not_applied``
+ones (a person said it did not happen); the ``created`` event of the new run lists them
+(``called_again``). The ``idempotency_key`` handed to the tool is the same in every run
+of the restart chain (``ledger.idempotency_key_for``: the key of the call in the chain's
+root run), so an API that dedupes by key dedupes such a call. A ``given_up`` effect (a
+person gave up on the old run without saying whether it happened) is carried as
+``unknown``: the new run stops in ``needs_decision`` at its take-over and a person
+decides it there with ``kx.reconcile`` of the new run. Refused while the old run has
+effects with an unknown outcome (``unknown``/``pending``, or a ``resumable=False`` call
+that failed and may have half-happened, which becomes ``unknown`` as on a resume):
+reconcile them first, and a ``mark_applied`` decision is carried with its result like
+any applied effect. Answered ``run.ask`` questions are carried too (re-keyed through
+``asking.question_key``), so a step that runs again gets the answer back.
 
 Facts recorded before the restart point are copied and revalidated by the ordinary
 resume path, which the new run goes through. Claims the old run held are taken again
 by the new run. Also refused when the old run is still executing, or when the needed
-snapshot was removed after the retention period. A run that is ``suspended`` or
-``needs_decision`` is superseded: it is cancelled (claims released) in the same
-transaction that creates the new run. A run made of ``%%agent`` cells restarts too (no
+snapshot was removed after the retention period. **A restarted run is superseded**:
+restarting it again, or resuming it (a ``failed`` run stays ``failed`` but can no longer
+be resumed), is refused with the child's id and what to do (``kx.resume('<child>')`` /
+``kx.restart('<child>')``), decided in the restart transaction (two racing restarts:
+one wins) and in the take-over of every resume. A run that is ``suspended`` or
+``needs_decision`` is also cancelled (claims released) in the transaction that creates
+the new run. The new id is checked free before any payload file is linked, and a
+refused restart removes only files it created itself.
+
+A run made of ``%%agent`` cells restarts too (no
 agent function to check: the notebook's cells are its code): run the cells again under
 the new run id (``%%agent <old id>-restart1``); completed cells are skipped and the
 cell that was in progress replays what the old run applied.
@@ -49,7 +62,7 @@ from typing import Any
 from ..errors import RunStateError
 from ..status import EffectStatus
 from ..store import Store, actor
-from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan
+from ..store.restart import ENDED, SUPERSEDABLE, RestartPlan, superseded_error
 from ..validate import (
     FLAG,
     OPTIONAL_RUN_ID,
@@ -62,6 +75,7 @@ from ..validate import (
     optional,
     validated,
 )
+from .asking import question_key
 from .cell_runs import CELL_AGENT
 from .control import resume
 from .handle import Handle
@@ -111,6 +125,10 @@ def restart(
     effects = list(store.load_effects(run_id).values())
     new_id = check_stored_name(new_run_id or _next_child_id(store, run_id), "new run id")
     scheme = row.get("key_scheme") or 1
+    if store.find_run(new_id):  # before any payload file is linked for it
+        raise RunStateError(
+            f"A run {new_id!r} already exists; pass another new_run_id to kx.restart."
+        )
     who = actor()
     plan = RestartPlan(
         old_id=run_id,
@@ -119,6 +137,7 @@ def restart(
         steps=carried,
         effects=_carried_effects(effects, run_id, new_id, scheme),
         facts=[f for f in store.fact_rows(run_id) if _before(f, start, cutoff)],
+        inputs=_carried_inputs(store.input_rows(run_id), new_id, scheme),
         deadline=runtime().settings.expiry.deadline("restart", store.now()),
         source=source,
         who=who,
@@ -142,6 +161,7 @@ def _check_restartable(
     store: Store, run_id: str, row: dict[str, Any], allow_code_change: bool
 ) -> None:
     status = row["status"]
+    superseded_error(run_id, store.children(run_id), "restart")
     if status not in ENDED and status not in SUPERSEDABLE:
         if runtime().live_handle(run_id) is not None:
             hint = "Stop it first (its handle's .stop()) and wait for it."
@@ -233,12 +253,29 @@ def child_key(new_id: str, row: dict[str, Any], scheme: int) -> uuid.UUID:
 def _carried_effects(
     effects: list[dict[str, Any]], old_id: str, new_id: str, scheme: int
 ) -> list[dict[str, Any]]:
-    """Every applied effect of the old run, keyed for the new run (see the module doc)."""
+    """Every applied effect of the old run, keyed for the new run (see the module doc),
+    and every ``given_up`` one as ``unknown``: giving up did not say whether it happened,
+    so the new run stops at its take-over in ``needs_decision`` and a person decides it
+    there (``kx.reconcile`` of the new run) instead of it being made again."""
     out: list[dict[str, Any]] = []
     for old in effects:
+        note = f"carried over from run {old_id} (key {old['key']})"
+        if old["status"] == EffectStatus.GIVEN_UP:
+            note = f"given up in run {old_id} (key {old['key']}); outcome unknown"
+            out.append(
+                {
+                    **old,
+                    "key": child_key(new_id, old, scheme),
+                    "run_id": new_id,
+                    "status": EffectStatus.UNKNOWN,
+                    "outcome_at": None,
+                    "decided_by": None,
+                    "decision_note": note,
+                }
+            )
+            continue
         if old["status"] != EffectStatus.APPLIED:
             continue
-        note = f"carried over from run {old_id} (key {old['key']})"
         if old.get("decision_note"):
             note += f"; {old['decision_note']}"
         out.append(
@@ -247,12 +284,27 @@ def _carried_effects(
     return out
 
 
+def _carried_inputs(rows: list[dict[str, Any]], new_id: str, scheme: int) -> list[dict[str, Any]]:
+    """The answered questions of the old run, keyed for the new run (``question_key``), so
+    that a step that runs again gets the answer back instead of asking again."""
+    return [
+        {
+            **row,
+            "key": question_key(new_id, row["step"], int(row["call_ordinal"]), scheme),
+            "run_id": new_id,
+        }
+        for row in rows
+        if row["answered_at"] is not None
+    ]
+
+
 def _called_again(effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The effects of the old run that did not happen, which the new run calls again."""
+    again = (EffectStatus.APPLIED, EffectStatus.GIVEN_UP)
     return [
         {"key": str(e["key"]), "tool": e["tool"], "step": e["step_key"], "status": e["status"]}
         for e in effects
-        if e["status"] != EffectStatus.APPLIED
+        if e["status"] not in again
     ]
 
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from ..status import RESUMABLE, Status
 from ..store import Store, actor
+from ..store.restart import superseded_error
 from .lease import check_takeover, lease_until
 from .probes import settle_unknowns
 
@@ -56,6 +57,8 @@ def take_over(
         current = store.lease_tx(tx, run_id)  # checked and taken in one transaction
         if current is not None:
             check_takeover(current, store.now())
+        # A run a restart superseded (a failed one stays failed) never goes on itself.
+        superseded_error(run_id, store.children_tx(tx, run_id), "resume")
         fields: dict[str, Any] = {
             "stop_requested_at": None,
             "stop_source": None,

@@ -7,6 +7,11 @@ soft interrupt. The store is opened lazily, on first use. Nothing here imports
 ipywidgets: the widget modules are imported the first time something is displayed,
 which keeps loading fast. Panels of runs in ``needs_decision`` show the decision
 widgets (``kernelext.widgets.decisions``) once the panel module is in use.
+
+Loading also starts the kernel's sweeper: a daemon thread that runs ``kx.sweep()``
+every ``SWEEP_INTERVAL_S`` seconds (60) once the store is open (it never opens the store
+itself), so suspended runs expire and ``kx.on_expire`` callbacks are called while the
+notebook sits idle. ``%unload_ext kernelext`` stops it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import sys
 from typing import Any
 
+from ..core.expiry import Sweeper, SweepResult
 from ..core.runtime import Settings, runtime
 from . import options
 from .interrupt import InterruptHandler, kernel_supports_soft_interrupt, live_handles
@@ -26,11 +32,27 @@ __all__ = [
     "reconciliation_bundle",
     "render_handle",
     "revalidation_bundle",
+    "sweeper",
     "unload",
 ]
 
 PANEL_MODULE = "kernelext.widgets.panel"
 DECISIONS_MODULE = "kernelext.widgets.decisions"
+SWEEP_INTERVAL_S = 60.0  # the kernel's sweeper; read when the extension is loaded
+
+
+class KernelSweeper(Sweeper):
+    """The kernel's periodic sweeper: sweeps the default store once it is open (loading
+    the extension never creates a store), first one interval after loading."""
+
+    def sweep_once(self) -> SweepResult | None:
+        if not runtime().settings.store_open:
+            return None
+        return super().sweep_once()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sweep_once()
 
 
 class _Loaded:
@@ -51,6 +73,7 @@ class _Loaded:
         self.previous_reconcile_renderer = settings.reconcile_renderer
         self.previous_revalidation_renderer = settings.revalidation_renderer
         self.previous_approvals_renderer = settings.approvals_renderer
+        self.sweeper: Sweeper | None = None
 
 
 _STATE: _Loaded | None = None
@@ -147,6 +170,12 @@ def load(shell: Any) -> None:
     settings.approvals_renderer = approvals_bundle
     shell.events.register("post_execute", _refresh_panels)
     _install_decision_widgets()
+    _STATE.sweeper = KernelSweeper(SWEEP_INTERVAL_S).start()
+
+
+def sweeper() -> Sweeper | None:
+    """The kernel's periodic sweeper while the extension is loaded."""
+    return _STATE.sweeper if _STATE is not None else None
 
 
 def unload(shell: Any) -> None:
@@ -156,6 +185,8 @@ def unload(shell: Any) -> None:
     if state is None or state.shell is not shell:
         return
     _STATE = None
+    if state.sweeper is not None:
+        state.sweeper.stop()
     magics = state.magics
     manager = shell.magics_manager
     for kind, table in magics.magics.items():

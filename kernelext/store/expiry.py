@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from ..errors import IntegrityError
 from ..status import WAITING, Status, waiting_reason
-from .base import in_list
+from .base import actor, in_list
 from .claims import ClaimsMixin
 from .runs import RunsMixin
 from .steps import StepsMixin
@@ -34,6 +34,8 @@ class Expiry(NamedTuple):
     run_id: str
     suspend_reason: str
     deadline: dt.datetime
+    expired_at: dt.datetime | None = None  # when the expiry was committed (store clock)
+    expired_by: str | None = None  # the sweeping process (``actor()``: user@host:pid)
 
 
 class PayloadRemoval(NamedTuple):
@@ -75,6 +77,7 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
             WAITING,
             kind=Status.EXPIRED,
             source=source,
+            who=actor(),  # the process that delivers it; a late deliverer checks it is gone
             reason=EXPIRY_PREFIX + suspend_reason,
             detail={
                 "deadline": deadline.isoformat(),
@@ -85,22 +88,27 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
         return Expiry(run_id, suspend_reason, deadline) if result.ok else None
 
     # -- delivery to kx.on_expire callbacks (at least once) ------------------------------
-    def undelivered_expiries(self, since: dt.datetime, before: dt.datetime) -> list[Expiry]:
+    def undelivered_expiries(self) -> list[Expiry]:
         """Expired runs whose expiry no process delivered to its ``kx.on_expire`` callbacks
-        yet (``expiry_notified_at`` is NULL), among those that expired between ``since``
-        and ``before``; oldest expiry first."""
+        yet (``expiry_notified_at`` is NULL; migration 7 marks older ones), however long
+        ago, with when and by which process each expired; oldest expiry first."""
         rows = self.read(
-            "SELECT r.id, r.reason, r.deadline FROM runs r JOIN events e ON e.run_id = r.id"
-            " AND e.kind = ? WHERE r.status = ? AND r.expiry_notified_at IS NULL"
-            " GROUP BY r.id, r.reason, r.deadline"
-            " HAVING max(e.occurred_at) >= ? AND max(e.occurred_at) <= ?"
-            " ORDER BY max(e.occurred_at), r.id",
-            (Status.EXPIRED, Status.EXPIRED, since, before),
+            "SELECT r.id, r.reason, r.deadline, e.occurred_at, e.actor FROM runs r"
+            " JOIN events e ON e.run_id = r.id AND e.kind = ?"
+            " WHERE r.status = ? AND r.expiry_notified_at IS NULL"
+            " ORDER BY e.occurred_at, e.id",
+            (Status.EXPIRED, Status.EXPIRED),
         )
-        return [
-            Expiry(str(run_id), str(reason or "").removeprefix(EXPIRY_PREFIX), deadline)
-            for run_id, reason, deadline in rows
-        ]
+        latest: dict[str, Expiry] = {}  # a run expired once; the last event if ever more
+        for run_id, reason, deadline, at, who in rows:
+            latest[str(run_id)] = Expiry(
+                str(run_id),
+                str(reason or "").removeprefix(EXPIRY_PREFIX),
+                deadline,
+                at,
+                None if who is None else str(who),
+            )
+        return sorted(latest.values(), key=lambda e: (e.expired_at or dt.datetime.min, e.run_id))
 
     def expiry_delivered(self, run_id: str) -> bool:
         """Whether a process recorded delivering the expiry of ``run_id`` to callbacks."""

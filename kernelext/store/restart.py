@@ -6,7 +6,15 @@ since) and facts of the old run are copied into a new run in status
 ``suspended``; payload side files are hard-linked (copied when linking fails), so
 the old run's retention removal never touches the new run's payloads. The claims the
 old run held are taken again. A ``suspended`` or ``needs_decision`` old run is
-superseded: cancelled, with its claims released, in the same transaction.
+superseded: cancelled, with its claims released, in the same transaction. A run that
+has a child (``parent_id``) was superseded: the transaction refuses to restart it again
+(under the old run's row lock, so of two racing restarts one wins), and the take-over
+refuses to resume it (``superseded_error``, one wording for both).
+
+Payload files: the new id is checked free before any file is made; a file is created
+exclusively (never overwritten), an existing identical one (a racing restart's, or a
+leftover) is used as it is, and only files this restart created are removed when it
+fails.
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ from .runs import RunsMixin
 from .steps import StepsMixin
 from .writer import Tx
 
-__all__ = ["ENDED", "RESTART_REASON", "SUPERSEDABLE", "RestartMixin", "RestartPlan"]
+__all__ = [
+    "ENDED",
+    "RESTART_REASON",
+    "SUPERSEDABLE",
+    "RestartMixin",
+    "RestartPlan",
+    "superseded_error",
+]
 
 ENDED = FINAL  # restart forks from these as they are
 SUPERSEDABLE = WAITING  # restart cancels these first
@@ -53,6 +68,7 @@ class RestartPlan:
     source: str = "api"
     who: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # answered, keyed for the new run
 
 
 class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
@@ -106,6 +122,8 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         )
         if old is None:
             raise RunStateError(f"No run {plan.old_id!r} in the store at {self.location}.")
+        # Decided here, under the old run's row lock: of two racing restarts one wins.
+        superseded_error(plan.old_id, self.children_tx(tx, plan.old_id), "restart")
         if tx.fetchone("SELECT 1 FROM runs WHERE id = ?", (plan.new_id,)):
             raise RunStateError(
                 f"A run {plan.new_id!r} already exists; pass another new_run_id to kx.restart."
@@ -175,6 +193,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         self._copy_steps_tx(tx, plan, mapping)
         self._copy_rows_tx(tx, "effects", plan.new_id, plan.effects)
         self._copy_rows_tx(tx, "facts", plan.new_id, plan.facts)
+        self._copy_rows_tx(tx, "inputs", plan.new_id, plan.inputs)
         for resource, amount in self.last_claims_tx(tx, plan.old_id):
             self.claim_tx(tx, plan.new_id, resource, amount, source="restart")
         detail = {
@@ -183,6 +202,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             "from_step": plan.start_ordinal,
             "carried_steps": len(plan.steps),
             "carried_effects": len(plan.effects),
+            "carried_answers": len(plan.inputs),
         }
         self.event(
             tx,
@@ -218,10 +238,11 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         )
         found = {str(status): int(n) for status, n in rows}
         applied = found.pop(EffectStatus.APPLIED, 0)
-        if applied != len(plan.effects) or found:
+        carried = sum(1 for e in plan.effects if e["status"] == EffectStatus.APPLIED)
+        if applied != carried or found:
             raise RunStateError(
                 f"The ledger of run {plan.old_id!r} changed while the restart was prepared "
-                f"({applied} applied, {found or 'none'} open, {len(plan.effects)} carried); "
+                f"({applied} applied, {found or 'none'} open, {carried} carried); "
                 "try again."
             )
 
@@ -286,6 +307,24 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             [tuple(new_id if c == "run_id" else row[c] for c in columns) for row in rows],
         )
 
+    def chain_root(self, run_id: str) -> str:
+        """The first run of ``run_id``'s restart chain (follows ``parent_id``)."""
+        current, seen = run_id, {run_id}
+        while True:
+            rows = self.read("SELECT parent_id FROM runs WHERE id = ?", (current,))
+            parent = rows[0][0] if rows else None
+            if parent is None or str(parent) in seen:
+                return current
+            current = str(parent)
+            seen.add(current)
+
+    def children_tx(self, tx: Tx, run_id: str) -> list[str]:
+        """The runs a restart made of ``run_id`` (oldest first), read in ``tx``."""
+        rows = tx.fetchall(
+            "SELECT id FROM runs WHERE parent_id = ? ORDER BY created_at, id", (run_id,)
+        )
+        return [str(r[0]) for r in rows]
+
     def _blob_locations(self, run_id: str, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
         if not ids:
             return {}
@@ -310,22 +349,71 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         folder = self.blob_dir(new_id)
         private_dirs(folder)  # the blob folder too, if it is new: 0700
         target = os.path.join(folder, new_blob.hex)
+        taken = RunStateError(
+            f"The payload file {target} for run {new_id!r} already exists with other "
+            "content; it was left as it is. Pass another new_run_id to kx.restart."
+        )
         try:
             os.link(source, target)  # payload files are immutable: share them
+        except FileExistsError:
+            if not _same_payload(source, target):
+                raise taken from None  # never overwritten, never removed: not ours
+            return self.side_file_location(new_id, new_blob)  # identical: used, not ours
         except FileNotFoundError:
             raise StoreError(
                 f"Snapshot payload file {source} is gone (removed after the retention "
                 "period?); the run cannot be restarted from this point."
             ) from None
         except OSError:
-            shutil.copyfile(source, target)
-            fd = os.open(target, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            try:  # created exclusively: an existing file is never overwritten
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                if not _same_payload(source, target):
+                    raise taken from None
+                return self.side_file_location(new_id, new_blob)
+            copied.append(target)  # ours from here on: removed if the restart fails
+            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+                shutil.copyfileobj(src, out)
+                out.flush()
+                os.fsync(out.fileno())
+            return self.side_file_location(new_id, new_blob)
         copied.append(target)
         return self.side_file_location(new_id, new_blob)
+
+
+def _same_payload(source: str, target: str) -> bool:
+    """Whether ``target`` already holds exactly the payload of ``source`` (the same file,
+    or a complete copy: a racing restart's, or a leftover of a killed one), so that it can
+    be used as it is. It is then not this restart's file: never removed by it."""
+    try:
+        if os.path.samefile(source, target):
+            return True
+        if os.path.getsize(source) != os.path.getsize(target):
+            return False
+        with open(source, "rb") as a, open(target, "rb") as b:
+            while True:
+                chunk = a.read(1 << 20)
+                if chunk != b.read(1 << 20):
+                    return False
+                if not chunk:
+                    return True
+    except OSError:
+        return False
+
+
+def superseded_error(run_id: str, children: list[str], verb: str) -> None:
+    """Refuse to restart or resume a run that a restart superseded (one door for both:
+    ``kx.restart`` here and in its transaction, the take-over of every resume)."""
+    if not children:
+        return
+    child = children[-1]
+    also = f" (restarts: {', '.join(children)})" if len(children) > 1 else ""
+    raise RunStateError(
+        f"Run {run_id!r} was restarted as {child!r}{also}; it is superseded and cannot be "
+        f"{'restarted' if verb == 'restart' else 'resumed'} again (its applied effects live "
+        f"on in {child!r}). Continue the new run: kx.resume({child!r}) if it is suspended or "
+        f"stopped, or kx.restart({child!r}) to fork it in turn."
+    )
 
 
 def _needed_blobs(

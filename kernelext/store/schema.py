@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..status import Status
+
 __all__ = ["MIGRATIONS", "TABLES", "Migration"]
 
 
@@ -253,6 +255,9 @@ _V7_TRUST = (
     "ALTER TABLE runs ADD COLUMN IF NOT EXISTS key_scheme INTEGER",
     # When the run's expiry was delivered to ``kx.on_expire`` callbacks (at least once).
     "ALTER TABLE runs ADD COLUMN IF NOT EXISTS expiry_notified_at TIMESTAMP",
+    # Expirations from before schema 7 are not delivered late: no callback waited for them.
+    # (A migration binds no parameters: the status comes from the status module.)
+    "UPDATE runs SET expiry_notified_at = updated_at WHERE status = '" + Status.EXPIRED + "'",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
