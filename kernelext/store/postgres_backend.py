@@ -300,8 +300,10 @@ class PostgresConnection(Backend):
         statement, parameters bound by the server); session advisory locks are released
         afterwards. File readers are DuckDB's: a PostgreSQL store refuses them, allowed or
         not, and its server-side file functions (pg_read_file, ...) are refused always.
+        What runs is ``checked.sql``, the text that was checked (an EXPLAIN is rebuilt from
+        its checked statement), never the text as given.
         """
-        checked = check_query(sql.strip(), allow_files=True, strict_parse=True)
+        checked = check_query(sql.strip(), allow_files=True, postgres=True)
         if checked.reads_files:  # DuckDB's file readers: whatever allow_files says
             raise refusal("reading files on a PostgreSQL store", "files_server")
         text, bound = _placeholders(checked.sql, normalize_params(params))

@@ -6,6 +6,8 @@ import contextlib
 import datetime as dt
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -304,27 +306,22 @@ class DuckDBConnection(Backend):
     def read_arrow(self, sql: str, params: Params = None, *, allow_files: bool = False) -> Any:
         """Run one query nobody reviewed (``kx.sql``) and return a pyarrow Table.
 
-        ``sql_guard`` checks it with DuckDB's parser first. What passes runs where it
-        cannot change anything even if that check were wrong: in a READ ONLY transaction
-        that is always rolled back, on a database instance whose settings are locked and
-        which reaches no file, extension or other database (``_lock_down``). With
-        ``allow_files``, a query that reads files runs in a throw-away in-memory DuckDB
-        that sees copies of the store's tables it names (``_read_with_files``).
+        ``sql_guard`` checks it with DuckDB's parser first; what runs is ``checked.sql``,
+        the text that was checked (an EXPLAIN is rebuilt from its checked statement). What
+        passes runs where it cannot change anything even if that check were wrong: in a
+        READ ONLY transaction that is always rolled back, on a database instance whose
+        settings are locked and which reaches no file, extension or other database
+        (``_lock_down``). Only a query that the check itself found reading files (with
+        ``allow_files``) runs in a throw-away in-memory DuckDB that sees copies of the
+        store's tables it names (``_read_with_files``); a query the store's instance
+        refuses file access is refused, never tried again elsewhere.
         """
         checked = check_query(sql, allow_files=allow_files)
         bound = normalize_params(params)
         if allow_files and checked.reads_files:
             return self._read_with_files(checked, bound)
-        try:
-            return self._read_locked(checked.sql, bound)
-        except duckdb.PermissionException as exc:
-            if not allow_files:
-                raise (runtime_refusal(exc) or exc) from None
-            return self._read_with_files(checked, bound)  # a file reader the check missed
-
-    def _read_locked(self, sql: str, params: list[Any] | dict[str, Any] | None) -> Any:
         with self._mutex:
-            return _query_rolled_back(self._cursor(), sql, params, keep=duckdb.PermissionException)
+            return _query_rolled_back(self._cursor(), checked.sql, bound)
 
     def _read_with_files(self, checked: Checked, params: list[Any] | dict[str, Any] | None) -> Any:
         """Run a query that reads files outside the store (the caller allowed it).
@@ -334,16 +331,25 @@ class DuckDBConnection(Backend):
         the store tables the query names are copied in as Arrow (a consistent snapshot,
         read in one transaction), its settings are locked and its transaction rolled back.
         It costs a copy of those tables in memory on every call.
+
+        DuckDB cannot let an instance read files but not write them (``allowed_directories``
+        admits both), so only a query the check passed runs here (no COPY, no writing
+        function is on the allow-list), and the instance spills to a private temporary
+        directory of its own, removed afterwards.
         """
         tables = self._export_tables(checked.tables)
-        side = duckdb.connect(":memory:", config=_FILES_CONFIG)
+        spill = tempfile.mkdtemp(prefix="kernelext-sql-")
         try:
-            for name, table in tables.items():
-                side.register(name, table)
-            side.execute("SET lock_configuration = true")
-            return _query_rolled_back(side, checked.sql, params)
+            side = duckdb.connect(":memory:", config={**_FILES_CONFIG, "temp_directory": spill})
+            try:
+                for name, table in tables.items():
+                    side.register(name, table)
+                side.execute("SET lock_configuration = true")
+                return _query_rolled_back(side, checked.sql, params)
+            finally:
+                side.close()
         finally:
-            side.close()
+            shutil.rmtree(spill, ignore_errors=True)
 
     def _export_tables(self, names: frozenset[str]) -> dict[str, Any]:
         """The store's tables among ``names``, as Arrow tables read in one transaction."""
@@ -372,10 +378,7 @@ class DuckDBConnection(Backend):
 
 
 def _query_rolled_back(
-    con: duckdb.DuckDBPyConnection,
-    sql: str,
-    params: list[Any] | dict[str, Any] | None,
-    keep: type[BaseException] | tuple[type[BaseException], ...] = (),
+    con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | dict[str, Any] | None
 ) -> Any:
     """A user query as Arrow, in a READ ONLY transaction that is always rolled back;
     what the database refuses comes back as the SQL surface's one refusal.
@@ -391,8 +394,6 @@ def _query_rolled_back(
     first = _transaction_id(con)
     try:
         return con.sql(sql, params=params).to_arrow_table()
-    except keep:
-        raise
     except duckdb.Error as exc:
         refused = runtime_refusal(exc)
         if refused is None:
