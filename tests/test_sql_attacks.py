@@ -500,3 +500,35 @@ def test_postgres_runs_only_what_was_checked(postgres_url: str, places: dict[str
         with psycopg.connect(postgres_url, autocommit=True) as con:
             con.execute("DROP SCHEMA IF EXISTS util CASCADE")
         store.close()
+
+
+ENDLESS = "SELECT count(*) FROM range(1000000000000000) t(i), range(10) u(j) WHERE i + j < 0"
+
+
+def test_a_timeout_interrupts_a_long_query_and_frees_the_store(duck: Store) -> None:
+    """DoS: kx.sql(..., timeout=) interrupts the query; the store reads and writes after."""
+    import time
+
+    before = full_state(duck)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"timeout=0\.3s"):
+        kx.sql(ENDLESS, timeout=0.3, store=duck)
+    assert time.monotonic() - started < 10
+    assert kx.sql("SELECT count(*) AS n FROM runs", timeout=5, store=duck)["n"].tolist() == [1]
+    assert full_state(duck) == before
+
+
+@pytest.mark.postgres
+def test_a_timeout_cancels_a_long_query_on_postgres(postgres_url: str) -> None:
+    store = open_store(postgres_url)
+    try:
+        with pytest.raises(TimeoutError, match=r"timeout=0\.3s"):
+            kx.sql(
+                "SELECT count(*) FROM generate_series(1, 100000000000) AS g(i)",
+                timeout=0.3,
+                store=store,
+            )
+        assert kx.sql("SELECT 1 AS one", timeout=5, store=store)["one"].tolist() == [1]
+        assert store.read("SHOW statement_timeout") == [("0",)]  # SET LOCAL: this query only
+    finally:
+        store.close()

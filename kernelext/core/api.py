@@ -151,6 +151,7 @@ def sql(
     params: Sequence[Any] | Mapping[str, Any] | None = None,
     *,
     allow_files: bool = False,
+    timeout: float | None = None,
     store: Store | None = None,
 ) -> Any:
     """Run one read-only query on the store: a DataFrame with pandas, else a pyarrow Table.
@@ -159,9 +160,14 @@ def sql(
     mapping for ``$name``. Files outside the store (``read_csv``, ``glob``, ``FROM
     'data.parquet'``) are read only with ``allow_files=True``. A query that would write,
     change a setting, advance a sequence or touch a file raises ``ReadOnlyError``, which
-    says what to do instead.
+    says what to do instead. ``timeout`` (seconds): a query still running then is
+    interrupted and raises ``TimeoutError`` (on DuckDB it holds the store's connection while
+    it runs, so the agents of this process wait to write until it ends).
     """
-    return _table(get_store(store).read_arrow(query, params, allow_files=allow_files))
+    table = get_store(store).read_arrow(
+        query, params, allow_files=allow_files, **({"timeout": timeout} if timeout else {})
+    )
+    return _table(table)
 
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:

@@ -303,7 +303,14 @@ class DuckDBConnection(Backend):
             names = [d[0] for d in (cur.description or [])]
             return cur.fetchall(), names
 
-    def read_arrow(self, sql: str, params: Params = None, *, allow_files: bool = False) -> Any:
+    def read_arrow(
+        self,
+        sql: str,
+        params: Params = None,
+        *,
+        allow_files: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
         """Run one query nobody reviewed (``kx.sql``) and return a pyarrow Table.
 
         ``sql_guard`` checks it with DuckDB's parser first; what runs is ``checked.sql``,
@@ -314,16 +321,22 @@ class DuckDBConnection(Backend):
         (``_lock_down``). Only a query that the check itself found reading files (with
         ``allow_files``) runs in a throw-away in-memory DuckDB that sees copies of the
         store's tables it names (``_read_with_files``); a query the store's instance
-        refuses file access is refused, never tried again elsewhere.
+        refuses file access is refused, never tried again elsewhere. ``timeout``: the query
+        is interrupted after that many seconds (``TimeoutError``).
         """
         checked = check_query(sql, allow_files=allow_files)
         bound = normalize_params(params)
         if allow_files and checked.reads_files:
-            return self._read_with_files(checked, bound)
+            return self._read_with_files(checked, bound, timeout)
         with self._mutex:
-            return _query_rolled_back(self._cursor(), checked.sql, bound)
+            return _query_rolled_back(self._cursor(), checked.sql, bound, timeout)
 
-    def _read_with_files(self, checked: Checked, params: list[Any] | dict[str, Any] | None) -> Any:
+    def _read_with_files(
+        self,
+        checked: Checked,
+        params: list[Any] | dict[str, Any] | None,
+        timeout: float | None = None,
+    ) -> Any:
         """Run a query that reads files outside the store (the caller allowed it).
 
         The store's instance has external access off for good, so the query runs in a
@@ -345,7 +358,7 @@ class DuckDBConnection(Backend):
                 for name, table in tables.items():
                     side.register(name, table)
                 side.execute("SET lock_configuration = true")
-                return _query_rolled_back(side, checked.sql, params)
+                return _query_rolled_back(side, checked.sql, params, timeout)
             finally:
                 side.close()
         finally:
@@ -378,7 +391,10 @@ class DuckDBConnection(Backend):
 
 
 def _query_rolled_back(
-    con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | dict[str, Any] | None
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    params: list[Any] | dict[str, Any] | None,
+    timeout: float | None = None,
 ) -> Any:
     """A user query as Arrow, in a READ ONLY transaction that is always rolled back;
     what the database refuses comes back as the SQL surface's one refusal.
@@ -392,9 +408,17 @@ def _query_rolled_back(
     """
     con.execute("BEGIN TRANSACTION READ ONLY")
     first = _transaction_id(con)
+    alarm = _Alarm(con, timeout)
     try:
-        return con.sql(sql, params=params).to_arrow_table()
-    except duckdb.Error as exc:
+        with alarm:
+            return con.sql(sql, params=params).to_arrow_table()
+    except Exception as exc:
+        if alarm.rang:  # DuckDB's interrupt is a RuntimeError ("Query interrupted")
+            raise TimeoutError(
+                f"kx.sql: the query ran longer than timeout={timeout:g}s and was interrupted"
+            ) from None
+        if not isinstance(exc, duckdb.Error):
+            raise
         refused = runtime_refusal(exc)
         if refused is None:
             raise
@@ -404,6 +428,39 @@ def _query_rolled_back(
         others = _transaction_id(con) - first - 1
         if others:
             raise breach(f"ran {others} transaction(s) of its own outside its read-only one", sql)
+
+
+class _Alarm:
+    """Interrupt ``con``'s query after ``timeout`` seconds, only while it still runs."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, timeout: float | None) -> None:
+        self._con = con
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._running = False
+        self._timer: threading.Timer | None = None
+        self.rang = False
+
+    def _ring(self) -> None:
+        with self._lock:
+            if self._running:
+                self.rang = True
+                self._con.interrupt()
+
+    def __enter__(self) -> None:
+        if self._timeout is None:
+            return
+        self._running = True
+        self._timer = threading.Timer(self._timeout, self._ring)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def __exit__(self, *_: object) -> None:
+        if self._timer is None:
+            return
+        with self._lock:
+            self._running = False
+        self._timer.cancel()
 
 
 def _transaction_id(con: duckdb.DuckDBPyConnection) -> int:
