@@ -148,6 +148,7 @@ def sql(
     params: Sequence[Any] | Mapping[str, Any] | None = None,
     *,
     allow_files: bool = False,
+    timeout: float | None = None,
     store: Store | None = None,
 ) -> Any:
     """Run one read-only query on the store: a DataFrame with pandas, else a pyarrow Table.
@@ -156,7 +157,9 @@ def sql(
     mapping for ``$name``. Files outside the store (``read_csv``, ``glob``, ``FROM
     'data.parquet'``) are read only with ``allow_files=True``. A query that would write,
     change a setting, advance a sequence or touch a file raises ``ReadOnlyError``, which
-    says what to do instead.
+    says what to do instead. ``timeout`` (seconds): a query still running then is
+    interrupted and raises ``TimeoutError`` (on DuckDB it holds the store's connection while
+    it runs, so the agents of this process wait to write until it ends).
     """
     check_text("kx.sql(query)", query, what="one SQL query as a str")
     if params is not None and (
@@ -167,8 +170,13 @@ def sql(
             f"dict for $name, not {type(params).__name__} {params!r}."
         )
     allow_files = check_flag("kx.sql(allow_files=...)", allow_files)
+    if timeout is not None:
+        timeout = check_duration("kx.sql(timeout=...)", timeout)
     check_store("kx.sql(store=...)", store)
-    return _table(get_store(store).read_arrow(query, params, allow_files=allow_files))
+    table = get_store(store).read_arrow(
+        query, params, allow_files=allow_files, **({"timeout": timeout} if timeout else {})
+    )
+    return _table(table)
 
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:

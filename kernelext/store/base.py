@@ -152,6 +152,7 @@ class Backend(abc.ABC):
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         *,
         allow_files: bool = False,
+        timeout: float | None = None,
     ) -> Any: ...
 
     def try_read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]] | None:
@@ -409,12 +410,16 @@ class StoreBase:
         params: Sequence[Any] | Mapping[str, Any] | None = None,
         *,
         allow_files: bool = False,
+        timeout: float | None = None,
     ) -> Any:
         """A read-only query as a pyarrow Table (what ``kx.sql`` uses): ``params`` bound to
         ``?``/``$1`` (a sequence) or ``$name`` (a mapping); files outside the store only
-        with ``allow_files``. A query that could change anything raises ReadOnlyError."""
+        with ``allow_files``. A query that could change anything raises ReadOnlyError; one
+        still running after ``timeout`` seconds is interrupted (``TimeoutError``)."""
         self._catch_up()
-        return self.backend.read_arrow(sql, params, allow_files=allow_files)
+        if timeout is None:
+            return self.backend.read_arrow(sql, params, allow_files=allow_files)
+        return self.backend.read_arrow(sql, params, allow_files=allow_files, timeout=timeout)
 
     def read_dicts(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         rows, names = self._read_with_names(sql, params)

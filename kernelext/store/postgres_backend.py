@@ -291,7 +291,14 @@ class PostgresConnection(Backend):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def read_arrow(self, sql: str, params: Params = None, *, allow_files: bool = False) -> Any:
+    def read_arrow(
+        self,
+        sql: str,
+        params: Params = None,
+        *,
+        allow_files: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
         """Run one query nobody reviewed (``kx.sql``) and return a pyarrow Table.
 
         ``sql_guard`` checks it with DuckDB's parser first (a query it cannot parse is
@@ -301,14 +308,16 @@ class PostgresConnection(Backend):
         statement, parameters bound by the server); session advisory locks are released
         afterwards. File readers are DuckDB's: a PostgreSQL store refuses them, allowed or
         not, and its server-side file functions (pg_read_file, ...) are refused always.
+        What runs is ``checked.sql``, the text that was checked (an EXPLAIN is rebuilt from
+        its checked statement), never the text as given.
         """
-        checked = check_query(sql.strip(), allow_files=True, strict_parse=True)
+        checked = check_query(sql.strip(), allow_files=True, postgres=True)
         if checked.reads_files:  # DuckDB's file readers: whatever allow_files says
             raise refusal("reading files on a PostgreSQL store", "files_server")
         text, bound = _placeholders(checked.sql, normalize_params(params))
         for attempt in (1, 2):
             try:
-                columns, rows = self._read_only(text, bound)
+                columns, rows = self._read_only(text, bound, timeout)
                 break
             except psycopg.OperationalError as exc:
                 if attempt == 2 or not connection_lost(exc):
@@ -316,7 +325,7 @@ class PostgresConnection(Backend):
         return _to_arrow(columns, rows)
 
     def _read_only(
-        self, query: str, params: list[Any] | dict[str, Any]
+        self, query: str, params: list[Any] | dict[str, Any], timeout: float | None = None
     ) -> tuple[list[Any], list[tuple[Any, ...]]]:
         columns: list[Any] = []
         rows: list[tuple[Any, ...]] = []
@@ -327,6 +336,9 @@ class PostgresConnection(Backend):
                     # Strings are read as DuckDB's parser read them when it checked the query.
                     con.execute("SET LOCAL standard_conforming_strings = on")
                     con.execute(_TAKE_READER_ROLE, [READER_ROLE])
+                    if timeout is not None:
+                        milliseconds = max(1, int(timeout * 1000))
+                        con.execute(f"SET LOCAL statement_timeout = {milliseconds}")
                     # prepare=True: the extended protocol, one statement at most, always
                     # (without parameters psycopg would use the simple protocol).
                     cur = con.execute(query, params, prepare=True)
@@ -336,6 +348,12 @@ class PostgresConnection(Backend):
                     raise _Rollback
             except _Rollback:
                 pass
+            except pg_errors.QueryCanceled:
+                if timeout is None:
+                    raise
+                raise TimeoutError(
+                    f"kx.sql: the query ran longer than timeout={timeout:g}s and was cancelled"
+                ) from None
             except pg_errors.ReadOnlySqlTransaction as exc:
                 raise refusal(f"a write ({exc.diag.message_primary})", "write") from None
             except pg_errors.InsufficientPrivilege as exc:

@@ -10,6 +10,11 @@ allowed) or acts on the server. The tree comes from ``json_serialize_sql`` on a 
 in-memory DuckDB connection, so quoting and comments (``"nextval"(…)``, ``nextval/**/(…)``)
 change nothing.
 
+What runs is exactly what was checked (``Checked.sql``): the whole text of a query, or,
+for an ``EXPLAIN``, ``EXPLAIN`` + options kernelext writes itself + the checked statement's
+text. The original text is never run past the check, so no way of cutting it (comments,
+multibyte characters: ``duckdb.tokenize`` counts bytes) can hide a statement from it.
+
 This check is the first line only. The backends run what passes where it cannot change
 anything even if the check were wrong (see ``read_arrow`` of each backend), and turn what
 their database refuses at run time into the same message (:func:`runtime_refusal`).
@@ -159,23 +164,36 @@ class _Parser:
 _PARSER = _Parser()
 
 
-def check_query(sql: str, *, allow_files: bool = False, strict_parse: bool = False) -> Checked:
+def check_query(
+    sql: str, *, allow_files: bool = False, strict_parse: bool = False, postgres: bool = False
+) -> Checked:
     """Check ``sql`` for the read-only surface; raise the refusal, else say what it reads.
+
+    What the backend runs is ``Checked.sql``, never ``sql``: the text that was checked
+    (for ``EXPLAIN``, rebuilt from the statement that was checked, see :func:`_explain`).
 
     A query DuckDB's parser cannot read raises its ``ParserException`` (running it would
     fail the same way), unless ``strict_parse`` (another database runs it): then it is
-    refused, because it cannot be checked.
+    refused, because it cannot be checked. ``postgres``: PostgreSQL runs it, so a call
+    qualified by a schema other than ``pg_catalog`` (a function someone created) and
+    DuckDB's method-call syntax ``x.f()`` are refused too.
     """
     try:
-        return _check_text(sql, allow_files=allow_files, strict_parse=strict_parse)
+        return _check_text(
+            sql, allow_files=allow_files, strict_parse=strict_parse or postgres, postgres=postgres
+        )
     except _Refused as refused:
         raise refusal(refused.what, refused.kind) from None
+    except RecursionError:
+        raise refusal("a query nested too deeply to check", "unchecked") from None
 
 
-def _check_text(sql: str, *, allow_files: bool, strict_parse: bool) -> Checked:
+def _check_text(sql: str, *, allow_files: bool, strict_parse: bool, postgres: bool) -> Checked:
     try:
         statements = _PARSER.statements(sql)
     except duckdb.ParserException as exc:
+        if "expression depth" in str(exc):
+            raise _Refused("a query nested too deeply to check", "unchecked") from None
         if strict_parse:
             what = f"a statement that does not parse ({_first_line(exc)})"
             raise _Refused(what, "unchecked") from None
@@ -187,18 +205,40 @@ def _check_text(sql: str, *, allow_files: bool, strict_parse: bool) -> Checked:
         raise _Refused(f"{len(statements)} statements ({kinds})", "multiple")
     statement_type, text = statements[0]
     if statement_type == _T.SELECT:
-        return _check_select(sql, allow_files=allow_files)
+        return _check_select(sql, allow_files=allow_files, postgres=postgres)
     if statement_type != _T.EXPLAIN:
         keyword = _keyword(text)
         kind = _statement_kind(statement_type, keyword)
         raise _Refused(f"{_article(keyword)} {keyword} statement", kind)
-    inner, analyze = _explained(text)
+    return _explain(text, allow_files=allow_files, postgres=postgres)
+
+
+def _explain(text: str, *, allow_files: bool, postgres: bool) -> Checked:
+    """Check ``EXPLAIN [ANALYZE] [(options)] statement`` and say what runs instead of it.
+
+    The inner statement is checked like any query (it must be a SELECT: ``EXPLAIN ANALYZE``
+    runs it, on PostgreSQL too), and what runs is rebuilt from it: ``EXPLAIN`` + the
+    options as kernelext writes them (from a short list) + exactly the text that was
+    checked. Nothing of the original text outside the checked statement is run, so
+    however that text was cut, a statement that was not checked cannot run.
+    """
+    inner, options = _explained(text)
+    wrapper = "EXPLAIN ANALYZE" if "ANALYZE" in options else "EXPLAIN"
     try:
-        checked = _check_text(inner, allow_files=allow_files, strict_parse=True)
+        statements = _PARSER.statements(inner)
+        if len(statements) == 1 and statements[0][0] == _T.EXPLAIN:
+            raise _Refused("an EXPLAIN of an EXPLAIN", "unchecked")
+        checked = _check_text(inner, allow_files=allow_files, strict_parse=True, postgres=postgres)
     except _Refused as refused:
-        wrapper = "EXPLAIN ANALYZE" if analyze else "EXPLAIN"
         raise _Refused(f"{wrapper} of {refused.what}", refused.kind) from None
-    return Checked(sql, checked.tables, checked.reads_files)
+    if not options and _words(checked.sql)[0][1] == "(":
+        options = ["FORMAT TEXT"]  # so that the statement's parenthesis is not read as options
+    prefix = f"EXPLAIN ({', '.join(options)}) " if options else "EXPLAIN "
+    rebuilt = prefix + checked.sql
+    found = _PARSER.statements(rebuilt)
+    if len(found) != 1 or found[0][0] != _T.EXPLAIN:  # pragma: no cover - a parser change
+        raise _Refused("an EXPLAIN whose statement cannot be told apart", "unchecked")
+    return Checked(rebuilt, checked.tables, checked.reads_files)
 
 
 def _statement_type(statement: Any) -> Any:
@@ -226,23 +266,32 @@ def _article(word: str) -> str:
     return "an" if word[:1].upper() in "AEIOU" else "a"
 
 
-def _check_select(sql: str, *, allow_files: bool) -> Checked:
+def _check_select(sql: str, *, allow_files: bool, postgres: bool) -> Checked:
     tree = _PARSER.tree(sql)
     if tree.get("error"):
         raise _Refused(f"a query ({tree.get('error_message')})", "unchecked")
-    tables, files = check_tree(tree, allow_files=allow_files)
+    tables, files = check_tree(tree, allow_files=allow_files, postgres=postgres)
     return Checked(sql, tables, files)
 
 
 def _words(sql: str) -> list[tuple[int, str, Any]]:
-    """DuckDB's tokens of ``sql``: (start, text, type), comments left out."""
+    """DuckDB's tokens of ``sql``: (start, text, type), comments left out.
+
+    ``duckdb.tokenize`` gives UTF-8 *byte* offsets; they are turned into offsets of the
+    Python string here (a comment full of ``é`` once shifted every cut after it). What
+    runs never depends on these offsets alone: see :func:`_explain`.
+    """
+    data = sql.encode("utf-8")
     tokens = duckdb.tokenize(sql)
-    ends = [pos for pos, _ in tokens[1:]] + [len(sql)]
-    return [
-        (pos, sql[pos:end].strip(), kind)
-        for (pos, kind), end in zip(tokens, ends, strict=True)
-        if kind != duckdb.token_type.comment
-    ]
+    ends = [pos for pos, _ in tokens[1:]] + [len(data)]
+    words: list[tuple[int, str, Any]] = []
+    chars, previous = 0, 0
+    for (pos, kind), end in zip(tokens, ends, strict=True):
+        chars += len(data[previous:pos].decode("utf-8"))
+        previous = pos
+        if kind != duckdb.token_type.comment:
+            words.append((chars, data[pos:end].decode("utf-8").strip(), kind))
+    return words
 
 
 def _keyword(sql: str) -> str:
@@ -251,39 +300,70 @@ def _keyword(sql: str) -> str:
     return words[0][1].upper() if words else "empty"
 
 
-def _explained(sql: str) -> tuple[str, bool]:
-    """The statement inside ``EXPLAIN [ANALYZE] [(options)] statement``, and ANALYZE?
+# EXPLAIN's options that pass, as they are written again: option -> the values it may take
+_EXPLAIN_OPTIONS: dict[str, frozenset[str]] = {
+    "ANALYZE": frozenset({"", "TRUE", "ON"}),
+    "FORMAT": frozenset({"TEXT", "JSON", "YAML"}),  # on DuckDB and PostgreSQL both
+}
+
+
+def _explained(sql: str) -> tuple[str, list[str]]:
+    """The statement inside ``EXPLAIN [ANALYZE] [(options)] statement``, and its options.
 
     DuckDB's tokenizer finds the words (comments anywhere are skipped); the statement is
     what follows. ``EXPLAIN (SELECT 1)`` and ``EXPLAIN (FORMAT json) SELECT 1`` both start
     with a parenthesis: whichever reading parses as one statement is the statement, and
-    if both or neither do, it cannot be checked.
+    if both or neither do, it cannot be checked. The options are read word by word and
+    written again by kernelext (``_EXPLAIN_OPTIONS``); any other word is refused.
     """
     words = _words(sql)[1:]  # after EXPLAIN
-    analyze = bool(words) and words[0][1].upper() in ("ANALYZE", "ANALYSE")
-    words = words[int(analyze) :]
+    options: list[str] = []
+    if words and words[0][1].upper() in ("ANALYZE", "ANALYSE"):
+        options.append("ANALYZE")
+        words = words[1:]
     if not words:
         raise _Refused("an EXPLAIN without a statement", "empty")
-    candidates = [sql[words[0][0] :]]
-    if words[0][1] == "(":
+    candidates: list[tuple[str, list[str] | None]] = [(sql[words[0][0] :], options)]
+    if words[0][1] == "(" and not options:
         after = _after_parenthesis(words)
         if after is not None:
-            candidates.append(sql[after:])
-            analyze = analyze or any(w.upper() == "ANALYZE" for _, w, _ in words)
-    parsed = [c for c in candidates if _one_statement(c)]
+            start, group = after
+            candidates.append((sql[start:], _explain_options(group)))
+    parsed = [(text, opts) for text, opts in candidates if _one_statement(text)]
     if len(parsed) != 1:
         raise _Refused("an EXPLAIN whose statement cannot be told apart", "unchecked")
-    return parsed[0], analyze
+    text, opts = parsed[0]
+    if opts is None:
+        raise _Refused("EXPLAIN options it does not know (it knows ANALYZE, FORMAT)", "unchecked")
+    return text, opts
 
 
-def _after_parenthesis(words: list[tuple[int, str, Any]]) -> int | None:
-    """Where the text after the parenthesised group that opens ``words`` begins."""
+def _explain_options(group: list[str]) -> list[str] | None:
+    """``(ANALYZE, FORMAT json)`` (its words) as kernelext writes it; None: not listed."""
+    inner = " ".join(group[1:-1]).upper()
+    options: list[str] = []
+    for option in (o.split() for o in inner.split(",")):
+        if not option or option[0].replace("ANALYSE", "ANALYZE") not in _EXPLAIN_OPTIONS:
+            return None
+        name = option[0].replace("ANALYSE", "ANALYZE")
+        value = " ".join(option[1:])
+        if value not in _EXPLAIN_OPTIONS[name] or len(option) > 2:
+            return None
+        options.append(name if name == "ANALYZE" else f"{name} {value}")
+    return sorted(set(options))
+
+
+def _after_parenthesis(words: list[tuple[int, str, Any]]) -> tuple[int, list[str]] | None:
+    """Where the text after the parenthesised group that opens ``words`` begins, and the
+    words of that group."""
     depth = 0
     for index, (_, text, kind) in enumerate(words):
         if kind == duckdb.token_type.operator:
             depth += text.count("(") - text.count(")")
         if depth == 0:
-            return words[index + 1][0] if index + 1 < len(words) else None
+            if index + 1 >= len(words):
+                return None
+            return words[index + 1][0], [w for _, w, _ in words[: index + 1]]
     return None
 
 

@@ -95,14 +95,22 @@ def looks_like_path(table: str) -> bool:
 
 
 # -- the walk ---------------------------------------------------------------------------------
-def check_tree(tree: dict[str, Any], *, allow_files: bool) -> tuple[frozenset[str], bool]:
-    """Refuse what the tree does that is not listed; else (tables named, reads files?)."""
+def check_tree(
+    tree: dict[str, Any], *, allow_files: bool, postgres: bool = False
+) -> tuple[frozenset[str], bool]:
+    """Refuse what the tree does that is not listed; else (tables named, reads files?).
+
+    ``postgres``: the query runs on PostgreSQL, where ``s.f(x)`` is function ``f`` of
+    schema ``s`` (someone's function, whatever its name) and ``x.f()`` is no SQL at all.
+    """
     tables: set[str] = set()
     files = False
     for node, in_from in _nodes(tree.get("statements", [])):
         expression_class = node.get("class")
         if isinstance(expression_class, str):
             files = _check_expression(node, expression_class, in_from, allow_files) or files
+            if postgres and expression_class in ("FUNCTION", "WINDOW"):
+                _check_postgres_call(node)
             continue
         kind = node.get("type")
         if not isinstance(kind, str):
@@ -171,6 +179,44 @@ def _check_expression(node: dict[str, Any], cls: str, in_from: bool, allow_files
     if name in AGGREGATE_NAME_ARGUMENT:
         _check_aggregate_name(node, name, AGGREGATE_NAME_ARGUMENT[name])
     return in_from and name in FILE_READERS
+
+
+# The schemas a call may name on PostgreSQL: the built-in functions' (or none at all).
+POSTGRES_SCHEMAS = frozenset({"", "pg_catalog"})
+_UNKNOWN = 2**64 - 1  # DuckDB's query_location of a node that has none
+
+
+def _check_postgres_call(node: dict[str, Any]) -> None:
+    """On PostgreSQL: no function of another schema, no DuckDB method call ``x.f()``."""
+    name = str(node.get("function_name", "")).lower()
+    schema = str(node.get("schema") or "").lower()
+    catalog = str(node.get("catalog") or "").lower()
+    if catalog or schema not in POSTGRES_SCHEMAS:
+        qualified = ".".join(p for p in (catalog, schema, name) if p)
+        raise _Refused(
+            f"a call to {qualified}() (on PostgreSQL, only pg_catalog's functions, "
+            "or calls without a schema)",
+            "unlisted",
+        )
+    where = node.get("query_location")
+    arguments = node.get("arguments", node.get("children", []))
+    if isinstance(where, int) and where != _UNKNOWN and arguments:
+        first = _first_location(arguments[0])
+        if first is not None and first < where:
+            raise _Refused(
+                f"the method call x.{name}() (DuckDB syntax; PostgreSQL needs {name}(x))",
+                "unchecked",
+            )
+
+
+def _first_location(value: Any) -> int | None:
+    """The smallest known query_location in a subtree (where its text starts)."""
+    found = [
+        node["query_location"]
+        for node, _ in _nodes(value)
+        if isinstance(node.get("query_location"), int) and node["query_location"] != _UNKNOWN
+    ]
+    return min(found) if found else None
 
 
 def _check_aggregate_name(node: dict[str, Any], name: str, index: int) -> None:

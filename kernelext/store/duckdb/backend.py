@@ -7,6 +7,8 @@ import datetime as dt
 import logging
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -370,32 +372,40 @@ class DuckDBConnection(Backend):
             names = [d[0] for d in (cur.description or [])]
             return cur.fetchall(), names
 
-    def read_arrow(self, sql: str, params: Params = None, *, allow_files: bool = False) -> Any:
+    def read_arrow(
+        self,
+        sql: str,
+        params: Params = None,
+        *,
+        allow_files: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
         """Run one query nobody reviewed (``kx.sql``) and return a pyarrow Table.
 
-        ``sql_guard`` checks it with DuckDB's parser first. What passes runs where it
-        cannot change anything even if that check were wrong: in a READ ONLY transaction
-        that is always rolled back, on a database instance whose settings are locked and
-        which reaches no file, extension or other database (``_lock_down``). With
-        ``allow_files``, a query that reads files runs in a throw-away in-memory DuckDB
-        that sees copies of the store's tables it names (``_read_with_files``).
+        ``sql_guard`` checks it with DuckDB's parser first; what runs is ``checked.sql``,
+        the text that was checked (an EXPLAIN is rebuilt from its checked statement). What
+        passes runs where it cannot change anything even if that check were wrong: in a
+        READ ONLY transaction that is always rolled back, on a database instance whose
+        settings are locked and which reaches no file, extension or other database
+        (``_lock_down``). Only a query that the check itself found reading files (with
+        ``allow_files``) runs in a throw-away in-memory DuckDB that sees copies of the
+        store's tables it names (``_read_with_files``); a query the store's instance
+        refuses file access is refused, never tried again elsewhere. ``timeout``: the query
+        is interrupted after that many seconds (``TimeoutError``).
         """
         checked = check_query(sql, allow_files=allow_files)
         bound = normalize_params(params)
         if allow_files and checked.reads_files:
-            return self._read_with_files(checked, bound)
-        try:
-            return self._read_locked(checked.sql, bound)
-        except duckdb.PermissionException as exc:
-            if not allow_files:
-                raise (runtime_refusal(exc) or exc) from None
-            return self._read_with_files(checked, bound)  # a file reader the check missed
-
-    def _read_locked(self, sql: str, params: list[Any] | dict[str, Any] | None) -> Any:
+            return self._read_with_files(checked, bound, timeout)
         with self._mutex:
-            return _query_rolled_back(self._cursor(), sql, params, keep=duckdb.PermissionException)
+            return _query_rolled_back(self._cursor(), checked.sql, bound, timeout)
 
-    def _read_with_files(self, checked: Checked, params: list[Any] | dict[str, Any] | None) -> Any:
+    def _read_with_files(
+        self,
+        checked: Checked,
+        params: list[Any] | dict[str, Any] | None,
+        timeout: float | None = None,
+    ) -> Any:
         """Run a query that reads files outside the store (the caller allowed it).
 
         The store's instance has external access off for good, so the query runs in a
@@ -403,16 +413,25 @@ class DuckDBConnection(Backend):
         the store tables the query names are copied in as Arrow (a consistent snapshot,
         read in one transaction), its settings are locked and its transaction rolled back.
         It costs a copy of those tables in memory on every call.
+
+        DuckDB cannot let an instance read files but not write them (``allowed_directories``
+        admits both), so only a query the check passed runs here (no COPY, no writing
+        function is on the allow-list), and the instance spills to a private temporary
+        directory of its own, removed afterwards.
         """
         tables = self._export_tables(checked.tables)
-        side = duckdb.connect(":memory:", config=_FILES_CONFIG)
+        spill = tempfile.mkdtemp(prefix="kernelext-sql-")
         try:
-            for name, table in tables.items():
-                side.register(name, table)
-            side.execute("SET lock_configuration = true")
-            return _query_rolled_back(side, checked.sql, params)
+            side = duckdb.connect(":memory:", config={**_FILES_CONFIG, "temp_directory": spill})
+            try:
+                for name, table in tables.items():
+                    side.register(name, table)
+                side.execute("SET lock_configuration = true")
+                return _query_rolled_back(side, checked.sql, params, timeout)
+            finally:
+                side.close()
         finally:
-            side.close()
+            shutil.rmtree(spill, ignore_errors=True)
 
     def _export_tables(self, names: frozenset[str]) -> dict[str, Any]:
         """The store's tables among ``names``, as Arrow tables read in one transaction."""
@@ -446,7 +465,7 @@ def _query_rolled_back(
     con: duckdb.DuckDBPyConnection,
     sql: str,
     params: list[Any] | dict[str, Any] | None,
-    keep: type[BaseException] | tuple[type[BaseException], ...] = (),
+    timeout: float | None = None,
 ) -> Any:
     """A user query as Arrow, in a READ ONLY transaction that is always rolled back;
     what the database refuses comes back as the SQL surface's one refusal.
@@ -460,11 +479,17 @@ def _query_rolled_back(
     """
     con.execute("BEGIN TRANSACTION READ ONLY")
     first = _transaction_id(con)
+    alarm = _Alarm(con, timeout)
     try:
-        return con.sql(sql, params=params).to_arrow_table()
-    except keep:
-        raise
-    except duckdb.Error as exc:
+        with alarm:
+            return con.sql(sql, params=params).to_arrow_table()
+    except Exception as exc:
+        if alarm.rang:  # DuckDB's interrupt is a RuntimeError ("Query interrupted")
+            raise TimeoutError(
+                f"kx.sql: the query ran longer than timeout={timeout:g}s and was interrupted"
+            ) from None
+        if not isinstance(exc, duckdb.Error):
+            raise
         refused = runtime_refusal(exc)
         if refused is None:
             raise
@@ -474,6 +499,39 @@ def _query_rolled_back(
         others = _transaction_id(con) - first - 1
         if others:
             raise breach(f"ran {others} transaction(s) of its own outside its read-only one", sql)
+
+
+class _Alarm:
+    """Interrupt ``con``'s query after ``timeout`` seconds, only while it still runs."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, timeout: float | None) -> None:
+        self._con = con
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._running = False
+        self._timer: threading.Timer | None = None
+        self.rang = False
+
+    def _ring(self) -> None:
+        with self._lock:
+            if self._running:
+                self.rang = True
+                self._con.interrupt()
+
+    def __enter__(self) -> None:
+        if self._timeout is None:
+            return
+        self._running = True
+        self._timer = threading.Timer(self._timeout, self._ring)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def __exit__(self, *_: object) -> None:
+        if self._timer is None:
+            return
+        with self._lock:
+            self._running = False
+        self._timer.cancel()
 
 
 def _transaction_id(con: duckdb.DuckDBPyConnection) -> int:
