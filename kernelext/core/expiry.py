@@ -48,6 +48,7 @@ from ..store import Store
 from ..store.expiry import Expiry, PayloadRemoval
 from ..validate import FUNCTION, SOURCE, STORE, check_datetime, optional, validated
 from .runtime import get_store, runtime
+from .secrets import scrubbed_excerpt
 
 __all__ = [
     "ExpiredRun",
@@ -284,7 +285,7 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool =
             callback(info)
         except Exception as exc:  # recorded, never breaks the sweep; not called again
             name = getattr(callback, "__qualname__", repr(callback))
-            error = f"{type(exc).__name__}: {exc}"[:1000]
+            error = scrubbed_excerpt(f"{type(exc).__name__}: {exc}", 1000)
             result.callback_errors.append((info.run_id, error))
             try:
                 store.record_event(
@@ -299,7 +300,9 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool =
     try:
         store.mark_expiry_notified([info.run_id], store.now())
     except Exception as exc:  # not marked: the next sweep with callbacks delivers it again
-        result.callback_errors.append((info.run_id, f"not marked delivered: {exc}"[:1000]))
+        result.callback_errors.append(
+            (info.run_id, scrubbed_excerpt(f"not marked delivered: {exc}", 1000))
+        )
 
 
 def expiry_info(run_id: str, *, store: Store | None = None) -> dict[str, Any]:
