@@ -291,6 +291,29 @@ def test_callbacks_listeners_and_hooks_are_told_and_a_failing_callback_is_record
 
 
 @pytest.mark.duckdb_only
+def test_a_failing_callbacks_error_is_scrubbed_before_it_is_cut(
+    store: Store, clock: FakeClock
+) -> None:
+    secret = kx.secrets.register(f"EXPsecret-{uuid.uuid4().hex}")
+    suspend_run(store, "rate_limit", "cut-1")
+
+    def broken(info: expiry.ExpiredRun) -> None:  # the secret straddles character 1000
+        raise RuntimeError("x" * (1000 - len("RuntimeError: ") - 10) + secret)
+
+    kx.on_expire(broken)
+    try:
+        clock.advance(hours=1)
+        result = kx.sweep()
+        [(_, error)] = result.callback_errors
+        [failed] = events(store, "cut-1", "expire_callback_failed")
+    finally:
+        expiry.remove_on_expire(broken)
+        kx.secrets.forget(secret)
+    for text in (error, failed["reason"]):
+        assert secret[:10] not in text and text.endswith("***")
+
+
+@pytest.mark.duckdb_only
 def test_on_expire_takes_only_callables(store: Store) -> None:
     with pytest.raises(TypeError, match="callable"):
         kx.on_expire("not a function")  # type: ignore[arg-type]

@@ -12,13 +12,16 @@ Run as a script (``python test_secrets.py STORE``), this file is that worker.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import functools
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -409,3 +412,109 @@ def test_a_result_keeps_plain_data_under_ambiguous_names_but_not_real_secrets() 
     assert stored["logprobs"] == [{"token": "Hello", "logprob": -0.1}]  # replays as given
     assert stored["session"] == "s-1"
     assert stored["access_token"] != "tok-123456" and stored["password"] != "hunter22"
+
+
+# -- forms, reference counts, own identity (adversarial review of the scrubbing door) --------
+def _registered(value: str | bytes) -> Iterator[None]:
+    kx.secrets.register(value)
+    try:
+        yield
+    finally:
+        kx.secrets.forget(value)
+
+
+registered = contextlib.contextmanager(_registered)
+
+
+def _b64_at(k: int, encode: Any, s: str) -> str:
+    """base64 of the secret inside other bytes, starting at offset ``k``."""
+    return str(encode(b"\0" * k + s.encode() + b"\0" * k).decode())
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda s: urllib.parse.quote_plus(s),
+        lambda s: urllib.parse.urlencode({"q": s}),
+        lambda s: ascii(s),
+        lambda s: repr(s.encode()),
+        lambda s: s.encode().hex(),
+        lambda s: s.encode().hex().upper(),
+        *[
+            functools.partial(_b64_at, k, f)
+            for k in range(3)
+            for f in (base64.b64encode, base64.urlsafe_b64encode)
+        ],
+        lambda s: base64.b64encode(s.encode()).decode().rstrip("="),
+        lambda s: base64.b64encode(b"ab" + s.encode()).decode(),
+    ],
+)
+def test_escaped_and_encoded_forms_of_a_secret_are_masked(encode: Any) -> None:
+    secret = f"pä ss/wörd+{uuid.uuid4().hex[:8]}"
+    canary = f"kä ss/wörd+{uuid.uuid4().hex[:8]}"
+    with registered(secret):
+        text = f"sent {encode(secret)} and {encode(canary)}"
+        clean = scrub_text(text, heuristics=False)
+        assert encode(secret) not in clean and MASK in clean
+        assert encode(canary) in clean  # a near miss is kept
+
+
+def test_a_numeric_secret_in_json_numbers_never_reaches_the_text() -> None:
+    from kernelext.core.secrets import StoreScrubber
+
+    door = StoreScrubber()
+    with registered("4111222233334444"):
+        stored = door.json(
+            json.dumps({"card": 4111222233334444, "f": [4111222233334444.0, 7], "ok": 1}),
+            result=True,
+        )
+        assert "4111222233334444" not in stored
+        assert json.loads(stored) == {"card": MASK, "f": [MASK, 7], "ok": 1}
+        assert door.json("[4111222233334444", result=False) == "[***"  # not JSON: as text
+        assert door.json("12", result=True) == "12"
+    with registered("1234, 5678"):  # across JSON structure: no leaf holds it
+        assert door.json(json.dumps([1234, 5678]), result=True) == json.dumps(MASK)
+
+
+def test_forget_keeps_other_secrets_and_counts_registrations() -> None:
+    b = f"p%20w%20d{uuid.uuid4().hex[:6]}"
+    a = urllib.parse.unquote(b)  # a's URL-encoded form is b
+    kx.secrets.register(b)
+    kx.secrets.register(a)
+    kx.secrets.forget(a)
+    try:
+        assert b in kx.secrets
+        assert scrub_text(f"x {b} y", heuristics=False) == f"x {MASK} y"
+        kx.secrets.register(a)
+        kx.secrets.register(a)
+        kx.secrets.forget(a)
+        assert scrub_text(a, heuristics=False) == MASK  # registered twice: still scrubbed
+        kx.secrets.forget(a)
+        assert scrub_text(a, heuristics=False) == a
+    finally:
+        kx.secrets.forget(b)
+        kx.secrets.forget(a)
+    assert scrub_text(b, heuristics=False) == b
+
+
+def test_register_refuses_a_value_of_this_processes_own_identity() -> None:
+    from kernelext.store import actor
+
+    with pytest.raises(ValueError, match="own identity"):
+        kx.secrets.register(actor().rsplit(":", 1)[0])  # user@host
+
+
+def test_a_cut_error_text_keeps_no_start_of_a_secret() -> None:
+    from kernelext.core.secrets import scrubbed_excerpt
+
+    secret = f"EXPsecret-{uuid.uuid4().hex}"
+    with registered(secret):
+        text = "x" * 990 + secret
+        assert secret[:10] not in scrubbed_excerpt(text, 1000)
+        assert secret[:10] in text[:1000]  # what cutting first would have kept
+
+
+def test_an_exception_name_is_not_read_as_a_secret_pair() -> None:
+    text = "SecretRefused: kernelext refuses to store runs.id"
+    assert scrub_text(text) == text
+    assert scrub_text("password: hunter22") == f"password: {MASK}"

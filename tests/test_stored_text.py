@@ -380,3 +380,55 @@ def test_start_arguments_lose_the_secret_and_a_resume_asks_for_them(
         kx.resume("needs-key")
     assert kx.resume("needs-key", args=(SECRET,)).wait(WAIT) == "completed"
     assert store.get_run("needs-key")["status"] == "completed"
+
+
+# -- numbers and raw bytes (adversarial review of the door) -----------------------------------
+NUMERIC = int("4" + str(uuid.uuid4().int)[:15])  # a card number, registered as text
+NUM_CANARY = NUMERIC + 1
+CRED_INT = int("7" + str(uuid.uuid4().int)[:10])  # a numeric credential (a PIN, an account)
+CRED_BYTES = b"\xff\xfebin-" + HEX[:8].encode() + b"\xfe"  # not UTF-8 (a raw HMAC key)
+
+
+@kx.effect
+def charge(card: int, pin: int) -> dict[str, Any]:
+    return {"card": card, "pin": pin, "list": [card, float(card)]}
+
+
+@kx.agent(name="numeric")
+def numeric_agent(run: kx.Run, card: int, canary: int, with_bytes: bool = False) -> None:
+    with run.step("facts"):
+        run.fact("pin", CRED_INT, kind="credential")
+        run.fact("hmac", CRED_BYTES, kind="credential")
+    with run.step("charge"):
+        charge(card, run.credential("pin"))
+        charge(canary, CRED_INT + 1)
+        if with_bytes:
+            run.state["sig"] = CRED_BYTES
+
+
+def test_numbers_and_raw_bytes_holding_a_secret_reach_no_column_and_no_file(
+    store: Any, store_path: Any, backend: str
+) -> None:
+    kx.secrets.register(str(NUMERIC))
+    try:
+        h = numeric_agent.start(NUMERIC, NUM_CANARY, run_id="numeric")
+        assert h.wait(WAIT) == "completed", h.error
+        bad = numeric_agent.start(NUMERIC, NUM_CANARY, True, run_id="numeric-bytes")
+        assert bad.wait(WAIT) == "failed"  # raw credential bytes in run.state: refused
+        assert "run.credential" in str(bad.error)
+        texts = _all_text(store)
+        for needle in (str(NUMERIC), str(CRED_INT), CRED_BYTES.decode("latin-1")):
+            assert [(t, c) for t, c, v in texts if needle in v] == [], needle
+        seen = {(t, c) for t, c, v in texts if str(NUM_CANARY) in v}
+        assert {("runs", "args"), ("effects", "args"), ("effects", "result")} <= seen
+        assert any(str(CRED_INT + 1) in v for _, _, v in texts)
+        if backend == "duckdb":
+            kx.open_store(str(store_path)).close()
+            for path in _files(store_path):
+                data = path.read_bytes()
+                for raw in (str(NUMERIC).encode(), str(CRED_INT).encode(), CRED_BYTES):
+                    assert raw not in data, (path, raw)
+    finally:
+        kx.secrets.forget(str(NUMERIC))
+        kx.secrets.forget(str(CRED_INT))
+        kx.secrets.forget(CRED_BYTES)

@@ -26,6 +26,7 @@ from .names import check_stored_name
 from .resume_steps import before_first_action
 from .run import Run, StepInfo
 from .runtime import get_store, runtime
+from .secrets import scrubbed_excerpt
 from .snapshot import Snapshotter
 from .takeover import take_over
 from .worker import end_open_step, suspend_run
@@ -223,7 +224,7 @@ class CellRun:
             outcome = StepOutcome(Status.NEEDS_DECISION, info.key, info.ordinal, str(error))
         else:
             text = f"{type(error).__name__}: {error}"
-            end_open_step(store, run, StepStatus.FAILED, text[:2000])
+            end_open_step(store, run, StepStatus.FAILED, scrubbed_excerpt(text, 2000))
             run.notify("step_failed", info)
             outcome = StepOutcome(StepStatus.FAILED, info.key, info.ordinal, text)
         self.reload()  # the cell may have half-changed run.state: back to the snapshot

@@ -90,9 +90,12 @@ def _scrub_from_now_on(value: Any) -> bool:
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, (str, bytes, bytearray)):
-            text = item if isinstance(item, str) else bytes(item).decode(errors="replace")
-            if not SECRETS.add(text) and text:
+        if isinstance(item, (str, bytes, bytearray, int, float)) and not isinstance(item, bool):
+            # bytes as they are (not UTF-8 too: the registry keeps raw byte forms); a number
+            # as its text, which is how it is stored (a PIN, an account number)
+            form = bytes(item) if isinstance(item, bytearray) else item
+            form = str(form) if isinstance(form, (int, float)) else form
+            if not SECRETS.add(form) and 0 < len(form) < MIN_LENGTH:
                 short = True
         elif isinstance(item, dict):
             stack.extend(item.values())

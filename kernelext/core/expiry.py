@@ -52,6 +52,7 @@ from ..store.expiry import Expiry, PayloadRemoval
 from ..validate import FUNCTION, SOURCE, STORE, check_datetime, optional, validated
 from .lease import owner_alive
 from .runtime import get_store, runtime
+from .secrets import scrubbed_excerpt
 
 __all__ = [
     "ExpiredRun",
@@ -293,7 +294,7 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool =
             if isinstance(exc, KeyboardInterrupt) and _in_main_thread():
                 interrupted = exc  # Ctrl-C on a kx.sweep(): recorded, then let through
             name = getattr(callback, "__qualname__", repr(callback))
-            error = f"{type(exc).__name__}: {exc}"[:1000]
+            error = scrubbed_excerpt(f"{type(exc).__name__}: {exc}", 1000)
             result.callback_errors.append((info.run_id, error))
             with contextlib.suppress(Exception):  # the failure is in result.callback_errors
                 store.record_event(
@@ -308,7 +309,9 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool =
     try:
         store.mark_expiry_notified([info.run_id], store.now())
     except Exception as exc:  # not marked: the next sweep with callbacks delivers it again
-        result.callback_errors.append((info.run_id, f"not marked delivered: {exc}"[:1000]))
+        result.callback_errors.append(
+            (info.run_id, scrubbed_excerpt(f"not marked delivered: {exc}", 1000))
+        )
     if interrupted is not None:
         raise interrupted
 

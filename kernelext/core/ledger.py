@@ -42,7 +42,7 @@ from .keys import (
 from .names import check_stored_name
 from .run import Run
 from .runtime import runtime
-from .secrets import REDACTED, SECRET_NAME, scrub_text
+from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
 
 __all__ = [
     "REDACTED",
@@ -376,7 +376,7 @@ class Effect:
         ``kx.reconcile``), never an applied row a resume could not return."""
         kind = type(result).__name__
         why = str(exc) if isinstance(exc, Unencodable) else f"{type(exc).__name__}: {exc}"
-        note = scrub_text(f"applied, but its result (a {kind}) cannot be stored: {why}")[:2000]
+        note = scrubbed_excerpt(f"applied, but its result (a {kind}) cannot be stored: {why}", 2000)
         run.store.write_outcome(key, EffectStatus.UNKNOWN, error=note, wait=True)
         run.store.record_event(
             run.id,
@@ -403,7 +403,7 @@ _PERFORM = object()
 def _describe(exc: BaseException) -> str:
     """The error text stored for a failed call: scrubbed, then cut (never the other way
     round, which could leave the start of a secret behind)."""
-    return scrub_text(f"{type(exc).__name__}: {exc}")[:2000]
+    return scrubbed_excerpt(f"{type(exc).__name__}: {exc}", 2000)
 
 
 @overload

@@ -23,6 +23,7 @@ their anchor (``://``; for pairs and tokens one of the secret words, then ``=``/
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
@@ -32,6 +33,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
+from ..store.columns import scrubbed_excerpt
 from ..validate import check_name, check_secret, optional, validated
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "is_secret_name",
     "scrub",
     "scrub_text",
+    "scrubbed_excerpt",
 ]
 
 S = TypeVar("S", str, bytes)
@@ -113,11 +116,15 @@ class SecretRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: set[str] = set()
+        # Every form (variant) of every registered value, with the values it came from:
+        # forgetting one value drops a form only when no other registered value has it.
+        self._owners: dict[str, set[str | bytes]] = {}
+        self._byte_owners: dict[bytes, set[str | bytes]] = {}
+        self._counts: dict[str | bytes, int] = {}  # a value registered twice: forgotten twice
         self._names: set[str] = set()
         self.name_set: frozenset[str] = frozenset()
         self.pattern: re.Pattern[str] | None = None  # published whole: read without the lock
-        self.byte_values: tuple[bytes, ...] = ()  # the values as UTF-8, for bytes.find
+        self.byte_values: tuple[bytes, ...] = ()  # every form as bytes, for bytes.find
 
     @overload
     def register(self, value: S, /) -> S: ...
@@ -140,50 +147,91 @@ class SecretRegistry:
                 self._names.add(_normalise(name))
                 self.name_set = frozenset(self._names)
             return name
-        text = _as_text(value)
-        if text is None or len(text) < MIN_LENGTH:
+        if not isinstance(value, (str, bytes, bytearray)) or len(value) < MIN_LENGTH:
             raise ValueError(
-                f"kx.secrets.register needs a str (or UTF-8 bytes) of at least {MIN_LENGTH} "
+                f"kx.secrets.register needs a str (or bytes) of at least {MIN_LENGTH} "
                 f"characters, not a {type(value).__name__}"
-                + (f" of {len(text)}" if text is not None else "")
+                + (f" of {len(value)}" if isinstance(value, (str, bytes, bytearray)) else "")
                 + ": a shorter value would be scrubbed out of ordinary text."
             )
-        self.add(text)
+        if _in_own_identity(value):
+            raise ValueError(
+                "kx.secrets.register refuses this value: it occurs in this process's own "
+                "identity (user@host:pid, recorded as the owner of every run it leases), so "
+                "every run would be refused. Register the whole secret, not a user or host "
+                "name."
+            )
+        self._add(value if isinstance(value, str) else bytes(value), count=True)
         return value
 
     @validated("kx.secrets.add", text=check_secret)
-    def add(self, text: str) -> bool:
-        """Scrub ``text`` from now on (no checks); False when it is too short to scrub."""
-        if len(text) < MIN_LENGTH:
+    def add(self, text: str | bytes) -> bool:
+        """Scrub ``text`` (str or bytes) from now on; False when it is too short to scrub
+        or occurs in this process's own identity (then it is not registered)."""
+        owner: str | bytes = text if isinstance(text, str) else bytes(text)
+        if len(owner) < MIN_LENGTH:
             return False
-        variants = _variants(text)
-        with self._lock:
-            if variants <= self._values:
-                return True
-            self._values |= variants
-            self._publish()
+        if _in_own_identity(owner):
+            _log.warning(
+                "kernelext: a credential value occurs in this process's identity "
+                "(user@host:pid); it is not scrubbed (every run's owner would be refused)"
+            )
+            return False
+        self._add(owner, count=False)
         return True
+
+    def _add(self, owner: str | bytes, *, count: bool) -> None:
+        """Register ``owner``'s forms. ``count``: one more registration (``register``; one
+        ``forget`` undoes one); else (a credential recorded again) once is enough."""
+        forms, byte_forms = _forms(owner)
+        with self._lock:
+            if count or owner not in self._counts:
+                self._counts[owner] = self._counts.get(owner, 0) + 1
+            changed = False
+            for form in forms:
+                owners = self._owners.setdefault(form, set())
+                changed |= owner not in owners
+                owners.add(owner)
+            for raw in byte_forms:
+                owners = self._byte_owners.setdefault(raw, set())
+                changed |= owner not in owners
+                owners.add(owner)
+            if changed:
+                self._publish()
 
     @validated("kx.secrets.forget", value=optional(check_secret), name=optional(check_name))
     def forget(self, value: str | bytes | None = None, /, *, name: str | None = None) -> None:
-        """Stop scrubbing ``value`` (or stop redacting arguments called ``name``)."""
+        """Stop scrubbing ``value`` (or stop redacting arguments called ``name``).
+
+        Registered twice, a value is forgotten after two ``forget``; a form it shares with
+        another registered value (its URL-encoded text is another secret) stays."""
         with self._lock:
             if name is not None:
                 self._names.discard(_normalise(name))
                 self.name_set = frozenset(self._names)
-            text = _as_text(value) if value is not None else None
-            if text is not None:
-                self._values -= _variants(text)
-                self._publish()
+            if value is None:
+                return
+            owner: str | bytes = value if isinstance(value, str) else bytes(value)
+            count = self._counts.get(owner, 0)
+            if count > 1:
+                self._counts[owner] = count - 1
+                return
+            if count == 0:
+                return
+            del self._counts[owner]
+            _disown(self._owners, owner)
+            _disown(self._byte_owners, owner)
+            self._publish()
 
     def _publish(self) -> None:
-        if not self._values:
+        if not self._owners and not self._byte_owners:
             self.pattern = None
             self.byte_values = ()
             return
-        ordered = sorted(self._values, key=len, reverse=True)  # the longest wins
-        self.byte_values = tuple(v.encode() for v in ordered)
-        self.pattern = re.compile("|".join(map(re.escape, ordered)))
+        ordered = sorted(self._owners, key=len, reverse=True)  # the longest wins
+        raw = {v.encode() for v in ordered} | set(self._byte_owners)
+        self.byte_values = tuple(sorted(raw, key=len, reverse=True))
+        self.pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     def names(self) -> list[str]:
         """The registered argument names (normalised); the values are never listed."""
@@ -192,12 +240,15 @@ class SecretRegistry:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._values)
+            return len(self._owners) + len(self._byte_owners)
 
     def __contains__(self, value: object) -> bool:
-        text = _as_text(value)
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value)
+        elif not isinstance(value, str):
+            return False
         with self._lock:
-            return text is not None and text in self._values
+            return value in self._counts or (isinstance(value, str) and value in self._owners)
 
     def scrub(self, value: Any) -> Any:
         """A copy of ``value`` (text, or dicts and lists of it) with every secret replaced."""
@@ -208,28 +259,73 @@ class SecretRegistry:
         return f"<kx.secrets: {len(self)} value(s) (never shown); names: {names}>"
 
 
-def _variants(text: str) -> set[str]:
-    """The forms a value takes in stored text: as is, URL-encoded, escaped as in JSON
-    (ASCII or not) and as in a Python ``repr`` (an exception's message quoting it)."""
-    forms = {
-        text,
-        urllib.parse.quote(text, safe=""),
-        json.dumps(text)[1:-1],
-        json.dumps(text, ensure_ascii=False)[1:-1],
-        repr(text)[1:-1],
-    }
-    return {form for form in forms if len(form) >= MIN_LENGTH}
+F = TypeVar("F", str, bytes)
 
 
-def _as_text(value: object) -> str | None:
+def _disown(table: dict[F, set[str | bytes]], owner: str | bytes) -> None:
+    """Drop ``owner`` from every form's owners; a form nobody owns any more goes."""
+    for form in [f for f, owners in table.items() if owner in owners]:
+        table[form].discard(owner)
+        if not table[form]:
+            del table[form]
+
+
+# Encoded forms shorter than this would match ordinary base64 / hex text by chance.
+_MIN_ENCODED = 8
+
+
+def _forms(value: str | bytes) -> tuple[set[str], set[bytes]]:
+    """Every form a registered value takes in stored text, and as raw bytes.
+
+    One list, so that what is covered is read in one place (README "What is stored, and
+    what is redacted"). Each form costs one more alternative of the one compiled pattern
+    (and one ``bytes.find`` in the byte-level refusal). Not covered: a secret split in two,
+    a change of case, other encodings (UTF-16, gzip, ...)."""
     if isinstance(value, str):
-        return value
-    if isinstance(value, (bytes, bytearray)):
+        text: str | None = value
+        raw = value.encode("utf-8", errors="surrogatepass")
+    else:
+        raw = bytes(value)
         try:
-            return bytes(value).decode()
+            text = raw.decode()
         except UnicodeDecodeError:
-            return None
-    return None
+            text = None  # not UTF-8: only its raw bytes and its byte-derived forms
+    forms: set[str] = set()
+    if text is not None:
+        forms |= {
+            text,  # as is
+            urllib.parse.quote(text, safe=""),  # a URL or DSN (space -> %20)
+            urllib.parse.quote_plus(text, safe=""),  # a query string / urlencode (space -> +)
+            json.dumps(text)[1:-1],  # inside JSON text, non-ASCII escaped (\u00e4)
+            json.dumps(text, ensure_ascii=False)[1:-1],  # inside JSON text, as is
+            repr(text)[1:-1],  # an exception message quoting it: repr()
+            ascii(text)[1:-1],  # ascii() of a non-ASCII secret (\xe4)
+        }
+    forms.add(repr(raw)[2:-1])  # the repr of its UTF-8 bytes: b'p\xc3\xa4...'
+    encoded = {raw.hex(), raw.hex().upper()}  # hex, lower and upper case
+    # base64 of a longer text holding the secret depends on where it starts (mod 3): the
+    # secret's own base64 at offsets 0, 1 and 2 (0-2 prefix bytes), minus the first and
+    # last group, which mix in the neighbours. A substring of every rendition, padded or
+    # not; standard and URL-safe alphabets.
+    for k in range(3):
+        whole = base64.b64encode(b"\0" * k + raw).decode()
+        full = (k + len(raw)) // 3  # complete groups of three bytes
+        middle = whole[(4 if k else 0) : 4 * full]
+        encoded |= {middle, middle.replace("+", "-").replace("/", "_")}
+    forms |= {form for form in encoded if len(form) >= _MIN_ENCODED}
+    text_forms = {form for form in forms if len(form) >= MIN_LENGTH}
+    byte_forms = {raw} if len(raw) >= MIN_LENGTH else set()
+    return text_forms, byte_forms
+
+
+def _in_own_identity(value: str | bytes) -> bool:
+    """Does ``value`` occur in this process's identity (``user@host:pid``)?"""
+    from ..store.base import actor
+
+    me = actor()
+    if isinstance(value, str):
+        return value in me
+    return bytes(value) in me.encode()
 
 
 SECRETS = SecretRegistry()
@@ -259,7 +355,13 @@ def _has_hint(text: str) -> bool:
     return any(word in lower for word in _HINTS)
 
 
+# "SecretRefused: kernelext refuses ..." is an exception's name, not a name: value pair.
+_EXCEPTION_NAME = re.compile(r"[A-Z][A-Za-z0-9]*(?:Error|Exception|Refused|Warning)")
+
+
 def _mask_pair(match: re.Match[str]) -> str:
+    if not match["q"] and ":" in match["sep"] and _EXCEPTION_NAME.fullmatch(match["name"]):
+        return match[0]
     if not is_secret_name(match["name"]):
         return match[0]
     return f"{match['q']}{match['name']}{match['q']}{match['sep']}{MASK}"
@@ -312,6 +414,37 @@ def _secret_key(name: str, result: bool) -> bool:
     return is_secret_name(name)
 
 
+def _mask_numbers(value: Any, pattern: re.Pattern[str]) -> Any:
+    """``value`` with every number whose text holds a registered value turned into ``***``."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return MASK if pattern.search(json.dumps(value)) or pattern.search(str(value)) else value
+    if isinstance(value, Mapping):
+        return {k: _mask_numbers(v, pattern) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mask_numbers(v, pattern) for v in value]
+    return value
+
+
+def _no_secret_left(text: str) -> str:
+    """The last check of the door: JSON text with no registered value left in it.
+
+    What still holds one gets the plain-text replacement; when that is no longer JSON,
+    the whole value is stored as the JSON string ``"***"``. Never the secret."""
+    pattern = SECRETS.pattern
+    if pattern is None or pattern.search(text) is None:
+        return text
+    replaced = pattern.sub(MASK, text)
+    try:
+        json.loads(replaced)
+    except ValueError:
+        return json.dumps(MASK)
+    if pattern.search(replaced) is not None:  # a replacement made a new one: give up
+        return json.dumps(MASK)
+    return replaced
+
+
 class StoreScrubber:
     """What the store's write path calls for each value (see ``kernelext.store.columns``)."""
 
@@ -335,11 +468,15 @@ class StoreScrubber:
         try:
             decoded = json.loads(value)
         except ValueError:
-            return scrub_text(value, heuristics=not result)
+            return _no_secret_left(scrub_text(value, heuristics=not result))
         clean = scrub(decoded, heuristics=not result, result=result)
-        if clean == decoded:
-            return value
-        return json.dumps(clean, ensure_ascii=False, default=str)
+        out = value if clean == decoded else json.dumps(clean, ensure_ascii=False, default=str)
+        if pattern is None or pattern.search(out) is None:
+            return out
+        # Still there, by construction checked: a number (4111222233334444 for the secret
+        # "4111222233334444"), which scrub() leaves alone. Such a number becomes "***".
+        out = json.dumps(_mask_numbers(clean, pattern), ensure_ascii=False, default=str)
+        return _no_secret_left(out)
 
     def armed(self) -> bool:
         return SECRETS.pattern is not None

@@ -22,7 +22,7 @@ from .handle import Handle
 from .lease import RENEW_SECONDS, lease_until
 from .run import STOP_POLL_SECONDS, Run
 from .runtime import Runtime, runtime
-from .secrets import scrub_text
+from .secrets import scrub_text, scrubbed_excerpt
 
 __all__ = ["end_open_step", "finish_run", "launch", "suspend_run"]
 
@@ -99,9 +99,9 @@ def _execute(
             assert outcome is not None
             handle.error = outcome
             text = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
-            text = scrub_text(text)  # before it is cut: no half secret left behind
+            text = scrub_text(text)
             end_open_step(store, run, StepStatus.FAILED, text)
-            status = finish_run(store, run, Status.FAILED, reason=text[:500])
+            status = finish_run(store, run, Status.FAILED, reason=scrubbed_excerpt(text, 500))
     except OwnershipLost as lost:
         status = _lost(handle, lost)
     except Exception as exc:
@@ -109,7 +109,7 @@ def _execute(
         text = scrub_text("".join(traceback.format_exception_only(type(exc), exc)).strip())
         try:  # (scrubbed before it is cut, as above)
             end_open_step(store, run, StepStatus.FAILED, text)
-            status = finish_run(store, run, Status.FAILED, reason=text[:500])
+            status = finish_run(store, run, Status.FAILED, reason=scrubbed_excerpt(text, 500))
         except Exception as fault:  # the store refuses writes: end cleanly anyway
             status = _store_fault(handle, fault)
     finally:

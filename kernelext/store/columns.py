@@ -45,6 +45,7 @@ __all__ = [
     "refuse_secret",
     "scrub_params",
     "scrub_record",
+    "scrubbed_excerpt",
 ]
 
 
@@ -250,6 +251,16 @@ def _refusal(mode: str, where: str) -> str:
         "arguments). Keep secrets out of it: use run.credential(...) / kx.credentials, "
         "or keep the secret in memory only."
     )
+
+
+def scrubbed_excerpt(text: str, limit: int) -> str:
+    """``text`` scrubbed, then cut to ``limit`` characters: the one way to shorten an error
+    text before it is stored. Cutting first could leave the start of a secret, which the
+    scrubber no longer recognises."""
+    s = _SCRUBBER
+    if s is not None:
+        text = s.text(text)
+    return text[:limit]
 
 
 def refuse_secret(value: Any, where: str) -> None:

@@ -23,6 +23,7 @@ from concurrent.futures import Future
 
 from ...errors import RunNotFound
 from ...status import LIVE, Status
+from ..columns import scrubbed_excerpt
 from ..records import APPLY
 from ..transitions import move_tx
 from ..writer import Tx, Writer
@@ -65,7 +66,7 @@ def quarantine_tx(
         "INSERT INTO quarantine (id, journal_id, seq, kind, run_id, payload, error, file,"
         " quarantined_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
         " RETURNING id",
-        (qid, journal_id, seq, kind, run_id, payload, error[:2000], file, now),
+        (qid, journal_id, seq, kind, run_id, payload, scrubbed_excerpt(error, 2000), file, now),
     )
     if inserted is None:
         return  # quarantined before (a journal folded twice after a crash)
@@ -73,14 +74,14 @@ def quarantine_tx(
     tx.execute(
         "INSERT INTO events (run_id, occurred_at, kind, source, actor, reason, detail)"
         " VALUES (?, ?, 'record_quarantined', 'store', 'kernelext', ?, ?)",
-        (run_id, now, f"{kind} record refused: {error[:300]}", detail),
+        (run_id, now, f"{kind} record refused: {scrubbed_excerpt(error, 300)}", detail),
     )
     if run_id is None or not hold:
         return
     reason = (
-        f"a {kind} record was refused by the store and quarantined ({error[:200]})"
+        f"a {kind} record was refused by the store and quarantined ({scrubbed_excerpt(error, 200)})"
         if kind != "(damage)"
-        else error[:500]
+        else scrubbed_excerpt(error, 500)
     )
     try:
         move_tx(
