@@ -24,6 +24,7 @@ from kernelext.core.ledger import effect_key, idempotency_key_for
 from kernelext.core.runtime import runtime
 from kernelext.store import Store, open_store
 from kernelext.store.restart import _new_blob_id
+from kernelext.store.runs import KEY_SCHEME
 
 pytestmark = pytest.mark.both_backends
 
@@ -197,6 +198,7 @@ def test_a_call_made_again_by_restarts_keeps_its_idempotency_key(store: Store) -
 class _RunLike:
     def __init__(self, run_id: str, store: Store) -> None:
         self.id, self.store = run_id, store
+        self.key_scheme = KEY_SCHEME
 
 
 # -- B4: a refused restart never touches another run's payload files ------------------------

@@ -289,6 +289,7 @@ class TestRestart:
             "from_step": 2,
             "carried_steps": 2,
             "carried_effects": 1,
+            "carried_answers": 0,
         }
         assert store.children("r1") == ["r1.1"]
         # Steps 0 and 1 with their snapshots, under new blob ids with the same bytes.
