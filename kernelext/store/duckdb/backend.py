@@ -15,6 +15,7 @@ from typing import Any
 import duckdb
 
 from ...errors import StoreError, StoreLockedError, StoreWriteError
+from ...validate import store_path_problem
 from ..base import Backend
 from ..sql_guard import (
     Checked,
@@ -562,6 +563,9 @@ def open_duckdb(
     (a read-only mount, a folder of someone else's): reads work, writes are refused
     with a clear error. ``True`` asks for it, ``False`` refuses a read-only folder.
     """
+    problem = store_path_problem(path)  # before abspath drops a trailing separator
+    if problem:
+        raise StoreError(f"The kernelext store path is refused: {problem}")
     path = os.path.abspath(path)
     if os.path.isdir(path):  # before anything is created beside it (.lock, .want)
         raise StoreError(
