@@ -363,7 +363,7 @@ def test_a_side_file_that_meets_a_full_disk_is_a_store_write_error(small_disk: P
 
 
 # -- 2. the store file replaced or deleted under a running run ----------
-@pytest.mark.parametrize("how", ["replaced", "deleted"])
+@pytest.mark.parametrize("how", ["replaced", "deleted", "truncated", "overwritten in place"])
 def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_error(
     tmp_path: Path, how: str
 ) -> None:
@@ -374,12 +374,17 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
     calls: list[int] = []
     gone = threading.Event()
 
-    @kx.effect(name=f"deliver_{how}")
+    @kx.effect(name=f"deliver_{how.split()[0]}")
     def deliver(item: int) -> int:
         calls.append(item)
         if item == 3:
             if how == "replaced":
                 os.replace(other, path)
+            elif how == "truncated":  # same inode, os.truncate(store, 0)
+                os.truncate(path, 0)
+            elif how == "overwritten in place":  # same inode and size, header gone
+                with open(path, "r+b") as f:
+                    f.write(b"\0" * 4096)
             else:
                 os.remove(path)
                 for extra in glob.glob(f"{path}.wal"):
@@ -387,7 +392,7 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
             gone.set()
         return item
 
-    @kx.agent(name=f"store_{how}")
+    @kx.agent(name=f"store_{how.split()[0]}")
     def agent(run: kx.Run, items: list[int]) -> None:
         for item in run.steps(items, key=str):
             deliver(item)
@@ -398,7 +403,7 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
                 time.sleep(0.05)  # let the fold of this outcome meet the missing file
 
     try:
-        handle = agent.start(list(range(20)), run_id=f"file-{how}", store=store)
+        handle = agent.start(list(range(20)), run_id=f"file-{how.split()[0]}", store=store)
         status = handle.wait(60)
         assert status == "failed", (status, handle.error)
         assert isinstance(handle.error, StoreWriteError), repr(handle.error)
@@ -440,6 +445,42 @@ def test_a_store_file_replaced_while_this_process_let_go_of_it_is_refused_at_rec
         store.close()
     reopened = open_store(str(tmp_path / "fresh.duckdb"))  # a new Store object works
     reopened.close()
+
+
+def test_a_store_file_truncated_while_this_process_let_go_of_it_is_refused_at_reconnect(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.duckdb"
+    store = open_store(str(path))
+    try:
+        store.write(lambda tx: None)
+        store.backend._release()  # another process may shrink it by a checkpoint: allowed
+        os.truncate(path, 0)  # but not lose DuckDB's header
+        with pytest.raises(StoreWriteError, match="overwritten in place"):
+            store.write(lambda tx: None)
+    finally:
+        store.close()
+
+
+def test_a_store_that_grows_and_shrinks_by_its_own_checkpoints_is_not_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.duckdb"
+    store = open_store(str(path))
+    sizes = []
+    try:
+        for _ in range(2):  # a WAL past 16 MB: DuckDB checkpoints at the commit
+            store.write(
+                lambda tx: tx.execute("CREATE TABLE big AS SELECT range i FROM range(3000000)")
+            )
+            sizes.append(path.stat().st_size)
+            store.write(lambda tx: tx.execute("DROP TABLE big"))
+            sizes.append(path.stat().st_size)
+        store.write(lambda tx: None)
+        assert store.backend.lost is None, (store.backend.lost, sizes)
+    finally:
+        store.close()
+    assert min(sizes[1:]) < max(sizes), sizes  # it did shrink, and nothing was refused
 
 
 def test_checked_arguments_reach_the_function_as_it_uses_them(store: Store) -> None:
@@ -717,3 +758,21 @@ def test_run_suspend_reads_a_naive_deadline_as_utc_and_accepts_one_in_the_past(
     got = dict(store.read("SELECT id, deadline FROM runs WHERE id LIKE 'until-%'"))
     assert got["until-naive"] == got["until-aware"] == dt.datetime(2100, 1, 1, 12, 0)
     assert got["until-past"] == dt.datetime(2000, 1, 1)
+
+
+def test_a_failed_open_leaves_no_lock_files_behind(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.duckdb"
+    bad.write_bytes(b"not a duckdb file" * 100)
+    with pytest.raises(kx.KernelextError, match="not a valid DuckDB"):
+        open_store(str(bad))
+    assert sorted(os.listdir(tmp_path)) == ["bad.duckdb"]
+    good = open_store(str(tmp_path / "good.duckdb"))  # files another open holds are kept
+    try:
+        (tmp_path / "bad.duckdb.lock").write_text("")  # someone else's, from before
+        with pytest.raises(kx.KernelextError):
+            open_store(str(bad))
+        assert (tmp_path / "bad.duckdb.lock").exists()
+        assert not (tmp_path / "bad.duckdb.want").exists()
+    finally:
+        good.close()
+    assert (tmp_path / "good.duckdb.want").exists()
