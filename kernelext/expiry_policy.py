@@ -38,7 +38,7 @@ def _as_delta(value: object, reason: str | None = None) -> dt.timedelta:
     except TypeError as exc:  # a ValueError to callers, as documented
         raise ValueError(str(exc)) from None
     assert seconds is not None
-    if seconds > _LONGEST:  # a deadline past year 9999 cannot be stored
+    if seconds > _LONGEST:  # a deadline past year 9999 cannot be stored (check_duration caps too)
         raise ValueError(
             f"{where} of {value!r} is too long for a deadline; the longest is 1000 years."
         )

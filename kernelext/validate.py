@@ -7,6 +7,10 @@ to pass. Each check returns the value as the caller uses it (a float, a str, ...
 
 from __future__ import annotations
 
+import asyncio
+import collections.abc
+import concurrent.futures
+import contextlib
 import datetime as dt
 import functools
 import inspect
@@ -24,6 +28,7 @@ __all__ = [
     "check_agent_function",
     "check_approval_rule",
     "check_callable",
+    "check_deadline",
     "check_duration",
     "check_effect_function",
     "check_flag",
@@ -33,6 +38,7 @@ __all__ = [
     "check_store_location",
     "check_text",
     "refuse_unrun_result",
+    "store_path_problem",
 ]
 
 
@@ -48,11 +54,17 @@ def _shown(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+LONGEST_DURATION = 1000 * 365.25 * 86400  # seconds: every duration's documented maximum
+LONGEST_DURATION_TEXT = "1000 years"
+
+
 def check_duration(
     where: str, value: object, *, allow_none: bool = False, allow_zero: bool = False
 ) -> float | None:
     """A positive, finite number of seconds (an int, a float, a numpy number, or a
-    ``timedelta``) as a float. ``True``/``False`` are refused (they are ints by accident)."""
+    ``timedelta``) as a float, at most ``LONGEST_DURATION`` (1000 years: the same bound for
+    every duration, so a deadline computed from it stays before year 9999).
+    ``True``/``False`` are refused (they are ints by accident)."""
     if value is None and allow_none:
         return None
     if isinstance(value, dt.timedelta):
@@ -60,7 +72,13 @@ def check_duration(
     elif isinstance(value, numbers.Real) and not isinstance(value, bool):
         if type(value).__name__ == "bool_":  # numpy.bool_ is not a Real, but be sure
             raise TypeError(f"{where} takes a number of seconds, not {_shown(value)}.")
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float (10**400)
+            raise ValueError(
+                f"{where} takes at most {LONGEST_DURATION_TEXT} of seconds "
+                f"({LONGEST_DURATION:.0f}), not {_shown(value)}."
+            ) from None
     else:
         none = " (or None for no bound)" if allow_none else ""
         raise TypeError(
@@ -72,6 +90,11 @@ def check_duration(
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = "zero or a positive" if allow_zero else "a positive"
         raise ValueError(f"{where} takes {bound} number of seconds, not {_shown(value)}.")
+    if seconds > LONGEST_DURATION:  # a deadline or timeout past year 9999 overflows
+        raise ValueError(
+            f"{where} takes at most {LONGEST_DURATION_TEXT} of seconds "
+            f"({LONGEST_DURATION:.0f}), not {_shown(value)}."
+        )
     return seconds
 
 
@@ -153,6 +176,29 @@ def check_callable(
     return value
 
 
+def store_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a DuckDB store file, or ``None``.
+
+    A path ending in a separator names a folder (DuckDB would create a *file* of that
+    name); on POSIX a backslash is refused because DuckDB reads it as ``/`` while
+    kernelext's lock and journal files beside the store use the literal name, so the two
+    would live in different places.
+    """
+    separators = (os.sep, os.altsep) if os.altsep else (os.sep,)
+    if path.endswith(separators):
+        return (
+            f"{path!r} ends in a path separator, so it names a folder; the store is a file. "
+            f"Pass a file path, e.g. {os.path.join(path, 'store.duckdb')!r}."
+        )
+    if os.sep == "/" and "\\" in path:
+        return (
+            f"{path!r} contains a backslash, which DuckDB reads as '/' while kernelext's "
+            "lock and journal files use it literally. Use '/' between folders and no "
+            "backslash in names."
+        )
+    return None
+
+
 def check_store_location(where: str, value: object) -> str:
     """A DuckDB file path (``str`` or ``os.PathLike``) or a ``postgresql://`` URL; a path
     that is a folder is refused (the store is a file inside it)."""
@@ -170,6 +216,9 @@ def check_store_location(where: str, value: object) -> str:
         raise ValueError(f"{where}: a path cannot contain a NUL character ({_shown(value)}).")
     if location.startswith(("postgresql://", "postgres://")):
         return location
+    problem = store_path_problem(location)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
     if os.path.isdir(location):
         raise ValueError(
             f"{where}: {location!r} is a folder; the store is a file. Pass a file path, e.g. "
@@ -212,6 +261,10 @@ def check_effect_function(fn: object) -> None:
             f"{fn!r} is already an effect: wrapping it again would record each call twice. "
             "To give it another name, wrap its function: kx.effect(name=...)(effect.fn)."
         )
+    if isinstance(fn, (staticmethod, classmethod)):  # judge the function it holds
+        fn = fn.__func__
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     if not callable(fn):
         raise TypeError(
             "kx.effect takes the function to record (use it as @kx.effect above a def, or "
@@ -244,16 +297,46 @@ def check_approval_rule(rule: object) -> None:
 
 
 def refuse_unrun_result(tool: str, result: object) -> None:
-    """An effect's function returned a coroutine or a generator: its work did not run.
+    """An effect's function returned work that has not run: a coroutine, a generator, any
+    awaitable (``__await__``), a future, or a lazy one-shot iterator (``map``, ``filter``,
+    ``zip``, ``itertools`` objects, any ``Iterator``).
 
-    The object is closed (so nothing of it runs later) and ``TypeError`` raised; the ledger
-    records the call ``failed`` with this error: nothing external happened.
+    The object is closed or cancelled where it can be (so nothing of it runs later) and
+    ``TypeError`` raised; the ledger records the call ``failed`` with this error. An
+    iterator cannot be replayed from the ledger either: return a list instead.
     """
+    kind = type(result).__name__
     if inspect.iscoroutine(result) or inspect.isgenerator(result):
         result.close()
-    elif not inspect.isasyncgen(result):
+    elif inspect.isasyncgen(result):
+        pass
+    elif isinstance(result, (concurrent.futures.Future, asyncio.Future)):
+        cancelled = result.cancel()
+        raise TypeError(
+            f"Effect {tool} returned a {kind} instead of doing its work: a future is work "
+            f"that may not have finished{' (it is cancelled now)' if cancelled else ''}, and "
+            "the call is recorded as failed. Wait for it inside the effect and return its "
+            "result (future.result(), or asyncio.run(...) for a coroutine)."
+        )
+    elif inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):  # best effort; the refusal stands
+                close()
+        raise TypeError(
+            f"Effect {tool} returned an awaitable {kind} instead of doing its work: it was "
+            "never awaited, so nothing was sent, and the call is recorded as failed. Await it "
+            "inside a sync function (asyncio.run) and return its result."
+        )
+    elif isinstance(result, collections.abc.Iterator):
+        raise TypeError(
+            f"Effect {tool} returned a lazy iterator ({kind}) instead of its result: its "
+            "work runs only when it is iterated, after the ledger would have recorded the "
+            "call as applied, and an iterator cannot be replayed. The call is recorded as "
+            "failed; return a list instead (return list(...))."
+        )
+    else:
         return
-    kind = type(result).__name__
     raise TypeError(
         f"Effect {tool} returned a {kind} instead of doing its work: the {kind} was never "
         "run (it is closed now), so nothing was sent, and the call is recorded as failed. "
@@ -418,6 +501,34 @@ def validated(label: str, **checks: Check) -> Callable[[F], F]:
         return cast(F, wrapper)
 
     return decorate
+
+
+def check_deadline(where: str, value: object) -> Any:
+    """A suspension's deadline: ``None`` (the reason's expiry policy), a ``datetime``, or a
+    duration from now (seconds or a ``timedelta``, positive, at most 1000 years).
+
+    A naive ``datetime`` is read as UTC, as the store keeps every timestamp; an aware one is
+    converted to UTC (both come back naive UTC). A deadline in the past is accepted: the run
+    expires at the next sweep.
+    """
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            return value.replace(tzinfo=None)
+        try:
+            return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        except OverflowError:
+            raise ValueError(
+                f"{where} of {_shown(value)} is past the last time a deadline can hold "
+                "(year 9999 in UTC); pass an earlier datetime or None."
+            ) from None
+    if isinstance(value, (dt.timedelta, numbers.Real)) and not isinstance(value, bool):
+        return check_duration(where, value)
+    raise TypeError(
+        f"{where} takes a datetime (naive means UTC), a number of seconds or a timedelta "
+        f"from now, or None; not {type(value).__name__} {_shown(value)}."
+    )
 
 
 def check_wait(where: str, value: object) -> Any:

@@ -363,7 +363,7 @@ def test_a_side_file_that_meets_a_full_disk_is_a_store_write_error(small_disk: P
 
 
 # -- 2. the store file replaced or deleted under a running run ----------
-@pytest.mark.parametrize("how", ["replaced", "deleted"])
+@pytest.mark.parametrize("how", ["replaced", "deleted", "truncated", "overwritten in place"])
 def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_error(
     tmp_path: Path, how: str
 ) -> None:
@@ -374,12 +374,17 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
     calls: list[int] = []
     gone = threading.Event()
 
-    @kx.effect(name=f"deliver_{how}")
+    @kx.effect(name=f"deliver_{how.split()[0]}")
     def deliver(item: int) -> int:
         calls.append(item)
         if item == 3:
             if how == "replaced":
                 os.replace(other, path)
+            elif how == "truncated":  # same inode, os.truncate(store, 0)
+                os.truncate(path, 0)
+            elif how == "overwritten in place":  # same inode and size, header gone
+                with open(path, "r+b") as f:
+                    f.write(b"\0" * 4096)
             else:
                 os.remove(path)
                 for extra in glob.glob(f"{path}.wal"):
@@ -387,7 +392,7 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
             gone.set()
         return item
 
-    @kx.agent(name=f"store_{how}")
+    @kx.agent(name=f"store_{how.split()[0]}")
     def agent(run: kx.Run, items: list[int]) -> None:
         for item in run.steps(items, key=str):
             deliver(item)
@@ -398,7 +403,7 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
                 time.sleep(0.05)  # let the fold of this outcome meet the missing file
 
     try:
-        handle = agent.start(list(range(20)), run_id=f"file-{how}", store=store)
+        handle = agent.start(list(range(20)), run_id=f"file-{how.split()[0]}", store=store)
         status = handle.wait(60)
         assert status == "failed", (status, handle.error)
         assert isinstance(handle.error, StoreWriteError), repr(handle.error)
@@ -440,6 +445,42 @@ def test_a_store_file_replaced_while_this_process_let_go_of_it_is_refused_at_rec
         store.close()
     reopened = open_store(str(tmp_path / "fresh.duckdb"))  # a new Store object works
     reopened.close()
+
+
+def test_a_store_file_truncated_while_this_process_let_go_of_it_is_refused_at_reconnect(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.duckdb"
+    store = open_store(str(path))
+    try:
+        store.write(lambda tx: None)
+        store.backend._release()  # another process may shrink it by a checkpoint: allowed
+        os.truncate(path, 0)  # but not lose DuckDB's header
+        with pytest.raises(StoreWriteError, match="overwritten in place"):
+            store.write(lambda tx: None)
+    finally:
+        store.close()
+
+
+def test_a_store_that_grows_and_shrinks_by_its_own_checkpoints_is_not_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.duckdb"
+    store = open_store(str(path))
+    sizes = []
+    try:
+        for _ in range(2):  # a WAL past 16 MB: DuckDB checkpoints at the commit
+            store.write(
+                lambda tx: tx.execute("CREATE TABLE big AS SELECT range i FROM range(3000000)")
+            )
+            sizes.append(path.stat().st_size)
+            store.write(lambda tx: tx.execute("DROP TABLE big"))
+            sizes.append(path.stat().st_size)
+        store.write(lambda tx: None)
+        assert store.backend.lost is None, (store.backend.lost, sizes)
+    finally:
+        store.close()
+    assert min(sizes[1:]) < max(sizes), sizes  # it did shrink, and nothing was refused
 
 
 def test_checked_arguments_reach_the_function_as_it_uses_them(store: Store) -> None:
@@ -485,3 +526,253 @@ def test_an_agent_cell_refuses_a_bad_step_bound(store: Store, value: str) -> Non
         assert row_counts(store) == before
     finally:
         shell.run_line_magic("unload_ext", "kernelext")
+
+
+# -- review 2: B1 a refused start keeps the run's own arguments --------------------------
+def test_a_refused_start_does_not_swap_the_arguments_a_resume_uses(store: Store) -> None:
+    class Acct:  # not JSON: only the runtime's cache holds it
+        def __init__(self, who: str) -> None:
+            self.who = who
+
+    seen: list[tuple[int, str]] = []
+
+    @kx.agent(name="keeps_args")
+    def agent(run: kx.Run, acct: Acct) -> None:
+        for i in run.steps(range(2)):
+            seen.append((i, acct.who))
+            if i == 0 and len(seen) == 1:
+                run.suspend("pause")
+
+    assert agent.start(Acct("alice"), run_id="keeps").wait(30) == "suspended"
+    with pytest.raises(kx.RunStateError, match="already exists"):
+        agent.start(Acct("mallory"), run_id="keeps")
+    assert kx.resume("keeps").wait(30) == "completed"
+    assert seen == [(0, "alice"), (1, "alice")]
+
+
+# -- review 2: B3 an effect that returns other never-run work -----------------------------
+def test_an_effect_returning_an_awaitable_a_future_or_an_iterator_is_recorded_failed(
+    store: Store,
+) -> None:
+    import concurrent.futures
+
+    ran: list[str] = []
+
+    class Aw:
+        def __await__(self) -> Any:
+            ran.append("awaited")  # never runs
+            yield
+
+    def loop_future() -> Any:
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.create_future()
+        finally:
+            loop.close()
+
+    makers = {
+        "aw": (Aw, "never awaited"),
+        "map": (lambda: map(ran.append, ["m"]), "return a list instead"),
+        "filter": (lambda: filter(ran.append, ["f"]), "return a list instead"),
+        "zip": (lambda: zip([1], [2], strict=True), "return a list instead"),
+        "iter": (lambda: iter([1, 2]), "return a list instead"),
+        "afut": (loop_future, "future"),
+        "cfut": (concurrent.futures.Future, "future"),
+    }
+    effects = {name: kx.effect(name=f"unrun_{name}")(make) for name, (make, _) in makers.items()}
+
+    @kx.agent(name="returns_unrun")
+    def agent(run: kx.Run, which: str) -> None:
+        with run.step("one"):
+            effects[which]()
+
+    for which, (_, says) in makers.items():
+        handle = agent.start(which, run_id=f"unrun2-{which}")
+        assert handle.wait(30) == "failed", which
+        assert isinstance(handle.error, TypeError) and says in str(handle.error), which
+        [(name, status, error)] = ledger(store, f"unrun2-{which}")
+        assert (name, status) == (f"unrun_{which}", "failed") and says in (error or "")
+    assert ran == []
+
+
+def test_plain_results_an_effect_returns_are_still_applied(store: Store) -> None:
+    results = {"list": [1, 2], "dict": {"a": 1}, "tuple": (1, 2), "text": "ok", "none": None}
+    effects = {k: kx.effect(name=f"plain_{k}")(lambda v=v: v) for k, v in results.items()}
+
+    @kx.agent(name="returns_plain")
+    def agent(run: kx.Run) -> None:
+        for which in run.steps(list(results)):
+            effects[which]()
+
+    assert agent.start(run_id="plain").wait(30) == "completed"
+    assert {status for _, status, _ in ledger(store, "plain")} == {"applied"}
+
+
+# -- review 2: B4 staticmethod / classmethod wrappers are judged by what they hold --------
+def test_a_static_or_class_method_holding_async_or_generator_is_refused() -> None:
+    async def coro(x: int) -> int:
+        return x
+
+    def gen(x: int) -> Iterator[int]:
+        yield x
+
+    for wrap in (staticmethod, classmethod):
+        with pytest.raises(TypeError, match="async def effects are not supported yet"):
+            kx.effect(wrap(coro))
+        with pytest.raises(TypeError, match="generator function"):
+            kx.effect(name="x")(wrap(gen))
+    kx.effect(name="fine")(staticmethod(lambda x: x))  # a sync one is still fine
+
+
+# -- review 2: B5 huge durations are a ValueError, not an OverflowError -------------------
+@pytest.mark.parametrize("value", [10**400, 1e300, 1000 * 366 * 86400, dt.timedelta.max])
+def test_every_duration_is_capped_at_1000_years(store: Store, value: Any) -> None:
+    for name in DURATIONS:
+        with pytest.raises(ValueError, match=rf"{name}.*at most 1000 years"):
+            kx.configure(**{name: value})
+    with pytest.raises(ValueError, match=r"max_step_seconds.*at most 1000 years"):
+        kx.agent(max_step_seconds=value)
+
+    @kx.agent(name="quick")
+    def agent(run: kx.Run) -> None:
+        pass
+
+    handle = agent.start(run_id=f"quick-{type(value).__name__}")
+    with pytest.raises(ValueError, match="at most 1000 years"):
+        handle.wait(value)
+    assert handle.wait(30) == "completed"
+    kx.configure(retention_seconds=999 * 365 * 86400)  # the longest is still accepted
+    kx.sweep()
+
+
+# -- review 2: B8/B10 store paths DuckDB would read differently --------------------------
+@pytest.mark.parametrize("name", ["newdir/", "a\\b.duckdb"])
+def test_a_store_path_ending_in_a_separator_or_holding_a_backslash_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    path = str(tmp_path) + "/" + name
+    with pytest.raises(ValueError, match=r"separator|backslash"):
+        kx.open_store(path)
+    monkeypatch.setenv("KERNELEXT_STORE", path)
+    with pytest.raises(kx.KernelextError, match=r"separator|backslash"):
+        open_store()
+    assert os.listdir(tmp_path) == []  # no file, no .lock / .want beside it
+
+
+# -- review 2: B9 an empty --store is a usage error ---------------------------------------
+@pytest.mark.parametrize("value", ["", "  "])
+def test_the_command_line_refuses_an_empty_store_with_exit_2(
+    store: Store, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (["--store", value, "runs"], ["runs", "--store", value]):
+        with pytest.raises(SystemExit) as done:
+            cli(argv)
+        assert done.value.code == 2
+        assert "--store must not be empty" in capsys.readouterr().err
+
+
+# -- review 2: B7 run.ask refuses schema types it cannot check; answers must be storable --
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "bogus"},
+        {"type": ["string", "bogus"]},
+        {"type": 5},
+        {"type": "object", "properties": {"n": {"type": "int"}}},
+        {"type": "array", "items": {"type": "str"}},
+    ],
+)
+def test_run_ask_refuses_an_unknown_schema_type(store: Store, schema: Any) -> None:
+    @kx.agent(name="asks_bogus")
+    def agent(run: kx.Run) -> Any:
+        with run.step("q"):
+            return run.ask("how many?", schema=schema)
+
+    handle = agent.start(run_id="bogus-schema")
+    assert handle.wait(30) == "failed"
+    assert isinstance(handle.error, ValueError)
+    assert "supported types are 'string', 'integer'" in str(handle.error)
+    assert int(store.read("SELECT count(*) FROM inputs")[0][0]) == 0
+
+
+def test_an_answer_that_cannot_be_stored_is_refused_naming_the_value(store: Store) -> None:
+    @kx.agent(name="asks_any")
+    def agent(run: kx.Run) -> Any:
+        with run.step("q"):
+            return run.ask("anything?")
+
+    assert agent.start(run_id="any-answer").wait(30) == "suspended"
+    [question] = kx.questions("any-answer")
+    with pytest.raises(TypeError, match=r"answer\(value=\.\.\.\).*stored as JSON.*Nothing was"):
+        question.answer(object(), resume=False)
+    with pytest.raises(TypeError, match=r"answer\(value=\.\.\.\)"):
+        kx.answer("any-answer", {1, 2}, resume=False)
+    [still_open] = kx.questions("any-answer")  # nothing was stored
+    still_open.answer({"n": 1}, resume=False)
+    assert len(kx.questions("any-answer")) == 0
+
+
+# -- review 2: B6 run.suspend(deadline=...) is checked where it is given ------------------
+@pytest.mark.parametrize(
+    ("deadline", "error", "says"),
+    [
+        ("tomorrow", TypeError, "takes a datetime"),
+        (-5, ValueError, "positive"),
+        (math.nan, ValueError, "finite"),
+        (10**400, ValueError, "at most 1000 years"),
+        (
+            dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+            ValueError,
+            "year 9999",
+        ),
+    ],
+)
+def test_run_suspend_refuses_a_bad_deadline(
+    store: Store, deadline: Any, error: type, says: str
+) -> None:
+    @kx.agent(name="suspends_bad")
+    def agent(run: kx.Run) -> None:
+        run.suspend("x", deadline=deadline)
+
+    handle = agent.start(run_id="bad-deadline")
+    assert handle.wait(30) == "failed"
+    assert isinstance(handle.error, error) and says in str(handle.error)
+    assert "run.suspend(deadline=...)" in str(handle.error)
+
+
+def test_run_suspend_reads_a_naive_deadline_as_utc_and_accepts_one_in_the_past(
+    store: Store,
+) -> None:
+    deadlines = {
+        "naive": dt.datetime(2100, 1, 1, 12, 0),
+        "aware": dt.datetime(2100, 1, 1, 7, 0, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+        "past": dt.datetime(2000, 1, 1),
+    }
+
+    @kx.agent(name="suspends_until")
+    def agent(run: kx.Run, which: str) -> None:
+        run.suspend("x", deadline=deadlines[which])
+
+    for which in deadlines:
+        assert agent.start(which, run_id=f"until-{which}").wait(30) == "suspended"
+    got = dict(store.read("SELECT id, deadline FROM runs WHERE id LIKE 'until-%'"))
+    assert got["until-naive"] == got["until-aware"] == dt.datetime(2100, 1, 1, 12, 0)
+    assert got["until-past"] == dt.datetime(2000, 1, 1)
+
+
+def test_a_failed_open_leaves_no_lock_files_behind(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.duckdb"
+    bad.write_bytes(b"not a duckdb file" * 100)
+    with pytest.raises(kx.KernelextError, match="not a valid DuckDB"):
+        open_store(str(bad))
+    assert sorted(os.listdir(tmp_path)) == ["bad.duckdb"]
+    good = open_store(str(tmp_path / "good.duckdb"))  # files another open holds are kept
+    try:
+        (tmp_path / "bad.duckdb.lock").write_text("")  # someone else's, from before
+        with pytest.raises(kx.KernelextError):
+            open_store(str(bad))
+        assert (tmp_path / "bad.duckdb.lock").exists()
+        assert not (tmp_path / "bad.duckdb.want").exists()
+    finally:
+        good.close()
+    assert (tmp_path / "good.duckdb.want").exists()

@@ -25,6 +25,7 @@ from .common import (
     CommandUsageError,
     Exit,
     Handler,
+    nonblank,
     open_cli_store,
     say,
     store_location,
@@ -55,6 +56,7 @@ def build_parser() -> CommandLineParser:
     common.add_argument(
         "--store",
         default=argparse.SUPPRESS,
+        type=nonblank("--store", "pass a DuckDB file or a postgresql:// URL, or leave --store out"),
         help="a DuckDB file or a postgresql:// URL (default: $KERNELEXT_STORE, else "
         ".kernelext/store.duckdb in the project)",
     )

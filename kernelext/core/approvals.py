@@ -363,10 +363,17 @@ class Question:
                 raise ValueError(f"The question {self.prompt!r} has no default: give a value.")
             value = self.default
         self.check(value)
+        try:
+            encoded = encode_answer(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"Question.answer(value=...) for {self.prompt!r} (run {self.run_id!r}) takes a "
+                "value that can be stored as JSON: text, a number, True/False, None, or a "
+                f"list or dict of those; not {type(value).__name__} ({exc}). Nothing was "
+                "stored; answer again with such a value (e.g. str(value))."
+            ) from None
         note = (note or "").strip() or None
-        self.row = self.store.answer_input(
-            self.key, encode_answer(value), who=actor(), note=note, source=source
-        )
+        self.row = self.store.answer_input(self.key, encoded, who=actor(), note=note, source=source)
         self.answered = True
         if resume:
             self.handle = resume_if_here(self.store, self.run_id, source)

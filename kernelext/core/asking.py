@@ -81,11 +81,33 @@ def schema_spec(schema: Any) -> dict[str, Any]:
             json.dumps(schema)
         except (TypeError, ValueError):
             raise ValueError("A JSON-schema dict for run.ask must be JSON itself.") from None
+        _check_schema_types(schema, "schema")
         return dict(schema)
     raise TypeError(
         f"run.ask(schema=...) takes str, int, float, bool, a list of choices or a JSON-schema "
         f"dict, not {schema!r}."
     )
+
+
+def _check_schema_types(spec: dict[str, Any], where: str) -> None:
+    """Refuse a ``"type"`` run.ask cannot check (here and in ``properties``/``items``):
+    an unknown type would accept any answer, even one that cannot be stored."""
+    kind = spec.get("type")
+    kinds = kind if isinstance(kind, list) else [] if kind is None else [kind]
+    supported = ", ".join(map(repr, _KINDS))
+    for one in kinds:
+        if not isinstance(one, str) or one not in _KINDS:
+            raise ValueError(
+                f"run.ask({where}=...) has the JSON-schema type {one!r}, which run.ask does not "
+                f"know; the supported types are {supported} (or a list of them)."
+            )
+    fields = spec.get("properties")
+    if isinstance(fields, dict):
+        for name, sub in fields.items():
+            if isinstance(sub, dict):
+                _check_schema_types(sub, f"{where}['properties'][{name!r}]")
+    if isinstance(spec.get("items"), dict):
+        _check_schema_types(spec["items"], f"{where}['items']")
 
 
 def check_answer(spec: dict[str, Any], value: Any, where: str = "the answer") -> None:

@@ -17,7 +17,16 @@ from ..status import Reason, StepStatus
 from ..store import Store
 from ..store.runs import KEY_SCHEME
 from ..store.steps import StagedPayload
-from ..validate import FUNCTION, NOTE, check_amount, check_iterable, check_name, optional, validated
+from ..validate import (
+    FUNCTION,
+    NOTE,
+    check_amount,
+    check_deadline,
+    check_iterable,
+    check_name,
+    optional,
+    validated,
+)
 from .names import check_stored_name
 from .snapshot import Snapshotter
 
@@ -170,11 +179,18 @@ class Run:
         """An explicit safe point: honours a pending stop here."""
         self.safe_point()
 
-    @validated("run.suspend", reason=check_name, note=NOTE)
+    @validated("run.suspend", reason=check_name, deadline=check_deadline, note=NOTE)
     def suspend(
         self, reason: str = Reason.OTHER, *, deadline: Any = None, note: str | None = None
     ) -> None:
-        """Suspend the run at this point (a safe point); resume with ``kx.resume``."""
+        """Suspend the run at this point (a safe point); resume with ``kx.resume``.
+
+        ``deadline``: when the suspended run expires; ``None`` takes the reason's expiry
+        policy. A ``datetime`` (naive is read as UTC, like every timestamp in the store;
+        aware is converted to UTC), or a duration from now (seconds or a ``timedelta``, at
+        most 1000 years). A deadline in the past is accepted: the run expires at the next
+        sweep.
+        """
         self.finish_open_step()
         self.suspend_request = (reason, deadline, note)
         raise StopRequested(reason)

@@ -38,7 +38,6 @@ def start_run(
     store = get_store(store)
     run_id = f"{agent.name}-{uuid.uuid4().hex[:8]}" if run_id is None else run_id
     check_stored_name(run_id, "run id", hint="Pass agent.start(..., run_id='orders-2026-11').")
-    runtime().args_cache[run_id] = (args, kwargs)
     created = store.create_run(
         run_id,
         agent.name,
@@ -53,6 +52,9 @@ def start_run(
             f"Run {run_id!r} already exists (status {existing['status']}). Resume it with "
             f"kx.resume({run_id!r}), restart it with kx.restart({run_id!r}), or pick a new run_id."
         )
+    # Only a run this call created gets these arguments: a refused start must not swap
+    # the arguments a later kx.resume of the existing run uses.
+    runtime().args_cache[run_id] = (args, kwargs)
     run = Run(
         store,
         run_id,

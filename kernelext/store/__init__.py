@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib
 import os
@@ -76,6 +77,20 @@ def open_store(
     if target.startswith(("postgresql://", "postgres://")):
         backend = importlib.import_module(".postgres_backend", __name__)
         return Store(backend.open_postgres(target), clock=clock)
-    from .duckdb import open_duckdb
+    from .duckdb.backend import (
+        coordination_files,
+        open_duckdb,
+        remove_created_coordination_files,
+    )
 
-    return Store(open_duckdb(target, read_only=read_only), clock=clock)
+    new_files = [f for f in coordination_files(target) if not os.path.exists(f)]
+    duck = None
+    try:
+        duck = open_duckdb(target, read_only=read_only)
+        return Store(duck, clock=clock)
+    except BaseException:  # a failed open leaves no .lock/.want of its own behind
+        if duck is not None:
+            with contextlib.suppress(Exception):
+                duck.close()
+        remove_created_coordination_files(new_files)
+        raise

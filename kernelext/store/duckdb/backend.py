@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 
 from ...errors import StoreError, StoreLockedError, StoreWriteError
+from ...validate import store_path_problem
 from ..base import Backend
 from ..sql_guard import (
     Checked,
@@ -130,6 +131,8 @@ class DuckDBConnection(Backend):
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._last_used = time.monotonic()
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
+        self._size_seen = 0  # st_size after this process's last commit (while it holds it)
+        self._header_seen = False  # the file has shown DuckDB's magic bytes at this identity
         self.lost: str | None = None  # why the store file can no longer be written, once known
 
     # -- opening and handing over ----------------------------------------------------
@@ -208,11 +211,41 @@ class DuckDBConnection(Backend):
         hand-over) finds it; from then on nothing is written here, and the journal keeps
         what was not folded yet (it is not deleted while records wait in it).
         """
+        self._check_file_at(committed=False)
+
+    def _check_file_at(self, *, committed: bool) -> None:
+        """``_check_file``; ``committed``: just after this process's own COMMIT, whose
+        checkpoint may have shrunk the file (the size it leaves is the new floor).
+
+        Same inode but truncated or rewritten in place (``os.truncate``, ``> file``, a
+        tool writing over it) is found too, cheaply: the size must not shrink below what
+        this process saw after its own last commit while it held the file, and bytes 8-12
+        must still be DuckDB's magic ``DUCK``. It cannot see a rewrite that keeps both (a
+        valid DuckDB file of at least that size copied over it in place, or writes inside
+        the file past its header): that would need a checksum of the whole file.
+        """
         if self.lost is None and self._identity is not None and not self.read_only:
-            now = _identity(self.path)
-            if now == self._identity:
+            st = _stat(self.path)
+            now = None if st is None else (st.st_dev, st.st_ino)
+            what = None
+            if now != self._identity:
+                what = "deleted" if now is None else "replaced by another file"
+            else:
+                assert st is not None
+                magic = _magic(self.path)
+                if magic == DUCKDB_MAGIC:
+                    self._header_seen = True
+                if not committed and st.st_size < self._size_seen:
+                    what = (
+                        f"truncated ({st.st_size} bytes now, {self._size_seen} after this "
+                        "process's last commit)"
+                    )
+                elif self._header_seen and magic != DUCKDB_MAGIC:
+                    what = "overwritten in place (its header no longer reads DUCK)"
+                elif committed and self.con is not None:
+                    self._size_seen = st.st_size
+            if what is None:
                 return
-            what = "deleted" if now is None else "replaced by another file"
             journal = self.hot_path.path if self.hot_path is not None else self.path + ".journal.*"
             kept = (
                 f"the records not yet in its tables are kept in the journal {journal}, nothing "
@@ -254,6 +287,7 @@ class DuckDBConnection(Backend):
         self._cursors.clear()
         self._generation += 1
         con, self.con = self.con, None
+        self._size_seen = 0  # another process may write (and shrink) it before we are back
         try:
             con.close()
         finally:
@@ -323,7 +357,7 @@ class DuckDBConnection(Backend):
                 raise
             if not self.read_only:
                 if statement == "COMMIT":
-                    self._check_file()  # committed to a file gone meanwhile: not stored
+                    self._check_file_at(committed=True)  # committed to a file gone meanwhile
                 _private_wal(self.path)
         finally:
             self._in_tx = False
@@ -541,11 +575,28 @@ def _transaction_id(con: duckdb.DuckDBPyConnection) -> int:
 
 def _identity(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of the file at ``path``, or None when there is none."""
+    st = _stat(path)
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
+def _stat(path: str) -> os.stat_result | None:
     try:
-        st = os.stat(path)
+        return os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino
+
+
+DUCKDB_MAGIC = b"DUCK"  # bytes 8-12 of every DuckDB database file
+
+
+def _magic(path: str) -> bytes | None:
+    """Bytes 8-12 of the file (DuckDB's magic), or None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(8)
+            return f.read(4)
+    except OSError:
+        return None
 
 
 def _utcnow() -> dt.datetime:
@@ -639,6 +690,9 @@ def open_duckdb(
     (a read-only mount, a folder of someone else's): reads work, writes are refused
     with a clear error. ``True`` asks for it, ``False`` refuses a read-only folder.
     """
+    problem = store_path_problem(path)  # before abspath drops a trailing separator
+    if problem:
+        raise StoreError(f"The kernelext store path is refused: {problem}")
     path = os.path.abspath(path)
     if os.path.isdir(path):  # before anything is created beside it (.lock, .want)
         raise StoreError(
@@ -668,6 +722,34 @@ def open_duckdb(
     if wait_timeout is None:
         wait_timeout = float(os.environ.get("KERNELEXT_STORE_WAIT", "30"))
     return DuckDBConnection(path, wait_timeout=wait_timeout, read_only=read_only)
+
+
+def coordination_files(path: str) -> list[str]:
+    """The lock files beside the store at ``path`` that an open creates."""
+    path = os.path.abspath(path)
+    return [path + ".lock", path + ".want"]
+
+
+def remove_created_coordination_files(before: list[str]) -> None:
+    """After a failed open: remove the coordination files in ``before`` (files that did
+    not exist before it) that nobody holds now, so a failed open leaves no litter."""
+    from .platform import try_lock_file, unlock_file
+
+    for name in before:
+        try:
+            fd = os.open(name, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            if try_lock_file(fd):  # nobody waits on it or holds it
+                try:
+                    os.unlink(name)
+                finally:
+                    unlock_file(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _writable(path: str) -> bool:
