@@ -17,6 +17,7 @@ import inspect
 import math
 import numbers
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
@@ -119,6 +120,9 @@ def check_text(where: str, value: object, *, what: str = "a non-empty string") -
 MAX_NAME = 1000
 
 
+_ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+")  # '<Invoice object at 0x7f...>'
+
+
 def name_problem(value: str) -> str:
     """What keeps ``value`` from being stored faithfully as a name ("" when nothing): it is
     part of keys derived from it and stored as text in both stores, so not empty or blank,
@@ -131,6 +135,13 @@ def name_problem(value: str) -> str:
         return f"has {len(value)} characters (at most {MAX_NAME})"
     if "\0" in value:
         return f"holds a NUL character at position {value.index(chr(0))}"
+    if _ADDRESS.search(value):
+        return (
+            "holds an object's memory address (a default repr, '<... at 0x...>'), which "
+            "changes from process to process, so a resume would not find it and would make "
+            "its calls again; give each item a stable identity, e.g. "
+            "run.steps(items, key=lambda i: i.id)"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:

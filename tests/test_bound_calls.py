@@ -336,3 +336,216 @@ def test_results_of_common_types_come_back_as_they_were_on_resume(
         [run_id, "book"],
     )
     assert str(tokens["t"][0]) == "7"  # plain JSON stays queryable
+
+
+# -- calls bound by parameter name, defaults applied (scheme 2) -----------------------------
+def test_a_default_is_bound_and_shown_so_a_changed_default_needs_a_new_approval(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    tools: dict[str, Any] = {}
+
+    def define(default: int) -> None:
+        @kx.effect(needs_approval=True, name="pay")
+        def pay(to: str, amount: int = default, *, idempotency_key: str | None = None) -> Any:
+            body = {"to": to, "amount": amount}
+            return post_json(delivery_server.url + "/pay", body, idempotency_key=idempotency_key)
+
+        tools["pay"] = pay
+
+    define(10)
+
+    @kx.agent(name=name("defaults"))
+    def agent(run: kx.Run) -> None:
+        with run.step("bob"):
+            tools["pay"]("bob")
+
+    run_id = name("defaults")
+    assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
+    [first] = kx.approvals(run_id)
+    assert first.arguments == {"to": "bob", "amount": 10}, "the default is shown"
+    first.approve(resume=False)
+    define(1000000)  # the code changed its default before the resume
+    assert kx.resume(run_id).wait(WAIT) == "suspended"
+    assert delivery_server.count() == 0, "the old approval let another amount through"
+    [second] = kx.approvals(run_id)
+    assert second.arguments == {"to": "bob", "amount": 1000000}
+
+
+def test_positional_keyword_and_default_spellings_are_one_call(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    style = {"v": 0}
+
+    @kx.effect(needs_approval=True)
+    def pay(to: str, amount: int = 10, *, idempotency_key: str | None = None) -> Any:
+        body = {"to": to, "amount": amount}
+        return post_json(delivery_server.url + "/pay", body, idempotency_key=idempotency_key).body
+
+    @kx.agent(name=name("spellings"))
+    def agent(run: kx.Run) -> None:
+        with run.step("bob"):
+            calls = [lambda: pay("bob", 10), lambda: pay("bob", amount=10), lambda: pay("bob")]
+            calls[style["v"]]()
+
+    run_id = name("spellings")
+    assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
+    [first] = kx.approvals(run_id)
+    first.approve(resume=False)
+    style["v"] = 1
+    assert kx.resume(run_id).wait(WAIT) == "completed"
+    assert delivery_server.count() == 1
+    spelled = [pay._bound(("bob", 10), {}), pay._bound(("bob",), {"amount": 10})]
+    assert spelled == [pay._bound(("bob",), {})] * 2 == [{"to": "bob", "amount": 10}] * 2
+
+
+def test_a_needs_approval_rule_that_changes_the_arguments_is_refused(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    def rule(to: str, order: dict[str, Any]) -> bool:
+        order["amount"] = 1000000  # what the approver would not have seen
+        return True
+
+    @kx.effect(needs_approval=rule)
+    def pay(to: str, order: dict[str, Any]) -> Any:
+        return post_json(delivery_server.url + "/pay", {"to": to, "order": order}).body
+
+    @kx.agent(name=name("mutating-rule"))
+    def agent(run: kx.Run) -> None:
+        with run.step("bob"):
+            pay("bob", {"amount": 10})
+
+    handle = agent.start(run_id=name("mutating-rule"))
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.EffectArgumentsMismatch), handle.error
+    assert "needs_approval rule changed" in str(handle.error)
+    assert kx.approvals(handle.run_id) == [] and delivery_server.count() == 0
+
+
+def test_a_gated_call_of_a_scheme_1_run_refuses_an_argument_it_cannot_bind(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    class Opaque:
+        def __init__(self, amount: int) -> None:
+            self.amount = amount
+
+    @kx.effect(needs_approval=True)
+    def pay(to: str, order: Any) -> Any:
+        return post_json(delivery_server.url + "/pay", {"to": to}).body
+
+    gate = {"on": True}
+
+    @kx.agent(name=name("legacy-gated"))
+    def agent(run: kx.Run) -> None:
+        with run.step("wait"):
+            if gate["on"]:
+                run.checkpoint()
+                kx.stop(run.id)
+                run.checkpoint()
+        with run.step("bob"):
+            pay("bob", Opaque(10))
+
+    run_id = name("legacy-gated")
+    assert agent.start(run_id=run_id).wait(WAIT) in ("suspended", "stopped")
+    store.write(lambda tx: tx.execute("UPDATE runs SET key_scheme = NULL WHERE id = ?", (run_id,)))
+    gate["on"] = False
+    handle = kx.resume(run_id)
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, UnencodableArgument), handle.error
+    assert kx.approvals(run_id) == [] and delivery_server.count() == 0
+
+
+# -- deciding by effect key: only while the key has had one request -----------------------
+def test_approving_by_effect_key_is_refused_once_the_key_has_had_several_requests(
+    store: Store, delivery_server: DeliveryServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelext.core import approvals as human
+
+    plan = {"amount": 10}
+    run_id = name("by-key")
+    agent = payer(delivery_server, plan)
+    assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
+    [seen] = kx.approvals(run_id)  # R1: pay("bob", 10), and its effect key
+    plan["amount"] = 1000000
+    assert kx.resume(run_id).wait(WAIT) == "suspended"  # R2 supersedes R1 under that key
+    [newer] = kx.approvals(run_id)
+    assert newer.key == seen.key and newer.id != seen.id
+    for ident in (str(seen.key), str(seen.key)[:13], seen.key):
+        with pytest.raises(kx.LedgerError, match="2 approval requests") as refused:
+            human.approve(ident, store=store, resume=False)
+        assert str(seen.id) in str(refused.value) and str(newer.id) in str(refused.value)
+    import argparse
+
+    from kernelext.cli import approvals as cli_approvals
+    from kernelext.cli.common import CommandUsageError
+
+    def ns(**kw: Any) -> argparse.Namespace:
+        return argparse.Namespace(**{"note": None, "json": False, "run": None, **kw})
+
+    with pytest.raises(CommandUsageError, match="Decide by request id"):
+        cli_approvals.approve_command(ns(key=str(seen.key)), store)
+    assert kx.approvals(run_id)[0].decision is None, "nothing was decided by the key"
+    capsys.readouterr()
+    assert cli_approvals.approvals_command(ns(run=run_id), store) == 3
+    listing = capsys.readouterr().out
+    assert "amount = 1000000" in listing and 'to = "bob"' in listing
+    # By request id: decided, and the decision echoes the arguments that were approved.
+    assert cli_approvals.approve_command(ns(key=str(newer.id)), store) == 0
+    out = capsys.readouterr().out
+    assert "approved, with arguments" in out and '"amount":1000000' in out.replace(" ", "")
+    decided = human.Approval(store, store.approval_rows(key=newer.key)[-1])
+    assert "approved" in repr(decided) and "1000000" in repr(decided)
+    # Only what was approved by id may ever be delivered (a resume here may already run it).
+    assert [d["body"]["amount"] for d in delivery_server.deliveries] in ([], ["1000000"])
+
+
+def test_approving_by_effect_key_works_while_the_key_has_one_request(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    from kernelext.core import approvals as human
+
+    run_id = name("by-key-one")
+    assert payer(delivery_server, {"amount": 10}).start(run_id=run_id).wait(WAIT) == "suspended"
+    [seen] = kx.approvals(run_id)
+    item = human.approve(str(seen.key), store=store, resume=False)
+    assert item.id == seen.id and item.decision == "approved"
+    assert '"amount": 10' in repr(item) or '"amount":10' in repr(item)
+
+
+# -- step keys from a default object repr (B5) ----------------------------------------------
+class Invoice:
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+
+@pytest.mark.parametrize("key", [str, repr, lambda i: f"invoice {i!r}", lambda i: i, float])
+def test_step_keys_from_an_object_address_or_not_text_are_refused_before_the_step(
+    key: Any, store: Store, delivery_server: DeliveryServer
+) -> None:
+    @kx.effect
+    def pay(number: int) -> Any:
+        return post_json(delivery_server.url + "/pay", {"n": number}).body
+
+    @kx.agent(name=name("addr-keys"))
+    def agent(run: kx.Run) -> None:
+        items = [Invoice(1), Invoice(2)] if key is not float else [1, 2]
+        for invoice in run.steps(items, key=key):
+            pay(getattr(invoice, "number", invoice))
+
+    run_id = name("addr-keys")
+    handle = agent.start(run_id=run_id)
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, InvalidName), handle.error
+    assert "key=lambda i: i.id" in str(handle.error)
+    assert store.completed_steps(run_id) == [] and delivery_server.count() == 0
+
+
+def test_step_keys_may_be_ints_and_texts_with_a_lone_at(store: Store) -> None:
+    @kx.agent(name=name("int-keys"))
+    def agent(run: kx.Run) -> None:
+        for _ in run.steps([7, 8], key=lambda i: i):
+            pass
+        for _ in run.steps(["mail at 0x10 street"], key=str):
+            pass
+
+    handle = agent.start(run_id=name("int-keys"))
+    assert handle.wait(WAIT) == "completed"

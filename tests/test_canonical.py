@@ -326,3 +326,149 @@ def test_a_scheme_1_run_binds_new_calls_by_value_and_still_accepts_what_it_accep
     with pytest.raises(UnencodableArgument):
         call_hashes(("bob", object()), {}, 2, tool="pay")
     assert call_hashes(("bob",), {}, 2, tool="pay")[1] is None
+
+
+# -- exact types only: subclasses of builtins are refused (B3) ------------------------------
+class LiarInt(int):
+    def __int__(self) -> int:
+        return 10
+
+    def __index__(self) -> int:
+        return 10
+
+
+class TaggedStr(str):
+    pass
+
+
+class LiarDecimal(Decimal):
+    pass
+
+
+class LiarDict(dict):  # type: ignore[type-arg]
+    pass
+
+
+class LiarList(list):  # type: ignore[type-arg]
+    pass
+
+
+def test_subclasses_of_builtins_are_refused_not_read_through_their_dunders() -> None:
+    tagged_str = TaggedStr("bob")
+    tagged_str.extra = "mallory"  # type: ignore[attr-defined]
+    import collections
+
+    for bad in (
+        LiarInt(1000000),
+        tagged_str,
+        LiarDecimal("1"),
+        LiarDict(a=1),
+        LiarList([1]),
+        collections.defaultdict(int, a=1),
+        type("F", (float,), {})(1.5),
+        type("T", (tuple,), {})((1,)),
+        type("S", (frozenset,), {})({1}),
+    ):
+        with pytest.raises(Unencodable, match="subclass of"):
+            canonical(bad)
+        with pytest.raises(Unencodable, match="subclass of"):
+            tagged(bad)
+        with pytest.raises(UnencodableArgument, match="subclass of"):
+            args_hash(("bob", bad), {}, tool="pay", names=("to", "amount"))
+    assert canonical(True) != canonical(1) and canonical(Flag.ON) != canonical(1)
+    # A result that subclasses a builtin is stored as the builtin value its base slot holds.
+    assert untag(tagged(LiarInt(1000000), result=True)) == 1000000
+
+
+class Flag(enum.IntEnum):
+    ON = 1
+
+
+def test_namedtuple_and_ordered_dict_are_encoded_deliberately() -> None:
+    import collections
+    from typing import NamedTuple
+
+    class P(NamedTuple):
+        to: str
+        amount: int
+
+    Q = collections.namedtuple("Q", "to amount")
+    assert digest(P("bob", 10)) != digest(("bob", 10)) != digest(Q("bob", 10))
+    assert digest(P("bob", 10)) != digest(P("bob", 11))
+    assert tagged(P("bob", 10))["v"] == {"to": "bob", "amount": 10}
+    od = collections.OrderedDict
+    assert digest(od(a=1, b=2)) != digest(od(b=2, a=1)) != digest({"a": 1, "b": 2})
+    assert digest(od(a=1)) == digest(od(a=1))
+
+
+# -- pydantic: raw values, never the model's serializers (B4) -------------------------------
+def test_pydantic_models_are_bound_by_raw_values_not_model_dump() -> None:
+    class Excluded(pydantic.BaseModel):
+        to: str
+        amount: int = pydantic.Field(exclude=True)
+
+    class Rounded(pydantic.BaseModel):
+        amount: float
+
+        @pydantic.field_serializer("amount")
+        def _round(self, v: float) -> float:
+            return round(v)
+
+    class Custom(pydantic.BaseModel):
+        amount: int
+
+        @pydantic.model_serializer
+        def _dump(self) -> dict[str, Any]:
+            return {"amount": 10}
+
+    class Private(pydantic.BaseModel):
+        to: str
+        _route: str = pydantic.PrivateAttr(default="a")
+
+    class Extra(pydantic.BaseModel, extra="allow"):
+        to: str
+
+    assert digest(Excluded(to="b", amount=10)) != digest(Excluded(to="b", amount=1000000))
+    assert tagged(Excluded(to="b", amount=1000000))["v"]["amount"] == 1000000
+    assert digest(Rounded(amount=10.0)) != digest(Rounded(amount=10.4))
+    assert tagged(Rounded(amount=10.4))["v"]["amount"] == 10.4
+    assert digest(Custom(amount=10)) != digest(Custom(amount=1000000))
+    assert tagged(Custom(amount=1000000))["v"] == {"amount": 1000000}
+    a, b = Private(to="x"), Private(to="x")
+    b._route = "b"
+    assert digest(a) != digest(b) and tagged(b)["private"] == {"_route": "b"}
+    assert digest(Extra(to="x", amount=1)) != digest(Extra(to="x", amount=2))
+    assert tagged(Extra(to="x", amount=2))["extra"] == {"amount": 2}
+
+
+# -- numpy subclasses, dataclass attributes, aware times (B6, B8c) --------------------------
+def test_masked_arrays_matrices_and_dataclass_extra_attributes_are_refused() -> None:
+    masked = np.ma.MaskedArray([10, 1000000], mask=[False, True])
+    with pytest.warns(PendingDeprecationWarning):
+        matrix = np.matrix([[1, 2]])
+    for bad in (masked, matrix):
+        with pytest.raises(Unencodable, match="ndarray subclass"):
+            canonical(bad)
+
+    @dataclasses.dataclass
+    class Order:
+        to: str
+
+    order = Order("bob")
+    order.amount = 1000000  # type: ignore[attr-defined]
+    with pytest.raises(Unencodable, match="not fields"):
+        canonical(order)
+    with pytest.raises(Unencodable, match="not fields"):
+        tagged(order)
+    assert digest(Order("bob")) == digest(Order("bob"))
+
+
+def test_an_aware_time_binds_and_shows_its_zone() -> None:
+    from zoneinfo import ZoneInfo
+
+    paris = dt.time(9, tzinfo=ZoneInfo("Europe/Paris"))
+    tokyo = dt.time(9, tzinfo=ZoneInfo("Asia/Tokyo"))
+    assert digest(paris) != digest(tokyo) != digest(dt.time(9))
+    assert tagged(paris) == {"$kx": "time", "v": "09:00:00", "zone": "Europe/Paris"}
+    fixed = dt.time(9, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert tagged(fixed)["zone"] == "2:00:00" and untag(tagged(fixed, result=True)) == fixed

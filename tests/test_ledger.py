@@ -19,7 +19,8 @@ import pytest
 from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
-from kernelext.core.ledger import args_hash, effect_key
+from kernelext.core.keys import bound_hash
+from kernelext.core.ledger import effect_key
 from kernelext.store import Store, open_store
 
 SECRET = "sk-live-DO-NOT-LEAK-4242"
@@ -167,9 +168,14 @@ def test_row_holds_hash_redacted_args_status_result_and_utc_times(
         0,
     )
     assert re.fullmatch(r"[0-9a-f]{64}", row["args_hash"])  # scheme 2 (scheme 1: 32)
-    assert row["args_hash"] == args_hash(
-        ("acct-7", 12, SECRET),
-        {"api_key": SECRET, "headers": {"Authorization": SECRET, "Accept": "json"}},
+    assert row["args_hash"] == bound_hash(  # bound by parameter name (scheme 2)
+        {
+            "account": "acct-7",
+            "amount": 12,
+            "password": SECRET,
+            "api_key": SECRET,
+            "headers": {"Authorization": SECRET, "Accept": "json"},
+        }
     )
     args = json.loads(row["args"])
     assert args["account"] == "acct-7" and args["amount"] == 12
@@ -274,7 +280,7 @@ def test_pending_intent_on_resume_becomes_unknown_and_blocks_the_call(
             "step_ordinal": 0,
             "tool": "deliver",
             "call_ordinal": 0,
-            "args_hash": args_hash(("bo@example.org", "hi"), {}),
+            "args_hash": bound_hash({"to": "bo@example.org", "body": "hi"}),
             "args": "{}",
             "resumable": True,
         }

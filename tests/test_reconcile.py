@@ -18,7 +18,8 @@ import pytest
 from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
-from kernelext.core.ledger import args_hash, effect_key
+from kernelext.core.keys import bound_hash
+from kernelext.core.ledger import effect_key
 from kernelext.store import Store, open_store
 
 WAIT = 60
@@ -225,7 +226,7 @@ def test_pending_intent_left_by_a_dead_process_is_reconciled(
             "step_ordinal": 0,
             "tool": "book",
             "call_ordinal": 0,
-            "args_hash": args_hash(("blue",), {}),
+            "args_hash": bound_hash({"room": "blue"}),
             "args": '{"room": "blue"}',
             "resumable": True,
         }

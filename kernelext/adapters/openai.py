@@ -279,7 +279,16 @@ class ModelCall(Effect):
         extra.setdefault(header, key)
         return {**self.kwargs, "extra_headers": extra}
 
-    def _redacted_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], scheme: int) -> str:
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # a request is its keywords: bound by them as they are
+
+    def _redacted_args(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        scheme: int,
+        bound: dict[str, Any] | None = None,
+    ) -> str:
         return display_args(kwargs, scheme, tool=self.tool)
 
     # -- the call: the ledger's, deferred for streams and coroutines ------------------------

@@ -15,6 +15,7 @@ run goes on at its next resume, where its agent is defined.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from ..core import approvals as human
@@ -33,11 +34,14 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
         emit_json({"approvals": [r.row for r in requests], "questions": [q.row for q in asked]})
         return Exit.SUSPENDED if requests or asked else Exit.DONE
     rows: list[dict[str, Any]] = [
-        {"id": r.id, "run": r.run_id, "step": r.step, "tool": r.tool, "args": r.args}
-        for r in requests
+        {"id": r.id, "run": r.run_id, "step": r.step, "tool": r.tool} for r in requests
     ]
     if rows:
-        print(table(rows, ("id", "run", "step", "tool", "args"), width=48))
+        print(table(rows, ("id", "run", "step", "tool"), width=48))
+        for r in requests:  # every argument by name, untruncated up to a generous limit
+            print(f"request {r.id} ({r.tool}) arguments:")
+            for line in argument_lines(r.arguments):
+                print("  " + line)
         print("decide with: kernelext approve ID [--note TEXT]  |  kernelext reject ID")
     for q in asked:
         print(f"question of run {q.run_id} (step {q.step}): {q.prompt}  [{q.time_left}]")
@@ -45,6 +49,24 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
     if not rows and not asked:
         print("nothing waits for a person")
     return Exit.SUSPENDED if requests or asked else Exit.DONE
+
+
+ARGUMENT_LIMIT = 4000  # characters of one argument's JSON shown; --json shows all
+
+
+def argument_lines(arguments: dict[str, Any]) -> list[str]:
+    """``name = value`` for each argument (its JSON as stored), nothing cut short below
+    ``ARGUMENT_LIMIT`` characters, so that an amount or a recipient is never hidden."""
+    if not arguments:
+        return ["(none)"]
+    out = []
+    for name, value in arguments.items():
+        text = json.dumps(value, ensure_ascii=False)
+        if len(text) > ARGUMENT_LIMIT:
+            more = len(text) - ARGUMENT_LIMIT
+            text = f"{text[:ARGUMENT_LIMIT]}... ({more} more characters: --json shows all)"
+        out.append(f"{name} = {text}")
+    return out
 
 
 def _decide(args: argparse.Namespace, store: Store, decide: Any) -> int:
@@ -56,7 +78,8 @@ def _decide(args: argparse.Namespace, store: Store, decide: Any) -> int:
         emit_json(item.row)
     else:
         print(
-            f"{item.tool} of run {item.run_id} (request {item.id}): {item.decision}. The run "
+            f"{item.tool} of run {item.run_id} (request {item.id}): {item.decision}, with "
+            f"arguments {item.args or '{}'}. The run "
             f"goes on at its next resume: kx.resume({item.run_id!r}) where its agent is "
             f"defined, or %agent resume {item.run_id}."
         )

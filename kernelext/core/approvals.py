@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from ..errors import LedgerError
 from ..status import Reason, Status
 from ..store import Store, actor
-from ..store.approvals import APPROVED, REJECTED
+from ..store.approvals import APPROVED, REJECTED, several_requests
 from ..validate import (
     FLAG,
     NOTE,
@@ -169,7 +169,12 @@ class Approval:
         )
 
     def __repr__(self) -> str:
-        return f"<approval request {self.describe()} {self.decision or 'open'}>"
+        if self.decision is not None:  # what was decided: these very arguments
+            return (
+                f"<approval request {self.id} {self.decision}: {self.tool}({self.args or ''}) "
+                f"run={self.run_id} step={self.step!r}>"
+            )
+        return f"<approval request {self.describe()} open>"
 
 
 class _Waiting(list[T]):
@@ -240,6 +245,11 @@ def find_approval(ident: str | uuid.UUID, *, store: Store | None = None) -> uuid
         matches = keys if len(keys) == 1 else {row["id"] for row in named}  # one call: its key
     if len(matches) == 1:
         found: uuid.UUID = matches.pop()
+        by_key = [r for r in rows if r["id"] == found and not str(r["id"]).startswith(text)]
+        if by_key:  # named by its effect key: only while that key has had one request
+            ids = [r["id"] for r in store.approval_rows(key=by_key[0]["key"])]
+            if len(ids) > 1:
+                raise LedgerError(several_requests(by_key[0], ids))
         return found
     shown = ", ".join(f"{row['id']} ({row['tool']}, run {row['run_id']})" for row in rows)
     if not matches:

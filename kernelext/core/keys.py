@@ -28,6 +28,8 @@ from .tagged import tagged, untag
 __all__ = [
     "KEY_SCHEME",
     "args_hash",
+    "bound_hash",
+    "call_hashes",
     "display_args",
     "effect_key",
     "load_result",
@@ -111,6 +113,18 @@ def args_hash(
     return hashlib.sha256(b"kernelext.args\0" + raw).hexdigest()  # 64 digits; scheme 1: 32
 
 
+def bound_hash(bound: dict[str, Any], *, tool: str = "the effect") -> str:
+    """The hash of a call bound to its function's parameters by name, defaults applied
+    (scheme 2): ``pay("bob", 10)``, ``pay("bob", amount=10)`` and ``pay("bob")`` with
+    ``amount=10`` as its default are one call; the default's value is bound with it."""
+    try:
+        named = sorted(frame(k) + canonical(v, k) for k, v in bound.items())
+    except Unencodable as exc:
+        raise unencodable(tool, exc) from None
+    raw = frame(len(named)) + b"".join(named)
+    return hashlib.sha256(b"kernelext.bound\0" + raw).hexdigest()
+
+
 def call_hashes(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -118,15 +132,20 @@ def call_hashes(
     *,
     tool: str,
     names: Sequence[str] = (),
+    bound: dict[str, Any] | None = None,
 ) -> tuple[str, str | None]:
     """``(hash, old)``: the hash a new intent records, and for a scheme-1 run the scheme-1
     hash its rows of an earlier release were recorded with (``None`` otherwise).
 
     A scheme-1 run keeps its keys, and its rows their hashes; a call it records now is bound
     by value (scheme 2, told apart by its length) unless an argument cannot be encoded, which
-    an earlier release accepted: then the old hash, so that such a run can still go on.
+    an earlier release accepted: then the old hash, so that such a run can still go on
+    (not for a gated call: the ledger refuses that one, see ``Effect.__call__``).
+    ``bound`` (scheme 2 only): the call bound by parameter name with defaults applied.
     """
     if scheme >= 2:
+        if bound is not None:
+            return bound_hash(bound, tool=tool), None
         return args_hash(args, kwargs, scheme, tool=tool, names=names), None
     old = args_hash(args, kwargs, 1)
     try:

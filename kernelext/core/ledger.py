@@ -134,11 +134,32 @@ class Effect:
         run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
         kwargs.pop("idempotency_key", None)
         scheme = run.key_scheme
+        # Scheme 2: bound by parameter name with defaults applied; hash and display are
+        # of that one mapping, taken at one moment (before the approval rule runs).
+        bound = self._bound(args, kwargs) if scheme >= 2 else None
         # Refuses an argument it cannot bind by value before anything is recorded.
-        digest, old = call_hashes(args, kwargs, scheme, tool=self.tool, names=self._positional)
+        hashes = call_hashes(
+            args, kwargs, scheme, tool=self.tool, names=self._positional, bound=bound
+        )
+        digest, old = hashes
+        shown = self._redacted_args(args, kwargs, 1 if digest == old else 2, bound)
+        gated = self._gated(args, kwargs)
+        if gated and digest == old:
+            # A scheme-1 run's argument with no faithful encoding: an approval of it would
+            # be blind (its old hash holds only the type name). Refused, whatever the scheme.
+            args_hash(args, kwargs, 2, tool=self.tool, names=self._positional)
+        if callable(self.needs_approval):
+            after = call_hashes(
+                args, kwargs, scheme, tool=self.tool, names=self._positional, bound=bound
+            )
+            if after != hashes:
+                raise EffectArgumentsMismatch(
+                    f"Effect {self.tool}: its needs_approval rule changed the call's arguments "
+                    "(they were bound and shown before the rule ran, and differ after it). "
+                    "Nothing was recorded. A needs_approval rule must only read the arguments."
+                )
         step_key, step_ordinal, call_ordinal = run.next_call()
         key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
-        gated = self._gated(args, kwargs)
         row = run.effects.get(key)
         if row is not None:
             replay = self._replay(run, key, row, hash_for(row["args_hash"], digest, old), gated)
@@ -153,7 +174,7 @@ class Effect:
                 "tool": self.tool,
                 "call_ordinal": call_ordinal,
                 "args_hash": digest,
-                "args": self._redacted_args(args, kwargs, 1 if digest == old else 2),
+                "args": shown,
                 "resumable": self.resumable,
             }
             existing = self._record_intent(run, row, gated)
@@ -350,9 +371,30 @@ class Effect:
             )
         raise LedgerError(f"Effect {self.tool} (key {key}) is {status}; the run cannot go on.")
 
-    def _redacted_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], scheme: int) -> str:
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The call by parameter name, defaults applied (``None``: no signature, or arguments
+        that do not fit it; then the call is bound by its positional and keyword arguments).
+        ``idempotency_key`` is the engine's to pass, so it is no argument of the call."""
+        if self.signature is None:
+            return None
+        try:
+            ba = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        ba.apply_defaults()
+        return {k: v for k, v in ba.arguments.items() if k != "idempotency_key"}
+
+    def _redacted_args(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        scheme: int,
+        bound: dict[str, Any] | None = None,
+    ) -> str:
         named: dict[str, Any]
-        if self.signature is not None:
+        if bound is not None:
+            named = bound
+        elif self.signature is not None:
             try:
                 named = dict(self.signature.bind_partial(*args, **kwargs).arguments)
             except TypeError:

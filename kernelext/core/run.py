@@ -160,7 +160,7 @@ class Run:
                 )
                 self.notify("total", total)
         for index, item in enumerate(items):
-            step_key = str(key(item)) if key is not None else str(index)
+            step_key = _step_key(key(item)) if key is not None else str(index)
             if not self.begin_step(step_key, name):
                 continue
             yield item
@@ -541,3 +541,19 @@ class _StepContext:
         if kind is None:
             self.run.finish_open_step()
         return False
+
+
+def _step_key(value: Any) -> str:
+    """What ``run.steps(key=...)`` returned, as the step key: a ``str`` or an ``int``
+    (exactly); anything else (an object's ``str``, a float) is no stable identity."""
+    if type(value) is str:
+        return value
+    if type(value) is int:
+        return str(value)
+    from ..errors import NameNotText
+
+    raise NameNotText(
+        f"run.steps(key=...) must return a str or an int for each item, not a "
+        f"{type(value).__name__}; give each item a stable identity, e.g. "
+        "run.steps(items, key=lambda i: i.id)."
+    )

@@ -16,21 +16,27 @@ import math
 import pathlib
 import sys
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
 from .canonical import (
+    _BUILTINS,
     _LIBRARIES,
     MAX_DEPTH,
     TAG,
     Unencodable,
     _dtype,
     _module_of,
-    _pydantic_dump,
     _qualname,
     canonical,
+    dataclass_fields,
     digest,
+    is_namedtuple,
+    pydantic_state,
+    subclass_why,
+    zone_name,
 )
 
 __all__ = ["tagged", "untag"]
@@ -82,25 +88,57 @@ class _Tagger:
             if isinstance(value, (int, str)):  # an IntEnum / StrEnum result: its value, as JSON
                 return inner  # always stored it
             raise Unencodable(path, value)
-        if isinstance(value, int) and not isinstance(value, enum.Enum):
-            n = int(value)
+        if (
+            isinstance(value, _BUILTINS)
+            and type(value) not in _EXACT
+            and type(value).__module__ != "pathlib"  # the path classes themselves
+        ):
+            if self.result:  # the builtin value, read via the base type's own slots
+                value = _base_value(value)
+            elif not is_namedtuple(value) and type(value) is not OrderedDict:
+                raise Unencodable(path, value, subclass_why(value))  # as the hash refuses it
+        if type(value) is int:
+            n = value
             return {TAG: "int", "v": hex(n)} if n.bit_length() > _BIG_INT_BITS else n
-        if isinstance(value, float):
-            x = float(value)
+        if type(value) is float:
+            x = value
             return x if math.isfinite(x) else {TAG: "float", "v": repr(x)}
-        if isinstance(value, str) and not isinstance(value, enum.Enum):
-            s = self.text(str(value)) if self.text is not None else str(value)
+        if type(value) is str:
+            s = self.text(value) if self.text is not None else value
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError:  # a lone surrogate: JSON text in UTF-8 cannot hold it
                 raw = base64.b64encode(s.encode("utf-8", "surrogatepass")).decode()
                 return {TAG: "text", "v": raw}
             return s
-        if isinstance(value, Decimal):
+        if type(value) is Decimal:
             return {TAG: "decimal", "v": str(value)}
         if isinstance(value, (bytes, bytearray, memoryview)):
             return {TAG: "bytes", "v": base64.b64encode(self.scrub_bytes(bytes(value))).decode()}
-        simple = _simple_tag(value)
+        if not self.result and is_namedtuple(value):
+            items = [tuple.__getitem__(value, i) for i in range(tuple.__len__(value))]
+            return {
+                TAG: "namedtuple",
+                "class": _qualname(type(value)),
+                "v": {
+                    f: self.named(f, v, f"{path}.{f}", depth + 1)
+                    for f, v in zip(type(value)._fields, items, strict=True)
+                },
+            }
+        if not self.result and type(value) is OrderedDict:
+            return {
+                TAG: "ordered_dict",
+                "v": [
+                    [
+                        self(k, f"{path}[{k!r}] (key)", depth + 1),
+                        self.named(k, v, f"{path}[{k!r}]", depth + 1)
+                        if isinstance(k, str)
+                        else self(v, f"{path}[{k!r}]", depth + 1),
+                    ]
+                    for k, v in value.items()
+                ],
+            }
+        simple = _simple_tag(value, shown=not self.result)
         if simple is not None:
             return simple
         if isinstance(value, list):
@@ -118,13 +156,19 @@ class _Tagger:
             return {TAG: kind, "v": [self(v, f"{path}{{...}}", depth + 1) for v in items]}
         if not self.result:
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+                fields = dataclass_fields(value, path)
                 inner = {k: self.named(k, v, f"{path}.{k}", depth + 1) for k, v in fields.items()}
                 return {TAG: "dataclass", "class": _qualname(type(value)), "v": inner}
-            dump = _pydantic_dump(value)
-            if dump is not None:
-                inner = {k: self.named(k, v, f"{path}.{k}", depth + 1) for k, v in dump.items()}
-                return {TAG: "model", "class": _qualname(type(value)), "v": inner}
+            state = pydantic_state(value)
+            if state is not None:  # the raw values bound by the hash, not model_dump()
+                out: dict[str, Any] = {TAG: "model", "class": _qualname(type(value))}
+                for part, label in (("fields", "v"), ("extra", "extra"), ("private", "private")):
+                    if part in state:
+                        out[label] = {
+                            k: self.named(k, v, f"{path}.{k}", depth + 1)
+                            for k, v in state[part].items()
+                        }
+                return out
         raise Unencodable(path, value)
 
     def mapping(self, value: Mapping[Any, Any], path: str, depth: int) -> Any:
@@ -189,12 +233,43 @@ class _Tagger:
         }
 
 
-def _simple_tag(value: Any) -> dict[str, Any] | None:
+_EXACT = frozenset({int, float, str, bytes, bytearray, Decimal, list, tuple, dict, set, frozenset})
+_EXACT |= {dt.date, dt.datetime, dt.time, dt.timedelta, uuid.UUID}
+
+
+def _base_value(value: Any) -> Any:
+    """A result that subclasses a builtin: the builtin value it holds, read through the base
+    type's own slots (not the subclass's overridable methods)."""
+    if isinstance(value, pathlib.PurePath):
+        return value  # the pathlib classes: as they were
+    for base, read in _BASE_READERS:
+        if isinstance(value, base):
+            return read(value)
+    return value
+
+
+_BASE_READERS: tuple[tuple[type, Callable[[Any], Any]], ...] = (
+    (int, int.__int__),
+    (float, float.__float__),
+    (str, str.__str__),
+    (bytes, bytes),
+    (Decimal, lambda d: Decimal(Decimal.__str__(d))),
+    (list, list.copy),
+    (tuple, lambda t: tuple(tuple.__getitem__(t, i) for i in range(tuple.__len__(t)))),
+    (dict, dict.copy),
+    (set, set.copy),
+    (frozenset, frozenset.copy),
+)
+
+
+def _simple_tag(value: Any, shown: bool = False) -> dict[str, Any] | None:
     if isinstance(value, dt.datetime):
         return {TAG: "datetime", "v": value.isoformat()}
     if isinstance(value, dt.date):
         return {TAG: "date", "v": value.isoformat()}
     if isinstance(value, dt.time):
+        if shown and value.tzinfo is not None:  # its zone too: a ZoneInfo time has no offset
+            return {TAG: "time", "v": value.isoformat(), "zone": zone_name(value.tzinfo)}
         return {TAG: "time", "v": value.isoformat()}
     if isinstance(value, dt.timedelta):
         return {TAG: "timedelta", "v": [value.days, value.seconds, value.microseconds]}

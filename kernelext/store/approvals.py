@@ -54,6 +54,17 @@ def _stamp(value: Any) -> str:
     return f"{value:%Y-%m-%d %H:%M:%S} UTC" if isinstance(value, dt.datetime) else str(value)
 
 
+def several_requests(row: dict[str, Any], ids: list[Any]) -> str:
+    """Why a decision by effect key is refused once that key has had several requests."""
+    return (
+        f"Effect key {row['key']} ({row['tool']} in run {row['run_id']!r}) has had "
+        f"{len(ids)} approval requests ({', '.join(str(i) for i in ids)}): its arguments "
+        "changed between them, so the key does not say which call you saw. Decide by request "
+        f"id (the newest, {ids[-1]}, has arguments {row['args']}); see "
+        f"kx.approvals({row['run_id']!r}) or `kernelext approvals`."
+    )
+
+
 def refusal(row: dict[str, Any], now: dt.datetime) -> str:
     """Why the approval request ``row`` cannot be decided now, and what to do instead."""
     what = f"Approval {row['id']} ({row['tool']} in run {row['run_id']!r}, key {row['key']})"
@@ -182,9 +193,19 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
 
         def job(tx: Tx) -> dict[str, Any]:
             now = self.now()
-            row = _approval_tx(tx, "id = ?", ident) or _approval_tx(
-                tx, "key = ? AND superseded_at IS NULL", ident
-            )
+            row = _approval_tx(tx, "id = ?", ident)
+            if row is None:  # an effect key: only while it has had a single request
+                row = _approval_tx(tx, "key = ? AND superseded_at IS NULL", ident)
+                if row is not None:
+                    ids = [
+                        r[0]
+                        for r in tx.fetchall(
+                            "SELECT id FROM approvals WHERE key = ? ORDER BY requested_at, id",
+                            (ident,),
+                        )
+                    ]
+                    if len(ids) > 1:
+                        raise LedgerError(several_requests(row, ids))
             if row is None:
                 raise LedgerError(
                     f"No approval request with id or effect key {ident} in the store at "
