@@ -204,7 +204,7 @@ def test_the_plan_renders_as_text_html_json_and_on_the_command_line(
     page = p._repr_html_()
     assert page.startswith("<div class='kernelext-plan'") and "<script" not in page
     assert "Blocked: 1 effect(s) with an unknown outcome" in page
-    assert "send({&quot;to&quot;: &quot;gus@example.org&quot;})" in page  # escaped
+    assert "send({&quot;to&quot;:&quot;gus@example.org&quot;})" in page  # escaped
     assert "STALE" in page and "mail-budget-" in page
 
     data = json.loads(p.to_json())
