@@ -358,3 +358,52 @@ def test_a_stale_retry_of_a_call_decided_not_applied_is_refused(store: Any) -> N
     with pytest.raises(OwnershipLost):
         store.retry_intent(key)
     assert store.effect(key)["status"] == EffectStatus.FAILED
+
+
+def test_a_fence_folder_removed_while_the_owner_runs_still_refuses_a_stale_intent(
+    store: Any, backend: str
+) -> None:
+    """The owner keeps its fence descriptor open; the folder is removed and a take-over
+    writes a new file by path: the owner's next check sees the new file, not the old one."""
+    if backend != "duckdb":
+        pytest.skip("fence files are DuckDB's")
+    import shutil
+
+    assert store.create_run("r", "agent", owner=actor())
+    assert store.write_intent(_intent("r", uuid.uuid4())) is None  # descriptor now kept
+    shutil.rmtree(f"{store.location}.fence")
+    assert store.write_intent(_intent("r", uuid.uuid4(), 1)) is None  # the tables: epoch 1
+    shutil.rmtree(f"{store.location}.fence")
+    assert _taken_elsewhere(store, "r") == 2  # recreates the file by path, epoch 2
+    with pytest.raises(OwnershipLost):
+        store.write_intent(_intent("r", uuid.uuid4(), 2))
+    assert store.backend.fence.read("r") == 2
+
+
+def test_a_stale_kernel_cannot_complete_or_move_the_run(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``%agent complete`` and a resume step's move (needs_decision / suspended) carry the
+    held epoch: a kernel taken over meanwhile is refused and the new owner's run stays."""
+    import types
+
+    import kernelext.core.resume_steps as steps
+    from kernelext.core.cell_runs import CELL_AGENT, complete_cell_run
+    from kernelext.errors import NeedsDecision
+
+    assert store.create_run("r", CELL_AGENT, owner=actor())
+    _taken_elsewhere(store, "r")
+    with pytest.raises(OwnershipLost):
+        complete_cell_run("r", store=store)
+    assert store.get_run("r")["status"] == Status.RUNNING
+
+    run = types.SimpleNamespace(id="r")
+    for error in (RuntimeError("credential refresh failed"), NeedsDecision("facts changed")):
+
+        def fail(*_: Any, error: BaseException = error) -> None:
+            raise error
+
+        monkeypatch.setattr(steps, "refresh_credentials", fail)
+        with pytest.raises(OwnershipLost):
+            steps.before_first_action(run, store)  # type: ignore[arg-type]
+        assert store.get_run("r")["status"] == Status.RUNNING

@@ -339,7 +339,10 @@ def resume_cell_run(
 
 
 def complete_cell_run(run_id: str, *, store: Store | None = None, source: str = "api") -> str:
-    """Mark a cell run completed (its cells are done); further cells are refused."""
+    """Mark a cell run completed (its cells are done); further cells are refused.
+
+    A process that held the run (an ownership epoch) and was taken over since is refused
+    (``OwnershipLost``): a stale kernel never changes the new owner's run."""
     store = get_store(store)
     result = store.transition(
         run_id,
@@ -347,6 +350,7 @@ def complete_cell_run(run_id: str, *, store: Store | None = None, source: str = 
         (*LIVE, Status.SUSPENDED),
         kind=Status.COMPLETED,
         source=source,
+        epoch=store.held_epoch(run_id),
     )
     if not result.ok:
         raise RunStateError(f"Run {run_id!r} is {result.before}; it cannot be marked completed.")
