@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import NeedsDecision, OwnershipLost, RunStateError, StopRequested
 from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
 from ..store import Store, actor
+from . import lease
 from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import check_takeover, owner_alive
@@ -46,7 +47,7 @@ __all__ = [
     "stop_cell_run",
 ]
 
-CELL_AGENT = "%%agent"  # the agent name of runs made of notebook cells
+CELL_AGENT = lease.CELL_AGENT  # the agent name of runs made of notebook cells
 SOURCE_PREFIX = "src:"
 INTERRUPTED = "interrupted"  # a cell's outcome when a stop or Ctrl-C cut it short
 LOST = "ownership_lost"  # a cell's outcome when another process took the run over meanwhile
