@@ -19,7 +19,6 @@ run over and before the run waits for a person.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from collections.abc import Callable, Collection
@@ -95,29 +94,18 @@ def probe_actor(tool: str) -> str:
 
 
 def settle_unknowns(
-    run_id: str,
-    store: Store,
-    *,
-    timeout: float | None = None,
-    marked_before: dt.datetime | None = None,
-    also: Collection[Any] = (),
+    run_id: str, store: Store, *, timeout: float | None = None, skip: Collection[str] = ()
 ) -> list[Settled]:
     """Ask the probes of run ``run_id``'s unknown effects; record each clear answer.
 
     ``timeout`` bounds each probe (default: the ``check_timeout`` setting, 10 s). Returns
-    the effects decided; the others stay unknown for ``kx.reconcile``. ``marked_before``:
-    only effects that became unknown by then are asked, and those whose key is in ``also``
-    (a take-over's grace: an earlier owner may still be inside a younger one's call).
+    the effects decided; the others stay unknown for ``kx.reconcile``. ``skip``: keys not
+    asked now (an earlier owner may still be inside their calls, ``takeover.py``).
     """
     asked = [
         (row, fn)
         for row in store.open_unknowns(run_id)
-        if (fn := probe_for(row["tool"]))
-        and (
-            marked_before is None
-            or row["key"] in also
-            or _utc(row.get("outcome_at")) <= _utc(marked_before)
-        )
+        if (fn := probe_for(row["tool"])) and str(row["key"]) not in skip
     ]
     if not asked:
         return []
@@ -187,13 +175,3 @@ def _unsettled(run_id: str, tool: str, key: Any, what: str) -> None:
         what,
         run_id,
     )
-
-
-def _utc(when: Any) -> dt.datetime:
-    """A naive UTC date-time (a missing one is long ago)."""
-    if not isinstance(when, dt.datetime):
-        return dt.datetime.min
-    naive: dt.datetime = when
-    if naive.tzinfo is not None:
-        naive = naive.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    return naive

@@ -15,13 +15,15 @@ live and its owner is alive or cannot be told from here: a frozen agent process,
 host, a lapsed lease). That owner may still be inside the call, so the probe's "has not
 arrived" would read as "not applied" and the call would be made twice. The unknowns wait
 for a person, the reason says "the previous owner ... may still be making this call", and a
-later resume asks their probes once ``PROBE_GRACE_SECONDS`` have passed since they became
-unknown (an effect that became unknown less than that ago is never probed).
+later resume asks their probes once ``PROBE_GRACE_SECONDS`` have passed since that
+take-over (the keys are in its ``needs_decision`` event, ``probes_deferred``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 from typing import Any, NamedTuple
 
 from ..status import LIVE, RESUMABLE, Status
@@ -44,7 +46,6 @@ class TakeOver(NamedTuple):
     unknown: list[Any]
     epoch: int | None = None
     previous_owner: str | None = None  # taken from an owner maybe still alive: no probes
-    fresh: tuple[Any, ...] = ()  # keys this take-over made unknown
 
     @property
     def ok(self) -> bool:
@@ -124,22 +125,24 @@ def take_over(
             kind=Status.NEEDS_DECISION,
             source="ledger",
             reason=why,
-            detail={"new_unknowns": len(fresh), "previous_owner": doubtful},
+            detail={
+                "new_unknowns": len(fresh),
+                "previous_owner": doubtful,
+                "probes_deferred": [str(k) for k in fresh] if doubtful else [],
+            },
         )
-        return TakeOver(Status.NEEDS_DECISION, unknown, epoch, doubtful, tuple(fresh))
+        return TakeOver(Status.NEEDS_DECISION, unknown, epoch, doubtful)
 
     result: TakeOver = store.write(job)
     if result.epoch is not None:
         store.hold_epoch(run_id, result.epoch)
     # Before a person is asked: the probes of unknown effects ask the external system;
-    # never while the previous owner may still be inside the call, nor for an effect that
-    # became unknown less than PROBE_GRACE_SECONDS ago in an earlier take-over.
+    # never while the previous owner may still be inside the call, nor, for the grace
+    # period, for the effects an earlier such take-over left unknown.
     settled = (
         result.status == Status.NEEDS_DECISION
         and result.previous_owner is None
-        and settle_unknowns(
-            run_id, store, marked_before=_grace_start(store), also=frozenset(result.fresh)
-        )
+        and settle_unknowns(run_id, store, skip=_deferred(store, run_id))
     )
     if settled and not store.open_unknowns(run_id):  # every unknown answered by its probe
         result = store.write(job)
@@ -148,7 +151,17 @@ def take_over(
     return result
 
 
-def _grace_start(store: Store) -> dt.datetime:
-    """Unknown effects marked after this may still be in flight in an earlier owner (the
-    ones this very take-over marked are at ``now``; they are probed, their owner is gone)."""
-    return store.now() - dt.timedelta(seconds=PROBE_GRACE_SECONDS)
+def _deferred(store: Store, run_id: str) -> set[str]:
+    """Keys of effects a take-over from an owner maybe still alive made unknown less than
+    ``PROBE_GRACE_SECONDS`` ago: that owner may still be inside their calls."""
+    since = store.now() - dt.timedelta(seconds=PROBE_GRACE_SECONDS)
+    rows = store.read(
+        "SELECT detail FROM events WHERE run_id = ? AND kind = ? AND occurred_at > ?",
+        (run_id, str(Status.NEEDS_DECISION), since),
+    )
+    keys: set[str] = set()
+    for (detail,) in rows:
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            loaded = json.loads(detail) if isinstance(detail, str) else detail
+            keys.update(str(k) for k in loaded.get("probes_deferred") or ())
+    return keys
