@@ -113,10 +113,23 @@ class OwnershipLost(RunStateError):
         self.held = held
         when = f" since {since:%Y-%m-%d %H:%M:%S} UTC" if hasattr(since, "strftime") else ""
         mine = f", this process held epoch {held}" if held is not None else ""
+        if what == "effect intent":
+            sent = "was refused and nothing was sent for it"
+        elif what == "effect outcome":
+            sent = (
+                "was refused: the call was made, and it is in the ledger as unknown for the "
+                "owner to settle (kx.reconcile)"
+            )
+        else:
+            sent = (
+                "was refused. An effect whose intent this process recorded before the "
+                "take-over may have been called: it is in the ledger as unknown (kx.reconcile), "
+                "never called again blindly"
+            )
         super().__init__(
             f"Run {run_id!r} is owned by {owner or 'another process'}{when} (ownership epoch "
-            f"{epoch}{mine}); this process's {what} was refused and nothing was sent. What "
-            "this process knows of the run is stale. To take the run back, stop it there "
+            f"{epoch}{mine}); this process's {what} {sent}. What this process knows of the "
+            "run is stale. To take the run back, stop it there "
             f"(kx.stop({run_id!r})), then `%agent resume {run_id}` or kx.resume({run_id!r})."
         )
 

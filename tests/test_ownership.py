@@ -358,3 +358,127 @@ def test_a_stale_retry_of_a_call_decided_not_applied_is_refused(store: Any) -> N
     with pytest.raises(OwnershipLost):
         store.retry_intent(key)
     assert store.effect(key)["status"] == EffectStatus.FAILED
+
+
+def test_a_fence_folder_removed_while_the_owner_runs_still_refuses_a_stale_intent(
+    store: Any, backend: str
+) -> None:
+    """The owner keeps its fence descriptor open; the folder is removed and a take-over
+    writes a new file by path: the owner's next check sees the new file, not the old one."""
+    if backend != "duckdb":
+        pytest.skip("fence files are DuckDB's")
+    import shutil
+
+    assert store.create_run("r", "agent", owner=actor())
+    assert store.write_intent(_intent("r", uuid.uuid4())) is None  # descriptor now kept
+    shutil.rmtree(f"{store.location}.fence")
+    assert store.write_intent(_intent("r", uuid.uuid4(), 1)) is None  # the tables: epoch 1
+    shutil.rmtree(f"{store.location}.fence")
+    assert _taken_elsewhere(store, "r") == 2  # recreates the file by path, epoch 2
+    with pytest.raises(OwnershipLost):
+        store.write_intent(_intent("r", uuid.uuid4(), 2))
+    assert store.backend.fence.read("r") == 2
+
+
+def test_a_stale_kernel_cannot_complete_or_move_the_run(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``%agent complete`` and a resume step's move (needs_decision / suspended) carry the
+    held epoch: a kernel taken over meanwhile is refused and the new owner's run stays."""
+    import types
+
+    import kernelext.core.resume_steps as steps
+    from kernelext.core.cell_runs import CELL_AGENT, complete_cell_run
+    from kernelext.errors import NeedsDecision
+
+    assert store.create_run("r", CELL_AGENT, owner=actor())
+    _taken_elsewhere(store, "r")
+    with pytest.raises(OwnershipLost):
+        complete_cell_run("r", store=store)
+    assert store.get_run("r")["status"] == Status.RUNNING
+
+    run = types.SimpleNamespace(id="r")
+    for error in (RuntimeError("credential refresh failed"), NeedsDecision("facts changed")):
+
+        def fail(*_: Any, error: BaseException = error) -> None:
+            raise error
+
+        monkeypatch.setattr(steps, "refresh_credentials", fail)
+        with pytest.raises(OwnershipLost):
+            steps.before_first_action(run, store)  # type: ignore[arg-type]
+        assert store.get_run("r")["status"] == Status.RUNNING
+
+
+def test_a_live_kernel_s_cell_run_is_never_taken_over_by_lease_lapse() -> None:
+    """Cell runs have no renewal thread: their owner's liveness is the kernel process. An
+    agent run's lapsed lease is still taken over while its PID lives (it renews: frozen)."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = process_start(other.pid)
+        if start is None:
+            pytest.skip("no /proc here")
+        now = dt.datetime(2026, 1, 1, 12, 0, 0)
+        owner = f"u@{socket.gethostname()}:{other.pid}.{start}"
+        lapsed = {
+            "id": "r",
+            "status": Status.RUNNING,
+            "owner": owner,
+            "lease_until": now - dt.timedelta(minutes=5),
+        }
+        with pytest.raises(RunStateError, match="never taken over while it lives"):
+            check_takeover({**lapsed, "agent": "%%agent"}, now)
+        check_takeover({**lapsed, "agent": "payroll"}, now)  # an agent run: frozen, taken
+        # The kernel gone (same PID, another start time): taken over.
+        gone = f"u@{socket.gethostname()}:{other.pid}.{start + 1}"
+        check_takeover({**lapsed, "agent": "%%agent", "owner": gone}, now)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_no_probe_is_asked_while_the_previous_owner_may_still_be_calling(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take-over from an owner not known to be gone (another host, lease lapsed) leaves
+    the unknowns to a person: the probe would answer "not applied" for a call still on its
+    way. A later resume asks the probe once the grace period has passed."""
+    import kernelext.core.takeover as takeover
+    from kernelext.core.probes import register_probe
+
+    asked: list[str] = []
+
+    def probe(key: str, args: Any) -> str:
+        asked.append(key)
+        return "not_applied"
+
+    register_probe("pay", probe)
+    assert store.create_run("r", "agent", owner=actor())
+    key = uuid.uuid4()
+    store.write_intent(_intent("r", key))  # the call is on its way
+    store.flush()
+    _taken_elsewhere(store, "r")  # owned on another host now, its lease lapsed
+    store.update_run("r", lease_until=store.now() - dt.timedelta(seconds=1))
+
+    taken = take_over(store, "r", "api")
+    assert taken.status == Status.NEEDS_DECISION and taken.previous_owner is not None
+    assert asked == [] and store.effect(key)["status"] == EffectStatus.UNKNOWN
+    reason = store.get_run("r")["reason"]
+    assert "someone@elsewhere:4242.7 may still be making this call" in reason
+
+    again = take_over(store, "r", "api")  # at once: still within the grace period
+    assert again.status == Status.NEEDS_DECISION and asked == []
+
+    monkeypatch.setattr(takeover, "PROBE_GRACE_SECONDS", 0.0)
+    later = take_over(store, "r", "api")
+    assert asked == [str(key)] and later.status == Status.RUNNING
+    assert store.effect(key)["status"] == EffectStatus.NOT_APPLIED
+
+
+def test_the_stale_owner_is_told_its_accepted_calls_may_have_been_made() -> None:
+    step = str(OwnershipLost("r", owner="o", epoch=2, held=1, what="step start"))
+    assert "nothing was sent" not in step and "may have been called" in step
+    assert "unknown" in step
+    intent = str(OwnershipLost("r", owner="o", epoch=2, held=1, what="effect intent"))
+    assert "nothing was sent for it" in intent
+    outcome = str(OwnershipLost("r", owner="o", epoch=2, held=1, what="effect outcome"))
+    assert "the call was made" in outcome and "nothing was sent" not in outcome

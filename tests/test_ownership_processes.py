@@ -171,3 +171,54 @@ def test_an_owner_frozen_past_its_lease_cannot_pay_after_a_take_over(
     time.sleep(0.3)
     assert delivery_server.count(path="/pay") == 3
     assert len({d["idempotency_key"] for d in delivery_server.deliveries}) == 3
+
+
+SLOW_PAY = """
+import json, os, time, urllib.request
+import kernelext as kx
+import kernelext.core.lease as lease
+lease.LEASE_SECONDS = 1.5  # a take-over's lease; cell runs never renew it
+
+def lookup(key, args):
+    with urllib.request.urlopen({url!r} + "/deliveries?key=" + str(key), timeout=10) as r:
+        return "applied" if json.load(r)["applied"] else "not_applied"
+
+@kx.effect(probe=lookup)
+def slow_pay(to, *, idempotency_key=None):
+    time.sleep({slow})  # a slow API: the request goes out late
+    body = json.dumps({{"to": to}}).encode()
+    req = urllib.request.Request({url!r} + "/pay", data=body, headers={{
+        "Idempotency-Key": idempotency_key, "Content-Type": "application/json"}})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.status
+"""
+
+
+def test_a_live_kernel_inside_a_call_is_not_taken_over_when_its_lease_lapses(
+    store_path: Any, delivery_server: DeliveryServer
+) -> None:
+    """A kernel resumed a cell run (its lease is never renewed) and is inside a slow call
+    when the lease lapses: another kernel's resume is refused (the owner is alive), so the
+    call is made once, by the kernel that recorded its intent."""
+    with contextlib.ExitStack() as stack:
+        kernels = []
+        for slow in (4.0, 0.0):
+            kernel = stack.enter_context(KernelSession(env={"KERNELEXT_STORE": str(store_path)}))
+            kernel.run("%load_ext kernelext").ok()
+            kernel.run(SLOW_PAY.format(url=delivery_server.url, slow=slow)).ok()
+            kernels.append(kernel)
+        first, second = kernels
+        second.run("%%agent payroll --step setup\nrun.state['n'] = 1").ok()
+        second.run("%agent stop payroll").ok()
+        first.run("%agent resume payroll").ok()
+        cell = "%%agent payroll --step pay\nslow_pay('bob')"
+        request = first.send(cell)  # intent written, the POST 4 s later
+        time.sleep(2.5)  # the lease (1.5 s) lapsed; the first kernel is alive, in the call
+        taken = second.run("%agent resume payroll")
+        said = _error_text(taken)
+        assert "never taken over while it lives" in said, said
+        again = second.run(cell)
+        assert again.status == "error", _error_text(again)
+        assert first.collect(request, timeout=30).status == "ok"
+        time.sleep(0.5)
+        assert delivery_server.count(path="/pay") == 1

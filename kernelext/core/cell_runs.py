@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import NeedsDecision, OwnershipLost, RunStateError, StopRequested
 from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
 from ..store import Store, actor
+from . import lease
 from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import check_takeover, owner_alive
@@ -46,7 +47,7 @@ __all__ = [
     "stop_cell_run",
 ]
 
-CELL_AGENT = "%%agent"  # the agent name of runs made of notebook cells
+CELL_AGENT = lease.CELL_AGENT  # the agent name of runs made of notebook cells
 SOURCE_PREFIX = "src:"
 INTERRUPTED = "interrupted"  # a cell's outcome when a stop or Ctrl-C cut it short
 LOST = "ownership_lost"  # a cell's outcome when another process took the run over meanwhile
@@ -339,7 +340,10 @@ def resume_cell_run(
 
 
 def complete_cell_run(run_id: str, *, store: Store | None = None, source: str = "api") -> str:
-    """Mark a cell run completed (its cells are done); further cells are refused."""
+    """Mark a cell run completed (its cells are done); further cells are refused.
+
+    A process that held the run (an ownership epoch) and was taken over since is refused
+    (``OwnershipLost``): a stale kernel never changes the new owner's run."""
     store = get_store(store)
     result = store.transition(
         run_id,
@@ -347,6 +351,7 @@ def complete_cell_run(run_id: str, *, store: Store | None = None, source: str = 
         (*LIVE, Status.SUSPENDED),
         kind=Status.COMPLETED,
         source=source,
+        epoch=store.held_epoch(run_id),
     )
     if not result.ok:
         raise RunStateError(f"Run {run_id!r} is {result.before}; it cannot be marked completed.")

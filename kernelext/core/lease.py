@@ -8,10 +8,22 @@ An owner is ``user@host:pid.start``: ``start`` is the process start time (Linux
 not taken for the owner. Owners written by older releases (``user@host:pid``, no start
 time) are still read: their PID alone says whether they live.
 
-A lapsed lease is taken over even when the owner's PID lives (a frozen process: SIGSTOP, a
-debugger, a suspended laptop; or an older release's owner whose PID was reused): a live
-owner renews every ``RENEW_SECONDS``, and the take-over raises the run's ownership epoch, so
-whatever the old owner still tries to write for the run is refused (``OwnershipLost``).
+Agent runs (a worker thread renews their lease every ``RENEW_SECONDS``): a lapsed lease is
+taken over even when the owner's PID lives (a frozen process: SIGSTOP, a debugger, a
+suspended laptop; or an older release's owner whose PID was reused), and the take-over
+raises the run's ownership epoch, so whatever the old owner still tries to write for the
+run is refused (``OwnershipLost``).
+
+``%%agent`` cell runs have no renewal thread: their liveness is the kernel process. A cell
+run whose owner is a live process of this host (PID alive, start time matching) is never
+taken over, however old its lease (a kernel in a long cell, or idle between cells); end
+that kernel, or stop the run there. A cell run owned on another host, whose liveness
+cannot be told from here, is taken over once its lease lapses, like an agent run; such a
+take-over never asks probes (``takeover.py``): the old owner may still be inside a call.
+
+A run in ``needs_decision`` is not live: it is taken over without a lease check, even
+while the process that moved it there is alive. The epoch keeps that ordered: the earlier
+owner's writes are refused from the take-over's commit on.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ __all__ = [
 ]
 
 LEASE_SECONDS = 30.0
+CELL_AGENT = "%%agent"  # the agent name of cell runs (``cell_runs.CELL_AGENT``)
 RENEW_SECONDS = 10.0
 
 
@@ -93,6 +106,13 @@ def check_takeover(row: dict[str, Any], now: dt.datetime) -> None:
     if alive is False:
         return
     lease = row.get("lease_until")
+    if alive is True and row.get("agent") == CELL_AGENT:
+        raise RunStateError(
+            f"Run {row['id']!r} is live in {owner}: a kernel's %%agent cell runs are never "
+            "taken over while it lives, whatever their lease (it may be inside a cell's call "
+            f"now). Stop it there (kx.stop({row['id']!r}) or `kernelext stop "
+            f"{row['id']}`), or end that kernel, then resume."
+        )
     if lease is not None and lease <= now:
         return  # lapsed: the owner is gone or frozen; the epoch fences what it still writes
     if lease is None and alive is None:

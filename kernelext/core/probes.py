@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,13 +93,20 @@ def probe_actor(tool: str) -> str:
     return f"probe:{tool}"
 
 
-def settle_unknowns(run_id: str, store: Store, *, timeout: float | None = None) -> list[Settled]:
+def settle_unknowns(
+    run_id: str, store: Store, *, timeout: float | None = None, skip: Collection[str] = ()
+) -> list[Settled]:
     """Ask the probes of run ``run_id``'s unknown effects; record each clear answer.
 
     ``timeout`` bounds each probe (default: the ``check_timeout`` setting, 10 s). Returns
-    the effects decided; the others stay unknown for ``kx.reconcile``.
+    the effects decided; the others stay unknown for ``kx.reconcile``. ``skip``: keys not
+    asked now (an earlier owner may still be inside their calls, ``takeover.py``).
     """
-    asked = [(row, fn) for row in store.open_unknowns(run_id) if (fn := probe_for(row["tool"]))]
+    asked = [
+        (row, fn)
+        for row in store.open_unknowns(run_id)
+        if (fn := probe_for(row["tool"])) and str(row["key"]) not in skip
+    ]
     if not asked:
         return []
     limit = runtime().settings.check_timeout if timeout is None else timeout

@@ -40,6 +40,7 @@ def before_first_action(run: Run, store: Store, *, recheck: bool = True) -> bool
             kind=Status.NEEDS_DECISION,
             source="revalidation",
             reason=str(decision),
+            epoch=store.held_epoch(run.id),  # taken over meanwhile: OwnershipLost
         )
         return False
     except BaseException as exc:
@@ -51,6 +52,7 @@ def before_first_action(run: Run, store: Store, *, recheck: bool = True) -> bool
             source="revalidation",
             reason=f"resume stopped: {exc}",
             fields={"reason": Reason.ERROR},
+            epoch=store.held_epoch(run.id),  # taken over meanwhile: OwnershipLost
         )
         raise
     return True

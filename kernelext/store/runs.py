@@ -288,13 +288,13 @@ class RunsMixin(StoreBase):
     def lease_tx(self, tx: Tx, run_id: str) -> dict[str, Any] | None:
         """The run's status, owner and lease, locked for the rest of the transaction."""
         row = tx.fetchone(
-            "SELECT id, status, owner, lease_until, owner_epoch FROM runs WHERE id = ?"
+            "SELECT id, status, owner, lease_until, owner_epoch, agent FROM runs WHERE id = ?"
             f"{self.for_update}",
             (run_id,),
         )
         if row is None:
             return None
-        names = ("id", "status", "owner", "lease_until", "owner_epoch")
+        names = ("id", "status", "owner", "lease_until", "owner_epoch", "agent")
         return dict(zip(names, row, strict=True))
 
     def runs_table(self, status: str | None = None) -> Any:

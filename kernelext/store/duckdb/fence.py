@@ -15,6 +15,12 @@ So an intent is either appended before the take-over (and the take-over finds it
 journal files and folds it first, see ``foreign_records``) or refused. ``flock`` never
 survives its process: a killed owner holds nothing. A frozen one (SIGSTOP) while checking
 keeps the shared lock: a take-over waits ``WAIT_SECONDS`` for it, then refuses.
+
+A fence file removed while a process keeps it open (``rm -r <store>.fence``) is noticed
+under the shared lock (the path no longer names the open file): the path is reopened, and a
+missing file reads as "no fence yet", so the epoch comes from the tables. Removing the
+folder in the instant between an owner's check and its append is not covered (the take-over
+locks the new file only); do not remove the fence folder of a store in use.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class FenceFiles:
         self.folder = f"{store_path}.fence"
         self._fds: dict[str, int] = {}
         self._using: dict[str, int] = {}  # run id -> threads inside ``shared`` now
+        self._stale: dict[str, list[int]] = {}  # run id -> descriptors of removed files
         self._lock = threading.Lock()
 
     def path(self, run_id: str) -> str:
@@ -66,6 +73,25 @@ class FenceFiles:
             self._using[run_id] = self._using.get(run_id, 0) + 1
             return fd
 
+    def _names_file(self, run_id: str, fd: int) -> bool:
+        """The run's path still names the file ``fd`` is open on (not removed, not
+        recreated since: a kept descriptor of a removed file would read an old epoch and
+        lock a file no take-over locks)."""
+        try:
+            named = os.stat(self.path(run_id))
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+    def _drop(self, run_id: str, fd: int) -> None:
+        """Stop using a kept descriptor whose file the path no longer names (closed once
+        no thread of this process uses the run's fence)."""
+        with self._lock:
+            if self._fds.get(run_id) == fd:
+                del self._fds[run_id]
+                self._stale.setdefault(run_id, []).append(fd)
+
     def _give_back(self, run_id: str) -> None:
         with self._lock:
             left = self._using[run_id] - 1
@@ -73,6 +99,9 @@ class FenceFiles:
                 self._using[run_id] = left
             else:
                 del self._using[run_id]
+                for stale in self._stale.pop(run_id, []):
+                    with contextlib.suppress(OSError):
+                        os.close(stale)
             if len(self._fds) > KEEP_OPEN:
                 for idle in [r for r in self._fds if r not in self._using][: len(self._fds) // 2]:
                     with contextlib.suppress(OSError):
@@ -80,17 +109,29 @@ class FenceFiles:
 
     @contextlib.contextmanager
     def shared(self, run_id: str) -> Iterator[int | None]:
-        """Hold the run's fence shared; yields its epoch (None: no fence file yet)."""
-        fd = self._take(run_id)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+        """Hold the run's fence shared; yields its epoch (None: no fence file yet, or it
+        was removed: the caller falls back to the tables).
+
+        Under the lock the kept descriptor is checked against the path (device, inode):
+        a fence file removed or recreated since it was opened is reopened, so the lock and
+        the epoch read are those of the file a take-over locks."""
+        for attempt in range(3):
+            fd = self._take(run_id)
             try:
-                data = os.pread(fd, 8, 0)
-                yield int.from_bytes(data, "little") if len(data) == 8 else None
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                try:
+                    if self._names_file(run_id, fd):
+                        data = os.pread(fd, 8, 0)
+                        yield int.from_bytes(data, "little") if len(data) == 8 else None
+                        return
+                    self._drop(run_id, fd)  # reopened by path on the next attempt
+                    if attempt == 2:  # removed again and again: the tables say
+                        yield None
+                        return
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            self._give_back(run_id)
+                self._give_back(run_id)
 
     def read(self, run_id: str) -> int | None:
         with self.shared(run_id) as epoch:
@@ -137,6 +178,8 @@ class FenceFiles:
     def close(self) -> None:
         with self._lock:
             fds, self._fds = list(self._fds.values()), {}
+            fds += [fd for kept in self._stale.values() for fd in kept]
+            self._stale = {}
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
