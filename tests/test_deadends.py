@@ -108,7 +108,6 @@ def test_an_effect_that_returns_a_coroutine_is_recorded_failed_not_applied(store
         ["stop", " "],
         ["plan", ""],
         ["answer", "", "x"],
-        ["sql", ""],
     ],
 )
 def test_the_command_line_refuses_an_empty_key_with_exit_2(

@@ -161,13 +161,14 @@ def sql(
     interrupted and raises ``TimeoutError`` (on DuckDB it holds the store's connection while
     it runs, so the agents of this process wait to write until it ends).
     """
-    check_text("kx.sql(query)", query, what="one SQL query as a str")
+    if not isinstance(query, str):  # an empty one is refused by the guard, like any other
+        raise TypeError(f"kx.sql(query) takes one SQL query as a str, not {type(query).__name__}.")
     if params is not None and (
         isinstance(params, (str, bytes)) or not isinstance(params, (Sequence, Mapping))
     ):
         raise TypeError(
-            "kx.sql(query, params=...) takes a list or tuple of values for ? (or $1), or a "
-            f"dict for $name, not {type(params).__name__} {params!r}."
+            "kx.sql(query, params=...) takes a sequence (a list or tuple) of values for ? (or "
+            f"$1), or a dict for $name, not {type(params).__name__} {params!r}."
         )
     allow_files = check_flag("kx.sql(allow_files=...)", allow_files)
     if timeout is not None:

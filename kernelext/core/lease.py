@@ -108,10 +108,11 @@ def check_takeover(row: dict[str, Any], now: dt.datetime) -> None:
     lease = row.get("lease_until")
     if alive is True and row.get("agent") == CELL_AGENT:
         raise RunStateError(
-            f"Run {row['id']!r} is live in {owner}: a kernel's %%agent cell runs are never "
-            "taken over while it lives, whatever their lease (it may be inside a cell's call "
-            f"now). Stop it there (kx.stop({row['id']!r}) or `kernelext stop "
-            f"{row['id']}`), or end that kernel, then resume."
+            f"Run {row['id']!r} is live in {owner}. It cannot be resumed twice at once: a "
+            "kernel's %%agent cell runs are never taken over while it lives, whatever their "
+            "lease (it may be inside a cell's call now). Stop it there "
+            f"(kx.stop({row['id']!r}) or `kernelext stop {row['id']}`), or end that kernel, "
+            "then resume."
         )
     if lease is not None and lease <= now:
         return  # lapsed: the owner is gone or frozen; the epoch fences what it still writes
