@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import uuid
-import weakref
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -40,7 +39,7 @@ from .keys import (
     stored_result,
 )
 from .names import check_stored_name
-from .run import Run
+from .run import Run, chain_roots
 from .runtime import runtime
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
 
@@ -64,9 +63,6 @@ class EffectFailed(LedgerError):
     """An effect failed before; by default it is not retried silently on resume."""
 
 
-_ROOTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # run -> chain root
-
-
 def idempotency_key_for(run: Run, step_key: str, tool: str, call_ordinal: int) -> str:
     """The ``idempotency_key`` handed to a tool for one call: the same for that call in
     every run of a restart chain, so that an API that dedupes by key dedupes a call a
@@ -74,10 +70,10 @@ def idempotency_key_for(run: Run, step_key: str, tool: str, call_ordinal: int) -
     in the chain's root run (the run that was not made by a restart), through
     ``effect_key``, in the run's key scheme (a restarted run keeps its parent's); for a run
     never restarted, its own effect key."""
-    root = _ROOTS.get(run)
-    if root is None:  # read once per run: a run's parent never changes
+    root = chain_roots.get(run)  # set when the run starts or is resumed
+    if root is None:  # a cell run: read once per run (a run's parent never changes)
         root = run.store.chain_root(run.id)
-        _ROOTS[run] = root
+        chain_roots[run] = root
     return str(effect_key(root, step_key, tool, call_ordinal, run.key_scheme))
 
 

@@ -23,7 +23,7 @@ from .agent import Agent
 from .codec import loads_json
 from .handle import Handle
 from .resume_steps import before_first_action
-from .run import Run
+from .run import Run, chain_roots
 from .runtime import runtime
 from .secrets import MASK
 from .takeover import take_over
@@ -108,6 +108,9 @@ def load_run(
         total_steps=row.get("total_steps"),
         key_scheme=row.get("key_scheme"),
     )
+    # Read here, where the store is read anyway, not at a call: a read there would wait for
+    # the store file another process may hold (the hot path never waits for it).
+    chain_roots[run] = store.chain_root(run_id) if row.get("parent_id") else run_id
     snapshot = store.latest_snapshot(run_id, before_ordinal)
     if snapshot is not None:
         run.state = run.snapshotter.restore(store, snapshot["manifest"])

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType, TracebackType
 from typing import Any, NoReturn, TypeVar
@@ -30,7 +31,7 @@ from ..validate import (
 from .names import check_stored_name
 from .snapshot import Snapshotter
 
-__all__ = ["Run", "StepInfo"]
+__all__ = ["Run", "StepInfo", "chain_roots"]
 
 T = TypeVar("T")
 OUTSIDE_STEPS = "__run__"
@@ -72,6 +73,11 @@ class StopFlag(threading.Event):
         self.delivered = None
         self.swallowed_noted = set()
         super().clear()
+
+
+# run -> the first run of its restart chain (the idempotency keys handed to tools derive
+# from it: ``ledger.idempotency_key_for``); set where a run starts or is resumed.
+chain_roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 class Run:
