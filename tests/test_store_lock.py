@@ -195,3 +195,39 @@ def test_store_file_is_created_private(store_path: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(store_path.stat().st_mode) == 0o600
+
+
+FOREIGN_OPEN = """
+import json, sys
+import duckdb
+try:
+    duckdb.connect(sys.argv[1], read_only=True).close()
+except duckdb.IOException as exc:
+    print(json.dumps({"refused": "lock" in str(exc).lower()}))
+else:
+    print(json.dumps({"refused": False}))
+"""
+
+
+def test_the_file_stays_locked_while_this_process_holds_it_through_its_own_checks(
+    store_path: Path,
+) -> None:
+    """A process that holds the store keeps DuckDB's lock on the file for as long as its
+    connection is open. Closing any descriptor of a file drops every POSIX lock the
+    process holds on it, so a check that opened and closed the store file (to read its
+    header) let another process open it beside a writing connection. A process that does
+    not ask for the file (no hand-over) must be refused after every kind of write."""
+    path = str(store_path)
+    holder = open_store(path)
+    holder.backend.linger = TIMEOUT  # type: ignore[attr-defined]  # keep the file while idle
+    try:
+        holder.create_run("held-1", "agent")  # a transaction: the file's checks ran
+        holder.record_event("held-1", "note", source="test")
+        holder.flush()
+        assert holder.backend.con is not None  # type: ignore[attr-defined]
+        for _ in range(2):
+            assert last_json(python(FOREIGN_OPEN, path)) == {"refused": True}
+            holder.create_run(f"held-{_ + 2}", "agent")
+    finally:
+        holder.close()
+    assert reads_back(path) == ["held-1", "held-2", "held-3"]

@@ -791,12 +791,6 @@ class WritePathModel(RuleBasedStateMachine):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    reason="open regression since the restart changes of this release: while another process "
-    "holds the store file (a fold failure), a resumed worker falls silent for the store wait "
-    "after an effect returned, instead of ending its step from the journal; being diagnosed",
-    strict=False,
-)
 def test_write_path_against_its_model(tmp_path: Path) -> None:
     pool = WorkerPool(CRASH_DIR / "model_worker.py", tmp_path)
     WritePathModel.pool = pool

@@ -133,6 +133,11 @@ class DuckDBConnection(Backend):
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
         self._size_seen = 0  # st_size after this process's last commit (while it holds it)
         self._header_seen = False  # the file has shown DuckDB's magic bytes at this identity
+        # The store file's header is read through this descriptor, opened after connecting
+        # and closed before the hand-over lock is let go: closing any descriptor of a file
+        # drops every POSIX lock this process holds on it, DuckDB's own lock included, so
+        # the file is never opened and closed while a connection to it is open.
+        self._header_fd: int | None = None
         self.lost: str | None = None  # why the store file can no longer be written, once known
 
     # -- opening and handing over ----------------------------------------------------
@@ -146,15 +151,21 @@ class DuckDBConnection(Backend):
             self._check_file()  # before connecting: a file gone would be created anew
             self.lock.acquire(self.wait_timeout)
             try:
+                if not self.read_only:  # our turn: the header is read, and kept open
+                    self._header_fd = _open_header(self.path)
+                    self._check_file()  # replaced or rewritten while we waited our turn
                 self.con = _connect(self.path, self.wait_timeout, read_only=self.read_only)
                 if self._identity is None:
                     self._identity = _identity(self.path)
+                if self._header_fd is None and not self.read_only:  # DuckDB just made it
+                    self._header_fd = _open_header(self.path)
                 self._check_file()  # replaced while this process waited for its turn
             except BaseException:
                 if self.con is not None:
                     with contextlib.suppress(duckdb.Error):
                         self.con.close()
                     self.con = None
+                self._close_header()
                 self.lock.release()
                 raise
             try:
@@ -163,6 +174,7 @@ class DuckDBConnection(Backend):
             except BaseException:
                 self.con.close()
                 self.con = None
+                self._close_header()
                 self.lock.release()
                 raise
             self.opens += 1
@@ -232,7 +244,7 @@ class DuckDBConnection(Backend):
                 what = "deleted" if now is None else "replaced by another file"
             else:
                 assert st is not None
-                magic = _magic(self.path)
+                magic = _magic(self._header_fd)  # None while not connected: not read then
                 if magic == DUCKDB_MAGIC:
                     self._header_seen = True
                 if not committed and st.st_size < self._size_seen:
@@ -240,7 +252,7 @@ class DuckDBConnection(Backend):
                         f"truncated ({st.st_size} bytes now, {self._size_seen} after this "
                         "process's last commit)"
                     )
-                elif self._header_seen and magic != DUCKDB_MAGIC:
+                elif self._header_seen and magic is not None and magic != DUCKDB_MAGIC:
                     what = "overwritten in place (its header no longer reads DUCK)"
                 elif committed and self.con is not None:
                     self._size_seen = st.st_size
@@ -291,7 +303,14 @@ class DuckDBConnection(Backend):
         try:
             con.close()
         finally:
+            self._close_header()  # after DuckDB let go of the file, before the next may take it
             self.lock.release(handing_over=handing_over)
+
+    def _close_header(self) -> None:
+        fd, self._header_fd = self._header_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def idle_tick(self) -> float | None:
         """Called by the writer when idle; returns how long it may sleep."""
@@ -589,12 +608,21 @@ def _stat(path: str) -> os.stat_result | None:
 DUCKDB_MAGIC = b"DUCK"  # bytes 8-12 of every DuckDB database file
 
 
-def _magic(path: str) -> bytes | None:
-    """Bytes 8-12 of the file (DuckDB's magic), or None when it cannot be read."""
+def _open_header(path: str) -> int | None:
+    """A read descriptor of the store file, held while connected (see ``_header_fd``)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(8)
-            return f.read(4)
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _magic(fd: int | None) -> bytes | None:
+    """Bytes 8-12 of the file (DuckDB's magic) read through ``fd`` (never by opening the
+    file: see ``_header_fd``), or None without a descriptor or when it cannot be read."""
+    if fd is None:
+        return None
+    try:
+        return os.pread(fd, 4, 8)
     except OSError:
         return None
 
