@@ -103,7 +103,7 @@ def _cases(con: Any) -> dict[str, Callable[[int], None]]:
 def diagnose(ops: int = 200) -> str:
     import duckdb
 
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     lines = []
     with tempdir("diagnose") as folder:

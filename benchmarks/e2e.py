@@ -130,7 +130,7 @@ def kx_effects_e2e(store: Any, calls: int, per_step: int) -> dict[str, Any]:
 
 
 def _on_fresh_store(folder: str, fn: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     store = open_store(os.path.join(folder, "kx.duckdb"))  # opened outside the clock
     try:

@@ -13,7 +13,7 @@ import sys
 
 def main(argv: list[str]) -> int:
     path, n = argv[0], int(argv[1])
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     from .e2e import kx_steps_e2e
 

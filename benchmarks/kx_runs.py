@@ -12,7 +12,7 @@ __all__ = ["run_agent"]
 
 def run_agent(folder: str, agent: Any, *args: Any, store_name: str = "kx.duckdb") -> list[float]:
     """Start ``agent`` on a new store in ``folder``, wait for it, return MARKS."""
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     store = open_store(os.path.join(folder, store_name))
     try:

@@ -35,7 +35,7 @@ FROM range(?) t(i)
 
 def measure_sql(plan: Plan) -> dict[str, Any]:
     import kernelext as kx
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     with tempdir("sql") as folder:
         path = os.path.join(folder, "ledger.duckdb")

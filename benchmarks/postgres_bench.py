@@ -59,7 +59,7 @@ def bare_ms(calls: int) -> float:
 # -- kernelext ---------------------------------------------------------------------------------
 def kernelext_bench(url: str, calls: int, reps: int) -> dict[str, Any]:
     import kernelext as kx
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     @kx.effect
     def ping(i: int, *, idempotency_key: str | None = None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def _checkpointed_bytes(path: str) -> int:
 
 
 def _kernelext(folder: str, n: int) -> dict[str, int]:
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     from .kx_agents import messages_agent
 

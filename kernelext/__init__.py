@@ -9,26 +9,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .adapters.mcp import wrap_mcp as mcp
-from .adapters.openai import wrap_openai as openai
-from .adapters.tools import Tools as tools
-from .core.agent import Agent, agent
-from .core.api import configure, open_store, runs, sql
-from .core.approvals import answer, approvals, questions
-from .core.checks import CheckWarning
-from .core.control import resume, stop
-from .core.credentials import CredentialError
-from .core.expiry import on_expire, sweep
-from .core.handle import Handle
-from .core.ledger import Effect, EffectFailed, effect
-from .core.plan import PlanChanged, ResumePlan, plan
-from .core.reconcile import reconcile
-from .core.restart import restart
-from .core.revalidation import Revalidation, revalidation
-from .core.run import Run
-from .core.runtime import runtime as _runtime
-from .core.secrets import SECRETS as secrets
-from .core.timeline import timeline
+from ._adapters.mcp import wrap_mcp as mcp
+from ._adapters.openai import wrap_openai as openai
+from ._adapters.tools import Tools as tools
+from ._core.agent import Agent, agent
+from ._core.api import configure, open_store, runs, sql
+from ._core.approvals import answer, approvals, questions
+from ._core.checks import CheckWarning
+from ._core.control import resume, stop
+from ._core.credentials import CredentialError
+from ._core.expiry import on_expire, sweep
+from ._core.handle import Handle
+from ._core.ledger import Effect, EffectFailed, effect
+from ._core.plan import PlanChanged, ResumePlan, plan
+from ._core.reconcile import reconcile
+from ._core.restart import restart
+from ._core.revalidation import Revalidation, revalidation
+from ._core.run import Run
+from ._core.runtime import runtime as _runtime
+from ._core.secrets import SECRETS as secrets
+from ._core.timeline import timeline
 from .errors import (
     ClaimConflict,
     CodeChangedError,
@@ -46,7 +46,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:  # at run time: __getattr__, the registries of the current runtime
-    from .core.registries import CheckRegistry, CredentialRegistry
+    from ._core.registries import CheckRegistry, CredentialRegistry
 
     checks: CheckRegistry
     credentials: CredentialRegistry
@@ -106,7 +106,7 @@ __all__ = [
 
 
 # Loaded on first use: ``kx.langgraph`` (the module itself imports LangGraph lazily too).
-_LAZY = {"langgraph": "kernelext.adapters.langgraph"}
+_LAZY = {"langgraph": "kernelext._adapters.langgraph"}
 
 
 def __getattr__(name: str) -> Any:
@@ -121,8 +121,8 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext kernelext``."""
-    importlib.import_module("kernelext.ipython.extension").load(ipython)
+    importlib.import_module("kernelext._ipython.extension").load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    importlib.import_module("kernelext.ipython.extension").unload(ipython)
+    importlib.import_module("kernelext._ipython.extension").unload(ipython)

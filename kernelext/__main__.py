@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+from ._cli import main
 
 __all__: list[str] = []
 

@@ -1,6 +1,6 @@
 """The run lifecycle in one place: statuses, their groups, reasons, and the transition table.
 
-Every status change goes through ``Store.transition_tx`` (``kernelext/store/runs.py``),
+Every status change goes through ``Store.transition_tx`` (``kernelext/_store/runs.py``),
 which checks ``TRANSITIONS``, writes the ``events`` row, and sets the deadline of a
 waiting status from the expiry policy. No other module spells a status as a string
 (``tests/test_lifecycle_literals.py`` pins it): they use these members, which are ``str``

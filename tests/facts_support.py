@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 RELEASE_HANGING = threading.Event()
 CALLS: list[tuple[str, Any]] = []  # (what, argument) in call order, this process only

@@ -30,10 +30,10 @@ from support.kernels import KernelSession
 from support.live import wait_until
 
 import kernelext as kx
-from kernelext.adapters import langgraph as kx_langgraph
-from kernelext.adapters.langgraph_saver import KernelextSaver
+from kernelext._adapters import langgraph as kx_langgraph
+from kernelext._adapters.langgraph_saver import KernelextSaver
+from kernelext._store import Store, open_store
 from kernelext.status import EffectStatus, Status
-from kernelext.store import Store, open_store
 
 TESTS_DIR = Path(__file__).resolve().parent
 ALL_CAPABILITIES = {
@@ -143,7 +143,7 @@ URL, GATE = {url!r}, {gate!r}
 
 KERNELEXT_RUN = """
 import kernelext as kx
-from kernelext.adapters import langgraph as kx_langgraph
+from kernelext._adapters import langgraph as kx_langgraph
 from kernelext.widgets import panel_for
 graph = build_graph(URL, GATE)
 h = kx_langgraph.start(graph, orders_input("A", "B"), run_id="lg-kernel", max_step_seconds=0.2)
@@ -245,7 +245,7 @@ def test_the_same_cut_with_langgraphs_sqlite_saver_delivers_again(
 def test_kernelext_imports_no_langgraph_and_a_missing_one_names_the_extra() -> None:
     script = (
         "import sys\n"
-        "import kernelext, kernelext.adapters.langgraph as lg\n"
+        "import kernelext, kernelext._adapters.langgraph as lg\n"
         "assert not any(m.split('.')[0] in ('langgraph', 'langchain_core') for m in sys.modules)\n"
         "sys.modules['langgraph'] = sys.modules['langchain_core'] = None  # not installed\n"
         "for use in (lambda: lg.KernelextSaver, lambda: lg.tool(len)):\n"
@@ -263,7 +263,7 @@ def test_kernelext_imports_no_langgraph_and_a_missing_one_names_the_extra() -> N
 
 CRASH_RESUME = """
 import kernelext as kx
-from kernelext.adapters import langgraph as kx_langgraph
+from kernelext._adapters import langgraph as kx_langgraph
 kx_langgraph.agent(build_graph(URL, GATE))  # a fresh kernel: register the graph again
 h = kx.resume("lg-crash")
 print(h.status)
@@ -283,7 +283,7 @@ def test_a_kernel_killed_mid_tool_node_resumes_in_a_fresh_kernel_through_reconci
         kernel.run(kernel_setup(delivery_server, gate)).ok()
         kernel.run(
             "import kernelext as kx\n"
-            "from kernelext.adapters import langgraph as kx_langgraph\n"
+            "from kernelext._adapters import langgraph as kx_langgraph\n"
             "h = kx_langgraph.start(build_graph(URL, GATE), orders_input('A', 'B'), "
             "run_id='lg-crash')"
         ).ok()

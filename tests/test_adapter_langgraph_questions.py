@@ -20,9 +20,9 @@ from support.http_server import DeliveryServer
 from support.langgraph_graphs import asking_graph
 
 import kernelext as kx
-from kernelext.adapters import langgraph as kx_langgraph
+from kernelext._adapters import langgraph as kx_langgraph
+from kernelext._store import Store
 from kernelext.status import Reason, Status
-from kernelext.store import Store
 
 
 # -- interrupt, answer (in this process) --------------------------------------------------------
@@ -127,8 +127,8 @@ def test_each_interrupt_is_asked_once_and_answered_from_anywhere(
 def test_the_panels_question_card_answers_the_interrupt_and_resumes_the_graph(
     store: Store,
 ) -> None:
-    from kernelext.widgets import approvals as widgets
-    from kernelext.widgets.panel import ControlPanel
+    from kernelext.widgets import _approvals as widgets
+    from kernelext.widgets._panel import ControlPanel
 
     widgets.install()
     try:

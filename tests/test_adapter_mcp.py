@@ -28,9 +28,9 @@ from support.live import name, wait_until
 from support.mcp_server import SCRIPT, SERVER_NAME, McpClient
 
 import kernelext as kx
-from kernelext.adapters.mcp import result_json, wrap_mcp
+from kernelext._adapters.mcp import result_json, wrap_mcp
+from kernelext._store import Store
 from kernelext.status import EffectStatus, Reason, Status, StepStatus
-from kernelext.store import Store
 
 TESTS_DIR = Path(__file__).resolve().parent
 WAIT = 60.0  # generous: a loaded 2-core machine
@@ -144,7 +144,7 @@ def test_kernelext_does_not_import_mcp_and_a_missing_sdk_names_the_extra() -> No
         """
         import sys
         import kernelext
-        import kernelext.adapters.mcp as adapter
+        import kernelext._adapters.mcp as adapter
         assert "mcp" not in sys.modules, "importing kernelext loaded the MCP SDK"
         sys.modules["mcp"] = None  # as if it were not installed
         try:

@@ -40,11 +40,11 @@ from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 
 import kernelext as kx
-from kernelext.adapters.openai import CHAT_TOOL, RESPONSES_TOOL, wrap_openai
-from kernelext.adapters.tools import Tools
-from kernelext.core.secrets import SECRETS
+from kernelext._adapters.openai import CHAT_TOOL, RESPONSES_TOOL, wrap_openai
+from kernelext._adapters.tools import Tools
+from kernelext._core.secrets import SECRETS
+from kernelext._store import open_store
 from kernelext.status import EffectStatus, Status
-from kernelext.store import open_store
 
 MODEL = "scripted"
 API_KEY = "sk-test-" + "S3CR3T" * 6
@@ -425,11 +425,11 @@ FROM effects WHERE tool LIKE 'openai:%' AND status = 'applied' GROUP BY run_id
 def test_core_does_not_import_openai_and_a_missing_openai_says_what_to_install() -> None:
     code = (
         "import sys\n"
-        "import kernelext, kernelext.adapters.openai, kernelext.adapters.tools\n"
+        "import kernelext, kernelext._adapters.openai, kernelext._adapters.tools\n"
         "assert 'openai' not in sys.modules, 'imported openai'\n"
         "sys.modules['openai'] = None\n"
         "try:\n"
-        "    kernelext.adapters.openai.wrap_openai(object())\n"
+        "    kernelext._adapters.openai.wrap_openai(object())\n"
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )

@@ -28,9 +28,9 @@ from support.live import finish_live_runs, name
 from support.notebooks import execute, text_of
 
 import kernelext as kx
-from kernelext.core.cell_runs import forget_cell_runs
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.cell_runs import forget_cell_runs
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 WAIT = 60.0
 REPO = Path(__file__).resolve().parent.parent
@@ -160,7 +160,7 @@ def test_a_rejection_raises_effect_rejected_at_the_call_and_the_agent_goes_anoth
 def test_deciding_twice_a_used_request_or_an_unknown_one_is_refused_clearly(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    from kernelext.core.approvals import approve, reject
+    from kernelext._core.approvals import approve, reject
 
     run_id = name("twice")
     assert payments(delivery_server).start([["eve", 300]], run_id=run_id).wait(WAIT) == (
@@ -212,7 +212,7 @@ def test_a_decision_from_another_process_waits_for_the_next_resume(
     )
     script = (
         "import sys, kernelext as kx\n"
-        "from kernelext.core.approvals import approvals\n"
+        "from kernelext._core.approvals import approvals\n"
         "store = kx.open_store(sys.argv[1])\n"
         "[request] = approvals(sys.argv[2], store=store)\n"
         "print(request.approve(note='from a terminal'))\n"
@@ -234,7 +234,7 @@ def test_a_decision_from_another_process_waits_for_the_next_resume(
 
 
 def test_effect_declares_its_approval_rule_and_its_probe() -> None:
-    probes = pytest.importorskip("kernelext.core.probes")
+    probes = pytest.importorskip("kernelext._core.probes")
 
     def lookup(key: str, args: Any) -> str | None:
         return None
@@ -254,8 +254,8 @@ def test_effect_declares_its_approval_rule_and_its_probe() -> None:
 def test_the_panel_shows_the_request_and_its_approve_button_sends_once(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    from kernelext.widgets import approvals as widgets
-    from kernelext.widgets.panel import ControlPanel
+    from kernelext.widgets import _approvals as widgets
+    from kernelext.widgets._panel import ControlPanel
 
     widgets.install()
     try:
@@ -291,7 +291,7 @@ def test_the_panel_shows_the_request_and_its_approve_button_sends_once(
 
 
 def test_question_cards_fit_their_schema_and_answer_resumes(store: Store) -> None:
-    from kernelext.widgets import approvals as widgets
+    from kernelext.widgets import _approvals as widgets
 
     form = {
         "type": "object",

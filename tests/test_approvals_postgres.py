@@ -17,8 +17,8 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs, name
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 pytestmark = pytest.mark.postgres
 
@@ -87,9 +87,9 @@ def test_approve_reject_replan_and_answer_on_postgresql(
 
 DECIDER = """
 import json, sys, time
-from kernelext.core.approvals import approve, reject
+from kernelext._core.approvals import approve, reject
 from kernelext.errors import LedgerError
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 url, ident, verb, start_at = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 store = open_store(url)

@@ -14,8 +14,8 @@ import pytest
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 WAIT = 60.0
 T0 = dt.datetime(2031, 5, 1, 12, 0, 0)

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 COMMANDS = ("runs", "show", "stop", "sweep", "sql", "reconcile", "run")
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
 
-from kernelext.core.resume import load_run
-from kernelext.store import open_store
-from kernelext.store.schema import MIGRATIONS
+from kernelext._core.resume import load_run
+from kernelext._store import open_store
+from kernelext._store.schema import MIGRATIONS
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 

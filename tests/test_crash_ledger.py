@@ -31,9 +31,9 @@ from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
-from kernelext.core.resume import load_run
-from kernelext.store import Store, open_store
-from kernelext.store.schema import MIGRATIONS
+from kernelext._core.resume import load_run
+from kernelext._store import Store, open_store
+from kernelext._store.schema import MIGRATIONS
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 

@@ -9,8 +9,8 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 TABLES = ("runs", "steps", "snapshots", "blobs", "effects", "facts", "claims", "events")
 

@@ -11,15 +11,15 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext.store import Store, actor, open_store
-from kernelext.widgets.reconcile import (
+from kernelext._store import Store, actor, open_store
+from kernelext.widgets._reconcile import (
     ReconcileWidget,
     parse_result,
     reconcile_for_handle,
     reconciliation_mimebundle,
     render_reconciliation,
 )
-from kernelext.widgets.revalidation import (
+from kernelext.widgets._revalidation import (
     RevalidationWidget,
     render_revalidation,
     revalidation_for_handle,

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
+from kernelext._core.runtime import runtime
+from kernelext._store import Store
 from kernelext.errors import AgentError
-from kernelext.store import Store
 
 WAIT = 60.0
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import kernelext as kx
+from kernelext._store import Store
 from kernelext.errors import KernelextError
-from kernelext.store import Store
 
 # Entry points that legitimately take anything there, or are not called with arguments a
 # user passes (each with its reason).

@@ -20,9 +20,9 @@ from crash import CRASH_DIR, WorkerPool, whole_lines
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core import expiry
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, actor, open_store
+from kernelext._core import expiry
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, actor, open_store
 
 pytestmark = pytest.mark.both_backends
 

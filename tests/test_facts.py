@@ -11,8 +11,8 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 SKUS = ["A", "B", "C"]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from kernelext.store import Store, open_store
-from kernelext.store.duckdb.bulk import apply_records
-from kernelext.store.records import apply_record
+from kernelext._store import Store, open_store
+from kernelext._store.duckdb.bulk import apply_records
+from kernelext._store.records import apply_record
 
 Record = tuple[int, str, dict[str, Any]]
 T0 = dt.datetime(2026, 1, 1)

@@ -60,7 +60,7 @@ def kernel(store_path: Path) -> Iterator[KernelSession]:
 def events(session: KernelSession, run_id: str) -> list[tuple[str, str]]:
     """(kind, source) of every event of ``run_id``, read inside the kernel."""
     reply = session.run(
-        "from kernelext.core.runtime import get_store\n"
+        "from kernelext._core.runtime import get_store\n"
         f"print([(e['kind'], e['source']) for e in get_store().events({run_id!r})])"
     )
     return list(ast.literal_eval(reply.ok().stdout.strip()))

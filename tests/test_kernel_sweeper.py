@@ -18,8 +18,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.ipython import extension
+from kernelext._core.runtime import runtime
+from kernelext._ipython import extension
 
 WAIT = 30.0
 

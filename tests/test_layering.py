@@ -3,8 +3,8 @@
 Static half: every ``import`` in a layer's source (module level, in functions,
 under ``TYPE_CHECKING`` alike, plus ``importlib.import_module("...")`` with a
 literal name) is resolved to an absolute module name and checked against the
-layer's forbidden prefixes. Dynamic half: importing ``kernelext.core`` or
-``kernelext.store`` in a fresh interpreter loads no Jupyter module at all.
+layer's forbidden prefixes. Dynamic half: importing ``kernelext._core`` or
+``kernelext._store`` in a fresh interpreter loads no Jupyter module at all.
 """
 
 from __future__ import annotations
@@ -43,17 +43,17 @@ EVERYWHERE = ("widgets",)
 # layer name -> (source folder, package it is installed as, forbidden prefixes)
 LAYERS: dict[str, tuple[Path, str, tuple[str, ...]]] = {
     "store": (
-        REPO_ROOT / "kernelext" / "store",
-        "kernelext.store",
-        ("kernelext.core", "kernelext.ipython", "kernelext.widgets", *JUPYTER),
+        REPO_ROOT / "kernelext" / "_store",
+        "kernelext._store",
+        ("kernelext._core", "kernelext._ipython", "kernelext.widgets", *JUPYTER),
     ),
     "core": (
-        REPO_ROOT / "kernelext" / "core",
-        "kernelext.core",
-        ("kernelext.ipython", "kernelext.widgets", *JUPYTER),
+        REPO_ROOT / "kernelext" / "_core",
+        "kernelext._core",
+        ("kernelext._ipython", "kernelext.widgets", *JUPYTER),
     ),
-    "ipython": (REPO_ROOT / "kernelext" / "ipython", "kernelext.ipython", ()),
-    "widgets": (REPO_ROOT / "widgets", "kernelext.widgets", ("kernelext.store",)),
+    "ipython": (REPO_ROOT / "kernelext" / "_ipython", "kernelext._ipython", ()),
+    "widgets": (REPO_ROOT / "widgets", "kernelext.widgets", ("kernelext._store",)),
 }
 
 
@@ -84,7 +84,7 @@ def imported_modules(source: str, modname: str, is_package: bool) -> list[tuple[
             else:
                 target = node.module or ""
             found.append((node.lineno, target))
-            # `from kernelext import store` imports the submodule kernelext.store
+            # `from kernelext import store` imports the submodule kernelext._store
             found.extend((node.lineno, f"{target}.{a.name}") for a in node.names if a.name != "*")
         elif isinstance(node, ast.Call):
             func = node.func
@@ -140,23 +140,23 @@ def test_checker_catches_violations() -> None:
     """The static checker itself: relative, aliased and dynamic imports resolve."""
     src = "\n".join(
         [
-            "from .. import store",
-            "from ..core.runs import Run",
-            "from . import panel",
+            "from .. import _store",
+            "from .._core.runs import Run",
+            "from . import _panel",
             "import IPython.display as d",
             "import importlib",
             "def f():",
-            "    from kernelext.store.schema import X",
+            "    from kernelext._store.schema import X",
             "    return importlib.import_module('ipywidgets')",
         ]
     )
     names = {name for _, name in imported_modules(src, "kernelext.widgets.control", False)}
     assert {
-        "kernelext.store",
-        "kernelext.core.runs",
-        "kernelext.widgets.panel",
+        "kernelext._store",
+        "kernelext._core.runs",
+        "kernelext.widgets._panel",
         "IPython.display",
-        "kernelext.store.schema",
+        "kernelext._store.schema",
         "ipywidgets",
     } <= names
     assert module_name(
@@ -178,7 +178,7 @@ def _fresh_python(code: str, cwd: Path) -> dict[str, object]:
     return result
 
 
-@pytest.mark.parametrize("module", ["kernelext.core", "kernelext.store"])
+@pytest.mark.parametrize("module", ["kernelext._core", "kernelext._store"])
 def test_import_loads_no_jupyter_module(module: str, tmp_path: Path) -> None:
     code = (
         "import importlib, json, sys\n"

@@ -22,13 +22,13 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 import kernelext as kx
-from kernelext.core.cell_runs import CELL_AGENT, forget_cell_runs
-from kernelext.core.runtime import runtime
-from kernelext.ipython import extension
-from kernelext.ipython.cells import AgentCellStopped
-from kernelext.ipython.interrupt import InterruptHandler
-from kernelext.ipython.magics import Kernelext
-from kernelext.ipython.options import notebook_option, saved
+from kernelext._core.cell_runs import CELL_AGENT, forget_cell_runs
+from kernelext._core.runtime import runtime
+from kernelext._ipython import extension
+from kernelext._ipython.cells import AgentCellStopped
+from kernelext._ipython.interrupt import InterruptHandler
+from kernelext._ipython.magics import Kernelext
+from kernelext._ipython.options import notebook_option, saved
 
 EFFECTS = """
 import kernelext as kx

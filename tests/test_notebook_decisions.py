@@ -25,11 +25,12 @@ from support.kernels import KernelDied, KernelSession
 from support.notebooks import execute, text_of
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.ipython import extension
-from kernelext.widgets import NEEDS_DECISION_WIDGETS, ControlPanel, decisions, panel_for
-from kernelext.widgets.reconcile import ReconcileWidget
-from kernelext.widgets.revalidation import RevalidationWidget
+from kernelext._core.runtime import runtime
+from kernelext._ipython import extension
+from kernelext.widgets import NEEDS_DECISION_WIDGETS, ControlPanel, panel_for
+from kernelext.widgets import _decisions as decisions
+from kernelext.widgets._reconcile import ReconcileWidget
+from kernelext.widgets._revalidation import RevalidationWidget
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO_ROOT / "notebooks"

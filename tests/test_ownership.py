@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext.core.lease import check_takeover, owner_alive, parse_owner
-from kernelext.core.takeover import take_over
+from kernelext._core.lease import check_takeover, owner_alive, parse_owner
+from kernelext._core.takeover import take_over
+from kernelext._store import actor
+from kernelext._store.base import process_start
 from kernelext.errors import OwnershipLost, RunStateError
 from kernelext.status import EffectStatus, Status
-from kernelext.store import actor
-from kernelext.store.base import process_start
 
 pytestmark = pytest.mark.both_backends
 
@@ -147,7 +147,7 @@ def test_a_take_over_folds_what_the_previous_owner_journaled(store: Any, backend
     the take-over: it becomes unknown instead of being made again."""
     if backend != "duckdb":
         pytest.skip("no journal on PostgreSQL")
-    from kernelext.store.duckdb.journal import frame
+    from kernelext._store.duckdb.journal import frame
 
     assert store.create_run("r", "agent", owner=actor())
     store.transition("r", Status.SUSPENDED, (Status.RUNNING,), epoch=1)
@@ -159,7 +159,7 @@ def test_a_take_over_folds_what_the_previous_owner_journaled(store: Any, backend
     assert taken.status == Status.NEEDS_DECISION and taken.unknown == [key]
     assert store.effect(key)["status"] == EffectStatus.UNKNOWN
     # Its own process folds it again later: the same record is applied as once.
-    from kernelext.store.duckdb.bulk import apply_records
+    from kernelext._store.duckdb.bulk import apply_records
 
     refused = store.write(lambda tx: apply_records(tx, [(1, "intent", data)]))
     assert refused == [] and store.effect(key)["status"] == EffectStatus.UNKNOWN
@@ -173,7 +173,7 @@ def test_a_take_over_folds_what_the_previous_owner_journaled(store: Any, backend
 def test_an_intent_with_a_known_key_from_another_call_is_refused(store: Any, backend: str) -> None:
     if backend != "duckdb":
         pytest.skip("the fold is DuckDB's; PostgreSQL returns the existing row to the caller")
-    from kernelext.store.duckdb.bulk import apply_records
+    from kernelext._store.duckdb.bulk import apply_records
 
     assert store.create_run("r", "agent", owner=actor())
     key = uuid.uuid4()
@@ -247,7 +247,7 @@ def test_two_take_overs_at_one_instant_leave_one_writer(store: Any, store_path: 
 
     if not str(store_path).startswith("postgresql"):
         pytest.skip("two writers on one DuckDB file take turns through one process's hand-over")
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     other = open_store(str(store_path))  # not the runtime's: a second, independent writer
     try:
@@ -284,7 +284,7 @@ def test_an_old_journal_folded_after_a_take_over_is_kept_not_applied(
     over: what the take-over did not see is refused, kept in quarantine, the run not held."""
     if backend != "duckdb":
         pytest.skip("no journal on PostgreSQL")
-    from kernelext.store.duckdb.journal import frame
+    from kernelext._store.duckdb.journal import frame
 
     location = store.location
     assert store.create_run("r", "agent", owner=actor())
@@ -296,7 +296,7 @@ def test_an_old_journal_folded_after_a_take_over_is_kept_not_applied(
     Path(f"{location}.journal.999998.cafef00d").write_bytes(
         frame(1, "intent", stale) + frame(2, "intent", legacy)
     )
-    from kernelext.core.runtime import runtime
+    from kernelext._core.runtime import runtime
 
     runtime().close()
     reopened = kx.open_store(location)
@@ -308,7 +308,7 @@ def test_an_old_journal_folded_after_a_take_over_is_kept_not_applied(
 
 
 def test_a_take_over_waits_for_an_intent_being_appended_then_refuses(tmp_path: Path) -> None:
-    from kernelext.store.duckdb.fence import FenceFiles
+    from kernelext._store.duckdb.fence import FenceFiles
 
     fence = FenceFiles(str(tmp_path / "s.duckdb"))
     fence.advance("r", 1)
@@ -338,7 +338,7 @@ def test_a_run_without_a_fence_file_falls_back_to_the_tables(store: Any, backend
 
 
 def test_fence_descriptors_stay_few_over_many_runs(tmp_path: Path) -> None:
-    from kernelext.store.duckdb.fence import KEEP_OPEN, FenceFiles
+    from kernelext._store.duckdb.fence import KEEP_OPEN, FenceFiles
 
     fence = FenceFiles(str(tmp_path / "s.duckdb"))
     for n in range(KEEP_OPEN * 3):
@@ -387,8 +387,8 @@ def test_a_stale_kernel_cannot_complete_or_move_the_run(
     held epoch: a kernel taken over meanwhile is refused and the new owner's run stays."""
     import types
 
-    import kernelext.core.resume_steps as steps
-    from kernelext.core.cell_runs import CELL_AGENT, complete_cell_run
+    import kernelext._core.resume_steps as steps
+    from kernelext._core.cell_runs import CELL_AGENT, complete_cell_run
     from kernelext.errors import NeedsDecision
 
     assert store.create_run("r", CELL_AGENT, owner=actor())
@@ -442,8 +442,8 @@ def test_no_probe_is_asked_while_the_previous_owner_may_still_be_calling(
     """A take-over from an owner not known to be gone (another host, lease lapsed) leaves
     the unknowns to a person: the probe would answer "not applied" for a call still on its
     way. A later resume asks the probe once the grace period has passed."""
-    import kernelext.core.takeover as takeover
-    from kernelext.core.probes import register_probe
+    import kernelext._core.takeover as takeover
+    from kernelext._core.probes import register_probe
 
     asked: list[str] = []
 

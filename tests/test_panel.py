@@ -1,4 +1,4 @@
-"""The control panel (widgets/panel.py) on real runs in a real store, without a kernel.
+"""The control panel (widgets/_panel.py) on real runs in a real store, without a kernel.
 
 ipywidgets work without a front end (their comm is a no-op), so the panel's state and
 its buttons are exercised directly; the notebook and browser tests show it in a kernel.
@@ -17,8 +17,8 @@ import ipywidgets as w
 import pytest
 
 import kernelext as kx
-from kernelext.core.cell_runs import cell_handle, forget_cell_runs, open_cell_run
-from kernelext.core.runtime import runtime
+from kernelext._core.cell_runs import cell_handle, forget_cell_runs, open_cell_run
+from kernelext._core.runtime import runtime
 from kernelext.widgets import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,
@@ -26,8 +26,8 @@ from kernelext.widgets import (
     panel_for,
     panel_mimebundle,
 )
-from kernelext.widgets.render import to_text, view_of
-from kernelext.widgets.throttle import Throttle
+from kernelext.widgets._render import to_text, view_of
+from kernelext.widgets._throttle import Throttle
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 

@@ -25,10 +25,10 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs, name
 
 import kernelext as kx
-from kernelext.cli.plan import plan_command
-from kernelext.core.cell_runs import forget_cell_runs, open_cell_run, source_hash, stop_cell_run
-from kernelext.core.ledger import effect_key
-from kernelext.core.plan import (
+from kernelext._cli.plan import plan_command
+from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, source_hash, stop_cell_run
+from kernelext._core.ledger import effect_key
+from kernelext._core.plan import (
     STALE_AFTER,
     PlanChanged,
     ResumePlan,
@@ -36,8 +36,8 @@ from kernelext.core.plan import (
     plan,
     remember_cell_source,
 )
+from kernelext._store import Store, open_store, utcnow
 from kernelext.status import Reason, Status, StepStatus
-from kernelext.store import Store, open_store, utcnow
 
 WAIT = 60
 TESTS_DIR = Path(__file__).resolve().parent
@@ -378,8 +378,8 @@ def test_the_plan_of_an_agent_cell_run_shows_which_cells_changed(store: Store) -
 def test_the_panel_of_a_waiting_run_shows_its_plan_above_resume(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    from kernelext.widgets import plan as plan_widget
-    from kernelext.widgets.panel import ControlPanel
+    from kernelext.widgets import _plan as plan_widget
+    from kernelext.widgets._panel import ControlPanel
 
     run = Suspended(store, delivery_server)
     handle = kx.resume(run.run_id, store=store)  # stops at once for the unknown send

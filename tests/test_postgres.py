@@ -25,10 +25,10 @@ from support.http_server import DeliveryServer, read_log
 from support.postgres import PostgresServer
 
 import kernelext as kx
+from kernelext._store import Store, open_store
+from kernelext._store.postgres_backend import advisory_key, mask_password, translate
+from kernelext._store.schema import MIGRATIONS
 from kernelext.errors import ReadOnlyError, StoreError
-from kernelext.store import Store, open_store
-from kernelext.store.postgres_backend import advisory_key, mask_password, translate
-from kernelext.store.schema import MIGRATIONS
 
 pytestmark = pytest.mark.postgres
 
@@ -135,7 +135,7 @@ def test_large_payloads_stay_in_the_database(pg_store: Store, tmp_path: Path) ->
 def test_migrations_from_many_processes_at_once(postgres_server: PostgresServer) -> None:
     url = postgres_server.create_database()
     code = (
-        "import sys; from kernelext.store import open_store\n"
+        "import sys; from kernelext._store import open_store\n"
         "s = open_store(sys.argv[1]); print(s.schema_version()); s.close()"
     )
     procs = [
@@ -155,7 +155,7 @@ def test_migrations_from_many_processes_at_once(postgres_server: PostgresServer)
 
 def test_advisory_lock_has_one_holder_across_processes(pg_store: Store, postgres_url: str) -> None:
     holder = (
-        "import sys, time; from kernelext.store import open_store\n"
+        "import sys, time; from kernelext._store import open_store\n"
         "s = open_store(sys.argv[1])\n"
         "with s.try_advisory_lock('kernelext:sweep') as mine:\n"
         "    print('held' if mine else 'refused', flush=True); sys.stdin.readline()\n"

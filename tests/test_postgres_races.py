@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 from support.postgres import PostgresServer
 
-from kernelext.core.cell_runs import CELL_AGENT
-from kernelext.store import open_store
+from kernelext._core.cell_runs import CELL_AGENT
+from kernelext._store import open_store
 
 pytestmark = pytest.mark.slow
 
 CLAIMER = """
 import json, sys, time
 from kernelext.errors import ClaimConflict
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 url, run_id, start_at, count = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 store = open_store(url)
@@ -102,9 +102,9 @@ def test_processes_racing_for_resources_and_run_ids_get_one_winner_each(
 
 RESUMER = """
 import json, sys, time
-from kernelext.core.control import resume
+from kernelext._core.control import resume
 from kernelext.errors import RunStateError
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 url, run_id, start_at = sys.argv[1], sys.argv[2], float(sys.argv[3])
 store = open_store(url)

@@ -18,9 +18,9 @@ import pytest
 from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
-from kernelext.core.keys import bound_hash
-from kernelext.core.ledger import effect_key
-from kernelext.store import Store, open_store
+from kernelext._core.keys import bound_hash
+from kernelext._core.ledger import effect_key
+from kernelext._store import Store, open_store
 
 WAIT = 60
 

@@ -19,9 +19,9 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.ledger import effect_key
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.ledger import effect_key
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 WAIT = 60.0
 T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
@@ -309,7 +309,7 @@ def test_the_panel_banner_says_expired_and_its_restart_button_works(
     store: Store, clock: TickingClock, delivery_server: DeliveryServer
 ) -> None:
     from kernelext.widgets import PANEL_ADDONS, panel_for
-    from kernelext.widgets.expired import ExpiredBanner, expired_addon
+    from kernelext.widgets._expired import ExpiredBanner, expired_addon
 
     assert expired_addon in PANEL_ADDONS
     agent = delivering_agent()

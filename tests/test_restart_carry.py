@@ -23,9 +23,9 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.ledger import effect_key
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
+from kernelext._core.ledger import effect_key
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
 
 WAIT = 60.0
 T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
@@ -531,7 +531,7 @@ def pay(amount, *, idempotency_key=None):
 def shell(store: Store) -> Iterator[Any]:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from kernelext.core.cell_runs import forget_cell_runs
+    from kernelext._core.cell_runs import forget_cell_runs
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "kernelext")

@@ -20,11 +20,11 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext.core.ledger import effect_key, idempotency_key_for
-from kernelext.core.runtime import runtime
-from kernelext.store import Store, open_store
-from kernelext.store.restart import _new_blob_id
-from kernelext.store.runs import KEY_SCHEME
+from kernelext._core.ledger import effect_key, idempotency_key_for
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
+from kernelext._store.restart import _new_blob_id
+from kernelext._store.runs import KEY_SCHEME
 
 pytestmark = pytest.mark.both_backends
 

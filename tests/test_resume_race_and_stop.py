@@ -19,11 +19,11 @@ import pytest
 from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
-from kernelext.core.cell_runs import open_cell_run, stop_cell_run
-from kernelext.store import Store, open_store
-from kernelext.store.duckdb.bulk import apply_records
-from kernelext.store.duckdb.handoff import HandoffLock
-from kernelext.store.records import check_record
+from kernelext._core.cell_runs import open_cell_run, stop_cell_run
+from kernelext._store import Store, open_store
+from kernelext._store.duckdb.bulk import apply_records
+from kernelext._store.duckdb.handoff import HandoffLock
+from kernelext._store.records import check_record
 
 WAIT = 60.0
 ITEMS = 15

@@ -10,7 +10,7 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext.store import Store, actor, open_store
+from kernelext._store import Store, actor, open_store
 
 SKUS = ["A", "B", "C"]
 PRICES = {"A": 10.0, "B": 20.0, "C": 30.0}

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext.core.secrets import MASK, REDACTED, SECRETS, is_secret_name, scrub_text
+from kernelext._core.secrets import MASK, REDACTED, SECRETS, is_secret_name, scrub_text
 
 WAIT = 60.0
 PLANTED: dict[str, str] = {}  # name -> value, set by the test (or the worker)
@@ -264,7 +264,7 @@ def test_kernelext_log_lines_are_scrubbed(
 def test_planted_secrets_are_in_no_file_the_store_wrote(
     store: Any, store_path: Path, planted: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from kernelext.core.runtime import runtime
+    from kernelext._core.runtime import runtime
 
     with caplog.at_level(logging.DEBUG, logger="kernelext"):
         failed = planted_agent.start("fail", run_id="secrets-fail")
@@ -316,8 +316,8 @@ def test_a_killed_workers_journal_holds_no_secret(tmp_path: Path, planted: dict[
     """The worker runs while this process holds the store file, so its records stay in its
     journal; it is SIGKILLed before the journal is folded. The journal, then every file
     once the next open folded it, must hold none of the planted values."""
-    from kernelext.store import open_store
-    from kernelext.store.duckdb.handoff import HandoffLock
+    from kernelext._store import open_store
+    from kernelext._store.duckdb.handoff import HandoffLock
 
     path = tmp_path / "worker" / "kernelext.duckdb"
     path.parent.mkdir()
@@ -383,7 +383,7 @@ def worker_agent(run: kx.Run) -> None:
 
 
 def worker_main(store_path: str) -> None:
-    from kernelext.store import open_store
+    from kernelext._store import open_store
 
     PLANTED.update(json.loads(sys.stdin.readline()))
     kx.secrets.register(PLANTED["registered"])
@@ -400,7 +400,7 @@ if __name__ == "__main__":
 def test_a_result_keeps_plain_data_under_ambiguous_names_but_not_real_secrets() -> None:
     import json
 
-    from kernelext.core.ledger import stored_result
+    from kernelext._core.ledger import stored_result
 
     answer = {
         "logprobs": [{"token": "Hello", "logprob": -0.1}],
@@ -460,7 +460,7 @@ def test_escaped_and_encoded_forms_of_a_secret_are_masked(encode: Any) -> None:
 
 
 def test_a_numeric_secret_in_json_numbers_never_reaches_the_text() -> None:
-    from kernelext.core.secrets import StoreScrubber
+    from kernelext._core.secrets import StoreScrubber
 
     door = StoreScrubber()
     with registered("4111222233334444"):
@@ -498,14 +498,14 @@ def test_forget_keeps_other_secrets_and_counts_registrations() -> None:
 
 
 def test_register_refuses_a_value_of_this_processes_own_identity() -> None:
-    from kernelext.store import actor
+    from kernelext._store import actor
 
     with pytest.raises(ValueError, match="own identity"):
         kx.secrets.register(actor().rsplit(":", 1)[0])  # user@host
 
 
 def test_a_cut_error_text_keeps_no_start_of_a_secret() -> None:
-    from kernelext.core.secrets import scrubbed_excerpt
+    from kernelext._core.secrets import scrubbed_excerpt
 
     secret = f"EXPsecret-{uuid.uuid4().hex}"
     with registered(secret):

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 
 import kernelext as kx
-from kernelext.core.codec import dumps_json
-from kernelext.core.runtime import runtime
-from kernelext.core.snapshot import Snapshotter
-from kernelext.store import Store
+from kernelext._core.codec import dumps_json
+from kernelext._core.runtime import runtime
+from kernelext._core.snapshot import Snapshotter
+from kernelext._store import Store
 
 WAIT = 60.0
 

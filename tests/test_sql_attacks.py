@@ -30,9 +30,9 @@ from test_sql_safety import (
 )
 
 import kernelext as kx
+from kernelext._store import Store, open_store, sql_guard
+from kernelext._store.sql_guard import Checked
 from kernelext.errors import ReadOnlyError
-from kernelext.store import Store, open_store, sql_guard
-from kernelext.store.sql_guard import Checked
 
 INNER = "WITH x AS (DELETE FROM runs RETURNING *) SELECT * FROM x"
 # (function name, its arguments): each would write, run SQL text, touch the session or a file
@@ -402,7 +402,7 @@ def test_allow_files_never_reruns_what_the_store_refused(
     duck: Store, places: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """B2: a COPY the check missed is refused by the store's instance and tried nowhere else."""
-    import kernelext.store.duckdb.backend as backend
+    import kernelext._store.duckdb.backend as backend
 
     target = places["out"] / "written.csv"
     before = full_state(duck)

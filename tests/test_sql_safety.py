@@ -24,10 +24,10 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
+from kernelext._store.sql_guard import REASONS, Checked
 from kernelext.errors import ReadOnlyError
-from kernelext.store import Store, open_store
-from kernelext.store.sql_guard import REASONS, Checked
 
 WAIT = 60
 SECRET = "TOP-SECRET-4711"
@@ -389,7 +389,7 @@ BYPASSED = [
 def test_the_database_refuses_what_a_wrong_check_would_let_through(
     duck: Store, places: dict[str, Path], store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kernelext.store.duckdb.backend as backend
+    import kernelext._store.duckdb.backend as backend
 
     monkeypatch.setattr(
         backend, "check_query", lambda sql, **_: Checked(sql, frozenset(), reads_files=False)
@@ -607,7 +607,7 @@ def pg_reader(pg: Store, postgres_url: str) -> Iterator[Store]:
 def test_postgres_refuses_what_a_wrong_check_would_let_through(
     pg_reader: Store, places: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kernelext.store.postgres_backend as backend
+    import kernelext._store.postgres_backend as backend
 
     assert kx.sql("SELECT current_user AS u", store=pg_reader)["u"].tolist() == ["kernelext_reader"]
     monkeypatch.setattr(
@@ -652,7 +652,7 @@ def test_refusal_says_what_why_and_what_to_do(duck: Store) -> None:
 
 
 def test_the_guard_reports_tables_and_file_reads() -> None:
-    from kernelext.store import sql_guard
+    from kernelext._store import sql_guard
 
     checked = sql_guard.check_query("SELECT * FROM runs r JOIN main.effects e ON r.id = e.run_id")
     assert checked.tables == frozenset({"runs", "effects"}) and not checked.reads_files

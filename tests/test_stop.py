@@ -11,9 +11,9 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
-from kernelext.core.snapshot import Snapshotter
-from kernelext.store import Store
+from kernelext._core.runtime import runtime
+from kernelext._core.snapshot import Snapshotter
+from kernelext._store import Store
 
 WAIT = 60.0
 
@@ -246,7 +246,7 @@ def test_a_stop_from_elsewhere_is_seen_at_the_next_safe_point_after_a_monitor_lo
 ) -> None:
     """The monitor looked just before another process recorded the stop: the safe point
     right after must still look, so the stop takes hold within the running step."""
-    from kernelext.core.run import Run
+    from kernelext._core.run import Run
 
     run_id = name("elsewhere")
     assert store.create_run(run_id, "elsewhere")

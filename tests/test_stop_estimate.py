@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from support.live import name
 
 import kernelext as kx
-from kernelext.core.stop_estimate import (
+from kernelext._core.stop_estimate import (
     estimate_from,
     estimate_stop,
     percentile,
     seconds_text,
 )
+from kernelext._store import Store, open_store
 from kernelext.status import Status
-from kernelext.store import Store, open_store
 
 WAIT = 60.0
 T0 = dt.datetime(2026, 3, 2, 9, 0, 0)

@@ -44,7 +44,7 @@ from conformance.store_suite import (  # the suite's test classes run here
 )
 from support.postgres import PostgresServer
 
-from kernelext.store import Store, open_store, utcnow
+from kernelext._store import Store, open_store, utcnow
 
 __all__ = [
     "BACKENDS",

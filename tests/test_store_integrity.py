@@ -17,10 +17,10 @@ import duckdb
 import pytest
 
 import kernelext as kx
-from kernelext.core.runtime import runtime
+from kernelext._core.runtime import runtime
+from kernelext._store import Store, open_store
+from kernelext._store.schema import MIGRATIONS
 from kernelext.errors import ForeignStoreError, IntegrityError, SchemaTooNewError, StoreError
-from kernelext.store import Store, open_store
-from kernelext.store.schema import MIGRATIONS
 
 WAIT = 60.0
 BIG = bytes(range(256)) * 1024  # 256 KiB: goes to a side file

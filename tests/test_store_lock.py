@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from kernelext.store import Store, open_store
+from kernelext._store import Store, open_store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 120.0
@@ -41,7 +41,7 @@ kx.runs()  # the default store comes from KERNELEXT_STORE
 
 SHARING = """
 import json, sys
-from kernelext.store import open_store
+from kernelext._store import open_store
 store = open_store(sys.argv[1])
 before = [r["id"] for r in store.list_runs()]
 store.create_run("from-child", "agent")
@@ -93,7 +93,7 @@ def reads_back(path: str) -> list[str]:
     """Open the file in a fresh process: it must open cleanly and hold every run."""
     done = python(
         "import json, sys\n"
-        "from kernelext.store import open_store\n"
+        "from kernelext._store import open_store\n"
         "s = open_store(sys.argv[1])\n"
         "print(json.dumps({'runs': sorted(r['id'] for r in s.list_runs()),"
         " 'version': s.schema_version()}))\n"

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext.core.secrets import SECRETS
+from kernelext._core.secrets import SECRETS
+from kernelext._store.columns import SCRUBBED, SecretRefused, param_columns, scrub_params
 from kernelext.errors import AgentError
-from kernelext.store.columns import SCRUBBED, SecretRefused, param_columns, scrub_params
 
 pytestmark = pytest.mark.both_backends
 WAIT = 60.0
@@ -219,7 +219,7 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
     assert CANARY in text and SECRET not in text and CRED not in text
     if backend == "duckdb":
         kx.close_store() if hasattr(kx, "close_store") else None
-        from kernelext.core.runtime import runtime
+        from kernelext._core.runtime import runtime
 
         runtime().settings.close()
         files = _files(store_path)
@@ -231,7 +231,7 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
 
 
 def _wait_resumed(run_id: str) -> Any:
-    from kernelext.core.runtime import runtime
+    from kernelext._core.runtime import runtime
 
     handle = runtime().live_runs.get(run_id)
     assert handle is not None
@@ -245,7 +245,7 @@ def cli(argv: list[str]) -> int:
     code = (
         "import sys, kernelext as kx; kx.secrets.register(sys.argv[1]);"
         "kx.secrets.register(sys.argv[2]);"
-        "from kernelext.cli.main import main; sys.exit(main(sys.argv[3:]))"
+        "from kernelext._cli.main import main; sys.exit(main(sys.argv[3:]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, SECRET, CRED, *argv],
@@ -259,7 +259,7 @@ def cli(argv: list[str]) -> int:
 
 def _settled(*run_ids: str) -> None:
     """Until the runs' threads have recorded their end (the CLI closes the store)."""
-    from kernelext.core.runtime import runtime
+    from kernelext._core.runtime import runtime
 
     deadline = time.monotonic() + WAIT
     while any(r in runtime().live_runs for r in run_ids) and time.monotonic() < deadline:
@@ -371,7 +371,7 @@ def needs_key(run: kx.Run, key: str) -> None:
 def test_start_arguments_lose_the_secret_and_a_resume_asks_for_them(
     store: Any, planted: None
 ) -> None:
-    from kernelext.core.runtime import runtime
+    from kernelext._core.runtime import runtime
 
     assert needs_key.start(SECRET, run_id="needs-key").wait(WAIT) == "suspended"
     assert SECRET not in (store.get_run("needs-key")["args"] or "")

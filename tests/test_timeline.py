@@ -18,9 +18,9 @@ from IPython.core.formatters import DisplayFormatter
 from support.live import name
 
 import kernelext as kx
-from kernelext.core.timeline import Timeline, mark_of, timeline
+from kernelext._core.timeline import Timeline, mark_of, timeline
+from kernelext._store import Store, open_store
 from kernelext.status import Status, StepStatus
-from kernelext.store import Store, open_store
 
 WAIT = 60.0
 NS = {"svg": "http://www.w3.org/2000/svg"}
@@ -230,7 +230,7 @@ def test_every_event_kind_becomes_a_mark_with_safe_text() -> None:
 
 def test_the_panel_shows_the_live_timeline_and_the_estimate(store: Store) -> None:
     from kernelext.widgets import ControlPanel
-    from kernelext.widgets.timeline import LiveTimeline, install, uninstall
+    from kernelext.widgets._timeline import LiveTimeline, install, uninstall
 
     at_two, go = threading.Event(), threading.Event()
 

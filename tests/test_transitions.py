@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from kernelext._expiry_policy import POLICY
 from kernelext.errors import RunStateError
-from kernelext.expiry_policy import POLICY
 from kernelext.status import (
     FINAL,
     LIVE,

@@ -18,8 +18,8 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext.core.run import Run
-from kernelext.store import Store
+from kernelext._core.run import Run
+from kernelext._store import Store
 
 WAIT = 60.0
 
@@ -223,7 +223,7 @@ def test_a_forced_stop_waits_for_a_call_blocked_in_c_and_the_panel_says_so(
     store: Store, world: World
 ) -> None:
     from kernelext.widgets import panel_for
-    from kernelext.widgets.panel import OVERRUNNING
+    from kernelext.widgets._panel import OVERRUNNING
 
     @kx.agent(name=name("blocked"))
     def agent(run: kx.Run) -> None:

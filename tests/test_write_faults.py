@@ -23,9 +23,9 @@ import pytest
 from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
+from kernelext._store import Store, open_store
+from kernelext._store.duckdb.journal import scan_journal
 from kernelext.errors import StoreWriteError
-from kernelext.store import Store, open_store
-from kernelext.store.duckdb.journal import scan_journal
 
 pytestmark = pytest.mark.slow
 
@@ -320,7 +320,7 @@ def run_in_store(store_path: Path) -> str:
 def test_a_corrupt_byte_in_a_dead_journal_loses_only_that_record(
     store_path: Path, run_in_store: str
 ) -> None:
-    from kernelext.store.duckdb.journal import frame
+    from kernelext._store.duckdb.journal import frame
 
     records = step_records(run_in_store, 6)
     frames = [frame(*r) for r in records]
@@ -349,7 +349,7 @@ def test_a_corrupt_byte_in_a_dead_journal_loses_only_that_record(
 def test_a_record_the_tables_refuse_is_quarantined_and_its_run_waits_for_a_decision(
     store_path: Path, run_in_store: str
 ) -> None:
-    from kernelext.store.duckdb.journal import frame
+    from kernelext._store.duckdb.journal import frame
 
     records = step_records(run_in_store, 4)
     del records[3][2]["blobs"]  # well-formed JSON, but not a record the tables take
@@ -371,7 +371,7 @@ def test_a_record_the_tables_refuse_is_quarantined_and_its_run_waits_for_a_decis
 def test_an_unknown_record_kind_is_quarantined_not_dropped(
     store_path: Path, run_in_store: str
 ) -> None:
-    from kernelext.store.duckdb.journal import frame
+    from kernelext._store.duckdb.journal import frame
 
     records = step_records(run_in_store, 2)
     records.insert(2, (99, "approval_request", {"run_id": run_in_store, "tool": "pay"}))
@@ -391,7 +391,7 @@ def test_frames_carry_a_version_and_first_release_frames_still_fold(
     import struct
     import zlib
 
-    from kernelext.store.duckdb.journal import FORMAT_VERSION, encode_payload, frame
+    from kernelext._store.duckdb.journal import FORMAT_VERSION, encode_payload, frame
 
     records = step_records(run_in_store, 2)
     assert frame(*records[0])[0] == FORMAT_VERSION
@@ -408,7 +408,7 @@ def test_frames_carry_a_version_and_first_release_frames_still_fold(
 def test_a_torn_last_record_is_a_normal_crash_not_damage(
     store_path: Path, run_in_store: str
 ) -> None:
-    from kernelext.store.duckdb.journal import frame
+    from kernelext._store.duckdb.journal import frame
 
     frames = [frame(*r) for r in step_records(run_in_store, 3)]
     frames[-1] = frames[-1][: len(frames[-1]) // 2]  # the append a SIGKILL cut off
@@ -567,7 +567,7 @@ def test_a_read_only_opener_gets_its_turn_from_a_busy_writer(store_path: Path) -
             [
                 sys.executable,
                 "-c",
-                "import sys; from kernelext.store import open_store; "
+                "import sys; from kernelext._store import open_store; "
                 "s = open_store(sys.argv[1], read_only=True); "
                 'print(s.read("SELECT id FROM runs")[0][0]); s.close()',
                 str(store_path),

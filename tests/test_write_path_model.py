@@ -67,9 +67,9 @@ from hypothesis.stateful import (
 from support.http_server import DeliveryServer
 
 import kernelext as kx
-from kernelext.core.ledger import effect_key
-from kernelext.store import Store, open_store
-from kernelext.store.duckdb.journal import scan_journal
+from kernelext._core.ledger import effect_key
+from kernelext._store import Store, open_store
+from kernelext._store.duckdb.journal import scan_journal
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 

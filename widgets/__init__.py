@@ -6,17 +6,17 @@ with ``%load_ext kernelext`` shows it. Imports the core only, never the store.
 
 from __future__ import annotations
 
-from .approvals import install as _install_approvals
-from .panel import (
+from ._approvals import install as _install_approvals
+from ._panel import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,
     ControlPanel,
     panel_for,
     panel_mimebundle,
 )
-from .plan import install as _install_plan
-from .timeline import LiveTimeline
-from .timeline import install as _install_timeline
+from ._plan import install as _install_plan
+from ._timeline import LiveTimeline
+from ._timeline import install as _install_timeline
 
 # Every control panel shows: the stop estimate and a live timeline; the resume plan of a
 # waiting run above Resume; an open approval or question with its buttons.

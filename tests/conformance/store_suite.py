@@ -1,4 +1,4 @@
-"""The store conformance suite: what every backend of ``kernelext.store.Store`` must do.
+"""The store conformance suite: what every backend of ``kernelext._store.Store`` must do.
 
 Nothing here knows which backend it runs on. A backend's test module provides a
 ``store_factory`` fixture that yields a :class:`StoreFactory` and imports the
@@ -28,9 +28,9 @@ import os
 
 import pytest
 
+from kernelext._store import utcnow
+from kernelext._store.schema import MIGRATIONS, TABLES
 from kernelext.errors import RunNotFound
-from kernelext.store import utcnow
-from kernelext.store.schema import MIGRATIONS, TABLES
 
 from .store_suite_approvals import TestApprovals, TestInputs
 from .store_suite_claims import TestClaims, TestFacts

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from kernelext._store import Store
+from kernelext._store.approvals import APPROVED, REJECTED
 from kernelext.errors import LedgerError, RunStateError
 from kernelext.status import EffectStatus, Status
-from kernelext.store import Store
-from kernelext.store.approvals import APPROVED, REJECTED
 
 from .store_suite_support import WAIT, FakeClock, StoreFactory, effect_row, events, move
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from kernelext._store import Store
 from kernelext.errors import ClaimConflict, RunStateError
 from kernelext.status import FINAL, EffectStatus, Status, StepStatus
-from kernelext.store import Store
 
 from .store_suite_support import FakeClock, StoreFactory, complete, effect_row, events, fact, move
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from kernelext._store import Store
+from kernelext._store.duckdb.backend import INLINE_LIMIT
+from kernelext._store.expiry import Expiry
+from kernelext._store.restart import RestartPlan
 from kernelext.errors import RunStateError, StoreError
 from kernelext.status import EffectStatus, Reason, Status, StepStatus
-from kernelext.store import Store
-from kernelext.store.duckdb.backend import INLINE_LIMIT
-from kernelext.store.expiry import Expiry
-from kernelext.store.restart import RestartPlan
 
 from .store_suite_support import (
     FakeClock,

@@ -11,8 +11,8 @@ from typing import Any, cast
 
 import pytest
 
+from kernelext._store.duckdb.backend import INLINE_LIMIT
 from kernelext.errors import LedgerError
-from kernelext.store.duckdb.backend import INLINE_LIMIT
 
 from .store_suite_support import FakeClock, StoreFactory, complete, effect_row, events, make_blob
 

@@ -14,8 +14,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kernelext._store import Blob, Store
 from kernelext.status import Status
-from kernelext.store import Blob, Store
 
 __all__ = [
     "WAIT",

@@ -23,9 +23,9 @@ from typing import Any
 from support.http_server import post_json
 
 import kernelext as kx
-import kernelext.store.duckdb.backend  # imports duckdb before `go`
+import kernelext._store.duckdb.backend  # imports duckdb before `go`
 from crash import drive_run, read_go
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 CONFIG: dict[str, Any] = {"url": "", "kill_at": ""}
 

@@ -15,7 +15,7 @@ import sys
 
 from fault_agent import AGENT_STATE, damage
 
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 import kernelext as kx
-import kernelext.store.duckdb.backend  # imports duckdb before `go`
+import kernelext._store.duckdb.backend  # imports duckdb before `go`
 from crash import append_line, drive_run, read_go
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 SIDE_LOG = ""
 ATTEMPT = 0

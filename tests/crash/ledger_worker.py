@@ -26,9 +26,9 @@ from typing import Any
 from support.http_server import post_json
 
 import kernelext as kx
-import kernelext.store.duckdb.backend  # imports duckdb before `go`
+import kernelext._store.duckdb.backend  # imports duckdb before `go`
 from crash import append_line, drive_run, read_go
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
 RNG = random.Random(0)

@@ -25,11 +25,11 @@ from openai import OpenAI
 from support.http_server import post_json
 
 import kernelext as kx
-import kernelext.store.duckdb.backend  # imports duckdb before `go`
+import kernelext._store.duckdb.backend  # imports duckdb before `go`
 from crash import drive_run, read_go
-from kernelext.adapters.openai import wrap_openai
-from kernelext.adapters.tools import Tools
-from kernelext.store import open_store
+from kernelext._adapters.openai import wrap_openai
+from kernelext._adapters.tools import Tools
+from kernelext._store import open_store
 
 MODEL = "scripted"
 CRASH_SCRIPT: list[dict[str, Any]] = [

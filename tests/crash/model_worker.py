@@ -39,7 +39,7 @@ from support.http_server import post_json
 
 import kernelext as kx
 from crash import read_go
-from kernelext.store import open_store
+from kernelext._store import open_store
 
 CONFIG: dict[str, Any] = {"url": "", "pauses": set()}
 RELEASE = threading.Semaphore(0)

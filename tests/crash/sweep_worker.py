@@ -16,10 +16,10 @@ import signal
 import sys
 
 import kernelext as kx
-import kernelext.store.duckdb.backend  # imports duckdb before `go`
+import kernelext._store.duckdb.backend  # imports duckdb before `go`
 from crash import append_line, read_go
-from kernelext.core.expiry import ExpiredRun
-from kernelext.store import open_store
+from kernelext._core.expiry import ExpiredRun
+from kernelext._store import open_store
 
 
 def main() -> int:

@@ -52,7 +52,7 @@ def build_graph(
         return {"order": order, "delivery": response.body["delivery"]}
 
     if record:
-        from kernelext.adapters import langgraph as kx_langgraph
+        from kernelext._adapters import langgraph as kx_langgraph
 
         tool = kx_langgraph.tool(deliver)
     else:

@@ -1,0 +1,388 @@
+"""``kx.openai(client)``: an OpenAI-compatible client whose model calls go into the ledger.
+
+``client.chat.completions.create`` and ``client.responses.create`` made inside a run are
+effects (tools ``openai:chat.completions`` and ``openai:responses``) under the run's
+deterministic key: the request is recorded before it is sent, the response when it
+arrived. On resume a recorded call returns its recorded response, rebuilt as the same
+``openai`` type, without a request: completed turns cost no tokens and the agent goes
+through the same conversation again up to where it stopped. ``stream=True`` passes the
+chunks through as they arrive and records all of them; a replay yields the recorded
+chunks. Outside a run the client is the plain client, and everything but these two
+methods passes through unrecorded.
+
+- Each recorded model call is a safe point (``safe_points=True``): a pending Stop takes
+  hold just before the next call, so a plain ``while`` loop of model and tool calls can be
+  stopped and resumed as it is.
+- A call whose outcome is unknown (the kernel died while waiting for the model) waits for
+  a decision in ``kx.reconcile`` like any effect: "did not happen" asks the model again.
+  A failed call (an HTTP error, a timeout) is asked again on resume (``retry=True``).
+- The ledger key goes to the server as ``Idempotency-Key`` (``key_header``), so a proxy
+  that honours it answers a repeated call once; it also ties the server's logs to the
+  ledger.
+- Not stored: the client's configuration (``api_key``, ``default_headers``, ``base_url``),
+  a call's ``extra_headers`` and ``timeout``. An ``api_key`` (and
+  secret-named default headers) of 16 characters or more is registered with
+  ``kx.secrets``, so it is masked in stored error texts too.
+- The recorded result is the response as JSON (``to_dict()``), usage included; a streamed
+  call is stored as ``{"stream": [chunks...], "usage": ...}`` (usage from the last chunk:
+  pass ``stream_options={"include_usage": True}`` to chat streams to get it).
+
+``openai`` is imported only when ``kx.openai`` is called (``pip install 'kernelext[openai]'``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from .._core.context import current_run
+from .._core.keys import display_args
+from .._core.ledger import Effect
+from .._core.secrets import SECRETS, is_secret_name
+from ..errors import LedgerError
+from ..status import EffectStatus
+from .openai_replay import (
+    CHAT_TOOL,
+    RESPONSES_TOOL,
+    AsyncRecordedStream,
+    RecordedStream,
+    rebuild,
+    stream_result,
+    to_json,
+)
+
+if TYPE_CHECKING:
+    from .._core.run import Run
+
+__all__ = ["CHAT_TOOL", "KEY_HEADER", "RESPONSES_TOOL", "OpenAIRecorder", "wrap_openai"]
+
+KEY_HEADER = "Idempotency-Key"
+NOT_RECORDED = frozenset({"extra_headers", "timeout"})  # transport, not the request
+MIN_SECRET = 16  # shorter api keys ("EMPTY", "ollama") are placeholders, not secrets
+
+C = TypeVar("C")
+
+
+def require_openai() -> ModuleType:
+    """The ``openai`` package, or an ImportError that says how to install it."""
+    try:
+        return importlib.import_module("openai")
+    except ImportError as exc:
+        raise ImportError(
+            "kx.openai needs the openai package, which is not installed. Install it with: "
+            "pip install 'kernelext[openai]'"
+        ) from exc
+
+
+def wrap_openai(client: C, *, safe_points: bool = True, key_header: str | None = KEY_HEADER) -> C:
+    """``kx.openai(OpenAI(...))``: the client, with its model calls recorded inside runs.
+
+    Works with ``openai.OpenAI`` and ``openai.AsyncOpenAI`` (and their Azure subclasses),
+    pointed at any server that speaks the OpenAI API through ``base_url``. See the module
+    documentation for what is recorded and what a resume does.
+
+    ``safe_points``: a pending Stop takes hold just before each recorded model call.
+    ``key_header``: the header that carries the ledger's key to the server (None: none).
+    """
+    openai = require_openai()
+    if isinstance(client, OpenAIRecorder):
+        return cast(C, client)
+    if not isinstance(client, (openai.OpenAI, openai.AsyncOpenAI)):
+        raise TypeError(
+            f"kx.openai wraps an openai.OpenAI or openai.AsyncOpenAI client, not a "
+            f"{type(client).__name__}. Create one with OpenAI(base_url=..., api_key=...)."
+        )
+    _register_secrets(client)
+    options = _Options(safe_points, key_header, isinstance(client, openai.AsyncOpenAI))
+    return cast(C, OpenAIRecorder(client, options))
+
+
+def _register_secrets(client: Any) -> None:
+    """The api key and secret-named default headers are masked wherever kernelext writes."""
+    values = [getattr(client, "api_key", None)]
+    headers = getattr(client, "default_headers", None) or {}
+    values += [v for k, v in headers.items() if is_secret_name(str(k))]
+    for value in values:
+        if isinstance(value, str):
+            for part in {value, value.split(" ", 1)[-1]}:  # "Bearer sk-…": the token too
+                if len(part) >= MIN_SECRET:
+                    SECRETS.register(part)
+
+
+@dataclass(frozen=True)
+class _Options:
+    safe_points: bool
+    key_header: str | None
+    is_async: bool
+
+
+class OpenAIRecorder:
+    """The wrapped client: ``chat.completions.create`` and ``responses.create`` recorded,
+    everything else the client's own. ``.wrapped`` is the client itself."""
+
+    def __init__(self, client: Any, options: _Options) -> None:
+        self.wrapped = client
+        self._kx_options = options
+        self._kx_chat: _ChatRecorder | None = None
+        self._kx_responses: _CreateRecorder | None = None
+
+    @property
+    def chat(self) -> Any:
+        if self._kx_chat is None:
+            self._kx_chat = _ChatRecorder(self.wrapped.chat, self._kx_options)
+        return self._kx_chat
+
+    @property
+    def responses(self) -> Any:
+        if self._kx_responses is None:
+            self._kx_responses = _CreateRecorder(
+                self.wrapped.responses, RESPONSES_TOOL, self._kx_options
+            )
+        return self._kx_responses
+
+    def with_options(self, **options: Any) -> Any:
+        """The client's ``with_options``, still recorded."""
+        return OpenAIRecorder(self.wrapped.with_options(**options), self._kx_options)
+
+    def copy(self, **options: Any) -> Any:
+        """The client's ``copy``, still recorded."""
+        return OpenAIRecorder(self.wrapped.copy(**options), self._kx_options)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "wrapped":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
+
+    def __enter__(self) -> OpenAIRecorder:
+        self.wrapped.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.wrapped.__exit__(*exc)
+
+    async def __aenter__(self) -> OpenAIRecorder:
+        await self.wrapped.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.wrapped.__aexit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"<kx.openai recording {type(self.wrapped).__name__} at {self.wrapped.base_url}>"
+
+
+class _ChatRecorder:
+    def __init__(self, chat: Any, options: _Options) -> None:
+        self.wrapped = chat
+        self.completions = _CreateRecorder(chat.completions, CHAT_TOOL, options)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "wrapped":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
+
+
+class _CreateRecorder:
+    """One resource (``chat.completions`` or ``responses``) with ``create`` recorded."""
+
+    def __init__(self, resource: Any, tool: str, options: _Options) -> None:
+        self.wrapped = resource
+        self.tool = tool
+        self.options = options
+        self.create: Callable[..., Any] = self._acreate if options.is_async else self._create
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "wrapped":  # not set yet (a copy being made): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
+
+    def _create(self, *args: Any, **kwargs: Any) -> Any:
+        run = current_run()
+        if run is None or args:  # outside a run (create takes keywords only): plain call
+            return self.wrapped.create(*args, **kwargs)
+        if self.options.safe_points:
+            run.checkpoint()
+        call = ModelCall(self, kwargs)
+        return call.typed(call(**call.request))
+
+    async def _acreate(self, *args: Any, **kwargs: Any) -> Any:
+        run = current_run()
+        if run is None or args:
+            return await self.wrapped.create(*args, **kwargs)
+        if self.options.safe_points:
+            run.checkpoint()
+        call = ModelCall(self, kwargs)
+        out = call(**call.request)
+        if isinstance(out, _Pending):
+            out = await out.coroutine
+        return call.typed(out)
+
+
+class _Pending:
+    """What ``ModelCall._perform`` hands back for an async call: the request in flight."""
+
+    def __init__(self, coroutine: Any) -> None:
+        self.coroutine = coroutine
+
+
+class ModelCall(Effect):
+    """One model call as an effect. Recorded arguments: the request as JSON, without
+    transport options; result: the response as JSON (see the module docstring)."""
+
+    def __init__(self, owner: _CreateRecorder, kwargs: dict[str, Any]) -> None:
+        self.owner = owner
+        self.openai = require_openai()
+        # Iterables are read once: a generator of messages is kept as the list it gave.
+        self.kwargs = {k: _materialise(v) for k, v in kwargs.items()}
+        self.request = {
+            k: plain
+            for k, v in self.kwargs.items()
+            if k not in NOT_RECORDED and (plain := self.plain(v)) is not _DROP
+        }
+        self.stream = bool(self.request.get("stream"))
+        self.live: Any = _DROP  # the response object of a call made now
+
+        def send(*, idempotency_key: str | None = None, **_request: Any) -> Any:
+            self.live = owner.wrapped.create(**self.outgoing(idempotency_key))
+            return to_json(self.live)
+
+        super().__init__(send, name=owner.tool, resumable=True, retry=True)
+
+    # -- the request -----------------------------------------------------------------
+    def plain(self, value: Any) -> Any:
+        """``value`` as JSON: models dumped as the API has them, omitted values dropped."""
+        if isinstance(value, (self.openai.NotGiven, self.openai.Omit)):
+            return _DROP
+        if value is None or isinstance(value, (str, int, float, bool)):
+            return value
+        if hasattr(value, "to_dict"):  # an openai model (a message appended as it came)
+            return value.to_dict(mode="json", warnings=False)
+        if hasattr(value, "model_dump"):
+            return value.model_dump(mode="json", exclude_unset=True, warnings=False)
+        if isinstance(value, Mapping):
+            items = ((str(k), self.plain(v)) for k, v in value.items())
+            return {k: v for k, v in items if v is not _DROP}
+        if isinstance(value, (list, tuple)):
+            return [self.plain(v) for v in value]
+        return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+    def outgoing(self, key: str | None) -> dict[str, Any]:
+        """The keywords the client is called with: the caller's, plus the key header."""
+        header = self.owner.options.key_header
+        if header is None or key is None:
+            return self.kwargs
+        extra = dict(self.kwargs.get("extra_headers") or {})
+        extra.setdefault(header, key)
+        return {**self.kwargs, "extra_headers": extra}
+
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        return None  # a request is its keywords: bound by them as they are
+
+    def _redacted_args(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        scheme: int,
+        bound: dict[str, Any] | None = None,
+    ) -> str:
+        return display_args(kwargs, scheme, tool=self.tool)
+
+    # -- the call: the ledger's, deferred for streams and coroutines ------------------------
+    def _replay(self, run: Run, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:
+        out = super()._replay(run, key, row, *rest)
+        if out is not None or row.get("status") != EffectStatus.APPLIED:
+            return out
+        # Decided "it happened" without the answer (kx.reconcile): nobody knows what the
+        # model said, so it is asked again under the same key and its answer recorded.
+        run.store.retry_intent(key)
+        run.effects[key] = {**row, "status": EffectStatus.PENDING}
+        return self._perform(run, key, (), self.request)
+
+    def _perform(
+        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if self.owner.options.is_async:
+            return _Pending(self._perform_async(run, key, args, kwargs))
+        if not self.stream:
+            return super()._perform(run, key, args, kwargs)
+        try:
+            source = self.owner.wrapped.create(**self.outgoing(self.idempotency_key(run, key)))
+        except BaseException as exc:
+            return self._settle(run, key, args, kwargs, error=exc)
+        return RecordedStream(
+            source, lambda chunks, exc: self._settle_stream(run, key, chunks, exc)
+        )
+
+    async def _perform_async(
+        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        try:
+            self.live = await self.owner.wrapped.create(
+                **self.outgoing(self.idempotency_key(run, key))
+            )
+        except BaseException as exc:
+            return self._settle(run, key, args, kwargs, error=exc)
+        if not self.stream:
+            self._settle(run, key, args, kwargs, value=to_json(self.live))
+            return self.live
+        return AsyncRecordedStream(
+            self.live, lambda chunks, exc: self._settle_stream(run, key, chunks, exc)
+        )
+
+    def _settle(
+        self,
+        run: Run,
+        key: uuid.UUID,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        value: Any = None,
+        error: BaseException | None = None,
+    ) -> Any:
+        """Record an outcome known now through the ledger's own bookkeeping (applied,
+        failed for an exception, unknown for a stop or a cancellation), error re-raised."""
+
+        def settled(*_args: Any, **_kwargs: Any) -> Any:
+            if error is not None:
+                raise error
+            return value
+
+        self.fn = settled
+        return super()._perform(run, key, args, kwargs)
+
+    def _settle_stream(
+        self, run: Run, key: uuid.UUID, chunks: list[Any], error: BaseException | None
+    ) -> None:
+        items = [to_json(c) for c in chunks]
+        self._settle(run, key, (), self.request, value=stream_result(items), error=error)
+
+    # -- the caller's view -------------------------------------------------------------
+    def typed(self, out: Any) -> Any:
+        """What ``create`` returns: the live object, or the recorded one rebuilt."""
+        if isinstance(out, (RecordedStream, AsyncRecordedStream)):
+            return out
+        if self.live is not _DROP and not self.stream:
+            return self.live
+        if not isinstance(out, dict):
+            raise LedgerError(
+                f"Model call {self.tool} has a recorded result that is not a response "
+                f"({type(out).__name__}), so it cannot be replayed. Restart the run from an "
+                "earlier step (kx.restart), or decide such calls as not applied."
+            )
+        options = self.owner.options
+        return rebuild(self.tool, out, stream=self.stream, is_async=options.is_async)
+
+
+_DROP: Any = object()
+
+
+def _materialise(value: Any) -> Any:
+    if isinstance(value, (str, bytes, Mapping, list, tuple)) or not isinstance(value, Iterable):
+        return value
+    if hasattr(value, "model_dump"):
+        return value
+    return list(value)

@@ -1,0 +1,147 @@
+"""``kernelext approvals | approve KEY | reject KEY | answer RUN_ID VALUE``: a person's side.
+
+Proposed as kernelext/_cli/approvals.py (issue 13); wire it with one line in
+kernelext/_cli/main.py: ``from . import approvals, notebook, plan, reconcile, runs`` and
+``approvals.register`` in ``REGISTER`` (after ``reconcile.register``).
+
+``approvals`` lists the requests and questions that wait (exit 3 when some wait, else 0).
+``approve``/``reject`` take a request id or an effect key, whole or a unique prefix
+(exit 0; 2 when there is no such open request, or it was decided, used or expired).
+``answer`` reads VALUE as the question's schema asks (a number, true/false, a choice,
+JSON) and exits 2 when it does not fit. A decision made here never runs the agent: the
+run goes on at its next resume, where its agent is defined.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .._core import approvals as human
+from .._store import Store
+from ..errors import LedgerError, RunStateError
+from .common import RUN_ID, AddCommand, CommandUsageError, Exit, emit_json, nonblank, table
+
+__all__ = ["register"]
+
+
+def approvals_command(args: argparse.Namespace, store: Store) -> int:
+    """The ``approvals`` command: ``args.run`` (optional) and ``args.json``."""
+    requests = human.approvals(args.run, store=store)
+    asked = human.questions(args.run, store=store)
+    if args.json:
+        emit_json({"approvals": [r.row for r in requests], "questions": [q.row for q in asked]})
+        return Exit.SUSPENDED if requests or asked else Exit.DONE
+    rows: list[dict[str, Any]] = [
+        {"id": r.id, "run": r.run_id, "step": r.step, "tool": r.tool} for r in requests
+    ]
+    if rows:
+        print(table(rows, ("id", "run", "step", "tool"), width=48))
+        for r in requests:  # every argument by name, untruncated up to a generous limit
+            print(f"request {r.id} ({r.tool}) arguments:")
+            for line in argument_lines(r.arguments):
+                print("  " + line)
+        print("decide with: kernelext approve ID [--note TEXT]  |  kernelext reject ID")
+    for q in asked:
+        print(f"question of run {q.run_id} (step {q.step}): {q.prompt}  [{q.time_left}]")
+        print(f"  answer with: kernelext answer {q.run_id} VALUE")
+    if not rows and not asked:
+        print("nothing waits for a person")
+    return Exit.SUSPENDED if requests or asked else Exit.DONE
+
+
+ARGUMENT_LIMIT = 4000  # characters of one argument's JSON shown; --json shows all
+
+
+def argument_lines(arguments: dict[str, Any]) -> list[str]:
+    """``name = value`` for each argument (its JSON as stored), nothing cut short below
+    ``ARGUMENT_LIMIT`` characters, so that an amount or a recipient is never hidden."""
+    if not arguments:
+        return ["(none)"]
+    out = []
+    for name, value in arguments.items():
+        text = json.dumps(value, ensure_ascii=False)
+        if len(text) > ARGUMENT_LIMIT:
+            more = len(text) - ARGUMENT_LIMIT
+            text = f"{text[:ARGUMENT_LIMIT]}... ({more} more characters: --json shows all)"
+        out.append(f"{name} = {text}")
+    return out
+
+
+def _decide(args: argparse.Namespace, store: Store, decide: Any) -> int:
+    try:
+        item = decide(args.key, note=args.note, store=store, source="cli")
+    except LedgerError as exc:
+        raise CommandUsageError(str(exc)) from None
+    if args.json:
+        emit_json(item.row)
+    else:
+        print(
+            f"{item.tool} of run {item.run_id} (request {item.id}): {item.decision}, with "
+            f"arguments {item.args or '{}'}. The run "
+            f"goes on at its next resume: kx.resume({item.run_id!r}) where its agent is "
+            f"defined, or %agent resume {item.run_id}."
+        )
+    return Exit.DONE
+
+
+def approve_command(args: argparse.Namespace, store: Store) -> int:
+    return _decide(args, store, human.approve)
+
+
+def reject_command(args: argparse.Namespace, store: Store) -> int:
+    return _decide(args, store, human.reject)
+
+
+def answer_command(args: argparse.Namespace, store: Store) -> int:
+    """The ``answer`` command: ``args.run_id``, ``args.value``, ``args.key``, ``args.note``."""
+    try:
+        human.answer(
+            args.run_id,
+            args.value,
+            key=args.key,
+            note=args.note,
+            text=True,
+            store=store,
+            source="cli",
+        )
+    except (ValueError, LedgerError, RunStateError) as exc:
+        raise CommandUsageError(str(exc)) from None
+    if args.json:
+        emit_json({"run_id": args.run_id, "answered": True})
+    else:
+        print(f"answer stored for run {args.run_id}; it goes on at its next resume.")
+    return Exit.DONE
+
+
+def register(add: AddCommand) -> None:
+    """Add ``approvals``, ``approve``, ``reject`` and ``answer`` to the command line."""
+    sub = add("approvals", approvals_command, "List approval requests and questions that wait.")
+    sub.add_argument("--run", type=RUN_ID, help="only this run's")
+    for verb, handler in (("approve", approve_command), ("reject", reject_command)):
+        sub = add(
+            verb,
+            handler,
+            f"{verb.capitalize()} one waiting call (its request id or effect key, or a unique "
+            "prefix of either).",
+        )
+        sub.add_argument(
+            "key",
+            metavar="KEY",
+            type=nonblank("KEY", "pass a request id or effect key (`kernelext approvals`)"),
+        )
+        sub.add_argument("--note", help="why (kept with the decision)")
+    sub = add(
+        "answer",
+        answer_command,
+        "Answer a run's open question (run.ask); VALUE is read as its schema asks.",
+    )
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
+    sub.add_argument("value", metavar="VALUE")  # "" may be a valid answer (a str schema)
+    sub.add_argument(
+        "--key",
+        type=nonblank("--key", "pass the question's key (kernelext approvals lists them)"),
+        help="which question, when several wait",
+    )
+    sub.add_argument("--note", help="kept with the answer")

@@ -1,0 +1,141 @@
+"""The ``kernelext`` command line (also ``python -m kernelext``): the parser and dispatch.
+
+Every command takes ``--store`` (a DuckDB path or a ``postgresql://`` URL; default:
+``$KERNELEXT_STORE``, else ``.kernelext/_store.duckdb`` in the project, like the
+library) and ``--json`` (machine-readable output on stdout).
+
+Exit codes: 0 done, 1 error (the store cannot be opened, the query failed, ...),
+2 usage (bad arguments, unknown run, a query that writes), 3 suspended,
+4 needs a decision, 5 expired, failed or cancelled. For the commands about one run
+(``show``, ``stop``, ``run``) the code tells the run's status afterwards; a running
+or completed run is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from ..errors import KernelextError, ReadOnlyError, RunNotFound
+from . import approvals, notebook, plan, reconcile, runs
+from .common import (
+    EPILOG,
+    AddCommand,
+    CommandUsageError,
+    Exit,
+    Handler,
+    nonblank,
+    open_cli_store,
+    say,
+    store_location,
+    suggest,
+)
+
+__all__ = ["build_parser", "main", "typed_command"]
+
+# Each adds its group of commands, in the order --help lists them.
+REGISTER: tuple[Callable[[AddCommand], None], ...] = (
+    runs.register,
+    plan.register,
+    reconcile.register,
+    approvals.register,
+    notebook.register,
+)
+
+
+class CommandLineParser(argparse.ArgumentParser):
+    """The top-level parser; it knows its command names (for did-you-mean)."""
+
+    command_names: list[str]
+
+
+def build_parser() -> CommandLineParser:
+    """The parser of every command, each with ``--store``, ``--json`` and the exit codes."""
+    common = CommandLineParser(add_help=False)
+    common.add_argument(
+        "--store",
+        default=argparse.SUPPRESS,
+        type=nonblank("--store", "pass a DuckDB file or a postgresql:// URL, or leave --store out"),
+        help="a DuckDB file or a postgresql:// URL (default: $KERNELEXT_STORE, else "
+        ".kernelext/_store.duckdb in the project)",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts"
+    )
+    parser = CommandLineParser(
+        prog="kernelext",
+        description="Inspect, stop and run kernelext agents from a terminal.",
+        epilog=EPILOG,
+        parents=[common],
+    )
+    parser.command_names = []
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name, help=text, description=text, epilog=EPILOG, parents=[common]
+        )
+        sub.set_defaults(handler=handler)
+        parser.command_names.append(name)
+        return sub
+
+    for register in REGISTER:
+        register(add)
+    return parser
+
+
+def typed_command(argv: Sequence[str]) -> str | None:
+    """The command word in ``argv``: its first argument that is neither an option nor
+    the value of ``--store``."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--":
+            return None
+        elif token.startswith("--") and "=" not in token and "--store".startswith(token):
+            skip = len(token) > 2  # --store VALUE (or an abbreviation of it)
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code (see ``kernelext --help``)."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    typed = typed_command(argv)
+    if typed is not None and typed not in parser.command_names:
+        close = suggest(typed, parser.command_names)
+        if close is not None:
+            parser.error(f"unknown command {typed!r}. Did you mean {close!r}?")
+    args = parser.parse_args(argv)
+    args.json = getattr(args, "json", False)
+    args.store = store_location(getattr(args, "store", None))
+    check = getattr(args, "check", None)
+    problem = check(args) if check is not None else None
+    if problem is not None:
+        parser.error(problem)
+    try:
+        store = open_cli_store(args.store)
+    except KernelextError as exc:
+        say(f"kernelext: {exc}")
+        return int(Exit.ERROR)
+    try:
+        return int(args.handler(args, store))
+    except (RunNotFound, ReadOnlyError, CommandUsageError) as exc:
+        say(f"kernelext: {exc}")
+        return int(Exit.USAGE)
+    except KernelextError as exc:
+        say(f"kernelext: {exc}")
+        return int(Exit.ERROR)
+    except KeyboardInterrupt:
+        say("kernelext: interrupted")
+        return int(Exit.INTERRUPTED)
+    except Exception as exc:  # a query error from the backend: its message names the problem
+        say(f"kernelext: {type(exc).__name__}: {exc}")
+        return int(Exit.ERROR)
+    finally:
+        if not store.closed:
+            store.close()

@@ -1,0 +1,212 @@
+"""The commands about the runs in a store: ``runs``, ``show``, ``stop``, ``sweep``, ``sql``."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._core import control, expiry
+from .._core.stop_estimate import estimate_stop
+from .._store import Store
+from ..status import LIVE, Status
+from .common import (
+    RUN_ID,
+    AddCommand,
+    CommandUsageError,
+    Exit,
+    cell_text,
+    emit_json,
+    require_run,
+    status_exit_code,
+    table,
+)
+
+__all__ = [
+    "cmd_runs",
+    "cmd_show",
+    "cmd_sql",
+    "cmd_stop",
+    "cmd_sweep",
+    "register",
+    "run_details",
+    "sql_params",
+]
+
+SOURCE = "cli"  # recorded as the source of stop requests and expiries
+
+
+def cmd_runs(args: argparse.Namespace, store: Store) -> int:
+    """``kernelext runs [--status S]``: the runs in the store, oldest first."""
+    rows = store.list_runs(args.status)
+    if args.json:
+        emit_json(rows)
+        return Exit.DONE
+    if not rows:
+        print("no runs" + (f" with status {args.status}" if args.status else ""))
+        return Exit.DONE
+    for row in rows:
+        total = row.get("total_steps")
+        row["steps"] = f"{row['completed_steps']}/{total}" if total else row["completed_steps"]
+    print(table(rows, ("id", "agent", "status", "steps", "updated_at", "reason")))
+    return Exit.DONE
+
+
+def run_details(store: Store, run_id: str) -> dict[str, Any]:
+    """One run with its steps, effects (in intent order), facts and events."""
+    run = require_run(store, run_id)
+    effects = sorted(
+        store.load_effects(run_id).values(), key=lambda e: (e["intent_at"], e["call_ordinal"])
+    )
+    return {
+        "run": run,
+        "steps": store.steps(run_id),
+        "effects": effects,
+        "facts": store.facts(run_id),
+        "events": store.events(run_id),
+    }
+
+
+def cmd_show(args: argparse.Namespace, store: Store) -> int:
+    """``kernelext show RUN_ID``: one run in detail; the exit code tells its status."""
+    details = run_details(store, args.run_id)
+    run = details["run"]
+    estimate = estimate_stop(run["id"], store, run=run, steps=details["steps"])
+    details["stop_estimate"] = estimate.as_dict() if estimate is not None else None
+    if args.json:
+        emit_json(details)
+        return status_exit_code(run["status"])
+    total = run.get("total_steps")
+    print(f"run {run['id']}  agent {run['agent']}  status {run['status']}")
+    if run.get("reason"):
+        print(f"  reason: {run['reason']}")
+    print(f"  steps completed: {run['completed_steps']}" + (f" of {total}" if total else ""))
+    print(f"  created {cell_text(run['created_at'])} UTC, updated {cell_text(run['updated_at'])}")
+    if run.get("deadline"):
+        print(f"  expires {cell_text(run['deadline'])} UTC")
+    if run.get("stop_requested_at"):
+        print(f"  stop requested {cell_text(run['stop_requested_at'])} by {run['stop_source']}")
+    if estimate is not None:
+        print(f"  {estimate.text}")
+    sections: list[tuple[str, Sequence[str]]] = [
+        ("steps", ("ordinal", "key", "name", "status", "duration_s", "error")),
+        ("effects", ("tool", "step_key", "call_ordinal", "status", "key", "result", "error")),
+        ("facts", ("name", "kind", "value", "check_name", "check_status", "recorded_at")),
+        ("events", ("occurred_at", "kind", "from_status", "to_status", "source", "reason")),
+    ]
+    for name, columns in sections:
+        rows = details[name]
+        print(f"\n{name} ({len(rows)})")
+        if rows:
+            print(table(rows, columns, width=36))
+    return status_exit_code(run["status"])
+
+
+def cmd_stop(args: argparse.Namespace, store: Store) -> int:
+    """``kernelext stop RUN_ID [--wait]``: ask a run to stop at its next safe point."""
+    require_run(store, args.run_id)
+    status = control.stop(args.run_id, source=SOURCE, store=store)
+    if args.wait:
+        handle = control.handle_for(args.run_id, store=store)
+        deadline = time.monotonic() + args.timeout
+        while status in LIVE and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status = handle.status
+    if args.json:
+        emit_json({"run_id": args.run_id, "status": status, "source": SOURCE})
+    elif status == Status.STOPPING:
+        print(
+            f"stop requested for run {args.run_id}; it is stopping. The process that runs it "
+            "suspends it at its next safe point."
+            + (f" It did not within {args.timeout:g}s." if args.wait else "")
+        )
+    else:
+        print(f"stop recorded for run {args.run_id}; it is {status}.")
+    return status_exit_code(status)
+
+
+def cmd_sweep(args: argparse.Namespace, store: Store) -> int:
+    """``kernelext sweep``: expire waiting runs past their deadline; drop old snapshots."""
+    result = expiry.sweep(store=store, source=SOURCE)
+    if args.json:
+        emit_json(
+            {
+                "now": result.now,
+                "busy": result.busy,
+                str(Status.EXPIRED): [e._asdict() for e in result.expired],
+                "removed": [r._asdict() for r in result.removed],
+                "callback_errors": result.callback_errors,
+            }
+        )
+    else:
+        print(result.text())
+    return Exit.DONE
+
+
+def cmd_sql(args: argparse.Namespace, store: Store) -> int:
+    """``kernelext sql QUERY [--param NAME=VALUE]``: one read-only query."""
+    params = sql_params(args.param or [])
+    result = store.read_arrow(args.query, params or None, allow_files=args.allow_files)
+    rows = result.to_pylist()
+    if args.json:
+        emit_json(rows)
+    elif not rows:
+        print("(no rows) columns: " + ", ".join(result.column_names))
+    else:
+        print(table(rows, result.column_names, width=60))
+    return Exit.DONE
+
+
+def sql_params(items: Sequence[str]) -> dict[str, str]:
+    """``--param NAME=VALUE`` options as the query's ``$NAME`` parameters (strings)."""
+    params: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise CommandUsageError(
+                f"--param takes NAME=VALUE (for $NAME in the query), not {item!r}: "
+                'e.g. kernelext sql "SELECT * FROM runs WHERE id = $run" --param run=nightly'
+            )
+        params[name] = value
+    return params
+
+
+def register(add: AddCommand) -> None:
+    """Add ``runs``, ``show``, ``stop``, ``sweep`` and ``sql`` to the command line."""
+    sub = add("runs", cmd_runs, "List the runs in the store, oldest first.")
+    sub.add_argument("--status", choices=[str(s) for s in Status], help="only runs in this status")
+
+    sub = add("show", cmd_show, "Show one run: its steps, effects, facts and events.")
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
+
+    sub = add(
+        "stop",
+        cmd_stop,
+        "Ask a run to stop at its next safe point (recorded at once, source 'cli').",
+    )
+    sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
+    sub.add_argument("--wait", action="store_true", help="wait until the run has stopped")
+    sub.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds --wait waits (default 60)"
+    )
+
+    add("sweep", cmd_sweep, "Expire suspended runs past their deadline; drop old snapshots.")
+
+    sub = add("sql", cmd_sql, "Run one read-only query on the store.")
+    sub.add_argument(
+        "query",
+        metavar="QUERY",  # an empty one is refused by the SQL guard, as on every path (exit 2)
+        help='e.g. "SELECT status, count(*) FROM runs"',
+    )
+    sub.add_argument(
+        "--param",
+        action="append",
+        metavar="NAME=VALUE",
+        help="bind VALUE (a string) to $NAME in the query, never pasted into it; repeatable",
+    )
+    sub.add_argument(
+        "--allow-files",
+        action="store_true",
+        help="let the query read files outside the store (read_csv, glob, 'data.parquet')",
+    )

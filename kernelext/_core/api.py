@@ -1,0 +1,200 @@
+"""Module-level helpers: the default store, settings, listing runs, SQL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._store import Store, default_store_path
+from .._store import open_store as _open_store
+from .._validate import check_duration, check_flag, check_store, check_store_location, check_text
+from .runtime import get_store, runtime
+
+__all__ = ["configure", "open_store", "runs", "sql"]
+
+
+def open_store(location: str | None = None, *, read_only: bool | None = None) -> Store:
+    """The store in use; with ``location`` (a DuckDB path or ``postgresql://`` URL), switch to it.
+
+    Without an argument it returns the current store, opening the default one
+    (``KERNELEXT_STORE``, else ``.kernelext/_store.duckdb`` in the project) if none is open.
+    ``read_only=True`` opens it for queries only (a store on a read-only mount opens that
+    way by itself).
+    """
+    if location is not None:
+        location = check_store_location("kx.open_store(location)", location)
+    if read_only is not None:
+        read_only = check_flag("kx.open_store(read_only=...)", read_only)
+    settings = runtime().settings
+    if read_only is not None:
+        store = _open_store(location or default_store_path(), read_only=read_only)
+        settings.use_store(None)
+        settings.use_store(store)
+        return store
+    if location is not None:
+        settings.use_store(location)
+    return settings.store()
+
+
+def configure(
+    *,
+    store: str | None = None,
+    expiry: Mapping[str, Any] | None = None,
+    retention_seconds: float | None = None,
+    check_timeout: float | None = None,
+    max_step_seconds: float | None = None,
+    soft_interrupt: bool | None = None,
+    interrupt_window: float | None = None,
+    allow_files: bool | None = None,
+    **others: Any,
+) -> None:
+    """Set options of the current runtime: the same names, values and checks as
+    ``%config Kernelext.*``.
+
+    ``store`` (a DuckDB path or ``postgresql://`` URL; refused while runs execute here),
+    ``expiry`` (seconds or timedelta per reason), ``retention_seconds``, ``check_timeout``,
+    and for notebooks ``max_step_seconds`` (of an ``%%agent`` cell), ``soft_interrupt``,
+    ``interrupt_window`` and ``allow_files`` (``%%ledger`` may read files). An option left
+    out (or ``None``) keeps its value. An unknown name raises ``TypeError`` naming the
+    nearest option; a value of the wrong type raises ``TypeError``, a bad duration
+    ``ValueError``; nothing is changed then.
+    """
+    import difflib
+    import inspect
+    import os
+
+    from .._expiry_policy import ExpiryPolicy
+    from ..errors import RunStateError
+
+    names = [n for n in inspect.signature(configure).parameters if n != "others"]
+    if others:
+        name = sorted(others)[0]
+        near = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean {near[0]!r}?" if near else ""
+        raise TypeError(
+            f"kx.configure() has no option {name!r}.{hint} Its options (the same as "
+            f"%config Kernelext.<option>): {', '.join(names)}."
+        )
+
+    def number(name: str, value: object) -> float | None:
+        if value is None:
+            return None
+        # Zero keeps no snapshot after expiry / turns the double press off: deliberate
+        # settings. A zero check_timeout or step bound would fail every check and step.
+        zero = name in ("retention_seconds", "interrupt_window")
+        return check_duration(f"kx.configure({name}=...)", value, allow_zero=zero)
+
+    def flag(name: str, value: object) -> bool | None:
+        return None if value is None else check_flag(f"kx.configure({name}=...)", value)
+
+    plain: dict[str, object] = {
+        name: number(name, value)
+        for name, value in (
+            ("retention_seconds", retention_seconds),
+            ("check_timeout", check_timeout),
+            ("max_step_seconds", max_step_seconds),
+            ("interrupt_window", interrupt_window),
+        )
+    }
+    plain.update(
+        (name, flag(name, value))
+        for name, value in (("soft_interrupt", soft_interrupt), ("allow_files", allow_files))
+    )
+    if expiry is not None:
+        if not isinstance(expiry, Mapping):
+            raise TypeError(
+                "kx.configure(expiry=...) takes a dict of reason -> seconds (or timedelta), "
+                f"e.g. {{'approval': 3600}}, not {expiry!r}."
+            )
+        ExpiryPolicy(expiry)  # checks every duration first (ValueError)
+    if store is not None:
+        store = check_store_location("kx.configure(store=...)", store)
+        live = [h.run_id for h in runtime().live_handles()]
+        if live:
+            raise RunStateError(
+                "Cannot switch the kernelext store while runs execute in this kernel: "
+                + ", ".join(live)
+                + ". Stop them first."
+            )
+    settings = runtime().settings
+    if expiry is not None:
+        settings.expiry.update(expiry)
+    if store is not None:
+        settings.use_store(os.fspath(store))
+    for name, value in plain.items():
+        if value is not None:
+            setattr(settings, name, value)
+
+
+def _table(arrow: Any) -> Any:
+    if _has_pandas():  # the one place that decides (tests patch it to mimic no pandas)
+        try:
+            return arrow.to_pandas()
+        except ImportError:
+            return arrow
+    return arrow
+
+
+def _has_pandas() -> bool:
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def sql(
+    query: str,
+    params: Sequence[Any] | Mapping[str, Any] | None = None,
+    *,
+    allow_files: bool = False,
+    timeout: float | None = None,
+    store: Store | None = None,
+) -> Any:
+    """Run one read-only query on the store: a DataFrame with pandas, else a pyarrow Table.
+
+    ``params`` are bound, never pasted into the text: a sequence for ``?`` (or ``$1``), a
+    mapping for ``$name``. Files outside the store (``read_csv``, ``glob``, ``FROM
+    'data.parquet'``) are read only with ``allow_files=True``. A query that would write,
+    change a setting, advance a sequence or touch a file raises ``ReadOnlyError``, which
+    says what to do instead. ``timeout`` (seconds): a query still running then is
+    interrupted and raises ``TimeoutError`` (on DuckDB it holds the store's connection while
+    it runs, so the agents of this process wait to write until it ends).
+    """
+    if not isinstance(query, str):  # an empty one is refused by the guard, like any other
+        raise TypeError(f"kx.sql(query) takes one SQL query as a str, not {type(query).__name__}.")
+    if params is not None and (
+        isinstance(params, (str, bytes)) or not isinstance(params, (Sequence, Mapping))
+    ):
+        raise TypeError(
+            "kx.sql(query, params=...) takes a sequence (a list or tuple) of values for ? (or "
+            f"$1), or a dict for $name, not {type(params).__name__} {params!r}."
+        )
+    allow_files = check_flag("kx.sql(allow_files=...)", allow_files)
+    if timeout is not None:
+        timeout = check_duration("kx.sql(timeout=...)", timeout)
+    check_store("kx.sql(store=...)", store)
+    table = get_store(store).read_arrow(
+        query, params, allow_files=allow_files, **({"timeout": timeout} if timeout else {})
+    )
+    return _table(table)
+
+
+def runs(status: str | None = None, *, store: Store | None = None) -> Any:
+    """The runs in the store (newest last), optionally only those in ``status``."""
+    if status is not None:
+        from ..status import Status
+
+        check_text("kx.runs(status)", status, what="a run status (a str)")
+        if status not in {str(s) for s in Status}:
+            from ..errors import did_you_mean
+
+            raise ValueError(
+                f"kx.runs(status) takes a run status, not {status!r}."
+                + did_you_mean(status, [str(s) for s in Status])
+                + " Statuses: "
+                + ", ".join(str(s) for s in Status)
+                + "."
+            )
+    check_store("kx.runs(store=...)", store)
+    return _table(get_store(store).runs_table(status))

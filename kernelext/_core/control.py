@@ -1,0 +1,150 @@
+"""One interface to a run, whatever executes it: ``stop``, ``resume``, ``handle_for``.
+
+A run is either an ``@kx.agent`` run (a worker thread executes the agent function) or a
+``%%agent`` run (notebook cells are its steps, executed by the kernel). This is the one
+place that asks which (``is_cell_run``); ``kx.stop``, ``kx.resume``, the magics, the
+panel and the command line call these functions and never branch themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._store import Store
+from .._validate import (
+    FLAG,
+    RUN_ID,
+    SOURCE,
+    STORE,
+    check_args_tuple,
+    check_mapping,
+    optional,
+    validated,
+)
+from .._validate import check_plan as plan_type
+from ..errors import RunStateError
+from . import cell_runs
+from .handle import Handle, request_stop
+from .names import check_stored_name
+from .plan import ResumePlan, check_plan
+from .resume import check_resumable, resume_agent_run
+from .run import Run
+from .runtime import get_store, runtime
+
+__all__ = ["handle_for", "is_cell_run", "resume", "stop"]
+
+
+def is_cell_run(row: dict[str, Any]) -> bool:
+    """Whether the run in ``row`` is made of ``%%agent`` notebook cells."""
+    return bool(row["agent"] == cell_runs.CELL_AGENT)
+
+
+@validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE)
+def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
+    """Ask run ``run_id`` to stop at its next safe point; the request is recorded at once.
+
+    A run live in this process is stopped in its own store; any other run is looked up in
+    ``store`` (default: the current store), and its owner sees the request at its next
+    safe point, whichever process that is. A ``%%agent`` run between two cells is at a safe
+    point already: it suspends at once. Returns the run's status after the request.
+    """
+    live = runtime().live_handle(run_id)
+    if live is not None:
+        return request_stop(live.store, run_id, source=source, handle=live)
+    store = get_store(store)
+    row = store.get_run(run_id)
+    if is_cell_run(row):
+        return cell_runs.stop_cell_run(run_id, source=source, store=store)
+    return request_stop(store, run_id, source=source)
+
+
+@validated(
+    "kx.resume",
+    run_id=RUN_ID,
+    store=STORE,
+    allow_code_change=FLAG,
+    args=optional(check_args_tuple),
+    kwargs=optional(check_mapping),
+    source=SOURCE,
+    recheck_facts=FLAG,
+    plan=optional(plan_type),
+)
+def resume(
+    run_id: str,
+    *,
+    store: Store | None = None,
+    allow_code_change: bool = False,
+    args: tuple[Any, ...] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    source: str = "api",
+    recheck_facts: bool = True,
+    plan: ResumePlan | None = None,
+) -> Handle:
+    """Continue a suspended (or crashed) run from its last completed step.
+
+    Applied effects are replayed from the ledger, not repeated; effects whose outcome is
+    unknown stop the resume in ``needs_decision`` (decide with ``kx.reconcile``);
+    credentials are refreshed and facts re-checked first (``recheck_facts=False`` right
+    after a person decided about them). One resume wins: within this process, checking,
+    taking over and launching happen under the run's resume guard (a second thread gets
+    ``RunStateError``); across processes the run's lease decides. For an ``%%agent`` run
+    the cells run again when the notebook runs them (completed cells are skipped).
+
+    ``plan``: a ``kx.plan(run_id)`` preview; the run resumes as previewed, or, if anything
+    in it changed since (another process resumed, a new unknown effect, the code changed),
+    ``PlanChanged`` says what and nothing runs.
+    """
+    check_stored_name(run_id, "run id", hint="Pass the id of a run in the store (see kx.runs()).")
+    if plan is not None and plan.run_id != run_id:
+        raise ValueError(f"That plan is for run {plan.run_id!r}, not {run_id!r}.")
+    store = get_store(store)
+    with runtime().resuming(run_id):
+        # Everything this process journaled is in the tables before the run is read back;
+        # after a write fault that cannot be folded yet, StoreWriteError says so.
+        store.flush()
+        row = store.get_run(run_id)
+        if runtime().live_handle(run_id) is not None:
+            raise RunStateError(
+                f"Run {run_id!r} is already executing in this process (status "
+                f"{row['status']}). Stop it first with its handle's .stop(), or wait for it "
+                "with .wait()."
+            )
+        if plan is not None:
+            check_plan(plan, store)
+        check_resumable(run_id, row["status"])
+        if is_cell_run(row):
+            return cell_runs.resume_cell_run(
+                run_id, row, store, source=source, recheck_facts=recheck_facts
+            )
+        return resume_agent_run(
+            run_id,
+            row,
+            store,
+            allow_code_change=allow_code_change,
+            args=args,
+            kwargs=kwargs,
+            source=source,
+            recheck_facts=recheck_facts,
+        )
+
+
+@validated("kx.core.control.handle_for", run_id=RUN_ID, store=STORE)
+def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
+    """The handle that shows run ``run_id``: the live one, a cell run's, or a detached one
+    (for a run another process executes, or one that ended)."""
+    live = runtime().live_handle(run_id)
+    if live is not None:
+        return live
+    store = get_store(store)
+    row = store.get_run(run_id)
+    if is_cell_run(row):
+        return cell_runs.cell_handle(run_id, store=store)
+    run = Run(
+        store,
+        run_id,
+        row["agent"],
+        max_step_seconds=row.get("max_step_seconds"),
+        total_steps=row.get("total_steps"),
+        key_scheme=row.get("key_scheme"),
+    )
+    return Handle(run, store)

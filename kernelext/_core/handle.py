@@ -1,0 +1,140 @@
+"""``Handle``: a run as this process sees it (its panel), and asking a run to stop."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .._store import Store
+from .._validate import NOTE, SOURCE, check_wait, optional, validated
+from ..errors import StoreWriteError
+from ..status import Status
+from .run import Run
+from .runtime import runtime
+from .stop_estimate import estimate_stop
+
+__all__ = ["Handle", "request_stop"]
+
+
+class Handle:
+    """A run executing (or finished) in this process. Displays as its control panel."""
+
+    def __init__(self, run: Run, store: Store) -> None:
+        self.run = run
+        self.store = store
+        self.run_id = run.id
+        self.thread: threading.Thread | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.final_status: str | None = None
+        self.store_fault: StoreWriteError | None = None  # the store refused the run's end
+        self._done = threading.Event()
+        runtime().handles[self.run_id] = self
+
+    # -- status ---------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def status(self) -> str:
+        return str(self.store.get_run(self.run_id)["status"])
+
+    def info(self) -> dict[str, Any]:
+        return self.store.get_run(self.run_id)
+
+    @validated("Handle.wait", timeout=optional(check_wait))
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the run stops, suspends or finishes; return its status."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                return Status.RUNNING
+        if self.final_status is not None and (self.store.closed or self.store_fault):
+            return self.final_status
+        return self.status
+
+    # -- control --------------------------------------------------------------------
+    @validated("Handle.stop", source=SOURCE, who=NOTE)
+    def stop(self, source: str = "api", *, who: str | None = None) -> str:
+        """Ask the run to stop at its next safe point. Returns the status after the request.
+
+        A run executing here returns ``"stopping"`` at once: the request never waits for
+        the store (see ``request_stop``).
+        """
+        return request_stop(self.store, self.run_id, source=source, who=who, handle=self)
+
+    @validated("Handle.force_stop", source=SOURCE)
+    def force_stop(self, source: str = "api") -> None:
+        """Stop now: raise into the step. In-flight effects become ``unknown``."""
+        self.stop(source)
+        self.run.force_wanted = True
+        self.store.record_event(self.run_id, "force_requested", source=source, wait=False)
+
+    def steps(self) -> list[dict[str, Any]]:
+        return self.store.steps(self.run_id)
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.store.events(self.run_id)
+
+    def __repr__(self) -> str:
+        return f"<kernelext run {self.run_id!r} status={self.status}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        renderer = runtime().settings.handle_renderer
+        if renderer is None:
+            return {"text/plain": self.text_summary()}
+        return renderer(self)
+
+    @property
+    def status_text(self) -> str:
+        """``text_summary()``, plus, while a stop is pending, when it should land
+        ("stops after step 7, in about 3.0 s"; "overrunning by 12 s")."""
+        current = self.run.current if self.alive else None
+        estimate = estimate_stop(self.run_id, self.store, current=current)
+        line = self.text_summary()
+        return line if estimate is None else f"{line}; {estimate.text}"
+
+    def text_summary(self) -> str:
+        info = self.info()
+        total = info.get("total_steps")
+        done = info.get("completed_steps")
+        progress = f"{done}/{total} steps" if total else f"{done} steps"
+        line = f"run {self.run_id} [{info['agent']}]: {info['status']}, {progress}"
+        if info.get("reason"):
+            line += f" ({info['reason']})"
+        if info.get("deadline") and info["status"] == Status.SUSPENDED:
+            line += f", expires {info['deadline']:%Y-%m-%d %H:%M} UTC"
+        return line
+
+
+def request_stop(
+    store: Store, run_id: str, *, source: str, who: str | None = None, handle: Handle | None = None
+) -> str:
+    """Ask run ``run_id`` to stop; return its status after the request.
+
+    A run executing in this process is stopped without waiting for the store (another
+    process may hold the DuckDB file for a while): the request is queued (journaled),
+    the run's flag is raised, then the request is made durable (``fdatasync``). The
+    answer is ``stopping``, known without reading the store. Any other run: the request
+    is written to its row, where its owner's monitor sees it.
+    """
+    handle = handle or runtime().live_handle(run_id)
+    if handle is None or not handle.alive:
+        result = store.request_stop(run_id, source=source, who=who)
+        return result.after or str(result.before)
+    try:
+        # Queued before the flag goes up, so the request is folded before the suspension
+        # the worker writes once it sees the flag (the events keep their order).
+        durable = handle.store.queue_stop_request(run_id, source=source, who=who)
+    finally:
+        _raise_stop_flag(handle.run, source)  # even if the request could not be queued
+    durable()
+    return Status.STOPPING
+
+
+def _raise_stop_flag(run: Run, source: str) -> None:
+    if run.stop_source is None:
+        run.stop_source = source
+    run.stop_event.set()
+    run.notify("stop", source)

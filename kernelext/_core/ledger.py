@@ -1,0 +1,503 @@
+"""``@kx.effect``: external effects recorded at apply time under a deterministic key."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import uuid
+from collections.abc import Callable
+from typing import Any, overload
+
+from .._store.approvals import APPROVED, REJECTED
+from .._validate import (
+    check_approval_rule,
+    check_callable,
+    check_effect_function,
+    check_flag,
+    check_name,
+    refuse_unrun_result,
+)
+from ..errors import (
+    EffectArgumentsMismatch,
+    EffectRejected,
+    LedgerError,
+    NeedsDecision,
+    ResultNotStorable,
+)
+from ..status import EffectStatus, Reason
+from .asking import wait_for_person
+from .canonical import Unencodable
+from .context import current_run
+from .keys import (
+    args_hash,
+    call_hashes,
+    display_args,
+    effect_key,
+    hash_for,
+    load_result,
+    redact,
+    stored_result,
+)
+from .names import check_stored_name
+from .run import Run, chain_roots
+from .runtime import runtime
+from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
+
+__all__ = [
+    "REDACTED",
+    "SECRET_NAME",
+    "Effect",
+    "EffectFailed",
+    "args_hash",
+    "effect",
+    "effect_key",
+    "idempotency_key_for",
+    "redact",
+    "stored_result",
+]
+
+ApprovalRule = bool | Callable[..., Any]
+
+
+class EffectFailed(LedgerError):
+    """An effect failed before; by default it is not retried silently on resume."""
+
+
+def idempotency_key_for(run: Run, step_key: str, tool: str, call_ordinal: int) -> str:
+    """The ``idempotency_key`` handed to a tool for one call: the same for that call in
+    every run of a restart chain, so that an API that dedupes by key dedupes a call a
+    restart makes again (a ``failed`` or ``not_applied`` one). It is the key of the call
+    in the chain's root run (the run that was not made by a restart), through
+    ``effect_key``, in the run's key scheme (a restarted run keeps its parent's); for a run
+    never restarted, its own effect key."""
+    root = chain_roots.get(run)  # set when the run starts or is resumed
+    if root is None:  # a cell run: read once per run (a run's parent never changes)
+        root = run.store.chain_root(run.id)
+        chain_roots[run] = root
+    return str(effect_key(root, step_key, tool, call_ordinal, run.key_scheme))
+
+
+class Effect:
+    """A recorded external effect. Call it like the function it wraps."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None,
+        resumable: bool,
+        retry: bool,
+        needs_approval: ApprovalRule = False,
+        probe: Callable[..., Any] | None = None,
+    ) -> None:
+        check_effect_function(fn)
+        if name is not None:
+            check_name("@kx.effect(name=...)", name)
+        self.fn = fn
+        self.tool = check_stored_name(
+            (getattr(fn, "__name__", None) or type(fn).__name__) if name is None else name,
+            "tool name",
+            hint="Pass @kx.effect(name='send_email') with a short, printable name.",
+        )
+        self.resumable = check_flag("@kx.effect(resumable=...)", resumable)
+        self.retry = check_flag("@kx.effect(retry=...)", retry)
+        if probe is not None:
+            check_callable("@kx.effect(probe=...)", probe, what="a function (key, args)")
+        check_approval_rule(needs_approval)
+        self.needs_approval = needs_approval
+        self.probe = probe
+        if probe is not None:
+            from . import probes  # asked for only by effects that declare a probe
+
+            probes.register_probe(self.tool, probe)
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):
+            self.signature = None
+        params = self.signature.parameters if self.signature else {}
+        self.takes_key = resumable and "idempotency_key" in params
+        self._where = f"a call of effect {self.tool}"  # where a swallowed stop is raised again
+        functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        approval = ", needs approval" if self.needs_approval is not False else ""
+        return f"<kernelext effect {self.tool!r} resumable={self.resumable}{approval}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        run = current_run()
+        if run is None:  # outside a run: a plain call, nothing recorded (documented)
+            return self.fn(*args, **kwargs)
+        run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
+        kwargs.pop("idempotency_key", None)
+        scheme = run.key_scheme
+        # Scheme 2: bound by parameter name with defaults applied; hash and display are
+        # of that one mapping, taken at one moment (before the approval rule runs).
+        bound = self._bound(args, kwargs) if scheme >= 2 else None
+        # Refuses an argument it cannot bind by value before anything is recorded.
+        hashes = call_hashes(
+            args, kwargs, scheme, tool=self.tool, names=self._positional, bound=bound
+        )
+        digest, old = hashes
+        shown = self._redacted_args(args, kwargs, 1 if digest == old else 2, bound)
+        gated = self._gated(args, kwargs)
+        if gated and digest == old:
+            # A scheme-1 run's argument with no faithful encoding: an approval of it would
+            # be blind (its old hash holds only the type name). Refused, whatever the scheme.
+            args_hash(args, kwargs, 2, tool=self.tool, names=self._positional)
+        if callable(self.needs_approval):
+            after = call_hashes(
+                args, kwargs, scheme, tool=self.tool, names=self._positional, bound=bound
+            )
+            if after != hashes:
+                raise EffectArgumentsMismatch(
+                    f"Effect {self.tool}: its needs_approval rule changed the call's arguments "
+                    "(they were bound and shown before the rule ran, and differ after it). "
+                    "Nothing was recorded. A needs_approval rule must only read the arguments."
+                )
+        step_key, step_ordinal, call_ordinal = run.next_call()
+        key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
+        row = run.effects.get(key)
+        if row is not None:
+            replay = self._replay(run, key, row, hash_for(row["args_hash"], digest, old), gated)
+            if replay is not _PERFORM:
+                return replay
+        else:
+            row = {
+                "key": key,
+                "run_id": run.id,
+                "step_key": step_key,
+                "step_ordinal": step_ordinal,
+                "tool": self.tool,
+                "call_ordinal": call_ordinal,
+                "args_hash": digest,
+                "args": shown,
+                "resumable": self.resumable,
+            }
+            existing = self._record_intent(run, row, gated)
+            if existing is not None:
+                known = {**row, **existing}
+                expected = hash_for(known["args_hash"], digest, old)
+                replay = self._replay(run, key, known, expected, gated)
+                if replay is not _PERFORM:
+                    return replay
+        run.effects[key] = {**row, "status": EffectStatus.PENDING}
+        run.notify("effect", (self.tool, key, EffectStatus.PENDING))
+        return self._perform(run, key, args, kwargs)
+
+    # -- approval: one approved request, bound to key and arguments, per call ---------------
+    def _gated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        rule = self.needs_approval
+        return bool(rule(*args, **kwargs)) if callable(rule) else rule
+
+    def _record_intent(self, run: Run, row: dict[str, Any], gated: bool) -> dict[str, Any] | None:
+        """Record the intent (durable before the call); a gated call first consumes its
+        approval. Returns the ledger row when the call has an intent already."""
+        if not gated:
+            with run.critical():
+                return run.store.write_intent(row)
+        for _ in range(2):  # an approval that lapsed meanwhile: the second look asks again
+            grant = self._approval(run, row)
+            with run.critical():
+                consumed, existing = run.store.write_intent_consuming_approval(row, grant)
+            if existing is not None or consumed:
+                return existing
+        raise LedgerError(f"The approval of {self.tool} (key {row['key']}) could not be used.")
+
+    def _retry(self, run: Run, row: dict[str, Any], gated: bool) -> None:
+        """Make a decided call again under its key; a gated one needs a new approval."""
+        key = row["key"]
+        if gated:
+            for _ in range(2):
+                grant = self._approval(run, row)
+                with run.critical():
+                    if run.store.consume_approval(grant, run.id):
+                        break
+            else:
+                raise LedgerError(f"The approval of {self.tool} (key {key}) could not be used.")
+        run.store.retry_intent(key)
+
+    def _approval(self, run: Run, row: dict[str, Any]) -> Any:
+        """The id of the approved request for this very call (key and argument hash).
+
+        Otherwise the run suspends here (reason ``approval``) before anything is sent:
+        after recording a request when none is open for these arguments, or again while
+        the open one waits. A rejected request raises ``EffectRejected``.
+        """
+        store, key = run.store, row["key"]
+        now = store.now()
+        current = store.current_approval(key)
+        if current is not None and current["args_hash"] == row["args_hash"]:
+            if current["decision"] == REJECTED:
+                note = current["note"]
+                raise EffectRejected(
+                    f"{self.tool} (key {key}) was rejected by {current['actor']}"
+                    + (f": {note}" if note else "")
+                    + ". The call was not made. Catch kx.EffectRejected in the agent to take "
+                    "another path (an LLM agent can tell the model the user declined).",
+                    key=str(key),
+                    tool=self.tool,
+                    note=note,
+                )
+            expires = current["expires_at"]
+            if expires is None or expires > now:
+                if current["decision"] == APPROVED:
+                    return current["id"]
+                wait_for_person(run, Reason.APPROVAL, expires, self._waiting(run))
+        deadline = runtime().settings.expiry.deadline(Reason.APPROVAL, now)
+        with run.critical():
+            store.request_approval(
+                {
+                    "key": key,
+                    "run_id": run.id,
+                    "step": row["step_key"],
+                    "step_ordinal": row.get("step_ordinal"),
+                    "call_ordinal": row["call_ordinal"],
+                    "tool": self.tool,
+                    "args_hash": row["args_hash"],
+                    "args": row.get("args"),
+                    "expires_at": deadline,
+                }
+            )
+        run.notify("approval", (self.tool, key, "requested"))
+        wait_for_person(run, Reason.APPROVAL, deadline, self._waiting(run))
+
+    def _waiting(self, run: Run) -> str:
+        return f"{self.tool} waits for approval: kx.approvals({run.id!r})"
+
+    # -- the call itself -----------------------------------------------------------
+    @staticmethod
+    def idempotency_key(run: Run, key: uuid.UUID) -> str:
+        """The ``idempotency_key`` handed over for the call recorded under ``key``."""
+        row = run.effects[key]
+        return idempotency_key_for(run, row["step_key"], row["tool"], int(row["call_ordinal"]))
+
+    def _perform(
+        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        call_kwargs = dict(kwargs)
+        if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
+            call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
+        try:
+            result = self.fn(*args, **call_kwargs)
+            refuse_unrun_result(self.tool, result)
+        except Exception as exc:
+            run.store.write_outcome(key, EffectStatus.FAILED, error=_describe(exc))
+            run.effects[key]["status"] = EffectStatus.FAILED
+            run.notify("effect", (self.tool, key, EffectStatus.FAILED))
+            raise
+        except BaseException:
+            # A forced stop (or the process going down) mid-call: nobody knows.
+            run.store.write_outcome(
+                key, EffectStatus.UNKNOWN, error="interrupted during the call", wait=True
+            )
+            run.store.record_event(
+                run.id,
+                "effect_unknown",
+                wait=False,
+                source="engine",
+                reason="interrupted during the call",
+                detail={"key": str(key), "tool": self.tool},
+            )
+            run.effects[key]["status"] = EffectStatus.UNKNOWN
+            run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
+            raise
+        try:
+            encoded = stored_result(result)
+        except (Unencodable, TypeError, ValueError) as exc:
+            raise self._unstorable(run, key, result, exc) from None
+        run.store.write_outcome(key, EffectStatus.APPLIED, result=encoded)
+        run.effects[key].update(status=EffectStatus.APPLIED, result=encoded)
+        run.notify("effect", (self.tool, key, EffectStatus.APPLIED))
+        return result
+
+    def _replay(
+        self, run: Run, key: uuid.UUID, row: dict[str, Any], digest: str, gated: bool
+    ) -> Any:
+        if row["args_hash"] != digest:
+            raise EffectArgumentsMismatch(
+                f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of step "
+                f"{row.get('step_key')!r} in run {run.id!r}) was first used with other "
+                "arguments. A key stands for one call; the same step must make the same calls "
+                'on resume. Restore the original arguments (the recorded call: kx.sql("select '
+                f"args from effects where key = '{key}'\")). kx.restart does not help: it "
+                "carries this applied call and stops here the same way. To make a different "
+                "call deliberately, make it in a new step (another step key) or a new run."
+            )
+        status = row["status"]
+        if status == EffectStatus.APPLIED:
+            run.notify("effect", (self.tool, key, "replayed"))
+            if row.get("result") is None and row.get("error"):
+                # An earlier release left such a call applied without its result: a dead
+                # end. Listed by kx.reconcile from now on, so that a person can decide it.
+                note = f"applied, but its result was not stored ({row['error']})"
+                run.store.mark_failed_unknown(key, note, status=EffectStatus.APPLIED)
+                row["status"] = EffectStatus.UNKNOWN
+                raise NeedsDecision(
+                    f"Effect {self.tool} (key {key}) was {note}, so a resume cannot return "
+                    f"it. Decide it with kx.reconcile({run.id!r}): mark_applied(result=...) "
+                    "with the value it returned, or mark_not_applied() to make it again."
+                )
+            return load_result(row["result"]) if row.get("result") is not None else None
+        if status in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
+            raise NeedsDecision(
+                f"Effect {self.tool} (key {key}) has an unknown outcome. Decide it with "
+                f"kx.reconcile({run.id!r}) before the run goes on."
+            )
+        if status == EffectStatus.NOT_APPLIED:
+            self._retry(run, {**row, "key": key}, gated)
+            return _PERFORM
+        if status == EffectStatus.FAILED:
+            if not self.resumable:
+                # Listed by kx.reconcile from now on, so that it can be decided.
+                run.store.mark_failed_unknown(
+                    key, f"resumable=False call failed ({row.get('error')}); may have happened"
+                )
+                row["status"] = EffectStatus.UNKNOWN
+                raise NeedsDecision(
+                    f"Effect {self.tool} (key {key}) is declared resumable=False and failed "
+                    f"before ({row.get('error')}); it may have half-happened. Decide it with "
+                    f"kx.reconcile({run.id!r})."
+                )
+            if self.retry:
+                self._retry(run, {**row, "key": key}, gated)
+                return _PERFORM
+            raise EffectFailed(
+                f"Effect {self.tool} (key {key}) failed before: {row.get('error')}. It is not "
+                "retried silently. Declare @kx.effect(retry=True) to retry failed calls on resume."
+            )
+        raise LedgerError(f"Effect {self.tool} (key {key}) is {status}; the run cannot go on.")
+
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The call by parameter name, defaults applied (``None``: no signature, or arguments
+        that do not fit it; then the call is bound by its positional and keyword arguments).
+        ``idempotency_key`` is the engine's to pass, so it is no argument of the call."""
+        if self.signature is None:
+            return None
+        try:
+            ba = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        ba.apply_defaults()
+        return {k: v for k, v in ba.arguments.items() if k != "idempotency_key"}
+
+    def _redacted_args(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        scheme: int,
+        bound: dict[str, Any] | None = None,
+    ) -> str:
+        named: dict[str, Any]
+        if bound is not None:
+            named = bound
+        elif self.signature is not None:
+            try:
+                named = dict(self.signature.bind_partial(*args, **kwargs).arguments)
+            except TypeError:
+                named = {"args": list(args), **kwargs}
+        else:
+            named = {"args": list(args), **kwargs}
+        return display_args(named, scheme, tool=self.tool)
+
+    @functools.cached_property
+    def _positional(self) -> tuple[str, ...]:
+        """The names of the positional parameters, for errors about an argument."""
+        if self.signature is None:
+            return ()
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return tuple(p.name for p in self.signature.parameters.values() if p.kind in kinds)
+
+    def _unstorable(
+        self, run: Run, key: uuid.UUID, result: Any, exc: Exception
+    ) -> ResultNotStorable:
+        """The call was made but its result cannot be stored: ``unknown`` (listed by
+        ``kx.reconcile``), never an applied row a resume could not return."""
+        kind = type(result).__name__
+        why = str(exc) if isinstance(exc, Unencodable) else f"{type(exc).__name__}: {exc}"
+        note = scrubbed_excerpt(f"applied, but its result (a {kind}) cannot be stored: {why}", 2000)
+        run.store.write_outcome(key, EffectStatus.UNKNOWN, error=note, wait=True)
+        run.store.record_event(
+            run.id,
+            "effect_unknown",
+            wait=False,
+            source="engine",
+            reason=note,
+            detail={"key": str(key), "tool": self.tool},
+        )
+        run.effects[key]["status"] = EffectStatus.UNKNOWN
+        run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
+        return ResultNotStorable(
+            f"Effect {self.tool} (key {key}) was applied, but its result, a {kind}, cannot be "
+            f"stored ({why}), so a resume could not return it. The call is recorded as "
+            f"unknown: decide it with kx.reconcile({run.id!r}) (mark_applied(result=...) with "
+            "a value that can be stored). Make the tool return plain values (dict, list, str, "
+            "numbers, datetime, Decimal, bytes, tuples, sets)."
+        )
+
+
+_PERFORM = object()
+
+
+def _describe(exc: BaseException) -> str:
+    """The error text stored for a failed call: scrubbed, then cut (never the other way
+    round, which could leave the start of a secret behind)."""
+    return scrubbed_excerpt(f"{type(exc).__name__}: {exc}", 2000)
+
+
+@overload
+def effect(fn: Callable[..., Any], /) -> Effect: ...
+
+
+@overload
+def effect(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    resumable: bool = True,
+    retry: bool = False,
+    needs_approval: ApprovalRule = False,
+    probe: Callable[..., Any] | None = None,
+) -> Callable[[Callable[..., Any]], Effect]: ...
+
+
+def effect(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    resumable: bool = True,
+    retry: bool = False,
+    needs_approval: ApprovalRule = False,
+    probe: Callable[..., Any] | None = None,
+) -> Effect | Callable[[Callable[..., Any]], Effect]:
+    """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``.
+
+    ``needs_approval=True`` (or a function of the call's arguments, e.g.
+    ``lambda to, amount, **kw: amount > 100``): inside a run, a call waits for a person.
+    The first call records an approval request bound to the call's key and argument hash
+    and suspends the run (reason ``approval``) before anything is sent; after
+    ``kx.approvals(run_id)[0].approve()`` the resumed call consumes the approval, once.
+    A rejection raises ``kx.EffectRejected`` at the call. ``probe`` registers a function
+    that tells whether a call with an unknown outcome happened (see ``kernelext._core.probes``).
+    """
+
+    if name is not None:  # the options first, so that a bad one is named before any def
+        check_name("@kx.effect(name=...)", name)
+    check_flag("@kx.effect(resumable=...)", resumable)
+    check_flag("@kx.effect(retry=...)", retry)
+    if probe is not None:
+        check_callable("@kx.effect(probe=...)", probe, what="a function (key, args)")
+    check_approval_rule(needs_approval)
+
+    def wrap(func: Callable[..., Any]) -> Effect:
+        return Effect(
+            func,
+            name=name,
+            resumable=resumable,
+            retry=retry,
+            needs_approval=needs_approval,
+            probe=probe,
+        )
+
+    return wrap(fn) if fn is not None else wrap

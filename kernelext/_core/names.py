@@ -1,0 +1,31 @@
+"""Run ids, step keys and tool names: checked at the API, before anything is recorded.
+
+A name is part of every key derived from it and is stored as text in both stores, so it
+must be text that both keep exactly: not empty, at most ``MAX_NAME`` characters, no NUL
+(PostgreSQL refuses it in text) and no lone surrogate (what ``os.listdir`` gives for a
+file name that is not UTF-8, e.g. ``"caf\\udce9"``; UTF-8 cannot hold it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._validate import MAX_NAME, name_problem
+from ..errors import InvalidName, NameNotText
+
+__all__ = ["MAX_NAME", "check_stored_name"]
+
+
+def check_stored_name(value: Any, what: str, *, hint: str = "") -> str:
+    """``value`` if it is a valid ``what`` (e.g. "run id"); otherwise ``InvalidName``
+    saying what is wrong and what to pass instead."""
+    fix = hint or "Pass a short, printable text, e.g. 'orders-2026-11'."
+    if not isinstance(value, str):
+        raise NameNotText(
+            f"A {what} must be text (str), not {type(value).__name__} {value!r}. {fix}"
+        )
+    problem = name_problem(value)
+    if problem:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        raise InvalidName(f"The {what} {shown!r} {problem}; it cannot be stored faithfully. {fix}")
+    return value

@@ -1,0 +1,433 @@
+"""``kx.plan(run_id)``: what a resume of a run would do, computed without changing anything.
+
+A :class:`ResumePlan` says: the run's status and reason; the completed steps (skipped on
+resume) and the attempts that will run again; the next step; the effects replayed from
+the ledger (counted per tool); the unknown effects that block the resume; open approvals
+and questions; the facts re-checked first (with their age, and whether they look stale);
+the credentials refreshed; code changes since the run ran (the agent's fingerprint, or
+each ``%%agent`` cell's source); claims held; the deadline and the time left. It renders
+as HTML in a notebook, as text (``str(plan)``) and as JSON (``plan.to_json()``).
+
+``check_plan(plan)`` (``plan.verify()``) computes the plan again and raises
+:class:`PlanChanged` with the difference when anything that matters moved since the
+preview: another process resumed the run, a new effect became unknown, the code changed,
+steps completed. ``kx.resume(run_id, plan=p)`` calls it before taking the run over.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._store import Store
+from .._validate import RUN_ID, STORE, check_duration, check_mapping, optional, validated
+from ..errors import RunStateError
+from ..status import LIVE, EffectStatus, StepStatus
+from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
+from .checks import resolve
+from .facts import CONTRADICTIONS
+from .lease import check_takeover
+from .plan_render import (
+    UNSEEN,
+    ClaimItem,
+    CodeChange,
+    CredentialItem,
+    EffectItem,
+    FactItem,
+    NextStep,
+    PlanData,
+    RequestItem,
+    StepItem,
+    judge,
+    plan_differences,
+)
+from .probes import probe_for
+from .runtime import get_store, runtime
+
+__all__ = [
+    "STALE_AFTER",
+    "ClaimItem",
+    "CodeChange",
+    "CredentialItem",
+    "EffectItem",
+    "FactItem",
+    "NextStep",
+    "PlanChanged",
+    "RequestItem",
+    "ResumePlan",
+    "StepItem",
+    "check_plan",
+    "plan",
+    "remember_agent_source",
+    "remember_cell_source",
+]
+
+STALE_AFTER = 3600.0  # seconds: a fact recorded longer ago than this looks stale
+DIFF_LINES = 12
+
+
+class PlanChanged(RunStateError):
+    """The run changed since its plan was previewed; the resume did not happen."""
+
+    def __init__(self, message: str, differences: list[str], current: ResumePlan) -> None:
+        super().__init__(message)
+        self.differences = differences
+        self.plan = current
+
+
+class ResumePlan(PlanData):
+    """What ``kx.resume(run_id)`` would do now (see :class:`PlanData` for the parts).
+
+    Nothing was changed to find out. Display it in a notebook, print it, or
+    ``.to_json()``; ``kx.resume(run_id, plan=p)`` resumes only as previewed.
+    """
+
+    @validated("ResumePlan.verify", store=STORE)
+    def verify(self, store: Store | None = None) -> ResumePlan:
+        """Compute the plan again; raise :class:`PlanChanged` if what matters moved."""
+        return check_plan(self, store)
+
+
+# -- sources this process has seen (for "what changed" and a short diff) ---------------------
+def remember_agent_source(fingerprint: str, fn: Callable[..., Any] | str) -> None:
+    """Keep the source of an agent version, so that a later plan can show a diff."""
+    text = fn if isinstance(fn, str) else _source_of(fn)
+    if text is not None:
+        rt = runtime()
+        with rt.lock:
+            rt.agent_sources[fingerprint] = text
+
+
+def remember_cell_source(run_id: str, key: str, source: str) -> None:
+    """The current source of the ``%%agent`` cell that is step ``key`` of run ``run_id``."""
+    rt = runtime()
+    with rt.lock:
+        rt.cell_sources[(run_id, key)] = source
+        rt.cell_sources_by_hash[source_hash(source)] = source
+
+
+def _source_of(fn: Callable[..., Any]) -> str | None:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+
+
+def _short_diff(old: str | None, new: str | None) -> str:
+    if old is None or new is None:
+        return ""
+    lines = [
+        line
+        for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1)
+        if not line.startswith(("---", "+++"))
+    ]
+    if len(lines) > DIFF_LINES:
+        lines = [*lines[:DIFF_LINES], f"... ({len(lines) - DIFF_LINES} more lines)"]
+    return "\n".join(lines)
+
+
+# -- computing the plan ---------------------------------------------------------------------
+@validated(
+    "kx.plan",
+    run_id=RUN_ID,
+    store=STORE,
+    stale_after=check_duration,
+    cell_sources=optional(check_mapping),
+)
+def plan(
+    run_id: str,
+    store: Store | None = None,
+    *,
+    stale_after: float = STALE_AFTER,
+    cell_sources: Mapping[str, str] | None = None,
+) -> ResumePlan:
+    """What resuming ``run_id`` would do now, without changing anything.
+
+    ``stale_after`` (seconds): a fact recorded longer ago looks stale (a fact's own
+    ``max_age``, where the store keeps one, wins). ``cell_sources``: for a ``%%agent``
+    run, the current source of its cells by step key (default: the sources this process
+    has seen run).
+    """
+    store = get_store(store)
+    row = store.get_run(run_id)
+    now = store.now()
+    result = ResumePlan(
+        run_id=run_id,
+        agent=str(row["agent"]),
+        status=str(row["status"]),
+        reason=row.get("reason"),
+        owner=row.get("owner"),
+        computed_at=now,
+        deadline=row.get("deadline"),
+        total_steps=row.get("total_steps"),
+    )
+    cell_run = row["agent"] == CELL_AGENT
+    sources = dict(cell_sources or {})
+    if cell_run and cell_sources is None:
+        rt = runtime()
+        with rt.lock:
+            sources = {k: v for (r, k), v in rt.cell_sources.items() if r == run_id}
+    steps = store.steps(run_id)
+    _steps(result, steps, cell_run, sources)
+    live = _liveness(result, row, now)
+    _effects(result, store, live)
+    result.approvals, result.questions = open_requests(store, run_id, now)
+    _facts(result, store, now, stale_after)
+    if cell_run:
+        result.code = _cell_changes(result.completed, sources)
+    else:
+        result.code = [_agent_change(result, row)]
+    result.claims = [
+        ClaimItem(c["resource"], c["amount"], c["claimed_at"])
+        for c in store.claims(run_id, active=True)
+    ]
+    result.resumes, result.last_resume = resume_events(store, run_id)
+    judge(result, live)
+    return result
+
+
+def _steps(
+    result: ResumePlan, steps: list[dict[str, Any]], cell_run: bool, sources: Mapping[str, str]
+) -> None:
+    done_keys = {s["key"] for s in steps if s["status"] == StepStatus.COMPLETED}
+    for s in steps:
+        item = StepItem(s["ordinal"], s["key"], s.get("name"), s["status"], s.get("duration_s"))
+        if s["status"] == StepStatus.COMPLETED:
+            note = "skipped"
+            if cell_run:
+                state = _cell_state(s["key"], s.get("name"), sources)
+                note = "source changed: reported, not re-run" if state == "changed" else note
+            result.completed.append(_with_note(item, note))
+        elif s["key"] not in done_keys and all(r.key != s["key"] for r in result.rerun):
+            result.rerun.append(_with_note(item, f"{s['status']}: runs again"))
+    result.completed.sort(key=lambda item: item.ordinal)
+    result.rerun.sort(key=lambda item: item.ordinal)
+    top = max((item.ordinal for item in result.completed), default=-1)
+    if cell_run:
+        waiting = [k for k in sources if k not in done_keys]
+        note = (
+            f"the next %%agent cell run: {', '.join(waiting)}"
+            if waiting
+            else "the next %%agent cell you run (completed cells are skipped)"
+        )
+        result.next_step = NextStep(top + 1, waiting[0] if waiting else None, note)
+    elif result.rerun:
+        first = result.rerun[0]
+        result.next_step = NextStep(first.ordinal, first.key, f"step {first.key!r} again")
+    elif result.total_steps is not None and len(result.completed) >= result.total_steps:
+        result.next_step = NextStep(None, None, "no step left: the agent function finishes")
+    else:
+        total = f" of {result.total_steps}" if result.total_steps else ""
+        result.next_step = NextStep(
+            top + 1, None, f"step {top + 2}{total}: the first item not completed"
+        )
+
+
+def _with_note(item: StepItem, note: str) -> StepItem:
+    return StepItem(item.ordinal, item.key, item.name, item.status, item.duration_s, note)
+
+
+def _liveness(result: ResumePlan, row: dict[str, Any], now: dt.datetime) -> str | None:
+    """Where the run is live (``here`` or the other owner), or None when it is not."""
+    if runtime().live_handle(result.run_id) is not None:
+        return "here"
+    if row["status"] not in LIVE:
+        return None
+    try:
+        check_takeover(row, now)
+    except RunStateError:
+        return str(row.get("owner") or "another process")
+    return None  # its owner is gone: a resume takes it over
+
+
+def _effects(result: ResumePlan, store: Store, live: str | None) -> None:
+    done = {item.key for item in result.completed}
+    rows = sorted(
+        store.load_effects(result.run_id).values(),
+        key=lambda e: (e["intent_at"], e["call_ordinal"]),
+    )
+    for e in rows:
+        tool, status = str(e["tool"]), str(e["status"])
+        if e["step_key"] in done:
+            result.skipped_effects[tool] = result.skipped_effects.get(tool, 0) + 1
+        elif status == EffectStatus.APPLIED:
+            result.replayed[tool] = result.replayed.get(tool, 0) + 1
+        elif status == EffectStatus.NOT_APPLIED:
+            result.called_again[tool] = result.called_again.get(tool, 0) + 1
+        if status not in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
+            continue
+        item = EffectItem(
+            str(e["key"]),
+            tool,
+            str(e["step_key"]),
+            status,
+            e.get("args"),
+            e.get("intent_at"),
+            probe_for(tool) is not None,
+        )
+        # An intent without an outcome of a run nobody executes becomes unknown on take-over.
+        if status == EffectStatus.PENDING and live is not None:
+            result.in_flight.append(item)
+        else:
+            result.unknown.append(item)
+
+
+def _facts(result: ResumePlan, store: Store, now: dt.datetime, stale_after: float) -> None:
+    kept = {item.ordinal for item in result.completed}
+    for row in fact_rows(store, result.run_id):
+        if row["step_ordinal"] is not None and row["step_ordinal"] not in kept:
+            continue
+        if row["kind"] == "credential":
+            result.credentials.append(CredentialItem(row["name"], _refresh_of(result, row)))
+            continue
+        check, _why = resolve(row["check_name"], run_id=result.run_id, fact=row["name"])
+        age = max((now - row["recorded_at"]).total_seconds(), 0.0)
+        limit = _max_age(row.get("max_age"), stale_after)
+        last = row.get("check_status")
+        reasons = []
+        if last in CONTRADICTIONS:
+            reasons.append(f"its last check said {last}")
+        if age > limit:
+            reasons.append("older than its max age")
+        if check is None:
+            reasons.append("its check cannot be found in this process")
+        result.facts.append(
+            FactItem(
+                row["name"],
+                row["step_ordinal"],
+                row["recorded_at"],
+                age,
+                limit,
+                last,
+                check is not None,
+                bool(reasons),
+                "; ".join(reasons),
+            )
+        )
+
+
+def _max_age(value: Any, default: float) -> float:
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, (int, float)) and value > 0:
+        return float(value)
+    return default
+
+
+def _refresh_of(result: ResumePlan, row: dict[str, Any]) -> str | None:
+    if runtime().credentials.refresh_for(row["name"]) is not None:
+        return "kx.credentials"
+    if row.get("check_name"):
+        fn, _why = resolve(
+            row["check_name"], run_id=result.run_id, fact=row["name"], role="refresh"
+        )
+        if fn is not None:
+            return str(row["check_name"])
+    return None
+
+
+def _agent_change(result: ResumePlan, row: dict[str, Any]) -> CodeChange:
+    recorded = row.get("fingerprint")
+    rt = runtime()
+    agent = rt.agents.get(result.agent)
+    if agent is None:
+        return CodeChange("agent", result.agent, recorded, None, UNSEEN)
+    current = str(agent.fingerprint)
+    remember_agent_source(current, agent.fn)
+    if not recorded or recorded == current:
+        return CodeChange("agent", result.agent, recorded, current, "same")
+    with rt.lock:
+        old, new = rt.agent_sources.get(recorded), rt.agent_sources.get(current)
+    return CodeChange("agent", result.agent, recorded, current, "changed", _short_diff(old, new))
+
+
+def _cell_state(key: str, name: str | None, sources: Mapping[str, str]) -> str:
+    recorded = name[len(SOURCE_PREFIX) :] if name and name.startswith(SOURCE_PREFIX) else None
+    if key not in sources or recorded is None:
+        return UNSEEN
+    return "same" if source_hash(sources[key]) == recorded else "changed"
+
+
+def _cell_changes(completed: list[StepItem], sources: Mapping[str, str]) -> list[CodeChange]:
+    changes = []
+    for step in completed:
+        name = step.name or ""
+        recorded = name[len(SOURCE_PREFIX) :] if name.startswith(SOURCE_PREFIX) else None
+        state = _cell_state(step.key, step.name, sources)
+        source = sources.get(step.key)
+        current = source_hash(source) if source is not None else None
+        diff = ""
+        if state == "changed":
+            rt = runtime()
+            with rt.lock:
+                old = rt.cell_sources_by_hash.get(recorded or "")
+            diff = _short_diff(old, source)
+        changes.append(CodeChange("cell", step.key, recorded, current, state, diff))
+    return changes
+
+
+# -- reads ----------------------------------------------------------------------------------
+def open_requests(
+    store: Store, run_id: str, now: dt.datetime
+) -> tuple[list[RequestItem], list[RequestItem]]:
+    """Open approval requests and open questions of the run (none where the store has none)."""
+    approvals = [
+        RequestItem("approval", _request_text(row, "tool"), row)
+        for row in _store_rows(store, "open_approvals", run_id, now)
+    ]
+    questions = [
+        RequestItem("question", _request_text(row, "prompt"), row)
+        for row in _store_rows(store, "open_inputs", run_id, now)
+    ]
+    return approvals, questions
+
+
+def _store_rows(store: Store, method: str, run_id: str, now: dt.datetime) -> list[dict[str, Any]]:
+    read = getattr(store, method, None)  # a store of a release without approvals has none
+    return list(read(run_id, now)) if callable(read) else []
+
+
+def _request_text(row: dict[str, Any], name: str) -> str:
+    what = str(row.get(name) or "request")
+    step = f" in step {row['step']!r}" if row.get("step") is not None else ""
+    return what + step
+
+
+def fact_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """Every column of the run's facts (a ``max_age`` column is used when the store has one)."""
+    return store.read_dicts(
+        "SELECT * FROM facts WHERE run_id = ? ORDER BY step_ordinal NULLS FIRST, recorded_at, name",
+        (run_id,),
+    )
+
+
+def resume_events(store: Store, run_id: str) -> tuple[int, dict[str, Any] | None]:
+    """How often the run was resumed (taken over), and the last time: when, by whom."""
+    rows = store.read_dicts(
+        "SELECT occurred_at, actor, source FROM events WHERE run_id = ? AND kind = ? ORDER BY id",
+        (run_id, "resumed"),
+    )
+    return len(rows), (rows[-1] if rows else None)
+
+
+# -- resuming as previewed ----------------------------------------------------------------
+def check_plan(previewed: ResumePlan, store: Store | None = None) -> ResumePlan:
+    """Compute the plan of ``previewed.run_id`` again; raise :class:`PlanChanged` when
+    anything that matters changed since the preview (nothing has run). Returns the new plan.
+    """
+    now = plan(previewed.run_id, store)
+    differences = plan_differences(previewed, now)
+    if differences:
+        at = previewed.computed_at.strftime("%H:%M:%S")
+        raise PlanChanged(
+            f"Run {previewed.run_id!r} changed since its plan was previewed at {at} UTC: "
+            + "; ".join(differences)
+            + f". Nothing was run. Look at the new plan with kx.plan({previewed.run_id!r}) "
+            "and resume with that one.",
+            differences,
+            now,
+        )
+    return now

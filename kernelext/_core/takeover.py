@@ -1,0 +1,167 @@
+"""Taking a run over: the one transaction behind ``kx.resume``, ``%agent resume``, the
+command line and a kernel that finds a ``%%agent`` run whose owner is gone.
+
+In one transaction: the lease is checked (a live owner elsewhere refuses), the run's
+ownership epoch goes up by one (``runs.owner_epoch``: from its commit on, every write the
+previous owner still makes for the run is refused, ``OwnershipLost``), the run moves to
+``running`` owned by this process with a fresh lease, steps left ``running`` become
+``abandoned``, ``pending`` effects become ``unknown``, and if any effect is ``unknown`` the
+run moves on to ``needs_decision``. Then the probes of the unknown effects
+(``@kx.effect(probe=...)``) ask the external system; when they settle every one, the run is
+taken over again and goes on; otherwise a person reconciles before anything runs.
+
+Probes are not asked in a take-over from an owner that is not known to be gone (the run was
+live and its owner is alive or cannot be told from here: a frozen agent process, another
+host, a lapsed lease). That owner may still be inside the call, so the probe's "has not
+arrived" would read as "not applied" and the call would be made twice. The unknowns wait
+for a person, the reason says "the previous owner ... may still be making this call", and a
+later resume asks their probes once ``PROBE_GRACE_SECONDS`` have passed since that
+take-over (the keys are in its ``needs_decision`` event, ``probes_deferred``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+from typing import Any, NamedTuple
+
+from .._store import Store, actor
+from .._store.restart import superseded_error
+from ..status import LIVE, RESUMABLE, Status
+from .lease import check_takeover, lease_until, owner_alive
+from .probes import settle_unknowns
+
+__all__ = ["PROBE_GRACE_SECONDS", "TakeOver", "take_over"]
+
+PROBE_GRACE_SECONDS = 60.0  # an unknown effect is probed only once this old (see above)
+
+
+class TakeOver(NamedTuple):
+    """``status`` after the take-over (``running``, ``needs_decision``, or what the run
+    was when it could not be taken over); ``unknown``: keys of effects a person decides;
+    ``epoch``: the ownership epoch this process now holds (None: not taken over)."""
+
+    status: str
+    unknown: list[Any]
+    epoch: int | None = None
+    previous_owner: str | None = None  # taken from an owner maybe still alive: no probes
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (Status.RUNNING, Status.NEEDS_DECISION)
+
+
+def take_over(
+    store: Store,
+    run_id: str,
+    source: str,
+    *,
+    reason: str | None = None,
+    fingerprint: str | None = None,
+) -> TakeOver:
+    """Make this process the owner of run ``run_id`` (see the module docstring).
+
+    Raises ``RunStateError`` while another live process owns the run (``lease``).
+    ``fingerprint``: the code that continues the run (agent runs), recorded on the run.
+    """
+    me = actor()
+
+    def job(tx: Any) -> TakeOver:
+        current = store.lease_tx(tx, run_id)  # checked and taken in one transaction
+        doubtful: str | None = None  # an owner that may still be inside a call
+        if current is not None:
+            check_takeover(current, store.now())
+            owner = current.get("owner")
+            if (
+                current["status"] in LIVE
+                and owner
+                and owner != me
+                and owner_alive(owner) is not False
+            ):
+                doubtful = str(owner)
+        # A run a restart superseded (a failed one stays failed) never goes on itself.
+        superseded_error(run_id, store.children_tx(tx, run_id), "resume")
+        fields: dict[str, Any] = {
+            "stop_requested_at": None,
+            "stop_source": None,
+            "owner": me,
+            "lease_until": lease_until(store.now()),
+        }
+        if fingerprint is not None:
+            fields["fingerprint"] = fingerprint
+        result = store.transition_tx(
+            tx,
+            run_id,
+            Status.RUNNING,
+            RESUMABLE,
+            kind="resumed",
+            source=source,
+            who=me,
+            reason=reason,
+            fields=fields,
+        )
+        if not result.ok:
+            return TakeOver(str(result.before), [])
+        # After the move (a refused one changes nothing): what a previous owner journaled
+        # is folded under its epoch first, so its intents are seen as pending just below.
+        epoch = store.advance_epoch_tx(tx, run_id)
+        store.abandon_running_steps(tx, run_id)
+        fresh = store.mark_pending_unknown(tx, run_id)
+        unknown = list(store.unknown_keys_tx(tx, run_id))
+        if not unknown:
+            return TakeOver(Status.RUNNING, [], epoch)
+        why = f"{len(unknown)} effect(s) with unknown outcome"
+        if doubtful and fresh:
+            why += (
+                f"; the previous owner {doubtful} may still be making this call, so no probe "
+                f"was asked (a resume after {PROBE_GRACE_SECONDS:.0f} s asks them)"
+            )
+        store.transition_tx(
+            tx,
+            run_id,
+            Status.NEEDS_DECISION,
+            (Status.RUNNING,),
+            kind=Status.NEEDS_DECISION,
+            source="ledger",
+            reason=why,
+            detail={
+                "new_unknowns": len(fresh),
+                "previous_owner": doubtful,
+                "probes_deferred": [str(k) for k in fresh] if doubtful else [],
+            },
+        )
+        return TakeOver(Status.NEEDS_DECISION, unknown, epoch, doubtful)
+
+    result: TakeOver = store.write(job)
+    if result.epoch is not None:
+        store.hold_epoch(run_id, result.epoch)
+    # Before a person is asked: the probes of unknown effects ask the external system;
+    # never while the previous owner may still be inside the call, nor, for the grace
+    # period, for the effects an earlier such take-over left unknown.
+    settled = (
+        result.status == Status.NEEDS_DECISION
+        and result.previous_owner is None
+        and settle_unknowns(run_id, store, skip=_deferred(store, run_id))
+    )
+    if settled and not store.open_unknowns(run_id):  # every unknown answered by its probe
+        result = store.write(job)
+        if result.epoch is not None:
+            store.hold_epoch(run_id, result.epoch)
+    return result
+
+
+def _deferred(store: Store, run_id: str) -> set[str]:
+    """Keys of effects a take-over from an owner maybe still alive made unknown less than
+    ``PROBE_GRACE_SECONDS`` ago: that owner may still be inside their calls."""
+    since = store.now() - dt.timedelta(seconds=PROBE_GRACE_SECONDS)
+    rows = store.read(
+        "SELECT detail FROM events WHERE run_id = ? AND kind = ? AND occurred_at > ?",
+        (run_id, str(Status.NEEDS_DECISION), since),
+    )
+    keys: set[str] = set()
+    for (detail,) in rows:
+        with contextlib.suppress(TypeError, ValueError, AttributeError):
+            loaded = json.loads(detail) if isinstance(detail, str) else detail
+            keys.update(str(k) for k in loaded.get("probes_deferred") or ())
+    return keys

@@ -1,0 +1,334 @@
+"""The picture of a run: step attempts, effects and events on one time axis, as inline SVG.
+
+``timeline(run_id)`` reads the run's steps, effects and events and returns a
+:class:`Timeline`. In a notebook it displays as HTML holding an ``<svg>`` (so a notebook
+saved to HTML keeps a static picture), with ``image/svg+xml`` as well; ``.svg`` is the
+picture as text and ``.bars``, ``.ticks``, ``.marks``, ``.gaps`` are what it shows.
+
+Lanes, top to bottom: one bar per step attempt (colour by status, a red outline when
+forced); one tick per effect call at its intent (colour by status); what was asked (stop
+and force requests, decisions, approvals, questions); what the run did (its transitions
+on a band coloured by status: suspended, resumed, forced, expired, ...). Every shape has
+a ``<title>`` (hover text); marks have labels. Idle stretches are cut out of the axis: a
+stretch with no step, effect or event, longer than ``idle_seconds`` and than three times
+the longest step (a run suspended for a day), is drawn as a fixed-width break labelled
+with its real length.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .._store import Store
+from .._validate import RUN_ID, STORE, check_duration, validated
+from ..status import FINAL, Reason, Status, StepStatus
+from .runtime import get_store
+from .stop_estimate import seconds_text, step_label
+from .timeline_svg import TimeAxis, clock, draw, esc
+
+__all__ = [
+    "Bar",
+    "EffectTick",
+    "Gap",
+    "Mark",
+    "Span",
+    "TimeAxis",
+    "Timeline",
+    "mark_of",
+    "timeline",
+]
+
+# event kind -> (mark kind, label). Other kinds: "approval" if they name one, else "other".
+MARKS: dict[str, tuple[str, str]] = {
+    "created": ("start", "start"),
+    "stop_requested": ("stop_request", "stop"),
+    "force_requested": ("force_request", "force"),
+    "force_raised": ("forced", "forced"),
+    Status.SUSPENDED: ("suspension", Status.SUSPENDED),
+    "stop_forced": ("suspension", f"{Status.SUSPENDED} (forced)"),
+    "resume_failed": ("suspension", "resume failed"),
+    "resumed": ("resume", "resumed"),
+    Status.NEEDS_DECISION: ("decision_needed", "needs decision"),
+    "effect_decided": ("decision", "decided"),
+    "revalidation_decision": ("decision", "decided"),
+    "approval_requested": ("approval", "approval asked"),
+    "approval_decided": ("approval", "approval decided"),
+    "approval_consumed": ("approval", "approval used"),
+    "input_requested": ("question", "question"),
+    "input_answered": ("question", "answered"),
+    Status.EXPIRED: ("expiry", Status.EXPIRED),
+    Status.COMPLETED: ("end", Status.COMPLETED),
+    Status.FAILED: ("end", Status.FAILED),
+    Status.CANCELLED: ("end", Status.CANCELLED),
+    "restarted": ("end", "restarted"),
+    "step_overran": ("overran", "overran"),
+    "effect_unknown": ("unknown_effect", "unknown effect"),
+    "stop_swallowed": ("swallowed", "stop swallowed"),
+    "force_swallowed": ("swallowed", "force swallowed"),
+}
+
+
+class Bar(NamedTuple):
+    """One step attempt. ``open``: its end is not known (still running, or abandoned)."""
+
+    ordinal: int
+    key: str
+    status: str
+    start: dt.datetime
+    end: dt.datetime
+    forced: bool
+    open: bool
+    title: str
+
+
+class EffectTick(NamedTuple):
+    """One effect call, at its intent."""
+
+    tool: str
+    status: str
+    time: dt.datetime
+    step_key: str
+    title: str
+
+
+class Mark(NamedTuple):
+    """One event; ``kind`` is the mark kind (``stop_request``, ``suspended``, ...)."""
+
+    kind: str
+    label: str
+    time: dt.datetime
+    title: str
+
+
+class Span(NamedTuple):
+    """The run's status from one transition to the next."""
+
+    status: str
+    start: dt.datetime
+    end: dt.datetime
+    reason: str | None
+
+
+class Gap(NamedTuple):
+    """An idle stretch cut out of the axis (drawn shorter than it lasted)."""
+
+    start: dt.datetime
+    end: dt.datetime
+
+    @property
+    def seconds(self) -> float:
+        return (self.end - self.start).total_seconds()
+
+
+def _detail(event: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        found = json.loads(event.get("detail") or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _lines(*parts: str) -> str:
+    return "\n".join(part for part in parts if part)
+
+
+def mark_of(event: Mapping[str, Any]) -> Mark:
+    """The mark an ``events`` row is drawn as."""
+    kind, reason = str(event["kind"]), event.get("reason")
+    mark, label = MARKS.get(kind) or (
+        "approval" if "approv" in kind else "other",
+        kind.replace("_", " "),
+    )
+    if kind == Status.SUSPENDED and reason and reason != Reason.USER_STOP:
+        label = f"suspended ({reason})"
+    decided = _detail(event).get("decision")
+    if kind == "approval_decided" and decided:
+        label = str(decided)  # approved, rejected
+    moved = f"{event.get('from_status') or '·'} → {event.get('to_status')}"
+    title = _lines(
+        f"{kind} at {clock(event['occurred_at'])}",
+        moved if event.get("to_status") else "",
+        f"by {event.get('actor') or '?'} via {event.get('source') or '?'}",
+        str(reason or ""),
+        str(event.get("detail") or "")[:300],
+    )
+    return Mark(mark, label, event["occurred_at"], title)
+
+
+def _bar(row: Mapping[str, Any], effects: Sequence[Mapping[str, Any]], live: dt.datetime) -> Bar:
+    start, status, duration = row["started_at"], str(row["status"]), row.get("duration_s")
+    ended, is_open = row.get("ended_at"), False
+    if duration is not None:
+        end = start + dt.timedelta(seconds=float(duration))
+    elif status == StepStatus.RUNNING:
+        end, is_open = max(live, start), True
+    elif ended is not None and status != StepStatus.ABANDONED:
+        end = ended
+    else:  # abandoned: its process ended; the last thing known of it is its last effect
+        seen = [
+            e.get("outcome_at") or e["intent_at"] for e in effects if e["step_key"] == row["key"]
+        ]
+        end = max([start, *(t for t in seen if t >= start and (ended is None or t <= ended))])
+        is_open = True
+    forced, ordinal, key = bool(row.get("forced")), int(row["ordinal"]), str(row["key"])
+    took = seconds_text((end - start).total_seconds())
+    title = _lines(
+        f"{step_label(ordinal, key)}: {status}" + (", forced" if forced else ""),
+        took + (" so far" if status == StepStatus.RUNNING else " (end not known)" * is_open),
+        f"started {clock(start)}",
+        str(row.get("error") or ""),
+    )
+    return Bar(ordinal, key, status, start, end, forced, is_open, title)
+
+
+def _tick(row: Mapping[str, Any]) -> EffectTick:
+    title = _lines(
+        f"{row['tool']} [{row['step_key']}] call {row['call_ordinal']}: {row['status']}",
+        f"intent {clock(row['intent_at'])}",
+        f"outcome {clock(row['outcome_at'])}" if row.get("outcome_at") else "",
+        f"decided by {row['decided_by']}" if row.get("decided_by") else "",
+        str(row.get("error") or "")[:200],
+        f"key {row['key']}",
+    )
+    tool, status, step_key = str(row["tool"]), str(row["status"]), str(row["step_key"])
+    return EffectTick(tool, status, row["intent_at"], step_key, title)
+
+
+@dataclass
+class Timeline:
+    """A run drawn on one time axis; displays as SVG. See :func:`timeline`."""
+
+    run_id: str
+    agent: str
+    status: str
+    now: dt.datetime
+    bars: list[Bar]
+    ticks: list[EffectTick]
+    marks: list[Mark]
+    spans: list[Span]
+    idle_seconds: float = 60.0
+
+    @classmethod
+    def from_rows(
+        cls,
+        run: Mapping[str, Any],
+        steps: Sequence[Mapping[str, Any]],
+        effects: Sequence[Mapping[str, Any]],
+        events: Sequence[Mapping[str, Any]],
+        *,
+        now: dt.datetime,
+        idle_seconds: float = 60.0,
+    ) -> Timeline:
+        """Build from rows already read (``store.get_run``, ``store.steps``, the values of
+        ``store.load_effects``, ``store.events``); ``now`` ends a step still running."""
+        lease = run.get("lease_until")  # a live run's owner renews it: no news after it
+        live = min(now, lease) if lease is not None else now
+        ticks = sorted((_tick(row) for row in effects), key=lambda tick: tick.time)
+        spans: list[Span] = []
+        for event in events:
+            if event.get("to_status") is not None:
+                if spans:
+                    spans[-1] = spans[-1]._replace(end=event["occurred_at"])
+                at = event["occurred_at"]
+                spans.append(Span(str(event["to_status"]), at, at, event.get("reason")))
+        if spans and spans[-1].status in FINAL:
+            spans.pop()
+        elif spans:
+            spans[-1] = spans[-1]._replace(end=max(spans[-1].start, live))
+        return cls(
+            str(run["id"]),
+            str(run["agent"]),
+            str(run["status"]),
+            now,
+            [_bar(row, effects, live) for row in steps],
+            ticks,
+            [mark_of(event) for event in events],
+            spans,
+            idle_seconds,
+        )
+
+    @property
+    def start(self) -> dt.datetime | None:
+        """The earliest time drawn."""
+        times = [b.start for b in self.bars] + [t.time for t in self.ticks]
+        return min(times + [m.time for m in self.marks], default=None)
+
+    def axis(self, x0: float = 0.0, width: float = 1000.0, gap_px: float = 36.0) -> TimeAxis:
+        """The time axis of the picture (seconds from :attr:`start`)."""
+        t0 = self.start or self.now
+        moments = [(b.start, b.end) for b in self.bars] + [(t.time, t.time) for t in self.ticks]
+        moments += [(m.time, m.time) for m in self.marks]
+        activity = [((a - t0).total_seconds(), (b - t0).total_seconds()) for a, b in moments]
+        longest = max(((b.end - b.start).total_seconds() for b in self.bars), default=0.0)
+        threshold = max(self.idle_seconds, 3 * longest)
+        return TimeAxis(activity, x0=x0, width=width, threshold=threshold, gap_px=gap_px)
+
+    @property
+    def gaps(self) -> list[Gap]:
+        """The idle stretches cut out of the axis."""
+        t0 = self.start or self.now
+        at = [t0 + dt.timedelta(seconds=s) for gap in self.axis().gaps for s in gap]
+        return [Gap(a, b) for a, b in zip(at[::2], at[1::2], strict=True)]
+
+    @property
+    def svg(self) -> str:
+        """The full picture as an ``<svg>`` element (text)."""
+        return self.render()
+
+    def render(self, *, width: int = 900, compact: bool = False) -> str:
+        """The picture as SVG; ``compact``: smaller, without labels or legend (the panel)."""
+        return draw(self, width, compact)
+
+    def html(self, *, width: int = 900, compact: bool = False) -> str:
+        """The picture in ``<div class="kernelext-timeline">``."""
+        svg = self.render(width=width, compact=compact)
+        return f'<div class="kernelext-timeline" data-run-id="{esc(self.run_id)}">{svg}</div>'
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def _repr_svg_(self) -> str:
+        return self.svg
+
+    def text(self) -> str:
+        """What the picture shows, in one line."""
+        counts: dict[str, int] = {}
+        for mark in self.marks:
+            counts[mark.kind] = counts.get(mark.kind, 0) + 1
+        forced = sum(1 for b in self.bars if b.forced)
+        line = (
+            f"timeline of run {self.run_id} [{self.agent}]: {self.status}, "
+            f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
+        )
+        line += "".join(f"; {n} {kind}" for kind, n in sorted(counts.items()))
+        cut = ", ".join(seconds_text(g.seconds) for g in self.gaps)
+        return line + (f"; idle stretches cut from the axis: {cut}" if cut else "")
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def save(self, path: str) -> None:
+        """Write the picture to an ``.svg`` file."""
+        with open(path, "w", encoding="utf-8") as out:
+            out.write('<?xml version="1.0" encoding="UTF-8"?>\n' + self.svg)
+
+
+@validated("kx.timeline", run_id=RUN_ID, store=STORE, idle_seconds=check_duration)
+def timeline(run_id: str, store: Store | None = None, *, idle_seconds: float = 60.0) -> Timeline:
+    """The picture of run ``run_id`` on one time axis (reads the run, steps, effects, events).
+
+    Show it in a cell; ``.svg`` is the SVG text and ``.save("run.svg")`` writes a file.
+    Idle stretches longer than ``idle_seconds`` and than three times the longest step are
+    cut out of the axis and labelled with their length.
+    """
+    store = get_store(store)
+    run = store.get_run(run_id)
+    effects = list(store.load_effects(run_id).values())
+    steps, events = store.steps(run_id), store.events(run_id)
+    return Timeline.from_rows(
+        run, steps, effects, events, now=store.now(), idle_seconds=idle_seconds
+    )

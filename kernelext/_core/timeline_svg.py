@@ -1,0 +1,434 @@
+"""Drawing a :class:`~kernelext._core.timeline.Timeline` as SVG: the time axis, lanes and legend.
+
+:func:`draw` turns a timeline into an ``<svg>`` element (text). :class:`TimeAxis` maps
+seconds from the run's start to x, cutting idle stretches out of the axis. The colour of
+each step, effect and status band, and the shape of each mark, are in the tables here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import math
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..status import EffectStatus, Status, StepStatus
+from .stop_estimate import seconds_text
+
+if TYPE_CHECKING:
+    from .timeline import Timeline
+
+__all__ = ["TimeAxis", "clock", "draw", "esc"]
+
+SVG_NS = "http://www.w3.org/2000/svg"
+GREY, RED, INK = "#8c959f", "#cf222e", "#57606a"
+STEP_COLOURS: dict[str, str] = {
+    StepStatus.COMPLETED: "#2da44e",
+    StepStatus.RUNNING: "#1f6feb",
+    StepStatus.FAILED: RED,
+    StepStatus.CANCELLED: GREY,
+    StepStatus.ABANDONED: "#d0d7de",
+}
+EFFECT_COLOURS: dict[str, str] = {
+    EffectStatus.APPLIED: "#1a7f37",
+    EffectStatus.PENDING: "#bf8700",
+    EffectStatus.FAILED: RED,
+    EffectStatus.UNKNOWN: "#bf3989",
+    EffectStatus.NOT_APPLIED: GREY,
+}
+BANDS: dict[str, str] = {
+    Status.RUNNING: "#ddf4ff",
+    Status.STOPPING: "#fff1a8",
+    Status.SUSPENDED: "#eddcff",
+    Status.NEEDS_DECISION: "#ffd8d3",
+}
+# mark kind -> (shape, colour). Kinds in ASKED sit on the "asked" lane, the rest on "status".
+STYLE = {
+    "start": ("line", INK),
+    "end": ("line", "#24292f"),
+    "stop_request": ("down", "#bf8700"),
+    "force_request": ("down", RED),
+    "forced": ("diamond", RED),
+    "suspension": ("square", "#8250df"),
+    "resume": ("right", "#1f6feb"),
+    "decision_needed": ("circle", "#d1242f"),
+    "decision": ("circle", "#1a7f37"),
+    "approval": ("circle", "#0969da"),
+    "question": ("circle", "#8250df"),
+    "expiry": ("cross", INK),
+    "overran": ("down", "#fb8f44"),
+    "unknown_effect": ("circle", "#bf3989"),
+    "swallowed": ("diamond", "#fb8f44"),
+    "other": ("dot", GREY),
+}
+ASKED = frozenset({"stop_request", "force_request", "decision", "approval", "question", "other"})
+NICE_STEPS = (
+    *(m * 10.0**e for e in range(-3, 2) for m in (1, 2, 5)),
+    *(60.0 * m for m in (2, 5, 10, 15, 30, 60, 120, 360, 720)),
+    *(86400.0 * m for m in (1, 2, 7, 14, 30)),
+)
+_BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def esc(value: Any) -> str:
+    """``value`` as text safe in XML and HTML (escaped, control characters dropped)."""
+    return html.escape(_BAD_XML.sub("", str(value)), quote=True)
+
+
+def _el(tag: str, title: str | None = None, body: str = "", **attrs: Any) -> str:
+    """An SVG element; ``data_kind=`` is written ``data-kind``, ``cls=`` ``class``."""
+    parts = [tag]
+    for name, value in attrs.items():
+        text = f"{value:.1f}" if isinstance(value, float) else str(value)
+        parts.append(f'{"class" if name == "cls" else name.replace("_", "-")}="{esc(text)}"')
+    inner = (f"<title>{esc(title)}</title>" if title else "") + body
+    return f"<{' '.join(parts)}>{inner}</{tag}>" if inner else f"<{' '.join(parts)}/>"
+
+
+def clock(moment: dt.datetime) -> str:
+    """``moment`` as ``YYYY-MM-DD HH:MM:SS.mmm UTC`` (hover text)."""
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d} UTC"
+
+
+def _axis_label(seconds: float, step: float) -> str:
+    """Seconds from the start (``2.5 s``), ``m:ss`` or ``h:mm:ss`` past a minute."""
+    if seconds < 60:
+        return f"{seconds:.{max(0, -math.floor(math.log10(step)))}f} s"
+    days, rest = divmod(round(seconds), 86400)
+    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}" if rest >= 3600 else ""
+    text = text or f"{rest // 60}:{rest % 60:02d}"
+    return f"{days} d {text}" if days else text
+
+
+class TimeAxis:
+    """Maps seconds (from the start) to x, cutting idle stretches longer than ``threshold``.
+
+    ``activity`` are (start, end) intervals with something drawn. They are merged into
+    segments where they are at most ``threshold`` apart; each segment gets a width in
+    proportion to its length (at least ``min_px``), each cut stretch ``gap_px``.
+    """
+
+    def __init__(
+        self,
+        activity: Sequence[tuple[float, float]],
+        *,
+        x0: float,
+        width: float,
+        threshold: float,
+        gap_px: float = 36.0,
+        min_px: float = 14.0,
+        pad: float = 6.0,
+    ) -> None:
+        merged: list[list[float]] = []
+        for start, end in sorted(activity):
+            if merged and start - merged[-1][1] <= threshold:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self.segments = [(s, e) for s, e in merged] or [(0.0, 0.0)]
+        self.gaps = [(a[1], b[0]) for a, b in zip(self.segments, self.segments[1:], strict=False)]
+        self.gap_px = min(gap_px, width * 0.4 / len(self.gaps)) if self.gaps else gap_px
+        self.pad = pad
+        lengths = [e - s for s, e in self.segments]
+        self.px = _allocate(lengths, width - self.gap_px * len(self.gaps), min_px)
+        self.left = [x0 + sum(self.px[:i]) + self.gap_px * i for i in range(len(self.px))]
+        self.right_edge = self.left[-1] + self.px[-1]
+
+    def x(self, t: float) -> float:
+        """The x of time ``t``; a time in a cut stretch falls inside its break."""
+        for i, (start, end) in enumerate(self.segments):
+            if t < start and i > 0:
+                gap_start = self.segments[i - 1][1]
+                return self.left[i] - self.gap_px * (start - t) / (start - gap_start)
+            if t <= end or i == len(self.segments) - 1:
+                if end <= start:
+                    return self.left[i] + self.px[i] / 2
+                frac = min(max((t - start) / (end - start), 0.0), 1.0)
+                return self.left[i] + self.pad + (self.px[i] - 2 * self.pad) * frac
+        return self.left[0]  # no segment: unreachable, segments is never empty
+
+    def ticks(self, min_spacing: float) -> list[tuple[float, float, float]]:
+        """(seconds, x, step) of axis ticks, ``min_spacing`` px apart within a segment."""
+        out: list[tuple[float, float, float]] = []
+        for i, (start, end) in enumerate(self.segments):
+            per_s = (self.px[i] - 2 * self.pad) / (end - start) if end > start else 0.0
+            if per_s <= 0:
+                out.append((start, self.x(start), 1.0))
+                continue
+            step = next((s for s in NICE_STEPS if s * per_s >= min_spacing), NICE_STEPS[-1])
+            t = math.ceil(start / step - 1e-9) * step
+            while t <= end + 1e-9:
+                out.append((t, self.x(t), step))
+                t += step
+        return out
+
+
+def _allocate(lengths: Sequence[float], room: float, minimum: float) -> list[float]:
+    """Widths in proportion to ``lengths``, summing to ``room``, none below ``minimum``."""
+    n, fixed = len(lengths), set[int]()
+    if room <= minimum * n:
+        return [room / n] * n
+    while True:
+        free = [i for i in range(n) if i not in fixed]
+        left, total = room - minimum * len(fixed), sum(lengths[i] for i in free)
+        share = {i: left * lengths[i] / total if total > 0 else left / len(free) for i in free}
+        small = {i for i in free if share[i] < minimum}
+        if not small or len(small) == len(free):
+            return [share.get(i, minimum) for i in range(n)]
+        fixed |= small
+
+
+# -- drawing -----------------------------------------------------------------------------------
+class _Layout(NamedTuple):
+    label_w: float  # the lane names' column
+    font: float
+    steps: tuple[float, float]  # top, height
+    effects: tuple[float, float]
+    asked_y: float  # centre of the "asked" marks
+    band: tuple[float, float]  # the status band; the run's marks sit on it
+    label_rows: tuple[float, ...]  # baselines of mark labels
+    axis_y: float
+    legend_y: float  # 0: none
+    height: float
+    r: float  # mark size
+
+
+LEGEND_MARKS = (
+    ("stop_request", "stop asked"),
+    ("forced", "forced stop"),
+    ("suspension", Status.SUSPENDED),
+    ("resume", "resumed"),
+    ("decision", "decision"),
+    ("expiry", Status.EXPIRED),
+)
+FULL = _Layout(60, 10, (24, 22), (52, 12), 76, (86, 20), (118, 129, 140), 150, 180, 188, 5)
+COMPACT = _Layout(44, 9, (16, 16), (36, 9), 54, (62, 14), (), 82, 0, 96, 4)
+LEGEND = (
+    ("rect", STEP_COLOURS[StepStatus.COMPLETED], f"step {StepStatus.COMPLETED}"),
+    ("rect", GREY, StepStatus.CANCELLED),
+    ("forced", RED, "forced"),
+    ("tick", EFFECT_COLOURS[EffectStatus.APPLIED], f"effect {EffectStatus.APPLIED}"),
+    ("tick", EFFECT_COLOURS[EffectStatus.UNKNOWN], EffectStatus.UNKNOWN),
+    *((*STYLE[kind], label) for kind, label in LEGEND_MARKS),
+)
+
+
+def _glyph(shape: str, x: float, y: float, r: float, colour: str) -> str:
+    if shape in ("circle", "dot"):
+        return _el("circle", cx=x, cy=y, r=r * (0.6 if shape == "dot" else 1.0), fill=colour)
+    if shape == "tick":
+        return _el("path", d=f"M{x:.1f},{y - r:.1f}V{y + r:.1f}", stroke=colour, stroke_width=2)
+    a, b, c, d = x - r, x + r, y - r, y + r
+    path = {
+        "down": f"M{a:.1f},{c:.1f}L{b:.1f},{c:.1f}L{x:.1f},{d:.1f}Z",
+        "right": f"M{a:.1f},{c:.1f}L{b:.1f},{y:.1f}L{a:.1f},{d:.1f}Z",
+        "square": f"M{a:.1f},{c:.1f}H{b:.1f}V{d:.1f}H{a:.1f}Z",
+        "diamond": f"M{x:.1f},{c:.1f}L{b:.1f},{y:.1f}L{x:.1f},{d:.1f}L{a:.1f},{y:.1f}Z",
+        "cross": f"M{a:.1f},{c:.1f}L{b:.1f},{d:.1f}M{b:.1f},{c:.1f}L{a:.1f},{d:.1f}",
+        "line": f"M{x:.1f},{c - 3:.1f}V{d + 3:.1f}",
+    }[shape]
+    if shape in ("cross", "line"):
+        return _el("path", d=path, fill="none", stroke=colour, stroke_width=2)
+    return _el("path", d=path, fill=colour)
+
+
+def draw(tl: Timeline, width: int, compact: bool) -> str:
+    """``tl`` as an ``<svg>`` element ``width`` px wide; ``compact``: no labels or legend."""
+    lay, summary, t0 = COMPACT if compact else FULL, tl.text(), tl.start or tl.now
+    left, right = lay.label_w, width - 10.0
+    axis = tl.axis(left, right - left, 24.0 if compact else 36.0)
+
+    def x(moment: dt.datetime) -> float:
+        return axis.x((moment - t0).total_seconds())
+
+    head = f"run {tl.run_id} · {tl.agent} · {tl.status} · {len(tl.bars)} step attempts"
+    if not compact:
+        head += f" · {len(tl.ticks)} effects · from {t0:%Y-%m-%d %H:%M:%S} UTC"
+    out = [
+        _el("rect", cls="kx-bg", width=width, height=lay.height, fill="#ffffff"),
+        _el("text", body=esc(head), cls="kx-header", x=4, y=lay.font + 3, font_weight=600),
+    ]
+    lanes = {"steps": lay.steps[0] + lay.steps[1] / 2, "effects": sum(lay.effects) - 2}
+    lanes.update(asked=lay.asked_y + 3, status=lay.band[0] + lay.band[1] / 2 + 3)
+    out += [_el("text", body=name, x=4, y=y, fill=INK) for name, y in lanes.items()]
+    taken: list[tuple[float, float]] = []  # extents of the axis labels drawn
+    top, bottom = lay.steps[0], lay.axis_y
+    for (a, b), gap in zip(axis.gaps, tl.gaps, strict=True):
+        x1, x2 = axis.x(a), axis.x(b)
+        mid, z, label = (x1 + x2) / 2, (x2 - x1) / 4, seconds_text(gap.seconds).replace(" ", "")
+        title = f"idle {seconds_text(gap.seconds)}, not to scale: {clock(gap.start)} to "
+        zigzag = (
+            f"M{mid - z:.1f},{top}L{mid + z:.1f},{(top + bottom) / 2:.1f}L{mid - z:.1f},{bottom}"
+        )
+        body = _el("rect", x=x1, y=top, width=x2 - x1, height=bottom - top, fill="#f6f8fa")
+        body += _el("path", d=zigzag, fill="none", stroke="#afb8c1", stroke_dasharray="3 2")
+        body += _el(
+            "text", body=esc(label), x=mid, y=bottom + lay.font + 2, fill=INK, text_anchor="middle"
+        )
+        out.append(_el("g", title + clock(gap.end), body, cls="kx-gap", data_seconds=gap.seconds))
+        taken.append((mid - len(label) * 3.0, mid + len(label) * 3.0))
+    for span in tl.spans:
+        if span.status in BANDS:
+            took = f"{span.status} for {seconds_text((span.end - span.start).total_seconds())}"
+            title = took + (f" ({span.reason})" if span.reason else "")
+            x1, y1, h1 = x(span.start), *lay.band
+            out.append(
+                _el(
+                    "rect",
+                    title,
+                    cls="kx-status",
+                    data_status=span.status,
+                    x=x1,
+                    y=y1,
+                    width=max(x(span.end) - x1, 1.0),
+                    height=h1,
+                    fill=BANDS[span.status],
+                )
+            )
+    for bar in tl.bars:
+        x1, (y1, h1) = x(bar.start), lay.steps
+        w1 = max(x(bar.end) - x1, 2.0)
+        look: dict[str, Any] = {"stroke": RED, "stroke_width": 2} if bar.forced else {}
+        look.setdefault("stroke", "#ffffff")  # a thin white edge between adjacent bars
+        if bar.open:
+            look.update(fill_opacity=0.55, stroke_dasharray="3 2")
+        out.append(
+            _el(
+                "rect",
+                bar.title,
+                cls="kx-step kx-forced" if bar.forced else "kx-step",
+                data_ordinal=bar.ordinal,
+                data_key=bar.key,
+                data_status=bar.status,
+                data_forced=str(bar.forced).lower(),
+                x=x1,
+                y=y1,
+                width=w1,
+                height=h1,
+                fill=STEP_COLOURS.get(bar.status, GREY),
+                **look,
+            )
+        )
+        if not compact and w1 >= 6.0 * len(bar.key) + 4:
+            out.append(
+                _el(
+                    "text",
+                    body=esc(bar.key),
+                    cls="kx-step-label",
+                    x=x1 + w1 / 2,
+                    y=y1 + h1 / 2 + 3,
+                    text_anchor="middle",
+                    fill="#ffffff",
+                    font_size=9,
+                )
+            )
+    for tick in sorted(tl.ticks, key=lambda t: t.status != EffectStatus.APPLIED):
+        xt, (y1, h1) = x(tick.time), lay.effects
+        out.append(
+            _el(
+                "line",
+                tick.title,
+                cls="kx-effect",
+                data_status=tick.status,
+                data_tool=tick.tool,
+                x1=xt,
+                x2=xt,
+                y1=y1,
+                y2=y1 + h1,
+                stroke=EFFECT_COLOURS.get(tick.status, GREY),
+                stroke_width=2,
+            )
+        )
+    rows_right = [-math.inf] * len(lay.label_rows)
+    for mark in sorted(tl.marks, key=lambda m: m.time):
+        shape, colour = STYLE.get(mark.kind, STYLE["other"])
+        xm = x(mark.time)
+        ym = lay.asked_y if mark.kind in ASKED else lay.band[0] + lay.band[1] / 2
+        glyph = _glyph(shape, xm, ym, lay.r, colour)
+        out.append(
+            _el(
+                "g",
+                mark.title,
+                glyph,
+                cls="kx-mark",
+                data_kind=mark.kind,
+                data_time=mark.time.isoformat(),
+            )
+        )
+        half = len(mark.label) * 2.7
+        xm = min(max(xm, half + 2), width - half - 2)  # the label stays inside the picture
+        free = [i for i, edge in enumerate(rows_right) if xm - half > edge + 4]
+        if free and mark.kind != "other":
+            rows_right[free[0]] = xm + half
+            out.append(
+                _el(
+                    "text",
+                    body=esc(mark.label),
+                    cls="kx-mark-label",
+                    x=xm,
+                    y=lay.label_rows[free[0]],
+                    text_anchor="middle",
+                    font_size=9,
+                    fill=colour,
+                )
+            )
+    ay = lay.axis_y
+    out.append(_el("line", x1=left, x2=axis.right_edge, y1=ay, y2=ay, stroke=INK))
+    for seconds, xt, step in axis.ticks(56.0 if compact else 70.0):
+        label = _axis_label(seconds, step)
+        a, b = xt - len(label) * 2.8, xt + len(label) * 2.8
+        out.append(_el("line", x1=xt, x2=xt, y1=ay, y2=ay + 4, stroke=INK))
+        if b <= right + 8 and all(b < c or a > d for c, d in taken):
+            taken.append((a, b))
+            out.append(
+                _el(
+                    "text",
+                    body=esc(label),
+                    cls="kx-axis",
+                    x=xt,
+                    y=ay + lay.font + 2,
+                    text_anchor="middle",
+                    fill=INK,
+                )
+            )
+    xl = 4.0
+    for shape, colour, label in LEGEND if lay.legend_y else ():
+        if xl + 14 + len(label) * 5.5 > width:
+            break
+        y = lay.legend_y
+        if shape in ("rect", "forced"):
+            fill, edge = ("#ffffff", 2) if shape == "forced" else (colour, 0)
+            out.append(
+                _el(
+                    "rect",
+                    x=xl,
+                    y=y - 7,
+                    width=10,
+                    height=8,
+                    fill=fill,
+                    stroke=colour,
+                    stroke_width=edge,
+                )
+            )
+        else:
+            out.append(_glyph(shape, xl + 5, y - 3, 4, colour))
+        text = esc(label)
+        out.append(_el("text", body=text, cls="kx-legend", x=xl + 13, y=y, fill=INK, font_size=9))
+        xl += 24 + len(label) * 5.5
+    return _el(
+        "svg",
+        summary,
+        "".join(out),
+        xmlns=SVG_NS,
+        cls="kx-timeline",
+        width=width,
+        height=lay.height,
+        viewBox=f"0 0 {width} {lay.height:g}",
+        font_family="sans-serif",
+        font_size=lay.font,
+        role="img",
+        aria_label=summary,
+        style="max-width:100%;height:auto",
+    )

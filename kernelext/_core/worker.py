@@ -1,0 +1,272 @@
+"""The worker thread that executes a run, and how a run's end is recorded.
+
+``launch`` starts three threads per run: the worker (the agent's code), the monitor
+(escalates a stop that overruns ``max_step_seconds``, renews the lease; never waits for
+the store) and the stop-watch (sees stops recorded by other processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from .._store import Store, actor
+from ..errors import NeedsDecision, OwnershipLost, StopRequested, StoreWriteError
+from ..status import FINAL, LIVE, Reason, Status, StepStatus
+from .context import reset_current_run, set_current_run
+from .handle import Handle
+from .lease import RENEW_SECONDS, lease_until
+from .run import STOP_POLL_SECONDS, Run
+from .runtime import Runtime, runtime
+from .secrets import scrub_text, scrubbed_excerpt
+
+__all__ = ["end_open_step", "finish_run", "launch", "suspend_run"]
+
+MONITOR_TICK = 0.05
+_log = logging.getLogger("kernelext")
+
+
+def launch(
+    handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Handle:
+    rt = runtime()  # the worker ends its run in the runtime that launched it
+    with rt.live_lock:
+        rt.live_runs[handle.run_id] = handle
+    thread = threading.Thread(
+        target=_execute,
+        args=(rt, handle, fn, args, kwargs),
+        name=f"kernelext-run[{handle.run_id}]",
+        daemon=True,
+    )
+    handle.thread = thread
+    thread.start()
+    monitor = threading.Thread(
+        target=_monitor, args=(handle,), daemon=True, name=f"kernelext-monitor[{handle.run_id}]"
+    )
+    monitor.start()
+    watcher = threading.Thread(
+        target=_watch_external_stop,
+        args=(handle,),
+        daemon=True,
+        name=f"kernelext-stop-watch[{handle.run_id}]",
+    )
+    watcher.start()
+    return handle
+
+
+def _execute(
+    rt: Runtime,
+    handle: Handle,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    run, store = handle.run, handle.store
+    run.thread_id = threading.get_ident()
+    token = set_current_run(run)
+    outcome: BaseException | None = None
+    finished = False
+    try:
+        handle.result = fn(run, *args, **kwargs)
+        run.enforce_stop("the end of the agent")  # it returned after swallowing a stop
+        finished = True
+    except BaseException as exc:  # recorded below, after the run is sealed
+        outcome = exc
+    while True:  # absorb a forced stop that lands after the agent returned
+        try:
+            run.seal()
+            break
+        except StopRequested as late:
+            if not finished and outcome is None:
+                outcome = late
+    status: str = Status.FAILED
+    try:
+        if isinstance(outcome, OwnershipLost):  # taken over elsewhere: write nothing more
+            raise outcome
+        if finished:
+            run.finish_open_step()
+            status = finish_run(store, run, Status.COMPLETED)
+        elif isinstance(outcome, StopRequested):
+            status = suspend_run(store, run, outcome)
+        elif isinstance(outcome, NeedsDecision):
+            end_open_step(store, run, StepStatus.CANCELLED, str(outcome))
+            status = finish_run(store, run, Status.NEEDS_DECISION, reason=str(outcome))
+        else:
+            assert outcome is not None
+            handle.error = outcome
+            text = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
+            text = scrub_text(text)
+            end_open_step(store, run, StepStatus.FAILED, text)
+            status = finish_run(store, run, Status.FAILED, reason=scrubbed_excerpt(text, 500))
+    except OwnershipLost as lost:
+        status = _lost(handle, lost)
+    except Exception as exc:
+        handle.error = handle.error or exc
+        text = scrub_text("".join(traceback.format_exception_only(type(exc), exc)).strip())
+        try:  # (scrubbed before it is cut, as above)
+            end_open_step(store, run, StepStatus.FAILED, text)
+            status = finish_run(store, run, Status.FAILED, reason=scrubbed_excerpt(text, 500))
+        except Exception as fault:  # the store refuses writes: end cleanly anyway
+            status = _store_fault(handle, fault)
+    finally:
+        handle.final_status = status
+        run.thread_id = None
+        with rt.live_lock:
+            if rt.live_runs.get(run.id) is handle:
+                del rt.live_runs[run.id]
+        reset_current_run(token)
+        run.notify("end", status)
+        rt.run_ended(run.id, status)
+
+
+def _lost(handle: Handle, lost: OwnershipLost) -> str:
+    """Another process took the run over: this one's thread ends without another write
+    (the new owner's tables are not touched); ``h.error`` says who owns it and how to take
+    it back. The status returned is the run's as the store has it now."""
+    handle.error = lost
+    handle.run.current = None
+    _log.warning("kernelext: %s", lost)
+    try:
+        return str(handle.store.get_run(handle.run_id)["status"])
+    except Exception:
+        return Status.FAILED
+
+
+def _store_fault(handle: Handle, fault: Exception) -> str:
+    """The run ended but the store could not record how: say so, and what to do."""
+    run_id = handle.run_id
+    handle.store_fault = StoreWriteError(
+        f"Run {run_id!r} ended, but the store could not record its end ({fault}). Everything "
+        "the run stored before is kept (in the tables or the journal). Once the store takes "
+        f"writes again (free space, memory), call kx.resume({run_id!r}): applied effects are "
+        "not repeated, and a call whose outcome was not recorded waits in kx.reconcile."
+    )
+    handle.store_fault.__cause__ = handle.error or fault  # what went wrong first
+    handle.error = handle.store_fault
+    _log.error("kernelext: %s", handle.store_fault)
+    return Status.FAILED
+
+
+def end_open_step(store: Store, run: Run, status: str, error: str | None) -> None:
+    info = run.current
+    if info is not None:
+        store.end_step(
+            run.id, info.id, status, error=error, forced=run.forced, duration_s=info.elapsed
+        )
+        run.current = None
+
+
+def finish_run(store: Store, run: Run, status: Status, reason: str | None = None) -> str:
+    """Record how a live run ended (completed, failed, needs_decision); claims of a final
+    run are released in the same transaction."""
+
+    def job(tx: Any) -> str:
+        result = store.transition_tx(
+            tx,
+            run.id,
+            status,
+            LIVE,
+            kind=status,
+            reason=reason,
+            source="engine",
+            epoch=store.held_epoch(run.id),
+        )
+        if result.ok and status in FINAL:
+            store.release_run_claims_tx(tx, run.id, status)
+        return str(result.after)
+
+    return str(store.write(job))
+
+
+def suspend_run(store: Store, run: Run, stop: StopRequested) -> str:
+    """Record that a live run stopped at a safe point (or was forced): ``suspended``, with
+    the deadline its reason's expiry policy (or ``run.suspend(until=...)``) gives."""
+    forced = run.forced
+    end_open_step(store, run, StepStatus.CANCELLED, "forced stop" if forced else "stopped")
+    if run.suspend_request is not None:
+        reason, override, note = run.suspend_request
+        source = "agent"
+    else:
+        reason, override, note = Reason.USER_STOP, None, None
+        source = run.stop_source or "api"
+    detail: dict[str, Any] = {"forced": forced}  # the deadline is added by the transition
+    if note:
+        detail["note"] = note
+    if run.last_completed is not None:
+        detail["last_step"] = run.last_completed.key
+    fields: dict[str, Any] | None = None
+    if override is not None:  # run.suspend(deadline=...) overrides the policy this once
+        deadline = store.expiry.deadline(reason, store.now(), override)
+        fields, detail["deadline"] = {"deadline": deadline}, deadline.isoformat()
+    result = store.transition(
+        run.id,
+        Status.SUSPENDED,
+        LIVE,
+        kind="stop_forced" if forced else Status.SUSPENDED,
+        reason=reason,
+        source=source,
+        detail=detail,
+        fields=fields,
+        epoch=store.held_epoch(run.id),
+    )
+    return str(result.after)
+
+
+def _renew_lease(store: Store, run_id: str) -> None:
+    """Keep this process's claim on a live run fresh (see ``lease``)."""
+    store.renew_lease(run_id, lease_until(store.now()), actor())
+
+
+def _watch_external_stop(handle: Handle) -> None:
+    """Look for a stop that another process recorded in the run's row.
+
+    Such a look may wait for the store file (another process may hold it), so it has a
+    thread of its own: the monitor, which escalates stops, never waits for the store.
+    """
+    run = handle.run
+    while handle.thread is not None and handle.thread.is_alive() and not run.stop_event.is_set():
+        run.poll_external_stop(wait=True)
+        run.stop_event.wait(STOP_POLL_SECONDS)
+
+
+def _monitor(handle: Handle) -> None:
+    """Escalate a pending stop when the current step overruns its time bound.
+
+    Everything it writes is queued (``write_async``): it never waits for the store.
+    """
+    run = handle.run
+    renewed = 0.0
+    while handle.thread is not None and handle.thread.is_alive():
+        if time.monotonic() - renewed >= RENEW_SECONDS:
+            renewed = time.monotonic()
+            _renew_lease(handle.store, run.id)
+        time.sleep(MONITOR_TICK)
+        info = run.current
+        if not run.stop_event.is_set() or info is None:
+            if (
+                info is not None
+                and run.max_step_seconds
+                and not info.overrun_reported
+                and info.elapsed > run.max_step_seconds
+            ):
+                info.overrun_reported = True
+                handle.store.record_event(
+                    run.id,
+                    "step_overran",
+                    wait=False,
+                    reason=f"step {info.key!r} passed max_step_seconds={run.max_step_seconds}",
+                )
+            continue
+        overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
+        if (run.force_wanted or overran) and run.try_force():
+            handle.store.record_event(
+                run.id,
+                "force_raised",
+                wait=False,
+                source="engine",
+                reason=f"step {info.key!r} cancelled after {info.elapsed:.1f}s",
+            )

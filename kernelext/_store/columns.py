@@ -1,0 +1,568 @@
+"""One door for stored text: what each column may hold, and the scrubbing write path.
+
+Every value that reaches a store column goes through :class:`ScrubbingTx`, the wrapper
+the writer hands to every job (DuckDB and PostgreSQL alike); every hot-path record goes
+through :func:`scrub_record` before it is journaled or applied; side files refuse secrets
+in :func:`refuse_secret`. The ``?`` parameters of a write statement are mapped to their
+``(table, column)`` by reading our own statement text once (cached per SQL string), and
+each column is declared in :data:`SCRUBBED`:
+
+- ``text``: registered values, credentials and URL passwords become ``***``, and
+  ``password=…`` / ``Bearer …`` pairs are masked (text that is only shown).
+- ``args``: JSON; keys named like a secret become ``***redacted***``, strings as ``text``.
+- ``result``: JSON replayed on resume: as ``args``, but a bare ``token``/``session``/…
+  key is kept and free text is not pattern-masked (only registered values, URL passwords).
+- ``key``: an id or lookup key (run id, step key, tool, fact name): scrubbing would break
+  lookups, so a value holding a registered secret is refused (:class:`SecretRefused`).
+- ``exact``: data that must round-trip byte for byte (``run.state`` snapshots, LangGraph
+  checkpoints): refused when it holds a registered secret (use ``run.credential``).
+- ``plain``: not scrubbed; the reason says why (hashes, enums, timestamps, paths we made).
+
+A statement the mapper cannot read gets the conservative default: every ``str``
+parameter scrubbed as ``text`` and every ``bytes`` one refused if it holds a secret.
+The store knows no secrets itself: ``kernelext._core.secrets`` installs the scrubber
+(:func:`install`). With nothing registered, ``key``/``exact`` checks cost nothing and
+``text`` costs two substring tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
+
+from ..errors import KernelextError
+
+__all__ = [
+    "SCRUBBED",
+    "Column",
+    "Scrubber",
+    "ScrubbingTx",
+    "SecretRefused",
+    "install",
+    "param_columns",
+    "refuse_secret",
+    "scrub_params",
+    "scrub_record",
+    "scrubbed_excerpt",
+]
+
+
+class SecretRefused(KernelextError, ValueError):
+    """A value that must be stored exactly (an id, a snapshot) holds a registered secret."""
+
+
+class Column(NamedTuple):
+    mode: str  # text | args | result | key | exact | plain
+    why: str
+
+
+_T = "text"
+_ID = Column("key", "an id or lookup key: scrubbing it would break lookups, so a secret is refused")
+_RUN = Column("key", "a run id: refused when it holds a registered secret (lookups need it exact)")
+_TS = Column("plain", "a timestamp")
+_ENUM = Column("plain", "a status or kind chosen by kernelext (an enum)")
+_HASH = Column("plain", "a hash or fingerprint kernelext computed")
+_STATE = Column(
+    "exact",
+    "run.state / checkpoint data must round-trip exactly: a registered secret is refused "
+    "(use run.credential / kx.credentials)",
+)
+_NOTE = Column(_T, "free text a person or the engine wrote (note, reason, error)")
+_WHO = Column(_T, "who: user@host:pid, or a name a person gave")
+_ARGS = Column("args", "JSON arguments, only shown: names and values scrubbed")
+_RESULT = Column("result", "JSON replayed on resume: names (not a bare token) and values scrubbed")
+
+# Every TEXT, JSON or BLOB column of the schema (store/schema.py, all migrations).
+# tests/test_store_columns.py fails when a live schema has one that is not declared here.
+SCRUBBED: dict[tuple[str, str], Column] = {
+    # runs
+    ("runs", "id"): _RUN,
+    ("runs", "agent"): _ID,
+    ("runs", "status"): _ENUM,
+    ("runs", "reason"): _NOTE,
+    ("runs", "parent_id"): _RUN,
+    ("runs", "fingerprint"): _HASH,
+    ("runs", "args"): Column(
+        "args",
+        "the agent's start arguments (JSON); a resume of a run whose arguments lost "
+        "a secret asks for them again",
+    ),
+    ("runs", "stop_source"): Column(_T, "who or what asked to stop (free text)"),
+    ("runs", "owner"): Column("key", "the lease owner, compared for ownership: refused"),
+    ("runs", "error"): _NOTE,
+    # steps
+    ("steps", "run_id"): _RUN,
+    ("steps", "key"): _ID,
+    ("steps", "name"): Column(_T, "a step's display name"),
+    ("steps", "status"): _ENUM,
+    ("steps", "error"): _NOTE,
+    # snapshots and their blobs
+    ("snapshots", "run_id"): _RUN,
+    ("snapshots", "manifest"): Column("exact", "state keys -> blob ids, read back exactly"),
+    ("blobs", "run_id"): _RUN,
+    ("blobs", "encoding"): _ENUM,
+    ("blobs", "sha256"): _HASH,
+    ("blobs", "location"): Column("plain", "'inline' or a side-file path kernelext chose"),
+    ("blobs", "data"): _STATE,
+    # effects
+    ("effects", "run_id"): _RUN,
+    ("effects", "step_key"): _ID,
+    ("effects", "tool"): _ID,
+    ("effects", "args_hash"): _HASH,
+    ("effects", "args"): _ARGS,
+    ("effects", "status"): _ENUM,
+    ("effects", "result"): _RESULT,
+    ("effects", "error"): _NOTE,
+    ("effects", "decided_by"): _WHO,
+    ("effects", "decision_note"): _NOTE,
+    # facts
+    ("facts", "run_id"): _RUN,
+    ("facts", "name"): _ID,
+    ("facts", "kind"): _ENUM,
+    ("facts", "value"): _RESULT,
+    ("facts", "fingerprint"): _HASH,
+    ("facts", "check_name"): Column("key", "a check's registered name, resolved on resume"),
+    ("facts", "check_args"): Column(
+        "exact", "the check's arguments, passed again on resume: a secret is refused"
+    ),
+    ("facts", "current_value"): _RESULT,
+    ("facts", "check_status"): _ENUM,
+    ("facts", "check_detail"): _NOTE,
+    ("facts", "compare_name"): Column("key", "a comparator's qualified name, resolved on resume"),
+    # claims
+    ("claims", "resource"): _ID,
+    ("claims", "run_id"): _RUN,
+    ("claims", "release_reason"): _NOTE,
+    # events
+    ("events", "run_id"): _RUN,
+    ("events", "kind"): _ENUM,
+    ("events", "from_status"): _ENUM,
+    ("events", "to_status"): _ENUM,
+    ("events", "source"): Column(_T, "who or what caused it (free text)"),
+    ("events", "actor"): _WHO,
+    ("events", "reason"): _NOTE,
+    ("events", "detail"): _ARGS,
+    # journal bookkeeping and quarantine
+    ("journal_state", "journal_id"): Column("plain", "a journal file's random id"),
+    ("quarantine", "journal_id"): Column("plain", "a journal file's random id"),
+    ("quarantine", "kind"): _ENUM,
+    ("quarantine", "run_id"): Column(_T, "a run id, kept to be shown (never looked up exactly)"),
+    ("quarantine", "payload"): Column(_T, "a refused record's JSON, kept to be shown"),
+    ("quarantine", "error"): _NOTE,
+    ("quarantine", "file"): Column("plain", "a journal file path kernelext chose"),
+    ("schema_version", "description"): Column("plain", "a migration's description (code)"),
+    # approvals
+    ("approvals", "run_id"): _RUN,
+    ("approvals", "step"): _ID,
+    ("approvals", "tool"): _ID,
+    ("approvals", "args_hash"): _HASH,
+    ("approvals", "args"): _ARGS,
+    ("approvals", "decision"): _ENUM,
+    ("approvals", "actor"): _WHO,
+    ("approvals", "note"): _NOTE,
+    # inputs (run.ask)
+    ("inputs", "run_id"): _RUN,
+    ("inputs", "step"): _ID,
+    ("inputs", "prompt"): Column(_T, "the question shown to a person"),
+    ("inputs", "answer_schema"): Column(_T, "the answer's schema, shown"),
+    ("inputs", "default_answer"): _RESULT,
+    ("inputs", "answer"): _RESULT,
+    ("inputs", "actor"): _WHO,
+    ("inputs", "note"): _NOTE,
+    # LangGraph checkpoints (store/checkpoints.py)
+    ("langgraph_checkpoints", "thread_id"): _RUN,
+    ("langgraph_checkpoints", "checkpoint_ns"): _ID,
+    ("langgraph_checkpoints", "checkpoint_id"): _ID,
+    ("langgraph_checkpoints", "parent_checkpoint_id"): _ID,
+    ("langgraph_checkpoints", "source"): _ENUM,
+    ("langgraph_checkpoints", "graph_run_id"): _ID,
+    ("langgraph_checkpoints", "encoding"): _ENUM,
+    ("langgraph_checkpoints", "checkpoint"): _STATE,
+    ("langgraph_checkpoints", "metadata"): _ARGS,
+    ("langgraph_checkpoints", "channel_versions"): Column("exact", "versions LangGraph compares"),
+    ("langgraph_blobs", "thread_id"): _RUN,
+    ("langgraph_blobs", "checkpoint_ns"): _ID,
+    ("langgraph_blobs", "channel"): _ID,
+    ("langgraph_blobs", "version"): _ID,
+    ("langgraph_blobs", "encoding"): _ENUM,
+    ("langgraph_blobs", "value"): _STATE,
+    ("langgraph_writes", "thread_id"): _RUN,
+    ("langgraph_writes", "checkpoint_ns"): _ID,
+    ("langgraph_writes", "checkpoint_id"): _ID,
+    ("langgraph_writes", "task_id"): _ID,
+    ("langgraph_writes", "task_path"): _ID,
+    ("langgraph_writes", "channel"): _ID,
+    ("langgraph_writes", "encoding"): _ENUM,
+    ("langgraph_writes", "value"): _STATE,
+}
+
+
+# -- the scrubber, installed by kernelext._core.secrets ---------------------------------------
+class Scrubber(Protocol):
+    def text(self, value: str) -> str: ...
+
+    def json(self, value: str, *, result: bool) -> str: ...
+
+    def holds_secret(self, value: Any) -> bool: ...
+
+    def armed(self) -> bool:
+        """Are values registered (else ``holds_secret`` is always False)?"""
+        ...
+
+
+_SCRUBBER: Scrubber | None = None
+
+
+def install(scrubber: Scrubber) -> None:
+    """Called by ``kernelext._core.secrets`` at import: the store knows no secrets itself."""
+    global _SCRUBBER
+    _SCRUBBER = scrubber
+
+
+def _scrub_value(mode: str, value: Any, where: str) -> Any:
+    s = _SCRUBBER
+    if s is None or mode == "plain" or value is None:
+        return value
+    if isinstance(value, str):
+        if mode == _T:
+            return s.text(value)
+        if mode == "args":
+            return s.json(value, result=False)
+        if mode == "result":
+            return s.json(value, result=True)
+    refuse = mode in ("key", "exact") or isinstance(value, (bytes, bytearray, memoryview))
+    if refuse and s.holds_secret(value):
+        raise SecretRefused(_refusal(mode, where))
+    return value
+
+
+def _refusal(mode: str, where: str) -> str:
+    if mode == "key":
+        return (
+            f"kernelext refuses to store {where}: it contains a registered secret "
+            "(kx.secrets / a credential), and an id or key cannot be scrubbed without breaking "
+            "lookups. Use an id without the secret."
+        )
+    return (
+        f"kernelext refuses to store {where}: it contains a registered secret (kx.secrets / "
+        "a credential), and it must be stored exactly (run.state, checkpoints, check "
+        "arguments). Keep secrets out of it: use run.credential(...) / kx.credentials, "
+        "or keep the secret in memory only."
+    )
+
+
+def scrubbed_excerpt(text: str, limit: int) -> str:
+    """``text`` scrubbed, then cut to ``limit`` characters: the one way to shorten an error
+    text before it is stored. Cutting first could leave the start of a secret, which the
+    scrubber no longer recognises."""
+    s = _SCRUBBER
+    if s is not None:
+        text = s.text(text)
+    return text[:limit]
+
+
+def refuse_secret(value: Any, where: str) -> None:
+    """Raise :class:`SecretRefused` when ``value`` (text or bytes) holds a registered secret."""
+    s = _SCRUBBER
+    if s is not None and value is not None and s.holds_secret(value):
+        raise SecretRefused(_refusal("exact", where))
+
+
+# -- mapping a statement's ``?`` to its columns ---------------------------------------------
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|\?|[(),=]|[A-Za-z_][\w.]*|\S")
+_NO_WRITE: tuple[str, ...] = ()
+_DEFAULT = Column(_T, "not declared: scrubbed as text (conservative)")
+# A plan: one (table, column) per ``?``; None for a ``?`` that is not written (WHERE ...);
+# _ALL_TEXT when the statement could not be read.
+Plan = tuple[tuple[str, str] | None, ...] | None
+_ALL_TEXT = None
+
+
+class _Unreadable(Exception):
+    pass
+
+
+def _groups(tokens: list[str], start: int) -> tuple[list[list[str]], int]:
+    """The comma-separated items of the parenthesised list at ``tokens[start]`` (``(``)."""
+    if tokens[start] != "(":
+        raise _Unreadable
+    items: list[list[str]] = [[]]
+    depth = 0
+    for i in range(start, len(tokens)):
+        t = tokens[i]
+        if t == "(":
+            depth += 1
+            if depth == 1:
+                continue
+        elif t == ")":
+            depth -= 1
+            if depth == 0:
+                return items, i + 1
+        if depth == 1 and t == ",":
+            items.append([])
+        else:
+            items[-1].append(t)
+    raise _Unreadable
+
+
+def _tuples(tokens: list[str], i: int, columns: list[str | None]) -> tuple[list[str | None], int]:
+    """``(?, ?), (?, ?)`` at ``i``: the column of each ``?`` in them."""
+    out: list[str | None] = []
+    while True:
+        items, i = _groups(tokens, i)
+        if len(items) != len(columns):
+            raise _Unreadable
+        for item, col in zip(items, columns, strict=True):
+            out.extend(col for t in item if t == "?")
+        if i < len(tokens) and tokens[i] == ",":
+            i += 1
+            continue
+        return out, i
+
+
+def _assignments(
+    tokens: list[str], i: int, stop: set[str]
+) -> tuple[list[tuple[str, list[str]]], int]:
+    """``a = expr, b = expr`` from ``i`` up to a top-level keyword in ``stop``."""
+    out: list[tuple[str, list[str]]] = []
+    depth = 0
+    current: list[str] = []
+    while i < len(tokens):
+        t = tokens[i]
+        if depth == 0 and t.upper() in stop:
+            break
+        if t == "(":
+            depth += 1
+        elif t == ")":
+            depth -= 1
+        if depth == 0 and t == ",":
+            out.append(_assignment(current))
+            current = []
+        else:
+            current.append(t)
+        i += 1
+    if current:
+        out.append(_assignment(current))
+    return out, i
+
+
+def _assignment(tokens: list[str]) -> tuple[str, list[str]]:
+    if len(tokens) < 3 or tokens[1] != "=":
+        raise _Unreadable
+    return tokens[0].split(".")[-1].lower(), tokens[2:]
+
+
+def _rest(tokens: list[str], i: int, columns: list[str | None]) -> list[str | None]:
+    """``?`` after the written part (WHERE, RETURNING, ANTI JOIN …): not written."""
+    return columns + [None for t in tokens[i:] if t == "?"]
+
+
+def _plan_insert(tokens: list[str], table: str, i: int) -> list[tuple[str, str] | None]:
+    items, i = _groups(tokens, i)
+    cols: list[str | None] = [" ".join(item).lower() for item in items]
+    head = tokens[i].upper()
+    if head == "VALUES":
+        mapped, i = _tuples(tokens, i + 1, cols)
+    elif head == "SELECT" and tokens[i + 1 : i + 5] == ["*", "FROM", "(", "VALUES"]:
+        mapped, i = _tuples(tokens, i + 5, cols)
+        if tokens[i] != ")":
+            raise _Unreadable
+        i += 1
+    else:
+        raise _Unreadable
+    out: list[tuple[str, str] | None] = [(table, c) if c else None for c in mapped]
+    while i < len(tokens):  # ON CONFLICT ... DO UPDATE SET a = ?, ...
+        if tokens[i].upper() == "SET":
+            sets, i = _assignments(tokens, i + 1, {"WHERE", "RETURNING"})
+            for col, expr in sets:
+                out.extend((table, col) for t in expr if t == "?")
+            continue
+        if tokens[i] == "?":
+            out.append(None)  # WHERE / RETURNING: not written
+        i += 1
+    return out
+
+
+def _plan_update(tokens: list[str], table: str, i: int) -> list[tuple[str, str] | None]:
+    if tokens[i].upper() != "SET":
+        raise _Unreadable
+    sets, i = _assignments(tokens, i + 1, {"FROM", "WHERE", "RETURNING"})
+    out: list[tuple[str, str] | None] = []
+    from_values: dict[str, str] = {}
+    for col, expr in sets:
+        out.extend((table, col) for t in expr if t == "?")
+        for t in expr:
+            if "." in t:
+                from_values[t.split(".")[-1].lower()] = col
+    if i < len(tokens) and tokens[i].upper() == "FROM":
+        # FROM (VALUES (?, ?), ...) AS v(a, b): a value lands in the column set from v.a
+        if tokens[i + 1 : i + 3] != ["(", "VALUES"]:
+            raise _Unreadable
+        j = i + 3
+        depth = 0
+        while j < len(tokens) and not (tokens[j] == ")" and depth == 0):  # to the closing ")"
+            depth += {"(": 1, ")": -1}.get(tokens[j], 0)
+            j += 1
+        k = j + 1
+        if k < len(tokens) and tokens[k].upper() == "AS":
+            k += 1
+        names, _ = _groups(tokens, k + 1)
+        vcols = [from_values.get(" ".join(n).lower()) for n in names]
+        mapped, end = _tuples(tokens, i + 3, vcols)
+        if end != j:
+            raise _Unreadable
+        out.extend((table, c) if c else None for c in mapped)
+        i = k + 1
+    out.extend(None for t in tokens[i:] if t == "?")
+    return out
+
+
+@functools.lru_cache(maxsize=2048)
+def param_columns(sql: str) -> Plan | tuple[str, ...]:
+    """The ``(table, column)`` each ``?`` of ``sql`` is written to (None: not written).
+
+    ``()`` for a statement that writes nothing (SELECT, DELETE, DDL); ``None`` when the
+    statement cannot be read (then every parameter is scrubbed as text)."""
+    tokens = [t for t in _TOKEN.findall(sql) if not t.startswith("'")]
+    if not tokens:
+        return _NO_WRITE
+    first = tokens[0].upper()
+    words = {t.upper() for t in tokens}
+    try:
+        if first == "INSERT" and tokens[1].upper() == "INTO":
+            plan = _plan_insert(tokens, tokens[2].lower(), 3)
+        elif first == "UPDATE":
+            plan = _plan_update(tokens, tokens[1].lower(), 2)
+        elif first in ("SELECT", "DELETE", "CREATE", "ALTER", "DROP") and "INSERT" not in words:
+            return _NO_WRITE  # (a SELECT's UPDATE is FOR UPDATE; a DELETE stores nothing)
+        else:
+            return _ALL_TEXT
+    except (_Unreadable, IndexError):
+        return _ALL_TEXT
+    if len(plan) != sum(1 for t in tokens if t == "?"):
+        return _ALL_TEXT
+    return tuple(plan)
+
+
+@functools.lru_cache(maxsize=2048)
+def _modes(sql: str) -> tuple[tuple[str, str] | None, ...] | None:
+    """(mode, label) of each ``?`` of ``sql`` (None: nothing to do); None: unreadable."""
+    plan = param_columns(sql)
+    if plan is None:
+        return None
+    out: list[tuple[str, str] | None] = []
+    for where in plan:
+        column = SCRUBBED.get(where, _DEFAULT) if isinstance(where, tuple) else None
+        if column is None or column.mode == "plain":
+            out.append(None)
+        else:
+            assert isinstance(where, tuple)
+            out.append((column.mode, f"{where[0]}.{where[1]}"))
+    return tuple(out)
+
+
+_SKIP = (int, float, bool)
+_REFUSING = frozenset({"key", "exact"})
+
+
+def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
+    """``params`` as they may be stored by ``sql`` (see the module doc)."""
+    if not params or _SCRUBBER is None:
+        return params
+    modes = _modes(sql)
+    if modes == ():
+        return params
+    if modes is None or len(modes) != len(params):  # unreadable, or bound otherwise: be safe
+        return [
+            v if v is None or isinstance(v, _SKIP) else _scrub_value(_T, v, "a value")
+            for v in params
+        ]
+    out = list(params)
+    refusals = _SCRUBBER.armed()  # ids and state: checked only when secrets are registered
+    for i, mode in enumerate(modes):
+        if mode is not None and (refusals or mode[0] not in _REFUSING):
+            value = out[i]
+            if value is not None and not isinstance(value, _SKIP):
+                out[i] = _scrub_value(mode[0], value, mode[1])
+    return out
+
+
+class ScrubbingTx:
+    """The Tx every job sees: parameters scrubbed on their way to the columns."""
+
+    __slots__ = ("_tx",)
+
+    def __init__(self, tx: Any) -> None:
+        self._tx = tx
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._tx.execute(sql, scrub_params(sql, params))
+
+    def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        result: tuple[Any, ...] | None = self._tx.fetchone(sql, scrub_params(sql, params))
+        return result
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        result: list[tuple[Any, ...]] = self._tx.fetchall(sql, scrub_params(sql, params))
+        return result
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._tx.executemany(sql, [scrub_params(sql, row) for row in rows])
+
+    def __getattr__(self, name: str) -> Any:  # backend extras (a job may need the raw tx)
+        return getattr(self._tx, name)
+
+
+# -- hot-path records (journal frames and the direct path alike) ------------------------------
+_RECORD_FIELDS: dict[str, dict[str, tuple[str, str] | None]] = {
+    "step_begin": {"run_id": ("steps", "run_id"), "key": ("steps", "key"),
+                   "name": ("steps", "name")},
+    "step_complete": {"run_id": ("snapshots", "run_id"), "manifest": ("snapshots", "manifest"),
+                      "blobs": ("blobs", "data")},
+    "intent": {"run_id": ("effects", "run_id"), "step_key": ("effects", "step_key"),
+               "tool": ("effects", "tool"), "args": ("effects", "args"),
+               "args_hash": None},
+    "outcome": {"status": None, "result": ("effects", "result"), "error": ("effects", "error")},
+    "fact": {"run_id": ("facts", "run_id"), "name": ("facts", "name"), "kind": None,
+             "value": ("facts", "value"), "fingerprint": None,
+             "check_name": ("facts", "check_name"), "check_args": ("facts", "check_args"),
+             "compare_name": ("facts", "compare_name")},
+    "stop_request": {"run_id": ("events", "run_id"), "source": ("events", "source"),
+                     "who": ("events", "actor"), "reason": ("events", "reason"),
+                     "request": None},
+}  # fmt: skip
+
+
+def _deep(mode: str, value: Any, where: str) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_deep(mode, v, where) for v in value)
+    if isinstance(value, dict):
+        return {k: _deep(mode, v, where) for k, v in value.items()}
+    return _scrub_value(mode, value, where)
+
+
+def scrub_record(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A hot-path record as it may be journaled and folded: each field scrubbed as the
+    column it lands in (an unknown field as text)."""
+    if _SCRUBBER is None:
+        return data
+    fields = _RECORD_FIELDS.get(kind, {})
+    out = dict(data)
+    for name, value in data.items():
+        if value is None or isinstance(value, (int, float, bool)):
+            continue
+        if name in fields:
+            where = fields[name]
+            if where is None:
+                continue
+            column = SCRUBBED.get(where, _DEFAULT)
+            label = f"{where[0]}.{where[1]}"
+        elif isinstance(value, str):
+            column, label = _DEFAULT, f"a {kind} record's {name}"
+        else:
+            continue  # ids, timestamps (uuid, datetime): nothing to scrub
+        if column.mode != "plain":
+            out[name] = _deep(column.mode, value, label)
+    return out

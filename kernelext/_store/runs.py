@@ -1,0 +1,326 @@
+"""Run rows and their status transitions. Every transition writes one event row."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..errors import RunNotFound, RunStateError, did_you_mean
+from ..status import LIVE, Status
+from .base import StoreBase, actor, in_list
+from .records import STOP_REQUESTED, apply_record, check_record
+from .transitions import Transition, move_tx
+from .writer import Tx
+
+__all__ = ["RunsMixin", "Transition"]
+
+RUN_COLUMNS = (
+    "id, agent, status, reason, created_at, updated_at, deadline, parent_id, fingerprint, "
+    "max_step_seconds, args, stop_requested_at, stop_source, owner, lease_until, total_steps, "
+    "completed_steps, error, key_scheme, owner_epoch"
+)
+# How effect keys and argument hashes of new runs are derived (see kernelext._core.keys);
+# a run row with key_scheme NULL was recorded before schema 7: scheme 1.
+KEY_SCHEME = 2
+
+
+class RunsMixin(StoreBase):
+    def create_run(
+        self,
+        run_id: str,
+        agent: str,
+        *,
+        fingerprint: str | None = None,
+        max_step_seconds: float | None = None,
+        args: str | None = None,
+        parent_id: str | None = None,
+        owner: str | None = None,
+        total_steps: int | None = None,
+        source: str = "api",
+        key_scheme: int = KEY_SCHEME,
+    ) -> bool:
+        """Insert a run in status ``running``. Returns False if the id is taken."""
+
+        def job(tx: Tx) -> bool:
+            now = self.now()
+            # One statement: two processes creating the same id at once get one winner.
+            inserted = tx.fetchone(
+                "INSERT INTO runs (id, agent, status, created_at, updated_at, parent_id,"
+                " fingerprint, max_step_seconds, args, owner, total_steps, completed_steps,"
+                " key_scheme, owner_epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, 1)"
+                " ON CONFLICT (id) DO NOTHING RETURNING id",
+                (
+                    run_id,
+                    agent,
+                    Status.RUNNING.value,
+                    now,
+                    now,
+                    parent_id,
+                    fingerprint,
+                    max_step_seconds,
+                    args,
+                    owner,
+                    total_steps,
+                    key_scheme,
+                ),
+            )
+            if inserted is None:
+                return False
+            if self.backend.fence is not None:  # a fresh start is ownership epoch 1
+                self.backend.fence.advance(run_id, 1)
+            self.event(
+                tx,
+                run_id,
+                "created",
+                to_status=Status.RUNNING,
+                source=source,
+                detail={"parent": parent_id} if parent_id else None,
+            )
+            return True
+
+        created: bool = self.write(job)
+        if created and owner == actor():
+            self.hold_epoch(run_id, 1)
+        return created
+
+    def advance_epoch_tx(self, tx: Tx, run_id: str) -> int:
+        """A take-over: the run's ownership epoch goes up by one, in the caller's
+        transaction; every write of a previous owner is refused from its commit on.
+
+        With a journal (DuckDB) the run's fence is advanced first (``duckdb/fence.py``: no
+        intent of an older epoch is appended after it), then what previous owners journaled
+        for the run and may not have folded is folded here, under their epoch, before the
+        take-over looks at the run's steps and effects."""
+        row = tx.fetchone(f"SELECT owner_epoch FROM runs WHERE id = ?{self.for_update}", (run_id,))
+        if row is None:
+            raise RunNotFound(f"No run {run_id!r} in the store at {self.location}.")
+        epoch = int(row[0] or 0) + 1
+        fence = self.backend.fence
+        if fence is not None:
+            fence.advance(run_id, epoch)
+        self.backend.fold_foreign_tx(tx, run_id)
+        tx.execute("UPDATE runs SET owner_epoch = ? WHERE id = ?", (epoch, run_id))
+        return epoch
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        rows = self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+        if not rows:
+            raise RunNotFound(
+                f"No run {run_id!r} in the store at {self.location}."
+                f"{did_you_mean(run_id, self.run_ids())} "
+                "List runs with kx.runs() (or `kernelext runs`)."
+            )
+        return rows[0]
+
+    def run_ids(self, limit: int = 10_000) -> list[str]:
+        """The newest ``limit`` run ids (for suggestions when an id is mistyped)."""
+        rows = self.read_dicts("SELECT id FROM runs ORDER BY created_at DESC LIMIT ?", (limit,))
+        return [str(r["id"]) for r in rows]
+
+    def find_run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+        return rows[0] if rows else None
+
+    def list_runs(self, status: str | None = None) -> list[dict[str, Any]]:
+        if status:
+            return self.read_dicts(
+                f"SELECT {RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at", (status,)
+            )
+        return self.read_dicts(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at")
+
+    def transition_tx(
+        self,
+        tx: Tx,
+        run_id: str,
+        to_status: Status,
+        allowed_from: Iterable[str],
+        *,
+        kind: str = "transition",
+        source: str | None = None,
+        reason: str | None = None,
+        who: str | None = None,
+        detail: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
+        epoch: int | None = None,
+    ) -> Transition:
+        """Move a run to ``to_status`` if it is in one of ``allowed_from``: the one door
+        every status change goes through (``transitions.move_tx``: the table is checked,
+        the event written, a waiting status gets its deadline from the expiry policy).
+
+        ``epoch``: the owner's ownership epoch; a run taken over since raises
+        ``OwnershipLost`` and nothing changes."""
+        return move_tx(
+            tx,
+            run_id,
+            to_status,
+            allowed_from,
+            now=self.now(),
+            kind=kind,
+            for_update=self.for_update,
+            policy=self.expiry,
+            source=source,
+            reason=reason,
+            who=who,
+            detail=detail,
+            fields=fields,
+            actor=actor(),
+            location=self.location,
+            epoch=epoch,
+        )
+
+    def transition(
+        self, run_id: str, to_status: Status, allowed_from: Iterable[str], **kwargs: Any
+    ) -> Transition:
+        allowed = tuple(allowed_from)
+        return self.write(lambda tx: self.transition_tx(tx, run_id, to_status, allowed, **kwargs))
+
+    def request_stop(
+        self, run_id: str, *, source: str, who: str | None = None, reason: str | None = None
+    ) -> Transition:
+        """Record a stop request. Only the first one moves ``running`` to ``stopping``.
+
+        Waits for the store (and on DuckDB for the file). For a run live in this process
+        use ``queue_stop_request``, which never does.
+        """
+
+        def job(tx: Tx) -> Transition:
+            now = self.now()
+            moved = self.transition_tx(
+                tx,
+                run_id,
+                Status.STOPPING,
+                (Status.RUNNING,),
+                kind=STOP_REQUESTED,
+                source=source,
+                who=who,
+                reason=reason,
+                fields={"stop_requested_at": now, "stop_source": source},
+            )
+            if not moved.ok:
+                self.event(
+                    tx,
+                    run_id,
+                    STOP_REQUESTED,
+                    source=source,
+                    who=who,
+                    reason=reason or f"run already {moved.before}",
+                )
+            return moved
+
+        return self.write(job)
+
+    def queue_stop_request(
+        self, run_id: str, *, source: str, who: str | None = None, reason: str | None = None
+    ) -> Callable[[], None]:
+        """Queue a stop request for a run live in this process; return what makes it durable.
+
+        Nothing here waits for the store file. On DuckDB the request is appended to this
+        process's journal, and its fold is queued in the writer's order, so it lands before
+        the suspension the run writes once it sees its stop flag; the returned call
+        ``fdatasync``s the journal. On PostgreSQL the request is queued for the writer and
+        the returned call waits for its commit. It is applied as ``request_stop`` does.
+        """
+        data = {
+            "run_id": run_id,
+            "source": source,
+            "who": who or actor(),
+            "reason": reason,
+            "at": self.now(),
+            "request": uuid.uuid4().hex,
+        }
+        hot_path = self.hot_path
+        if hot_path is not None:
+            self.record("stop_request", data, sync=False)
+            return hot_path.sync
+        check_record("stop_request", data)
+        queued = self.write_async(lambda tx: apply_record(tx, "stop_request", data))
+
+        def durable() -> None:
+            try:
+                queued.result()
+            except Exception:  # e.g. a deadlock victim: the record is idempotent, write again
+                self.record("stop_request", data, sync=True)
+
+        return durable
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        def job(tx: Tx) -> None:
+            self.update_run_tx(tx, run_id, **fields)
+
+        self.write(job)
+
+    def update_run_tx(self, tx: Tx, run_id: str, **fields: Any) -> None:
+        if "status" in fields:
+            raise RunStateError("A run's status changes only through Store.transition_tx.")
+        fields.setdefault("updated_at", self.now())
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        tx.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*fields.values(), run_id))
+
+    def record_event(
+        self, run_id: str | None, kind: str, *, wait: bool = True, **kwargs: Any
+    ) -> None:
+        def job(tx: Tx) -> None:
+            self.event(tx, run_id, kind, **kwargs)
+
+        if wait:
+            self.write(job)
+        else:
+            self.write_async(job)
+
+    def renew_lease(self, run_id: str, until: dt.datetime, owner: str) -> None:
+        """Queue a lease renewal for a live run (ignored once the run is no longer live)."""
+
+        marks, live = in_list(LIVE)
+        held = self.held_epoch(run_id)
+        fenced = " AND owner_epoch = ?" if held is not None else ""  # never a taker's lease
+
+        def job(tx: Tx) -> None:
+            tx.execute(
+                "UPDATE runs SET lease_until = ?, owner = ? WHERE id = ?"
+                f" AND status IN {marks}{fenced}",
+                (until, owner, run_id, *live, *((held,) if held is not None else ())),
+            )
+
+        self.write_async(job)
+
+    def lease_tx(self, tx: Tx, run_id: str) -> dict[str, Any] | None:
+        """The run's status, owner and lease, locked for the rest of the transaction."""
+        row = tx.fetchone(
+            "SELECT id, status, owner, lease_until, owner_epoch, agent FROM runs WHERE id = ?"
+            f"{self.for_update}",
+            (run_id,),
+        )
+        if row is None:
+            return None
+        names = ("id", "status", "owner", "lease_until", "owner_epoch", "agent")
+        return dict(zip(names, row, strict=True))
+
+    def runs_table(self, status: str | None = None) -> Any:
+        """The runs as a pyarrow Table (newest last), optionally only one status."""
+        where = ""
+        if status is not None:
+            where = " WHERE status = '" + status.replace("'", "''") + "'"
+        return self.read_arrow(
+            "SELECT id, agent, status, reason, completed_steps, total_steps, created_at,"
+            f" updated_at, deadline, parent_id FROM runs{where} ORDER BY created_at"
+        )
+
+    def stop_requested_at(self, run_id: str) -> dt.datetime | None:
+        rows = self.backend.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
+        return rows[0][0] if rows else None
+
+    def stop_request(self, run_id: str, *, wait: bool) -> tuple[Any, Any] | None:
+        """(stop_requested_at, stop_source) of a run; None if ``not wait`` and the store is busy.
+
+        Stop requests are written by jobs (never journaled), so no fold is waited for.
+        """
+        sql = "SELECT stop_requested_at, stop_source FROM runs WHERE id = ?"
+        if wait:
+            rows: list[tuple[Any, ...]] | None = self.backend.read(sql, (run_id,))
+        else:
+            rows = self.backend.try_read(sql, (run_id,))
+        if rows is None:
+            return None
+        return (rows[0][0], rows[0][1]) if rows else (None, None)

@@ -1,0 +1,554 @@
+"""Argument checks shared by the public entry points: a bad value is refused up front,
+before anything is read or written, with an error that names the parameter and says what
+to pass. Each check returns the value as the caller uses it (a float, a str, ...).
+
+``where`` is how the user wrote the call, e.g. ``"kx.configure(check_timeout=...)"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import concurrent.futures
+import contextlib
+import datetime as dt
+import functools
+import inspect
+import math
+import numbers
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, cast
+
+F = TypeVar("F", bound=Callable[..., Any])
+Check = Callable[[str, Any], Any]
+
+__all__ = [
+    "check_agent_function",
+    "check_approval_rule",
+    "check_callable",
+    "check_deadline",
+    "check_duration",
+    "check_effect_function",
+    "check_flag",
+    "check_name",
+    "check_optional_str",
+    "check_store",
+    "check_store_location",
+    "check_text",
+    "refuse_unrun_result",
+    "store_path_problem",
+]
+
+
+def _loaded(module: str, name: str) -> Any:
+    """A kernelext class by name, if its module is loaded (no instance exists otherwise).
+
+    This module imports nothing of kernelext: the store and core layers both use it."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+LONGEST_DURATION = 1000 * 365.25 * 86400  # seconds: every duration's documented maximum
+LONGEST_DURATION_TEXT = "1000 years"
+
+
+def check_duration(
+    where: str, value: object, *, allow_none: bool = False, allow_zero: bool = False
+) -> float | None:
+    """A positive, finite number of seconds (an int, a float, a numpy number, or a
+    ``timedelta``) as a float, at most ``LONGEST_DURATION`` (1000 years: the same bound for
+    every duration, so a deadline computed from it stays before year 9999).
+    ``True``/``False`` are refused (they are ints by accident)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if type(value).__name__ == "bool_":  # numpy.bool_ is not a Real, but be sure
+            raise TypeError(f"{where} takes a number of seconds, not {_shown(value)}.")
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float (10**400)
+            raise ValueError(
+                f"{where} takes at most {LONGEST_DURATION_TEXT} of seconds "
+                f"({LONGEST_DURATION:.0f}), not {_shown(value)}."
+            ) from None
+    else:
+        none = " (or None for no bound)" if allow_none else ""
+        raise TypeError(
+            f"{where} takes a number of seconds (or a timedelta){none}, not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{where} takes a finite number of seconds, not {_shown(value)}.")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "zero or a positive" if allow_zero else "a positive"
+        raise ValueError(f"{where} takes {bound} number of seconds, not {_shown(value)}.")
+    if seconds > LONGEST_DURATION:  # a deadline or timeout past year 9999 overflows
+        raise ValueError(
+            f"{where} takes at most {LONGEST_DURATION_TEXT} of seconds "
+            f"({LONGEST_DURATION:.0f}), not {_shown(value)}."
+        )
+    return seconds
+
+
+def check_flag(where: str, value: object) -> bool:
+    """``True`` or ``False`` (``0``/``1`` too, like a ``%config`` Bool)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{where} takes True or False, not {_shown(value)}.")
+
+
+def check_text(where: str, value: object, *, what: str = "a non-empty string") -> str:
+    """A ``str`` that is not empty or blank."""
+    if not isinstance(value, str):
+        raise TypeError(f"{where} takes {what}, not {type(value).__name__} {_shown(value)}.")
+    if not value.strip():
+        raise ValueError(f"{where} takes {what}, not an empty or blank string.")
+    return value
+
+
+MAX_NAME = 1000
+
+
+_ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+")  # '<Invoice object at 0x7f...>'
+
+
+def name_problem(value: str) -> str:
+    """What keeps ``value`` from being stored faithfully as a name ("" when nothing): it is
+    part of keys derived from it and stored as text in both stores, so not empty or blank,
+    at most ``MAX_NAME`` characters, no NUL (PostgreSQL refuses it in text) and no lone
+    surrogate (what ``os.listdir`` gives for a file name that is not UTF-8; UTF-8 cannot
+    hold it)."""
+    if not value.strip():
+        return "is empty" if not value else "is only blanks"
+    if len(value) > MAX_NAME:
+        return f"has {len(value)} characters (at most {MAX_NAME})"
+    if "\0" in value:
+        return f"holds a NUL character at position {value.index(chr(0))}"
+    if _ADDRESS.search(value):
+        return (
+            "holds an object's memory address (a default repr, '<... at 0x...>'), which "
+            "changes from process to process, so a resume would not find it and would make "
+            "its calls again; give each item a stable identity, e.g. "
+            "run.steps(items, key=lambda i: i.id)"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"holds a lone surrogate {value[exc.start]!r} at position {exc.start} (text "
+            "decoded with errors='surrogateescape', e.g. a file name from os.listdir); "
+            "decode it properly first, e.g. name.encode('utf-8', 'surrogateescape')"
+            ".decode('latin-1')"
+        )
+    return ""
+
+
+def check_name(where: str, value: object) -> str:
+    """A name (of a tool, an agent, a run, a step): a ``str`` that can be stored
+    faithfully (see :func:`name_problem`); otherwise ``InvalidName``."""
+    from .errors import InvalidName, NameNotText  # a leaf module: no import circle
+
+    if not isinstance(value, str):
+        raise NameNotText(
+            f"{where} takes a non-empty name (a str; a run id, step key or tool name), "
+            f"not {type(value).__name__} {_shown(value)}."
+        )
+    problem = name_problem(value)
+    if problem:
+        raise InvalidName(
+            f"{where}: the name {_shown(value)} {problem}; pass a short, printable text."
+        )
+    return value
+
+
+def check_optional_str(where: str, value: object) -> str | None:
+    """``None`` or a ``str`` (it may be empty: a note, a source)."""
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{where} takes a str (or None), not {type(value).__name__} {_shown(value)}.")
+
+
+def check_callable(
+    where: str, value: object, *, what: str = "a function (any callable)"
+) -> Callable[..., Any]:
+    if not callable(value):
+        raise TypeError(f"{where} takes {what}, not {type(value).__name__} {_shown(value)}.")
+    return value
+
+
+def store_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a DuckDB store file, or ``None``.
+
+    A path ending in a separator names a folder (DuckDB would create a *file* of that
+    name); on POSIX a backslash is refused because DuckDB reads it as ``/`` while
+    kernelext's lock and journal files beside the store use the literal name, so the two
+    would live in different places.
+    """
+    separators = (os.sep, os.altsep) if os.altsep else (os.sep,)
+    if path.endswith(separators):
+        return (
+            f"{path!r} ends in a path separator, so it names a folder; the store is a file. "
+            f"Pass a file path, e.g. {os.path.join(path, 'store.duckdb')!r}."
+        )
+    if os.sep == "/" and "\\" in path:
+        return (
+            f"{path!r} contains a backslash, which DuckDB reads as '/' while kernelext's "
+            "lock and journal files use it literally. Use '/' between folders and no "
+            "backslash in names."
+        )
+    return None
+
+
+def check_store_location(where: str, value: object) -> str:
+    """A DuckDB file path (``str`` or ``os.PathLike``) or a ``postgresql://`` URL; a path
+    that is a folder is refused (the store is a file inside it)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"{where} takes a DuckDB file path or a postgresql:// URL, not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    location = os.fspath(value)
+    if not isinstance(location, str):  # a bytes path
+        raise TypeError(f"{where} takes a path as str (or pathlib.Path), not {_shown(value)}.")
+    if not location.strip():
+        raise ValueError(f"{where} takes a DuckDB file path or a postgresql:// URL, not ''.")
+    if "\0" in location:
+        raise ValueError(f"{where}: a path cannot contain a NUL character ({_shown(value)}).")
+    if location.startswith(("postgresql://", "postgres://")):
+        return location
+    problem = store_path_problem(location)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+    if os.path.isdir(location):
+        raise ValueError(
+            f"{where}: {location!r} is a folder; the store is a file. Pass a file path, e.g. "
+            f"{os.path.join(location, 'store.duckdb')!r}."
+        )
+    return location
+
+
+def check_store(where: str, value: object) -> Any:
+    """``None`` (the current store) or a store from ``kx.open_store``."""
+    if value is None:
+        return None
+    StoreBase = _loaded("kernelext._store.base", "StoreBase")
+    if StoreBase is None or not isinstance(value, StoreBase):
+        raise TypeError(
+            f"{where} takes a store from kx.open_store(...) (or None for the current one), "
+            f"not {type(value).__name__} {_shown(value)}. To use another file, pass "
+            "store=kx.open_store(path)."
+        )
+    return value
+
+
+def _async_call(fn: object) -> bool:
+    """A callable object whose ``__call__`` is ``async def``."""
+    if inspect.isroutine(fn) or isinstance(fn, type):
+        return False
+    call = type(fn).__dict__.get("__call__") or getattr(type(fn), "__call__", None)  # noqa: B004
+    return inspect.iscoroutinefunction(call)
+
+
+def check_effect_function(fn: object) -> None:
+    """What ``@kx.effect`` may wrap: a plain (sync) function or callable.
+
+    A generator function or an ``async def`` returns without running its body, so the
+    ledger would record ``applied`` for work that never happened: both are refused here.
+    """
+    Effect = _loaded("kernelext._core.ledger", "Effect")
+    if Effect is not None and isinstance(fn, Effect):
+        raise TypeError(
+            f"{fn!r} is already an effect: wrapping it again would record each call twice. "
+            "To give it another name, wrap its function: kx.effect(name=...)(effect.fn)."
+        )
+    if isinstance(fn, (staticmethod, classmethod)):  # judge the function it holds
+        fn = fn.__func__
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not callable(fn):
+        raise TypeError(
+            "kx.effect takes the function to record (use it as @kx.effect above a def, or "
+            f"kx.effect(fn)), not {type(fn).__name__} {_shown(fn)}. Options are keywords: "
+            "@kx.effect(name='send', resumable=False)."
+        )
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"@kx.effect cannot wrap {name}: it is a generator function, whose body runs only "
+            "when the generator is iterated, after the ledger would have recorded it as "
+            "applied. Make the effect a plain function that does the work and returns its "
+            "result (e.g. return list(...)), and iterate in the agent."
+        )
+    if inspect.iscoroutinefunction(fn) or _async_call(fn):
+        raise TypeError(
+            f"@kx.effect cannot wrap {name}: async def effects are not supported yet. Wrap the "
+            "awaited call in a sync function (e.g. def f(...): return asyncio.run(coro(...)), "
+            "or a sync client) and decorate that; the ledger records it when it returns."
+        )
+
+
+def check_approval_rule(rule: object) -> None:
+    """``@kx.effect(needs_approval=...)``: a bool, or a function of the call's arguments."""
+    if not isinstance(rule, bool) and not callable(rule):
+        raise TypeError(
+            "@kx.effect(needs_approval=...) takes True/False or a function of the call's "
+            f"arguments that returns whether it needs approval, not {_shown(rule)}."
+        )
+
+
+def refuse_unrun_result(tool: str, result: object) -> None:
+    """An effect's function returned work that has not run: a coroutine, a generator, any
+    awaitable (``__await__``), a future, or a lazy one-shot iterator (``map``, ``filter``,
+    ``zip``, ``itertools`` objects, any ``Iterator``).
+
+    The object is closed or cancelled where it can be (so nothing of it runs later) and
+    ``TypeError`` raised; the ledger records the call ``failed`` with this error. An
+    iterator cannot be replayed from the ledger either: return a list instead.
+    """
+    kind = type(result).__name__
+    if inspect.iscoroutine(result) or inspect.isgenerator(result):
+        result.close()
+    elif inspect.isasyncgen(result):
+        pass
+    elif isinstance(result, (concurrent.futures.Future, asyncio.Future)):
+        cancelled = result.cancel()
+        raise TypeError(
+            f"Effect {tool} returned a {kind} instead of doing its work: a future is work "
+            f"that may not have finished{' (it is cancelled now)' if cancelled else ''}, and "
+            "the call is recorded as failed. Wait for it inside the effect and return its "
+            "result (future.result(), or asyncio.run(...) for a coroutine)."
+        )
+    elif inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):  # best effort; the refusal stands
+                close()
+        raise TypeError(
+            f"Effect {tool} returned an awaitable {kind} instead of doing its work: it was "
+            "never awaited, so nothing was sent, and the call is recorded as failed. Await it "
+            "inside a sync function (asyncio.run) and return its result."
+        )
+    elif isinstance(result, collections.abc.Iterator):
+        raise TypeError(
+            f"Effect {tool} returned a lazy iterator ({kind}) instead of its result: its "
+            "work runs only when it is iterated, after the ledger would have recorded the "
+            "call as applied, and an iterator cannot be replayed. The call is recorded as "
+            "failed; return a list instead (return list(...))."
+        )
+    else:
+        return
+    raise TypeError(
+        f"Effect {tool} returned a {kind} instead of doing its work: the {kind} was never "
+        "run (it is closed now), so nothing was sent, and the call is recorded as failed. "
+        "An effect must do the work before it returns: await the coroutine inside a sync "
+        "function (asyncio.run) or return list(generator)."
+    )
+
+
+def check_agent_function(fn: object) -> None:
+    """What ``@kx.agent`` may wrap: a function that takes the run first."""
+    if not callable(fn) or isinstance(fn, type):
+        raise TypeError(
+            "kx.agent takes the agent function, def f(run, ...) (use it as @kx.agent above a "
+            f"def), not {type(fn).__name__} {_shown(fn)}. Options are keywords: "
+            "@kx.agent(name='triage', max_step_seconds=60)."
+        )
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"@kx.agent cannot run {getattr(fn, '__name__', fn)!r}: it is a generator function, "
+            "whose body would never run. Make it a plain def that loops over run.steps(...)."
+        )
+    if inspect.iscoroutinefunction(fn) or _async_call(fn):
+        raise TypeError(
+            f"@kx.agent cannot run {getattr(fn, '__name__', fn)!r}: async def agents are not "
+            "supported yet. Make it a plain def; inside a step, run the coroutine with "
+            "asyncio.run(...)."
+        )
+
+
+# -- checks by parameter, for ``validated`` -------------------------------------------------
+def optional(check: Check) -> Check:
+    """``check``, or ``None``."""
+
+    def checked(where: str, value: Any) -> Any:
+        return None if value is None else check(where, value)
+
+    return checked
+
+
+def check_source(where: str, value: object) -> str:
+    """Who asks (``api``, ``cli``, ``panel``...): a short non-empty str."""
+    return check_text(where, value, what="a short str naming who asks (e.g. 'api')")
+
+
+def check_datetime(where: str, value: object) -> Any:
+    if not isinstance(value, dt.datetime):
+        raise TypeError(
+            f"{where} takes a datetime (UTC), not {type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
+def check_args_tuple(where: str, value: object) -> Any:
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(
+            f"{where} takes a tuple of the agent's positional arguments, not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
+def check_mapping(where: str, value: object) -> Any:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where} takes a dict, not {type(value).__name__} {_shown(value)}.")
+    return value
+
+
+def check_step(where: str, value: object) -> Any:
+    """A step: its ordinal (an int, not a bool) or its key (a str)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(
+            f"{where} takes a step ordinal (int) or a step key (str), not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
+def check_amount(where: str, value: object) -> float:
+    """A finite number (an amount, a tolerance); ``True``/``False`` are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} takes a number, not {type(value).__name__} {_shown(value)}.")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{where} takes a finite number, not {_shown(value)}.")
+    return number
+
+
+def check_iterable(where: str, value: object) -> Any:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"{where} takes the items to go through (a list, a generator...), not "
+            f"{type(value).__name__} {_shown(value)}."
+        )
+    return value
+
+
+def check_count(where: str, value: object) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"{where} takes a whole number >= 0, not {_shown(value)}.")
+    return value
+
+
+def check_plan(where: str, value: object) -> Any:
+    ResumePlan = _loaded("kernelext._core.plan", "ResumePlan")
+    if ResumePlan is None or not isinstance(value, ResumePlan):
+        raise TypeError(
+            f"{where} takes the plan kx.plan(run_id) returned, not {type(value).__name__} "
+            f"{_shown(value)}."
+        )
+    return value
+
+
+def check_key(where: str, value: object) -> Any:
+    """A key or id: a ``uuid.UUID`` or a non-empty str (whole or a unique prefix)."""
+    import uuid
+
+    if isinstance(value, uuid.UUID):
+        return value
+    return check_text(where, value, what="a key (a uuid.UUID or a non-empty str)")
+
+
+def check_run_id(where: str, value: object) -> str:
+    """A run id: a name kernelext can store faithfully (see :func:`check_name`)."""
+    return check_name(where, value)
+
+
+RUN_ID = check_run_id
+OPTIONAL_RUN_ID = optional(check_run_id)
+STORE = check_store
+SOURCE = check_source
+NOTE = check_optional_str
+FLAG = check_flag
+FUNCTION = check_callable
+
+
+def validated(label: str, **checks: Check) -> Callable[[F], F]:
+    """Check the named parameters of every call before the function runs.
+
+    ``label`` is how users write the call (``"kx.resume"``); an error names the parameter
+    as ``kx.resume(store=...)``. A check returns the value the function then gets (a
+    duration as a float seconds, a flag as a bool). Parameters left out keep their default.
+    """
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+        unknown = set(checks) - set(signature.parameters)
+        if unknown:
+            raise AssertionError(f"{fn.__qualname__} has no parameter(s) {sorted(unknown)}")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{label}(): {exc}") from None
+            for name, value in bound.arguments.items():
+                check = checks.get(name)
+                if check is not None:  # the value as the function uses it (a float, ...)
+                    bound.arguments[name] = check(f"{label}({name}=...)", value)
+            return fn(*bound.args, **bound.kwargs)
+
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def check_deadline(where: str, value: object) -> Any:
+    """A suspension's deadline: ``None`` (the reason's expiry policy), a ``datetime``, or a
+    duration from now (seconds or a ``timedelta``, positive, at most 1000 years).
+
+    A naive ``datetime`` is read as UTC, as the store keeps every timestamp; an aware one is
+    converted to UTC (both come back naive UTC). A deadline in the past is accepted: the run
+    expires at the next sweep.
+    """
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            return value.replace(tzinfo=None)
+        try:
+            return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        except OverflowError:
+            raise ValueError(
+                f"{where} of {_shown(value)} is past the last time a deadline can hold "
+                "(year 9999 in UTC); pass an earlier datetime or None."
+            ) from None
+    if isinstance(value, (dt.timedelta, numbers.Real)) and not isinstance(value, bool):
+        return check_duration(where, value)
+    raise TypeError(
+        f"{where} takes a datetime (naive means UTC), a number of seconds or a timedelta "
+        f"from now, or None; not {type(value).__name__} {_shown(value)}."
+    )
+
+
+def check_wait(where: str, value: object) -> Any:
+    """How long to wait: zero or more seconds (``None``: as long as it takes)."""
+    return check_duration(where, value, allow_zero=True)
+
+
+def check_secret(where: str, value: object) -> Any:
+    """A secret value: a str or bytes."""
+    if not isinstance(value, (str, bytes)):
+        raise TypeError(f"{where} takes the secret as a str or bytes, not {type(value).__name__}.")
+    return value

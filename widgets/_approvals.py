@@ -1,0 +1,320 @@
+"""Approve / Reject a waiting call, and answer a question, from the notebook.
+
+* :class:`ApprovalCard`: one request — tool, arguments (redacted), step, time left, a
+  note, and **Approve** / **Reject** (CSS classes ``kernelext-approval``,
+  ``kernelext-approve``, ``kernelext-reject``, ``kernelext-approval-note``).
+* :class:`QuestionCard`: one ``run.ask`` question — the prompt, an input that fits its
+  schema (text box, number, checkbox, dropdown, or a small form), a note, and **Answer**
+  (``kernelext-question``, ``kernelext-answer``, ``kernelext-answer-input``).
+* :class:`ApprovalsBox`: the panel add-on showing the cards of the panel's run while it
+  waits for a person; a decision that resumes the run makes the panel follow it.
+  :func:`install` puts it on every control panel.
+* :func:`approvals_mimebundle`: how ``kx.approvals()`` / ``kx.questions()`` display.
+
+Clicks run in the kernel's main thread; the agent runs in its worker thread, so they
+work while no cell runs and while another one does. Imports the core only.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as w
+
+from kernelext._core.approvals import Approval, Question, approvals, questions
+from kernelext._core.asking import parse_answer
+from kernelext.status import Reason, Status
+
+from ._panel import PANEL_ADDONS
+
+__all__ = [
+    "ApprovalCard",
+    "ApprovalsBox",
+    "QuestionCard",
+    "approvals_addon",
+    "approvals_mimebundle",
+    "args_html",
+    "cards",
+    "input_for",
+    "install",
+    "uninstall",
+]
+
+SOURCE = "widget"
+WAITING_FOR_PERSON = (Reason.APPROVAL, Reason.INPUT)
+Decided = Callable[[Any], None]
+
+
+def _error(exc: Exception) -> str:
+    return f'<div style="color:#d1242f">{html.escape(str(exc))}</div>'
+
+
+def _resumed_text(handle: Any, done: str) -> str:
+    if handle is None:
+        return f"<div>{done}; the run goes on at its next resume.</div>"
+    return f"<div>{done}; the run resumed.</div>"
+
+
+def args_html(arguments: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td><code>{html.escape(str(k))}</code></td>"
+        f"<td><code>{html.escape(json.dumps(v, default=str))}</code></td></tr>"
+        for k, v in arguments.items()
+    )
+    return f'<table class="kernelext-approval-args">{rows}</table>'
+
+
+class ApprovalCard(w.VBox):
+    """One approval request; ``approve_button.click()`` works from code too."""
+
+    def __init__(self, item: Approval, *, on_decided: Decided | None = None) -> None:
+        self.item = item
+        self.on_decided = on_decided
+        self.handle: Any = None
+        self.header = w.HTML()
+        self.args = w.HTML(args_html(item.arguments))
+        self.note = w.Text(placeholder="note for the record (optional)")
+        self.note.add_class("kernelext-approval-note")
+        self.approve_button = w.Button(
+            description="Approve",
+            icon="check",
+            button_style="success",
+            tooltip="Allow this one call, with these arguments, once; the run goes on",
+            layout=w.Layout(width="auto"),
+        )
+        self.approve_button.add_class("kernelext-approve")
+        self.reject_button = w.Button(
+            description="Reject",
+            icon="times",
+            button_style="danger",
+            tooltip="Refuse it: the agent gets kx.EffectRejected at this call",
+            layout=w.Layout(width="auto"),
+        )
+        self.reject_button.add_class("kernelext-reject")
+        self.message = w.HTML()
+        super().__init__(
+            children=[
+                self.header,
+                self.args,
+                self.note,
+                w.HBox([self.approve_button, self.reject_button]),
+                self.message,
+            ],
+            layout=w.Layout(border="1px solid #bf8700", padding="2px 8px", margin="4px 0"),
+        )
+        self.add_class("kernelext-approval")
+        self.approve_button.on_click(lambda _b: self._decide(True))
+        self.reject_button.on_click(lambda _b: self._decide(False))
+        self.draw()
+
+    def draw(self) -> None:
+        item = self.item
+        state = item.decision or f"waiting, {item.time_left}"
+        self.header.value = (
+            f"<div><b>{html.escape(item.tool)}</b> needs approval · run "
+            f"<code>{html.escape(item.run_id)}</code> · step <code>{html.escape(item.step)}"
+            f"</code> · {html.escape(state)}</div>"
+        )
+        for control in (self.note, self.approve_button, self.reject_button):
+            control.disabled = item.decision is not None
+
+    def _decide(self, approve: bool) -> None:
+        note = str(self.note.value).strip() or None
+        try:
+            if approve:
+                self.handle = self.item.approve(note, source=SOURCE)
+            else:
+                self.handle = self.item.reject(note, source=SOURCE)
+        except Exception as exc:  # the card says why (decided elsewhere, expired, ...)
+            self.message.value = _error(exc)
+            return
+        self.message.value = _resumed_text(self.handle, "approved" if approve else "rejected")
+        self.draw()
+        if self.on_decided is not None:
+            self.on_decided(self.handle)
+
+
+def input_for(spec: dict[str, Any], default: Any = None) -> tuple[Any, Callable[[], Any]]:
+    """An input widget that fits ``spec`` and a function reading its value."""
+    if "enum" in spec:
+        choices = list(spec["enum"])
+        options = [(c if isinstance(c, str) else json.dumps(c), i) for i, c in enumerate(choices)]
+        start = choices.index(default) if default in choices else 0
+        box: Any = w.Dropdown(options=options, value=start)
+        return box, lambda: choices[box.value]
+    kind = spec.get("type")
+    if kind in ("integer", "number"):
+        bounded = "minimum" in spec or "maximum" in spec
+        if kind == "integer":
+            cls: Any = w.BoundedIntText if bounded else w.IntText
+        else:
+            cls = w.BoundedFloatText if bounded else w.FloatText
+        limits = {k: spec[m] for k, m in (("min", "minimum"), ("max", "maximum")) if m in spec}
+        if bounded:
+            limits.setdefault("min", -(10**12))
+            limits.setdefault("max", 10**12)
+        value = default if isinstance(default, (int, float)) else limits.get("min", 0)
+        box = cls(value=value, **limits)
+        return box, lambda: box.value
+    if kind == "boolean":
+        box = w.Checkbox(value=bool(default), description="yes", indent=False)
+        return box, lambda: bool(box.value)
+    if kind == "string":
+        box = w.Text(value=default if isinstance(default, str) else "")
+        return box, lambda: str(box.value)
+    if kind == "object" and isinstance(spec.get("properties"), dict):
+        return _form(spec, default if isinstance(default, dict) else {})
+    text = "" if default is None else json.dumps(default)
+    box = w.Textarea(value=text, placeholder="your answer (JSON or text)")
+    return box, lambda: parse_answer(spec, str(box.value))
+
+
+def _form(spec: dict[str, Any], default: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
+    required = set(spec.get("required") or ())
+    rows, readers = [], {}
+    for field, sub in spec["properties"].items():
+        widget, read = input_for(sub if isinstance(sub, dict) else {}, default.get(field))
+        mark = " *" if field in required else ""
+        rows.append(w.HBox([w.HTML(f"<code>{html.escape(field)}</code>{mark}"), widget]))
+        readers[field] = read
+
+    def read_all() -> dict[str, Any]:
+        values = {field: read() for field, read in readers.items()}
+        return {k: v for k, v in values.items() if k in required or v not in ("", None)}
+
+    return w.VBox(rows), read_all
+
+
+class QuestionCard(w.VBox):
+    """One open question; ``answer_button.click()`` works from code too."""
+
+    def __init__(self, item: Question, *, on_decided: Decided | None = None) -> None:
+        self.item = item
+        self.on_decided = on_decided
+        self.handle: Any = None
+        self.header = w.HTML()
+        self.input, self._read = input_for(item.schema, item.default)
+        self.input.add_class("kernelext-answer-input")
+        self.note = w.Text(placeholder="note for the record (optional)")
+        self.answer_button = w.Button(
+            description="Answer",
+            icon="reply",
+            button_style="primary",
+            tooltip="Store the answer; the run goes on and gets it back from run.ask",
+            layout=w.Layout(width="auto"),
+        )
+        self.answer_button.add_class("kernelext-answer")
+        self.message = w.HTML()
+        super().__init__(
+            children=[self.header, self.input, self.note, self.answer_button, self.message],
+            layout=w.Layout(border="1px solid #0969da", padding="2px 8px", margin="4px 0"),
+        )
+        self.add_class("kernelext-question")
+        self.answer_button.on_click(self._on_answer)
+        self.draw()
+
+    def draw(self) -> None:
+        item = self.item
+        state = "answered" if item.answered else item.time_left
+        self.header.value = (
+            f"<div><b>{html.escape(item.prompt)}</b> · run <code>{html.escape(item.run_id)}"
+            f"</code> · step <code>{html.escape(item.step)}</code> · {html.escape(state)}</div>"
+        )
+        for control in (self.input, self.note, self.answer_button):
+            control.disabled = item.answered
+
+    def value(self) -> Any:
+        return self._read()
+
+    def _on_answer(self, _button: Any = None) -> None:
+        try:
+            self.handle = self.item.answer(
+                self.value(), note=str(self.note.value).strip() or None, source=SOURCE
+            )
+        except Exception as exc:  # refused (does not fit, answered elsewhere, expired)
+            self.message.value = _error(exc)
+            return
+        self.message.value = _resumed_text(self.handle, "answered")
+        self.draw()
+        if self.on_decided is not None:
+            self.on_decided(self.handle)
+
+
+def cards(items: list[Any], on_decided: Decided | None = None) -> list[Any]:
+    made: list[Any] = []
+    for item in items:
+        if isinstance(item, Approval):
+            made.append(ApprovalCard(item, on_decided=on_decided))
+        elif isinstance(item, Question):
+            made.append(QuestionCard(item, on_decided=on_decided))
+    return made
+
+
+def approvals_mimebundle(items: Any) -> dict[str, Any]:
+    """For ``runtime().settings.approvals_renderer``: ``kx.approvals()`` / ``kx.questions()`` as
+    cards, with their text as the fallback."""
+    body = cards(list(items)) or [w.HTML(f"<div>{html.escape(items.text())}</div>")]
+    box = w.VBox(body)
+    box.add_class("kernelext-approvals")
+    bundle: dict[str, Any] = dict(box._repr_mimebundle_() or {})
+    bundle["text/plain"] = items.text()
+    return bundle
+
+
+class ApprovalsBox(w.VBox):
+    """The panel add-on: the run's open requests and questions while it waits for them."""
+
+    def __init__(self, panel: Any) -> None:
+        super().__init__()
+        self.panel = panel
+        self.add_class("kernelext-approvals")
+        self._marker: tuple[Any, ...] | None = None
+        self.refresh()
+
+    def _waiting(self) -> tuple[Any, ...]:
+        view = getattr(self.panel, "view", None)
+        handle = self.panel.handle
+        if view is not None and view.run_id == handle.run_id:
+            return (view.run_id, view.status, view.reason, view.deadline)
+        row = handle.store.get_run(handle.run_id)
+        return (row["id"], row["status"], row["reason"], row["deadline"])
+
+    def refresh(self) -> None:
+        """Rebuild when the run starts or stops waiting for a person (cheap otherwise)."""
+        marker = self._waiting()
+        if marker == self._marker:
+            return
+        self._marker = marker
+        run_id, status, reason, _deadline = marker
+        if status != Status.SUSPENDED or reason not in WAITING_FOR_PERSON:
+            self.children = ()
+            return
+        store = self.panel.handle.store
+        waiting = [*approvals(run_id, store=store), *questions(run_id, store=store)]
+        self.children = tuple(cards(waiting, on_decided=self._decided))
+
+    def _decided(self, handle: Any) -> None:
+        if handle is not None:
+            self.panel.follow(handle)  # the resumed run, in the same panel
+        self._marker = None
+        self.panel.refresh()
+
+
+def approvals_addon(panel: Any) -> ApprovalsBox:
+    """A ``PANEL_ADDONS`` factory: the approvals box of the panel's run."""
+    return ApprovalsBox(panel)
+
+
+def install() -> None:
+    """Show open approvals and questions on every control panel opened from now on."""
+    if approvals_addon not in PANEL_ADDONS:
+        PANEL_ADDONS.append(approvals_addon)
+
+
+def uninstall() -> None:
+    """Undo :func:`install`."""
+    while approvals_addon in PANEL_ADDONS:
+        PANEL_ADDONS.remove(approvals_addon)

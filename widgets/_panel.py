@@ -1,0 +1,375 @@
+"""The control panel a run handle displays as: live status, Stop / Resume / Force stop.
+
+Reports from the run's worker thread arrive through ``run.listeners`` and are drawn by
+a :class:`~.throttle.Throttle` (at most ten redraws a second, whatever the agent's
+pace). Button clicks run in the kernel's main thread and redraw at once. Every button
+is enabled only when its action makes sense, and a second click is harmless: the core
+records a repeated stop without a second transition, and a resume of a run already
+executing is refused with a notice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as w
+
+from kernelext._core import control
+from kernelext._core.plan import ResumePlan
+from kernelext.status import LIVE, RESUMABLE, Status
+
+from ._render import (
+    PanelView,
+    effect_label,
+    effects_html,
+    header_html,
+    outcome_html,
+    stop_html,
+    to_html,
+    to_text,
+    view_of,
+)
+from ._throttle import Throttle
+
+__all__ = [
+    "NEEDS_DECISION_WIDGETS",
+    "PANEL_ADDONS",
+    "ControlPanel",
+    "close_open_panels",
+    "panel_for",
+    "panel_mimebundle",
+    "refresh_open_panels",
+    "reset_decision_slots",
+]
+
+# Factories for the needs_decision slot: each is called with the panel (``panel.handle``
+# is the run) and returns a widget (e.g. the revalidation or reconciliation widget) or
+# None when it does not apply. Called again whenever the reason changes.
+NEEDS_DECISION_WIDGETS: list[Callable[[ControlPanel], Any]] = []
+# Factories for add-ons shown under the status (e.g. the expired-run banner): called
+# with the panel once per followed run; an add-on's ``refresh()`` (if any) is called on
+# every redraw. ``panel.follow(new_handle)`` makes the panel show another run.
+PANEL_ADDONS: list[Callable[[ControlPanel], Any]] = []
+
+SOURCE = "panel"
+EFFECTS_SHOWN = 5
+OVERRUNNING = "overrunning, cannot be interrupted"
+SWALLOWED = {
+    "stop_swallowed": "the agent's code caught the stop and went on; it is raised again",
+    "force_swallowed": "the agent's code caught the forced stop and went on; it is raised again",
+}
+# The runs the Resume button offers: waiting or failed ones. A live run whose owner is
+# gone is resumable too (kx.resume takes it over), but its panel shows it as running.
+RESUME_OFFERED = RESUMABLE - LIVE
+
+_PANELS: weakref.WeakKeyDictionary[Any, ControlPanel] = weakref.WeakKeyDictionary()
+_OPEN: weakref.WeakSet[ControlPanel] = weakref.WeakSet()
+
+
+class ControlPanel(w.VBox):
+    """Live view and controls of one run. ``stop_button.click()`` etc. work from code."""
+
+    def __init__(self, handle: Any, *, interval: float = 0.1, tick: float = 0.5) -> None:
+        self.handle = handle
+        self.header = w.HTML()
+        self.progress = w.IntProgress(min=0, max=1, value=0, layout=w.Layout(width="60%"))
+        self.step = w.HTML()
+        self.stop_badge = w.HTML()
+        self.effects = w.HTML()
+        self.outcome = w.HTML()
+        self.decision_slot = w.VBox()  # filled when the run needs a decision
+        self.addons = w.VBox()  # PANEL_ADDONS
+        self.notice = w.HTML()
+        self.stop_button = w.Button(
+            description="Stop",
+            icon="stop",
+            button_style="warning",
+            tooltip="Stop at the next safe point (step boundary)",
+            layout=w.Layout(width="auto"),
+        )
+        self.resume_button = w.Button(
+            description="Resume",
+            icon="play",
+            button_style="success",
+            tooltip="Continue from the last completed step",
+            layout=w.Layout(width="auto"),
+        )
+        self.force_button = w.Button(
+            description="Force stop",
+            icon="bolt",
+            button_style="danger",
+            tooltip="Stop now: cancel the current step; effects in flight become unknown",
+            layout=w.Layout(width="auto"),
+        )
+        buttons = w.HBox([self.stop_button, self.resume_button, self.force_button])
+        super().__init__(
+            children=[
+                self.header,
+                self.progress,
+                self.step,
+                self.stop_badge,
+                self.effects,
+                self.outcome,
+                self.decision_slot,
+                self.addons,
+                buttons,
+                self.notice,
+            ],
+            layout=w.Layout(border="1px solid #d0d7de", padding="4px 10px"),
+        )
+        self.add_class("kernelext-panel")
+        self._effects: dict[Any, tuple[str, str]] = {}
+        self._notice: str | None = None
+        self._decision_for: str | None = None
+        self._busy = threading.Lock()
+        self._listened: Any = None
+        self.view: PanelView | None = None
+        self.throttle = Throttle(self._draw, interval=interval, tick=tick, active=self._active)
+        self.stop_button.on_click(self._on_stop)
+        self.resume_button.on_click(self._on_resume)
+        self.force_button.on_click(self._on_force)
+        self.follow(handle)
+        _OPEN.add(self)
+        self.refresh()
+
+    # -- following a run -----------------------------------------------------------------
+    def follow(self, handle: Any) -> None:
+        """Show (and listen to) ``handle``'s run from now on."""
+        old = self._listened
+        if old is not None and self._on_run_event in old.listeners:
+            old.listeners.remove(self._on_run_event)
+        self.handle = handle
+        _PANELS[handle] = self
+        run = handle.run
+        if run is not old:
+            self._effects = {}
+        if self._on_run_event not in run.listeners:
+            run.listeners.append(self._on_run_event)
+        self._listened = run
+        self._decision_for = None
+        self.addons.children = tuple(self._made(PANEL_ADDONS, "add-on"))
+
+    def _made(self, factories: list[Callable[[ControlPanel], Any]], what: str) -> list[Any]:
+        made: list[Any] = []
+        for factory in list(factories):
+            try:
+                widget = factory(self)
+            except Exception as exc:  # show it, keep the panel alive
+                widget = w.HTML(f"<div>{what} failed: {exc}</div>")
+            if widget is not None:
+                made.append(widget)
+        return made
+
+    def _on_run_event(self, what: str, value: Any) -> None:
+        """Called from the worker thread: remember, then let the throttle redraw."""
+        if what in SWALLOWED:
+            self._notice = f"{SWALLOWED[what]} (at {value})"
+        if what == "effect" and isinstance(value, tuple) and len(value) == 3:
+            tool, key, status = value
+            row = self.handle.run.effects.get(key) or {}
+            self._effects[key] = (effect_label(tool, row.get("step_key")), str(status))
+            if len(self._effects) > 50:
+                for old in list(self._effects)[:-EFFECTS_SHOWN]:
+                    self._effects.pop(old, None)
+        self.throttle.poke()
+
+    def _active(self) -> bool:
+        return bool(self.handle.alive or self.handle.run.current is not None)
+
+    def overrun_text(self) -> str | None:
+        """Set while a forced stop was raised but the step still runs (blocked in C)."""
+        since = getattr(self.handle.run, "overrunning_after_force", None)
+        if since is None or not self.handle.alive:
+            return None
+        return (
+            f"{OVERRUNNING}: a forced stop was raised {since:.0f} s ago and the step still runs. "
+            "It is in a call Python cannot interrupt (blocked in C: a sleep, a socket read or "
+            "a lock without a timeout) and stops when that call returns, or its code caught "
+            "the stop and it is raised again at its next kernelext call."
+        )
+
+    def _overrun_html(self) -> str:
+        text = self.overrun_text()
+        if text is None:
+            return ""
+        return f'<div class="kernelext-overrunning" style="color:#cf222e">{html.escape(text)}</div>'
+
+    @property
+    def is_cell_run(self) -> bool:
+        return control.is_cell_run({"agent": self.handle.run.agent})
+
+    # -- drawing -----------------------------------------------------------------------------
+    def refresh(self) -> PanelView:
+        """Redraw now (main thread); returns what is shown."""
+        self.throttle.refresh_now()
+        assert self.view is not None
+        return self.view
+
+    def _draw(self) -> None:
+        effects = list(self._effects.values())[-EFFECTS_SHOWN:] if self._effects else None
+        view = view_of(self.handle, effects, self._notice)
+        self.view = view
+        self.header.value = header_html(view)
+        if view.known_total:
+            self.progress.max = view.known_total
+            self.progress.value = view.completed
+            self.progress.layout.display = None
+        else:
+            self.progress.layout.display = "none"
+        self.step.value = (
+            "" if view.final else f"<div>{view.step_text()}</div>{self._overrun_html()}"
+        )
+        self.stop_badge.value = stop_html(view)
+        self.effects.value = effects_html(view)
+        self.outcome.value = outcome_html(view)
+        self.notice.value = (
+            f'<div style="color:#57606a">{self._notice}</div>' if self._notice else ""
+        )
+        self._fill_decision_slot(view)
+        for addon in self.addons.children:
+            refresh = getattr(addon, "refresh", None)
+            if callable(refresh):
+                with contextlib.suppress(Exception):
+                    refresh()
+        cell = self.is_cell_run
+        self.stop_button.disabled = not (view.status == Status.RUNNING and (view.alive or cell))
+        self.force_button.disabled = not (view.alive and view.status == Status.STOPPING)
+        self.resume_button.disabled = view.alive or view.status not in RESUME_OFFERED
+
+    def _fill_decision_slot(self, view: PanelView) -> None:
+        if view.status != Status.NEEDS_DECISION:
+            if self._decision_for is not None or self.decision_slot.children:
+                self.decision_slot.children = ()
+                self._decision_for = None
+            return
+        marker = f"{view.run_id}:{view.reason}"
+        if self._decision_for == marker:
+            return
+        self._decision_for = marker
+        children = self._made(NEEDS_DECISION_WIDGETS, "decision widget")
+        if not children:
+            children.append(
+                w.HTML(
+                    f"<div>Decide with <code>kx.reconcile({view.run_id!r})</code> "
+                    "(unknown effects) or resume once the facts are settled.</div>"
+                )
+            )
+        self.decision_slot.children = tuple(children)
+
+    # -- buttons ---------------------------------------------------------------------------
+    def _click(self, action: Callable[[], str | None]) -> None:
+        if not self._busy.acquire(blocking=False):
+            return  # a click while the previous one is still being handled
+        try:
+            self._notice = action()
+        except Exception as exc:  # the panel says what went wrong
+            self._notice = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._busy.release()
+        self.refresh()
+
+    def _on_stop(self, _button: Any = None) -> None:
+        def stop() -> str | None:
+            # A cell run between two cells is at a safe point; an agent run is stopped
+            # from the kernel that executes it.
+            if not (self.handle.alive or self.is_cell_run):
+                return "the run is not executing in this kernel"
+            control.stop(self.handle.run_id, source=SOURCE, store=self.handle.store)
+            return None
+
+        self._click(stop)
+
+    def _on_force(self, _button: Any = None) -> None:
+        def force() -> str | None:
+            if not self.handle.alive:
+                return "the run is not executing; nothing to force"
+            self.handle.force_stop(source=SOURCE)
+            return "force stop requested: the current step is cancelled"
+
+        self._click(force)
+
+    def shown_plan(self) -> ResumePlan | None:
+        """The resume plan an add-on shows above Resume: Resume resumes as previewed."""
+        addons = getattr(self, "addons", None)
+        for child in getattr(addons, "children", ()):
+            plan = getattr(child, "plan", None)
+            if isinstance(plan, ResumePlan):
+                return plan
+        return None
+
+    def _on_resume(self, _button: Any = None) -> None:
+        def resume() -> str | None:
+            if self.handle.alive:
+                return "the run is already executing"
+            new = control.resume(
+                self.handle.run_id, store=self.handle.store, source=SOURCE, plan=self.shown_plan()
+            )
+            self.follow(new)
+            if self.is_cell_run and new.status == Status.RUNNING:
+                return (
+                    "resumed: run the notebook's %%agent cells again (completed ones are skipped)"
+                )
+            return None
+
+        self._click(resume)
+
+    # -- display ------------------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        view = self.refresh()
+        bundle: dict[str, Any] = dict(super()._repr_mimebundle_(**kwargs) or {})
+        bundle["text/plain"] = to_text(view)
+        bundle["text/html"] = to_html(view)
+        return bundle
+
+    def __repr__(self) -> str:
+        return to_text(self.view) if self.view is not None else "<kernelext panel>"
+
+    def detach(self) -> None:
+        """Stop following the run (the widgets stay as last drawn)."""
+        self.throttle.close()
+        run = self._listened
+        if run is not None and self._on_run_event in run.listeners:
+            run.listeners.remove(self._on_run_event)
+        _OPEN.discard(self)
+
+
+def panel_for(handle: Any) -> ControlPanel:
+    """The panel of ``handle`` (one per handle; displaying it twice shows the same model)."""
+    panel = _PANELS.get(handle)
+    if panel is None:
+        panel = ControlPanel(handle)
+    return panel
+
+
+def panel_mimebundle(handle: Any) -> dict[str, Any]:
+    """What a handle displays as: the live widget, static HTML and plain text."""
+    return panel_for(handle)._repr_mimebundle_()
+
+
+def refresh_open_panels() -> None:
+    """Redraw every panel whose run can still change (called after each cell)."""
+    for panel in list(_OPEN):
+        view = panel.view
+        if view is not None and view.final and not panel.handle.alive:
+            continue  # terminal: nothing left to show, and no store read needed
+        try:
+            panel.refresh()
+        except Exception:  # e.g. the store was closed under a stale panel
+            continue
+
+
+def reset_decision_slots() -> None:
+    """Make every open panel rebuild its decision slot at its next redraw (call it after
+    changing NEEDS_DECISION_WIDGETS)."""
+    for panel in list(_OPEN):
+        panel._decision_for = None
+
+
+def close_open_panels() -> None:
+    for panel in list(_OPEN):
+        panel.detach()

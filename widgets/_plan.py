@@ -1,0 +1,96 @@
+"""The resume plan in the control panel: what Resume would do, shown above the button.
+
+``PlanPreview(handle)`` shows ``kx.plan(run_id)`` while the run waits (``suspended`` or
+``needs_decision``) and nobody executes it, and hides otherwise. The plan is computed
+again only when the run's status, reason or progress changed, so the panel's redraws
+stay cheap. ``preview.plan`` is the plan on screen: the panel's Resume passes it to
+``kx.resume(run_id, plan=...)``, which refuses if the run changed since it was shown.
+
+:func:`install` puts it on every control panel (``PANEL_ADDONS``) opened from then on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from html import escape
+from typing import Any
+
+import ipywidgets as w
+
+from kernelext._core.plan import ResumePlan, plan
+from kernelext.status import WAITING
+
+from ._panel import PANEL_ADDONS
+
+__all__ = ["PlanPreview", "install", "plan_addon", "previewed_plan", "uninstall"]
+
+
+class PlanPreview(w.VBox):
+    """The plan of a waiting run, as HTML (hidden while the run runs or has ended)."""
+
+    def __init__(self, handle: Any, *, panel: Any = None) -> None:
+        self.handle = handle
+        self.panel = panel
+        self.plan: ResumePlan | None = None
+        self.body = w.HTML()
+        self._shown_for: Hashable = None
+        super().__init__(children=[self.body], layout=w.Layout(margin="4px 0"))
+        self.add_class("kernelext-plan-preview")
+        self.refresh()
+
+    def _state(self) -> tuple[Any, ...]:
+        view = getattr(self.panel, "view", None)
+        if view is not None:
+            return (view.status, view.reason, view.completed, view.alive)
+        info = self.handle.info()
+        return (info["status"], info.get("reason"), info.get("completed_steps"), False)
+
+    def refresh(self, *, force: bool = False) -> ResumePlan | None:
+        """Show the plan if the run waits; recompute it when the run changed (or ``force``)."""
+        state = self._state()
+        status, alive = state[0], state[-1]
+        if alive or status not in WAITING:
+            self.plan, self._shown_for = None, None
+            self.layout.display = "none"
+            self.body.value = ""
+            return None
+        if force or state != self._shown_for or self.plan is None:
+            try:
+                self.plan = plan(self.handle.run_id, self.handle.store)
+            except Exception as exc:  # the panel keeps working; the reason is shown
+                self.plan = None
+                self.body.value = (
+                    f"<div style='color:#9a6700'>resume plan unavailable: "
+                    f"{escape(type(exc).__name__)}: {escape(str(exc))}</div>"
+                )
+            else:
+                self.body.value = self.plan._repr_html_()
+            self._shown_for = state
+        self.layout.display = None
+        return self.plan
+
+
+def plan_addon(panel: Any) -> PlanPreview:
+    """A ``PANEL_ADDONS`` factory: the resume plan of the run the panel follows."""
+    return PlanPreview(panel.handle, panel=panel)
+
+
+def previewed_plan(panel: Any) -> ResumePlan | None:
+    """The plan the panel shows now (for Resume to pass as ``plan=``), if any."""
+    addons = getattr(panel, "addons", None)
+    for child in getattr(addons, "children", ()):
+        if isinstance(child, PlanPreview):
+            return child.plan
+    return None
+
+
+def install() -> None:
+    """Show the resume plan on every control panel opened from now on."""
+    if plan_addon not in PANEL_ADDONS:
+        PANEL_ADDONS.append(plan_addon)
+
+
+def uninstall() -> None:
+    """Undo :func:`install`."""
+    while plan_addon in PANEL_ADDONS:
+        PANEL_ADDONS.remove(plan_addon)

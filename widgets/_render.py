@@ -1,0 +1,266 @@
+"""What a run's control panel shows, as data, HTML and plain text (no ipywidgets here).
+
+:func:`view_of` reads a handle (through the core's :class:`~kernelext._core.handle.Handle`
+API only) into a :class:`PanelView`; the live panel, the static HTML fallback used by
+nbconvert and the plain-text repr are all drawn from that one view.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelext._core.revalidation import age_text
+from kernelext.status import FINAL, EffectStatus, Status
+
+__all__ = [
+    "STATUS_COLOURS",
+    "PanelView",
+    "effect_label",
+    "local_clock",
+    "to_html",
+    "to_text",
+    "view_of",
+]
+
+STATUS_COLOURS: dict[str, str] = {
+    Status.RUNNING: "#1f6feb",
+    Status.STOPPING: "#bf8700",
+    Status.SUSPENDED: "#8250df",
+    Status.COMPLETED: "#1a7f37",
+    Status.FAILED: "#cf222e",
+    Status.NEEDS_DECISION: "#d1242f",
+    Status.EXPIRED: "#6e7781",
+    Status.CANCELLED: "#6e7781",
+}
+EFFECT_ICONS: dict[str, str] = {
+    EffectStatus.PENDING: "…",
+    EffectStatus.APPLIED: "✓",
+    "replayed": "↺",  # an applied effect returned from the ledger on resume (not a status)
+    EffectStatus.FAILED: "✗",
+    EffectStatus.UNKNOWN: "?",
+    EffectStatus.NOT_APPLIED: "–",
+    EffectStatus.GIVEN_UP: "–",  # an unknown effect a person gave up on (run cancelled)
+}
+
+
+@dataclass
+class PanelView:
+    run_id: str
+    agent: str
+    status: str
+    reason: str | None = None
+    alive: bool = False
+    step_key: str | None = None
+    step_ordinal: int | None = None
+    step_elapsed: float | None = None
+    max_step_seconds: float | None = None
+    completed: int = 0
+    total: int | None = None
+    stop_requested_at: dt.datetime | None = None
+    stop_source: str | None = None
+    deadline: dt.datetime | None = None
+    now: dt.datetime | None = None  # the store's clock when the view was read (naive UTC)
+    effects: list[tuple[str, str]] = field(default_factory=list)
+    error: str | None = None
+    notice: str | None = None
+
+    @property
+    def stop_pending(self) -> bool:
+        return self.status == Status.STOPPING
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def step_text(self) -> str:
+        if self.step_key is None:
+            return "between steps" if self.alive else "no step running"
+        bound = f" / {self.max_step_seconds:g} s max" if self.max_step_seconds else ""
+        over = (
+            "  (over its time bound)"
+            if (self.max_step_seconds and (self.step_elapsed or 0) > self.max_step_seconds)
+            else ""
+        )
+        return (
+            f"step {self.step_ordinal} ({self.step_key}): "
+            f"{self.step_elapsed or 0:.1f} s{bound}{over}"
+        )
+
+    @property
+    def known_total(self) -> int | None:
+        """The announced step count, unless the run already did more steps than that."""
+        return self.total if self.total and self.completed <= self.total else None
+
+    def progress_text(self, *, done: str = " completed") -> str:
+        """``3/5 steps``, or ``6 steps completed`` when the total is not known."""
+        if self.known_total:
+            return f"{self.completed}/{self.known_total} steps"
+        return f"{self.completed} step{'s' if self.completed != 1 else ''}{done}"
+
+    def stop_text(self) -> str | None:
+        if not self.stop_pending:
+            return None
+        since = local_clock(self.stop_requested_at) if self.stop_requested_at else "now"
+        return f"stop pending since {since} ({self.stop_source or 'api'})"
+
+    def expiry_text(self) -> str:
+        """``; expires in 6d23h (2026-12-06 12:00 UTC)`` for a paused run with a deadline."""
+        if self.deadline is None:
+            return ""
+        when = f"{self.deadline:%Y-%m-%d %H:%M} UTC"
+        left = self.deadline - (self.now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
+        if left.total_seconds() <= 0:
+            return f"; past its deadline ({when}): it expires at the next sweep"
+        return f"; expires in {age_text(left)} ({when})"
+
+    def outcome_text(self) -> str | None:
+        if self.status == Status.COMPLETED:
+            return f"completed: {self.progress_text(done='')}"
+        if self.status == Status.FAILED:
+            return f"failed: {self.error or self.reason or 'see kx.runs()'}"
+        if self.status == Status.SUSPENDED:
+            done = self.progress_text(done="")
+            return f"suspended ({self.reason or 'stopped'}) after {done}{self.expiry_text()}"
+        if self.status == Status.NEEDS_DECISION:
+            return f"needs a decision: {self.reason or 'see kx.reconcile()'}{self.expiry_text()}"
+        if self.status in (Status.EXPIRED, Status.CANCELLED):
+            return f"{self.status}: {self.reason or ''}".rstrip(": ")
+        return None
+
+
+def local_clock(moment: dt.datetime) -> str:
+    """HH:MM:SS in the kernel's local time, from the store's naive UTC."""
+    aware = moment.replace(tzinfo=dt.timezone.utc) if moment.tzinfo is None else moment
+    return aware.astimezone().strftime("%H:%M:%S")
+
+
+def view_of(
+    handle: Any, effects: list[tuple[str, str]] | None = None, notice: str | None = None
+) -> PanelView:
+    """Read the run behind ``handle`` (one store read) into a :class:`PanelView`."""
+    info = handle.info()
+    run = handle.run
+    current = run.current
+    error = handle.error
+    view = PanelView(
+        run_id=handle.run_id,
+        agent=str(info.get("agent")),
+        status=str(info["status"]),
+        reason=info.get("reason"),
+        alive=bool(handle.alive),
+        max_step_seconds=run.max_step_seconds or info.get("max_step_seconds"),
+        completed=int(info.get("completed_steps") or 0),
+        total=info.get("total_steps") or run.total_steps,
+        stop_requested_at=info.get("stop_requested_at"),
+        stop_source=info.get("stop_source"),
+        deadline=info.get("deadline"),
+        now=handle.store.now(),
+        effects=list(effects if effects is not None else _effects_of(run)),
+        error=f"{type(error).__name__}: {error}" if error is not None else None,
+        notice=notice,
+    )
+    if current is not None:
+        view.step_key, view.step_ordinal = current.key, current.ordinal
+        view.step_elapsed = current.elapsed
+    return view
+
+
+def _effects_of(run: Any, limit: int = 5) -> list[tuple[str, str]]:
+    rows = list(getattr(run, "effects", {}).values())[-limit:]
+    return [(effect_label(r.get("tool"), r.get("step_key")), str(r.get("status"))) for r in rows]
+
+
+def effect_label(tool: Any, step_key: Any) -> str:
+    """``tool [step]``: which call of which step."""
+    return f"{tool} [{step_key}]" if step_key is not None else str(tool)
+
+
+# -- drawing ---------------------------------------------------------------------------
+def status_badge(status: str) -> str:
+    colour = STATUS_COLOURS.get(status, "#57606a")
+    return (
+        f'<span class="kernelext-status" style="background:{colour};color:white;'
+        f'border-radius:8px;padding:1px 8px;font-weight:600">{html.escape(status)}</span>'
+    )
+
+
+def header_html(view: PanelView) -> str:
+    return (
+        f"<div><b>run</b> <code>{html.escape(view.run_id)}</code> "
+        f'<span style="color:#57606a">[{html.escape(view.agent)}]</span> '
+        f"{status_badge(view.status)} "
+        f'<span style="color:#57606a">{html.escape(view.progress_text())}</span></div>'
+    )
+
+
+def stop_html(view: PanelView) -> str:
+    text = view.stop_text()
+    if text is None:
+        return ""
+    return (
+        '<div class="kernelext-stop-pending" style="display:inline-block;background:#fff8c5;'
+        'border:1px solid #d4a72c;border-radius:6px;padding:1px 8px">'
+        f"{html.escape(text)}</div>"
+    )
+
+
+def effects_html(view: PanelView) -> str:
+    if not view.effects:
+        return '<div style="color:#57606a">no effects yet</div>'
+    items = "".join(
+        f"<li><code>{html.escape(tool)}</code> {EFFECT_ICONS.get(status, '')} "
+        f"{html.escape(status)}</li>"
+        for tool, status in view.effects
+    )
+    return f'<div>last effects:<ul style="margin:0 0 0 1em;padding:0">{items}</ul></div>'
+
+
+def outcome_html(view: PanelView) -> str:
+    text = view.outcome_text()
+    if text is None:
+        return ""
+    colour = STATUS_COLOURS.get(view.status, "#57606a")
+    return f'<div class="kernelext-outcome" style="color:{colour}">{html.escape(text)}</div>'
+
+
+def to_html(view: PanelView, *, static: bool = True) -> str:
+    """The whole panel as HTML: the static fallback (nbconvert, untrusted notebooks)."""
+    parts = [header_html(view)]
+    if view.known_total:
+        pct = 100 * view.completed / view.known_total
+        parts.append(
+            f'<progress max="{view.known_total}" value="{view.completed}" '
+            f'style="width:60%">{pct:.0f}%</progress>'
+        )
+    if not view.final:
+        parts.append(f"<div>{html.escape(view.step_text())}</div>")
+    parts += [stop_html(view), effects_html(view), outcome_html(view)]
+    if static:
+        parts.append(
+            '<div style="color:#57606a;font-size:smaller">static snapshot; '
+            "open the notebook with a running kernel for the live panel</div>"
+        )
+    body = "".join(p for p in parts if p)
+    return (
+        f'<div class="kernelext-panel kernelext-static" style="border:1px solid #d0d7de;'
+        f'border-radius:6px;padding:6px 10px">{body}</div>'
+    )
+
+
+def to_text(view: PanelView) -> str:
+    """The plain-text repr of the panel."""
+    lines = [f"run {view.run_id} [{view.agent}]: {view.status}, {view.progress_text()}"]
+    if not view.final:
+        lines.append("  " + view.step_text())
+    stop = view.stop_text()
+    if stop:
+        lines.append("  " + stop)
+    if view.effects:
+        lines.append("  effects: " + ", ".join(f"{t} {s}" for t, s in view.effects))
+    outcome = view.outcome_text()
+    if outcome:
+        lines.append("  " + outcome)
+    return "\n".join(lines)
