@@ -48,7 +48,7 @@ def configure(**options: Any) -> None:
     (a duration) ``ValueError``; nothing is changed then. ``store`` is refused
     (``RunStateError``) while runs execute here.
 
-    The options (declared in ``kernelext/_core/options.py``):
+    The options:
     """
     settings = runtime().settings
     names = [option.name for option in OPTIONS]
