@@ -2,7 +2,8 @@
 
 Every command takes ``--store`` (a DuckDB path or a ``postgresql://`` URL; default:
 ``$KERNELEXT_STORE``, else ``.kernelext/_store.duckdb`` in the project, like the
-library) and ``--json`` (machine-readable output on stdout).
+library; the flag, its help and its check come from the ``store`` option of
+``kernelext/_core/options.py``) and ``--json`` (machine-readable output on stdout).
 
 Exit codes: 0 done, 1 error (the store cannot be opened, the query failed, ...),
 2 usage (bad arguments, unknown run, a query that writes), 3 suspended,
@@ -16,7 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from .._core.options import OPTIONS, Option
 from ..errors import KernelextError, ReadOnlyError, RunNotFound
 from . import approvals, notebook, plan, reconcile, runs
 from .common import (
@@ -33,6 +36,8 @@ from .common import (
 )
 
 __all__ = ["build_parser", "main", "typed_command"]
+
+CLI_OPTIONS = tuple(option for option in OPTIONS if option.cli)  # flags every command takes
 
 # Each adds its group of commands, in the order --help lists them.
 REGISTER: tuple[Callable[[AddCommand], None], ...] = (
@@ -53,13 +58,14 @@ class CommandLineParser(argparse.ArgumentParser):
 def build_parser() -> CommandLineParser:
     """The parser of every command, each with ``--store``, ``--json`` and the exit codes."""
     common = CommandLineParser(add_help=False)
-    common.add_argument(
-        "--store",
-        default=argparse.SUPPRESS,
-        type=nonblank("--store", "pass a DuckDB file or a postgresql:// URL, or leave --store out"),
-        help="a DuckDB file or a postgresql:// URL (default: $KERNELEXT_STORE, else "
-        ".kernelext/_store.duckdb in the project)",
-    )
+    for option in CLI_OPTIONS:  # --store: the option of the same name, with its check
+        common.add_argument(
+            str(option.cli),
+            dest=option.name,
+            default=argparse.SUPPRESS,
+            type=option_flag(option),
+            help=plain(f"{option.meaning} (default: {option.default_text})"),
+        )
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts"
     )
@@ -87,18 +93,43 @@ def build_parser() -> CommandLineParser:
 
 def typed_command(argv: Sequence[str]) -> str | None:
     """The command word in ``argv``: its first argument that is neither an option nor
-    the value of ``--store``."""
+    the value of an option's flag (``--store``)."""
     skip = False
     for token in argv:
         if skip:
             skip = False
         elif token == "--":
             return None
-        elif token.startswith("--") and "=" not in token and "--store".startswith(token):
+        elif token.startswith("--") and "=" not in token and _flag_with_value(token):
             skip = len(token) > 2  # --store VALUE (or an abbreviation of it)
         elif not token.startswith("-"):
             return token
     return None
+
+
+def _flag_with_value(token: str) -> bool:
+    return any(str(option.cli).startswith(token) for option in CLI_OPTIONS)
+
+
+def plain(text: str) -> str:
+    """``text`` without Markdown's code marks (the declaration's texts are Markdown)."""
+    return text.replace("`", "")
+
+
+def option_flag(option: Option[Any]) -> Callable[[str], Any]:
+    """The argparse ``type`` of ``option``'s flag: not blank, then the option's own check
+    (a bad value is a usage error, exit code 2, before the store is opened)."""
+    flag = str(option.cli)
+    blank = nonblank(flag, plain(f"pass {option.meaning}, or leave {flag} out"))
+
+    def check(value: str) -> Any:
+        try:
+            return option.check(flag, blank(value))
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    check.__name__ = flag
+    return check
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._store import Store, default_store_path
 from .._store import open_store as _open_store
 from .._validate import check_duration, check_flag, check_store, check_store_location, check_text
+from ..errors import RunStateError, did_you_mean
+from .options import OPTIONS, Option, option_named
 from .runtime import get_store, runtime
 
 __all__ = ["configure", "open_store", "runs", "sql"]
@@ -36,94 +39,60 @@ def open_store(location: str | None = None, *, read_only: bool | None = None) ->
     return settings.store()
 
 
-def configure(
-    *,
-    store: str | None = None,
-    expiry: Mapping[str, Any] | None = None,
-    retention_seconds: float | None = None,
-    check_timeout: float | None = None,
-    max_step_seconds: float | None = None,
-    soft_interrupt: bool | None = None,
-    interrupt_window: float | None = None,
-    allow_files: bool | None = None,
-    **others: Any,
-) -> None:
+def configure(**options: Any) -> None:
     """Set options of the current runtime: the same names, values and checks as
     ``%config Kernelext.*``.
 
-    ``store`` (a DuckDB path or ``postgresql://`` URL; refused while runs execute here),
-    ``expiry`` (seconds or timedelta per reason), ``retention_seconds``, ``check_timeout``,
-    and for notebooks ``max_step_seconds`` (of an ``%%agent`` cell), ``soft_interrupt``,
-    ``interrupt_window`` and ``allow_files`` (``%%ledger`` may read files). An option left
-    out (or ``None``) keeps its value. An unknown name raises ``TypeError`` naming the
-    nearest option; a value of the wrong type raises ``TypeError``, a bad duration
-    ``ValueError``; nothing is changed then.
+    An option left out (or ``None``) keeps its value. An unknown name raises ``TypeError``
+    naming the nearest option; a value of the wrong type raises ``TypeError``, a bad value
+    (a duration) ``ValueError``; nothing is changed then. ``store`` is refused
+    (``RunStateError``) while runs execute here.
+
+    The options:
     """
-    import difflib
-    import inspect
-    import os
-
-    from .._expiry_policy import ExpiryPolicy
-    from ..errors import RunStateError
-
-    names = [n for n in inspect.signature(configure).parameters if n != "others"]
-    if others:
-        name = sorted(others)[0]
-        near = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
+    settings = runtime().settings
+    names = [option.name for option in OPTIONS]
+    unknown = sorted(name for name in options if option_named(name) is None)
+    if unknown:
+        name = unknown[0]
+        hint = did_you_mean(name, names)
         raise TypeError(
             f"kx.configure() has no option {name!r}.{hint} Its options (the same as "
             f"%config Kernelext.<option>): {', '.join(names)}."
         )
-
-    def number(name: str, value: object) -> float | None:
+    checked: list[tuple[Option[Any], Any]] = []
+    for option in OPTIONS:  # every value is checked before any is applied
+        value = options.get(option.name)
         if value is None:
-            return None
-        # Zero keeps no snapshot after expiry / turns the double press off: deliberate
-        # settings. A zero check_timeout or step bound would fail every check and step.
-        zero = name in ("retention_seconds", "interrupt_window")
-        return check_duration(f"kx.configure({name}=...)", value, allow_zero=zero)
-
-    def flag(name: str, value: object) -> bool | None:
-        return None if value is None else check_flag(f"kx.configure({name}=...)", value)
-
-    plain: dict[str, object] = {
-        name: number(name, value)
-        for name, value in (
-            ("retention_seconds", retention_seconds),
-            ("check_timeout", check_timeout),
-            ("max_step_seconds", max_step_seconds),
-            ("interrupt_window", interrupt_window),
-        )
-    }
-    plain.update(
-        (name, flag(name, value))
-        for name, value in (("soft_interrupt", soft_interrupt), ("allow_files", allow_files))
-    )
-    if expiry is not None:
-        if not isinstance(expiry, Mapping):
-            raise TypeError(
-                "kx.configure(expiry=...) takes a dict of reason -> seconds (or timedelta), "
-                f"e.g. {{'approval': 3600}}, not {expiry!r}."
-            )
-        ExpiryPolicy(expiry)  # checks every duration first (ValueError)
-    if store is not None:
-        store = check_store_location("kx.configure(store=...)", store)
-        live = [h.run_id for h in runtime().live_handles()]
+            continue
+        checked.append((option, option.check(f"kx.configure({option.name}=...)", value)))
+    for option, _ in checked:
+        live = [h.run_id for h in runtime().live_handles()] if option.not_while_running else []
         if live:
             raise RunStateError(
-                "Cannot switch the kernelext store while runs execute in this kernel: "
+                f"{option.not_while_running} while runs execute in this kernel: "
                 + ", ".join(live)
                 + ". Stop them first."
             )
-    settings = runtime().settings
-    if expiry is not None:
-        settings.expiry.update(expiry)
-    if store is not None:
-        settings.use_store(os.fspath(store))
-    for name, value in plain.items():
-        if value is not None:
-            setattr(settings, name, value)
+    for option, value in checked:
+        option.apply(settings, value)
+
+
+def _document_configure() -> None:
+    """``configure``'s signature and docstring list the declared options."""
+    configure.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, default=None)
+            for option in OPTIONS
+        ],
+        return_annotation=None,
+    )
+    configure.__doc__ = (configure.__doc__ or "") + "".join(
+        f"\n    - ``{option.name}``: {option.help}" for option in OPTIONS
+    )
+
+
+_document_configure()
 
 
 def _table(arrow: Any) -> Any:

@@ -47,6 +47,7 @@ from .._expiry_policy import ExpiryPolicy
 from .._store import Store, default_store_path, open_store
 from ..errors import RunStateError
 from ..status import FINAL
+from .options import OptionValues
 from .registries import CheckRegistry, CredentialRegistry
 
 if TYPE_CHECKING:
@@ -60,8 +61,12 @@ __all__ = ["Runtime", "RuntimeSwitch", "Settings", "get_store", "runtime", "use_
 T = TypeVar("T")
 
 
-class Settings:
+class Settings(OptionValues):
     """Options (``kx.configure``, ``%config Kernelext``), renderers, and the open store.
+
+    The options are declared in ``options.py``: the plain ones are attributes inherited
+    from :class:`OptionValues` (each starts at its default), ``store`` is kept as
+    ``store_location`` (and the open store), ``expiry`` as the policy ``expiry``.
 
     Each runtime has its own, so its expiry policy too: a store it opens or is given
     (``use_store``) sets waiting runs' deadlines from that policy.
@@ -69,13 +74,7 @@ class Settings:
 
     def __init__(self) -> None:
         self.store_location: str | None = None
-        self.expiry = ExpiryPolicy()  # the stores this runtime uses read the same object
-        self.retention_seconds: float = 30 * 24 * 3600.0
-        self.check_timeout: float = 10.0
-        self.max_step_seconds: float | None = None  # default bound of %%agent cells
-        self.soft_interrupt: bool = True  # the interrupt button stops a live agent softly
-        self.interrupt_window: float = 2.0  # a second press within it forces the stop
-        self.allow_files: bool = False  # %%ledger may read files outside the store
+        self.expiry: ExpiryPolicy = ExpiryPolicy()  # the stores this runtime uses read it too
         self.handle_renderer: Callable[[Any], Any] | None = None
         self.reconcile_renderer: Callable[[Any], Any] | None = None
         self.approvals_renderer: Callable[[Any], Any] | None = None

@@ -1,7 +1,8 @@
 """The ``Kernelext`` magics: ``%%agent``, ``%agent``, ``%%ledger`` / ``%ledger``, and options.
 
-Every option is a traitlet, so ``%config Kernelext.store = 'other.duckdb'`` works in a
-notebook and ``c.Kernelext.store = ...`` in an IPython profile; each is also a keyword of
+Every option declared in ``kernelext/_core/options.py`` is a traitlet of :class:`Kernelext`
+(made from the declaration), so ``%config Kernelext.store = 'other.duckdb'`` works in a
+notebook and ``c.Kernelext.store = ...`` in an IPython profile; setting one calls
 ``kx.configure``, which checks and applies both.
 """
 
@@ -13,18 +14,19 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import MagicArgumentParser
-from traitlets import Bool, Dict, Float, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Float, TraitError, TraitType, Unicode, validate
 
 from .._core import control
 from .._core.api import configure, runs, sql
 from .._core.cell_runs import complete_cell_run
 from .._core.credentials import CredentialError
+from .._core.options import OPTIONS
 from .._core.runtime import runtime
 from .._validate import check_duration
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
 from ..status import Status
 from .cells import run_agent_cell
-from .options import NOTEBOOK_OPTIONS, did_you_mean, notebook_option
+from .options import did_you_mean, notebook_option
 
 __all__ = ["Kernelext"]
 
@@ -38,17 +40,26 @@ _VARIABLE = re.compile(
 )
 _QUOTED_VARIABLE = re.compile(r"^'\{[A-Za-z_][A-Za-z0-9_]*\}'$")
 SUBCOMMANDS = ("stop", "resume", "status", "complete", "list")
-# Every option is also a keyword of kx.configure, which checks and applies it.
-OPTIONS = (
-    "store",
-    "expiry",
-    "retention_seconds",
-    "check_timeout",
-    "max_step_seconds",
-    "soft_interrupt",
-    "interrupt_window",
-    "allow_files",
-)
+TRAITS: dict[str, type[TraitType[Any, Any]]] = {
+    "location": Unicode,
+    "durations": Dict,
+    "seconds": Float,
+    "flag": Bool,
+}  # an option's kind -> the trait that holds it
+
+
+def option_traits() -> dict[str, TraitType[Any, Any]]:
+    """A configurable trait for each option of ``kernelext/_core/options.py``, with its help.
+
+    It starts at the option's default (``expiry`` at ``{}``: no reason changed); ``None``
+    is taken and, as in ``kx.configure``, leaves the option as it is."""
+    traits: dict[str, TraitType[Any, Any]] = {}
+    for option in OPTIONS:
+        default = {} if option.kind == "durations" else option.default
+        extra = {} if option.kind == "durations" else {"allow_none": True}
+        trait = TRAITS[option.kind](default, help=option.help, **extra)
+        traits[option.name] = trait.tag(config=True)
+    return traits
 
 
 def _cell_parser() -> MagicArgumentParser:
@@ -79,59 +90,14 @@ def _line_parser() -> MagicArgumentParser:
 class Kernelext(Magics):
     """kernelext in IPython: options (``%config Kernelext``) and magics."""
 
-    store = Unicode(
-        None,
-        allow_none=True,
-        help=(
-            "Where runs are recorded: a DuckDB file path or a postgresql:// URL. Default: "
-            "$KERNELEXT_STORE, else .kernelext/_store.duckdb in the project."
-        ),
-    ).tag(config=True)
-    expiry = Dict(
-        help=(
-            "How long a suspended run lives, per reason, in seconds: e.g. "
-            "{'user_stop': 7 * 86400, 'rate_limit': 3600}. Reasons: user_stop, approval, "
-            "rate_limit, error, decision (a run waiting in needs_decision), other."
-        )
-    ).tag(config=True)
-    retention_seconds = Float(
-        None, allow_none=True, help=("How long the snapshot of an expired run is kept.")
-    ).tag(config=True)
-    check_timeout = Float(
-        None,
-        allow_none=True,
-        help=("Seconds a fact's re-check may take on resume before it counts as a contradiction."),
-    ).tag(config=True)
-    max_step_seconds = Float(
-        NOTEBOOK_OPTIONS["max_step_seconds"],
-        allow_none=True,
-        help=("Default time bound of one %%agent cell (overridden by --max-step-seconds)."),
-    ).tag(config=True)
-    soft_interrupt = Bool(
-        NOTEBOOK_OPTIONS["soft_interrupt"],
-        help=(
-            "While an agent runs in the background, the notebook's interrupt button asks it to "
-            "stop at its next safe point (a second press within interrupt_window forces it)."
-        ),
-    ).tag(config=True)
-    interrupt_window = Float(
-        NOTEBOOK_OPTIONS["interrupt_window"],
-        help=("Seconds within which a second interrupt forces the stop."),
-    ).tag(config=True)
-    allow_files = Bool(
-        NOTEBOOK_OPTIONS["allow_files"],
-        help=(
-            "Let %%ledger queries read files outside the store (read_csv, glob, "
-            "'data.parquet'); off by default, like kx.sql(..., allow_files=True)."
-        ),
-    ).tag(config=True)
+    vars().update(option_traits())  # one trait per declared option: ``%config Kernelext.<name>``
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self.interrupt: Any = None  # set by the extension once installed
         super().__init__(shell=shell, **kwargs)  # profile config goes through _configure
 
     # -- options ------------------------------------------------------------------------
-    @validate(*OPTIONS)
+    @validate(*(option.name for option in OPTIONS))
     def _configure(self, proposal: Any) -> Any:
         """``%config Kernelext.<name> = value`` is ``kx.configure(<name>=value)``: the same
         checks, the same setting. A refused value leaves the option as it was."""

@@ -2,7 +2,8 @@
 
 ``%config Kernelext.<name> = value`` and ``kx.configure(<name>=value)`` set the same
 setting of the current runtime (both go through ``kx.configure``, so both check values the same
-way). The options below matter only in a notebook; they are read when a cell runs
+way). The notebook options (declared with ``notebook=True`` in ``kernelext/_core/options.py``)
+matter only in a notebook; they are read when a cell runs
 (``max_step_seconds``, ``allow_files``) or the interrupt button is pressed
 (``soft_interrupt``, ``interrupt_window``), so a change takes hold at once.
 """
@@ -13,22 +14,20 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
+from .._core.options import OPTIONS
 from .._core.runtime import Settings, runtime
 
 __all__ = ["NOTEBOOK_OPTIONS", "did_you_mean", "notebook_option", "restore", "saved"]
 
-# name -> its value until it is configured
-NOTEBOOK_OPTIONS: dict[str, Any] = {
-    "max_step_seconds": None,  # default time bound of one %%agent cell
-    "soft_interrupt": True,  # the interrupt button asks a live agent to stop
-    "interrupt_window": 2.0,  # a second press within it forces the stop
-    "allow_files": False,  # %%ledger may read files outside the store
-}
+# the options read only in a notebook (declared, with their defaults, in _core/options.py)
+NOTEBOOK_OPTIONS: tuple[str, ...] = tuple(option.name for option in OPTIONS if option.notebook)
 
 
 def notebook_option(name: str) -> Any:
     """The current value of notebook option ``name``."""
-    return getattr(runtime().settings, name, NOTEBOOK_OPTIONS[name])
+    if name not in NOTEBOOK_OPTIONS:
+        raise KeyError(name)
+    return getattr(runtime().settings, name)
 
 
 def saved() -> dict[str, Any]:

@@ -1,0 +1,155 @@
+"""Options are declared once (``kernelext/_core/options.py``): ``kx.configure``,
+``%config Kernelext.<option>``, the command line and the README table all follow the
+declaration. Each test runs over every declared option, so a new one is covered by itself;
+an option of a new kind fails until ``SAMPLES`` says what a good and a bad value of that
+kind are."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import kernelext as kx
+from kernelext._cli.main import main as cli
+from kernelext._core.options import OPTIONS, Option, OptionValues, readme_table
+from kernelext._core.runtime import Runtime, runtime, use_runtime
+from kernelext._ipython.magics import Kernelext
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def samples(option: Option[Any], tmp_path: Path) -> tuple[Any, Any]:
+    """A value ``option`` takes (not its default) and one its check refuses."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir(exist_ok=True)
+    by_kind: dict[str, tuple[Any, Any]] = {
+        "location": (str(tmp_path / "other.duckdb"), str(folder)),
+        "durations": ({"approval": 60}, {"approval": -5}),
+        "seconds": (7.0, -1.0),
+        "flag": (not option.default, "yes"),
+    }
+    assert option.kind in by_kind, f"say in SAMPLES what a {option.kind!r} option takes"
+    return by_kind[option.kind]
+
+
+@pytest.fixture
+def ip(store_path: Path) -> Iterator[InteractiveShell]:
+    shell = InteractiveShell.instance()
+    shell.config.pop("Kernelext", None)
+    runtime().settings.use_store(str(store_path))
+    shell.run_line_magic("load_ext", "kernelext")
+    yield shell
+    shell.run_line_magic("unload_ext", "kernelext")
+    shell.config.pop("Kernelext", None)
+    runtime().settings.close()
+    runtime().settings.use_store(None)
+
+
+def ids(option: Option[Any]) -> str:
+    return option.name
+
+
+# -- one declaration -----------------------------------------------------------------------
+def test_the_readme_options_table_is_the_declaration() -> None:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("| option | default | meaning |")
+    table = re.match(r"(?:\|[^\n]*\n)+", text[start:])
+    assert table is not None
+    assert table.group(0).rstrip("\n") == readme_table(), (
+        "README.md's options table differs from kernelext/_core/options.py; paste the "
+        "output of: python -c 'from kernelext._core.options import readme_table; "
+        "print(readme_table())'"
+    )
+
+
+def test_configure_and_config_name_exactly_the_declared_options() -> None:
+    names = [option.name for option in OPTIONS]
+    assert len(set(names)) == len(names)
+    assert list(kx.configure.__signature__.parameters) == names  # type: ignore[attr-defined]
+    assert set(Kernelext.class_trait_names(config=True)) == set(names)
+    for option in OPTIONS:
+        trait = Kernelext.class_traits()[option.name]
+        assert trait.help == option.help
+        assert f"``{option.name}``: {option.help}" in (kx.configure.__doc__ or "")
+
+
+def test_a_runtime_starts_at_the_declared_defaults() -> None:
+    settings = Runtime().settings
+    kept = [o for o in vars(OptionValues).values() if isinstance(o, Option)]
+    assert kept and all(option.current(settings) == option.default for option in kept)
+    assert settings.store_location is None  # the default location
+
+
+# -- the same setting, the same check --------------------------------------------------------
+@pytest.mark.parametrize("option", OPTIONS, ids=ids)
+def test_every_option_is_set_alike_by_configure_and_by_config(
+    ip: InteractiveShell, tmp_path: Path, option: Option[Any]
+) -> None:
+    good, _ = samples(option, tmp_path)
+    default = option.current(Runtime().settings)
+    with use_runtime(Runtime()) as rt:
+        kx.configure(**{option.name: good})
+        through_api = option.current(rt.settings)
+    with use_runtime(Runtime()) as rt:
+        done = ip.run_cell(f"%config Kernelext.{option.name} = {good!r}")
+        assert done.success, done.error_in_exec
+        through_config = option.current(rt.settings)
+    assert through_api == through_config != default
+    with use_runtime(Runtime()) as rt:  # None leaves it as it is, both ways
+        kx.configure(**{option.name: good})
+        kx.configure(**{option.name: None})
+        assert option.current(rt.settings) == through_api
+        assert ip.run_cell(f"%config Kernelext.{option.name} = None").success
+        assert option.current(rt.settings) == through_api
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=ids)
+def test_every_option_refuses_a_bad_value_alike_and_keeps_its_value(
+    ip: InteractiveShell, tmp_path: Path, option: Option[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, bad = samples(option, tmp_path)
+    other = next(o for o in OPTIONS if o is not option)
+    with use_runtime(Runtime()) as rt:
+        before, other_before = option.current(rt.settings), other.current(rt.settings)
+        with pytest.raises((TypeError, ValueError)) as refused:  # and the other is not set
+            kx.configure(**{option.name: bad, other.name: samples(other, tmp_path)[0]})
+        assert option.name in str(refused.value)
+        assert (option.current(rt.settings), other.current(rt.settings)) == (before, other_before)
+        caplog.clear()
+        ip.run_cell(f"%config Kernelext.{option.name} = {bad!r}")  # IPython logs the refusal
+        assert option.current(rt.settings) == before
+        if option.kind == "flag":  # the Bool trait refuses it before kx.configure sees it
+            assert "expected a boolean" in caplog.text
+        else:
+            assert str(refused.value) in caplog.text
+
+
+def test_an_unknown_option_is_refused_with_the_nearest_declared_name() -> None:
+    for option in OPTIONS:
+        typo = option.name[:-1]
+        nearest = rf"no option {typo!r}\. Did you mean .*{option.name!r}"
+        with pytest.raises(TypeError, match=nearest):
+            kx.configure(**{typo: 1})
+
+
+# -- the command line ------------------------------------------------------------------------
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.cli], ids=ids)
+def test_an_options_flag_uses_the_options_check(
+    tmp_path: Path, option: Option[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, bad = samples(option, tmp_path)
+    assert cli(["runs", str(option.cli), str(good)]) == 0
+    with pytest.raises((TypeError, ValueError)) as refused:
+        option.check(str(option.cli), bad)
+    with pytest.raises(SystemExit) as done:
+        cli(["runs", str(option.cli), str(bad)])
+    assert done.value.code == 2  # a usage error, before the store is opened
+    assert str(refused.value) in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["runs", "--help"])
+    assert option.meaning.replace("`", "") in " ".join(capsys.readouterr().out.split())
