@@ -1,7 +1,7 @@
 """The ``kernelext`` command line (also ``python -m kernelext``): the parser and dispatch.
 
 Every command takes ``--store`` (a DuckDB path or a ``postgresql://`` URL; default:
-``$KERNELEXT_STORE``, else ``.kernelext/_store.duckdb`` in the project, like the
+``$KERNELEXT_STORE``, else ``.kernelext/store.duckdb`` in the project, like the
 library; the flag, its help and its check come from the ``store`` option of
 ``kernelext/_core/options.py``) and ``--json`` (machine-readable output on stdout).
 
