@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
+from ._did_you_mean import did_you_mean
 
 __all__ = [
     "AgentError",
@@ -207,11 +206,3 @@ class StopRequested(BaseException):
 
 class ForcedStop(StopRequested):
     """Raised into a step that overran ``max_step_seconds`` while a stop was pending."""
-
-
-def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` (with a leading space) for the closest candidates, or ``""``."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=3, cutoff=0.6)
-    if not close:
-        return ""
-    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"

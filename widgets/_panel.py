@@ -20,6 +20,7 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext._core import control
+from kernelext._core.colours import BAD, BORDER, MUTED
 from kernelext._core.plan import ResumePlan
 from kernelext.status import LIVE, RESUMABLE, Status
 
@@ -120,7 +121,7 @@ class ControlPanel(w.VBox):
                 buttons,
                 self.notice,
             ],
-            layout=w.Layout(border="1px solid #d0d7de", padding="4px 10px"),
+            layout=w.Layout(border=f"1px solid {BORDER}", padding="4px 10px"),
         )
         self.add_class("kernelext-panel")
         self._effects: dict[Any, tuple[str, str]] = {}
@@ -197,7 +198,7 @@ class ControlPanel(w.VBox):
         text = self.overrun_text()
         if text is None:
             return ""
-        return f'<div class="kernelext-overrunning" style="color:#cf222e">{html.escape(text)}</div>'
+        return f'<div class="kernelext-overrunning" style="color:{BAD}">{html.escape(text)}</div>'
 
     @property
     def is_cell_run(self) -> bool:
@@ -228,7 +229,7 @@ class ControlPanel(w.VBox):
         self.effects.value = effects_html(view)
         self.outcome.value = outcome_html(view)
         self.notice.value = (
-            f'<div style="color:#57606a">{self._notice}</div>' if self._notice else ""
+            f'<div style="color:{MUTED}">{self._notice}</div>' if self._notice else ""
         )
         self._fill_decision_slot(view)
         for addon in self.addons.children:

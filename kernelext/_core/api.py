@@ -59,18 +59,17 @@ def configure(
     nearest option; a value of the wrong type raises ``TypeError``, a bad duration
     ``ValueError``; nothing is changed then.
     """
-    import difflib
     import inspect
     import os
 
+    from .._did_you_mean import did_you_mean
     from .._expiry_policy import ExpiryPolicy
     from ..errors import RunStateError
 
     names = [n for n in inspect.signature(configure).parameters if n != "others"]
     if others:
         name = sorted(others)[0]
-        near = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean {near[0]!r}?" if near else ""
+        hint = did_you_mean(name, names)
         raise TypeError(
             f"kx.configure() has no option {name!r}.{hint} Its options (the same as "
             f"%config Kernelext.<option>): {', '.join(names)}."
@@ -187,7 +186,7 @@ def runs(status: str | None = None, *, store: Store | None = None) -> Any:
 
         check_text("kx.runs(status)", status, what="a run status (a str)")
         if status not in {str(s) for s in Status}:
-            from ..errors import did_you_mean
+            from .._did_you_mean import did_you_mean
 
             raise ValueError(
                 f"kx.runs(status) takes a run status, not {status!r}."

@@ -23,14 +23,23 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._store import Store
-from .._validate import RUN_ID, STORE, check_duration, check_mapping, optional, validated
+from .._validate import (
+    RUN_ID,
+    STORE,
+    check_count,
+    check_duration,
+    check_mapping,
+    optional,
+    validated,
+)
 from ..errors import RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
 from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
 from .checks import resolve
 from .facts import CONTRADICTIONS
+from .formatting import step_label
 from .lease import check_takeover
-from .plan_render import (
+from .plan_items import (
     UNSEEN,
     ClaimItem,
     CodeChange,
@@ -41,9 +50,9 @@ from .plan_render import (
     PlanData,
     RequestItem,
     StepItem,
-    judge,
-    plan_differences,
 )
+from .plan_render import plan_dict, plan_html, plan_json, plan_text
+from .plan_rules import judge, plan_differences
 from .probes import probe_for
 from .runtime import get_store, runtime
 
@@ -89,6 +98,26 @@ class ResumePlan(PlanData):
     def verify(self, store: Store | None = None) -> ResumePlan:
         """Compute the plan again; raise :class:`PlanChanged` if what matters moved."""
         return check_plan(self, store)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON values (times as ISO text, UTC)."""
+        return plan_dict(self)
+
+    @validated("ResumePlan.to_json", indent=optional(check_count))
+    def to_json(self, indent: int | None = 2) -> str:
+        return plan_json(self, indent)
+
+    def text(self) -> str:
+        return plan_text(self)
+
+    def __str__(self) -> str:
+        return plan_text(self)
+
+    def __repr__(self) -> str:
+        return plan_text(self)
+
+    def _repr_html_(self) -> str:
+        return plan_html(self)
 
 
 # -- sources this process has seen (for "what changed" and a short diff) ---------------------
@@ -184,7 +213,8 @@ def plan(
         ClaimItem(c["resource"], c["amount"], c["claimed_at"])
         for c in store.claims(run_id, active=True)
     ]
-    result.resumes, result.last_resume = resume_events(store, run_id)
+    resumed = store.resumed_events(run_id)
+    result.resumes, result.last_resume = len(resumed), (resumed[-1] if resumed else None)
     judge(result, live)
     return result
 
@@ -216,14 +246,14 @@ def _steps(
         result.next_step = NextStep(top + 1, waiting[0] if waiting else None, note)
     elif result.rerun:
         first = result.rerun[0]
-        result.next_step = NextStep(first.ordinal, first.key, f"step {first.key!r} again")
+        result.next_step = NextStep(
+            first.ordinal, first.key, f"{step_label(first.ordinal, first.key)} again"
+        )
     elif result.total_steps is not None and len(result.completed) >= result.total_steps:
         result.next_step = NextStep(None, None, "no step left: the agent function finishes")
     else:
-        total = f" of {result.total_steps}" if result.total_steps else ""
-        result.next_step = NextStep(
-            top + 1, None, f"step {top + 2}{total}: the first item not completed"
-        )
+        label = step_label(top + 1, total=result.total_steps)
+        result.next_step = NextStep(top + 1, None, f"{label}: the first item not completed")
 
 
 def _with_note(item: StepItem, note: str) -> StepItem:
@@ -277,7 +307,7 @@ def _effects(result: ResumePlan, store: Store, live: str | None) -> None:
 
 def _facts(result: ResumePlan, store: Store, now: dt.datetime, stale_after: float) -> None:
     kept = {item.ordinal for item in result.completed}
-    for row in fact_rows(store, result.run_id):
+    for row in store.fact_rows(result.run_id):
         if row["step_ordinal"] is not None and row["step_ordinal"] not in kept:
             continue
         if row["kind"] == "credential":
@@ -394,23 +424,6 @@ def _request_text(row: dict[str, Any], name: str) -> str:
     what = str(row.get(name) or "request")
     step = f" in step {row['step']!r}" if row.get("step") is not None else ""
     return what + step
-
-
-def fact_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
-    """Every column of the run's facts (a ``max_age`` column is used when the store has one)."""
-    return store.read_dicts(
-        "SELECT * FROM facts WHERE run_id = ? ORDER BY step_ordinal NULLS FIRST, recorded_at, name",
-        (run_id,),
-    )
-
-
-def resume_events(store: Store, run_id: str) -> tuple[int, dict[str, Any] | None]:
-    """How often the run was resumed (taken over), and the last time: when, by whom."""
-    rows = store.read_dicts(
-        "SELECT occurred_at, actor, source FROM events WHERE run_id = ? AND kind = ? ORDER BY id",
-        (run_id, "resumed"),
-    )
-    return len(rows), (rows[-1] if rows else None)
 
 
 # -- resuming as previewed ----------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 :func:`draw` turns a timeline into an ``<svg>`` element (text). :class:`TimeAxis` maps
 seconds from the run's start to x, cutting idle stretches out of the axis. The colour of
-each step, effect and status band, and the shape of each mark, are in the tables here.
+each step, effect and status band comes from :mod:`kernelext._core.colours`; the shape of
+each mark is in the table here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..status import EffectStatus, Status, StepStatus
-from .stop_estimate import seconds_text
+from .colours import BAD, EFFECT_COLOURS, GREY, MUTED, REQUEST_COLOURS, RUN_TINTS, STEP_COLOURS
+from .formatting import duration_text, moment_text
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -23,27 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["TimeAxis", "clock", "draw", "esc"]
 
 SVG_NS = "http://www.w3.org/2000/svg"
-GREY, RED, INK = "#8c959f", "#cf222e", "#57606a"
-STEP_COLOURS: dict[str, str] = {
-    StepStatus.COMPLETED: "#2da44e",
-    StepStatus.RUNNING: "#1f6feb",
-    StepStatus.FAILED: RED,
-    StepStatus.CANCELLED: GREY,
-    StepStatus.ABANDONED: "#d0d7de",
-}
-EFFECT_COLOURS: dict[str, str] = {
-    EffectStatus.APPLIED: "#1a7f37",
-    EffectStatus.PENDING: "#bf8700",
-    EffectStatus.FAILED: RED,
-    EffectStatus.UNKNOWN: "#bf3989",
-    EffectStatus.NOT_APPLIED: GREY,
-}
-BANDS: dict[str, str] = {
-    Status.RUNNING: "#ddf4ff",
-    Status.STOPPING: "#fff1a8",
-    Status.SUSPENDED: "#eddcff",
-    Status.NEEDS_DECISION: "#ffd8d3",
-}
+RED, INK = BAD, MUTED
+BANDS = RUN_TINTS
 # mark kind -> (shape, colour). Kinds in ASKED sit on the "asked" lane, the rest on "status".
 STYLE = {
     "start": ("line", INK),
@@ -55,8 +38,8 @@ STYLE = {
     "resume": ("right", "#1f6feb"),
     "decision_needed": ("circle", "#d1242f"),
     "decision": ("circle", "#1a7f37"),
-    "approval": ("circle", "#0969da"),
-    "question": ("circle", "#8250df"),
+    "approval": ("circle", REQUEST_COLOURS["approval"]),
+    "question": ("circle", REQUEST_COLOURS["question"]),
     "expiry": ("cross", INK),
     "overran": ("down", "#fb8f44"),
     "unknown_effect": ("circle", "#bf3989"),
@@ -88,18 +71,9 @@ def _el(tag: str, title: str | None = None, body: str = "", **attrs: Any) -> str
 
 
 def clock(moment: dt.datetime) -> str:
-    """``moment`` as ``YYYY-MM-DD HH:MM:SS.mmm UTC`` (hover text)."""
-    return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d} UTC"
-
-
-def _axis_label(seconds: float, step: float) -> str:
-    """Seconds from the start (``2.5 s``), ``m:ss`` or ``h:mm:ss`` past a minute."""
-    if seconds < 60:
-        return f"{seconds:.{max(0, -math.floor(math.log10(step)))}f} s"
-    days, rest = divmod(round(seconds), 86400)
-    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}" if rest >= 3600 else ""
-    text = text or f"{rest // 60}:{rest % 60:02d}"
-    return f"{days} d {text}" if days else text
+    """``moment`` as ``YYYY-MM-DD HH:MM:SS.mmm UTC`` (hover text: steps are told apart by
+    milliseconds)."""
+    return moment_text(moment, precise=True)
 
 
 class TimeAxis:
@@ -257,8 +231,8 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
     top, bottom = lay.steps[0], lay.axis_y
     for (a, b), gap in zip(axis.gaps, tl.gaps, strict=True):
         x1, x2 = axis.x(a), axis.x(b)
-        mid, z, label = (x1 + x2) / 2, (x2 - x1) / 4, seconds_text(gap.seconds).replace(" ", "")
-        title = f"idle {seconds_text(gap.seconds)}, not to scale: {clock(gap.start)} to "
+        mid, z, label = (x1 + x2) / 2, (x2 - x1) / 4, duration_text(gap.seconds)
+        title = f"idle {duration_text(gap.seconds)}, not to scale: {clock(gap.start)} to "
         zigzag = (
             f"M{mid - z:.1f},{top}L{mid + z:.1f},{(top + bottom) / 2:.1f}L{mid - z:.1f},{bottom}"
         )
@@ -271,7 +245,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         taken.append((mid - len(label) * 3.0, mid + len(label) * 3.0))
     for span in tl.spans:
         if span.status in BANDS:
-            took = f"{span.status} for {seconds_text((span.end - span.start).total_seconds())}"
+            took = f"{span.status} for {duration_text((span.end - span.start).total_seconds())}"
             title = took + (f" ({span.reason})" if span.reason else "")
             x1, y1, h1 = x(span.start), *lay.band
             out.append(
@@ -376,8 +350,8 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
             )
     ay = lay.axis_y
     out.append(_el("line", x1=left, x2=axis.right_edge, y1=ay, y2=ay, stroke=INK))
-    for seconds, xt, step in axis.ticks(56.0 if compact else 70.0):
-        label = _axis_label(seconds, step)
+    for seconds, xt, _step in axis.ticks(56.0 if compact else 70.0):
+        label = duration_text(seconds)
         a, b = xt - len(label) * 2.8, xt + len(label) * 2.8
         out.append(_el("line", x1=xt, x2=xt, y1=ay, y2=ay + 4, stroke=INK))
         if b <= right + 8 and all(b < c or a > d for c, d in taken):

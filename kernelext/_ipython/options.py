@@ -9,13 +9,11 @@ way). The options below matter only in a notebook; they are read when a cell run
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
 from typing import Any
 
 from .._core.runtime import Settings, runtime
 
-__all__ = ["NOTEBOOK_OPTIONS", "did_you_mean", "notebook_option", "restore", "saved"]
+__all__ = ["NOTEBOOK_OPTIONS", "notebook_option", "restore", "saved"]
 
 # name -> its value until it is configured
 NOTEBOOK_OPTIONS: dict[str, Any] = {
@@ -41,9 +39,3 @@ def restore(values: dict[str, Any], settings: Settings | None = None) -> None:
     settings = settings if settings is not None else runtime().settings
     for name, value in values.items():
         setattr(settings, name, value)
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` for the choice nearest to ``word``, or ``""``."""
-    near = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean {near[0]!r}?" if near else ""
