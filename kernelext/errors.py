@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from ._did_you_mean import did_you_mean
+from ._formatting import moment_text
 
 __all__ = [
     "AgentError",
@@ -110,7 +113,7 @@ class OwnershipLost(RunStateError):
         self.since = since
         self.epoch = epoch
         self.held = held
-        when = f" since {since:%Y-%m-%d %H:%M:%S} UTC" if hasattr(since, "strftime") else ""
+        when = f" since {moment_text(since)}" if isinstance(since, dt.datetime) else ""
         mine = f", this process held epoch {held}" if held is not None else ""
         if what == "effect intent":
             sent = "was refused and nothing was sent for it"

@@ -20,8 +20,8 @@ import ipywidgets as w
 
 from kernelext._core.colours import RUN_COLOURS
 from kernelext._core.expiry import expiry_info
-from kernelext._core.formatting import moment_text
 from kernelext._core.restart import restart
+from kernelext._formatting import moment_text
 from kernelext.status import Status
 
 from ._panel import PANEL_ADDONS

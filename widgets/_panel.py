@@ -22,6 +22,7 @@ import ipywidgets as w
 from kernelext._core import control
 from kernelext._core.colours import BAD, BORDER, MUTED
 from kernelext._core.plan import ResumePlan
+from kernelext._formatting import duration_text
 from kernelext.status import LIVE, RESUMABLE, Status
 
 from ._render import (
@@ -188,10 +189,10 @@ class ControlPanel(w.VBox):
         if since is None or not self.handle.alive:
             return None
         return (
-            f"{OVERRUNNING}: a forced stop was raised {since:.0f} s ago and the step still runs. "
-            "It is in a call Python cannot interrupt (blocked in C: a sleep, a socket read or "
-            "a lock without a timeout) and stops when that call returns, or its code caught "
-            "the stop and it is raised again at its next kernelext call."
+            f"{OVERRUNNING}: a forced stop was raised {duration_text(since)} ago and the step "
+            "still runs. It is in a call Python cannot interrupt (blocked in C: a sleep, a "
+            "socket read or a lock without a timeout) and stops when that call returns, or its "
+            "code caught the stop and it is raised again at its next kernelext call."
         )
 
     def _overrun_html(self) -> str:

@@ -18,8 +18,8 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext._core.colours import BAD
-from kernelext._core.formatting import moment_text, step_label
 from kernelext._core.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
+from kernelext._formatting import moment_text, step_label
 from kernelext.status import EffectStatus
 
 __all__ = [

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelext._core.colours import BORDER, MUTED, RUN_COLOURS, colour_of
-from kernelext._core.formatting import duration_text, moment_text, step_label
+from kernelext._formatting import duration_text, moment_text, step_label
 from kernelext.status import FINAL, EffectStatus, Status
 
 __all__ = [

@@ -16,8 +16,8 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext._core.colours import BAD, CHECK_COLOURS, colour_of
-from kernelext._core.formatting import duration_text, step_label
 from kernelext._core.revalidation import FactCheck, Revalidation, revalidation
+from kernelext._formatting import duration_text, step_label
 from kernelext.status import Status
 
 __all__ = [

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core.formatting import moment_text
 from .._did_you_mean import did_you_mean
+from .._formatting import moment_text
 from .._store import Store, default_store_path, open_store
 from ..status import Status
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core import control, expiry
-from .._core.formatting import duration_text, step_number
 from .._core.stop_estimate import estimate_stop
+from .._formatting import duration_text, step_number
 from .._store import Store
 from ..status import LIVE, Status
 from .common import (
@@ -124,7 +124,7 @@ def cmd_stop(args: argparse.Namespace, store: Store) -> int:
         print(
             f"stop requested for run {args.run_id}; it is stopping. The process that runs it "
             "suspends it at its next safe point."
-            + (f" It did not within {args.timeout:g}s." if args.wait else "")
+            + (f" It did not within {duration_text(args.timeout)}." if args.wait else "")
         )
     else:
         print(f"stop recorded for run {args.run_id}; it is {status}.")

@@ -15,6 +15,7 @@ import json
 import uuid
 from typing import Any, TypeVar
 
+from .._formatting import duration_text
 from .._store import Store, actor
 from .._store.approvals import APPROVED, REJECTED, several_requests
 from .._validate import (
@@ -32,7 +33,6 @@ from ..errors import LedgerError
 from ..status import Reason, Status
 from .asking import check_answer, encode_answer, parse_answer
 from .codec import loads_json
-from .formatting import duration_text
 from .runtime import get_store, runtime
 
 __all__ = [

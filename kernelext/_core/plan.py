@@ -22,6 +22,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._formatting import moment_text, step_label
 from .._store import Store
 from .._validate import (
     RUN_ID,
@@ -37,7 +38,6 @@ from ..status import LIVE, EffectStatus, StepStatus
 from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
 from .checks import resolve
 from .facts import CONTRADICTIONS
-from .formatting import step_label
 from .lease import check_takeover
 from .plan_items import (
     UNSEEN,
@@ -434,9 +434,9 @@ def check_plan(previewed: ResumePlan, store: Store | None = None) -> ResumePlan:
     now = plan(previewed.run_id, store)
     differences = plan_differences(previewed, now)
     if differences:
-        at = previewed.computed_at.strftime("%H:%M:%S")
+        at = moment_text(previewed.computed_at)
         raise PlanChanged(
-            f"Run {previewed.run_id!r} changed since its plan was previewed at {at} UTC: "
+            f"Run {previewed.run_id!r} changed since its plan was previewed at {at}: "
             + "; ".join(differences)
             + f". Nothing was run. Look at the new plan with kx.plan({previewed.run_id!r}) "
             "and resume with that one.",

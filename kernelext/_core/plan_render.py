@@ -4,7 +4,7 @@ and ``plan.to_json()``.
 
 It only renders: what a plan holds is in ``kernelext._core.plan_items``, how it is
 computed in ``kernelext._core.plan``, what blocks a resume in ``kernelext._core.plan_rules``.
-Durations, times and step numbers read as everywhere else (``kernelext._core.formatting``),
+Durations, times and step numbers read as everywhere else (``kernelext._formatting``),
 colours are the shared ones (``kernelext._core.colours``).
 """
 
@@ -17,8 +17,8 @@ import uuid
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
+from .._formatting import duration_text, moment_text
 from .colours import BAD, BORDER, MUTED, OK, PAPER, WARN
-from .formatting import duration_text, moment_text
 from .plan_items import UNSEEN, CodeChange, EffectItem, FactItem, PlanData
 
 __all__ = ["plan_dict", "plan_html", "plan_json", "plan_text"]

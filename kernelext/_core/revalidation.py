@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from .._formatting import duration_text
 from .._store import Store, actor
 from .._validate import NOTE, RUN_ID, SOURCE, STORE, check_step, validated
 from ..errors import RunStateError
@@ -35,7 +36,6 @@ from . import credentials
 from .codec import loads_json
 from .control import resume
 from .facts import CONTRADICTIONS
-from .formatting import duration_text
 from .handle import Handle
 from .runtime import get_store, runtime
 

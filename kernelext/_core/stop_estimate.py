@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from .._formatting import duration_text, step_label
 from .._store import Store
 from ..status import Status, StepStatus
-from .formatting import duration_text, step_label
 from .runtime import get_store
 
 __all__ = [

@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .._formatting import duration_text, step_label
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
-from .formatting import duration_text, step_label
 from .runtime import get_store
 from .timeline_svg import TimeAxis, clock, draw, esc
 

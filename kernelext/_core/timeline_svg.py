@@ -15,9 +15,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._formatting import duration_text, moment_text
 from ..status import EffectStatus, Status, StepStatus
 from .colours import BAD, EFFECT_COLOURS, GREY, MUTED, REQUEST_COLOURS, RUN_TINTS, STEP_COLOURS
-from .formatting import duration_text, moment_text
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -219,7 +219,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
 
     head = f"run {tl.run_id} · {tl.agent} · {tl.status} · {len(tl.bars)} step attempts"
     if not compact:
-        head += f" · {len(tl.ticks)} effects · from {t0:%Y-%m-%d %H:%M:%S} UTC"
+        head += f" · {len(tl.ticks)} effects · from {moment_text(t0)}"
     out = [
         _el("rect", cls="kx-bg", width=width, height=lay.height, fill="#ffffff"),
         _el("text", body=esc(head), cls="kx-header", x=4, y=lay.font + 3, font_weight=600),

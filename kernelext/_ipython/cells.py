@@ -20,8 +20,8 @@ from .._core.cell_runs import (
     open_cell_run,
     source_hash,
 )
-from .._core.formatting import step_label
 from .._core.plan import remember_cell_source
+from .._formatting import step_label
 from ..errors import NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
 
