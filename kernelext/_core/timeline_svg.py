@@ -17,7 +17,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._formatting import duration_text, moment_text
 from ..status import EffectStatus, Status, StepStatus
-from .colours import BAD, EFFECT_COLOURS, GREY, MUTED, REQUEST_COLOURS, RUN_TINTS, STEP_COLOURS
+from .colours import (
+    BAD,
+    EFFECT_COLOURS,
+    GREY,
+    MUTED,
+    OK,
+    PAPER,
+    REQUEST_COLOURS,
+    RUN_COLOURS,
+    RUN_TINTS,
+    STEP_COLOURS,
+)
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -31,18 +42,18 @@ BANDS = RUN_TINTS
 STYLE = {
     "start": ("line", INK),
     "end": ("line", "#24292f"),
-    "stop_request": ("down", "#bf8700"),
+    "stop_request": ("down", RUN_COLOURS[Status.STOPPING]),
     "force_request": ("down", RED),
     "forced": ("diamond", RED),
-    "suspension": ("square", "#8250df"),
-    "resume": ("right", "#1f6feb"),
-    "decision_needed": ("circle", "#d1242f"),
-    "decision": ("circle", "#1a7f37"),
+    "suspension": ("square", RUN_COLOURS[Status.SUSPENDED]),
+    "resume": ("right", RUN_COLOURS[Status.RUNNING]),
+    "decision_needed": ("circle", RUN_COLOURS[Status.NEEDS_DECISION]),
+    "decision": ("circle", OK),
     "approval": ("circle", REQUEST_COLOURS["approval"]),
     "question": ("circle", REQUEST_COLOURS["question"]),
     "expiry": ("cross", INK),
     "overran": ("down", "#fb8f44"),
-    "unknown_effect": ("circle", "#bf3989"),
+    "unknown_effect": ("circle", EFFECT_COLOURS[EffectStatus.UNKNOWN]),
     "swallowed": ("diamond", "#fb8f44"),
     "other": ("dot", GREY),
 }
@@ -236,7 +247,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         zigzag = (
             f"M{mid - z:.1f},{top}L{mid + z:.1f},{(top + bottom) / 2:.1f}L{mid - z:.1f},{bottom}"
         )
-        body = _el("rect", x=x1, y=top, width=x2 - x1, height=bottom - top, fill="#f6f8fa")
+        body = _el("rect", x=x1, y=top, width=x2 - x1, height=bottom - top, fill=PAPER)
         body += _el("path", d=zigzag, fill="none", stroke="#afb8c1", stroke_dasharray="3 2")
         body += _el(
             "text", body=esc(label), x=mid, y=bottom + lay.font + 2, fill=INK, text_anchor="middle"
