@@ -34,8 +34,8 @@ from kernelext._core.plan import (
     ResumePlan,
     check_plan,
     plan,
-    remember_cell_source,
 )
+from kernelext._core.plan_code import remember_cell_source
 from kernelext._store import Store, open_store, utcnow
 from kernelext.status import Reason, Status, StepStatus
 

@@ -17,9 +17,7 @@ steps completed. ``kx.resume(run_id, plan=p)`` calls it before taking the run ov
 from __future__ import annotations
 
 import datetime as dt
-import difflib
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .._formatting import moment_text, step_label
@@ -35,12 +33,12 @@ from .._validate import (
 )
 from ..errors import RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
-from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
+from .cell_runs import CELL_AGENT
 from .checks import resolve
 from .facts import CONTRADICTIONS
 from .lease import check_takeover
+from .plan_code import agent_change, cell_changes, cell_state
 from .plan_items import (
-    UNSEEN,
     ClaimItem,
     CodeChange,
     CredentialItem,
@@ -70,12 +68,9 @@ __all__ = [
     "StepItem",
     "check_plan",
     "plan",
-    "remember_agent_source",
-    "remember_cell_source",
 ]
 
 STALE_AFTER = 3600.0  # seconds: a fact recorded longer ago than this looks stale
-DIFF_LINES = 12
 
 
 class PlanChanged(RunStateError):
@@ -118,44 +113,6 @@ class ResumePlan(PlanData):
 
     def _repr_html_(self) -> str:
         return plan_html(self)
-
-
-# -- sources this process has seen (for "what changed" and a short diff) ---------------------
-def remember_agent_source(fingerprint: str, fn: Callable[..., Any] | str) -> None:
-    """Keep the source of an agent version, so that a later plan can show a diff."""
-    text = fn if isinstance(fn, str) else _source_of(fn)
-    if text is not None:
-        rt = runtime()
-        with rt.lock:
-            rt.agent_sources[fingerprint] = text
-
-
-def remember_cell_source(run_id: str, key: str, source: str) -> None:
-    """The current source of the ``%%agent`` cell that is step ``key`` of run ``run_id``."""
-    rt = runtime()
-    with rt.lock:
-        rt.cell_sources[(run_id, key)] = source
-        rt.cell_sources_by_hash[source_hash(source)] = source
-
-
-def _source_of(fn: Callable[..., Any]) -> str | None:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        return None
-
-
-def _short_diff(old: str | None, new: str | None) -> str:
-    if old is None or new is None:
-        return ""
-    lines = [
-        line
-        for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1)
-        if not line.startswith(("---", "+++"))
-    ]
-    if len(lines) > DIFF_LINES:
-        lines = [*lines[:DIFF_LINES], f"... ({len(lines) - DIFF_LINES} more lines)"]
-    return "\n".join(lines)
 
 
 # -- computing the plan ---------------------------------------------------------------------
@@ -206,9 +163,9 @@ def plan(
     result.approvals, result.questions = open_requests(store, run_id, now)
     _facts(result, store, now, stale_after)
     if cell_run:
-        result.code = _cell_changes(result.completed, sources)
+        result.code = cell_changes(result.completed, sources)
     else:
-        result.code = [_agent_change(result, row)]
+        result.code = [agent_change(result.agent, row.get("fingerprint"))]
     result.claims = [
         ClaimItem(c["resource"], c["amount"], c["claimed_at"])
         for c in store.claims(run_id, active=True)
@@ -228,7 +185,7 @@ def _steps(
         if s["status"] == StepStatus.COMPLETED:
             note = "skipped"
             if cell_run:
-                state = _cell_state(s["key"], s.get("name"), sources)
+                state = cell_state(s["key"], s.get("name"), sources)
                 note = "source changed: reported, not re-run" if state == "changed" else note
             result.completed.append(_with_note(item, note))
         elif s["key"] not in done_keys and all(r.key != s["key"] for r in result.rerun):
@@ -357,46 +314,6 @@ def _refresh_of(result: ResumePlan, row: dict[str, Any]) -> str | None:
         if fn is not None:
             return str(row["check_name"])
     return None
-
-
-def _agent_change(result: ResumePlan, row: dict[str, Any]) -> CodeChange:
-    recorded = row.get("fingerprint")
-    rt = runtime()
-    agent = rt.agents.get(result.agent)
-    if agent is None:
-        return CodeChange("agent", result.agent, recorded, None, UNSEEN)
-    current = str(agent.fingerprint)
-    remember_agent_source(current, agent.fn)
-    if not recorded or recorded == current:
-        return CodeChange("agent", result.agent, recorded, current, "same")
-    with rt.lock:
-        old, new = rt.agent_sources.get(recorded), rt.agent_sources.get(current)
-    return CodeChange("agent", result.agent, recorded, current, "changed", _short_diff(old, new))
-
-
-def _cell_state(key: str, name: str | None, sources: Mapping[str, str]) -> str:
-    recorded = name[len(SOURCE_PREFIX) :] if name and name.startswith(SOURCE_PREFIX) else None
-    if key not in sources or recorded is None:
-        return UNSEEN
-    return "same" if source_hash(sources[key]) == recorded else "changed"
-
-
-def _cell_changes(completed: list[StepItem], sources: Mapping[str, str]) -> list[CodeChange]:
-    changes = []
-    for step in completed:
-        name = step.name or ""
-        recorded = name[len(SOURCE_PREFIX) :] if name.startswith(SOURCE_PREFIX) else None
-        state = _cell_state(step.key, step.name, sources)
-        source = sources.get(step.key)
-        current = source_hash(source) if source is not None else None
-        diff = ""
-        if state == "changed":
-            rt = runtime()
-            with rt.lock:
-                old = rt.cell_sources_by_hash.get(recorded or "")
-            diff = _short_diff(old, source)
-        changes.append(CodeChange("cell", step.key, recorded, current, state, diff))
-    return changes
 
 
 # -- reads ----------------------------------------------------------------------------------

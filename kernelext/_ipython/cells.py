@@ -20,7 +20,7 @@ from .._core.cell_runs import (
     open_cell_run,
     source_hash,
 )
-from .._core.plan import remember_cell_source
+from .._core.plan_code import remember_cell_source
 from .._formatting import step_label
 from ..errors import NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
