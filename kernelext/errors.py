@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
+import datetime as dt
+
+from ._did_you_mean import did_you_mean
+from ._formatting import moment_text
 
 __all__ = [
     "AgentError",
@@ -111,7 +113,7 @@ class OwnershipLost(RunStateError):
         self.since = since
         self.epoch = epoch
         self.held = held
-        when = f" since {since:%Y-%m-%d %H:%M:%S} UTC" if hasattr(since, "strftime") else ""
+        when = f" since {moment_text(since)}" if isinstance(since, dt.datetime) else ""
         mine = f", this process held epoch {held}" if held is not None else ""
         if what == "effect intent":
             sent = "was refused and nothing was sent for it"
@@ -207,11 +209,3 @@ class StopRequested(BaseException):
 
 class ForcedStop(StopRequested):
     """Raised into a step that overran ``max_step_seconds`` while a stop was pending."""
-
-
-def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """`` Did you mean 'x'?`` (with a leading space) for the closest candidates, or ``""``."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=3, cutoff=0.6)
-    if not close:
-        return ""
-    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"

@@ -109,12 +109,13 @@ QUICKSTART = REPO_ROOT / "notebooks" / "quickstart.ipynb"
 STEP_SECONDS = "1.0"  # the agent's step length: long enough to see "stop pending"
 PANEL = ".kernelext-panel:not(.kernelext-static)"
 PANEL_TEXTS = {
-    "stop pending": r"stop pending since \d\d:\d\d:\d\d \(panel\)",
+    "stop pending": r"stop pending since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(panel\)",
     "suspended": "suspended",
     "completed": "completed",
 }
-# The panel's step line right after a step (not the first or the last ones) began.
-STEP_BEGAN = r"step [1-8] \([^)]*\): 0\.[0-4] s"
+# The panel's step line right after a step (not the first or the last ones) began: steps
+# are counted from 1, under a second reads in ms.
+STEP_BEGAN = r"step [2-9]( of \d+)? \([^)]*\): (<1|[1-4]?\d?\d) ms"
 VERDICT = """%%ledger
 SELECT 'applied=' || count(*) AS "check" FROM effects WHERE status = 'applied'
 UNION ALL SELECT 'not_applied=' || count(*) FROM effects WHERE status <> 'applied'

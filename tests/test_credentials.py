@@ -136,7 +136,7 @@ def test_a_hanging_refresh_is_time_bounded(store: Store, monkeypatch: pytest.Mon
     saved = runtime().settings.check_timeout
     runtime().settings.check_timeout = 0.3
     try:
-        with pytest.raises(kx.CredentialError, match=r"no answer within 0\.3 s"):
+        with pytest.raises(kx.CredentialError, match=r"no answer within 300 ms"):
             kx.resume("slow-refresh", store=store)
     finally:
         runtime().settings.check_timeout = saved

@@ -350,10 +350,10 @@ h = shown.run(run_id="shown-1")
 def test_an_unknown_sub_command_names_the_nearest(ip: InteractiveShell) -> None:
     result = cell(ip, "%agent stpo nightly")
     assert isinstance(result.error_in_exec, UsageError)
-    assert "no sub-command 'stpo'; did you mean 'stop'?" in str(result.error_in_exec)
+    assert "no sub-command 'stpo'. Did you mean 'stop'?" in str(result.error_in_exec)
     result = cell(ip, "%agent frobnicate nightly")
     assert isinstance(result.error_in_exec, UsageError)
-    assert "did you mean" not in str(result.error_in_exec)
+    assert "Did you mean" not in str(result.error_in_exec)
     assert "%agent stop|resume|status|complete RUN_ID" in str(result.error_in_exec)
 
 
@@ -364,7 +364,7 @@ def test_an_unknown_run_id_names_the_nearest(ip: InteractiveShell) -> None:
         result = cell(ip, f"%agent {command} nightly-reprot")
         assert isinstance(result.error_in_exec, UsageError), command
         assert str(result.error_in_exec) == (
-            f"No run 'nightly-reprot' in the store at {location}; did you mean "
+            f"No run 'nightly-reprot' in the store at {location}. Did you mean "
             "'nightly-report'? List runs with %agent list."
         )
     result = cell(ip, "%agent status zzz")

@@ -94,7 +94,7 @@ def test_stop_then_resume_through_the_buttons(store: Any) -> None:
     panel.refresh()
     assert "suspended" in panel.header.value and panel.stop_badge.value == ""
     # The deadline is set at suspension (user_stop: 7 days) and shown as time left.
-    assert "expires in 6d23h (" in panel.outcome.value or "expires in 7d00h (" in (
+    assert "expires in 6 d 23 h (" in panel.outcome.value or "expires in 7 d (" in (
         panel.outcome.value
     )
     assert not panel.resume_button.disabled and panel.stop_button.disabled

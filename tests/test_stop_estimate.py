@@ -20,7 +20,6 @@ from kernelext._core.stop_estimate import (
     estimate_from,
     estimate_stop,
     percentile,
-    seconds_text,
 )
 from kernelext._store import Store, open_store
 from kernelext.status import Status
@@ -67,7 +66,7 @@ def test_the_estimate_lies_within_the_runs_own_range() -> None:
     assert min(durations) <= 2.0 + est.seconds_left <= 2.0 + est.seconds_left_max
     assert 2.0 + est.seconds_left_max <= max(durations)
     assert est.overrunning_by is None and est.forced_at is None
-    assert est.text == "stops after step 10, in about 3.5 s (up to 7.1 s)"
+    assert est.text == "stops after step 11, in about 3.5 s (up to 7.1 s)"
 
 
 def test_overrunning_and_the_forced_bound_are_said() -> None:
@@ -79,7 +78,7 @@ def test_overrunning_and_the_forced_bound_are_said() -> None:
     assert est.overrunning_by == pytest.approx(12.0 - percentile(durations, 0.9))
     assert est.forced_in == 18.0 and est.forced_at == T0 + dt.timedelta(seconds=18)
     assert est.text == (
-        "stops after step 4 (page-4); overrunning by 9.2 s (its steps take about 2.0 s, "
+        "stops after step 5 (page-4); overrunning by 9.2 s (its steps take about 2.0 s, "
         "90% within 2.8 s); max_step_seconds forces it in 18 s"
     )
     past = estimate_from(
@@ -105,7 +104,7 @@ def test_overrunning_and_the_forced_bound_are_said() -> None:
     first = estimate_from([], run_id="r", now=T0, step_ordinal=0, step_key="0", elapsed=3.0)
     assert (
         first.text
-        == "stops after step 0; no completed step to estimate from yet (this one has run 3.0 s)"
+        == "stops after step 1; no completed step to estimate from yet (this one has run 3.0 s)"
     )
 
 
@@ -128,13 +127,7 @@ def test_estimate_invariants(durations: list[float], elapsed: float, bound: floa
         assert elapsed + est.seconds_left_max <= max(durations) * (1 + 1e-9) + 1e-9
     else:
         assert elapsed > max(percentile(durations, 0.9), 0.0) and est.seconds_left_max == 0.0
-    assert est.text.startswith("stops after step 1")
-
-
-def test_seconds_text() -> None:
-    assert [seconds_text(s) for s in (0.0001, 0.25, 4.21, 42, 200, 3600, 3725, 90000)] == [
-        "<1 ms", "250 ms", "4.2 s", "42 s", "3 min 20 s", "1 h", "1 h 2 min", "1 d 1 h",
-    ]  # fmt: skip
+    assert est.text.startswith("stops after step 2")  # ordinal 1: the second step
 
 
 def test_estimate_from_steps_of_known_duration_in_the_store(store_path: Path) -> None:
@@ -155,13 +148,13 @@ def test_estimate_from_steps_of_known_duration_in_the_store(store_path: Path) ->
         assert est.elapsed_s + est.seconds_left_max <= 10.0
         assert est.forced_at == clock.now + dt.timedelta(seconds=57)
         assert est.text == (
-            "stops after step 5 (item-5), in about 3.0 s (up to 6.2 s); "
+            "stops after step 6 (item-5), in about 3.0 s (up to 6.2 s); "
             "max_step_seconds forces it in 57 s"
         )
         clock.advance(9.0)  # 12 s into a step whose peers take 2..10 s
         late = estimate_stop("est-1", store)
         assert late is not None and late.overrunning_by == pytest.approx(2.8)
-        assert late.text.startswith("stops after step 5 (item-5); overrunning by 2.8 s")
+        assert late.text.startswith("stops after step 6 (item-5); overrunning by 2.8 s")
         assert late.text.endswith("max_step_seconds forces it in 48 s")
         assert late.as_dict()["text"] == late.text
     finally:
@@ -187,15 +180,15 @@ def test_a_live_run_estimates_its_own_pending_stop(store: Store) -> None:
         est: Any = estimate_stop("live-est", store, current=current)
         assert est is not None and (est.step_ordinal, est.samples) == (3, 3)
         assert est.max_step_seconds is None and est.forced_at is None
-        assert est.text.startswith("stops after step 3")
-    assert "; stops after step 3" in handle.status_text  # what the handle says
+        assert est.text.startswith("stops after step 4")  # i == 3: the fourth step
+    assert "; stops after step 4" in handle.status_text  # what the handle says
     shown = subprocess.run(
         [sys.executable, "-m", "kernelext", "show", "live-est", "--store", str(store.location)],
         capture_output=True,
         text=True,
         timeout=WAIT,
     )
-    assert "stops after step 3" in shown.stdout, shown.stderr  # and the command line
+    assert "stops after step 4" in shown.stdout, shown.stderr  # and the command line
     go.set()
     assert handle.wait(WAIT) == Status.SUSPENDED
     assert estimate_stop("live-est", store) is None

@@ -97,7 +97,14 @@ def test_an_edited_side_file_is_refused_and_the_run_resumes_once_it_is_restored(
     with pytest.raises(IntegrityError) as caught:
         kx.resume("edited")
     message = str(caught.value)
-    for part in ("'edited'", "run.state['big']", "step 0", str(path), sha[:12], found[:12]):
+    for part in (
+        "'edited'",
+        "run.state['big']",
+        "saved at step 1",
+        str(path),
+        sha[:12],
+        found[:12],
+    ):
         assert part in message, (part, message)
     assert "backup" in message and "kx.restart('edited', from_step=0)" in message
     # Refused before anything changed: the run still waits, resumable.
@@ -168,7 +175,7 @@ def test_the_message_names_the_step_and_its_restart_advice_works(store: Store) -
     with pytest.raises(IntegrityError) as caught:
         kx.resume("grow")
     message = str(caught.value)
-    assert "run.state['xs']" in message and "saved at step 0, used up to step 2" in message
+    assert "run.state['xs']" in message and "saved at step 1, used up to step 3" in message
     assert "kx.restart('grow', from_step=0) starts over" in message
     store.write(lambda tx: tx.execute("UPDATE blobs SET data = ? WHERE id = ?", (data, base)))
 
@@ -176,8 +183,8 @@ def test_the_message_names_the_step_and_its_restart_advice_works(store: Store) -
     with pytest.raises(IntegrityError) as caught:
         kx.resume("grow")
     message = str(caught.value)
-    assert "run.state['big']" in message and "saved at step 1, used up to step 2" in message
-    advice = "kx.restart('grow', from_step=1) keeps step 0 and runs step 1 again"
+    assert "run.state['big']" in message and "saved at step 2, used up to step 3" in message
+    advice = "kx.restart('grow', from_step=1) keeps step 1 and runs step 2 again"
     assert advice in message
 
     pause["on"] = False

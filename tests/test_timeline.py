@@ -180,7 +180,7 @@ def test_a_day_suspended_is_cut_from_the_axis(store_path: Path) -> None:
         (gap,) = shapes(root, "g", "kx-gap")
         assert float(gap.get("data-seconds", "")) == 86400.0
         assert "idle 1 d, not to scale" in title_of(gap)
-        assert "1d" in "".join(gap.itertext())
+        assert "1 d" in "".join(gap.itertext())
         widths = [float(b.get("width", "")) for b in shapes(root, "rect", "kx-step")]
         assert len(widths) == 10 and min(widths) > 30  # readable: the day takes no room
         (suspended,) = [
@@ -253,7 +253,7 @@ def test_the_panel_shows_the_live_timeline_and_the_estimate(store: Store) -> Non
         assert at_two.wait(WAIT)
         panel.refresh()  # the panel redraws its add-ons: the estimate line follows at once
         assert 'class="kernelext-stop-estimate"' in live.estimate.value
-        assert "stops after step 2" in live.estimate.value
+        assert "stops after step 3" in live.estimate.value  # i == 2: the third step
         live.refresh_now()
         assert live.picture.value.startswith('<div class="kernelext-timeline"')
         svg = live.picture.value[live.picture.value.index("<svg") : -len("</div>")]

@@ -26,6 +26,7 @@ import ipywidgets as w
 
 from kernelext._core.approvals import Approval, Question, approvals, questions
 from kernelext._core.asking import parse_answer
+from kernelext._core.colours import BAD, REQUEST_COLOURS
 from kernelext.status import Reason, Status
 
 from ._panel import PANEL_ADDONS
@@ -49,7 +50,7 @@ Decided = Callable[[Any], None]
 
 
 def _error(exc: Exception) -> str:
-    return f'<div style="color:#d1242f">{html.escape(str(exc))}</div>'
+    return f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
 
 
 def _resumed_text(handle: Any, done: str) -> str:
@@ -103,7 +104,9 @@ class ApprovalCard(w.VBox):
                 w.HBox([self.approve_button, self.reject_button]),
                 self.message,
             ],
-            layout=w.Layout(border="1px solid #bf8700", padding="2px 8px", margin="4px 0"),
+            layout=w.Layout(
+                border=f"1px solid {REQUEST_COLOURS['approval']}", padding="2px 8px", margin="4px 0"
+            ),
         )
         self.add_class("kernelext-approval")
         self.approve_button.on_click(lambda _b: self._decide(True))
@@ -210,7 +213,9 @@ class QuestionCard(w.VBox):
         self.message = w.HTML()
         super().__init__(
             children=[self.header, self.input, self.note, self.answer_button, self.message],
-            layout=w.Layout(border="1px solid #0969da", padding="2px 8px", margin="4px 0"),
+            layout=w.Layout(
+                border=f"1px solid {REQUEST_COLOURS['question']}", padding="2px 8px", margin="4px 0"
+            ),
         )
         self.add_class("kernelext-question")
         self.answer_button.on_click(self._on_answer)

@@ -18,8 +18,10 @@ from typing import Any
 
 import ipywidgets as w
 
+from kernelext._core.colours import RUN_COLOURS
 from kernelext._core.expiry import expiry_info
 from kernelext._core.restart import restart
+from kernelext._formatting import moment_text
 from kernelext.status import Status
 
 from ._panel import PANEL_ADDONS
@@ -33,11 +35,11 @@ def banner_text(info: dict[str, Any]) -> str:
     """One line for an expired run: reason, when, and until when it can be restarted."""
     text = f"Run {info['run_id']} expired ({info['reason']})"
     if info.get("expired_at") is not None:
-        text += f" at {info['expired_at']:%Y-%m-%d %H:%M} UTC"
+        text += f" at {moment_text(info['expired_at'])}"
     if info.get("removed_at") is not None:
-        text += f"; its snapshot was removed at {info['removed_at']:%Y-%m-%d %H:%M} UTC"
+        text += f"; its snapshot was removed at {moment_text(info['removed_at'])}"
     elif info.get("kept_until") is not None:
-        text += f"; its snapshot is kept until {info['kept_until']:%Y-%m-%d %H:%M} UTC"
+        text += f"; its snapshot is kept until {moment_text(info['kept_until'])}"
     if info.get("restarts"):
         text += "; restarted as " + ", ".join(info["restarts"])
     return text + "."
@@ -69,7 +71,9 @@ class ExpiredBanner(w.VBox):
         self.restart_button.on_click(self._on_restart)
         super().__init__(
             children=[w.HBox([self.message, self.restart_button]), self.notice],
-            layout=w.Layout(border="1px solid #6e7781", padding="2px 8px", margin="4px 0"),
+            layout=w.Layout(
+                border=f"1px solid {RUN_COLOURS[Status.EXPIRED]}", padding="2px 8px", margin="4px 0"
+            ),
         )
         self.add_class("kernelext-expired")
         self.info: dict[str, Any] = {}
@@ -88,7 +92,8 @@ class ExpiredBanner(w.VBox):
         expired = self.info["status"] == Status.EXPIRED
         self.layout.display = None if expired else "none"
         self.message.value = (
-            f'<div style="color:#6e7781"><b>expired</b> · {escape(banner_text(self.info))}</div>'
+            f'<div style="color:{RUN_COLOURS[Status.EXPIRED]}"><b>expired</b> · '
+            f"{escape(banner_text(self.info))}</div>"
             if expired
             else ""
         )

@@ -20,7 +20,9 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext._core import control
+from kernelext._core.colours import BAD, BORDER, MUTED
 from kernelext._core.plan import ResumePlan
+from kernelext._formatting import duration_text
 from kernelext.status import LIVE, RESUMABLE, Status
 
 from ._render import (
@@ -120,7 +122,7 @@ class ControlPanel(w.VBox):
                 buttons,
                 self.notice,
             ],
-            layout=w.Layout(border="1px solid #d0d7de", padding="4px 10px"),
+            layout=w.Layout(border=f"1px solid {BORDER}", padding="4px 10px"),
         )
         self.add_class("kernelext-panel")
         self._effects: dict[Any, tuple[str, str]] = {}
@@ -187,17 +189,17 @@ class ControlPanel(w.VBox):
         if since is None or not self.handle.alive:
             return None
         return (
-            f"{OVERRUNNING}: a forced stop was raised {since:.0f} s ago and the step still runs. "
-            "It is in a call Python cannot interrupt (blocked in C: a sleep, a socket read or "
-            "a lock without a timeout) and stops when that call returns, or its code caught "
-            "the stop and it is raised again at its next kernelext call."
+            f"{OVERRUNNING}: a forced stop was raised {duration_text(since)} ago and the step "
+            "still runs. It is in a call Python cannot interrupt (blocked in C: a sleep, a "
+            "socket read or a lock without a timeout) and stops when that call returns, or its "
+            "code caught the stop and it is raised again at its next kernelext call."
         )
 
     def _overrun_html(self) -> str:
         text = self.overrun_text()
         if text is None:
             return ""
-        return f'<div class="kernelext-overrunning" style="color:#cf222e">{html.escape(text)}</div>'
+        return f'<div class="kernelext-overrunning" style="color:{BAD}">{html.escape(text)}</div>'
 
     @property
     def is_cell_run(self) -> bool:
@@ -228,7 +230,7 @@ class ControlPanel(w.VBox):
         self.effects.value = effects_html(view)
         self.outcome.value = outcome_html(view)
         self.notice.value = (
-            f'<div style="color:#57606a">{self._notice}</div>' if self._notice else ""
+            f'<div style="color:{MUTED}">{self._notice}</div>' if self._notice else ""
         )
         self._fill_decision_slot(view)
         for addon in self.addons.children:

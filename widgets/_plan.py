@@ -17,6 +17,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from kernelext._core.colours import WARN
 from kernelext._core.plan import ResumePlan, plan
 from kernelext.status import WAITING
 
@@ -60,7 +61,7 @@ class PlanPreview(w.VBox):
             except Exception as exc:  # the panel keeps working; the reason is shown
                 self.plan = None
                 self.body.value = (
-                    f"<div style='color:#9a6700'>resume plan unavailable: "
+                    f"<div style='color:{WARN}'>resume plan unavailable: "
                     f"{escape(type(exc).__name__)}: {escape(str(exc))}</div>"
                 )
             else:

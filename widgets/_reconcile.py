@@ -17,7 +17,9 @@ from typing import Any
 
 import ipywidgets as w
 
+from kernelext._core.colours import BAD
 from kernelext._core.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
+from kernelext._formatting import moment_text, step_label
 from kernelext.status import EffectStatus
 
 __all__ = [
@@ -145,7 +147,7 @@ class ReconcileWidget(w.VBox):
         try:
             decide(item, note)
         except Exception as exc:  # the widget says what went wrong and stays usable
-            self.message.value = f'<div style="color:#d1242f">{html.escape(str(exc))}</div>'
+            self.message.value = f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
             return
         self.result.value = ""
         self.note.value = ""
@@ -203,12 +205,12 @@ def effects_table_html(rec: Reconciliation) -> str:
         if len(args) > 80:
             args = args[:77] + "..."
         ordinal = item.row.get("step_ordinal")
-        step = item.step_key if ordinal is None else f"{ordinal}: {item.step_key}"
+        step = item.step_key if ordinal is None else step_label(ordinal, item.step_key)
         rows.append(
             f"<tr><td>{index + 1}</td><td>{html.escape(item.tool)}</td>"
             f"<td><code>{html.escape(args)}</code></td>"
             f"<td><code>{html.escape(str(item.key))}</code></td>"
-            f"<td>{item.intent_at:%Y-%m-%d %H:%M:%S} UTC</td><td>{html.escape(step)}</td>"
+            f"<td>{moment_text(item.intent_at)}</td><td>{html.escape(step)}</td>"
             f"<td>{html.escape(DECISION_TEXT.get(item.decision, str(item.decision)))}</td></tr>"
         )
     return (

@@ -12,29 +12,18 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelext._core.revalidation import age_text
+from kernelext._core.colours import BORDER, MUTED, RUN_COLOURS, colour_of
+from kernelext._formatting import duration_text, moment_text, step_label
 from kernelext.status import FINAL, EffectStatus, Status
 
 __all__ = [
-    "STATUS_COLOURS",
     "PanelView",
     "effect_label",
-    "local_clock",
     "to_html",
     "to_text",
     "view_of",
 ]
 
-STATUS_COLOURS: dict[str, str] = {
-    Status.RUNNING: "#1f6feb",
-    Status.STOPPING: "#bf8700",
-    Status.SUSPENDED: "#8250df",
-    Status.COMPLETED: "#1a7f37",
-    Status.FAILED: "#cf222e",
-    Status.NEEDS_DECISION: "#d1242f",
-    Status.EXPIRED: "#6e7781",
-    Status.CANCELLED: "#6e7781",
-}
 EFFECT_ICONS: dict[str, str] = {
     EffectStatus.PENDING: "…",
     EffectStatus.APPLIED: "✓",
@@ -78,16 +67,14 @@ class PanelView:
     def step_text(self) -> str:
         if self.step_key is None:
             return "between steps" if self.alive else "no step running"
-        bound = f" / {self.max_step_seconds:g} s max" if self.max_step_seconds else ""
+        bound = f" / {duration_text(self.max_step_seconds)} max" if self.max_step_seconds else ""
         over = (
             "  (over its time bound)"
             if (self.max_step_seconds and (self.step_elapsed or 0) > self.max_step_seconds)
             else ""
         )
-        return (
-            f"step {self.step_ordinal} ({self.step_key}): "
-            f"{self.step_elapsed or 0:.1f} s{bound}{over}"
-        )
+        label = step_label(self.step_ordinal, self.step_key, self.known_total)
+        return f"{label}: {duration_text(self.step_elapsed or 0)}{bound}{over}"
 
     @property
     def known_total(self) -> int | None:
@@ -103,18 +90,18 @@ class PanelView:
     def stop_text(self) -> str | None:
         if not self.stop_pending:
             return None
-        since = local_clock(self.stop_requested_at) if self.stop_requested_at else "now"
+        since = moment_text(self.stop_requested_at) if self.stop_requested_at else "now"
         return f"stop pending since {since} ({self.stop_source or 'api'})"
 
     def expiry_text(self) -> str:
-        """``; expires in 6d23h (2026-12-06 12:00 UTC)`` for a paused run with a deadline."""
+        """``; expires in 6 d 23 h (2026-12-06 12:00:00 UTC)`` for a paused run with a deadline."""
         if self.deadline is None:
             return ""
-        when = f"{self.deadline:%Y-%m-%d %H:%M} UTC"
+        when = moment_text(self.deadline)
         left = self.deadline - (self.now or dt.datetime.now(dt.timezone.utc).replace(tzinfo=None))
         if left.total_seconds() <= 0:
             return f"; past its deadline ({when}): it expires at the next sweep"
-        return f"; expires in {age_text(left)} ({when})"
+        return f"; expires in {duration_text(left)} ({when})"
 
     def outcome_text(self) -> str | None:
         if self.status == Status.COMPLETED:
@@ -129,12 +116,6 @@ class PanelView:
         if self.status in (Status.EXPIRED, Status.CANCELLED):
             return f"{self.status}: {self.reason or ''}".rstrip(": ")
         return None
-
-
-def local_clock(moment: dt.datetime) -> str:
-    """HH:MM:SS in the kernel's local time, from the store's naive UTC."""
-    aware = moment.replace(tzinfo=dt.timezone.utc) if moment.tzinfo is None else moment
-    return aware.astimezone().strftime("%H:%M:%S")
 
 
 def view_of(
@@ -180,7 +161,7 @@ def effect_label(tool: Any, step_key: Any) -> str:
 
 # -- drawing ---------------------------------------------------------------------------
 def status_badge(status: str) -> str:
-    colour = STATUS_COLOURS.get(status, "#57606a")
+    colour = colour_of(RUN_COLOURS, status)
     return (
         f'<span class="kernelext-status" style="background:{colour};color:white;'
         f'border-radius:8px;padding:1px 8px;font-weight:600">{html.escape(status)}</span>'
@@ -190,9 +171,9 @@ def status_badge(status: str) -> str:
 def header_html(view: PanelView) -> str:
     return (
         f"<div><b>run</b> <code>{html.escape(view.run_id)}</code> "
-        f'<span style="color:#57606a">[{html.escape(view.agent)}]</span> '
+        f'<span style="color:{MUTED}">[{html.escape(view.agent)}]</span> '
         f"{status_badge(view.status)} "
-        f'<span style="color:#57606a">{html.escape(view.progress_text())}</span></div>'
+        f'<span style="color:{MUTED}">{html.escape(view.progress_text())}</span></div>'
     )
 
 
@@ -209,7 +190,7 @@ def stop_html(view: PanelView) -> str:
 
 def effects_html(view: PanelView) -> str:
     if not view.effects:
-        return '<div style="color:#57606a">no effects yet</div>'
+        return f'<div style="color:{MUTED}">no effects yet</div>'
     items = "".join(
         f"<li><code>{html.escape(tool)}</code> {EFFECT_ICONS.get(status, '')} "
         f"{html.escape(status)}</li>"
@@ -222,7 +203,7 @@ def outcome_html(view: PanelView) -> str:
     text = view.outcome_text()
     if text is None:
         return ""
-    colour = STATUS_COLOURS.get(view.status, "#57606a")
+    colour = colour_of(RUN_COLOURS, view.status)
     return f'<div class="kernelext-outcome" style="color:{colour}">{html.escape(text)}</div>'
 
 
@@ -240,12 +221,12 @@ def to_html(view: PanelView, *, static: bool = True) -> str:
     parts += [stop_html(view), effects_html(view), outcome_html(view)]
     if static:
         parts.append(
-            '<div style="color:#57606a;font-size:smaller">static snapshot; '
+            f'<div style="color:{MUTED};font-size:smaller">static snapshot; '
             "open the notebook with a running kernel for the live panel</div>"
         )
     body = "".join(p for p in parts if p)
     return (
-        f'<div class="kernelext-panel kernelext-static" style="border:1px solid #d0d7de;'
+        f'<div class="kernelext-panel kernelext-static" style="border:1px solid {BORDER};'
         f'border-radius:6px;padding:6px 10px">{body}</div>'
     )
 

@@ -15,7 +15,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.revalidation import FactCheck, Revalidation, age_text, revalidation
+from kernelext._core.colours import BAD, CHECK_COLOURS, colour_of
+from kernelext._core.revalidation import FactCheck, Revalidation, revalidation
+from kernelext._formatting import duration_text, step_label
 from kernelext.status import Status
 
 __all__ = [
@@ -27,15 +29,6 @@ __all__ = [
 
 SOURCE = "widget"
 TABLE_HEIGHT = "320px"
-STATUS_COLOURS = {
-    "ok": "#1a7f37",
-    "accepted": "#1a7f37",
-    "refreshed": "#1a7f37",
-    "changed": "#d1242f",
-    "error": "#d1242f",
-    "timeout": "#bf8700",
-    "unresolved": "#bf8700",
-}
 
 
 class RevalidationWidget(w.VBox):
@@ -109,7 +102,7 @@ class RevalidationWidget(w.VBox):
             )
         )
         self.table.value = facts_table_html(rev.facts)
-        options = [(f"{s['ordinal']}: {s['key']}", s["ordinal"]) for s in rev.steps]
+        options = [(step_label(s["ordinal"], s["key"]), s["ordinal"]) for s in rev.steps]
         if list(self.step_picker.options) != options:
             self.step_picker.options = options
             if options:
@@ -142,8 +135,8 @@ class RevalidationWidget(w.VBox):
             for e in effects
         )
         self.replayed.value = (
-            f"<div>Re-planning from step {ordinal} replays {len(effects)} effect(s) from the "
-            "ledger; they are <b>not performed again</b>:</div>"
+            f"<div>Re-planning from {step_label(ordinal)} replays {len(effects)} effect(s) from "
+            "the ledger; they are <b>not performed again</b>:</div>"
             f'<div style="max-height:160px;overflow-y:auto"><table>'
             "<tr><th>tool</th><th>step</th><th>status</th><th>key</th></tr>"
             f"{rows}</table></div>"
@@ -162,7 +155,7 @@ class RevalidationWidget(w.VBox):
         except Exception as exc:  # the widget says what went wrong and stays usable
             self.rev.reload()
             self.draw()
-            self.message.value = f'<div style="color:#d1242f">{html.escape(str(exc))}</div>'
+            self.message.value = f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
             return
         self.draw()
         status = handle.status if handle is not None else self.rev.status
@@ -177,7 +170,7 @@ class RevalidationWidget(w.VBox):
         ordinal = self.step_picker.value
         self._decide(
             lambda: self.rev.replan(ordinal, note=self._note(), source=SOURCE),
-            f"Re-planned from step {ordinal}",
+            f"Re-planned from {step_label(ordinal)}",
         )
 
     def _on_abort(self, _button: Any = None) -> None:
@@ -195,12 +188,12 @@ def facts_table_html(facts: list[FactCheck]) -> str:
     ordered = sorted(facts, key=lambda f: (not f.contradicted, f.step_ordinal or -1, f.name))
     rows = []
     for fact in ordered:
-        colour = STATUS_COLOURS.get(fact.status, "#57606a")
+        colour = colour_of(CHECK_COLOURS, fact.status)
         step = "" if fact.step_key is None else str(fact.step_key)
         title = html.escape(fact.detail, quote=True)
         rows.append(
             f"<tr><td>{html.escape(fact.name)}</td><td>{_cell(fact, False)}</td>"
-            f"<td>{_cell(fact, True)}</td><td>{age_text(fact.age)}</td>"
+            f"<td>{_cell(fact, True)}</td><td>{duration_text(fact.age)}</td>"
             f'<td style="color:{colour}" title="{title}">{html.escape(fact.status)}</td>'
             f"<td>{html.escape(step)}</td></tr>"
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from kernelext._core.colours import BAD, WARN
 from kernelext._core.stop_estimate import StopEstimate, estimate_stop
 from kernelext._core.timeline import Timeline, timeline
 from kernelext.status import Status
@@ -31,7 +32,7 @@ def estimate_html(estimate: StopEstimate | None) -> str:
     """The estimate line as HTML (empty when no stop is pending)."""
     if estimate is None:
         return ""
-    colour = "#cf222e" if estimate.overrunning else "#9a6700"
+    colour = BAD if estimate.overrunning else WARN
     return (
         f'<div class="kernelext-stop-estimate" style="color:{colour}">'
         f"{html.escape(estimate.text)}</div>"

@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import decimal
-import difflib
 import enum
 import json
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._did_you_mean import did_you_mean
+from .._formatting import moment_text
 from .._store import Store, default_store_path, open_store
 from ..status import Status
 
@@ -33,7 +34,6 @@ __all__ = [
     "say",
     "status_exit_code",
     "store_location",
-    "suggest",
     "table",
 ]
 
@@ -124,11 +124,12 @@ def emit_json(value: Any) -> None:
 
 
 def cell_text(value: Any, width: int = 40) -> str:
-    """One table cell: short timestamps and numbers, cut to ``width`` characters."""
+    """One table cell: times as everywhere (``2026-12-06 12:00:05 UTC``), short numbers,
+    cut to ``width`` characters."""
     if value is None:
         return ""
     if isinstance(value, dt.datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+        return moment_text(value)
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".") if abs(value) < 1e12 else f"{value:g}"
     text = str(jsonable(value)).replace("\n", " ")
@@ -160,30 +161,14 @@ def open_cli_store(location: str) -> Store:
     return open_store(location)
 
 
-def suggest(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate ``name`` was most likely meant to be, if one is close enough.
-
-    A unique candidate that starts with ``name`` wins; otherwise the closest by
-    ``difflib`` (similarity 0.6 or more). ``None`` when nothing is close.
-    """
-    pool = [c for c in dict.fromkeys(candidates) if c != name]
-    starting = [c for c in pool if name and c.startswith(name)]
-    if len(starting) == 1:
-        return starting[0]
-    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
 def require_run(store: Store, run_id: str) -> dict[str, Any]:
     """The row of run ``run_id``; an unknown id is a usage error that names the closest id."""
     row = store.find_run(run_id)
     if row is not None:
         return row
-    close = suggest(run_id, (str(r["id"]) for r in store.list_runs()))
-    if close is not None:
-        raise CommandUsageError(
-            f"No run {run_id!r}. Did you mean {close!r}? (store: {store.location})"
-        )
+    hint = did_you_mean(run_id, (str(r["id"]) for r in store.list_runs()))
+    if hint:
+        raise CommandUsageError(f"No run {run_id!r}.{hint} (store: {store.location})")
     raise CommandUsageError(
         f"No run {run_id!r} in the store at {store.location}. List its runs with "
         "`kernelext runs`, or name another store with --store."

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core.options import OPTIONS, Option
+from .._did_you_mean import did_you_mean
 from ..errors import KernelextError, ReadOnlyError, RunNotFound
 from . import approvals, notebook, plan, reconcile, runs
 from .common import (
@@ -32,7 +33,6 @@ from .common import (
     open_cli_store,
     say,
     store_location,
-    suggest,
 )
 
 __all__ = ["build_parser", "main", "typed_command"]
@@ -138,9 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = typed_command(argv)
     if typed is not None and typed not in parser.command_names:
-        close = suggest(typed, parser.command_names)
-        if close is not None:
-            parser.error(f"unknown command {typed!r}. Did you mean {close!r}?")
+        hint = did_you_mean(typed, parser.command_names)
+        if hint:
+            parser.error(f"unknown command {typed!r}.{hint}")
     args = parser.parse_args(argv)
     args.json = getattr(args, "json", False)
     args.store = store_location(getattr(args, "store", None))

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from .._core.reconcile import Reconciliation, UnknownEffect, reconcile
+from .._formatting import moment_text
 from .._store import Store
 from ..status import EffectStatus, Status
 from .common import (
@@ -47,7 +48,7 @@ def describe(item: UnknownEffect) -> str:
     """One line about an unknown effect: the call, its key, step and intent time."""
     return (
         f"{item.tool}({item.args or ''})  key={item.key}  step={item.step_key!r}  "
-        f"intent {item.intent_at:%Y-%m-%d %H:%M:%S} UTC"
+        f"intent {moment_text(item.intent_at)}"
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._core import control, expiry
 from .._core.stop_estimate import estimate_stop
+from .._formatting import duration_text, step_number
 from .._store import Store
 from ..status import LIVE, Status
 from .common import (
@@ -82,19 +83,23 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
     if run.get("reason"):
         print(f"  reason: {run['reason']}")
     print(f"  steps completed: {run['completed_steps']}" + (f" of {total}" if total else ""))
-    print(f"  created {cell_text(run['created_at'])} UTC, updated {cell_text(run['updated_at'])}")
+    print(f"  created {cell_text(run['created_at'])}, updated {cell_text(run['updated_at'])}")
     if run.get("deadline"):
-        print(f"  expires {cell_text(run['deadline'])} UTC")
+        print(f"  expires {cell_text(run['deadline'])}")
     if run.get("stop_requested_at"):
         print(f"  stop requested {cell_text(run['stop_requested_at'])} by {run['stop_source']}")
     if estimate is not None:
         print(f"  {estimate.text}")
     sections: list[tuple[str, Sequence[str]]] = [
-        ("steps", ("ordinal", "key", "name", "status", "duration_s", "error")),
+        ("steps", ("step", "key", "name", "status", "took", "error")),
         ("effects", ("tool", "step_key", "call_ordinal", "status", "key", "result", "error")),
         ("facts", ("name", "kind", "value", "check_name", "check_status", "recorded_at")),
         ("events", ("occurred_at", "kind", "from_status", "to_status", "source", "reason")),
     ]
+    for step in details["steps"]:  # numbered as people count (and as the panel and plan do)
+        step["step"] = step_number(int(step["ordinal"]))
+        took = step.get("duration_s")
+        step["took"] = duration_text(float(took)) if took is not None else None
     for name, columns in sections:
         rows = details[name]
         print(f"\n{name} ({len(rows)})")
@@ -119,7 +124,7 @@ def cmd_stop(args: argparse.Namespace, store: Store) -> int:
         print(
             f"stop requested for run {args.run_id}; it is stopping. The process that runs it "
             "suspends it at its next safe point."
-            + (f" It did not within {args.timeout:g}s." if args.wait else "")
+            + (f" It did not within {duration_text(args.timeout)}." if args.wait else "")
         )
     else:
         print(f"stop recorded for run {args.run_id}; it is {status}.")

@@ -17,7 +17,7 @@ from .._validate import (
     check_store,
 )
 from .handle import Handle
-from .plan import remember_agent_source
+from .plan_code import remember_agent_source
 from .runtime import runtime
 from .starting import start_run
 

@@ -156,7 +156,7 @@ def runs(status: str | None = None, *, store: Store | None = None) -> Any:
 
         check_text("kx.runs(status)", status, what="a run status (a str)")
         if status not in {str(s) for s in Status}:
-            from ..errors import did_you_mean
+            from .._did_you_mean import did_you_mean
 
             raise ValueError(
                 f"kx.runs(status) takes a run status, not {status!r}."

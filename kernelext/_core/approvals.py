@@ -15,6 +15,7 @@ import json
 import uuid
 from typing import Any, TypeVar
 
+from .._formatting import duration_text
 from .._store import Store, actor
 from .._store.approvals import APPROVED, REJECTED, several_requests
 from .._validate import (
@@ -60,13 +61,7 @@ def time_left_text(expires_at: dt.datetime | None, now: dt.datetime) -> str:
     left = (expires_at - now).total_seconds()
     if left <= 0:
         return "past its deadline"
-    days, rest = divmod(int(left), 86400)
-    hours, rest = divmod(rest, 3600)
-    if days:
-        return f"expires in {days} d {hours} h"
-    if hours:
-        return f"expires in {hours} h {rest // 60} min"
-    return f"expires in {max(rest // 60, 1)} min"
+    return f"expires in {duration_text(left)}"
 
 
 def waiting_text(run_id: str, reason: str | None) -> str | None:

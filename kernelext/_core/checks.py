@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from .._formatting import duration_text
 from .registries import CheckRegistry
 from .runtime import runtime
 
@@ -215,4 +216,6 @@ class _Slot:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self.outcome = Outcome("timeout", None, f"no answer within {timeout:g} s")
+                self.outcome = Outcome(
+                    "timeout", None, f"no answer within {duration_text(timeout)}"
+                )

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .._formatting import moment_text
 from .._store import Store
 from .._store.expiry import Expiry, PayloadRemoval
 from .._validate import FUNCTION, SOURCE, STORE, check_datetime, optional, validated
@@ -101,16 +102,16 @@ class SweepResult:
 
     def text(self) -> str:
         lines = [
-            f"sweep at {self.now:%Y-%m-%d %H:%M:%S} UTC: {len(self.expired)} run(s) "
+            f"sweep at {moment_text(self.now)}: {len(self.expired)} run(s) "
             f"expired, payloads of {len(self.removed)} run(s) removed"
         ]
         if self.busy:
             lines = [
-                f"sweep at {self.now:%Y-%m-%d %H:%M:%S} UTC: another process is sweeping "
+                f"sweep at {moment_text(self.now)}: another process is sweeping "
                 "this store right now; it does the work"
             ]
         lines += [
-            f"  expired {e.run_id} ({e.reason}, deadline {e.deadline:%Y-%m-%d %H:%M:%S})"
+            f"  expired {e.run_id} ({e.reason}, deadline {moment_text(e.deadline)})"
             for e in self.expired
         ]
         lines += [

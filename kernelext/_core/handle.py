@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .._formatting import moment_text
 from .._store import Store
 from .._validate import NOTE, SOURCE, check_wait, optional, validated
 from ..errors import StoreWriteError
@@ -104,7 +105,7 @@ class Handle:
         if info.get("reason"):
             line += f" ({info['reason']})"
         if info.get("deadline") and info["status"] == Status.SUSPENDED:
-            line += f", expires {info['deadline']:%Y-%m-%d %H:%M} UTC"
+            line += f", expires {moment_text(info['deadline'])}"
         return line
 
 

@@ -33,6 +33,7 @@ import os
 import socket
 from typing import Any
 
+from .._formatting import moment_text
 from .._store import actor
 from .._store.base import process_start
 from ..errors import RunStateError
@@ -118,7 +119,7 @@ def check_takeover(row: dict[str, Any], now: dt.datetime) -> None:
         return  # lapsed: the owner is gone or frozen; the epoch fences what it still writes
     if lease is None and alive is None:
         return
-    until = f" (lease until {lease:%Y-%m-%d %H:%M:%S} UTC)" if lease is not None else ""
+    until = f" (lease until {moment_text(lease)})" if lease is not None else ""
     raise RunStateError(
         f"Run {row['id']!r} is live in {owner}{until}. It cannot be resumed twice at once. "
         f"Stop it there (kx.stop({row['id']!r}) or `kernelext stop {row['id']}`), or, if that "

@@ -17,21 +17,28 @@ steps completed. ``kx.resume(run_id, plan=p)`` calls it before taking the run ov
 from __future__ import annotations
 
 import datetime as dt
-import difflib
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from .._formatting import moment_text, step_label
 from .._store import Store
-from .._validate import RUN_ID, STORE, check_duration, check_mapping, optional, validated
+from .._validate import (
+    RUN_ID,
+    STORE,
+    check_count,
+    check_duration,
+    check_mapping,
+    optional,
+    validated,
+)
 from ..errors import RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
-from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
+from .cell_runs import CELL_AGENT
 from .checks import resolve
 from .facts import CONTRADICTIONS
 from .lease import check_takeover
-from .plan_render import (
-    UNSEEN,
+from .plan_code import agent_change, cell_changes, cell_state
+from .plan_items import (
     ClaimItem,
     CodeChange,
     CredentialItem,
@@ -41,9 +48,9 @@ from .plan_render import (
     PlanData,
     RequestItem,
     StepItem,
-    judge,
-    plan_differences,
 )
+from .plan_render import plan_dict, plan_html, plan_json, plan_text
+from .plan_rules import judge, plan_differences
 from .probes import probe_for
 from .runtime import get_store, runtime
 
@@ -61,12 +68,9 @@ __all__ = [
     "StepItem",
     "check_plan",
     "plan",
-    "remember_agent_source",
-    "remember_cell_source",
 ]
 
 STALE_AFTER = 3600.0  # seconds: a fact recorded longer ago than this looks stale
-DIFF_LINES = 12
 
 
 class PlanChanged(RunStateError):
@@ -90,43 +94,25 @@ class ResumePlan(PlanData):
         """Compute the plan again; raise :class:`PlanChanged` if what matters moved."""
         return check_plan(self, store)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON values (times as ISO text, UTC)."""
+        return plan_dict(self)
 
-# -- sources this process has seen (for "what changed" and a short diff) ---------------------
-def remember_agent_source(fingerprint: str, fn: Callable[..., Any] | str) -> None:
-    """Keep the source of an agent version, so that a later plan can show a diff."""
-    text = fn if isinstance(fn, str) else _source_of(fn)
-    if text is not None:
-        rt = runtime()
-        with rt.lock:
-            rt.agent_sources[fingerprint] = text
+    @validated("ResumePlan.to_json", indent=optional(check_count))
+    def to_json(self, indent: int | None = 2) -> str:
+        return plan_json(self, indent)
 
+    def text(self) -> str:
+        return plan_text(self)
 
-def remember_cell_source(run_id: str, key: str, source: str) -> None:
-    """The current source of the ``%%agent`` cell that is step ``key`` of run ``run_id``."""
-    rt = runtime()
-    with rt.lock:
-        rt.cell_sources[(run_id, key)] = source
-        rt.cell_sources_by_hash[source_hash(source)] = source
+    def __str__(self) -> str:
+        return plan_text(self)
 
+    def __repr__(self) -> str:
+        return plan_text(self)
 
-def _source_of(fn: Callable[..., Any]) -> str | None:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        return None
-
-
-def _short_diff(old: str | None, new: str | None) -> str:
-    if old is None or new is None:
-        return ""
-    lines = [
-        line
-        for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=1)
-        if not line.startswith(("---", "+++"))
-    ]
-    if len(lines) > DIFF_LINES:
-        lines = [*lines[:DIFF_LINES], f"... ({len(lines) - DIFF_LINES} more lines)"]
-    return "\n".join(lines)
+    def _repr_html_(self) -> str:
+        return plan_html(self)
 
 
 # -- computing the plan ---------------------------------------------------------------------
@@ -177,14 +163,15 @@ def plan(
     result.approvals, result.questions = open_requests(store, run_id, now)
     _facts(result, store, now, stale_after)
     if cell_run:
-        result.code = _cell_changes(result.completed, sources)
+        result.code = cell_changes(result.completed, sources)
     else:
-        result.code = [_agent_change(result, row)]
+        result.code = [agent_change(result.agent, row.get("fingerprint"))]
     result.claims = [
         ClaimItem(c["resource"], c["amount"], c["claimed_at"])
         for c in store.claims(run_id, active=True)
     ]
-    result.resumes, result.last_resume = resume_events(store, run_id)
+    resumed = store.resumed_events(run_id)
+    result.resumes, result.last_resume = len(resumed), (resumed[-1] if resumed else None)
     judge(result, live)
     return result
 
@@ -198,7 +185,7 @@ def _steps(
         if s["status"] == StepStatus.COMPLETED:
             note = "skipped"
             if cell_run:
-                state = _cell_state(s["key"], s.get("name"), sources)
+                state = cell_state(s["key"], s.get("name"), sources)
                 note = "source changed: reported, not re-run" if state == "changed" else note
             result.completed.append(_with_note(item, note))
         elif s["key"] not in done_keys and all(r.key != s["key"] for r in result.rerun):
@@ -216,14 +203,14 @@ def _steps(
         result.next_step = NextStep(top + 1, waiting[0] if waiting else None, note)
     elif result.rerun:
         first = result.rerun[0]
-        result.next_step = NextStep(first.ordinal, first.key, f"step {first.key!r} again")
+        result.next_step = NextStep(
+            first.ordinal, first.key, f"{step_label(first.ordinal, first.key)} again"
+        )
     elif result.total_steps is not None and len(result.completed) >= result.total_steps:
         result.next_step = NextStep(None, None, "no step left: the agent function finishes")
     else:
-        total = f" of {result.total_steps}" if result.total_steps else ""
-        result.next_step = NextStep(
-            top + 1, None, f"step {top + 2}{total}: the first item not completed"
-        )
+        label = step_label(top + 1, total=result.total_steps)
+        result.next_step = NextStep(top + 1, None, f"{label}: the first item not completed")
 
 
 def _with_note(item: StepItem, note: str) -> StepItem:
@@ -277,7 +264,7 @@ def _effects(result: ResumePlan, store: Store, live: str | None) -> None:
 
 def _facts(result: ResumePlan, store: Store, now: dt.datetime, stale_after: float) -> None:
     kept = {item.ordinal for item in result.completed}
-    for row in fact_rows(store, result.run_id):
+    for row in store.fact_rows(result.run_id):
         if row["step_ordinal"] is not None and row["step_ordinal"] not in kept:
             continue
         if row["kind"] == "credential":
@@ -329,46 +316,6 @@ def _refresh_of(result: ResumePlan, row: dict[str, Any]) -> str | None:
     return None
 
 
-def _agent_change(result: ResumePlan, row: dict[str, Any]) -> CodeChange:
-    recorded = row.get("fingerprint")
-    rt = runtime()
-    agent = rt.agents.get(result.agent)
-    if agent is None:
-        return CodeChange("agent", result.agent, recorded, None, UNSEEN)
-    current = str(agent.fingerprint)
-    remember_agent_source(current, agent.fn)
-    if not recorded or recorded == current:
-        return CodeChange("agent", result.agent, recorded, current, "same")
-    with rt.lock:
-        old, new = rt.agent_sources.get(recorded), rt.agent_sources.get(current)
-    return CodeChange("agent", result.agent, recorded, current, "changed", _short_diff(old, new))
-
-
-def _cell_state(key: str, name: str | None, sources: Mapping[str, str]) -> str:
-    recorded = name[len(SOURCE_PREFIX) :] if name and name.startswith(SOURCE_PREFIX) else None
-    if key not in sources or recorded is None:
-        return UNSEEN
-    return "same" if source_hash(sources[key]) == recorded else "changed"
-
-
-def _cell_changes(completed: list[StepItem], sources: Mapping[str, str]) -> list[CodeChange]:
-    changes = []
-    for step in completed:
-        name = step.name or ""
-        recorded = name[len(SOURCE_PREFIX) :] if name.startswith(SOURCE_PREFIX) else None
-        state = _cell_state(step.key, step.name, sources)
-        source = sources.get(step.key)
-        current = source_hash(source) if source is not None else None
-        diff = ""
-        if state == "changed":
-            rt = runtime()
-            with rt.lock:
-                old = rt.cell_sources_by_hash.get(recorded or "")
-            diff = _short_diff(old, source)
-        changes.append(CodeChange("cell", step.key, recorded, current, state, diff))
-    return changes
-
-
 # -- reads ----------------------------------------------------------------------------------
 def open_requests(
     store: Store, run_id: str, now: dt.datetime
@@ -396,23 +343,6 @@ def _request_text(row: dict[str, Any], name: str) -> str:
     return what + step
 
 
-def fact_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
-    """Every column of the run's facts (a ``max_age`` column is used when the store has one)."""
-    return store.read_dicts(
-        "SELECT * FROM facts WHERE run_id = ? ORDER BY step_ordinal NULLS FIRST, recorded_at, name",
-        (run_id,),
-    )
-
-
-def resume_events(store: Store, run_id: str) -> tuple[int, dict[str, Any] | None]:
-    """How often the run was resumed (taken over), and the last time: when, by whom."""
-    rows = store.read_dicts(
-        "SELECT occurred_at, actor, source FROM events WHERE run_id = ? AND kind = ? ORDER BY id",
-        (run_id, "resumed"),
-    )
-    return len(rows), (rows[-1] if rows else None)
-
-
 # -- resuming as previewed ----------------------------------------------------------------
 def check_plan(previewed: ResumePlan, store: Store | None = None) -> ResumePlan:
     """Compute the plan of ``previewed.run_id`` again; raise :class:`PlanChanged` when
@@ -421,9 +351,9 @@ def check_plan(previewed: ResumePlan, store: Store | None = None) -> ResumePlan:
     now = plan(previewed.run_id, store)
     differences = plan_differences(previewed, now)
     if differences:
-        at = previewed.computed_at.strftime("%H:%M:%S")
+        at = moment_text(previewed.computed_at)
         raise PlanChanged(
-            f"Run {previewed.run_id!r} changed since its plan was previewed at {at} UTC: "
+            f"Run {previewed.run_id!r} changed since its plan was previewed at {at}: "
             + "; ".join(differences)
             + f". Nothing was run. Look at the new plan with kx.plan({previewed.run_id!r}) "
             "and resume with that one.",

@@ -6,6 +6,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from .._formatting import moment_text
 from .._store import Store, actor
 from .._store.effects import GIVE_UP
 from .._validate import NOTE, RUN_ID, SOURCE, STORE, validated
@@ -75,7 +76,7 @@ class UnknownEffect:
         state = self.decision or EffectStatus.UNKNOWN
         return (
             f"<unknown effect {self.tool} key={self.key} step={self.step_key!r} "
-            f"intent={self.intent_at:%Y-%m-%d %H:%M:%S} {state}>"
+            f"intent={moment_text(self.intent_at)} {state}>"
         )
 
 
@@ -98,7 +99,7 @@ class Reconciliation(list[UnknownEffect]):
         for item in self:
             lines.append(
                 f"  {item.tool}({item.args or ''}) key={item.key} step={item.step_key!r} "
-                f"intent {item.intent_at:%Y-%m-%d %H:%M:%S} UTC -> {item.decision or 'undecided'}"
+                f"intent {moment_text(item.intent_at)} -> {item.decision or 'undecided'}"
             )
         lines.append("Decide each: .mark_applied(result=...), .mark_not_applied(), .give_up()")
         return "\n".join(lines)

@@ -59,6 +59,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from .._formatting import moment_text
 from .._store import Store, actor
 from .._store.restart import ENDED, SUPERSEDABLE, RestartPlan, superseded_error
 from .._validate import (
@@ -225,7 +226,7 @@ def _check_snapshots(run_id: str, carried: list[dict[str, Any]]) -> None:
     last = carried[-1]
     removed = [s["removed_at"] for s in carried if s["removed_at"] is not None]
     if removed or last["snapshot_id"] is None:
-        when = f" on {max(removed):%Y-%m-%d %H:%M} UTC" if removed else ""
+        when = f" on {moment_text(max(removed))}" if removed else ""
         raise RunStateError(
             f"The snapshot of run {run_id!r} was removed{when} after its retention period "
             f"(kx.configure(retention_seconds=...)), so it cannot be restarted from step "

@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from .._formatting import duration_text
 from .._store import Store, actor
 from .._validate import NOTE, RUN_ID, SOURCE, STORE, check_step, validated
 from ..errors import RunStateError
@@ -38,7 +39,7 @@ from .facts import CONTRADICTIONS
 from .handle import Handle
 from .runtime import get_store, runtime
 
-__all__ = ["FactCheck", "Revalidation", "age_text", "revalidation"]
+__all__ = ["FactCheck", "Revalidation", "revalidation"]
 
 DECISION_EVENT = "revalidation_decision"
 
@@ -280,7 +281,7 @@ class Revalidation:
             step = f"step {fact.step_key!r}" if fact.step_key is not None else "outside steps"
             lines.append(
                 f"  {fact.name}: recorded {_show(fact)}, current {_show(fact, True)}, "
-                f"age {age_text(fact.age)}, {fact.status}"
+                f"age {duration_text(fact.age)}, {fact.status}"
                 + (f" ({fact.detail})" if fact.detail else "")
                 + f", {step}"
             )
@@ -320,17 +321,6 @@ def _show(fact: FactCheck, current: bool = False) -> str:
     value = fact.current if current else fact.recorded
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def age_text(delta: dt.timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds < 60:
-        return f"{max(seconds, 0)}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"
 
 
 def _fact_detail(fact: FactCheck) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from .._formatting import duration_text, step_label
 from .._store import Store
 from ..status import Status, StepStatus
 from .runtime import get_store
@@ -29,9 +30,7 @@ __all__ = [
     "estimate_stop",
     "percentile",
     "running_step",
-    "seconds_text",
     "step_durations",
-    "step_label",
 ]
 
 
@@ -81,20 +80,20 @@ class StopEstimate:
         if self.overrunning_by is not None:
             assert self.p90_s is not None and self.median_s is not None
             head += (
-                f"; overrunning by {seconds_text(self.overrunning_by)} (its steps take about"
-                f" {seconds_text(self.median_s)}, 90% within {seconds_text(self.p90_s)})"
+                f"; overrunning by {duration_text(self.overrunning_by)} (its steps take about"
+                f" {duration_text(self.median_s)}, 90% within {duration_text(self.p90_s)})"
             )
         elif self.seconds_left is None:
-            ran = seconds_text(self.elapsed_s or 0.0)
+            ran = duration_text(self.elapsed_s or 0.0)
             head += f"; no completed step to estimate from yet (this one has run {ran})"
         else:
             most = self.seconds_left_max
             if self.seconds_left > 0:
-                head += f", in about {seconds_text(self.seconds_left)}"
+                head += f", in about {duration_text(self.seconds_left)}"
             else:
                 head += ", any moment now"
             if most is not None and most - self.seconds_left >= 0.05:
-                head += f" (up to {seconds_text(most)})"
+                head += f" (up to {duration_text(most)})"
         return head + self._forced_text()
 
     def _forced_text(self) -> str:
@@ -105,10 +104,10 @@ class StopEstimate:
             return "; no max_step_seconds bounds it (Force stop cancels the step now)"
         if self.forced_in <= 0:
             return (
-                f"; max_step_seconds ({seconds_text(bound)}) has passed: the forced stop"
+                f"; max_step_seconds ({duration_text(bound)}) has passed: the forced stop"
                 " lands when the step returns to Python"
             )
-        return f"; max_step_seconds forces it in {seconds_text(self.forced_in)}"
+        return f"; max_step_seconds forces it in {duration_text(self.forced_in)}"
 
     def as_dict(self) -> dict[str, Any]:
         """The fields and ``text``, for JSON output (datetimes stay datetimes)."""
@@ -188,31 +187,6 @@ def running_step(steps: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None
     """The step row still ``running`` that started last, if any."""
     running = [row for row in steps if row.get("status") == StepStatus.RUNNING]
     return running[-1] if running else None
-
-
-def step_label(ordinal: int | None, key: str | None) -> str:
-    """``step 7``, or ``step 7 (fetch-page-3)`` when the key is not the ordinal."""
-    if key is None or key == str(ordinal):
-        return f"step {ordinal}"
-    return f"step {ordinal} ({key})"
-
-
-def seconds_text(seconds: float) -> str:
-    """``<1 ms``, ``250 ms``, ``4.2 s``, ``42 s``, ``3 min 20 s``, ``2 h 5 min``, ``1 d 3 h``
-    (a zero tail left out)."""
-    s = max(seconds, 0.0)
-    if s < 0.9995:
-        return f"{s * 1000:.0f} ms" if s >= 0.0005 else "<1 ms"
-    if s < 9.95:
-        return f"{s:.1f} s"
-    if s < 90:
-        return f"{s:.0f} s"
-    whole = round(s)
-    for size, unit, sub_size, sub in ((86400, "d", 3600, "h"), (3600, "h", 60, "min")):
-        if whole >= size:
-            rest = whole % size // sub_size
-            return f"{whole // size} {unit}" + (f" {rest} {sub}" if rest else "")
-    return f"{whole // 60} min" + (f" {whole % 60} s" if whole % 60 else "")
 
 
 # -- reading the store -----------------------------------------------------------------------

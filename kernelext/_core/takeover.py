@@ -26,6 +26,7 @@ import datetime as dt
 import json
 from typing import Any, NamedTuple
 
+from .._formatting import duration_text
 from .._store import Store, actor
 from .._store.restart import superseded_error
 from ..status import LIVE, RESUMABLE, Status
@@ -115,7 +116,7 @@ def take_over(
         if doubtful and fresh:
             why += (
                 f"; the previous owner {doubtful} may still be making this call, so no probe "
-                f"was asked (a resume after {PROBE_GRACE_SECONDS:.0f} s asks them)"
+                f"was asked (a resume after {duration_text(PROBE_GRACE_SECONDS)} asks them)"
             )
         store.transition_tx(
             tx,

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .._formatting import duration_text, step_label
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
 from .runtime import get_store
-from .stop_estimate import seconds_text, step_label
 from .timeline_svg import TimeAxis, clock, draw, esc
 
 __all__ = [
@@ -175,7 +175,7 @@ def _bar(row: Mapping[str, Any], effects: Sequence[Mapping[str, Any]], live: dt.
         end = max([start, *(t for t in seen if t >= start and (ended is None or t <= ended))])
         is_open = True
     forced, ordinal, key = bool(row.get("forced")), int(row["ordinal"]), str(row["key"])
-    took = seconds_text((end - start).total_seconds())
+    took = duration_text((end - start).total_seconds())
     title = _lines(
         f"{step_label(ordinal, key)}: {status}" + (", forced" if forced else ""),
         took + (" so far" if status == StepStatus.RUNNING else " (end not known)" * is_open),
@@ -305,7 +305,7 @@ class Timeline:
             f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
         )
         line += "".join(f"; {n} {kind}" for kind, n in sorted(counts.items()))
-        cut = ", ".join(seconds_text(g.seconds) for g in self.gaps)
+        cut = ", ".join(duration_text(g.seconds) for g in self.gaps)
         return line + (f"; idle stretches cut from the axis: {cut}" if cut else "")
 
     def __repr__(self) -> str:

@@ -2,7 +2,8 @@
 
 :func:`draw` turns a timeline into an ``<svg>`` element (text). :class:`TimeAxis` maps
 seconds from the run's start to x, cutting idle stretches out of the axis. The colour of
-each step, effect and status band, and the shape of each mark, are in the tables here.
+each step, effect and status band comes from :mod:`kernelext._core.colours`; the shape of
+each mark is in the table here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,20 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._formatting import duration_text, moment_text
 from ..status import EffectStatus, Status, StepStatus
-from .stop_estimate import seconds_text
+from .colours import (
+    BAD,
+    EFFECT_COLOURS,
+    GREY,
+    MUTED,
+    OK,
+    PAPER,
+    REQUEST_COLOURS,
+    RUN_COLOURS,
+    RUN_TINTS,
+    STEP_COLOURS,
+)
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -23,43 +36,24 @@ if TYPE_CHECKING:
 __all__ = ["TimeAxis", "clock", "draw", "esc"]
 
 SVG_NS = "http://www.w3.org/2000/svg"
-GREY, RED, INK = "#8c959f", "#cf222e", "#57606a"
-STEP_COLOURS: dict[str, str] = {
-    StepStatus.COMPLETED: "#2da44e",
-    StepStatus.RUNNING: "#1f6feb",
-    StepStatus.FAILED: RED,
-    StepStatus.CANCELLED: GREY,
-    StepStatus.ABANDONED: "#d0d7de",
-}
-EFFECT_COLOURS: dict[str, str] = {
-    EffectStatus.APPLIED: "#1a7f37",
-    EffectStatus.PENDING: "#bf8700",
-    EffectStatus.FAILED: RED,
-    EffectStatus.UNKNOWN: "#bf3989",
-    EffectStatus.NOT_APPLIED: GREY,
-}
-BANDS: dict[str, str] = {
-    Status.RUNNING: "#ddf4ff",
-    Status.STOPPING: "#fff1a8",
-    Status.SUSPENDED: "#eddcff",
-    Status.NEEDS_DECISION: "#ffd8d3",
-}
+RED, INK = BAD, MUTED
+BANDS = RUN_TINTS
 # mark kind -> (shape, colour). Kinds in ASKED sit on the "asked" lane, the rest on "status".
 STYLE = {
     "start": ("line", INK),
     "end": ("line", "#24292f"),
-    "stop_request": ("down", "#bf8700"),
+    "stop_request": ("down", RUN_COLOURS[Status.STOPPING]),
     "force_request": ("down", RED),
     "forced": ("diamond", RED),
-    "suspension": ("square", "#8250df"),
-    "resume": ("right", "#1f6feb"),
-    "decision_needed": ("circle", "#d1242f"),
-    "decision": ("circle", "#1a7f37"),
-    "approval": ("circle", "#0969da"),
-    "question": ("circle", "#8250df"),
+    "suspension": ("square", RUN_COLOURS[Status.SUSPENDED]),
+    "resume": ("right", RUN_COLOURS[Status.RUNNING]),
+    "decision_needed": ("circle", RUN_COLOURS[Status.NEEDS_DECISION]),
+    "decision": ("circle", OK),
+    "approval": ("circle", REQUEST_COLOURS["approval"]),
+    "question": ("circle", REQUEST_COLOURS["question"]),
     "expiry": ("cross", INK),
     "overran": ("down", "#fb8f44"),
-    "unknown_effect": ("circle", "#bf3989"),
+    "unknown_effect": ("circle", EFFECT_COLOURS[EffectStatus.UNKNOWN]),
     "swallowed": ("diamond", "#fb8f44"),
     "other": ("dot", GREY),
 }
@@ -88,18 +82,9 @@ def _el(tag: str, title: str | None = None, body: str = "", **attrs: Any) -> str
 
 
 def clock(moment: dt.datetime) -> str:
-    """``moment`` as ``YYYY-MM-DD HH:MM:SS.mmm UTC`` (hover text)."""
-    return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d} UTC"
-
-
-def _axis_label(seconds: float, step: float) -> str:
-    """Seconds from the start (``2.5 s``), ``m:ss`` or ``h:mm:ss`` past a minute."""
-    if seconds < 60:
-        return f"{seconds:.{max(0, -math.floor(math.log10(step)))}f} s"
-    days, rest = divmod(round(seconds), 86400)
-    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}" if rest >= 3600 else ""
-    text = text or f"{rest // 60}:{rest % 60:02d}"
-    return f"{days} d {text}" if days else text
+    """``moment`` as ``YYYY-MM-DD HH:MM:SS.mmm UTC`` (hover text: steps are told apart by
+    milliseconds)."""
+    return moment_text(moment, precise=True)
 
 
 class TimeAxis:
@@ -245,7 +230,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
 
     head = f"run {tl.run_id} · {tl.agent} · {tl.status} · {len(tl.bars)} step attempts"
     if not compact:
-        head += f" · {len(tl.ticks)} effects · from {t0:%Y-%m-%d %H:%M:%S} UTC"
+        head += f" · {len(tl.ticks)} effects · from {moment_text(t0)}"
     out = [
         _el("rect", cls="kx-bg", width=width, height=lay.height, fill="#ffffff"),
         _el("text", body=esc(head), cls="kx-header", x=4, y=lay.font + 3, font_weight=600),
@@ -257,12 +242,12 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
     top, bottom = lay.steps[0], lay.axis_y
     for (a, b), gap in zip(axis.gaps, tl.gaps, strict=True):
         x1, x2 = axis.x(a), axis.x(b)
-        mid, z, label = (x1 + x2) / 2, (x2 - x1) / 4, seconds_text(gap.seconds).replace(" ", "")
-        title = f"idle {seconds_text(gap.seconds)}, not to scale: {clock(gap.start)} to "
+        mid, z, label = (x1 + x2) / 2, (x2 - x1) / 4, duration_text(gap.seconds)
+        title = f"idle {duration_text(gap.seconds)}, not to scale: {clock(gap.start)} to "
         zigzag = (
             f"M{mid - z:.1f},{top}L{mid + z:.1f},{(top + bottom) / 2:.1f}L{mid - z:.1f},{bottom}"
         )
-        body = _el("rect", x=x1, y=top, width=x2 - x1, height=bottom - top, fill="#f6f8fa")
+        body = _el("rect", x=x1, y=top, width=x2 - x1, height=bottom - top, fill=PAPER)
         body += _el("path", d=zigzag, fill="none", stroke="#afb8c1", stroke_dasharray="3 2")
         body += _el(
             "text", body=esc(label), x=mid, y=bottom + lay.font + 2, fill=INK, text_anchor="middle"
@@ -271,7 +256,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         taken.append((mid - len(label) * 3.0, mid + len(label) * 3.0))
     for span in tl.spans:
         if span.status in BANDS:
-            took = f"{span.status} for {seconds_text((span.end - span.start).total_seconds())}"
+            took = f"{span.status} for {duration_text((span.end - span.start).total_seconds())}"
             title = took + (f" ({span.reason})" if span.reason else "")
             x1, y1, h1 = x(span.start), *lay.band
             out.append(
@@ -376,8 +361,8 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
             )
     ay = lay.axis_y
     out.append(_el("line", x1=left, x2=axis.right_edge, y1=ay, y2=ay, stroke=INK))
-    for seconds, xt, step in axis.ticks(56.0 if compact else 70.0):
-        label = _axis_label(seconds, step)
+    for seconds, xt, _step in axis.ticks(56.0 if compact else 70.0):
+        label = duration_text(seconds)
         a, b = xt - len(label) * 2.8, xt + len(label) * 2.8
         out.append(_el("line", x1=xt, x2=xt, y1=ay, y2=ay + 4, stroke=INK))
         if b <= right + 8 and all(b < c or a > d for c, d in taken):

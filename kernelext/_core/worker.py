@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .._formatting import duration_text, step_label
 from .._store import Store, actor
 from ..errors import NeedsDecision, OwnershipLost, StopRequested, StoreWriteError
 from ..status import FINAL, LIVE, Reason, Status, StepStatus
@@ -268,5 +269,8 @@ def _monitor(handle: Handle) -> None:
                 "force_raised",
                 wait=False,
                 source="engine",
-                reason=f"step {info.key!r} cancelled after {info.elapsed:.1f}s",
+                reason=(
+                    f"{step_label(info.ordinal, info.key)} cancelled after "
+                    f"{duration_text(info.elapsed)}"
+                ),
             )

@@ -20,7 +20,8 @@ from .._core.cell_runs import (
     open_cell_run,
     source_hash,
 )
-from .._core.plan import remember_cell_source
+from .._core.plan_code import remember_cell_source
+from .._formatting import step_label
 from ..errors import NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
 
@@ -97,14 +98,14 @@ def run_agent_cell(
     ordinal = cell.run.completed.get(key)
     if seen == "done" and not rerun:
         print(
-            f"kernelext: skipped — this cell already completed as step {ordinal} of run "
+            f"kernelext: skipped — this cell already completed as {step_label(ordinal)} of run "
             f"{run_id!r} (status {row['status']}). Pass --rerun to run it again."
         )
         return
     if seen == "changed" and not rerun:
         raise AgentCellStopped(
-            f"this cell changed since it completed as step {ordinal} of run {run_id!r}; it was "
-            "not run. Restore its source, or run the new source with %%agent "
+            f"this cell changed since it completed as {step_label(ordinal)} of run {run_id!r}; "
+            "it was not run. Restore its source, or run the new source with %%agent "
             f"{run_id} --rerun (recorded effects with the same arguments are not repeated).",
             run_id=run_id,
             status=row["status"],
@@ -138,13 +139,13 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
         status = cell.store.get_run(rid)["status"]
         if status == Status.SUSPENDED:
             print(
-                f"kernelext: step {outcome.ordinal} completed; run {rid!r} is now suspended "
-                f"(stop requested). Resume with %agent resume {rid}."
+                f"kernelext: {step_label(outcome.ordinal)} completed; run {rid!r} is now "
+                f"suspended (stop requested). Resume with %agent resume {rid}."
             )
         return None
     if outcome.kind == Status.SUSPENDED:
         return (
-            f"step {outcome.ordinal} completed and run {rid!r} suspended itself "
+            f"{step_label(outcome.ordinal)} completed and run {rid!r} suspended itself "
             f"({outcome.reason}). Resume with %agent resume {rid}."
         )
     waiting = waiting_text(rid, outcome.reason)  # waits for an approval or an answer
@@ -152,8 +153,8 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
         return waiting
     if outcome.kind == INTERRUPTED:
         return (
-            f"interrupted: step {outcome.ordinal} of run {rid!r} was cancelled and the run "
-            f"is suspended. Effects in flight are marked unknown. Resume with "
+            f"interrupted: {step_label(outcome.ordinal)} of run {rid!r} was cancelled and the "
+            f"run is suspended. Effects in flight are marked unknown. Resume with "
             f"%agent resume {rid}, then run this cell again."
         )
     if outcome.kind == LOST:
@@ -164,8 +165,8 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
             f"kx.reconcile({rid!r}), then %agent resume {rid}."
         )
     return (
-        f"step {outcome.ordinal} of run {rid!r} failed ({outcome.reason}); the run goes on "
-        "from the last completed cell. Fix the cell and run it again: effects it already "
+        f"{step_label(outcome.ordinal)} of run {rid!r} failed ({outcome.reason}); the run goes "
+        "on from the last completed cell. Fix the cell and run it again: effects it already "
         "applied with the same arguments are not repeated."
     )
 

@@ -22,11 +22,12 @@ from .._core.cell_runs import complete_cell_run
 from .._core.credentials import CredentialError
 from .._core.options import OPTIONS
 from .._core.runtime import runtime
+from .._did_you_mean import did_you_mean
 from .._validate import check_duration
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
 from ..status import Status
 from .cells import run_agent_cell
-from .options import did_you_mean, notebook_option
+from .options import notebook_option
 
 __all__ = ["Kernelext"]
 
@@ -152,8 +153,8 @@ class Kernelext(Magics):
         command: str = args.command
         if command not in SUBCOMMANDS:
             raise UsageError(
-                f"%agent has no sub-command {command!r}"
-                f"{did_you_mean(command, SUBCOMMANDS) or '.'} "
+                f"%agent has no sub-command {command!r}."
+                f"{did_you_mean(command, SUBCOMMANDS)} "
                 "Use %agent stop|resume|status|complete RUN_ID, or %agent list."
             )
         if command == "list":
@@ -166,8 +167,8 @@ class Kernelext(Magics):
         if row is None:
             known = [str(r["id"]) for r in store.list_runs()]
             raise UsageError(
-                f"No run {run_id!r} in the store at {store.location}"
-                f"{did_you_mean(run_id, known) or '.'} List runs with %agent list."
+                f"No run {run_id!r} in the store at {store.location}."
+                f"{did_you_mean(run_id, known)} List runs with %agent list."
             )
         cells = control.is_cell_run(row)
         if command == "stop":

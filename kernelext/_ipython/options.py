@@ -10,14 +10,12 @@ matter only in a notebook; they are read when a cell runs
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
 from typing import Any
 
 from .._core.options import OPTIONS
 from .._core.runtime import Settings, runtime
 
-__all__ = ["NOTEBOOK_OPTIONS", "did_you_mean", "notebook_option", "restore", "saved"]
+__all__ = ["NOTEBOOK_OPTIONS", "notebook_option", "restore", "saved"]
 
 # the options read only in a notebook (declared, with their defaults, in _core/options.py)
 NOTEBOOK_OPTIONS: tuple[str, ...] = tuple(option.name for option in OPTIONS if option.notebook)
@@ -40,9 +38,3 @@ def restore(values: dict[str, Any], settings: Settings | None = None) -> None:
     settings = settings if settings is not None else runtime().settings
     for name, value in values.items():
         setattr(settings, name, value)
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` for the choice nearest to ``word``, or ``""``."""
-    near = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean {near[0]!r}?" if near else ""

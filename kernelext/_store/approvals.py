@@ -13,6 +13,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
+from .._formatting import moment_text
 from ..errors import LedgerError, RunStateError
 from ..status import TERMINAL
 from .base import in_list
@@ -51,7 +52,7 @@ _INTENT_FIELDS = (
 
 
 def _stamp(value: Any) -> str:
-    return f"{value:%Y-%m-%d %H:%M:%S} UTC" if isinstance(value, dt.datetime) else str(value)
+    return moment_text(value) if isinstance(value, dt.datetime) else str(value)
 
 
 def several_requests(row: dict[str, Any], ids: list[Any]) -> str:

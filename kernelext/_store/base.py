@@ -524,3 +524,11 @@ class StoreBase:
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
         return self.read_dicts("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
+
+    def resumed_events(self, run_id: str) -> list[dict[str, Any]]:
+        """When, by whom and from where the run was resumed (taken over), oldest first."""
+        return self.read_dicts(
+            "SELECT occurred_at, actor, source FROM events WHERE run_id = ? AND kind = ?"
+            " ORDER BY id",
+            (run_id, "resumed"),
+        )

@@ -13,6 +13,7 @@ import datetime as dt
 import uuid
 from typing import Any, NamedTuple
 
+from .._formatting import moment_text
 from ..errors import ClaimConflict
 from ..status import LIVE, WAITING, Status
 from .base import StoreBase, in_list
@@ -123,13 +124,13 @@ def _conflict_message(resource: str, run_id: str, holder: tuple[Any, ...]) -> st
     held = f" (amount {amount:g})" if amount is not None else ""
     text = (
         f"Resource {resource!r} is claimed by run {holder_id!r}{held} since "
-        f"{since:%Y-%m-%d %H:%M:%S} UTC; that run is {status}, so run {run_id!r} cannot "
+        f"{moment_text(since)}; that run is {status}, so run {run_id!r} cannot "
         "claim it. "
     )
     if status == Status.SUSPENDED and deadline is not None:
         text += (
             f"It is released when run {holder_id!r} completes, is cancelled or expires "
-            f"(deadline {deadline:%Y-%m-%d %H:%M:%S} UTC): resume and finish it with "
+            f"(deadline {moment_text(deadline)}): resume and finish it with "
             f"kx.resume({holder_id!r}), or wait."
         )
     else:

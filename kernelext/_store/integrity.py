@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from .._formatting import step_label, step_number
+
 __all__ = [
     "PayloadUse",
     "damaged_message",
@@ -100,7 +102,8 @@ def _subject(run_id: str, bid: uuid.UUID, use: PayloadUse) -> str:
     steps = ""
     if use.steps:
         first, last = use.steps[0], use.steps[-1]
-        steps = f", saved at step {first}" + (f", used up to step {last}" if last != first else "")
+        steps = f", saved at {step_label(first)}"
+        steps += f", used up to {step_label(last)}" if last != first else ""
     return (
         f"A snapshot of run {run_id!r} cannot be restored: the stored payload of {what} "
         f"(blob {bid.hex}{steps})"
@@ -119,7 +122,8 @@ def _outcome(run_id: str, use: PayloadUse, fix: str) -> str:
 
 
 def _restart_effect(step: int) -> str:
+    """What ``kx.restart(from_step=step)`` (an ordinal) does, with steps counted from 1."""
     if step == 0:
-        return "starts over at step 0"
-    kept = "step 0" if step == 1 else f"steps 0-{step - 1}"
-    return f"keeps {kept} and runs step {step} again"
+        return f"starts over at {step_label(0)}"
+    kept = step_label(0) if step == 1 else f"steps {step_number(0)}-{step_number(step - 1)}"
+    return f"keeps {kept} and runs {step_label(step)} again"

@@ -85,7 +85,12 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         )
 
     def fact_rows(self, run_id: str) -> list[dict[str, Any]]:
-        return self.read_dicts("SELECT * FROM facts WHERE run_id = ?", (run_id,))
+        """Every column of the run's facts, those outside steps first, then by step and time."""
+        return self.read_dicts(
+            "SELECT * FROM facts WHERE run_id = ?"
+            " ORDER BY step_ordinal NULLS FIRST, recorded_at, name",
+            (run_id,),
+        )
 
     def write_restart(self, plan: RestartPlan) -> None:
         """Create the new run (status ``suspended``) with everything carried over."""

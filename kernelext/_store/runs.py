@@ -7,7 +7,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import RunNotFound, RunStateError, did_you_mean
+from .._did_you_mean import did_you_mean
+from ..errors import RunNotFound, RunStateError
 from ..status import LIVE, Status
 from .base import StoreBase, actor, in_list
 from .records import STOP_REQUESTED, apply_record, check_record

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from ..._formatting import duration_text
 from ...errors import RunStateError
 from .journal import Record, scan_journal
 
@@ -154,8 +155,8 @@ class FenceFiles:
                     raise RunStateError(
                         f"Run {run_id!r} cannot be taken over now: its owner is recording an "
                         f"effect's intent and has held the run's fence ({self.path(run_id)}) "
-                        f"for over {wait:.0f} s (a frozen process?). Try again; if it stays "
-                        "frozen, end that process first."
+                        f"for over {duration_text(wait)} (a frozen process?). Try again; if it "
+                        "stays frozen, end that process first."
                     )
                 time.sleep(0.005)
             os.pwrite(fd, int(epoch).to_bytes(8, "little"), 0)

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 
+from ..._formatting import duration_text
 from ...errors import StoreLockedError
 from .platform import lock_file, try_lock_file, unlock_file
 
@@ -83,9 +84,9 @@ class HandoffLock:
                     raise StoreLockedError(
                         self.store_path,
                         pid if isinstance(pid, int) else None,
-                        f"waited {timeout:.0f}s; held since {holder.get('since')}"
+                        f"waited {duration_text(timeout)}; held since {holder.get('since')}"
                         if holder
-                        else f"waited {timeout:.0f}s",
+                        else f"waited {duration_text(timeout)}",
                     )
                 time.sleep(pause)
                 pause = min(pause * 2, 0.01)

@@ -1,0 +1,94 @@
+"""The colours every view of a run uses: the panel, the timeline SVG, the resume plan, the
+approvals and question cards, the fact table.
+
+A run status, a step status, an effect status and a fact's check status each have one
+colour here; the few words of mood (fine, wrong, warning, quiet) too. Views look colours
+up here and keep none of their own, so the same status has the same colour everywhere.
+"""
+
+from __future__ import annotations
+
+from ..status import EffectStatus, Status, StepStatus
+
+__all__ = [
+    "BAD",
+    "BORDER",
+    "CHECK_COLOURS",
+    "EFFECT_COLOURS",
+    "GREY",
+    "MUTED",
+    "OK",
+    "PAPER",
+    "REQUEST_COLOURS",
+    "RUN_COLOURS",
+    "RUN_TINTS",
+    "STEP_COLOURS",
+    "WARN",
+    "colour_of",
+]
+
+# mood
+OK = "#1a7f37"  # done, applied, ready
+BAD = "#cf222e"  # failed, blocked, an error to read
+WARN = "#9a6700"  # stale, changed, overdue soon
+MUTED = "#57606a"  # secondary text, "none"
+BORDER = "#d0d7de"  # frames of cards and panels
+PAPER = "#f6f8fa"  # the background of a code block or a cut stretch
+GREY = "#8c959f"  # a status without a colour of its own
+
+# run status -> colour (text, badges, frames)
+RUN_COLOURS: dict[str, str] = {
+    Status.RUNNING: "#1f6feb",
+    Status.STOPPING: "#bf8700",
+    Status.SUSPENDED: "#8250df",
+    Status.COMPLETED: OK,
+    Status.FAILED: BAD,
+    Status.NEEDS_DECISION: "#d1242f",
+    Status.EXPIRED: "#6e7781",
+    Status.CANCELLED: "#6e7781",
+}
+# run status -> a light tint of its colour (the timeline's status bands)
+RUN_TINTS: dict[str, str] = {
+    Status.RUNNING: "#ddf4ff",
+    Status.STOPPING: "#fff1a8",
+    Status.SUSPENDED: "#eddcff",
+    Status.NEEDS_DECISION: "#ffd8d3",
+}
+# step status -> colour (the timeline's step bars)
+STEP_COLOURS: dict[str, str] = {
+    StepStatus.COMPLETED: "#2da44e",
+    StepStatus.RUNNING: RUN_COLOURS[Status.RUNNING],
+    StepStatus.FAILED: BAD,
+    StepStatus.CANCELLED: GREY,
+    StepStatus.ABANDONED: BORDER,
+}
+# effect status -> colour (the timeline's effect ticks, the plan's and cards' effects)
+EFFECT_COLOURS: dict[str, str] = {
+    EffectStatus.APPLIED: OK,
+    EffectStatus.PENDING: RUN_COLOURS[Status.STOPPING],
+    EffectStatus.FAILED: BAD,
+    EffectStatus.UNKNOWN: "#bf3989",
+    EffectStatus.NOT_APPLIED: GREY,
+    EffectStatus.GIVEN_UP: GREY,
+}
+# what a run waits for a person on -> colour (the approval and question cards, the
+# timeline's "asked" lane)
+REQUEST_COLOURS: dict[str, str] = {
+    "approval": RUN_COLOURS[Status.STOPPING],
+    "question": "#0969da",
+}
+# a fact's last check -> colour (the revalidation table)
+CHECK_COLOURS: dict[str, str] = {
+    "ok": OK,
+    "accepted": OK,
+    "refreshed": OK,
+    "changed": RUN_COLOURS[Status.NEEDS_DECISION],
+    "error": RUN_COLOURS[Status.NEEDS_DECISION],
+    "timeout": RUN_COLOURS[Status.STOPPING],
+    "unresolved": RUN_COLOURS[Status.STOPPING],
+}
+
+
+def colour_of(table: dict[str, str], status: str | None, default: str = MUTED) -> str:
+    """The colour of ``status`` in ``table`` (one of the tables above), else ``default``."""
+    return table.get(str(status), default) if status is not None else default

@@ -1,0 +1,75 @@
+"""How durations, times and steps read, wherever a person reads them.
+
+One style for every surface (the panel, the resume plan, the approvals card, the timeline
+and its axis, the command line, messages and status texts):
+
+- a duration: ``<1 ms``, ``250 ms``, ``0.4 s``, ``4.2 s``, ``42 s``, ``3 min 5 s``,
+  ``2 h 5 min``, ``6 d 23 h`` (two units at most, a zero tail left out);
+- a wall-clock time: ``2026-12-06 12:00:05 UTC`` (store clock, naive UTC; ``precise``
+  adds milliseconds where steps are told apart by them);
+- a step: people count from 1, so the step stored with ordinal 0 reads ``step 1``,
+  ``step 3 of 12`` when the total is known, ``step 3 (fetch-page)`` when its key says
+  more than its number. Keys are shown as they are.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+__all__ = [
+    "duration_text",
+    "moment_text",
+    "step_label",
+    "step_number",
+]
+
+_UNITS = ((86400, "d", 3600, "h"), (3600, "h", 60, "min"))
+
+
+def duration_text(seconds: float | dt.timedelta) -> str:
+    """``<1 ms``, ``250 ms``, ``0.4 s``, ``4.2 s``, ``42 s``, ``3 min 20 s``, ``2 h 5 min``,
+    ``1 d 3 h`` (a zero tail left out). Under a minute it is rounded; from a minute on,
+    the smaller unit is cut, not rounded (``6 d 23 h`` for a week less a second). A negative
+    duration reads as its size: the caller says "overdue by" or "ago"."""
+    if isinstance(seconds, dt.timedelta):
+        seconds = seconds.total_seconds()
+    s = abs(float(seconds))
+    if s < 0.9995:
+        return f"{s * 1000:.0f} ms" if s >= 0.0005 else ("0 s" if s == 0 else "<1 ms")
+    if s < 9.95:
+        return f"{s:.1f} s"
+    if s < 59.5:
+        return f"{s:.0f} s"
+    whole = max(int(s + 1e-6), 60)  # whole seconds, cut (not rounded): time left never grows
+    for size, unit, sub_size, sub in _UNITS:
+        if whole >= size:
+            rest = whole % size // sub_size
+            return f"{whole // size} {unit}" + (f" {rest} {sub}" if rest else "")
+    return f"{whole // 60} min" + (f" {whole % 60} s" if whole % 60 else "")
+
+
+def moment_text(moment: dt.datetime, *, precise: bool = False) -> str:
+    """``2026-12-06 12:00:05 UTC`` (``precise``: ``2026-12-06 12:00:05.250 UTC``).
+
+    ``moment`` is a store time (naive UTC); an aware time is turned to UTC first."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    millis = f".{moment.microsecond // 1000:03d}" if precise else ""
+    return f"{moment:%Y-%m-%d %H:%M:%S}{millis} UTC"
+
+
+def step_number(ordinal: int) -> int:
+    """The number a person reads for the step stored with ``ordinal`` (counted from 0)."""
+    return ordinal + 1
+
+
+def step_label(ordinal: int | None, key: str | None = None, total: int | None = None) -> str:
+    """``step 3``, ``step 3 of 12``, ``step 3 (fetch-page)``: the step stored with ordinal
+    2; its key is shown unless it is only the ordinal or the number again."""
+    if ordinal is None:
+        return f"step {key!r}" if key is not None else "no step"
+    number = step_number(ordinal)
+    text = f"step {number}" + (f" of {total}" if total else "")
+    if key is None or key in (str(ordinal), str(number)):
+        return text
+    return f"{text} ({key})"

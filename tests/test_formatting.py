@@ -1,0 +1,198 @@
+"""Durations, times and step numbers read the same on every surface (issue 20, item 3).
+
+The formatter itself first, then real runs on a real DuckDB file seen through the panel,
+the resume plan, the approval card, the timeline and ``kernelext show``: the same time left,
+the same wall-clock time, the same step duration and the same step number, word for word.
+The store's clock is held still once the run waits, so every surface reads the same now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.live import finish_live_runs, name
+
+import kernelext as kx
+from kernelext._cli.runs import cmd_show
+from kernelext._core.plan import plan
+from kernelext._core.timeline import timeline
+from kernelext._did_you_mean import closest, did_you_mean
+from kernelext._formatting import duration_text, moment_text, step_label, step_number
+from kernelext._store import Store, open_store, utcnow
+
+WAIT = 60.0
+
+
+# -- the formatter ---------------------------------------------------------------------------
+def test_a_duration_reads_in_one_style() -> None:
+    seconds = (0, 0.0001, 0.25, 0.4, 4.21, 42, 59.7, 185, 200, 3600, 3725, 90000)
+    assert [duration_text(s) for s in seconds] == [
+        "0 s", "<1 ms", "250 ms", "400 ms", "4.2 s", "42 s", "1 min", "3 min 5 s",
+        "3 min 20 s", "1 h", "1 h 2 min", "1 d 1 h",
+    ]  # fmt: skip
+    week_less_a_second = dt.timedelta(days=7) - dt.timedelta(seconds=1)
+    assert duration_text(week_less_a_second) == "6 d 23 h"  # time left is cut, never rounded up
+    assert duration_text(-3725) == "1 h 2 min"  # the caller says "overdue by" or "ago"
+
+
+def test_a_time_reads_with_its_date_and_zone() -> None:
+    moment = dt.datetime(2026, 12, 6, 12, 0, 5, 250_000)
+    assert moment_text(moment) == "2026-12-06 12:00:05 UTC"
+    assert moment_text(moment, precise=True) == "2026-12-06 12:00:05.250 UTC"
+    aware = dt.datetime(2026, 12, 6, 13, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    assert moment_text(aware) == "2026-12-06 12:00:05 UTC"
+
+
+def test_steps_are_counted_from_one() -> None:
+    assert step_number(0) == 1
+    assert step_label(0) == "step 1"
+    assert step_label(2, "2") == step_label(2, "3") == "step 3"  # a key that is only a number
+    assert step_label(2, "fetch", 12) == "step 3 of 12 (fetch)"
+    assert step_label(None, "fetch") == "step 'fetch'"
+
+
+def test_one_did_you_mean_for_every_name() -> None:
+    assert closest("stpo", ["stop", "status", "resume"]) == ["stop"]
+    assert closest("res", ["resume", "runs"]) == ["resume"]  # a unique prefix wins
+    assert closest("zzz", ["stop"]) == []
+    assert did_you_mean("retention", ["retention_seconds", "store"]) == (
+        " Did you mean 'retention_seconds'?"
+    )
+    assert did_you_mean("zzz", ["stop"]) == ""
+
+
+# -- the same run on every surface -------------------------------------------------------------
+class HeldClock:
+    """Real time until held; then the store reads one instant."""
+
+    def __init__(self) -> None:
+        self.held: dt.datetime | None = None
+
+    def __call__(self) -> dt.datetime:
+        return self.held if self.held is not None else utcnow()
+
+
+@pytest.fixture
+def clock() -> HeldClock:
+    return HeldClock()
+
+
+@pytest.fixture
+def store(store_path: Path, clock: HeldClock) -> Iterator[Store]:
+    opened = open_store(str(store_path), clock=clock)
+    yield opened
+    finish_live_runs()
+    opened.close()
+
+
+def shown(store: Store, run_id: str, capsys: Any) -> list[str]:
+    """What ``kernelext show RUN_ID`` prints."""
+    cmd_show(argparse.Namespace(run_id=run_id, json=False), store)
+    return capsys.readouterr().out.splitlines()
+
+
+def step_rows(lines: list[str]) -> dict[str, dict[str, str]]:
+    """The rows of the steps table of ``kernelext show``, by key, as column -> cell."""
+    start = lines.index(next(ln for ln in lines if ln.startswith("steps (")))
+    header = lines[start + 1]
+    columns = [(m.group(), m.start()) for m in re.finditer(r"\S+", header)]
+    assert [c for c, _ in columns] == ["step", "key", "name", "status", "took", "error"]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        ends = [at for _, at in columns[1:]] + [len(line)]
+        rows.append({c: line[at:end].strip() for (c, at), end in zip(columns, ends, strict=True)})
+    return {row["key"]: row for row in rows}
+
+
+def test_a_deadline_and_a_step_duration_read_the_same_everywhere(
+    store: Store, clock: HeldClock, capsys: Any
+) -> None:
+    from kernelext.widgets._approvals import ApprovalCard
+    from kernelext.widgets._render import view_of
+
+    transfer = kx.effect(name=name("transfer"), needs_approval=True)(lambda to: {"to": to})
+
+    @kx.agent(name=name("same-words"))
+    def payer(run: kx.Run) -> None:
+        with run.step("quote"):
+            run.state["quoted"] = 120
+        with run.step("pay"):
+            transfer("acme")
+
+    run_id = name("same-words")
+    handle = payer.start(run_id=run_id, store=store)
+    assert handle.wait(WAIT) == "suspended"
+    row = store.get_run(run_id)
+    deadline: dt.datetime = row["deadline"]
+    clock.held = deadline - dt.timedelta(days=2, hours=23, minutes=30, seconds=10)
+    left, when = duration_text(deadline - clock.held), moment_text(deadline)
+    assert left == "2 d 23 h"  # two units at most, the smaller one cut
+
+    # the panel
+    view = view_of(handle)
+    assert f"; expires in {left} ({when})" in (view.outcome_text() or "")
+    # the resume plan
+    previewed = plan(run_id, store)
+    assert f"  deadline: {when}, in {left}" in previewed.text().splitlines()
+    assert f"computed {moment_text(clock.held)}" in previewed.text()
+    # the approval card (the request expires with the run)
+    (request,) = kx.approvals(run_id, store=store)
+    assert request.expires_at == deadline
+    assert request.time_left == f"expires in {left}"
+    assert f"waiting, expires in {left}" in ApprovalCard(request).header.value
+    # the command line
+    lines = shown(store, run_id, capsys)
+    assert f"  expires {when}" in lines
+    # the same step, timed on the timeline and in `kernelext show`
+    (quote,) = [s for s in store.steps(run_id) if s["key"] == "quote"]
+    took = duration_text(float(quote["duration_s"]))
+    assert step_rows(lines)["quote"]["took"] == took
+    (bar,) = [b for b in timeline(run_id, store).bars if b.key == "quote"]
+    assert bar.title.splitlines()[:2] == ["step 1 (quote): completed", took]
+
+
+def test_a_step_has_one_number_in_the_panel_the_timeline_the_plan_and_the_cli(
+    store: Store, capsys: Any
+) -> None:
+    from kernelext.widgets._render import view_of
+
+    in_third, go = threading.Event(), threading.Event()
+
+    @kx.agent(name=name("numbered"))
+    def numbered(run: kx.Run) -> None:
+        for item in run.steps(["a", "b", "c", "d"], key=str):
+            if item == "c":
+                kx.stop(run.id, source="test")
+                in_third.set()
+                assert go.wait(WAIT)
+
+    run_id = name("numbered")
+    handle = numbered.start(run_id=run_id, store=store)
+    try:
+        assert in_third.wait(WAIT)
+        # the third item, stored with ordinal 2, is "step 3" wherever it is read
+        assert view_of(handle).step_text().startswith("step 3 of 4 (c): ")
+        (bar,) = [b for b in timeline(run_id, store).bars if b.key == "c"]
+        assert bar.ordinal == 2 and bar.title.startswith("step 3 (c): running")
+        lines = shown(store, run_id, capsys)
+        assert any(ln.startswith("  stops after step 3 (c)") for ln in lines)
+        assert step_rows(lines)["c"]["step"] == "3"
+    finally:
+        go.set()
+    assert handle.wait(WAIT) == "suspended"
+    rows = step_rows(shown(store, run_id, capsys))
+    assert [rows[k]["step"] for k in "abc"] == ["1", "2", "3"]
+    previewed = plan(run_id, store)
+    assert [s.ordinal for s in previewed.completed] == [0, 1, 2]
+    assert previewed.next_step is not None and previewed.next_step.ordinal == 3
+    assert previewed.next_step.note == "step 4 of 4: the first item not completed"
+    assert "  next step: step 4 of 4: the first item not completed" in str(previewed)
