@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelext._core.revalidation import age_text
+from kernelext._core.run import engine_of
 from kernelext.status import FINAL, EffectStatus, Status
 
 __all__ = [
@@ -142,7 +143,7 @@ def view_of(
 ) -> PanelView:
     """Read the run behind ``handle`` (one store read) into a :class:`PanelView`."""
     info = handle.info()
-    run = handle.run
+    run = engine_of(handle.run)
     current = run.current
     error = handle.error
     view = PanelView(
