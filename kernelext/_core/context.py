@@ -1,4 +1,5 @@
-"""Which run the current thread is executing (for ``@effect`` and helpers)."""
+"""Which run the current thread is executing: its engine (``RunEngine``), for ``@effect``,
+the adapters and the helpers they call."""
 
 from __future__ import annotations
 

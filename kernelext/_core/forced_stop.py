@@ -14,9 +14,11 @@ wherever the worker is. ``ForceGate`` decides where that may be. Its invariants:
    swallowed stop) runs inside ``critical()``. While one is open the gate raises nothing
    (``try_raise`` returns False); the monitor tries again at its next tick.
 3. **No raise slips between the check and the section.** ``try_raise`` checks and raises
-   under ``guard_lock``; a section that opens after a raise and before its delivery sees
+   under a lock; a section that opens after a raise and before its delivery sees
    ``fired`` and first lets the pending exception land (``_let_pending_fire``), before it
-   has done anything: the bookkeeping then does not happen at all.
+   has done anything: the bookkeeping then does not happen at all. (Landing in the
+   gate's own few bytecodes is harmless too: nothing was written yet, and the stop is
+   spent, so the gate's count of open sections no longer matters.)
 4. **Once per run.** A forced stop is raised asynchronously at most once (``spent``). If
    the agent's code swallows it (a bare ``except:``), kernelext raises it again itself,
    synchronously, at its next call: a safe point, an effect call, a critical section or
@@ -60,7 +62,7 @@ class ForceGate:
         self.wanted = False  # h.force_stop(): force at the next monitor tick
         self.raised = False  # a forced stop was raised into (or cut) the run's step
         self.raised_at: float | None = None  # time.monotonic() of the raise
-        self.guard_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._guard = 0  # critical sections open (and 1 for good once sealed)
         self._fired = False  # raised into the worker, not yet seen by kernelext
         self._spent = False  # raised once: never raised asynchronously again
@@ -68,24 +70,24 @@ class ForceGate:
     @contextlib.contextmanager
     def critical(self) -> Iterator[None]:
         """kernelext's bookkeeping inside: no forced stop lands in it (invariants 2, 3)."""
-        with self.guard_lock:
+        with self._lock:
             self._guard += 1
             fired = self._fired
             self._fired = False
         if fired:
-            with self.guard_lock:
+            with self._lock:
                 self._guard -= 1
             self._land("kernelext's next call")
         try:
             yield
         finally:
-            with self.guard_lock:
+            with self._lock:
                 self._guard -= 1
 
     def check(self, where: str) -> None:
         """A forced stop raised into this thread and not seen since lands (or is raised
         again) here, before kernelext does anything else (invariant 4)."""
-        with self.guard_lock:
+        with self._lock:
             fired = self._fired
             self._fired = False
         if fired:
@@ -102,7 +104,7 @@ class ForceGate:
         A forced stop already raised into this thread is let through here (the caller
         absorbs it) rather than cancelled (invariant 5).
         """
-        with self.guard_lock:
+        with self._lock:
             self._guard += 1
             fired = self._fired
             self._fired = False
@@ -115,7 +117,7 @@ class ForceGate:
         Once per run: a forced stop the agent's code swallows is raised again by kernelext
         at its next call, never raised asynchronously a second time (invariant 4).
         """
-        with self.guard_lock:
+        with self._lock:
             if self._guard or self.thread_id is None or self._spent:
                 return False
             self._fired = self._spent = True
