@@ -97,7 +97,7 @@ def load_run(
     allow_pickle: bool,
     before_ordinal: int | None = None,
 ) -> RunEngine:
-    """A Run object with state and completed steps restored from the store."""
+    """A run (its engine) with state and completed steps restored from the store."""
     row = store.get_run(run_id)
     run = RunEngine(
         store,
