@@ -151,12 +151,13 @@ panel = panel_for(h)
 """
 
 PANEL_STOP = """
+from kernelext._core.run import engine_of
 panel.stop_button.click()    # Stop: lands at the next superstep boundary...
 panel.force_button.click()   # ...Force stop: cancel the running superstep now
 deadline = time.monotonic() + 30
-while not h.run.forced and time.monotonic() < deadline:
+while not engine_of(h.run).force.raised and time.monotonic() < deadline:
     time.sleep(0.01)
-print(h.run.forced)
+print(engine_of(h.run).force.raised)
 """
 
 

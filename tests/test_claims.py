@@ -14,6 +14,7 @@ import pytest
 from support.live import finish_live_runs
 
 import kernelext as kx
+from kernelext._core.run import engine_of
 from kernelext._core.runtime import runtime
 from kernelext._store import Store, open_store
 
@@ -44,7 +45,7 @@ def claimer(*, suspend: bool) -> kx.Agent:
         for i in run.steps(range(2)):
             if suspend and i == 0:
                 run.suspend("approval")
-        return [c["resource"] for c in run.store.claims(run.id, active=True)]
+        return [c["resource"] for c in engine_of(run).store.claims(run.id, active=True)]
 
     return agent
 

@@ -19,6 +19,7 @@ from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext._core import expiry
+from kernelext._core.run import engine_of
 from kernelext._core.runtime import runtime
 from kernelext._expiry_policy import DEFAULT_EXPIRY
 from kernelext._store import Store, open_store
@@ -215,7 +216,7 @@ def test_expiry_releases_both_claims_so_another_run_can_take_them(
     def taker(run: kx.Run) -> list[str]:
         run.claim("customer:42")
         run.claim("gpu:0", amount=1)
-        return [c["resource"] for c in run.store.claims(run.id, active=True)]
+        return [c["resource"] for c in engine_of(run).store.claims(run.id, active=True)]
 
     blocked = taker.start(run_id="taker-early")
     assert blocked.wait(WAIT) == "failed"
@@ -265,7 +266,7 @@ def test_callbacks_listeners_and_hooks_are_told_and_a_failing_callback_is_record
     kx.on_expire(broken)
     assert kx.on_expire(remember) is remember
     kx.on_expire(remember)  # registering twice calls it once
-    handle.run.listeners.append(lambda what, value: panel.append((what, value)))
+    engine_of(handle.run).listeners.append(lambda what, value: panel.append((what, value)))
     runtime().end_hooks.append(lambda run_id, status: hooked.append((run_id, status)))
     try:
         clock.advance(hours=1)

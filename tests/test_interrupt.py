@@ -155,7 +155,8 @@ def test_second_press_within_the_window_forces_the_stop(kernel: KernelSession) -
     reply = kernel.run(
         "try:\n    print(h.wait(30))\nfinally:\n    release.set()\n"
         "print([p[1] for p in handler.presses])\n"
-        "print([e['status'] for e in h.run.effects.values()])\n"
+        "from kernelext._core.run import engine_of\n"
+        "print([e['status'] for e in engine_of(h.run).effects.values()])\n"
         "print([s['forced'] for s in h.steps()])"
     ).ok()
     assert reply.stdout.splitlines() == ["suspended", "['stop', 'force']", "['unknown']", "[True]"]

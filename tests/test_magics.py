@@ -23,6 +23,7 @@ from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 import kernelext as kx
 from kernelext._core.cell_runs import CELL_AGENT, forget_cell_runs
+from kernelext._core.run import AGENT_API
 from kernelext._core.runtime import runtime
 from kernelext._ipython import extension
 from kernelext._ipython.cells import AgentCellStopped
@@ -158,6 +159,18 @@ def test_agent_cell_is_one_step_and_is_skipped_once_completed(
     assert row["agent"] == CELL_AGENT and row["status"] == "running"
     steps = runtime().settings.store().completed_steps("nightly")
     assert [s["key"] for s in steps] == ["a"]
+
+
+def test_an_agent_cell_sees_the_run_facade_only(ip: InteractiveShell) -> None:
+    source = (
+        "%%agent facade --step a\nkind = type(run)\n"
+        "names = sorted(n for n in dir(run) if not n.startswith('_'))"
+    )
+    assert cell(ip, source).success
+    assert ip.user_ns["kind"] is kx.Run
+    assert ip.user_ns["names"] == sorted(AGENT_API)
+    for name in ("kind", "names"):
+        ip.user_ns.pop(name)
 
 
 def test_changed_cell_is_reported_not_rerun(ip: InteractiveShell) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 import kernelext as kx
 from kernelext._core.cell_runs import cell_handle, forget_cell_runs, open_cell_run
+from kernelext._core.run import engine_of
 from kernelext._core.runtime import runtime
 from kernelext.widgets import (
     NEEDS_DECISION_WIDGETS,
@@ -144,7 +145,7 @@ def test_force_stop_button_cancels_the_step(store: Any) -> None:
 
     handle = forced.start(run_id="f1")
     deadline = time.monotonic() + 30
-    while not handle.run.effects and time.monotonic() < deadline:
+    while not engine_of(handle.run).effects and time.monotonic() < deadline:
         time.sleep(0.01)
     panel = panel_for(handle)
     assert panel.force_button.disabled  # nothing to force before a stop is pending
@@ -287,8 +288,8 @@ def test_detach_stops_following(store: Any) -> None:
     gate = Gate()
     handle = gated_agent(gate, "detach").start(1, run_id="x1")
     panel = panel_for(handle)
-    assert panel._on_run_event in handle.run.listeners
+    assert panel._on_run_event in engine_of(handle.run).listeners
     panel.detach()
-    assert panel._on_run_event not in handle.run.listeners
+    assert panel._on_run_event not in engine_of(handle.run).listeners
     gate.let()
     assert handle.wait(30) == "completed"

@@ -20,6 +20,7 @@ from support.live import finish_live_runs
 
 import kernelext as kx
 from kernelext._core.ledger import effect_key
+from kernelext._core.run import engine_of
 from kernelext._core.runtime import runtime
 from kernelext._store import Store, open_store
 
@@ -227,7 +228,7 @@ def test_restart_takes_the_claims_back_and_refuses_when_someone_else_holds_them(
             run.claim(f"row:{i}")
             if pause and i == 0:
                 run.suspend("approval")
-        return sorted(c["resource"] for c in run.store.claims(run.id, active=True))
+        return sorted(c["resource"] for c in engine_of(run).store.claims(run.id, active=True))
 
     assert locker.start(True, run_id="locked").wait(WAIT) == "suspended"
     clock.advance(days=4)

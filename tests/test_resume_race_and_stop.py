@@ -20,6 +20,7 @@ from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
 from kernelext._core.cell_runs import open_cell_run, stop_cell_run
+from kernelext._core.run import engine_of
 from kernelext._store import Store, open_store
 from kernelext._store.duckdb.bulk import apply_records
 from kernelext._store.duckdb.handoff import HandoffLock
@@ -312,7 +313,7 @@ def test_stop_of_a_live_run_does_not_wait_while_another_process_holds_the_store(
 
         def press() -> None:
             pressed["answer"] = handle.stop(source="button")
-            pressed["completed"] = len(handle.run.completed)
+            pressed["completed"] = len(engine_of(handle.run).completed)
             pressed["query_running"] = holder.querying
 
         presser = threading.Thread(target=press)
@@ -327,7 +328,7 @@ def test_stop_of_a_live_run_does_not_wait_while_another_process_holds_the_store(
     finally:
         holder.close()
     assert handle.wait(WAIT) == "suspended"
-    completed = len(handle.run.completed)
+    completed = len(engine_of(handle.run).completed)
     assert completed <= pressed["completed"] + 1  # ended at the next step boundary
     assert len(begun) == completed  # no step began after the stop took hold
     assert [e["kind"] for e in store.events("patient-1")] == [

@@ -246,11 +246,11 @@ def test_a_stop_from_elsewhere_is_seen_at_the_next_safe_point_after_a_monitor_lo
 ) -> None:
     """The monitor looked just before another process recorded the stop: the safe point
     right after must still look, so the stop takes hold within the running step."""
-    from kernelext._core.run import Run
+    from kernelext._core.run_engine import RunEngine
 
     run_id = name("elsewhere")
     assert store.create_run(run_id, "elsewhere")
-    run = Run(store, run_id, "elsewhere", max_step_seconds=None)
+    run = RunEngine(store, run_id, "elsewhere", max_step_seconds=None)
     run.safe_point()  # a safe point looked: nothing yet
     time.sleep(0.15)  # the step runs (longer than the safe points' poll interval)
     assert run.poll_external_stop(wait=True) is False  # the monitor's look: nothing yet

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from support.live import name
 
 import kernelext as kx
+from kernelext._core.run import engine_of
 from kernelext._core.stop_estimate import (
     estimate_from,
     estimate_stop,
@@ -176,7 +177,7 @@ def test_a_live_run_estimates_its_own_pending_stop(store: Store) -> None:
     assert at_three.wait(WAIT)
     assert handle.status == Status.STOPPING
     # Exact: the step executing in this process; from the table: its running row.
-    for current in (handle.run.current, None):
+    for current in (engine_of(handle.run).current, None):
         est: Any = estimate_stop("live-est", store, current=current)
         assert est is not None and (est.step_ordinal, est.samples) == (3, 3)
         assert est.max_step_seconds is None and est.forced_at is None

@@ -18,7 +18,7 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core.run import Run
+from kernelext._core.run_engine import RunEngine
 from kernelext._store import Store
 
 WAIT = 60.0
@@ -143,7 +143,7 @@ def test_a_bare_except_around_the_whole_loop_cannot_turn_a_stop_into_completed(
 def test_a_swallowed_stop_is_raised_again_until_the_flag_is_cleared(store: Store) -> None:
     run_id = name("flag")
     assert store.create_run(run_id, "flag")
-    run = Run(store, run_id, "flag", max_step_seconds=None)
+    run = RunEngine(store, run_id, "flag", max_step_seconds=None)
     run.enforce_stop("an effect call")  # nothing delivered yet: nothing raised
     run.stop_event.set()
     run.enforce_stop("an effect call")  # requested, not yet delivered: the step goes on

@@ -22,6 +22,7 @@ import ipywidgets as w
 from kernelext._core import control
 from kernelext._core.colours import BAD, BORDER, MUTED
 from kernelext._core.plan import ResumePlan
+from kernelext._core.run import engine_of
 from kernelext._formatting import duration_text
 from kernelext.status import LIVE, RESUMABLE, Status
 
@@ -147,7 +148,7 @@ class ControlPanel(w.VBox):
             old.listeners.remove(self._on_run_event)
         self.handle = handle
         _PANELS[handle] = self
-        run = handle.run
+        run = engine_of(handle.run)
         if run is not old:
             self._effects = {}
         if self._on_run_event not in run.listeners:
@@ -173,7 +174,7 @@ class ControlPanel(w.VBox):
             self._notice = f"{SWALLOWED[what]} (at {value})"
         if what == "effect" and isinstance(value, tuple) and len(value) == 3:
             tool, key, status = value
-            row = self.handle.run.effects.get(key) or {}
+            row = engine_of(self.handle.run).effects.get(key) or {}
             self._effects[key] = (effect_label(tool, row.get("step_key")), str(status))
             if len(self._effects) > 50:
                 for old in list(self._effects)[:-EFFECTS_SHOWN]:
@@ -181,11 +182,11 @@ class ControlPanel(w.VBox):
         self.throttle.poke()
 
     def _active(self) -> bool:
-        return bool(self.handle.alive or self.handle.run.current is not None)
+        return bool(self.handle.alive or engine_of(self.handle.run).current is not None)
 
     def overrun_text(self) -> str | None:
         """Set while a forced stop was raised but the step still runs (blocked in C)."""
-        since = getattr(self.handle.run, "overrunning_after_force", None)
+        since = engine_of(self.handle.run).overrunning_after_force
         if since is None or not self.handle.alive:
             return None
         return (
@@ -203,7 +204,7 @@ class ControlPanel(w.VBox):
 
     @property
     def is_cell_run(self) -> bool:
-        return control.is_cell_run({"agent": self.handle.run.agent})
+        return control.is_cell_run({"agent": engine_of(self.handle.run).agent})
 
     # -- drawing -----------------------------------------------------------------------------
     def refresh(self) -> PanelView:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelext._core.colours import BORDER, MUTED, RUN_COLOURS, colour_of
+from kernelext._core.run import engine_of
 from kernelext._formatting import duration_text, moment_text, step_label
 from kernelext.status import FINAL, EffectStatus, Status
 
@@ -123,7 +124,7 @@ def view_of(
 ) -> PanelView:
     """Read the run behind ``handle`` (one store read) into a :class:`PanelView`."""
     info = handle.info()
-    run = handle.run
+    run = engine_of(handle.run)
     current = run.current
     error = handle.error
     view = PanelView(

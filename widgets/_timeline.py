@@ -18,6 +18,7 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext._core.colours import BAD, WARN
+from kernelext._core.run import engine_of
 from kernelext._core.stop_estimate import StopEstimate, estimate_stop
 from kernelext._core.timeline import Timeline, timeline
 from kernelext.status import Status
@@ -68,7 +69,7 @@ class LiveTimeline(w.VBox):
         self.throttle = Throttle(
             self._draw, interval=interval, tick=tick, active=lambda: bool(handle.alive)
         )
-        self._run = handle.run
+        self._run = engine_of(handle.run)
         self._run.listeners.append(self._on_run_event)
         self.throttle.refresh_now()
 
@@ -97,7 +98,7 @@ class LiveTimeline(w.VBox):
                 self.stop_estimate, self.estimate.value = None, ""
                 return
             row = {"status": view.status, "max_step_seconds": view.max_step_seconds}
-        current = self.handle.run.current if self.handle.alive else None
+        current = engine_of(self.handle.run).current if self.handle.alive else None
         self.stop_estimate = estimate_stop(
             self.handle.run_id, self.handle.store, run=row, current=current
         )

@@ -27,7 +27,8 @@ from .._core.asking import wait_for_person
 from .._core.codec import loads_json
 from .._core.control import resume as kx_resume
 from .._core.handle import Handle
-from .._core.run import Run
+from .._core.run import Run, engine_of
+from .._core.run_engine import RunEngine
 from .._core.secrets import scrub
 from .._store import Store
 from ..errors import AgentError, RunStateError
@@ -84,7 +85,7 @@ def agent(
     agent_name = name or f"langgraph:{getattr(graph, 'name', None) or 'LangGraph'}"
 
     def drive(run: Run) -> Any:
-        return _drive(run, graph, agent_name)
+        return _drive(engine_of(run), graph, agent_name)
 
     made = kx_agent(name=agent_name, max_step_seconds=max_step_seconds)(drive)
     made.fingerprint = _fingerprint(graph)  # the graph's nodes and wiring, not this module
@@ -112,7 +113,7 @@ def start(
     return made.start(run_id=run_id, store=store)
 
 
-def _drive(run: Run, graph: Any, agent_name: str) -> Any:
+def _drive(run: RunEngine, graph: Any, agent_name: str) -> Any:
     """The agent function: stream the graph, one kernelext step per superstep."""
     saver = require("kernelext._adapters.langgraph_saver").KernelextSaver(run.store)
     compiled = graph.copy(update={"checkpointer": saver})
@@ -150,7 +151,7 @@ def _run_config(run_id: str, user: dict[str, Any] | None) -> dict[str, Any]:
     return {**(user or {}), "configurable": configurable}
 
 
-def _boundary(run: Run, chunk: dict[str, Any]) -> None:
+def _boundary(run: RunEngine, chunk: dict[str, Any]) -> None:
     """A checkpoint is durable: its superstep is a completed step; a safe point follows."""
     step = int(chunk["metadata"]["step"])
     run.state["superstep"] = step
@@ -160,10 +161,10 @@ def _boundary(run: Run, chunk: dict[str, Any]) -> None:
         run.begin_step(f"superstep {step + 1}", ", ".join(following))  # safe point first
     else:
         run.finish_open_step()
-        run.checkpoint()
+        run.safe_point()
 
 
-def _resume_input(run: Run, state: Any) -> Any:
+def _resume_input(run: RunEngine, state: Any) -> Any:
     """None, or ``Command(resume=...)`` with the answers stored for the open interrupts
     (``inputs``); none answered yet: ask (again) and suspend."""
     waiting = [str(i.id) for i in getattr(state, "interrupts", ())]
@@ -185,7 +186,7 @@ def _resume_input(run: Run, state: Any) -> Any:
     return types.Command(resume=given)
 
 
-def _suspend_for_input(run: Run, state: Any) -> NoReturn:
+def _suspend_for_input(run: RunEngine, state: Any) -> NoReturn:
     """Ask every open interrupt that is not asked yet (or whose question expired) as a
     question, then suspend with reason ``input`` until they are answered."""
     interrupts = list(getattr(state, "interrupts", ()))
@@ -211,7 +212,7 @@ def _suspend_for_input(run: Run, state: Any) -> NoReturn:
     for index, key, item in fresh:
         deadline = store.expiry.deadline(Reason.INPUT, now)  # the runtime's policy
         schema = item.response_schema if isinstance(item.response_schema, dict) else {}
-        with run.critical():
+        with run.force.critical():
             store.ask_input(
                 {
                     "key": key,

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from .._core.context import current_run, reset_current_run, set_current_run
 from .._core.ledger import effect as kx_effect
-from .._core.run import Run
+from .._core.run_engine import RunEngine
 
 __all__ = ["INSTALL", "require", "tool"]
 
@@ -111,7 +111,7 @@ def _recorder(
             return fn(*args, **kwargs)
         token = _EXTRAS.set({k: kwargs.pop(k) for k in list(kwargs) if k in extras})
         site = _call_site(run)
-        outer = set_current_run(cast(Run, _AtCallSite(run, site))) if site else None
+        outer = set_current_run(cast(RunEngine, _AtCallSite(run, site))) if site else None
         try:
             return effect(*args, **kwargs)
         finally:

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from .._core.context import current_run
 from .._core.ledger import Effect
-from .._core.run import Run
+from .._core.run_engine import RunEngine
 from ..errors import KernelextError
 
 __all__ = [
@@ -227,12 +227,12 @@ class ToolCall(Effect):
         self.send = send
 
     def _perform(
-        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         return _InFlight(self._settle(run, key, args, kwargs))
 
     async def _settle(
-        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         try:
             live = await self.send()

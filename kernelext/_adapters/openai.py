@@ -56,7 +56,7 @@ from .openai_replay import (
 )
 
 if TYPE_CHECKING:
-    from .._core.run import Run
+    from .._core.run_engine import RunEngine
 
 __all__ = ["CHAT_TOOL", "KEY_HEADER", "RESPONSES_TOOL", "OpenAIRecorder", "wrap_openai"]
 
@@ -205,7 +205,7 @@ class _CreateRecorder:
         if run is None or args:  # outside a run (create takes keywords only): plain call
             return self.wrapped.create(*args, **kwargs)
         if self.options.safe_points:
-            run.checkpoint()
+            run.safe_point()
         call = ModelCall(self, kwargs)
         return call.typed(call(**call.request))
 
@@ -214,7 +214,7 @@ class _CreateRecorder:
         if run is None or args:
             return await self.wrapped.create(*args, **kwargs)
         if self.options.safe_points:
-            run.checkpoint()
+            run.safe_point()
         call = ModelCall(self, kwargs)
         out = call(**call.request)
         if isinstance(out, _Pending):
@@ -292,7 +292,7 @@ class ModelCall(Effect):
         return display_args(kwargs, scheme, tool=self.tool)
 
     # -- the call: the ledger's, deferred for streams and coroutines ------------------------
-    def _replay(self, run: Run, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:
+    def _replay(self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:
         out = super()._replay(run, key, row, *rest)
         if out is not None or row.get("status") != EffectStatus.APPLIED:
             return out
@@ -303,7 +303,7 @@ class ModelCall(Effect):
         return self._perform(run, key, (), self.request)
 
     def _perform(
-        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         if self.owner.options.is_async:
             return _Pending(self._perform_async(run, key, args, kwargs))
@@ -318,7 +318,7 @@ class ModelCall(Effect):
         )
 
     async def _perform_async(
-        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         try:
             self.live = await self.owner.wrapped.create(
@@ -335,7 +335,7 @@ class ModelCall(Effect):
 
     def _settle(
         self,
-        run: Run,
+        run: RunEngine,
         key: uuid.UUID,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -355,7 +355,7 @@ class ModelCall(Effect):
         return super()._perform(run, key, args, kwargs)
 
     def _settle_stream(
-        self, run: Run, key: uuid.UUID, chunks: list[Any], error: BaseException | None
+        self, run: RunEngine, key: uuid.UUID, chunks: list[Any], error: BaseException | None
     ) -> None:
         items = [to_json(c) for c in chunks]
         self._settle(run, key, (), self.request, value=stream_result(items), error=error)

@@ -23,7 +23,7 @@ from .runtime import runtime
 if TYPE_CHECKING:
     import datetime as dt
 
-    from .run import Run
+    from .run_engine import RunEngine
 
 __all__ = [
     "ask",
@@ -49,7 +49,9 @@ _TRUE = {"true", "yes", "y", "1", "on"}
 _FALSE = {"false", "no", "n", "0", "off"}
 
 
-def wait_for_person(run: Run, reason: str, deadline: dt.datetime | None, note: str) -> NoReturn:
+def wait_for_person(
+    run: RunEngine, reason: str, deadline: dt.datetime | None, note: str
+) -> NoReturn:
     """Suspend ``run`` here, now, with ``reason`` and ``deadline``, for a person to act.
 
     The open step is not completed: it ends ``cancelled`` and runs again on resume. The
@@ -210,7 +212,7 @@ def encode_answer(value: Any) -> str:
 
 
 # -- run.ask -----------------------------------------------------------------------------
-def ask(run: Run, prompt: str, *, schema: Any = None, default: Any = None) -> Any:
+def ask(run: RunEngine, prompt: str, *, schema: Any = None, default: Any = None) -> Any:
     """Ask a person; see ``Run.ask``."""
     run.enforce_stop("run.ask")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -229,7 +231,7 @@ def ask(run: Run, prompt: str, *, schema: Any = None, default: Any = None) -> An
     deadline = row["expires_at"] if row is not None else None
     if deadline is None or deadline <= now:
         deadline = runtime().settings.expiry.deadline(Reason.INPUT, now)
-        with run.critical():
+        with run.force.critical():
             store.ask_input(
                 {
                     "key": key,

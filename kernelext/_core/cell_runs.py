@@ -25,7 +25,7 @@ from .handle import Handle
 from .lease import check_takeover, owner_alive
 from .names import check_stored_name
 from .resume_steps import before_first_action
-from .run import Run, StepInfo
+from .run_engine import RunEngine, StepInfo
 from .runtime import get_store, runtime
 from .secrets import scrubbed_excerpt
 from .snapshot import Snapshotter
@@ -73,7 +73,7 @@ class StepOutcome:
 class CellRun:
     """One run made of ``%%agent`` cells, as this process knows it (one per run id)."""
 
-    def __init__(self, run: Run, owned: bool) -> None:
+    def __init__(self, run: RunEngine, owned: bool) -> None:
         self.run = run
         self.hashes: dict[str, str] = {}  # step key -> source hash of its last completion
         self.next_ordinal = 0
@@ -85,7 +85,7 @@ class CellRun:
 
     @property
     def epoch(self) -> int | None:
-        """The ownership epoch this process holds for the run (see ``Run.epoch``)."""
+        """The ownership epoch this process holds for the run (see ``RunEngine.epoch``)."""
         return self.run.epoch
 
     def lost(self, row: dict[str, Any]) -> bool:
@@ -113,7 +113,7 @@ class CellRun:
         run.effects = store.load_replayable_effects(run.id)
         run.current = None
         run.suspend_request = None  # the last run.suspend / approval / question is over
-        run.forced = False
+        run.force.raised = False
         run.stop_source = None
         run.stop_event.clear()
         ordinals = [s["ordinal"] for s in store.steps(run.id)]
@@ -206,7 +206,7 @@ class CellRun:
             return StepOutcome(LOST, info.key, info.ordinal, str(error))
         if isinstance(error, KeyboardInterrupt):
             run.stop_source = "interrupt"
-            run.forced = True
+            run.force.raised = True
             outcome = self._suspended(info, StopRequested("interrupt"), INTERRUPTED)
         elif isinstance(error, StopRequested):
             outcome = self._suspended(info, error, INTERRUPTED)
@@ -255,7 +255,7 @@ def open_cell_run(
                 run_id, CELL_AGENT, max_step_seconds=max_step_seconds, owner=actor(), source="cell"
             )
             cell = CellRun(
-                Run(store, run_id, CELL_AGENT, max_step_seconds=max_step_seconds), owned=True
+                RunEngine(store, run_id, CELL_AGENT, max_step_seconds=max_step_seconds), owned=True
             )
         else:
             if row["agent"] != CELL_AGENT:
@@ -263,7 +263,7 @@ def open_cell_run(
                     f"Run {run_id!r} belongs to agent {row['agent']!r}, not to %%agent cells. "
                     "Give the cells a run id of their own."
                 )
-            run = Run(
+            run = RunEngine(
                 store,
                 run_id,
                 CELL_AGENT,

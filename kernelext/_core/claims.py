@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 from .._store.claims import ClaimRow
 
 if TYPE_CHECKING:
-    from .run import Run
+    from .run_engine import RunEngine
 
 __all__ = ["ClaimRow", "claim"]
 
 
-def claim(run: Run, resource: str, amount: float | None = None) -> ClaimRow:
+def claim(run: RunEngine, resource: str, amount: float | None = None) -> ClaimRow:
     """Record that ``run`` holds ``resource``; see the module docstring."""
     if not isinstance(resource, str) or not resource.strip():
         raise ValueError(
@@ -43,7 +43,7 @@ def claim(run: Run, resource: str, amount: float | None = None) -> ClaimRow:
                 f"not {amount!r}."
             )
         amount = float(amount)
-    with run.critical():
+    with run.force.critical():
         row = run.store.claim(run.id, resource, amount)
     if row.new:
         run.notify("claim", row)

@@ -28,7 +28,7 @@ from .handle import Handle, request_stop
 from .names import check_stored_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
-from .run import Run
+from .run_engine import RunEngine
 from .runtime import get_store, runtime
 
 __all__ = ["handle_for", "is_cell_run", "resume", "stop"]
@@ -139,7 +139,7 @@ def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
     row = store.get_run(run_id)
     if is_cell_run(row):
         return cell_runs.cell_handle(run_id, store=store)
-    run = Run(
+    run = RunEngine(
         store,
         run_id,
         row["agent"],

@@ -35,7 +35,7 @@ from .secrets import MIN_LENGTH, SECRETS
 
 if TYPE_CHECKING:
     from .._store import Store
-    from .run import Run
+    from .run_engine import RunEngine
 
 __all__ = [
     "CredentialError",
@@ -111,7 +111,7 @@ def forget(run_id: str) -> None:
         rt.credential_values.pop(run_id, None)
 
 
-def current(run: Run, name: str) -> Any:
+def current(run: RunEngine, name: str) -> Any:
     """The credential's value in this process: refreshed on resume, else as recorded."""
     rt = runtime()
     with rt.lock:
@@ -125,7 +125,9 @@ def current(run: Run, name: str) -> Any:
     )
 
 
-def refresh_all(run: Run, store: Store, rows: Sequence[dict[str, Any]], timeout: float) -> None:
+def refresh_all(
+    run: RunEngine, store: Store, rows: Sequence[dict[str, Any]], timeout: float
+) -> None:
     """Refresh every credential fact in ``rows``; raise CredentialError if any fails."""
     if not rows:
         return

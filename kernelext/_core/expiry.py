@@ -52,6 +52,7 @@ from .._store.expiry import Expiry, PayloadRemoval
 from .._validate import FUNCTION, SOURCE, STORE, check_datetime, optional, validated
 from ..status import Status
 from .lease import owner_alive
+from .run import engine_of
 from .runtime import get_store, runtime
 from .secrets import scrubbed_excerpt
 
@@ -280,7 +281,7 @@ def _notify(store: Store, info: ExpiredRun, result: SweepResult, *, late: bool =
     with rt.live_lock:
         handle = rt.handles.get(info.run_id)
     if handle is not None:  # an open panel listens to its run
-        handle.run.notify(Status.EXPIRED, info)
+        engine_of(handle.run).notify(Status.EXPIRED, info)
     if not late:
         rt.run_ended(info.run_id, Status.EXPIRED)  # a broken hook must not break the sweep
     with rt.lock:

@@ -30,7 +30,7 @@ from .runtime import runtime
 
 if TYPE_CHECKING:
     from .._store import Store
-    from .run import Run
+    from .run_engine import RunEngine
 
 __all__ = ["CONTRADICTIONS", "KINDS", "recheck", "record_fact", "still_holds"]
 
@@ -39,7 +39,7 @@ CONTRADICTIONS = frozenset({"changed", "error", "timeout", "unresolved"})
 
 
 def record_fact(
-    run: Run,
+    run: RunEngine,
     name: str,
     value: Any,
     check: Callable[..., Any] | None = None,
@@ -100,7 +100,7 @@ def record_fact(
 
 
 def _record_credential(
-    run: Run,
+    run: RunEngine,
     name: str,
     value: Any,
     check: Callable[..., Any] | None,
@@ -132,7 +132,7 @@ def _record_credential(
 
 
 def _portable_name(
-    run: Run, fact: str, fn: Callable[..., Any] | None, role: str, stacklevel: int = 5
+    run: RunEngine, fact: str, fn: Callable[..., Any] | None, role: str, stacklevel: int = 5
 ) -> str | None:
     if fn is None:
         return None
@@ -146,7 +146,7 @@ def _portable_name(
 
 
 def _queue(
-    run: Run,
+    run: RunEngine,
     name: str,
     kind: str,
     value: str | None,
@@ -169,7 +169,7 @@ def _queue(
         "step_ordinal": info.ordinal if info is not None else None,
         "compare_name": compare_name,
     }
-    with run.critical():
+    with run.force.critical():
         run.store.record_fact(row)
     run.notify("fact", (name, kind))
 
@@ -198,7 +198,7 @@ def still_holds(
 
 
 def recheck(
-    run: Run, store: Store, rows: Sequence[dict[str, Any]], timeout: float
+    run: RunEngine, store: Store, rows: Sequence[dict[str, Any]], timeout: float
 ) -> list[dict[str, Any]]:
     """Re-check value facts; store and return one result per row (see module doc)."""
     plans: list[tuple[Callable[..., Any] | None, Callable[..., Any] | None, str]] = []

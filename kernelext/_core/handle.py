@@ -10,7 +10,8 @@ from .._store import Store
 from .._validate import NOTE, SOURCE, check_wait, optional, validated
 from ..errors import StoreWriteError
 from ..status import Status
-from .run import Run
+from .run import engine_of
+from .run_engine import RunEngine
 from .runtime import runtime
 from .stop_estimate import estimate_stop
 
@@ -20,10 +21,10 @@ __all__ = ["Handle", "request_stop"]
 class Handle:
     """A run executing (or finished) in this process. Displays as its control panel."""
 
-    def __init__(self, run: Run, store: Store) -> None:
-        self.run = run
+    def __init__(self, engine: RunEngine, store: Store) -> None:
+        self.run = engine.facade  # the run as its agent sees it: h.run.state, h.run.id
         self.store = store
-        self.run_id = run.id
+        self.run_id = engine.id
         self.thread: threading.Thread | None = None
         self.result: Any = None
         self.error: BaseException | None = None
@@ -69,7 +70,7 @@ class Handle:
     def force_stop(self, source: str = "api") -> None:
         """Stop now: raise into the step. In-flight effects become ``unknown``."""
         self.stop(source)
-        self.run.force_wanted = True
+        engine_of(self.run).force.wanted = True
         self.store.record_event(self.run_id, "force_requested", source=source, wait=False)
 
     def steps(self) -> list[dict[str, Any]]:
@@ -91,7 +92,7 @@ class Handle:
     def status_text(self) -> str:
         """``text_summary()``, plus, while a stop is pending, when it should land
         ("stops after step 7, in about 3.0 s"; "overrunning by 12 s")."""
-        current = self.run.current if self.alive else None
+        current = engine_of(self.run).current if self.alive else None
         estimate = estimate_stop(self.run_id, self.store, current=current)
         line = self.text_summary()
         return line if estimate is None else f"{line}; {estimate.text}"
@@ -129,12 +130,12 @@ def request_stop(
         # the worker writes once it sees the flag (the events keep their order).
         durable = handle.store.queue_stop_request(run_id, source=source, who=who)
     finally:
-        _raise_stop_flag(handle.run, source)  # even if the request could not be queued
+        _raise_stop_flag(engine_of(handle.run), source)  # even if the request could not be queued
     durable()
     return Status.STOPPING
 
 
-def _raise_stop_flag(run: Run, source: str) -> None:
+def _raise_stop_flag(run: RunEngine, source: str) -> None:
     if run.stop_source is None:
         run.stop_source = source
     run.stop_event.set()

@@ -39,7 +39,7 @@ from .keys import (
     stored_result,
 )
 from .names import check_stored_name
-from .run import Run, chain_roots
+from .run_engine import RunEngine, chain_roots
 from .runtime import runtime
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
 
@@ -63,7 +63,7 @@ class EffectFailed(LedgerError):
     """An effect failed before; by default it is not retried silently on resume."""
 
 
-def idempotency_key_for(run: Run, step_key: str, tool: str, call_ordinal: int) -> str:
+def idempotency_key_for(run: RunEngine, step_key: str, tool: str, call_ordinal: int) -> str:
     """The ``idempotency_key`` handed to a tool for one call: the same for that call in
     every run of a restart chain, so that an API that dedupes by key dedupes a call a
     restart makes again (a ``failed`` or ``not_applied`` one). It is the key of the call
@@ -189,34 +189,36 @@ class Effect:
         rule = self.needs_approval
         return bool(rule(*args, **kwargs)) if callable(rule) else rule
 
-    def _record_intent(self, run: Run, row: dict[str, Any], gated: bool) -> dict[str, Any] | None:
+    def _record_intent(
+        self, run: RunEngine, row: dict[str, Any], gated: bool
+    ) -> dict[str, Any] | None:
         """Record the intent (durable before the call); a gated call first consumes its
         approval. Returns the ledger row when the call has an intent already."""
         if not gated:
-            with run.critical():
+            with run.force.critical():
                 return run.store.write_intent(row)
         for _ in range(2):  # an approval that lapsed meanwhile: the second look asks again
             grant = self._approval(run, row)
-            with run.critical():
+            with run.force.critical():
                 consumed, existing = run.store.write_intent_consuming_approval(row, grant)
             if existing is not None or consumed:
                 return existing
         raise LedgerError(f"The approval of {self.tool} (key {row['key']}) could not be used.")
 
-    def _retry(self, run: Run, row: dict[str, Any], gated: bool) -> None:
+    def _retry(self, run: RunEngine, row: dict[str, Any], gated: bool) -> None:
         """Make a decided call again under its key; a gated one needs a new approval."""
         key = row["key"]
         if gated:
             for _ in range(2):
                 grant = self._approval(run, row)
-                with run.critical():
+                with run.force.critical():
                     if run.store.consume_approval(grant, run.id):
                         break
             else:
                 raise LedgerError(f"The approval of {self.tool} (key {key}) could not be used.")
         run.store.retry_intent(key)
 
-    def _approval(self, run: Run, row: dict[str, Any]) -> Any:
+    def _approval(self, run: RunEngine, row: dict[str, Any]) -> Any:
         """The id of the approved request for this very call (key and argument hash).
 
         Otherwise the run suspends here (reason ``approval``) before anything is sent:
@@ -244,7 +246,7 @@ class Effect:
                     return current["id"]
                 wait_for_person(run, Reason.APPROVAL, expires, self._waiting(run))
         deadline = runtime().settings.expiry.deadline(Reason.APPROVAL, now)
-        with run.critical():
+        with run.force.critical():
             store.request_approval(
                 {
                     "key": key,
@@ -261,18 +263,18 @@ class Effect:
         run.notify("approval", (self.tool, key, "requested"))
         wait_for_person(run, Reason.APPROVAL, deadline, self._waiting(run))
 
-    def _waiting(self, run: Run) -> str:
+    def _waiting(self, run: RunEngine) -> str:
         return f"{self.tool} waits for approval: kx.approvals({run.id!r})"
 
     # -- the call itself -----------------------------------------------------------
     @staticmethod
-    def idempotency_key(run: Run, key: uuid.UUID) -> str:
+    def idempotency_key(run: RunEngine, key: uuid.UUID) -> str:
         """The ``idempotency_key`` handed over for the call recorded under ``key``."""
         row = run.effects[key]
         return idempotency_key_for(run, row["step_key"], row["tool"], int(row["call_ordinal"]))
 
     def _perform(
-        self, run: Run, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         call_kwargs = dict(kwargs)
         if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
@@ -311,7 +313,7 @@ class Effect:
         return result
 
     def _replay(
-        self, run: Run, key: uuid.UUID, row: dict[str, Any], digest: str, gated: bool
+        self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], digest: str, gated: bool
     ) -> Any:
         if row["args_hash"] != digest:
             raise EffectArgumentsMismatch(
@@ -408,7 +410,7 @@ class Effect:
         return tuple(p.name for p in self.signature.parameters.values() if p.kind in kinds)
 
     def _unstorable(
-        self, run: Run, key: uuid.UUID, result: Any, exc: Exception
+        self, run: RunEngine, key: uuid.UUID, result: Any, exc: Exception
     ) -> ResultNotStorable:
         """The call was made but its result cannot be stored: ``unknown`` (listed by
         ``kx.reconcile``), never an applied row a resume could not return."""

@@ -23,7 +23,7 @@ from .agent import Agent
 from .codec import loads_json
 from .handle import Handle
 from .resume_steps import before_first_action
-from .run import Run, chain_roots
+from .run_engine import RunEngine, chain_roots
 from .runtime import runtime
 from .secrets import MASK
 from .takeover import take_over
@@ -96,10 +96,10 @@ def load_run(
     max_step_seconds: float | None,
     allow_pickle: bool,
     before_ordinal: int | None = None,
-) -> Run:
-    """A Run object with state and completed steps restored from the store."""
+) -> RunEngine:
+    """A run (its engine) with state and completed steps restored from the store."""
     row = store.get_run(run_id)
-    run = Run(
+    run = RunEngine(
         store,
         run_id,
         agent,

@@ -18,13 +18,13 @@ from ..errors import NeedsDecision
 from ..status import Reason, Status
 from . import credentials
 from .facts import CONTRADICTIONS, recheck
-from .run import Run
+from .run_engine import RunEngine
 from .runtime import runtime
 
 __all__ = ["before_first_action", "recheck_facts", "refresh_credentials"]
 
 
-def before_first_action(run: Run, store: Store, *, recheck: bool = True) -> bool:
+def before_first_action(run: RunEngine, store: Store, *, recheck: bool = True) -> bool:
     """Run the resume steps (module docstring). Returns False when the run now waits in
     ``needs_decision``. A step that fails suspends the run again (reason ``error``) and its
     error propagates: a resume never half-happens."""
@@ -58,7 +58,7 @@ def before_first_action(run: Run, store: Store, *, recheck: bool = True) -> bool
     return True
 
 
-def _kept_facts(run: Run, store: Store, kind: str) -> list[dict[str, object]]:
+def _kept_facts(run: RunEngine, store: Store, kind: str) -> list[dict[str, object]]:
     kept = set(run.completed.values())
     return [
         r
@@ -67,13 +67,13 @@ def _kept_facts(run: Run, store: Store, kind: str) -> list[dict[str, object]]:
     ]
 
 
-def refresh_credentials(run: Run, store: Store) -> None:
+def refresh_credentials(run: RunEngine, store: Store) -> None:
     """Refresh every credential the kept steps used (``kx.credentials``)."""
     rows = _kept_facts(run, store, "credential")
     credentials.refresh_all(run, store, rows, runtime().settings.check_timeout)
 
 
-def recheck_facts(run: Run, store: Store) -> None:
+def recheck_facts(run: RunEngine, store: Store) -> None:
     """Check the kept steps' facts again; raise ``NeedsDecision`` on a contradiction."""
     values = _kept_facts(run, store, "value")
     if not values:

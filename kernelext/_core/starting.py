@@ -10,7 +10,7 @@ from ..errors import RunStateError
 from .codec import dumps_json
 from .handle import Handle
 from .names import check_stored_name
-from .run import Run, chain_roots
+from .run_engine import RunEngine, chain_roots
 from .runtime import get_store, runtime
 from .worker import launch
 
@@ -55,7 +55,7 @@ def start_run(
     # Only a run this call created gets these arguments: a refused start must not swap
     # the arguments a later kx.resume of the existing run uses.
     runtime().args_cache[run_id] = (args, kwargs)
-    run = Run(
+    run = RunEngine(
         store,
         run_id,
         agent.name,

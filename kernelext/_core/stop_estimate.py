@@ -35,7 +35,7 @@ __all__ = [
 
 
 class CurrentStep(Protocol):
-    """The step executing in this process (``Run.current``, a ``StepInfo``)."""
+    """The step executing in this process (``RunEngine.current``, a ``StepInfo``)."""
 
     @property
     def key(self) -> str: ...
@@ -203,7 +203,7 @@ def estimate_stop(
 
     Reads the run row and its steps unless given (``run``: a ``store.get_run`` row,
     ``steps``: ``store.steps`` rows, e.g. what ``kernelext show`` already read). A run
-    executing in this process passes ``current=handle.run.current``: its step and elapsed
+    executing in this process passes ``current=engine_of(handle.run).current``: its step and elapsed
     time are then exact; otherwise the step still ``running`` in the steps table is used,
     and its elapsed time is counted on the store's clock from its ``started_at``.
     """

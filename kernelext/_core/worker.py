@@ -21,7 +21,8 @@ from ..status import FINAL, LIVE, Reason, Status, StepStatus
 from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import RENEW_SECONDS, lease_until
-from .run import STOP_POLL_SECONDS, Run
+from .run import engine_of
+from .run_engine import STOP_POLL_SECONDS, RunEngine
 from .runtime import Runtime, runtime
 from .secrets import scrub_text, scrubbed_excerpt
 
@@ -66,20 +67,20 @@ def _execute(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:
-    run, store = handle.run, handle.store
-    run.thread_id = threading.get_ident()
+    run, store = engine_of(handle.run), handle.store
+    run.force.thread_id = threading.get_ident()
     token = set_current_run(run)
     outcome: BaseException | None = None
     finished = False
     try:
-        handle.result = fn(run, *args, **kwargs)
+        handle.result = fn(run.facade, *args, **kwargs)
         run.enforce_stop("the end of the agent")  # it returned after swallowing a stop
         finished = True
     except BaseException as exc:  # recorded below, after the run is sealed
         outcome = exc
     while True:  # absorb a forced stop that lands after the agent returned
         try:
-            run.seal()
+            run.force.seal()
             break
         except StopRequested as late:
             if not finished and outcome is None:
@@ -115,7 +116,7 @@ def _execute(
             status = _store_fault(handle, fault)
     finally:
         handle.final_status = status
-        run.thread_id = None
+        run.force.thread_id = None
         with rt.live_lock:
             if rt.live_runs.get(run.id) is handle:
                 del rt.live_runs[run.id]
@@ -129,7 +130,7 @@ def _lost(handle: Handle, lost: OwnershipLost) -> str:
     (the new owner's tables are not touched); ``h.error`` says who owns it and how to take
     it back. The status returned is the run's as the store has it now."""
     handle.error = lost
-    handle.run.current = None
+    engine_of(handle.run).current = None
     _log.warning("kernelext: %s", lost)
     try:
         return str(handle.store.get_run(handle.run_id)["status"])
@@ -152,16 +153,16 @@ def _store_fault(handle: Handle, fault: Exception) -> str:
     return Status.FAILED
 
 
-def end_open_step(store: Store, run: Run, status: str, error: str | None) -> None:
+def end_open_step(store: Store, run: RunEngine, status: str, error: str | None) -> None:
     info = run.current
     if info is not None:
         store.end_step(
-            run.id, info.id, status, error=error, forced=run.forced, duration_s=info.elapsed
+            run.id, info.id, status, error=error, forced=run.force.raised, duration_s=info.elapsed
         )
         run.current = None
 
 
-def finish_run(store: Store, run: Run, status: Status, reason: str | None = None) -> str:
+def finish_run(store: Store, run: RunEngine, status: Status, reason: str | None = None) -> str:
     """Record how a live run ended (completed, failed, needs_decision); claims of a final
     run are released in the same transaction."""
 
@@ -183,10 +184,10 @@ def finish_run(store: Store, run: Run, status: Status, reason: str | None = None
     return str(store.write(job))
 
 
-def suspend_run(store: Store, run: Run, stop: StopRequested) -> str:
+def suspend_run(store: Store, run: RunEngine, stop: StopRequested) -> str:
     """Record that a live run stopped at a safe point (or was forced): ``suspended``, with
     the deadline its reason's expiry policy (or ``run.suspend(until=...)``) gives."""
-    forced = run.forced
+    forced = run.force.raised
     end_open_step(store, run, StepStatus.CANCELLED, "forced stop" if forced else "stopped")
     if run.suspend_request is not None:
         reason, override, note = run.suspend_request
@@ -228,7 +229,7 @@ def _watch_external_stop(handle: Handle) -> None:
     Such a look may wait for the store file (another process may hold it), so it has a
     thread of its own: the monitor, which escalates stops, never waits for the store.
     """
-    run = handle.run
+    run = engine_of(handle.run)
     while handle.thread is not None and handle.thread.is_alive() and not run.stop_event.is_set():
         run.poll_external_stop(wait=True)
         run.stop_event.wait(STOP_POLL_SECONDS)
@@ -239,7 +240,7 @@ def _monitor(handle: Handle) -> None:
 
     Everything it writes is queued (``write_async``): it never waits for the store.
     """
-    run = handle.run
+    run = engine_of(handle.run)
     renewed = 0.0
     while handle.thread is not None and handle.thread.is_alive():
         if time.monotonic() - renewed >= RENEW_SECONDS:
@@ -263,7 +264,7 @@ def _monitor(handle: Handle) -> None:
                 )
             continue
         overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
-        if (run.force_wanted or overran) and run.try_force():
+        if (run.force.wanted or overran) and run.force.try_raise():
             handle.store.record_event(
                 run.id,
                 "force_raised",

@@ -185,7 +185,7 @@ def _execute(
         return []  # reported as one line by AgentCellStopped afterwards
 
     def body() -> BaseException | None:
-        shell.user_ns["run"] = cell.run
+        shell.user_ns["run"] = cell.run.facade  # what the cell's code calls run
         shell.set_custom_exc((StopRequested, NeedsDecision), quiet)
         try:
             result = shell.run_cell(source, store_history=False)

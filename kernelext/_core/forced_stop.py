@@ -1,0 +1,156 @@
+"""A forced stop: ``ForcedStop`` raised asynchronously into the thread that runs a step.
+
+``h.force_stop()`` (or a stop that overruns ``max_step_seconds``) cannot wait for the next
+safe point: the monitor thread raises ``ForcedStop`` into the worker thread with
+``PyThreadState_SetAsyncExc``. Such an exception lands at the next bytecode boundary,
+wherever the worker is. ``ForceGate`` decides where that may be. Its invariants:
+
+1. **Only the agent's own code is interrupted.** The tool a ``@kx.effect`` wraps runs
+   outside any critical section on purpose: a call cut short becomes ``unknown`` in the
+   ledger and waits for a decision (``kx.reconcile``).
+2. **kernelext's bookkeeping is never interrupted.** Every write that must happen whole or
+   not at all (a step begun, a step completed with its snapshot, an effect's intent, an
+   approval requested or used, a claim, a fact, a question asked, the events row of a
+   swallowed stop) runs inside ``critical()``. While one is open the gate raises nothing
+   (``try_raise`` returns False); the monitor tries again at its next tick.
+3. **No raise slips between the check and the section.** ``try_raise`` checks and raises
+   under a lock; a section that opens after a raise and before its delivery sees
+   ``fired`` and first lets the pending exception land (``_let_pending_fire``), before it
+   has done anything: the bookkeeping then does not happen at all. (Landing in the
+   gate's own few bytecodes is harmless too: nothing was written yet, and the stop is
+   spent, so the gate's count of open sections no longer matters.)
+4. **Once per run.** A forced stop is raised asynchronously at most once (``spent``). If
+   the agent's code swallows it (a bare ``except:``), kernelext raises it again itself,
+   synchronously, at its next call: a safe point, an effect call, a critical section or
+   the end of the agent (``check``; the run's ``enforce_stop``), and records the swallow
+   once (``force_swallowed``).
+5. **Sealed after the agent.** From the end of the agent's code on (``seal``) a section
+   stays open for good: the run's end is recorded without interruption. A raise already
+   on its way is let through there for the caller to absorb, never cancelled: cancelling
+   with ``SetAsyncExc(NULL)`` leaves CPython's eval breaker set, which makes traced
+   threads (see ``step_skip``) spin forever.
+6. **A call blocked in C delays the landing.** A sleep, a socket read without timeout or
+   a lock keeps the step running until it returns; ``overrunning`` says for how long, so
+   the panel can show it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+from ..errors import ForcedStop
+
+__all__ = ["ForceGate"]
+
+
+class ForceGate:
+    """Where a forced stop may land in one run's worker thread (see the module's text).
+
+    ``landed(swallowed_at)`` is told each time the forced stop goes on up to the agent:
+    ``None`` when it lands now, else where kernelext raised it again after the agent's code
+    swallowed it.
+    """
+
+    def __init__(self, landed: Callable[[str | None], None]) -> None:
+        self._landed = landed
+        self.thread_id: int | None = None  # the worker thread, while the agent runs
+        self.wanted = False  # h.force_stop(): force at the next monitor tick
+        self.raised = False  # a forced stop was raised into (or cut) the run's step
+        self.raised_at: float | None = None  # time.monotonic() of the raise
+        self._lock = threading.Lock()
+        self._guard = 0  # critical sections open (and 1 for good once sealed)
+        self._fired = False  # raised into the worker, not yet seen by kernelext
+        self._spent = False  # raised once: never raised asynchronously again
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        """kernelext's bookkeeping inside: no forced stop lands in it (invariants 2, 3)."""
+        with self._lock:
+            self._guard += 1
+            fired = self._fired
+            self._fired = False
+        if fired:
+            with self._lock:
+                self._guard -= 1
+            self._land("kernelext's next call")
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._guard -= 1
+
+    def check(self, where: str) -> None:
+        """A forced stop raised into this thread and not seen since lands (or is raised
+        again) here, before kernelext does anything else (invariant 4)."""
+        with self._lock:
+            fired = self._fired
+            self._fired = False
+        if fired:
+            self._land(where)
+
+    @property
+    def pending(self) -> bool:
+        """A forced stop was raised and kernelext has not seen it since."""
+        return self._fired
+
+    def seal(self) -> None:
+        """From here on kernelext's bookkeeping runs; no forced stop may land in it.
+
+        A forced stop already raised into this thread is let through here (the caller
+        absorbs it) rather than cancelled (invariant 5).
+        """
+        with self._lock:
+            self._guard += 1
+            fired = self._fired
+            self._fired = False
+        if fired:
+            _let_pending_fire()
+
+    def try_raise(self) -> bool:
+        """Raise ForcedStop in the worker unless it is inside kernelext's own code.
+
+        Once per run: a forced stop the agent's code swallows is raised again by kernelext
+        at its next call, never raised asynchronously a second time (invariant 4).
+        """
+        with self._lock:
+            if self._guard or self.thread_id is None or self._spent:
+                return False
+            self._fired = self._spent = True
+            self.raised = True
+            self.raised_at = time.monotonic()
+            return _set_async_exc(self.thread_id, ForcedStop)
+
+    def overrunning(self, step_open: bool) -> float | None:
+        """Seconds since a forced stop was raised into a step that still runs, else None
+        (invariant 6). ``step_open``: the run has a step open now."""
+        raised = self.raised_at
+        if raised is None or not step_open or self.thread_id is None:
+            return None
+        return time.monotonic() - raised
+
+    def _land(self, where: str) -> NoReturn:
+        try:
+            _let_pending_fire()  # still pending: it lands here and goes on up to the agent
+        except ForcedStop:
+            self._landed(None)
+            raise
+        # It landed earlier, in the agent's code, which swallowed it.
+        self._landed(where)
+        raise ForcedStop("forced stop, raised again: the agent's code swallowed it")
+
+
+def _let_pending_fire() -> None:
+    """Run a few bytecodes so that a pending asynchronous exception is delivered now."""
+    for _ in range(100):
+        pass
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> bool:
+    obj = ctypes.py_object(exc) if exc is not None else None
+    count = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), obj)
+    return bool(count == 1)
