@@ -217,7 +217,7 @@ class Run:
         without asking. ``schema``: ``str``, ``int``, ``float``, ``bool``, a list of
         choices, or a JSON-schema dict for a small form; ``default`` pre-fills the input.
         The step around the question runs again on resume (its effects are replayed)."""
-        from .asking import ask
+        from .questions import ask
 
         return ask(self, prompt, schema=schema, default=default)
 
