@@ -20,7 +20,8 @@ from support.old_schema import back_to_schema
 from kernelext._core.approvals import decide_request
 from kernelext._core.questions import store_answer
 from kernelext._store import Store
-from kernelext._store.approvals import APPROVED, REJECTED
+from kernelext._store.approvals import APPROVED, NOT_OPEN, REJECTED, UNKNOWN
+from kernelext._store.questions import ANSWERED
 from kernelext._store.schema import MIGRATIONS
 from kernelext.errors import LedgerError, RunStateError
 from kernelext.status import EffectStatus, Status
@@ -153,6 +154,11 @@ class TestApprovals:
         clock.advance(1)
         with pytest.raises(LedgerError, match="already rejected by erin@lab:5"):
             decide_request(store, row["id"], APPROVED, who="frank@lab:6", note=None)
+        # The store says why, with the request as it stands; the core words it.
+        late = store.decide_approval(row["id"], APPROVED, who="frank@lab:6", note=None)
+        assert late.refused == NOT_OPEN and late.row is not None
+        assert (late.row["decision"], late.row["actor"]) == (REJECTED, "erin@lab:5")
+        assert store.decide_approval(uuid.uuid4(), APPROVED, who="x", note=None).refused == UNKNOWN
         (stored,) = store.approval_rows(run_id="r1")
         assert (stored["decision"], stored["decided_at"], stored["actor"]) == (
             REJECTED,
@@ -323,6 +329,8 @@ class TestQuestions:
         )
         with pytest.raises(RunStateError, match="already answered by gina@lab:8"):
             store_answer(store, key, '"Other"', who="hank@lab:9", note=None)
+        late = store.answer_question(key, '"Other"', who="hank@lab:9", note=None)
+        assert late.refused == ANSWERED and late.row is not None and late.row["answer"] == '"ACME"'
         stored = store.question_row(key)
         assert stored is not None
         assert (stored["answer"], stored["actor"], stored["note"]) == (
