@@ -14,7 +14,7 @@ from ._adapters.openai import wrap_openai as openai
 from ._adapters.tools import Tools as tools
 from ._core.agent import Agent, agent
 from ._core.api import configure, open_store, runs, sql
-from ._core.approvals import answer, approvals, questions
+from ._core.approvals import approvals
 from ._core.checks import CheckWarning
 from ._core.control import resume, stop
 from ._core.credentials import CredentialError
@@ -22,6 +22,7 @@ from ._core.expiry import on_expire, sweep
 from ._core.handle import Handle
 from ._core.ledger import Effect, EffectFailed, effect
 from ._core.plan import PlanChanged, ResumePlan, plan
+from ._core.questions import answer, questions
 from ._core.reconcile import reconcile
 from ._core.restart import restart
 from ._core.revalidation import Revalidation, revalidation

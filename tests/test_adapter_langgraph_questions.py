@@ -87,7 +87,7 @@ def test_an_interrupt_is_an_open_question_and_kx_answer_resumes_the_graph_with_i
     assert (
         kx.questions("lg-question") == [] and kx_langgraph.pending_interrupts("lg-question") == []
     )
-    [row] = store.input_rows("lg-question")
+    [row] = store.question_rows("lg-question")
     assert json.loads(row["answer"]) == "yes" and row["answered_at"] is not None
     timeline = [kx_langgraph.INTERRUPT_EVENT, "input_requested", "input_answered"]
     timeline.append(kx_langgraph.ANSWER_EVENT)  # the graph went on with the answer
@@ -119,7 +119,7 @@ def test_each_interrupt_is_asked_once_and_answered_from_anywhere(
     final = kx.resume("lg-twice")  # the answer came from another process: resume here
     assert final.wait(30) == Status.COMPLETED
     assert final.result == {"log": ["A:yes", "boxes:3"]}
-    assert [json.loads(r["answer"]) for r in store.input_rows("lg-twice")] == ["yes", 3]
+    assert [json.loads(r["answer"]) for r in store.question_rows("lg-twice")] == ["yes", 3]
     asked = [e for e in store.events("lg-twice") if e["kind"] == "input_requested"]
     assert len(asked) == 2  # each interrupt asked once, never again on a later resume
 
@@ -127,10 +127,11 @@ def test_each_interrupt_is_asked_once_and_answered_from_anywhere(
 def test_the_panels_question_card_answers_the_interrupt_and_resumes_the_graph(
     store: Store,
 ) -> None:
+    from kernelext.widgets import _addons as addons
     from kernelext.widgets import _approvals as widgets
     from kernelext.widgets._panel import ControlPanel
 
-    widgets.install()
+    addons.install()
     try:
         handle = kx_langgraph.start(asking_graph(), {"log": []}, run_id="lg-panel")
         assert handle.wait(30) == Status.SUSPENDED
@@ -146,7 +147,7 @@ def test_the_panels_question_card_answers_the_interrupt_and_resumes_the_graph(
         assert panel.handle.result == {"log": ["A:yes"]}
         panel.detach()
     finally:
-        widgets.uninstall()
+        addons.install()  # every add-on in place for the next test, whatever this one did
 
 
 def post(url: str) -> int:

@@ -254,10 +254,11 @@ def test_effect_declares_its_approval_rule_and_its_probe() -> None:
 def test_the_panel_shows_the_request_and_its_approve_button_sends_once(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
+    from kernelext.widgets import _addons as addons
     from kernelext.widgets import _approvals as widgets
     from kernelext.widgets._panel import ControlPanel
 
-    widgets.install()
+    addons.install()
     try:
         run_id = name("panel")
         handle = payments(delivery_server).start([["kim", 450]], run_id=run_id)
@@ -288,7 +289,7 @@ def test_the_panel_shows_the_request_and_its_approve_button_sends_once(
         assert box.children == ()  # nothing waits any more
         panel.detach()
     finally:
-        widgets.uninstall()
+        addons.install()  # every add-on in place for the next test, whatever this one did
 
 
 def test_question_cards_fit_their_schema_and_answer_resumes(store: Store) -> None:

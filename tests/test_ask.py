@@ -20,8 +20,8 @@ from support.kernels import KernelSession
 from support.live import finish_live_runs, name
 
 import kernelext as kx
-from kernelext._core.asking import check_answer, parse_answer, schema_spec
 from kernelext._core.cell_runs import forget_cell_runs
+from kernelext._core.questions import check_answer, parse_answer, schema_spec
 from kernelext._core.runtime import runtime
 from kernelext._store import Store, open_store
 
@@ -124,7 +124,7 @@ def test_ask_suspends_for_input_and_the_answer_resumes_the_run_once_and_for_all(
 
     with pytest.raises(ValueError, match=r"Answer refused .* must be a whole number"):
         kx.answer(run_id, "three")
-    assert store.input_rows(run_id)[0]["answer"] is None  # a refused answer is not stored
+    assert store.question_rows(run_id)[0]["answer"] is None  # a refused answer is not stored
 
     handle = kx.answer(run_id, 3, note="the whole team")
     assert handle is not None and handle.wait(WAIT) == "suspended"  # the later pause
@@ -133,7 +133,7 @@ def test_ask_suspends_for_input_and_the_answer_resumes_the_run_once_and_for_all(
     final = kx.resume(run_id)
     assert final.wait(WAIT) == "completed" and final.result == 3
     assert sorted(d["body"]["seat"] for d in delivery_server.deliveries) == [0, 1, 2]
-    [row] = store.input_rows(run_id)
+    [row] = store.question_rows(run_id)
     assert (json.loads(row["answer"]), row["note"]) == (3, "the whole team")
     assert row["actor"].startswith(getpass.getuser() + "@")
     kinds = [e["kind"] for e in store.events(run_id)]
@@ -150,10 +150,10 @@ def test_typed_text_and_the_default_answer_too(
     assert plan.start(run_id=first).wait(WAIT) == "suspended"
     assert plan.start(run_id=second).wait(WAIT) == "suspended"
     assert kx.answer(first, " 1 ", text=True).wait(WAIT) == "suspended"  # 1 seat, the pause
-    assert json.loads(store.input_rows(first)[0]["answer"]) == 1
+    assert json.loads(store.question_rows(first)[0]["answer"]) == 1
     [question] = kx.questions(second)
     assert question.answer().wait(WAIT) == "suspended"  # the default: 2 seats, then the pause
-    assert json.loads(store.input_rows(second)[0]["answer"]) == 2
+    assert json.loads(store.question_rows(second)[0]["answer"]) == 2
     with pytest.raises(kx.LedgerError, match="0 open question"):
         kx.answer(first, 5)
 
@@ -238,7 +238,7 @@ def test_the_answer_survives_a_kernel_restart(store_path: Path) -> None:
         kernel.run("kx.open_store().close()").ok()
     store = open_store(str(store_path))
     try:
-        assert len(store.input_rows("ask-k")) == 1
+        assert len(store.question_rows("ask-k")) == 1
         kinds = [e["kind"] for e in store.events("ask-k")]
         assert kinds.count("input_requested") == 1  # asked once, never again
     finally:

@@ -35,7 +35,7 @@ def ledger(store: Store, run_id: str) -> list[tuple[str, str, str | None]]:
 
 
 def row_counts(store: Store) -> dict[str, int]:
-    tables = ("runs", "steps", "effects", "events", "approvals", "inputs", "facts", "snapshots")
+    tables = ("runs", "steps", "effects", "events", "approvals", "questions", "facts", "snapshots")
     return {t: int(store.read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
 
 
@@ -691,7 +691,7 @@ def test_run_ask_refuses_an_unknown_schema_type(store: Store, schema: Any) -> No
     assert handle.wait(30) == "failed"
     assert isinstance(handle.error, ValueError)
     assert "supported types are 'string', 'integer'" in str(handle.error)
-    assert int(store.read("SELECT count(*) FROM inputs")[0][0]) == 0
+    assert int(store.read("SELECT count(*) FROM questions")[0][0]) == 0
 
 
 def test_an_answer_that_cannot_be_stored_is_refused_naming_the_value(store: Store) -> None:

@@ -127,7 +127,7 @@ def calls(
 
 
 def row_counts(store: Store) -> dict[str, int]:
-    tables = ("runs", "steps", "effects", "events", "approvals", "inputs", "facts", "snapshots")
+    tables = ("runs", "steps", "effects", "events", "approvals", "questions", "facts", "snapshots")
     return {t: int(store.read(f"SELECT count(*) FROM {t}")[0][0]) for t in tables}
 
 

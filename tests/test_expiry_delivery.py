@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from crash import CRASH_DIR, WorkerPool, whole_lines
 from support.live import finish_live_runs
+from support.old_schema import back_to_schema
 
 import kernelext as kx
 from kernelext._core import expiry
 from kernelext._core.runtime import runtime
 from kernelext._store import Store, actor, open_store
+from kernelext._store.compat import NEWEST_SCHEMA
 
 pytestmark = pytest.mark.both_backends
 
@@ -274,11 +276,11 @@ def test_expiries_from_before_schema_7_are_not_delivered_late(
     assert kx.sweep().expired_ids == ["before7"]
     assert not store.expiry_delivered("before7")
     # The store as it was at schema 6: migration 7 runs again when it is opened.
-    store.write(lambda tx: tx.execute("DELETE FROM schema_version WHERE version = 7"))
+    back_to_schema(store, 6)
     runtime().close()
     reopened = open_store(str(store_path), clock=clock)
     runtime().settings.use_store(reopened)
-    assert reopened.schema_version() == 7
+    assert reopened.schema_version() == NEWEST_SCHEMA
     assert reopened.expiry_delivered("before7")  # no callback was waiting for it
     calls: list[str] = []
     kx.on_expire(lambda info: calls.append(info.run_id))

@@ -28,6 +28,7 @@ import kernelext as kx
 from kernelext._core.runtime import runtime
 from kernelext._ipython import extension
 from kernelext.widgets import NEEDS_DECISION_WIDGETS, ControlPanel, panel_for
+from kernelext.widgets import _addons as addons
 from kernelext.widgets import _decisions as decisions
 from kernelext.widgets._reconcile import ReconcileWidget
 from kernelext.widgets._revalidation import RevalidationWidget
@@ -79,9 +80,9 @@ def store(store_path: Path) -> Iterator[Any]:
     LOSE.clear()
     SHIPPED.clear()
     opened = kx.open_store(str(store_path))
-    decisions.install()
+    addons.install()
     yield opened
-    decisions.uninstall()
+    addons.install()
     with runtime().live_lock:
         handles = list(runtime().live_runs.values())
     for handle in handles:
@@ -99,14 +100,15 @@ def slot_widget(panel: ControlPanel) -> Any:
 
 
 def test_install_registers_the_factories_once() -> None:
-    decisions.uninstall()
-    assert not decisions.installed()
-    decisions.install()
-    decisions.install()
+    addons.uninstall()
+    assert not addons.installed()
+    addons.install()
+    addons.install()
     assert NEEDS_DECISION_WIDGETS.count(decisions.reconciliation_for_panel) == 1
     assert NEEDS_DECISION_WIDGETS.count(decisions.revalidation_for_panel) == 1
-    decisions.uninstall()
-    assert not decisions.installed()
+    addons.uninstall()
+    assert not addons.installed()
+    addons.install()
 
 
 def test_unknowns_then_contradiction_decided_in_one_panel(store: Any) -> None:
@@ -222,7 +224,7 @@ def test_abort_from_the_panel_cancels_and_replan_follows(store: Any) -> None:
 def ip(store: Any) -> Iterator[InteractiveShell]:
     shell = InteractiveShell.instance()
     runtime().settings.use_store(store)
-    decisions.uninstall()  # the extension installs them itself
+    addons.uninstall()  # the extension installs them itself
     shell.run_line_magic("load_ext", "kernelext")
     yield shell
     shell.run_line_magic("unload_ext", "kernelext")
@@ -242,7 +244,7 @@ def test_extension_displays_reconcile_and_revalidation_as_widgets(ip: Interactiv
     data, _ = ip.display_formatter.format(kx.revalidation("shown"))
     assert WIDGET_VIEW in data and data["text/plain"].startswith("Run shown: needs_decision")
 
-    assert decisions.installed()  # the panel module is in use: installed at load
+    assert addons.installed()  # the panel module is in use: installed at load
     ip.user_ns["h"] = kx.resume("shown")
     data, _ = ip.display_formatter.format(ip.user_ns["h"])
     assert WIDGET_VIEW in data
@@ -253,7 +255,7 @@ def test_extension_displays_reconcile_and_revalidation_as_widgets(ip: Interactiv
         runtime().settings.reconcile_renderer is None
         and runtime().settings.revalidation_renderer is None
     )
-    assert not decisions.installed()
+    assert not addons.installed()
     assert ip.display_formatter.format(kx.reconcile("shown"))[0].keys() == {"text/plain"}
     ip.run_line_magic("load_ext", "kernelext")  # for the fixture's unload
 

@@ -27,6 +27,7 @@ from kernelext.widgets import (
     panel_for,
     panel_mimebundle,
 )
+from kernelext.widgets import _addons as addons
 from kernelext.widgets._render import to_text, view_of
 from kernelext.widgets._throttle import Throttle
 
@@ -184,14 +185,16 @@ def test_needs_decision_shows_the_reason_and_the_slot(store: Any) -> None:
     def addon(panel: ControlPanel) -> Addon:
         return Addon()
 
+    addons.uninstall()  # only this test's factories: the hint shows when none gives a widget
     NEEDS_DECISION_WIDGETS.append(factory)
-    PANEL_ADDONS.append(addon)  # after any add-on already installed (the expired banner)
+    PANEL_ADDONS.append(addon)
     try:
         handle = kx.resume("n1")
         panel = ControlPanel(handle)
     finally:
         NEEDS_DECISION_WIDGETS.remove(factory)
         PANEL_ADDONS.remove(addon)
+        addons.install()
     assert panel.view is not None and panel.view.status == "needs_decision"
     assert "needs a decision" in panel.outcome.value and "unknown" in panel.outcome.value
     assert made == ["n1"]

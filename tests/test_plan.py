@@ -378,17 +378,18 @@ def test_the_plan_of_an_agent_cell_run_shows_which_cells_changed(store: Store) -
 def test_the_panel_of_a_waiting_run_shows_its_plan_above_resume(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
+    from kernelext.widgets import _addons as addons
     from kernelext.widgets import _plan as plan_widget
     from kernelext.widgets._panel import ControlPanel
 
     run = Suspended(store, delivery_server)
     handle = kx.resume(run.run_id, store=store)  # stops at once for the unknown send
     assert handle.status == Status.NEEDS_DECISION
-    plan_widget.install()
+    addons.install()
     try:
         panel = ControlPanel(handle)
     finally:
-        plan_widget.uninstall()
+        addons.install()  # every add-on in place for the next test, whatever this one did
     try:
         (preview,) = [a for a in panel.addons.children if isinstance(a, plan_widget.PlanPreview)]
         rows = list(panel.children)

@@ -230,7 +230,8 @@ def test_every_event_kind_becomes_a_mark_with_safe_text() -> None:
 
 def test_the_panel_shows_the_live_timeline_and_the_estimate(store: Store) -> None:
     from kernelext.widgets import ControlPanel
-    from kernelext.widgets._timeline import LiveTimeline, install, uninstall
+    from kernelext.widgets._addons import install
+    from kernelext.widgets._timeline import LiveTimeline
 
     at_two, go = threading.Event(), threading.Event()
 
@@ -247,7 +248,7 @@ def test_the_panel_shows_the_live_timeline_and_the_estimate(store: Store) -> Non
         handle = panelled.start(run_id="panelled-1")
         panel = ControlPanel(handle)
     finally:
-        uninstall()
+        install()  # every add-on in place for the next test, whatever this one did
     try:
         (live,) = [c for c in panel.addons.children if isinstance(c, LiveTimeline)]
         assert at_two.wait(WAIT)

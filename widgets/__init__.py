@@ -6,7 +6,7 @@ with ``%load_ext kernelext`` shows it. Imports the core only, never the store.
 
 from __future__ import annotations
 
-from ._approvals import install as _install_approvals
+from . import _addons
 from ._panel import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,
@@ -14,15 +14,12 @@ from ._panel import (
     panel_for,
     panel_mimebundle,
 )
-from ._plan import install as _install_plan
 from ._timeline import LiveTimeline
-from ._timeline import install as _install_timeline
 
-# Every control panel shows: the stop estimate and a live timeline; the resume plan of a
-# waiting run above Resume; an open approval or question with its buttons.
-_install_timeline()
-_install_plan()
-_install_approvals()
+# Every control panel shows the add-ons of the one registry (``_addons``): the stop
+# estimate and a live timeline; the resume plan of a waiting run above Resume; an open
+# approval or question with its buttons; an expired run's banner; the decision widgets.
+_addons.install()
 
 __all__ = [
     "NEEDS_DECISION_WIDGETS",

@@ -8,7 +8,8 @@
   (``kernelext-question``, ``kernelext-answer``, ``kernelext-answer-input``).
 * :class:`ApprovalsBox`: the panel add-on showing the cards of the panel's run while it
   waits for a person; a decision that resumes the run makes the panel follow it.
-  :func:`install` puts it on every control panel.
+  :func:`approvals_addon` is its control-panel add-on (installed by
+  ``widgets/_addons.py``).
 * :func:`approvals_mimebundle`: how ``kx.approvals()`` / ``kx.questions()`` display.
 
 Clicks run in the kernel's main thread; the agent runs in its worker thread, so they
@@ -24,12 +25,10 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.approvals import Approval, Question, approvals, questions
-from kernelext._core.asking import parse_answer
+from kernelext._core.approvals import Approval, approvals
 from kernelext._core.colours import BAD, REQUEST_COLOURS
+from kernelext._core.questions import Question, parse_answer, questions
 from kernelext.status import Reason, Status
-
-from ._panel import PANEL_ADDONS
 
 __all__ = [
     "ApprovalCard",
@@ -40,8 +39,6 @@ __all__ = [
     "args_html",
     "cards",
     "input_for",
-    "install",
-    "uninstall",
 ]
 
 SOURCE = "widget"
@@ -311,15 +308,3 @@ class ApprovalsBox(w.VBox):
 def approvals_addon(panel: Any) -> ApprovalsBox:
     """A ``PANEL_ADDONS`` factory: the approvals box of the panel's run."""
     return ApprovalsBox(panel)
-
-
-def install() -> None:
-    """Show open approvals and questions on every control panel opened from now on."""
-    if approvals_addon not in PANEL_ADDONS:
-        PANEL_ADDONS.append(approvals_addon)
-
-
-def uninstall() -> None:
-    """Undo :func:`install`."""
-    while approvals_addon in PANEL_ADDONS:
-        PANEL_ADDONS.remove(approvals_addon)

@@ -10,8 +10,8 @@ A run in ``needs_decision`` shows, in its panel's decision slot:
   continue" and "Re-plan from step" resume the run; the panel then follows the new
   run. "Abort run" cancels it and the panel says so.
 
-:func:`install` registers both in ``NEEDS_DECISION_WIDGETS`` (the IPython extension
-does it the first time a panel is shown; :func:`uninstall` undoes it).
+:func:`reconciliation_for_panel` and :func:`revalidation_for_panel` are the factories
+``widgets/_addons.py`` puts in ``NEEDS_DECISION_WIDGETS``.
 :func:`decision_widget` returns the widget a panel shows, to drive it from code
 (``decision_widget(panel).accept_button.click()``). Imports the core only.
 """
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from kernelext._core.reconcile import GIVE_UP
 
-from ._panel import NEEDS_DECISION_WIDGETS, reset_decision_slots
 from ._reconcile import ReconcileWidget, reconcile_for_handle
 from ._revalidation import RevalidationWidget, revalidation_for_handle
 
@@ -31,11 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "decision_widget",
-    "install",
-    "installed",
     "reconciliation_for_panel",
     "revalidation_for_panel",
-    "uninstall",
 ]
 
 
@@ -65,35 +61,6 @@ def revalidation_for_panel(panel: ControlPanel) -> RevalidationWidget | None:
         panel.refresh()
 
     return revalidation_for_handle(panel.handle, on_decided=decided)
-
-
-FACTORIES = (reconciliation_for_panel, revalidation_for_panel)
-
-
-def install() -> None:
-    """Show the decision widgets in every control panel (open ones included)."""
-    added = False
-    for factory in FACTORIES:
-        if factory not in NEEDS_DECISION_WIDGETS:
-            NEEDS_DECISION_WIDGETS.append(factory)
-            added = True
-    if added:
-        reset_decision_slots()
-
-
-def uninstall() -> None:
-    """Undo :func:`install` (panels fall back to a one-line hint)."""
-    removed = False
-    for factory in FACTORIES:
-        while factory in NEEDS_DECISION_WIDGETS:
-            NEEDS_DECISION_WIDGETS.remove(factory)
-            removed = True
-    if removed:
-        reset_decision_slots()
-
-
-def installed() -> bool:
-    return all(factory in NEEDS_DECISION_WIDGETS for factory in FACTORIES)
 
 
 def decision_widget(panel: ControlPanel) -> ReconcileWidget | RevalidationWidget | None:

@@ -6,8 +6,9 @@ embed it and refresh it with its own redraws). **Restart** calls ``kx.restart`` 
 the run: a new run starts from the kept snapshot, without repeating what the old one
 did; ``on_restart(new_handle)`` lets a panel follow the new run.
 
-Importing this module registers :func:`expired_addon` in the panel's ``PANEL_ADDONS``,
-so every control panel carries the banner (and follows the restarted run).
+:func:`expired_addon` is its control-panel add-on (installed with the others by
+``widgets/_addons.py``), so every control panel carries the banner (and follows the
+restarted run).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from kernelext._core.restart import restart
 from kernelext._formatting import moment_text
 from kernelext.status import Status
 
-from ._panel import PANEL_ADDONS
-
-__all__ = ["ExpiredBanner", "banner_text", "expired_addon", "install"]
+__all__ = ["ExpiredBanner", "banner_text", "expired_addon"]
 
 SOURCE = "panel"
 
@@ -130,12 +129,3 @@ def expired_addon(panel: Any) -> ExpiredBanner:
     """A ``PANEL_ADDONS`` factory: the banner of the panel's run; Restart makes the panel
     follow the new run."""
     return ExpiredBanner(panel.handle, on_restart=panel.follow)
-
-
-def install() -> None:
-    """Put the banner on every control panel (done when this module is imported)."""
-    if expired_addon not in PANEL_ADDONS:
-        PANEL_ADDONS.append(expired_addon)
-
-
-install()

@@ -6,7 +6,7 @@ again only when the run's status, reason or progress changed, so the panel's red
 stay cheap. ``preview.plan`` is the plan on screen: the panel's Resume passes it to
 ``kx.resume(run_id, plan=...)``, which refuses if the run changed since it was shown.
 
-:func:`install` puts it on every control panel (``PANEL_ADDONS``) opened from then on.
+:func:`plan_addon` is its control-panel add-on (installed by ``widgets/_addons.py``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from kernelext._core.colours import WARN
 from kernelext._core.plan import ResumePlan, plan
 from kernelext.status import WAITING
 
-from ._panel import PANEL_ADDONS
-
-__all__ = ["PlanPreview", "install", "plan_addon", "previewed_plan", "uninstall"]
+__all__ = ["PlanPreview", "plan_addon", "previewed_plan"]
 
 
 class PlanPreview(w.VBox):
@@ -83,15 +81,3 @@ def previewed_plan(panel: Any) -> ResumePlan | None:
         if isinstance(child, PlanPreview):
             return child.plan
     return None
-
-
-def install() -> None:
-    """Show the resume plan on every control panel opened from now on."""
-    if plan_addon not in PANEL_ADDONS:
-        PANEL_ADDONS.append(plan_addon)
-
-
-def uninstall() -> None:
-    """Undo :func:`install`."""
-    while plan_addon in PANEL_ADDONS:
-        PANEL_ADDONS.remove(plan_addon)

@@ -7,7 +7,8 @@ labels). The picture is read from the store again at most every ``interval`` sec
 the run reports a step or an effect, and every ``tick`` seconds while it executes (so the
 current bar grows), through a :class:`~.throttle.Throttle`; both grow by a second per
 50 kB of picture, so a run of thousands of steps is not re-sent every two seconds. The
-estimate line follows every redraw of the panel. :func:`install` puts one on every control panel.
+estimate line follows every redraw of the panel. :func:`timeline_addon` is its control-panel
+add-on (installed by ``widgets/_addons.py``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from kernelext._core.stop_estimate import StopEstimate, estimate_stop
 from kernelext._core.timeline import Timeline, timeline
 from kernelext.status import Status
 
-from ._panel import PANEL_ADDONS
 from ._throttle import Throttle
 
-__all__ = ["LiveTimeline", "estimate_html", "install", "timeline_addon", "uninstall"]
+__all__ = ["LiveTimeline", "estimate_html", "timeline_addon"]
 
 
 def estimate_html(estimate: StopEstimate | None) -> str:
@@ -125,15 +125,3 @@ class LiveTimeline(w.VBox):
 def timeline_addon(panel: Any) -> LiveTimeline:
     """A ``PANEL_ADDONS`` factory: the live timeline of the run the panel follows."""
     return LiveTimeline(panel.handle, panel=panel)
-
-
-def install() -> None:
-    """Put the live timeline on every control panel opened from now on."""
-    if timeline_addon not in PANEL_ADDONS:
-        PANEL_ADDONS.append(timeline_addon)
-
-
-def uninstall() -> None:
-    """Undo :func:`install`."""
-    while timeline_addon in PANEL_ADDONS:
-        PANEL_ADDONS.remove(timeline_addon)

@@ -3,7 +3,7 @@
 Each superstep is a step and the boundary between two is a safe point: Stop lands once a
 superstep's checkpoint (:class:`KernelextSaver`, ``durability="sync"``) is durable, and
 ``kx.resume`` continues from it. ``interrupt()`` suspends the run with reason ``input`` and
-asks each interrupt as a question (an ``inputs`` row, as ``run.ask`` does): ``kx.questions``,
+asks each interrupt as a question (a ``questions`` row, as ``run.ask`` does): ``kx.questions``,
 ``kx.answer``, the panel and ``kernelext answer`` answer it, and the resumed graph gets the
 answer as ``Command(resume=...)``. :func:`tool` (``kernelext._adapters.langgraph_tools``)
 makes tool calls effects keyed by the LangGraph task, so a node that runs again does not
@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from .._core.agent import Agent
 from .._core.agent import agent as kx_agent
 from .._core.api import open_store
-from .._core.approvals import answer as answer_question
-from .._core.asking import wait_for_person
 from .._core.codec import loads_json
 from .._core.control import resume as kx_resume
 from .._core.handle import Handle
+from .._core.questions import answer as answer_question
 from .._core.run import Run, engine_of
 from .._core.run_engine import RunEngine
 from .._core.secrets import scrub
+from .._core.waiting import wait_for_person
 from .._store import Store
 from ..errors import AgentError, RunStateError
 from ..status import Reason, Status
@@ -166,13 +166,13 @@ def _boundary(run: RunEngine, chunk: dict[str, Any]) -> None:
 
 def _resume_input(run: RunEngine, state: Any) -> Any:
     """None, or ``Command(resume=...)`` with the answers stored for the open interrupts
-    (``inputs``); none answered yet: ask (again) and suspend."""
+    (``questions``); none answered yet: ask (again) and suspend."""
     waiting = [str(i.id) for i in getattr(state, "interrupts", ())]
     if not waiting:
         return None
     given: dict[str, Any] = {}
     for interrupt_id in waiting:
-        row = run.store.input_row(interrupt_key(run.id, interrupt_id))
+        row = run.store.question_row(interrupt_key(run.id, interrupt_id))
         if row is not None and row["answered_at"] is not None:
             given[interrupt_id] = loads_json(row["answer"]) if row["answer"] is not None else None
     if not given:
@@ -197,7 +197,7 @@ def _suspend_for_input(run: RunEngine, state: Any) -> NoReturn:
     fresh, deadlines = [], []
     for index, item in enumerate(interrupts):
         key = interrupt_key(run.id, str(item.id))
-        row = store.input_row(key)
+        row = store.question_row(key)
         if row is not None and row["answered_at"] is not None:
             continue  # answered: the next resume hands it to the graph
         if row is not None and (row["expires_at"] is None or row["expires_at"] > now):
@@ -213,7 +213,7 @@ def _suspend_for_input(run: RunEngine, state: Any) -> NoReturn:
         deadline = store.expiry.deadline(Reason.INPUT, now)  # the runtime's policy
         schema = item.response_schema if isinstance(item.response_schema, dict) else {}
         with run.force.critical():
-            store.ask_input(
+            store.ask_question(
                 {
                     "key": key,
                     "run_id": run.id,
@@ -255,7 +255,7 @@ def _fingerprint(graph: Any) -> str:
 
 # -- interrupts and answers ----------------------------------------------------------------
 def interrupt_key(run_id: str, interrupt_id: str) -> uuid.UUID:
-    """The key of the question (``inputs`` row, ``kx.questions``) that asks the interrupt
+    """The key of the question (``questions`` row, ``kx.questions``) that asks the interrupt
     ``interrupt_id`` of run ``run_id``; LangGraph gives every ``interrupt()`` call its own id."""
     return uuid.uuid5(_KEYS, f"{run_id}\0{interrupt_id}")
 
@@ -264,7 +264,7 @@ def pending_interrupts(run_id: str, *, store: Store | None = None) -> list[dict[
     """The interrupts run ``run_id`` waits on and nobody answered: ``[{"id", "key", "value"}]``
     with the interrupt's value as given to ``interrupt()`` (JSON, secrets scrubbed)."""
     store = store or open_store()
-    open_keys = {str(row["key"]) for row in store.open_inputs(run_id, store.now())}
+    open_keys = {str(row["key"]) for row in store.open_questions(run_id, store.now())}
     asked: dict[str, dict[str, Any]] = {}
     for event in store.events(run_id):
         if event["kind"] == INTERRUPT_EVENT and event.get("detail"):
@@ -308,6 +308,6 @@ def answer(
         )
     key = interrupt_key(run_id, chosen)
     handle = answer_question(run_id, value, key=key, store=store, resume=resume)
-    if resume and handle is None and not store.open_inputs(run_id, store.now()):
+    if resume and handle is None and not store.open_questions(run_id, store.now()):
         return kx_resume(run_id, store=store)  # a run of another (restarted) kernel goes on here
     return cast("Handle | None", handle)

@@ -18,7 +18,7 @@ import argparse
 import json
 from typing import Any
 
-from .._core import approvals as human
+from .._core import approvals, questions
 from .._store import Store
 from ..errors import LedgerError, RunStateError
 from .common import RUN_ID, AddCommand, CommandUsageError, Exit, emit_json, nonblank, table
@@ -28,8 +28,8 @@ __all__ = ["register"]
 
 def approvals_command(args: argparse.Namespace, store: Store) -> int:
     """The ``approvals`` command: ``args.run`` (optional) and ``args.json``."""
-    requests = human.approvals(args.run, store=store)
-    asked = human.questions(args.run, store=store)
+    requests = approvals.approvals(args.run, store=store)
+    asked = questions.questions(args.run, store=store)
     if args.json:
         emit_json({"approvals": [r.row for r in requests], "questions": [q.row for q in asked]})
         return Exit.SUSPENDED if requests or asked else Exit.DONE
@@ -87,17 +87,17 @@ def _decide(args: argparse.Namespace, store: Store, decide: Any) -> int:
 
 
 def approve_command(args: argparse.Namespace, store: Store) -> int:
-    return _decide(args, store, human.approve)
+    return _decide(args, store, approvals.approve)
 
 
 def reject_command(args: argparse.Namespace, store: Store) -> int:
-    return _decide(args, store, human.reject)
+    return _decide(args, store, approvals.reject)
 
 
 def answer_command(args: argparse.Namespace, store: Store) -> int:
     """The ``answer`` command: ``args.run_id``, ``args.value``, ``args.key``, ``args.note``."""
     try:
-        human.answer(
+        questions.answer(
             args.run_id,
             args.value,
             key=args.key,

@@ -1,11 +1,12 @@
-"""What a person does for a waiting run: approve or reject a call, answer a question.
+"""Approvals of effect calls: requesting one, listing the open ones, deciding them.
 
-``kx.approvals(run_id=None)`` lists the open approval requests (of effects declared
-``@kx.effect(needs_approval=...)``), ``kx.questions(run_id=None)`` the open questions
-(``run.ask``). Deciding or answering records who (the OS user), when and the note, in
-the request's row and as an ``events`` row, then resumes the run when this process
-runs it (the same as pressing Resume); a run of another process goes on at its next
-``kx.resume``. In a notebook both lists display as widgets.
+A call of an effect declared ``@kx.effect(needs_approval=...)`` asks for approval
+(:func:`approval_for_call`) and suspends the run (reason ``approval``) before anything is
+sent. ``kx.approvals(run_id=None)`` lists the open requests; deciding one records who
+(the OS user), when and the note, in the request's row and as an ``events`` row, then
+resumes the run when this process runs it (the same as pressing Resume); a run of
+another process goes on at its next ``kx.resume``. In a notebook the list displays as
+widgets. The SQL is in ``_store/approvals.py``; questions are in ``questions.py``.
 """
 
 from __future__ import annotations
@@ -13,45 +14,42 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .._formatting import duration_text
 from .._store import Store, actor
-from .._store.approvals import APPROVED, REJECTED, several_requests
+from .._store.approvals import APPROVED, REJECTED, SEVERAL_REQUESTS, UNKNOWN
 from .._validate import (
     FLAG,
     NOTE,
     OPTIONAL_RUN_ID,
-    RUN_ID,
     SOURCE,
     STORE,
     check_key,
-    optional,
     validated,
 )
-from ..errors import LedgerError
-from ..status import Reason, Status
-from .asking import check_answer, encode_answer, parse_answer
-from .codec import loads_json
+from ..errors import EffectRejected, LedgerError
+from ..status import Reason
 from .runtime import get_store, runtime
+from .waiting import Waiting, resume_if_here, wait_for_person
+
+if TYPE_CHECKING:
+    from .run_engine import RunEngine
 
 __all__ = [
     "Approval",
     "Approvals",
-    "Question",
-    "Questions",
-    "answer",
+    "approval_for_call",
     "approvals",
     "approve",
+    "decide_request",
     "find_approval",
-    "questions",
+    "refusal",
     "reject",
-    "resume_if_here",
+    "several_requests",
+    "stamp",
     "time_left_text",
-    "waiting_text",
 ]
-
-_UNSET: Any = object()
 
 
 def time_left_text(expires_at: dt.datetime | None, now: dt.datetime) -> str:
@@ -64,50 +62,128 @@ def time_left_text(expires_at: dt.datetime | None, now: dt.datetime) -> str:
     return f"expires in {duration_text(left)}"
 
 
-def waiting_text(run_id: str, reason: str | None) -> str | None:
-    """What a run suspended for a person waits for, and what to do (None for other reasons)."""
-    if reason == Reason.APPROVAL:
-        return (
-            f"run {run_id!r} waits for an approval: nothing was sent. Approve or reject it in "
-            f"the run's panel, with kx.approvals({run_id!r}), or `kernelext approve ID`; then "
-            "the run goes on (a %%agent cell: run it again)."
-        )
-    if reason == Reason.INPUT:
-        return (
-            f"run {run_id!r} waits for an answer: kx.answer({run_id!r}, value), the run's panel, "
-            f"or `kernelext answer {run_id} VALUE`; then the run goes on (a %%agent cell: run "
-            "it again)."
-        )
-    return None
+def stamp(value: Any) -> str:
+    """A stored time as a person reads it in a refusal: ``2026-11-02 14:03:00 UTC``."""
+    return f"{value:%Y-%m-%d %H:%M:%S} UTC" if isinstance(value, dt.datetime) else str(value)
 
 
-def resume_if_here(store: Store, run_id: str, source: str) -> Any:
-    """Resume ``run_id`` when this process runs it and it waits only for a person.
+# -- requesting: a gated call of an effect ----------------------------------------------------
+def approval_for_call(run: RunEngine, tool: str, row: dict[str, Any]) -> Any:
+    """The id of the approved request for this very call (``row``: the intent of call
+    ``tool``, with its key and argument hash).
 
-    Returns the new handle, or None when the run is another process's (its next
-    ``kx.resume`` goes on), is not suspended for an approval or an answer, or still waits
-    for another one.
+    Otherwise the run suspends here (reason ``approval``) before anything is sent:
+    after recording a request when none is open for these arguments, or again while
+    the open one waits. A rejected request raises ``EffectRejected``.
     """
-    row = store.find_run(run_id)
-    if row is None or row["status"] != Status.SUSPENDED:
-        return None
-    if row["reason"] not in (Reason.APPROVAL, Reason.INPUT) or row.get("owner") != actor():
-        return None
+    store, key = run.store, row["key"]
     now = store.now()
-    if store.open_approvals(run_id, now) or store.open_inputs(run_id, now):
-        return None
-    live = runtime().live_handle(run_id)
-    if live is not None:  # its worker is still recording the suspension
-        live.wait(30)
-    from .control import resume
+    waiting = f"{tool} waits for approval: kx.approvals({run.id!r})"
+    current = store.current_approval(key)
+    if current is not None and current["args_hash"] == row["args_hash"]:
+        if current["decision"] == REJECTED:
+            note = current["note"]
+            raise EffectRejected(
+                f"{tool} (key {key}) was rejected by {current['actor']}"
+                + (f": {note}" if note else "")
+                + ". The call was not made. Catch kx.EffectRejected in the agent to take "
+                "another path (an LLM agent can tell the model the user declined).",
+                key=str(key),
+                tool=tool,
+                note=note,
+            )
+        expires = current["expires_at"]
+        if expires is None or expires > now:
+            if current["decision"] == APPROVED:
+                return current["id"]
+            wait_for_person(run, Reason.APPROVAL, expires, waiting)
+    deadline = runtime().settings.expiry.deadline(Reason.APPROVAL, now)
+    with run.force.critical():
+        store.request_approval(
+            {
+                "key": key,
+                "run_id": run.id,
+                "step": row["step_key"],
+                "step_ordinal": row.get("step_ordinal"),
+                "call_ordinal": row["call_ordinal"],
+                "tool": tool,
+                "args_hash": row["args_hash"],
+                "args": row.get("args"),
+                "expires_at": deadline,
+            }
+        )
+    run.notify("approval", (tool, key, "requested"))
+    wait_for_person(run, Reason.APPROVAL, deadline, waiting)
 
-    return resume(run_id, store=store, source=source)
+
+# -- deciding ---------------------------------------------------------------------------------
+def decide_request(
+    store: Store,
+    ident: uuid.UUID,
+    decision: str,
+    *,
+    who: str,
+    note: str | None,
+    source: str = "api",
+) -> dict[str, Any]:
+    """Approve or reject request ``ident`` (its id, or an effect key with one request);
+    returns the decided row. Any decision that cannot be made raises ``LedgerError``
+    saying why and what to do instead; nothing changes then."""
+    result = store.decide_approval(ident, decision, who=who, note=note, source=source)
+    if result.refused is None and result.row is not None:
+        return result.row
+    if result.refused == UNKNOWN or result.row is None:
+        raise LedgerError(
+            f"No approval request with id or effect key {ident} in the store at "
+            f"{store.location}. List the open ones with kx.approvals() (or "
+            "`kernelext approvals`)."
+        )
+    if result.refused == SEVERAL_REQUESTS:
+        raise LedgerError(several_requests(result.row, list(result.ids)))
+    raise LedgerError(refusal(result.row, store.now()))
 
 
-# -- approvals ------------------------------------------------------------------------------
-T = TypeVar("T")
+def several_requests(row: dict[str, Any], ids: list[Any]) -> str:
+    """Why a decision by effect key is refused once that key has had several requests."""
+    return (
+        f"Effect key {row['key']} ({row['tool']} in run {row['run_id']!r}) has had "
+        f"{len(ids)} approval requests ({', '.join(str(i) for i in ids)}): its arguments "
+        "changed between them, so the key does not say which call you saw. Decide by request "
+        f"id (the newest, {ids[-1]}, has arguments {row['args']}); see "
+        f"kx.approvals({row['run_id']!r}) or `kernelext approvals`."
+    )
 
 
+def refusal(row: dict[str, Any], now: dt.datetime) -> str:
+    """Why the approval request ``row`` cannot be decided now, and what to do instead."""
+    what = f"Approval {row['id']} ({row['tool']} in run {row['run_id']!r}, key {row['key']})"
+    listing = f"See the open requests with kx.approvals({row['run_id']!r})."
+    if row["consumed_at"] is not None:
+        return (
+            f"{what} was approved and its call used it at {stamp(row['consumed_at'])}; an "
+            "approval allows one call. A new call of the effect asks again. " + listing
+        )
+    if row["superseded_at"] is not None:
+        return (
+            f"{what} was replaced at {stamp(row['superseded_at'])} by a newer request for the "
+            "same call (its arguments changed, or the request expired). Decide the newer "
+            "one. " + listing
+        )
+    if row["decision"] is not None:
+        return (
+            f"{what} was already {row['decision']} by {row['actor']} at "
+            f"{stamp(row['decided_at'])}; a request is decided once. " + listing
+        )
+    if row["expires_at"] is not None and row["expires_at"] <= now:
+        return (
+            f"{what} expired at {stamp(row['expires_at'])} with its run's deadline and can no "
+            f"longer be decided. kx.restart({row['run_id']!r}) starts a new run from its "
+            "snapshot, which asks again."
+        )
+    return f"{what} cannot be decided now. " + listing
+
+
+# -- kx.approvals -----------------------------------------------------------------------------
 class Approval:
     """One request to approve one call. Decide it with ``.approve()`` or ``.reject()``."""
 
@@ -149,8 +225,8 @@ class Approval:
 
     def _decide(self, decision: str, note: str | None, source: str, resume: bool) -> Any:
         note = (note or "").strip() or None
-        self.row = self.store.decide_approval(
-            self.id, decision, who=actor(), note=note, source=source
+        self.row = decide_request(
+            self.store, self.id, decision, who=actor(), note=note, source=source
         )
         self.decision = decision
         if resume:
@@ -172,29 +248,7 @@ class Approval:
         return f"<approval request {self.describe()} open>"
 
 
-class _Waiting(list[T]):
-    """What waits for a person (of one run, or of every run); in a notebook it displays
-    as cards with their buttons (``approvals_renderer``), elsewhere as ``text()``."""
-
-    def __init__(self, run_id: str | None, store: Store, items: list[T]) -> None:
-        super().__init__(items)
-        self.run_id = run_id
-        self.store = store
-
-    def text(self) -> str:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = runtime().settings.approvals_renderer
-        if renderer is None:
-            return {"text/plain": self.text()}
-        return renderer(self)
-
-
-class Approvals(_Waiting[Approval]):
+class Approvals(Waiting[Approval]):
     """Open approval requests. In a notebook it displays as the approvals widget."""
 
     @property
@@ -305,7 +359,8 @@ def _decide(
     resume: bool,
 ) -> Approval:
     store = get_store(store)
-    row = store.decide_approval(
+    row = decide_request(
+        store,
         find_approval(ident, store=store),
         decision,
         who=actor(),
@@ -316,156 +371,3 @@ def _decide(
     if resume:
         item.handle = resume_if_here(store, item.run_id, source)
     return item
-
-
-# -- questions ---------------------------------------------------------------------------
-class Question:
-    """One open ``run.ask`` question. Answer it with ``.answer(value)``."""
-
-    def __init__(self, store: Store, row: dict[str, Any]) -> None:
-        self.store = store
-        self.row = row
-        self.key: uuid.UUID = row["key"]
-        self.run_id: str = row["run_id"]
-        self.step: str = row["step"]
-        self.prompt: str = row["prompt"]
-        self.schema: dict[str, Any] = json.loads(row["answer_schema"] or "{}")
-        self.default: Any = (
-            loads_json(row["default_answer"]) if row["default_answer"] is not None else None
-        )
-        self.asked_at: dt.datetime = row["asked_at"]
-        self.expires_at: dt.datetime | None = row["expires_at"]
-        self.answered = row["answered_at"] is not None
-        self.handle: Any = None
-
-    @property
-    def time_left(self) -> str:
-        return time_left_text(self.expires_at, self.store.now())
-
-    def check(self, value: Any) -> None:
-        """Raise ``ValueError`` (saying what fits) unless ``value`` answers the question."""
-        try:
-            check_answer(self.schema, value)
-        except ValueError as exc:
-            raise ValueError(
-                f"Answer refused for {self.prompt!r} (run {self.run_id!r}): {exc} Nothing was "
-                f"stored; answer again with a value that fits (schema {json.dumps(self.schema)})."
-            ) from None
-
-    @validated("Question.answer", note=NOTE, source=SOURCE, resume=FLAG)
-    def answer(
-        self,
-        value: Any = _UNSET,
-        *,
-        note: str | None = None,
-        source: str = "api",
-        resume: bool = True,
-    ) -> Any:
-        """Store the answer (the default without ``value``) and resume the run when this
-        process runs it (returns its new handle); else its next ``kx.resume`` goes on."""
-        if value is _UNSET:
-            if self.default is None:
-                raise ValueError(f"The question {self.prompt!r} has no default: give a value.")
-            value = self.default
-        self.check(value)
-        try:
-            encoded = encode_answer(value)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"Question.answer(value=...) for {self.prompt!r} (run {self.run_id!r}) takes a "
-                "value that can be stored as JSON: text, a number, True/False, None, or a "
-                f"list or dict of those; not {type(value).__name__} ({exc}). Nothing was "
-                "stored; answer again with such a value (e.g. str(value))."
-            ) from None
-        note = (note or "").strip() or None
-        self.row = self.store.answer_input(self.key, encoded, who=actor(), note=note, source=source)
-        self.answered = True
-        if resume:
-            self.handle = resume_if_here(self.store, self.run_id, source)
-        return self.handle
-
-    def answer_text(self, text: str, **kwargs: Any) -> Any:
-        """Answer with typed text, read as the schema asks (a number, true/false, JSON)."""
-        return self.answer(parse_answer(self.schema, text), **kwargs)
-
-    def describe(self) -> str:
-        return (
-            f"{self.prompt!r} run={self.run_id} step={self.step!r} "
-            f"schema={json.dumps(self.schema)} {self.time_left}"
-        )
-
-    def __repr__(self) -> str:
-        return f"<question {self.describe()} {'answered' if self.answered else 'open'}>"
-
-
-class Questions(_Waiting[Question]):
-    """Open questions. In a notebook it displays as the questions widget."""
-
-    def text(self) -> str:
-        scope = f"Run {self.run_id}" if self.run_id else "All runs"
-        if not self:
-            return f"{scope}: no question waits."
-        lines = [f"{scope}: {sum(not q.answered for q in self)} question(s) waiting"]
-        lines += [f"  {q.describe()}" for q in self]
-        lines.append("Answer each: .answer(value)  (or kx.answer(run_id, value))")
-        return "\n".join(lines)
-
-
-@validated("kx.questions", run_id=OPTIONAL_RUN_ID, store=STORE)
-def questions(run_id: str | None = None, *, store: Store | None = None) -> Questions:
-    """The questions (``run.ask``) waiting for an answer (of one run, or of every run)."""
-    store = get_store(store)
-    if run_id is not None:
-        store.get_run(run_id)
-    rows = store.open_inputs(run_id, store.now())
-    return Questions(run_id, store, [Question(store, row) for row in rows])
-
-
-@validated(
-    "kx.answer",
-    run_id=RUN_ID,
-    key=optional(check_key),
-    note=NOTE,
-    text=FLAG,
-    store=STORE,
-    source=SOURCE,
-    resume=FLAG,
-)
-def answer(
-    run_id: str,
-    value: Any = _UNSET,
-    *,
-    key: str | uuid.UUID | None = None,
-    note: str | None = None,
-    text: bool = False,
-    store: Store | None = None,
-    source: str = "api",
-    resume: bool = True,
-) -> Any:
-    """Answer the open question of run ``run_id`` (``key`` picks one when several wait).
-
-    The answer must fit the question's schema (else ``ValueError`` says what fits; nothing
-    is stored). ``text=True``: ``value`` is typed text, read as the schema asks. Resumes
-    the run when this process runs it and returns its new handle; else None.
-    """
-    store = get_store(store)
-    open_ones = questions(run_id, store=store)
-    if key is not None:
-        wanted = str(key).strip().lower()
-        open_ones = Questions(
-            run_id, store, [q for q in open_ones if str(q.key).startswith(wanted)]
-        )
-    if len(open_ones) != 1:
-        listing = "; ".join(f"{q.key}: {q.prompt!r}" for q in open_ones) or "none"
-        raise LedgerError(
-            f"Run {run_id!r} has {len(open_ones)} open question(s) "
-            + ("matching that key " if key is not None else "")
-            + f"({listing}); "
-            + ("pass key=... to pick one." if open_ones else "nothing to answer.")
-        )
-    question = open_ones[0]
-    if text:
-        if value is _UNSET:
-            raise ValueError("answer(..., text=True) needs the typed text as value.")
-        return question.answer_text(str(value), note=note, source=source, resume=resume)
-    return question.answer(value, note=note, source=source, resume=resume)

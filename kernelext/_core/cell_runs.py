@@ -126,16 +126,8 @@ class CellRun:
         Raises ``OwnershipLost`` when another process took the run over from this one: its
         cached state is stale, and nothing of this cell runs (``%agent resume`` takes the
         run back)."""
-        row = self.store.get_run(self.run_id)
-        if self.lost(row):
-            self.owned = False
-            raise self.store.ownership_lost(self.run_id, self.epoch, "next cell")
-        if row["status"] == Status.STOPPING:
-            self.run.stop_source = row.get("stop_source") or "api"
-            suspend_run(self.store, self.run, StopRequested(self.run.stop_source))
-            self.run.notify("end", Status.SUSPENDED)
-            row = self.store.get_run(self.run_id)
-        elif row["status"] == Status.RUNNING and not self.owned and row.get("owner") != actor():
+        row = self.honour_stop()
+        if row["status"] == Status.RUNNING and not self.owned and row.get("owner") != actor():
             if owner_alive(row.get("owner")) is True:  # a live kernel's cells: never adopted
                 check_takeover({**row, "lease_until": None}, self.store.now())  # raises
             taken = take_over(
@@ -150,6 +142,22 @@ class CellRun:
                 # Live in another kernel (its owner is alive): never run a cell of it here.
                 raise self.store.ownership_lost(self.run_id, self.epoch, "next cell")
             self.owned = True
+        return row
+
+    def honour_stop(self) -> dict[str, Any]:
+        """Suspend the run if a stop is pending (this is a safe point); return the row.
+
+        Only the stop: nothing is taken over and no fact is checked. Raises
+        ``OwnershipLost`` when another process took the run over from this one."""
+        row = self.store.get_run(self.run_id)
+        if self.lost(row):
+            self.owned = False
+            raise self.store.ownership_lost(self.run_id, self.epoch, "next cell")
+        if row["status"] == Status.STOPPING:
+            self.run.stop_source = row.get("stop_source") or "api"
+            suspend_run(self.store, self.run, StopRequested(self.run.stop_source))
+            self.run.notify("end", Status.SUSPENDED)
+            row = self.store.get_run(self.run_id)
         return row
 
     def lookup(self, key: str, digest: str) -> str:
@@ -294,16 +302,33 @@ def cell_handle(run_id: str, *, store: Store | None = None) -> Handle:
 
 
 def stop_cell_run(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
-    """Stop a cell run now: between two cells is a safe point, so it suspends at once."""
+    """Stop a cell run: the request is recorded; between two cells is a safe point, so a
+    run whose cells execute in this process suspends at once.
+
+    Stopping never opens the run: nothing is loaded from the store, taken over or
+    re-checked. A run this process does not execute (another kernel's, or one no cell
+    ran here) stays ``stopping`` until its kernel reaches the boundary before its next
+    cell, or is suspended already."""
     store = get_store(store)
     result = store.request_stop(run_id, source=source)
-    cell = open_cell_run(run_id, store=store)
+    cell = _cached_cell_run(store, run_id)
+    if cell is None:
+        return str(result.after or result.before)
     cell.run.notify("stop", source)
-    # Owned here and no cell executing now: this is the safe point. Another process's run
-    # stays stopping until its kernel reaches the boundary before its next cell.
+    # Owned here and no cell executing now: this is the safe point.
     if result.after == Status.STOPPING and cell.owned and cell.run.current is None:
-        return str(cell.boundary()["status"])
-    return str(result.after)
+        return str(cell.honour_stop()["status"])
+    return str(result.after or result.before)
+
+
+def _cached_cell_run(store: Store, run_id: str) -> CellRun | None:
+    """The cell run ``run_id`` as this runtime already holds it (None: not opened here)."""
+    rt = runtime()
+    with rt.cell_runs_lock:
+        cached = rt.cell_runs.get((store.location, run_id))
+    if cached is None or cached.store is not store or store.closed:
+        return None
+    return cached
 
 
 def resume_cell_run(

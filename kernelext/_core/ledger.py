@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any, overload
 
-from .._store.approvals import APPROVED, REJECTED
 from .._validate import (
     check_approval_rule,
     check_callable,
@@ -19,13 +18,12 @@ from .._validate import (
 )
 from ..errors import (
     EffectArgumentsMismatch,
-    EffectRejected,
     LedgerError,
     NeedsDecision,
     ResultNotStorable,
 )
-from ..status import EffectStatus, Reason
-from .asking import wait_for_person
+from ..status import EffectStatus
+from .approvals import approval_for_call
 from .canonical import Unencodable
 from .context import current_run
 from .keys import (
@@ -40,7 +38,6 @@ from .keys import (
 )
 from .names import check_stored_name
 from .run_engine import RunEngine, chain_roots
-from .runtime import runtime
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
 
 __all__ = [
@@ -219,52 +216,9 @@ class Effect:
         run.store.retry_intent(key)
 
     def _approval(self, run: RunEngine, row: dict[str, Any]) -> Any:
-        """The id of the approved request for this very call (key and argument hash).
-
-        Otherwise the run suspends here (reason ``approval``) before anything is sent:
-        after recording a request when none is open for these arguments, or again while
-        the open one waits. A rejected request raises ``EffectRejected``.
-        """
-        store, key = run.store, row["key"]
-        now = store.now()
-        current = store.current_approval(key)
-        if current is not None and current["args_hash"] == row["args_hash"]:
-            if current["decision"] == REJECTED:
-                note = current["note"]
-                raise EffectRejected(
-                    f"{self.tool} (key {key}) was rejected by {current['actor']}"
-                    + (f": {note}" if note else "")
-                    + ". The call was not made. Catch kx.EffectRejected in the agent to take "
-                    "another path (an LLM agent can tell the model the user declined).",
-                    key=str(key),
-                    tool=self.tool,
-                    note=note,
-                )
-            expires = current["expires_at"]
-            if expires is None or expires > now:
-                if current["decision"] == APPROVED:
-                    return current["id"]
-                wait_for_person(run, Reason.APPROVAL, expires, self._waiting(run))
-        deadline = runtime().settings.expiry.deadline(Reason.APPROVAL, now)
-        with run.force.critical():
-            store.request_approval(
-                {
-                    "key": key,
-                    "run_id": run.id,
-                    "step": row["step_key"],
-                    "step_ordinal": row.get("step_ordinal"),
-                    "call_ordinal": row["call_ordinal"],
-                    "tool": self.tool,
-                    "args_hash": row["args_hash"],
-                    "args": row.get("args"),
-                    "expires_at": deadline,
-                }
-            )
-        run.notify("approval", (self.tool, key, "requested"))
-        wait_for_person(run, Reason.APPROVAL, deadline, self._waiting(run))
-
-    def _waiting(self, run: RunEngine) -> str:
-        return f"{self.tool} waits for approval: kx.approvals({run.id!r})"
+        """The id of the approved request for this call; else the run suspends for one
+        (``approvals.approval_for_call``)."""
+        return approval_for_call(run, self.tool, row)
 
     # -- the call itself -----------------------------------------------------------
     @staticmethod

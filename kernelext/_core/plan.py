@@ -327,7 +327,7 @@ def open_requests(
     ]
     questions = [
         RequestItem("question", _request_text(row, "prompt"), row)
-        for row in _store_rows(store, "open_inputs", run_id, now)
+        for row in _store_rows(store, "open_questions", run_id, now)
     ]
     return approvals, questions
 

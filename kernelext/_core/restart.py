@@ -33,7 +33,7 @@ effects with an unknown outcome (``unknown``/``pending``, or a ``resumable=False
 that failed and may have half-happened, which becomes ``unknown`` as on a resume):
 reconcile them first, and a ``mark_applied`` decision is carried with its result like
 any applied effect. Answered ``run.ask`` questions are carried too (re-keyed through
-``asking.question_key``), so a step that runs again gets the answer back.
+``keys.question_key``), so a step that runs again gets the answer back.
 
 Facts recorded before the restart point are copied and revalidated by the ordinary
 resume path, which the new run goes through. Claims the old run held are taken again
@@ -76,11 +76,10 @@ from .._validate import (
 )
 from ..errors import RunStateError
 from ..status import EffectStatus
-from .asking import question_key
 from .cell_runs import CELL_AGENT
 from .control import resume
 from .handle import Handle
-from .keys import effect_key
+from .keys import effect_key, question_key
 from .names import check_stored_name
 from .resume import agent_for
 from .runtime import get_store, runtime
@@ -138,7 +137,7 @@ def restart(
         steps=carried,
         effects=_carried_effects(effects, run_id, new_id, scheme),
         facts=[f for f in store.fact_rows(run_id) if _before(f, start, cutoff)],
-        inputs=_carried_inputs(store.input_rows(run_id), new_id, scheme),
+        questions=_carried_questions(store.question_rows(run_id), new_id, scheme),
         deadline=runtime().settings.expiry.deadline("restart", store.now()),
         source=source,
         who=who,
@@ -285,7 +284,9 @@ def _carried_effects(
     return out
 
 
-def _carried_inputs(rows: list[dict[str, Any]], new_id: str, scheme: int) -> list[dict[str, Any]]:
+def _carried_questions(
+    rows: list[dict[str, Any]], new_id: str, scheme: int
+) -> list[dict[str, Any]]:
     """The answered questions of the old run, keyed for the new run (``question_key``), so
     that a step that runs again gets the answer back instead of asking again."""
     return [

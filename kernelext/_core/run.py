@@ -190,7 +190,7 @@ class Run:
 
             size = run.ask("Which size?", schema=["S", "M", "L"], default="M")
         """
-        from .asking import ask
+        from .questions import ask
 
         return ask(self._engine, prompt, schema=schema, default=default)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._core.approvals import waiting_text
 from .._core.cell_runs import (
     INTERRUPTED,
     LOST,
@@ -21,6 +20,7 @@ from .._core.cell_runs import (
     source_hash,
 )
 from .._core.plan_code import remember_cell_source
+from .._core.waiting import waiting_text
 from .._formatting import step_label
 from ..errors import NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus

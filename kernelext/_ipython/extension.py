@@ -5,8 +5,9 @@ handle display as its control panel, ``kx.reconcile(run_id)`` as the reconciliat
 widget and ``kx.revalidation(run_id)`` as the revalidation widget, and installs the
 soft interrupt. The store is opened lazily, on first use. Nothing here imports
 ipywidgets: the widget modules are imported the first time something is displayed,
-which keeps loading fast. Panels of runs in ``needs_decision`` show the decision
-widgets (``kernelext.widgets._decisions``) once the panel module is in use.
+which keeps loading fast. Once the panel module is in use, every panel add-on of the
+one registry (``kernelext.widgets._addons``: timeline, plan, approvals, expired-run
+banner, decision widgets) is installed; unloading uninstalls them all.
 
 Loading also starts the kernel's sweeper: a daemon thread that runs ``kx.sweep()``
 every ``SWEEP_INTERVAL_S`` seconds (60) once the store is open (it never opens the store
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 PANEL_MODULE = "kernelext.widgets._panel"
-DECISIONS_MODULE = "kernelext.widgets._decisions"
+ADDONS_MODULE = "kernelext.widgets._addons"
 SWEEP_INTERVAL_S = 60.0  # the kernel's sweeper; read when the extension is loaded
 
 
@@ -67,12 +68,10 @@ class _Loaded:
         self.shell = shell
         self.magics = magics
         self.settings = settings  # of the runtime that was current at loading
-        self.previous_renderer = settings.handle_renderer
+        # The renderer in each slot before loading, put back together on unloading.
+        self.previous_renderers = {slot: getattr(settings, slot) for slot in RENDERERS}
         self.store_was_open = store_was_open
         self.previous_options = previous_options  # the notebook options before loading
-        self.previous_reconcile_renderer = settings.reconcile_renderer
-        self.previous_revalidation_renderer = settings.revalidation_renderer
-        self.previous_approvals_renderer = settings.approvals_renderer
         self.sweeper: Sweeper | None = None
 
 
@@ -87,7 +86,7 @@ def loaded() -> Kernelext | None:
 def render_handle(handle: Any) -> dict[str, Any]:
     """Display a run handle as its control panel (plus static HTML and plain text)."""
     try:
-        _install_decision_widgets(force=True)
+        _install_addons(force=True)
         from kernelext.widgets._panel import panel_mimebundle
 
         return panel_mimebundle(handle)
@@ -125,15 +124,24 @@ def approvals_bundle(items: Any) -> dict[str, Any]:
         return {"text/plain": f"{items.text()}\n(widget unavailable: {exc})"}
 
 
-def _install_decision_widgets(force: bool = False) -> None:
-    """Panels show the reconciliation / revalidation widgets when a run needs a decision.
+# The renderer slots of ``Settings`` the extension fills, and what it puts in each.
+RENDERERS: dict[str, Any] = {
+    "handle_renderer": render_handle,
+    "reconcile_renderer": reconciliation_bundle,
+    "revalidation_renderer": revalidation_bundle,
+    "approvals_renderer": approvals_bundle,
+}
+
+
+def _install_addons(force: bool = False) -> None:
+    """Panels show every add-on of the widgets' registry (``kernelext.widgets._addons``).
 
     Done once the panel module is in use (``force`` imports it), so that loading the
     extension does not import ipywidgets.
     """
     if _STATE is None or not (force or PANEL_MODULE in sys.modules):
         return
-    from kernelext.widgets._decisions import install
+    from kernelext.widgets._addons import install
 
     install()
 
@@ -143,7 +151,7 @@ def _refresh_panels(*_: Any) -> None:
     cell (nbclient records widget state only from messages of the cell it runs)."""
     module = sys.modules.get(PANEL_MODULE)
     if module is not None:
-        _install_decision_widgets()
+        _install_addons()
         module.refresh_open_panels()
 
 
@@ -164,12 +172,10 @@ def load(shell: Any) -> None:
         magics.interrupt = InterruptHandler(kernel)
         magics.interrupt.install()
     _STATE = _Loaded(shell, magics, settings, store_was_open, previous_options)
-    settings.handle_renderer = render_handle
-    settings.reconcile_renderer = reconciliation_bundle
-    settings.revalidation_renderer = revalidation_bundle
-    settings.approvals_renderer = approvals_bundle
+    for slot, renderer in RENDERERS.items():
+        setattr(settings, slot, renderer)
     shell.events.register("post_execute", _refresh_panels)
-    _install_decision_widgets()
+    _install_addons()
     _STATE.sweeper = KernelSweeper(SWEEP_INTERVAL_S).start()
 
 
@@ -201,17 +207,12 @@ def unload(shell: Any) -> None:
         magics.interrupt.uninstall()
     settings = state.settings
     options.restore(state.previous_options, settings)
-    if settings.handle_renderer is render_handle:
-        settings.handle_renderer = state.previous_renderer
-    if settings.reconcile_renderer is reconciliation_bundle:
-        settings.reconcile_renderer = state.previous_reconcile_renderer
-    if settings.revalidation_renderer is revalidation_bundle:
-        settings.revalidation_renderer = state.previous_revalidation_renderer
-    if settings.approvals_renderer is approvals_bundle:
-        settings.approvals_renderer = state.previous_approvals_renderer
-    decisions = sys.modules.get(DECISIONS_MODULE)
-    if decisions is not None:
-        decisions.uninstall()
+    for slot, renderer in RENDERERS.items():
+        if getattr(settings, slot) is renderer:  # not replaced since loading
+            setattr(settings, slot, state.previous_renderers[slot])
+    addons = sys.modules.get(ADDONS_MODULE)
+    if addons is not None:
+        addons.uninstall()
     with contextlib.suppress(ValueError):
         shell.events.unregister("post_execute", _refresh_panels)
     module = sys.modules.get(PANEL_MODULE)

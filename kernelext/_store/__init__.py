@@ -15,6 +15,7 @@ from .claims import ClaimsMixin
 from .effects import EffectsMixin
 from .expiry import ExpiryMixin
 from .facts import FactsMixin
+from .questions import QuestionsMixin
 from .restart import RestartMixin
 from .runs import RunsMixin, Transition
 from .steps import Blob, StepsMixin
@@ -27,6 +28,7 @@ DEFAULT_FILENAME = "store.duckdb"
 
 class Store(
     ApprovalsMixin,
+    QuestionsMixin,
     CheckpointsMixin,
     RestartMixin,
     ExpiryMixin,

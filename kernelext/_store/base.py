@@ -75,6 +75,14 @@ def in_list(values: Iterable[str]) -> tuple[str, tuple[str, ...]]:
     return "(" + ", ".join("?" for _ in bound) + ")", bound
 
 
+def equal_filters(*pairs: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """``(" WHERE a = ? AND b = ?", [x, y])`` for the pairs whose value is not None."""
+    used = [(name, value) for name, value in pairs if value is not None]
+    if not used:
+        return "", []
+    return " WHERE " + " AND ".join(f"{name} = ?" for name, _ in used), [v for _, v in used]
+
+
 class HotPath(Protocol):
     """Where a backend puts hot-path records instead of committing each (DuckDB: a journal).
 

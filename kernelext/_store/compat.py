@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ForeignStoreError, SchemaTooNewError
-from .schema import MIGRATIONS, TABLES
+from .schema import MIGRATIONS, TABLES, VIEWS
 
 __all__ = ["NEWEST_SCHEMA", "check_store"]
 
@@ -34,6 +34,7 @@ _TABLES = (
 _OURS = frozenset(
     (
         *TABLES,
+        *VIEWS,
         "journal_state",
         "quarantine",
         "langgraph_checkpoints",

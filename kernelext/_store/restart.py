@@ -68,7 +68,7 @@ class RestartPlan:
     source: str = "api"
     who: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # answered, keyed for the new run
+    questions: list[dict[str, Any]] = field(default_factory=list)  # answered, keyed for the new run
 
 
 class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
@@ -198,7 +198,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         self._copy_steps_tx(tx, plan, mapping)
         self._copy_rows_tx(tx, "effects", plan.new_id, plan.effects)
         self._copy_rows_tx(tx, "facts", plan.new_id, plan.facts)
-        self._copy_rows_tx(tx, "inputs", plan.new_id, plan.inputs)
+        self._copy_rows_tx(tx, "questions", plan.new_id, plan.questions)
         for resource, amount in self.last_claims_tx(tx, plan.old_id):
             self.claim_tx(tx, plan.new_id, resource, amount, source="restart")
         detail = {
@@ -207,7 +207,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             "from_step": plan.start_ordinal,
             "carried_steps": len(plan.steps),
             "carried_effects": len(plan.effects),
-            "carried_answers": len(plan.inputs),
+            "carried_answers": len(plan.questions),
         }
         self.event(
             tx,

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ..status import Status
 
-__all__ = ["MIGRATIONS", "TABLES", "Migration"]
+__all__ = ["MIGRATIONS", "TABLES", "VIEWS", "Migration"]
 
 
 class Migration(NamedTuple):
@@ -260,6 +260,15 @@ _V7_TRUST = (
     "UPDATE runs SET expiry_notified_at = updated_at WHERE status = '" + Status.EXPIRED + "'",
 )
 
+_V8_QUESTIONS = (
+    # Questions to a person (``run.ask``, ``kx.questions``) are called questions from the
+    # API to the table; the view ``inputs`` keeps SQL written for schemas 5 to 7 reading.
+    # It is read-only on every backend: DuckDB never writes through a view, and the
+    # OFFSET makes it one that PostgreSQL does not update automatically either.
+    "ALTER TABLE inputs RENAME TO questions",
+    "CREATE VIEW inputs AS SELECT * FROM questions OFFSET 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
@@ -268,6 +277,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "approvals and inputs", _V5_APPROVALS_AND_INPUTS),
     Migration(6, "langgraph checkpoints", _V6_LANGGRAPH),
     Migration(7, "owner epoch, key scheme, expiry delivery", _V7_TRUST),
+    Migration(8, "questions: the table inputs renamed, inputs kept as a view", _V8_QUESTIONS),
 )
 
 TABLES = (
@@ -280,8 +290,12 @@ TABLES = (
     "claims",
     "events",
     "approvals",
-    "inputs",
+    "questions",
 )
+
+# Read-only views kept so that SQL written against older schemas still reads (schema 8:
+# ``inputs``, the former name of ``questions``).
+VIEWS = ("inputs",)
 
 SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER PRIMARY KEY,

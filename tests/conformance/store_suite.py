@@ -32,7 +32,7 @@ from kernelext._store import utcnow
 from kernelext._store.schema import MIGRATIONS, TABLES
 from kernelext.errors import RunNotFound
 
-from .store_suite_approvals import TestApprovals, TestInputs
+from .store_suite_approvals import TestApprovals, TestQuestions
 from .store_suite_claims import TestClaims, TestFacts
 from .store_suite_lifecycle import TestExpiry, TestRestart
 from .store_suite_records import TestBlobs, TestEffects, TestSteps
@@ -50,7 +50,7 @@ __all__ = [
     "TestExpiry",
     "TestFacts",
     "TestGroupCommit",
-    "TestInputs",
+    "TestQuestions",
     "TestReads",
     "TestRequestStop",
     "TestRestart",

@@ -15,15 +15,20 @@ import uuid
 from typing import Any
 
 import pytest
+from support.old_schema import back_to_schema
 
+from kernelext._core.approvals import decide_request
+from kernelext._core.questions import store_answer
 from kernelext._store import Store
-from kernelext._store.approvals import APPROVED, REJECTED
+from kernelext._store.approvals import APPROVED, NOT_OPEN, REJECTED, UNKNOWN
+from kernelext._store.questions import ANSWERED
+from kernelext._store.schema import MIGRATIONS
 from kernelext.errors import LedgerError, RunStateError
 from kernelext.status import EffectStatus, Status
 
 from .store_suite_support import WAIT, FakeClock, StoreFactory, effect_row, events, move
 
-__all__ = ["TestApprovals", "TestInputs"]
+__all__ = ["TestApprovals", "TestQuestions"]
 
 HOUR = dt.timedelta(hours=1)
 
@@ -52,12 +57,13 @@ def request(
 
 
 def decide(store: Store, ident: uuid.UUID, decision: str = APPROVED) -> dict[str, Any]:
-    return store.decide_approval(ident, decision, who="erin@lab:5", note="looks right")
+    """Decide through the core, which words a refused decision for a person."""
+    return decide_request(store, ident, decision, who="erin@lab:5", note="looks right")
 
 
 def ask(store: Store, run_id: str, prompt: str, expires_at: dt.datetime) -> uuid.UUID:
     key = uuid.uuid4()
-    store.ask_input(
+    store.ask_question(
         {
             "key": key,
             "run_id": run_id,
@@ -147,7 +153,12 @@ class TestApprovals:
         )
         clock.advance(1)
         with pytest.raises(LedgerError, match="already rejected by erin@lab:5"):
-            store.decide_approval(row["id"], APPROVED, who="frank@lab:6", note=None)
+            decide_request(store, row["id"], APPROVED, who="frank@lab:6", note=None)
+        # The store says why, with the request as it stands; the core words it.
+        late = store.decide_approval(row["id"], APPROVED, who="frank@lab:6", note=None)
+        assert late.refused == NOT_OPEN and late.row is not None
+        assert (late.row["decision"], late.row["actor"]) == (REJECTED, "erin@lab:5")
+        assert store.decide_approval(uuid.uuid4(), APPROVED, who="x", note=None).refused == UNKNOWN
         (stored,) = store.approval_rows(run_id="r1")
         assert (stored["decision"], stored["decided_at"], stored["actor"]) == (
             REJECTED,
@@ -158,7 +169,7 @@ class TestApprovals:
         assert (event["actor"], json.loads(event["detail"])["decision"]) == ("erin@lab:5", REJECTED)
         assert store.open_approvals("r1", clock()) == []
         with pytest.raises(ValueError, match="decision must be"):
-            store.decide_approval(row["id"], "maybe", who="x", note=None)
+            decide_request(store, row["id"], "maybe", who="x", note=None)
         with pytest.raises(LedgerError, match="No approval request"):
             decide(store, uuid.uuid4())
 
@@ -174,7 +185,7 @@ class TestApprovals:
             decision = (APPROVED, REJECTED)[n % 2]
             start.wait(WAIT)
             try:
-                store.decide_approval(row["id"], decision, who=f"p{n}", note=None)
+                decide_request(store, row["id"], decision, who=f"p{n}", note=None)
             except LedgerError as exc:
                 refused.append(str(exc))
             else:
@@ -274,13 +285,13 @@ class TestApprovals:
         assert len(store.approval_rows()) == 3
 
 
-class TestInputs:
+class TestQuestions:
     def test_a_question_is_recorded_and_open(self, store_factory: StoreFactory) -> None:
         clock = FakeClock()
         store = store_factory(clock)
         store.create_run("r1", "agent")
         key = ask(store, "r1", "Which account?", clock() + HOUR)
-        row = store.input_row(key)
+        row = store.question_row(key)
         assert row is not None
         assert (row["prompt"], row["asked_at"], row["expires_at"]) == (
             "Which account?",
@@ -288,10 +299,10 @@ class TestInputs:
             clock() + HOUR,
         )
         assert (row["answer"], row["answered_at"], row["actor"]) == (None, None, None)
-        assert [r["key"] for r in store.open_inputs("r1", clock())] == [key]
+        assert [r["key"] for r in store.open_questions("r1", clock())] == [key]
         (event,) = events(store, "r1", "input_requested")
         assert json.loads(event["detail"])["prompt"] == "Which account?"
-        assert store.input_row(uuid.uuid4()) is None
+        assert store.question_row(uuid.uuid4()) is None
 
     def test_asking_again_renews_the_open_question(self, store_factory: StoreFactory) -> None:
         clock = FakeClock()
@@ -299,8 +310,8 @@ class TestInputs:
         store.create_run("r1", "agent")
         key = ask(store, "r1", "Which account?", clock() + HOUR)
         again_at = clock.advance(7200)  # expired: the resumed run asks again
-        store.ask_input({**store.input_rows("r1")[0], "expires_at": again_at + HOUR})
-        (row,) = store.input_rows("r1")
+        store.ask_question({**store.question_rows("r1")[0], "expires_at": again_at + HOUR})
+        (row,) = store.question_rows("r1")
         assert (row["key"], row["asked_at"], row["expires_at"]) == (key, again_at, again_at + HOUR)
         assert len(events(store, "r1", "input_requested")) == 2
 
@@ -310,15 +321,17 @@ class TestInputs:
         store.create_run("r1", "agent")
         key = ask(store, "r1", "Which account?", clock() + HOUR)
         answered_at = clock.advance(60)
-        row = store.answer_input(key, '"ACME"', who="gina@lab:8", note="from the CRM")
+        row = store_answer(store, key, '"ACME"', who="gina@lab:8", note="from the CRM")
         assert (row["answer"], row["answered_at"], row["actor"]) == (
             '"ACME"',
             answered_at,
             "gina@lab:8",
         )
         with pytest.raises(RunStateError, match="already answered by gina@lab:8"):
-            store.answer_input(key, '"Other"', who="hank@lab:9", note=None)
-        stored = store.input_row(key)
+            store_answer(store, key, '"Other"', who="hank@lab:9", note=None)
+        late = store.answer_question(key, '"Other"', who="hank@lab:9", note=None)
+        assert late.refused == ANSWERED and late.row is not None and late.row["answer"] == '"ACME"'
+        stored = store.question_row(key)
         assert stored is not None
         assert (stored["answer"], stored["actor"], stored["note"]) == (
             '"ACME"',
@@ -327,7 +340,7 @@ class TestInputs:
         )
         (event,) = events(store, "r1", "input_answered")
         assert (event["actor"], event["reason"]) == ("gina@lab:8", "from the CRM")
-        assert store.open_inputs("r1", clock()) == []
+        assert store.open_questions("r1", clock()) == []
 
     def test_an_expired_or_unknown_question_cannot_be_answered(
         self, store_factory: StoreFactory
@@ -337,13 +350,13 @@ class TestInputs:
         store.create_run("r1", "agent")
         key = ask(store, "r1", "Which account?", clock() + HOUR)
         clock.advance(3600)
-        assert store.open_inputs("r1", clock()) == []
+        assert store.open_questions("r1", clock()) == []
         with pytest.raises(RunStateError, match=r"expired at .* can no longer be answered"):
-            store.answer_input(key, '"ACME"', who="gina@lab:8", note=None)
-        stored = store.input_row(key)
+            store_answer(store, key, '"ACME"', who="gina@lab:8", note=None)
+        stored = store.question_row(key)
         assert stored is not None and stored["answered_at"] is None
         with pytest.raises(RunStateError, match="No question with key"):
-            store.answer_input(uuid.uuid4(), '"x"', who="gina@lab:8", note=None)
+            store_answer(store, uuid.uuid4(), '"x"', who="gina@lab:8", note=None)
         assert events(store, "r1", "input_answered") == []
 
     def test_open_questions_are_those_of_runs_that_can_go_on(
@@ -356,5 +369,33 @@ class TestInputs:
             ask(store, run_id, f"For {run_id}?", clock() + HOUR)
             clock.advance(1)
         move(store, "r2", Status.CANCELLED)
-        assert [r["run_id"] for r in store.open_inputs(None, clock())] == ["r1"]
-        assert [r["run_id"] for r in store.input_rows()] == ["r1", "r2"]
+        assert [r["run_id"] for r in store.open_questions(None, clock())] == ["r1"]
+        assert [r["run_id"] for r in store.question_rows()] == ["r1", "r2"]
+
+    def test_a_store_at_schema_7_keeps_its_questions_and_inputs_reads_them(
+        self, store_factory: StoreFactory
+    ) -> None:
+        clock = FakeClock()
+        store = store_factory(clock)
+        store.create_run("r1", "agent")
+        waiting = ask(store, "r1", "Which account?", clock() + HOUR)
+        done = ask(store, "r1", "How many?", clock() + HOUR)
+        store_answer(store, done, "3", who="gina@lab:8", note=None)
+        back_to_schema(store, 7)
+        assert store.read("SELECT count(*) FROM inputs") == [(2,)]  # schema 7's table
+
+        store = store_factory.reopen(store)
+        assert store.schema_version() == MIGRATIONS[-1].version
+        assert [r["key"] for r in store.open_questions("r1", clock())] == [waiting]
+        answered = store.question_row(done)
+        assert answered is not None and (answered["answer"], answered["actor"]) == (
+            "3",
+            "gina@lab:8",
+        )
+        # The view: the same rows under the old name, and nothing can be written to it.
+        names = "key, prompt, answer"
+        query = f"SELECT {names} FROM {{}} ORDER BY asked_at, key"
+        assert store.read(query.format("inputs")) == store.read(query.format("questions"))
+        with pytest.raises(Exception, match=r"(?i)view|base table|not .*table|cannot"):
+            store.write(lambda tx: tx.execute("DELETE FROM inputs"))
+        assert len(store.question_rows("r1")) == 2

@@ -1,0 +1,102 @@
+"""A run waiting for a person: suspending for one, what it waits for, going on after.
+
+An approval (``approvals.py``) and a question (``questions.py``) both suspend the run
+with :func:`wait_for_person` (reason ``approval`` or ``input``), list what waits as a
+:class:`Waiting` (shown as cards in a notebook), and, once a person decided or answered,
+resume the run with :func:`resume_if_here` when this process runs it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+from .._store import Store, actor
+from ..errors import StopRequested
+from ..status import Reason, Status
+from .runtime import runtime
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from .run_engine import RunEngine
+
+__all__ = ["Waiting", "resume_if_here", "wait_for_person", "waiting_text"]
+
+T = TypeVar("T")
+
+
+def wait_for_person(
+    run: RunEngine, reason: str, deadline: dt.datetime | None, note: str
+) -> NoReturn:
+    """Suspend ``run`` here, now, with ``reason`` and ``deadline``, for a person to act.
+
+    The open step is not completed: it ends ``cancelled`` and runs again on resume. The
+    stop is delivered like any other, so an agent that swallows it meets it again at its
+    next kernelext call.
+    """
+    run.suspend_request = (reason, deadline, note)
+    run.stop_event.set()
+    run.stop_event.delivered = StopRequested
+    raise StopRequested(reason)
+
+
+def waiting_text(run_id: str, reason: str | None) -> str | None:
+    """What a run suspended for a person waits for, and what to do (None for other reasons)."""
+    if reason == Reason.APPROVAL:
+        return (
+            f"run {run_id!r} waits for an approval: nothing was sent. Approve or reject it in "
+            f"the run's panel, with kx.approvals({run_id!r}), or `kernelext approve ID`; then "
+            "the run goes on (a %%agent cell: run it again)."
+        )
+    if reason == Reason.INPUT:
+        return (
+            f"run {run_id!r} waits for an answer: kx.answer({run_id!r}, value), the run's panel, "
+            f"or `kernelext answer {run_id} VALUE`; then the run goes on (a %%agent cell: run "
+            "it again)."
+        )
+    return None
+
+
+def resume_if_here(store: Store, run_id: str, source: str) -> Any:
+    """Resume ``run_id`` when this process runs it and it waits only for a person.
+
+    Returns the new handle, or None when the run is another process's (its next
+    ``kx.resume`` goes on), is not suspended for an approval or an answer, or still waits
+    for another one.
+    """
+    row = store.find_run(run_id)
+    if row is None or row["status"] != Status.SUSPENDED:
+        return None
+    if row["reason"] not in (Reason.APPROVAL, Reason.INPUT) or row.get("owner") != actor():
+        return None
+    now = store.now()
+    if store.open_approvals(run_id, now) or store.open_questions(run_id, now):
+        return None
+    live = runtime().live_handle(run_id)
+    if live is not None:  # its worker is still recording the suspension
+        live.wait(30)
+    from .control import resume
+
+    return resume(run_id, store=store, source=source)
+
+
+class Waiting(list[T]):
+    """What waits for a person (of one run, or of every run); in a notebook it displays
+    as cards with their buttons (``approvals_renderer``), elsewhere as ``text()``."""
+
+    def __init__(self, run_id: str | None, store: Store, items: list[T]) -> None:
+        super().__init__(items)
+        self.run_id = run_id
+        self.store = store
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        renderer = runtime().settings.approvals_renderer
+        if renderer is None:
+            return {"text/plain": self.text()}
+        return renderer(self)
