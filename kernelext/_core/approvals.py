@@ -16,7 +16,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from .._formatting import duration_text
+from .._formatting import duration_text, moment_text
 from .._store import Store, actor
 from .._store.approvals import APPROVED, REJECTED, SEVERAL_REQUESTS, UNKNOWN
 from .._validate import (
@@ -64,7 +64,7 @@ def time_left_text(expires_at: dt.datetime | None, now: dt.datetime) -> str:
 
 def stamp(value: Any) -> str:
     """A stored time as a person reads it in a refusal: ``2026-11-02 14:03:00 UTC``."""
-    return f"{value:%Y-%m-%d %H:%M:%S} UTC" if isinstance(value, dt.datetime) else str(value)
+    return moment_text(value) if isinstance(value, dt.datetime) else str(value)
 
 
 # -- requesting: a gated call of an effect ----------------------------------------------------
