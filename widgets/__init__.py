@@ -1,12 +1,19 @@
 """ipywidgets panels for kernelext (installed as ``kernelext.widgets``).
 
 ``panel_for(handle)`` gives a run's control panel; a handle displayed in a notebook
-with ``%load_ext kernelext`` shows it. Imports the core only, never the store.
+with ``%load_ext kernelext`` shows it. ``panel.view`` (and ``panel.refresh()``) is the
+:class:`PanelView` it shows (``panel.view.stop_text()``, ``panel.view.status``);
+``decision_widget(panel)`` is the reconciliation or revalidation widget a waiting run's
+panel holds; an expired run's panel carries an :class:`ExpiredBanner` with Restart.
+Imports the core only, never the store.
 """
 
 from __future__ import annotations
 
 from ._approvals import install as _install_approvals
+from ._decisions import decision_widget
+from ._expired import ExpiredBanner
+from ._expired import install as _install_expired
 from ._panel import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,
@@ -15,20 +22,26 @@ from ._panel import (
     panel_mimebundle,
 )
 from ._plan import install as _install_plan
+from ._render import PanelView
 from ._timeline import LiveTimeline
 from ._timeline import install as _install_timeline
 
 # Every control panel shows: the stop estimate and a live timeline; the resume plan of a
-# waiting run above Resume; an open approval or question with its buttons.
+# waiting run above Resume; an open approval or question with its buttons; the banner of
+# an expired run, with Restart.
 _install_timeline()
 _install_plan()
 _install_approvals()
+_install_expired()
 
 __all__ = [
     "NEEDS_DECISION_WIDGETS",
     "PANEL_ADDONS",
     "ControlPanel",
+    "ExpiredBanner",
     "LiveTimeline",
+    "PanelView",
+    "decision_widget",
     "panel_for",
     "panel_mimebundle",
 ]

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from ..errors import CheckWarning
 from .registries import CheckRegistry
 from .runtime import runtime
 
@@ -38,10 +39,6 @@ __all__ = [
     "remember_local",
     "resolve",
 ]
-
-
-class CheckWarning(UserWarning):
-    """A check (or comparator) that only a resume in this same process can call again."""
 
 
 # -- naming a callable ------------------------------------------------------------------

@@ -19,6 +19,7 @@ from .._validate import (
 )
 from ..errors import (
     EffectArgumentsMismatch,
+    EffectFailed,
     EffectRejected,
     LedgerError,
     NeedsDecision,
@@ -57,10 +58,6 @@ __all__ = [
 ]
 
 ApprovalRule = bool | Callable[..., Any]
-
-
-class EffectFailed(LedgerError):
-    """An effect failed before; by default it is not retried silently on resume."""
 
 
 def idempotency_key_for(run: Run, step_key: str, tool: str, call_ordinal: int) -> str:

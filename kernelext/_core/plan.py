@@ -24,7 +24,7 @@ from typing import Any
 
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, check_mapping, optional, validated
-from ..errors import RunStateError
+from ..errors import PlanChanged, RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
 from .cell_runs import CELL_AGENT, SOURCE_PREFIX, source_hash
 from .checks import resolve
@@ -67,15 +67,6 @@ __all__ = [
 
 STALE_AFTER = 3600.0  # seconds: a fact recorded longer ago than this looks stale
 DIFF_LINES = 12
-
-
-class PlanChanged(RunStateError):
-    """The run changed since its plan was previewed; the resume did not happen."""
-
-    def __init__(self, message: str, differences: list[str], current: ResumePlan) -> None:
-        super().__init__(message)
-        self.differences = differences
-        self.plan = current
 
 
 class ResumePlan(PlanData):
