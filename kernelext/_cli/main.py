@@ -1,7 +1,7 @@
 """The ``kernelext`` command line (also ``python -m kernelext``): the parser and dispatch.
 
 Every command takes ``--store`` (a DuckDB path or a ``postgresql://`` URL; default:
-``$KERNELEXT_STORE``, else ``.kernelext/_store.duckdb`` in the project, like the
+``$KERNELEXT_STORE``, else ``.kernelext/store.duckdb`` in the project, like the
 library) and ``--json`` (machine-readable output on stdout).
 
 Exit codes: 0 done, 1 error (the store cannot be opened, the query failed, ...),
@@ -58,7 +58,7 @@ def build_parser() -> CommandLineParser:
         default=argparse.SUPPRESS,
         type=nonblank("--store", "pass a DuckDB file or a postgresql:// URL, or leave --store out"),
         help="a DuckDB file or a postgresql:// URL (default: $KERNELEXT_STORE, else "
-        ".kernelext/_store.duckdb in the project)",
+        ".kernelext/store.duckdb in the project)",
     )
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts"

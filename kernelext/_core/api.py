@@ -17,7 +17,7 @@ def open_store(location: str | None = None, *, read_only: bool | None = None) ->
     """The store in use; with ``location`` (a DuckDB path or ``postgresql://`` URL), switch to it.
 
     Without an argument it returns the current store, opening the default one
-    (``KERNELEXT_STORE``, else ``.kernelext/_store.duckdb`` in the project) if none is open.
+    (``KERNELEXT_STORE``, else ``.kernelext/store.duckdb`` in the project) if none is open.
     ``read_only=True`` opens it for queries only (a store on a read-only mount opens that
     way by itself).
     """

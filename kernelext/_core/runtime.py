@@ -91,7 +91,7 @@ class Settings:
 
     def store(self) -> Store:
         """The default store, opened on first use (``store_location``, else
-        ``KERNELEXT_STORE``, else ``.kernelext/_store.duckdb`` in the project)."""
+        ``KERNELEXT_STORE``, else ``.kernelext/store.duckdb`` in the project)."""
         with self._lock:
             if self._store is None or self._store.closed:
                 self._store = open_store(self.store_location or default_store_path())

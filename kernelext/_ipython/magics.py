@@ -84,7 +84,7 @@ class Kernelext(Magics):
         allow_none=True,
         help=(
             "Where runs are recorded: a DuckDB file path or a postgresql:// URL. Default: "
-            "$KERNELEXT_STORE, else .kernelext/_store.duckdb in the project."
+            "$KERNELEXT_STORE, else .kernelext/store.duckdb in the project."
         ),
     ).tag(config=True)
     expiry = Dict(

@@ -41,7 +41,7 @@ class Store(
 
 
 def default_store_path(cwd: str | None = None) -> str:
-    """``KERNELEXT_STORE`` if set, else ``.kernelext/_store.duckdb`` in the project.
+    """``KERNELEXT_STORE`` if set, else ``.kernelext/store.duckdb`` in the project.
 
     The project is the nearest folder upwards that holds ``.git`` or ``pyproject.toml``;
     without one, the current folder.
