@@ -30,7 +30,8 @@ what to do. Each name is reachable as ``kernelext.errors.<Name>`` and as ``kx.<N
         │   └── NameNotText           (also TypeError) ... that is not a ``str``
         ├── SerializationError        (also TypeError) a value cannot be stored safely
         │   ├── UnencodableArgument   an effect's argument has no faithful encoding
-        │   └── ResultNotStorable     (also NeedsDecision) an applied effect's result
+        │   └── ResultNotStorable     (also NeedsDecision) an applied effect's result cannot be
+        │                             stored: it is unknown until reconciled
         ├── LedgerError               the effect ledger refuses a call
         │   ├── EffectArgumentsMismatch   an effect key reused with other arguments
         │   ├── EffectRejected        a person rejected the call

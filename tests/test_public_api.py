@@ -14,6 +14,7 @@ import ast
 import importlib
 import json
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -267,6 +268,29 @@ def test_every_error_lives_in_kernelext_errors_and_is_kx_name() -> None:
         and issubclass(getattr(kernelext, n), BaseException)
     ]
     assert set(raised) == set(classes)
+
+
+def test_the_errors_docstring_draws_the_real_hierarchy() -> None:
+    """Each class of the tree in ``kernelext.errors``' docstring sits under a direct base."""
+    import builtins
+
+    tree = (kernelext.errors.__doc__ or "").split("::", 1)[1].split("\n\n")[1]
+    stack: list[tuple[int, str]] = []
+    drawn: set[str] = set()
+    for line in tree.splitlines():
+        found = re.match(r"^([\s│├└─]*)([A-Z]\w+)", line)
+        if found is None:
+            continue  # a description continued on the next line
+        column, name = len(found.group(1)), found.group(2)
+        while stack and stack[-1][0] >= column:
+            stack.pop()
+        cls = getattr(kernelext.errors, name, None) or getattr(builtins, name)
+        if stack:
+            parent = stack[-1][1]
+            assert parent in {b.__name__ for b in cls.__bases__}, f"{name} is not a {parent}"
+        stack.append((column, name))
+        drawn.add(name)
+    assert drawn >= set(kernelext.errors.__all__) - {"did_you_mean"}
 
 
 def _exception_classes(path: Path) -> list[tuple[str, int]]:
