@@ -6,9 +6,9 @@ embed it and refresh it with its own redraws). **Restart** calls ``kx.restart`` 
 the run: a new run starts from the kept snapshot, without repeating what the old one
 did; ``on_restart(new_handle)`` lets a panel follow the new run.
 
-``kernelext.widgets`` registers :func:`expired_addon` in the panel's ``PANEL_ADDONS``
-(:func:`install`), so every control panel carries the banner (and follows the restarted
-run).
+Importing this module (``from kernelext.widgets import ExpiredBanner`` does) registers
+:func:`expired_addon` in the panel's ``PANEL_ADDONS``, so every control panel carries the
+banner (and follows the restarted run).
 """
 
 from __future__ import annotations
