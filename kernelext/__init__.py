@@ -2,60 +2,76 @@
 
 Every external effect is recorded in a ledger, stop requests are honoured at safe
 points, suspended runs expire, and everything is queryable with SQL.
+
+The public API is what ``__all__`` lists (``tests/test_public_api.py`` pins it), plus the
+public modules ``kernelext.errors`` (every error), ``kernelext.status`` (the run lifecycle),
+``kernelext.langgraph`` and ``kernelext.widgets`` (the notebook widgets; it needs
+ipywidgets, so ``import kernelext`` does not load it). Everything under an underscore
+(``kernelext._core``, ``kernelext._store``, ...) is the engine and may change in any release.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
+from . import errors, langgraph, status
 from ._adapters.mcp import wrap_mcp as mcp
 from ._adapters.openai import wrap_openai as openai
 from ._adapters.tools import Tools as tools
 from ._core.agent import Agent, agent
 from ._core.api import configure, open_store, runs, sql
-from ._core.approvals import approvals
-from ._core.checks import CheckWarning
+from ._core.approvals import approvals, approve, reject
 from ._core.control import resume, stop
-from ._core.credentials import CredentialError
+from ._core.current import checks, credentials
 from ._core.expiry import on_expire, sweep
 from ._core.handle import Handle
-from ._core.ledger import Effect, EffectFailed, effect
-from ._core.plan import PlanChanged, ResumePlan, plan
+from ._core.ledger import Effect, effect
+from ._core.plan import ResumePlan, plan
 from ._core.questions import answer, questions
 from ._core.reconcile import reconcile
 from ._core.restart import restart
 from ._core.revalidation import Revalidation, revalidation
 from ._core.run import Run
-from ._core.runtime import runtime as _runtime
 from ._core.secrets import SECRETS as secrets
 from ._core.timeline import timeline
+from ._store.duckdb import duckdb_config
 from .errors import (
+    AgentCellStopped,
+    AgentError,
+    CheckWarning,
     ClaimConflict,
     CodeChangedError,
+    CredentialError,
     EffectArgumentsMismatch,
+    EffectFailed,
     EffectRejected,
     ForcedStop,
+    ForeignStoreError,
+    IntegrityError,
+    InvalidName,
     KernelextError,
     LedgerError,
+    NameNotText,
     NeedsDecision,
+    OwnershipLost,
+    PlanChanged,
+    ReadOnlyError,
+    ResultNotStorable,
     RunNotFound,
     RunStateError,
+    SchemaTooNewError,
+    SecretRefused,
     SerializationError,
     StopRequested,
+    StoreError,
     StoreLockedError,
+    StoreWriteError,
+    SurfaceBreach,
+    UnencodableArgument,
 )
-
-if TYPE_CHECKING:  # at run time: __getattr__, the registries of the current runtime
-    from ._core.registries import CheckRegistry, CredentialRegistry
-
-    checks: CheckRegistry
-    credentials: CredentialRegistry
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "AgentCellStopped",
+    "AgentError",
     "CheckWarning",
     "ClaimConflict",
     "CodeChangedError",
@@ -65,27 +81,44 @@ __all__ = [
     "EffectFailed",
     "EffectRejected",
     "ForcedStop",
+    "ForeignStoreError",
     "Handle",
+    "IntegrityError",
+    "InvalidName",
     "KernelextError",
     "LedgerError",
+    "NameNotText",
     "NeedsDecision",
+    "OwnershipLost",
     "PlanChanged",
+    "ReadOnlyError",
+    "ResultNotStorable",
     "ResumePlan",
     "Revalidation",
     "Run",
     "RunNotFound",
     "RunStateError",
+    "SchemaTooNewError",
+    "SecretRefused",
     "SerializationError",
     "StopRequested",
+    "StoreError",
     "StoreLockedError",
+    "StoreWriteError",
+    "SurfaceBreach",
+    "UnencodableArgument",
     "__version__",
     "agent",
     "answer",
     "approvals",
+    "approve",
     "checks",
     "configure",
     "credentials",
+    "duckdb_config",
     "effect",
+    "errors",
+    "langgraph",
     "mcp",
     "on_expire",
     "open_store",
@@ -93,12 +126,14 @@ __all__ = [
     "plan",
     "questions",
     "reconcile",
+    "reject",
     "restart",
     "resume",
     "revalidation",
     "runs",
     "secrets",
     "sql",
+    "status",
     "stop",
     "sweep",
     "timeline",
@@ -106,24 +141,15 @@ __all__ = [
 ]
 
 
-# Loaded on first use: ``kx.langgraph`` (the module itself imports LangGraph lazily too).
-_LAZY = {"langgraph": "kernelext._adapters.langgraph"}
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext kernelext`` (IPython's extension hook; not part of ``__all__``)."""
+    from ._ipython import extension
+
+    extension.load(ipython)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "checks":  # read at each use: a new runtime has registries of its own
-        return _runtime().checks
-    if name == "credentials":
-        return _runtime().credentials
-    if name in _LAZY:
-        return importlib.import_module(_LAZY[name])
-    raise AttributeError(f"module 'kernelext' has no attribute {name!r}")
+def unload_ipython_extension(ipython: object) -> None:
+    """``%unload_ext kernelext`` (IPython's extension hook; not part of ``__all__``)."""
+    from ._ipython import extension
 
-
-def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext kernelext``."""
-    importlib.import_module("kernelext._ipython.extension").load(ipython)
-
-
-def unload_ipython_extension(ipython: Any) -> None:
-    importlib.import_module("kernelext._ipython.extension").unload(ipython)
+    extension.unload(ipython)

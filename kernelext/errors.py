@@ -1,17 +1,70 @@
-"""Errors raised by kernelext. Every message says what happened and what to do."""
+"""Every error kernelext raises, in one hierarchy. Every message says what happened and
+what to do. Each name is reachable as ``kernelext.errors.<Name>`` and as ``kx.<Name>``.
+
+::
+
+    BaseException
+    └── StopRequested                 a stop landed at a safe point (not an ``Exception``,
+        └── ForcedStop                so ``except Exception`` cannot swallow it)
+    Exception
+    └── KernelextError                every error kernelext raises on purpose
+        ├── StoreError                the store cannot be opened, read or written
+        │   ├── StoreLockedError      another process holds the store file
+        │   ├── StoreWriteError       a record could not be made durable
+        │   ├── IntegrityError        a stored payload does not match its hash
+        │   ├── SchemaTooNewError     written by a newer kernelext
+        │   ├── ForeignStoreError     a DuckDB file kernelext did not create
+        │   ├── ReadOnlyError         (also ValueError) a write sent to a read-only entry point
+        │   └── SurfaceBreach         a checked query did something behind the check
+        ├── RunNotFound               (also LookupError) no run with that id
+        ├── RunStateError             the run's state does not allow the request
+        │   ├── OwnershipLost         another process took the run over
+        │   ├── CodeChangedError      the agent's code changed since the run started
+        │   ├── ClaimConflict         a resource is claimed by another run
+        │   └── PlanChanged           the run changed since its plan was previewed
+        ├── AgentError                the agent is not defined or not usable here
+        ├── AgentCellStopped          a ``%%agent`` cell that did not (fully) run
+        ├── CredentialError           a credential could not be refreshed
+        ├── SecretRefused             (also ValueError) an exact value holds a secret
+        ├── InvalidName               (also ValueError) a run id, step key or tool name
+        │   └── NameNotText           (also TypeError) ... that is not a ``str``
+        ├── SerializationError        (also TypeError) a value cannot be stored safely
+        │   ├── UnencodableArgument   an effect's argument has no faithful encoding
+        │   └── ResultNotStorable     (also NeedsDecision) an applied effect's result cannot be
+        │                             stored: it is unknown until reconciled
+        ├── LedgerError               the effect ledger refuses a call
+        │   ├── EffectArgumentsMismatch   an effect key reused with other arguments
+        │   ├── EffectRejected        a person rejected the call
+        │   └── EffectFailed          the effect failed before; not retried silently
+        └── NeedsDecision             the run waits for a human decision
+            └── ResultNotStorable
+    Warning
+    └── UserWarning
+        └── CheckWarning              a check only a resume in this process can call again
+
+``did_you_mean`` builds the "Did you mean ...?" hint the messages end with.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING
 
 from ._did_you_mean import did_you_mean
 from ._formatting import moment_text
 
+if TYPE_CHECKING:  # private: not a name of this module
+    from ._core import plan as _plan
+
 __all__ = [
+    "AgentCellStopped",
     "AgentError",
+    "CheckWarning",
     "ClaimConflict",
     "CodeChangedError",
+    "CredentialError",
     "EffectArgumentsMismatch",
+    "EffectFailed",
     "EffectRejected",
     "ForcedStop",
     "ForeignStoreError",
@@ -22,16 +75,19 @@ __all__ = [
     "NameNotText",
     "NeedsDecision",
     "OwnershipLost",
+    "PlanChanged",
     "ReadOnlyError",
     "ResultNotStorable",
     "RunNotFound",
     "RunStateError",
     "SchemaTooNewError",
+    "SecretRefused",
     "SerializationError",
     "StopRequested",
     "StoreError",
     "StoreLockedError",
     "StoreWriteError",
+    "SurfaceBreach",
     "UnencodableArgument",
     "did_you_mean",
 ]
@@ -82,6 +138,10 @@ class ForeignStoreError(StoreError):
 
 class ReadOnlyError(StoreError, ValueError):
     """A statement that writes was sent to a read-only entry point."""
+
+
+class SurfaceBreach(StoreError):
+    """A query that passed the SQL check did something behind it (the third layer saw it)."""
 
 
 class RunNotFound(KernelextError, LookupError):
@@ -144,8 +204,41 @@ class ClaimConflict(RunStateError):
     """A resource is already claimed by another live or suspended run."""
 
 
+class PlanChanged(RunStateError):
+    """The run changed since its plan was previewed; the resume did not happen.
+
+    ``differences``: what changed, one line each; ``plan``: the run's plan now."""
+
+    def __init__(self, message: str, differences: list[str], current: _plan.ResumePlan) -> None:
+        super().__init__(message)
+        self.differences = differences
+        self.plan = current
+
+
 class AgentError(KernelextError):
     """The agent is not defined or not usable in this process."""
+
+
+class AgentCellStopped(KernelextError):
+    """A ``%%agent`` cell that did not (fully) run. Displays as one line, no traceback.
+
+    ``run_id``: the cell's run, ``status``: the run's status when the cell stopped."""
+
+    def __init__(self, message: str, *, run_id: str, status: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [f"\x1b[1;31m■ kernelext:\x1b[0m {self}"]
+
+
+class CredentialError(KernelextError):
+    """A credential could not be refreshed (the resume stopped) or is not available."""
+
+
+class SecretRefused(KernelextError, ValueError):
+    """A value that must be stored exactly (an id, a snapshot) holds a registered secret."""
 
 
 class SerializationError(KernelextError, TypeError):
@@ -190,6 +283,10 @@ class EffectRejected(LedgerError):
         self.note = note
 
 
+class EffectFailed(LedgerError):
+    """An effect failed before; by default it is not retried silently on resume."""
+
+
 class NeedsDecision(KernelextError):
     """The run waits for a human decision (an unknown effect or a stale fact)."""
 
@@ -209,3 +306,7 @@ class StopRequested(BaseException):
 
 class ForcedStop(StopRequested):
     """Raised into a step that overran ``max_step_seconds`` while a stop was pending."""
+
+
+class CheckWarning(UserWarning):
+    """A check (or comparator) that only a resume in this same process can call again."""

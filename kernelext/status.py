@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from .errors import RunStateError
+from .errors import RunStateError as _RunStateError  # kernelext.errors is its home
 
 __all__ = [
     "FINAL",
@@ -36,6 +36,7 @@ __all__ = [
     "Status",
     "StepStatus",
     "check_transition",
+    "statuses",
     "waiting_reason",
 ]
 
@@ -159,7 +160,7 @@ def check_transition(run_id: str, before: str, after: str) -> None:
     if Status(after) in allowed:
         return
     can = ", ".join(sorted(allowed)) or "nothing: it is final"
-    raise RunStateError(
+    raise _RunStateError(
         f"Run {run_id!r} cannot move from {before} to {after}; from {before} it can move to "
         f"{can}. To run it again from a snapshot, use kx.restart({run_id!r})."
     )

@@ -160,7 +160,7 @@ def test_a_rejection_raises_effect_rejected_at_the_call_and_the_agent_goes_anoth
 def test_deciding_twice_a_used_request_or_an_unknown_one_is_refused_clearly(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    from kernelext._core.approvals import approve, reject
+    approve, reject = kx.approve, kx.reject  # by request id or effect key
 
     run_id = name("twice")
     assert payments(delivery_server).start([["eve", 300]], run_id=run_id).wait(WAIT) == (

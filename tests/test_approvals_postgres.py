@@ -87,7 +87,7 @@ def test_approve_reject_replan_and_answer_on_postgresql(
 
 DECIDER = """
 import json, sys, time
-from kernelext._core.approvals import approve, reject
+from kernelext import approve, reject
 from kernelext.errors import LedgerError
 from kernelext._store import open_store
 

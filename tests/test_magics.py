@@ -26,10 +26,10 @@ from kernelext._core.cell_runs import CELL_AGENT, forget_cell_runs
 from kernelext._core.run import AGENT_API
 from kernelext._core.runtime import runtime
 from kernelext._ipython import extension
-from kernelext._ipython.cells import AgentCellStopped
 from kernelext._ipython.interrupt import InterruptHandler
 from kernelext._ipython.magics import Kernelext
 from kernelext._ipython.options import notebook_option, saved
+from kernelext.errors import AgentCellStopped
 
 EFFECTS = """
 import kernelext as kx

@@ -30,13 +30,13 @@ from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, source_ha
 from kernelext._core.ledger import effect_key
 from kernelext._core.plan import (
     STALE_AFTER,
-    PlanChanged,
     ResumePlan,
     check_plan,
     plan,
 )
 from kernelext._core.plan_code import remember_cell_source
 from kernelext._store import Store, open_store, utcnow
+from kernelext.errors import PlanChanged
 from kernelext.status import Reason, Status, StepStatus
 
 WAIT = 60

@@ -20,8 +20,8 @@ from test_sql_safety import ledger_state, populate
 
 import kernelext as kx
 from kernelext._store import Store, open_store, sql_allowed, sql_tree
-from kernelext._store.sql_guard import SurfaceBreach, check_query
-from kernelext.errors import ReadOnlyError
+from kernelext._store.sql_guard import check_query
+from kernelext.errors import ReadOnlyError, SurfaceBreach
 
 ESCAPE = (
     "SELECT * FROM json_execute_serialized_sql(json_serialize_sql("

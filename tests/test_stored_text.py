@@ -30,9 +30,9 @@ import pytest
 
 import kernelext as kx
 from kernelext._core.secrets import SECRETS
-from kernelext._store.columns import SCRUBBED, SecretRefused, param_columns, scrub_params
+from kernelext._store.columns import SCRUBBED, param_columns, scrub_params
 from kernelext._store.schema import VIEWS
-from kernelext.errors import AgentError
+from kernelext.errors import AgentError, SecretRefused
 
 pytestmark = pytest.mark.both_backends
 WAIT = 60.0

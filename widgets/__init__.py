@@ -1,12 +1,19 @@
 """ipywidgets panels for kernelext (installed as ``kernelext.widgets``).
 
 ``panel_for(handle)`` gives a run's control panel; a handle displayed in a notebook
-with ``%load_ext kernelext`` shows it. Imports the core only, never the store.
+with ``%load_ext kernelext`` shows it. ``panel.view`` (and ``panel.refresh()``) is the
+:class:`PanelView` it shows (``panel.view.stop_text()``, ``panel.view.status``);
+``decision_widget(panel)`` is the reconciliation or revalidation widget a waiting run's
+panel holds. :class:`ExpiredBanner` is an expired run's banner with Restart; every control
+panel of an expired run carries it.
+Imports the core only, never the store.
 """
 
 from __future__ import annotations
 
 from . import _addons
+from ._decisions import decision_widget
+from ._expired import ExpiredBanner
 from ._panel import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,
@@ -14,6 +21,7 @@ from ._panel import (
     panel_for,
     panel_mimebundle,
 )
+from ._render import PanelView
 from ._timeline import LiveTimeline
 
 # Every control panel shows the add-ons of the one registry (``_addons``): the stop
@@ -25,7 +33,10 @@ __all__ = [
     "NEEDS_DECISION_WIDGETS",
     "PANEL_ADDONS",
     "ControlPanel",
+    "ExpiredBanner",
     "LiveTimeline",
+    "PanelView",
+    "decision_widget",
     "panel_for",
     "panel_mimebundle",
 ]

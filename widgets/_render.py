@@ -38,6 +38,11 @@ EFFECT_ICONS: dict[str, str] = {
 
 @dataclass
 class PanelView:
+    """What a control panel shows of its run, read at its last redraw (``panel.view``,
+    returned by ``panel.refresh()``): ``status``, ``reason``, the step and its time,
+    ``stop_text()`` ("stop pending since HH:MM:SS (panel)" while a stop is pending, else
+    None), ``progress_text()``, ``outcome_text()``."""
+
     run_id: str
     agent: str
     status: str

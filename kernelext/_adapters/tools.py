@@ -3,7 +3,8 @@
 ``tools = kx.tools(send_email, refund)`` is the ``tools=[...]`` list of the chat completions
 API, one JSON schema per function, built from its signature, type hints and docstring
 (Google ``Args:``, Sphinx ``:param x:`` or NumPy ``Parameters`` sections describe the
-parameters). ``tools.for_responses()`` is the same list in the Responses API's shape.
+parameters); ``tools.schemas`` is that same list. ``tools.for_responses()`` is the same
+list in the Responses API's shape.
 
 ``tools.call(tool_call)`` runs the function the model asked for with the model's
 arguments and returns the message to append: ``{"role": "tool", "tool_call_id": ...,
@@ -115,6 +116,11 @@ class Tools(list[dict[str, Any]]):
         self._tools[tool_name] = tool
         self.append(tool.schema)
         return fn
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tool schemas for ``tools=``: the list itself (``tools.schemas is tools``)."""
+        return self
 
     def for_responses(self) -> list[dict[str, Any]]:
         """The same tools in the Responses API's shape (``client.responses.create``)."""

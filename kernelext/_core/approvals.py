@@ -311,7 +311,7 @@ def _named(row: dict[str, Any], prefix: str) -> bool:
 
 
 @validated(
-    "kx.core.approvals.approve",
+    "kx.approve",
     ident=check_key,
     note=NOTE,
     store=STORE,
@@ -326,12 +326,16 @@ def approve(
     source: str = "api",
     resume: bool = True,
 ) -> Approval:
-    """Approve the request ``ident`` (see ``find_approval``); returns it, decided."""
+    """``kx.approve(ident)``: approve the request ``ident``, a request id or an effect key
+    (whole, or a unique prefix of an open one; by key only while that key has had one
+    request), as ``kernelext approve ID`` does. Records who, when and ``note``, resumes the
+    run when this process runs it (``resume=False``: not), and returns the decided
+    :class:`Approval`."""
     return _decide(ident, APPROVED, note, store, source, resume)
 
 
 @validated(
-    "kx.core.approvals.reject",
+    "kx.reject",
     ident=check_key,
     note=NOTE,
     store=STORE,
@@ -346,7 +350,8 @@ def reject(
     source: str = "api",
     resume: bool = True,
 ) -> Approval:
-    """Reject the request ``ident`` (see ``find_approval``); returns it, decided."""
+    """``kx.reject(ident)``: reject the request ``ident`` (named as for :func:`approve`);
+    the agent gets ``kx.EffectRejected`` at that call. Returns the decided :class:`Approval`."""
     return _decide(ident, REJECTED, note, store, source, resume)
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .._formatting import duration_text
+from ..errors import CheckWarning
 from .registries import CheckRegistry
 from .runtime import runtime
 
@@ -39,10 +40,6 @@ __all__ = [
     "remember_local",
     "resolve",
 ]
-
-
-class CheckWarning(UserWarning):
-    """A check (or comparator) that only a resume in this same process can call again."""
 
 
 # -- naming a callable ------------------------------------------------------------------

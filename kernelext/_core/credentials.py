@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KernelextError
+from ..errors import CredentialError
 from .checks import call_bounded, resolve
 from .codec import dumps_json
 from .registries import CredentialRegistry
@@ -48,10 +48,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("kernelext")
-
-
-class CredentialError(KernelextError):
-    """A credential could not be refreshed (the resume stopped) or is not available."""
 
 
 def fingerprint(value: Any) -> str:

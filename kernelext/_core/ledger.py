@@ -18,6 +18,7 @@ from .._validate import (
 )
 from ..errors import (
     EffectArgumentsMismatch,
+    EffectFailed,
     LedgerError,
     NeedsDecision,
     ResultNotStorable,
@@ -54,10 +55,6 @@ __all__ = [
 ]
 
 ApprovalRule = bool | Callable[..., Any]
-
-
-class EffectFailed(LedgerError):
-    """An effect failed before; by default it is not retried silently on resume."""
 
 
 def idempotency_key_for(run: RunEngine, step_key: str, tool: str, call_ordinal: int) -> str:

@@ -31,7 +31,7 @@ from .._validate import (
     optional,
     validated,
 )
-from ..errors import RunStateError
+from ..errors import PlanChanged, RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
 from .cell_runs import CELL_AGENT
 from .checks import resolve
@@ -71,15 +71,6 @@ __all__ = [
 ]
 
 STALE_AFTER = 3600.0  # seconds: a fact recorded longer ago than this looks stale
-
-
-class PlanChanged(RunStateError):
-    """The run changed since its plan was previewed; the resume did not happen."""
-
-    def __init__(self, message: str, differences: list[str], current: ResumePlan) -> None:
-        super().__init__(message)
-        self.differences = differences
-        self.plan = current
 
 
 class ResumePlan(PlanData):

@@ -254,6 +254,12 @@ class SecretRegistry:
         """A copy of ``value`` (text, or dicts and lists of it) with every secret replaced."""
         return scrub(value)
 
+    def log_filter(self) -> logging.Filter:
+        """A ``logging.Filter`` that scrubs secrets from the records of your own loggers, as
+        kernelext's logger is: ``logging.getLogger("myapp").addFilter(kx.secrets.log_filter())``
+        (or on a handler, for every logger it serves)."""
+        return ScrubFilter()
+
     def __repr__(self) -> str:
         names = ", ".join(self.names()) or "none"
         return f"<kx.secrets: {len(self)} value(s) (never shown); names: {names}>"
@@ -497,7 +503,8 @@ class StoreScrubber:
 
 # -- kernelext's log lines -----------------------------------------------------------------
 class ScrubFilter(logging.Filter):
-    """Scrubs every record of the ``kernelext`` logger before any handler sees it."""
+    """Scrubs every record of the ``kernelext`` logger before any handler sees it (and of
+    any logger given one: ``kx.secrets.log_filter()``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:

@@ -22,7 +22,7 @@ from .._core.cell_runs import (
 from .._core.plan_code import remember_cell_source
 from .._core.waiting import waiting_text
 from .._formatting import step_label
-from ..errors import NeedsDecision, OwnershipLost, StopRequested
+from ..errors import AgentCellStopped, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
 
 __all__ = ["AgentCellStopped", "cell_identity", "run_agent_cell"]
@@ -40,18 +40,6 @@ STATUS_ADVICE: dict[str, str] = {
     Status.COMPLETED: "it is completed; give further cells a new run id",
     Status.FAILED: "resume it with %agent resume {id}",
 }
-
-
-class AgentCellStopped(Exception):
-    """A ``%%agent`` cell that did not (fully) run. Displays as one line, no traceback."""
-
-    def __init__(self, message: str, *, run_id: str, status: str | None = None) -> None:
-        super().__init__(message)
-        self.run_id = run_id
-        self.status = status
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[1;31m■ kernelext:\x1b[0m {self}"]
 
 
 def cell_identity(shell: Any, source: str, step: str | None) -> str:

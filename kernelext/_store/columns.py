@@ -32,7 +32,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-from ..errors import KernelextError
+from ..errors import SecretRefused
 
 __all__ = [
     "SCRUBBED",
@@ -47,10 +47,6 @@ __all__ = [
     "scrub_record",
     "scrubbed_excerpt",
 ]
-
-
-class SecretRefused(KernelextError, ValueError):
-    """A value that must be stored exactly (an id, a snapshot) holds a registered secret."""
 
 
 class Column(NamedTuple):

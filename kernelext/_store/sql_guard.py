@@ -34,7 +34,7 @@ from typing import Any
 
 import duckdb
 
-from ..errors import ReadOnlyError, StoreError
+from ..errors import ReadOnlyError, SurfaceBreach
 from .sql_tree import _Refused, check_tree
 
 __all__ = [
@@ -394,10 +394,6 @@ def runtime_refusal(exc: BaseException) -> ReadOnlyError | None:
     if isinstance(exc, duckdb.InvalidInputException) and "configuration has been locked" in text:
         return refusal(f"a settings change ({text})", "settings")
     return None
-
-
-class SurfaceBreach(StoreError):
-    """A query that passed the check did something behind it (the third layer saw it)."""
 
 
 def breach(what: str, sql: str) -> SurfaceBreach:

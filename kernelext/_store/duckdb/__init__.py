@@ -11,6 +11,6 @@
 
 from __future__ import annotations
 
-from .backend import DUCKDB_CONFIG, DuckDBConnection, open_duckdb
+from .backend import DUCKDB_CONFIG, DuckDBConnection, duckdb_config, open_duckdb
 
-__all__ = ["DUCKDB_CONFIG", "DuckDBConnection", "open_duckdb"]
+__all__ = ["DUCKDB_CONFIG", "DuckDBConnection", "duckdb_config", "open_duckdb"]

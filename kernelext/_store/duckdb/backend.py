@@ -35,7 +35,7 @@ from .hot_path import JournalHotPath
 from .recovery import fold_orphaned_journals
 from .side_files import SideFiles, private_dirs
 
-__all__ = ["DuckDBConnection", "open_duckdb"]
+__all__ = ["DuckDBConnection", "duckdb_config", "open_duckdb"]
 
 _log = logging.getLogger("kernelext")
 INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
@@ -62,6 +62,16 @@ _PERMANENT = (
 # every table and index costs at least a block. (An existing file keeps its block size.)
 # Another connection to the same file in this process must pass the same config.
 DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {"default_block_size": "16384"}
+
+
+def duckdb_config() -> dict[str, str | bool | int | float | list[str]]:
+    """``kx.duckdb_config()``: the configuration another DuckDB connection to the store file
+    in this process must pass (DuckDB refuses a second configuration of an open file), e.g.
+    ``duckdb.connect(kx.open_store().location, config=kx.duckdb_config())`` for JupySQL.
+    A new dict each call: changing it changes nothing in kernelext."""
+    return dict(DUCKDB_CONFIG)
+
+
 # The throw-away database of a query that may read files (allow_files): no extension is
 # installed or loaded for it (the built-in CSV, Parquet, JSON and text readers suffice).
 _FILES_CONFIG: dict[str, str | bool | int | float | list[str]] = {
