@@ -51,7 +51,7 @@ import datetime as dt
 from typing import TYPE_CHECKING
 
 from ._did_you_mean import did_you_mean
-from ._formatting import moment_text
+from ._formatting import moment_text as _moment_text
 
 if TYPE_CHECKING:  # private: not a name of this module
     from ._core import plan as _plan
@@ -173,7 +173,7 @@ class OwnershipLost(RunStateError):
         self.since = since
         self.epoch = epoch
         self.held = held
-        when = f" since {moment_text(since)}" if isinstance(since, dt.datetime) else ""
+        when = f" since {_moment_text(since)}" if isinstance(since, dt.datetime) else ""
         mine = f", this process held epoch {held}" if held is not None else ""
         if what == "effect intent":
             sent = "was refused and nothing was sent for it"

@@ -55,7 +55,7 @@ def a_cell_run_of_another_kernel(store: Store, run_id: str) -> None:
     cell = open_cell_run(run_id, store=store)
 
     def body() -> None:
-        cell.run.fact("price:A", 10.0, check=price_of, args=("A",))
+        cell.run.facade.fact("price:A", 10.0, check=price_of, args=("A",))
 
     assert cell.run_step("quote", source_hash("quote"), body).kind == "completed"
     forget_cell_runs(run_id)
