@@ -26,8 +26,9 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext._core.approvals import Approval, approvals
+from kernelext._core.asking import parse_answer
 from kernelext._core.colours import BAD, REQUEST_COLOURS
-from kernelext._core.questions import Question, parse_answer, questions
+from kernelext._core.questions import Question, questions
 from kernelext.status import Reason, Status
 
 __all__ = [

@@ -30,8 +30,9 @@ from .._validate import (
 )
 from ..errors import EffectRejected, LedgerError
 from ..status import Reason
+from .control import resume_if_here
 from .runtime import get_store, runtime
-from .waiting import Waiting, resume_if_here, wait_for_person
+from .waiting import Waiting, wait_for_person
 
 if TYPE_CHECKING:
     from .run_engine import RunEngine

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._store import Store
+from .._store import Store, actor
 from .._validate import (
     FLAG,
     RUN_ID,
@@ -23,6 +23,7 @@ from .._validate import (
 )
 from .._validate import check_plan as plan_type
 from ..errors import RunStateError
+from ..status import Reason, Status
 from . import cell_runs
 from .handle import Handle, request_stop
 from .names import check_stored_name
@@ -148,3 +149,24 @@ def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
         key_scheme=row.get("key_scheme"),
     )
     return Handle(run, store)
+
+
+def resume_if_here(store: Store, run_id: str, source: str) -> Any:
+    """Resume ``run_id`` when this process runs it and it waits only for a person.
+
+    Returns the new handle, or None when the run is another process's (its next
+    ``kx.resume`` goes on), is not suspended for an approval or an answer, or still waits
+    for another one.
+    """
+    row = store.find_run(run_id)
+    if row is None or row["status"] != Status.SUSPENDED:
+        return None
+    if row["reason"] not in (Reason.APPROVAL, Reason.INPUT) or row.get("owner") != actor():
+        return None
+    now = store.now()
+    if store.open_approvals(run_id, now) or store.open_questions(run_id, now):
+        return None
+    live = runtime().live_handle(run_id)
+    if live is not None:  # its worker is still recording the suspension
+        live.wait(30)
+    return resume(run_id, store=store, source=source)

@@ -190,7 +190,7 @@ class Run:
 
             size = run.ask("Which size?", schema=["S", "M", "L"], default="M")
         """
-        from .questions import ask
+        from .asking import ask
 
         return ask(self._engine, prompt, schema=schema, default=default)
 

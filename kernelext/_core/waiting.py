@@ -3,16 +3,16 @@
 An approval (``approvals.py``) and a question (``questions.py``) both suspend the run
 with :func:`wait_for_person` (reason ``approval`` or ``input``), list what waits as a
 :class:`Waiting` (shown as cards in a notebook), and, once a person decided or answered,
-resume the run with :func:`resume_if_here` when this process runs it.
+resume the run with ``control.resume_if_here`` when this process runs it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from .._store import Store, actor
+from .._store import Store
 from ..errors import StopRequested
-from ..status import Reason, Status
+from ..status import Reason
 from .runtime import runtime
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from .run_engine import RunEngine
 
-__all__ = ["Waiting", "resume_if_here", "wait_for_person", "waiting_text"]
+__all__ = ["Waiting", "wait_for_person", "waiting_text"]
 
 T = TypeVar("T")
 
@@ -55,29 +55,6 @@ def waiting_text(run_id: str, reason: str | None) -> str | None:
             "it again)."
         )
     return None
-
-
-def resume_if_here(store: Store, run_id: str, source: str) -> Any:
-    """Resume ``run_id`` when this process runs it and it waits only for a person.
-
-    Returns the new handle, or None when the run is another process's (its next
-    ``kx.resume`` goes on), is not suspended for an approval or an answer, or still waits
-    for another one.
-    """
-    row = store.find_run(run_id)
-    if row is None or row["status"] != Status.SUSPENDED:
-        return None
-    if row["reason"] not in (Reason.APPROVAL, Reason.INPUT) or row.get("owner") != actor():
-        return None
-    now = store.now()
-    if store.open_approvals(run_id, now) or store.open_questions(run_id, now):
-        return None
-    live = runtime().live_handle(run_id)
-    if live is not None:  # its worker is still recording the suspension
-        live.wait(30)
-    from .control import resume
-
-    return resume(run_id, store=store, source=source)
 
 
 class Waiting(list[T]):
