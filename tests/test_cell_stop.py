@@ -3,7 +3,8 @@
 A stop from ``kx.stop``, ``%agent stop``, the panel or ``kernelext stop`` goes through
 ``control.stop``: for a cell run this process does not execute, the request is written to
 the run's row and nothing else happens here: the run is not loaded, not taken over, and
-its facts are not re-checked (its owner honours the stop before its next cell). Real
+its facts are not re-checked (its owner honours the stop before its next cell);
+``kernelext stop RUN --wait`` then only reads the run's status from the store. Real
 DuckDB store; the other process is the test's parent process (alive, so its run is never
 adopted).
 """
@@ -11,8 +12,12 @@ adopted).
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,6 +68,26 @@ def a_cell_run_of_another_kernel(store: Store, run_id: str) -> None:
     CHECKED.clear()
 
 
+# The command line in a process of its own, with open_cell_run and take_over recording any
+# call (to the file named by OPENED) before doing what they do.
+CLI_WATCHING_OPENS = """
+import json, os, sys
+import kernelext._core.cell_runs as cell_runs
+
+def recording(name, real):
+    def call(*args, **kwargs):
+        with open(os.environ["OPENED"], "a") as out:
+            out.write(name + "\\n")
+        return real(*args, **kwargs)
+    return call
+
+cell_runs.open_cell_run = recording("open_cell_run", cell_runs.open_cell_run)
+cell_runs.take_over = recording("take_over", cell_runs.take_over)
+from kernelext._cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def kinds(store: Store, run_id: str) -> list[str]:
     return [str(e["kind"]) for e in store.events(run_id)]
 
@@ -93,4 +118,34 @@ def test_a_cell_run_this_process_executes_still_suspends_at_once(store: Store) -
 
     assert kx.stop(run_id, source="test") == "suspended"
     assert kinds(store, run_id)[-2:] == ["stop_requested", "suspended"]
+    assert CHECKED == []
+
+
+@pytest.mark.usefixtures("price_check")
+def test_the_command_lines_stop_wait_reads_the_status_and_opens_nothing(
+    store: Store, store_path: Path, tmp_path: Path
+) -> None:
+    run_id = "cells-stopped-from-a-shell"
+    a_cell_run_of_another_kernel(store, run_id)
+    before = kinds(store, run_id)
+    runtime().close()  # the command line opens the store file itself
+    opened = tmp_path / "opened.txt"
+    opened.touch()
+
+    command = ["--store", str(store_path), "stop", run_id, "--wait", "--timeout", "0.5"]
+    done = subprocess.run(
+        [sys.executable, "-c", CLI_WATCHING_OPENS, *command, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OPENED": str(opened)},
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "stopping"  # its owner has not honoured it yet
+    assert opened.read_text() == ""  # the run was neither opened nor taken over
+    store = kx.open_store(str(store_path))
+    row = store.get_run(run_id)
+    assert (row["status"], row["owner"]) == ("stopping", other_live_process())
+    assert kinds(store, run_id)[len(before) :] == ["stop_requested"]
     assert CHECKED == []

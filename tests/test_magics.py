@@ -457,7 +457,7 @@ def test_config_goes_through_the_same_checks(
     before = dict(runtime().settings.expiry.durations)
     cell(ip, "%config Kernelext.expiry = {'approval': -5}")  # IPython logs the refusal
     assert "positive number of seconds" in caplog.text
-    assert magics.expiry == {} and runtime().settings.expiry.durations == before  # left as it was
+    assert magics.expiry == before == runtime().settings.expiry.durations  # left as it was
 
 
 def test_interrupt_options_are_read_at_each_press(ip: InteractiveShell) -> None:

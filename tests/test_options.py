@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from traitlets import TraitError
+from traitlets.config import Config
 
 import kernelext as kx
 from kernelext._cli.main import main as cli
@@ -123,10 +128,94 @@ def test_every_option_refuses_a_bad_value_alike_and_keeps_its_value(
         caplog.clear()
         ip.run_cell(f"%config Kernelext.{option.name} = {bad!r}")  # IPython logs the refusal
         assert option.current(rt.settings) == before
-        if option.kind == "flag":  # the Bool trait refuses it before kx.configure sees it
-            assert "expected a boolean" in caplog.text
-        else:
-            assert str(refused.value) in caplog.text
+        assert str(refused.value) in caplog.text  # the option's own check, word for word
+
+
+def odd_values(option: Option[Any], tmp_path: Path) -> list[tuple[Any, bool]]:
+    """Values of other types (value, whether the option's check takes it): what a typed
+    trait would convert or refuse before the option's check sees it."""
+    by_kind: dict[str, list[tuple[Any, bool]]] = {
+        "location": [
+            (tmp_path / "as-path.duckdb", True),
+            (str(tmp_path / "as-bytes.duckdb").encode(), False),
+            (7, False),
+        ],
+        "durations": [({"approval": timedelta(hours=1)}, True), ({"approval": True}, False)],
+        "seconds": [
+            (True, False),  # a bool is not a number of seconds
+            (timedelta(seconds=7), True),
+            (numpy.int64(7), True),
+            (numpy.float64(7.5), True),
+            ("7", False),
+            (b"7", False),
+        ],
+        "flag": [(numpy.bool_(True), False), (1.0, False)],  # only True or False
+    }
+    assert option.kind in by_kind, f"say in odd_values what a {option.kind!r} option takes"
+    return by_kind[option.kind]
+
+
+def outcome(set_it: Any, option: Option[Any], rt: Runtime) -> tuple[str, Any]:
+    before = option.current(rt.settings)
+    try:
+        set_it()
+    except (TypeError, ValueError, TraitError) as exc:
+        assert option.current(rt.settings) == before
+        return ("refused", str(exc))
+    return ("taken", option.current(rt.settings))
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=ids)
+def test_config_takes_and_refuses_exactly_what_the_options_check_does(
+    ip: InteractiveShell, tmp_path: Path, option: Option[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    magics = ip.magics_manager.registry["Kernelext"]
+    for value, takes in odd_values(option, tmp_path):
+        with use_runtime(Runtime()) as rt:
+            through_api = outcome(partial(kx.configure, **{option.name: value}), option, rt)
+        with use_runtime(Runtime()) as rt:  # %config Kernelext.<name> = value
+            ip.user_ns["value"] = value
+            caplog.clear()
+            assert ip.run_cell(f"%config Kernelext.{option.name} = value").success
+            refusal = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+            current = option.current(rt.settings)
+            through_config = ("refused", refusal[0]) if refusal else ("taken", current)
+        with use_runtime(Runtime()) as rt:  # c.Kernelext.<name> = value (a profile)
+            through_trait = outcome(partial(setattr, magics, option.name, value), option, rt)
+        assert through_api == through_config == through_trait, value
+        assert through_api[0] == ("taken" if takes else "refused"), value
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=ids)
+def test_reading_an_option_through_config_shows_the_current_setting(
+    ip: InteractiveShell, tmp_path: Path, option: Option[Any]
+) -> None:
+    good, _ = samples(option, tmp_path)
+    with use_runtime(Runtime()) as rt:
+        kx.configure(**{option.name: good})
+        shown = ip.run_cell(f"%config Kernelext.{option.name}").result
+        assert shown == option.current(rt.settings) != option.current(Runtime().settings)
+        assert getattr(ip.magics_manager.registry["Kernelext"], option.name) == shown
+
+
+def test_values_set_together_are_all_checked_before_any_is_applied(
+    ip: InteractiveShell, tmp_path: Path
+) -> None:
+    with use_runtime(Runtime()) as rt:
+        before = {option.name: option.current(rt.settings) for option in OPTIONS}
+        profile = Config()
+        profile.Kernelext.check_timeout = 5.0
+        profile.Kernelext.allow_files = "yes"
+        with pytest.raises(TraitError, match="allow_files"):
+            ip.magics_manager.registry["Kernelext"].update_config(profile)
+        assert {option.name: option.current(rt.settings) for option in OPTIONS} == before
+        profile.Kernelext.allow_files = True
+        ip.magics_manager.registry["Kernelext"].update_config(profile)
+        assert (rt.settings.check_timeout, rt.settings.allow_files) == (5.0, True)
+        profile = Config()
+        profile.Kernelext.check_timeut = 5.0
+        with pytest.raises(TraitError, match="Did you mean 'check_timeout'"):
+            ip.magics_manager.registry["Kernelext"].update_config(profile)
 
 
 def test_an_unknown_option_is_refused_with_the_nearest_declared_name() -> None:

@@ -112,12 +112,11 @@ def cmd_stop(args: argparse.Namespace, store: Store) -> int:
     """``kernelext stop RUN_ID [--wait]``: ask a run to stop at its next safe point."""
     require_run(store, args.run_id)
     status = control.stop(args.run_id, source=SOURCE, store=store)
-    if args.wait:
-        handle = control.handle_for(args.run_id, store=store)
+    if args.wait:  # read the run's status from the store: waiting never opens the run
         deadline = time.monotonic() + args.timeout
         while status in LIVE and time.monotonic() < deadline:
             time.sleep(0.1)
-            status = handle.status
+            status = str(store.get_run(args.run_id)["status"])
     if args.json:
         emit_json({"run_id": args.run_id, "status": status, "source": SOURCE})
     elif status == Status.STOPPING:

@@ -7,7 +7,8 @@
 - the values a runtime keeps (:class:`OptionValues`, which ``Settings`` extends): each
   starts at its option's ``default``;
 - ``%config Kernelext.<option>`` (``kernelext/_ipython/magics.py``): one trait per option,
-  of the type its ``kind`` names, with ``help`` as its help text;
+  with ``help`` as its help text, that takes any value and hands it to ``kx.configure``
+  (the option's ``check`` is the only check) and reads the runtime's current value;
 - the command-line flag of an option that has ``cli`` (``kernelext/_cli/main.py``);
 - the options table of the README (:func:`readme_table`; ``tests/test_options.py`` fails
   when the README's table differs).
@@ -33,7 +34,7 @@ __all__ = ["OPTIONS", "Option", "OptionValues", "option_named", "readme_table"]
 T = TypeVar("T")
 Kind = Literal["location", "durations", "seconds", "flag"]
 """What an option takes: a store location (text), per-reason durations (a dict), a number
-of seconds, or True/False. ``%config`` makes a trait of the matching type."""
+of seconds, or True/False."""
 
 
 class Option(Generic[T]):

@@ -2,25 +2,30 @@
 
 Every option declared in ``kernelext/_core/options.py`` is a traitlet of :class:`Kernelext`
 (made from the declaration), so ``%config Kernelext.store = 'other.duckdb'`` works in a
-notebook and ``c.Kernelext.store = ...`` in an IPython profile; setting one calls
-``kx.configure``, which checks and applies both.
+notebook and ``c.Kernelext.store = ...`` in an IPython profile. The trait takes any value
+and hands it to ``kx.configure``: the option's own check is the only check, and the values
+set at once (a profile) are all checked before any is applied. Reading
+``%config Kernelext.<name>`` shows the runtime's current setting.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import MagicArgumentParser
-from traitlets import Bool, Dict, Float, TraitError, TraitType, Unicode, validate
+from traitlets import TraitError, TraitType
+from traitlets.config import Config
+from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
 from .._core import control
 from .._core.api import configure, runs, sql
 from .._core.cell_runs import complete_cell_run
 from .._core.credentials import CredentialError
-from .._core.options import OPTIONS
+from .._core.options import OPTIONS, Option
 from .._core.runtime import runtime
 from .._did_you_mean import did_you_mean
 from .._validate import check_duration
@@ -41,26 +46,51 @@ _VARIABLE = re.compile(
 )
 _QUOTED_VARIABLE = re.compile(r"^'\{[A-Za-z_][A-Za-z0-9_]*\}'$")
 SUBCOMMANDS = ("stop", "resume", "status", "complete", "list")
-TRAITS: dict[str, type[TraitType[Any, Any]]] = {
-    "location": Unicode,
-    "durations": Dict,
-    "seconds": Float,
-    "flag": Bool,
-}  # an option's kind -> the trait that holds it
 
 
-def option_traits() -> dict[str, TraitType[Any, Any]]:
-    """A configurable trait for each option of ``kernelext/_core/options.py``, with its help.
+class OptionTrait(TraitType[Any, Any]):
+    """One declared option as a trait: any value is handed to ``kx.configure`` (the
+    option's check refuses a bad one, nothing is set then); reading it gives the runtime's
+    current setting, so it never keeps a copy of its own. ``None`` leaves the option as it
+    is, as in ``kx.configure``."""
 
-    It starts at the option's default (``expiry`` at ``{}``: no reason changed); ``None``
-    is taken and, as in ``kx.configure``, leaves the option as it is."""
-    traits: dict[str, TraitType[Any, Any]] = {}
-    for option in OPTIONS:
-        default = {} if option.kind == "durations" else option.default
-        extra = {} if option.kind == "durations" else {"allow_none": True}
-        trait = TRAITS[option.kind](default, help=option.help, **extra)
-        traits[option.name] = trait.tag(config=True)
-    return traits
+    info_text = "any value the option's check takes"
+
+    def __init__(self, option: Option[Any] | None) -> None:
+        help_text = option.help if option is not None else ""
+        super().__init__(default_value=None, allow_none=True, help=help_text, config=True)
+        self.option = option
+
+    def from_string(self, s: str) -> Any:
+        """A command-line value: a Python literal (``5``, ``True``, ``{'approval': 60}``),
+        else the text itself (a store path)."""
+        try:
+            return ast.literal_eval(s)
+        except (ValueError, SyntaxError):
+            return s
+
+    def get(self, obj: Any, cls: Any = None) -> Any:
+        return None if self.option is None else self.option.current(runtime().settings)
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        _configure({str(self.name): value})
+        return value
+
+    def default_value_repr(self) -> str:
+        return "None" if self.option is None else self.option.default_text.replace("`", "")
+
+
+def _configure(values: dict[str, Any]) -> None:
+    """``kx.configure(**values)``, a refusal as the ``TraitError`` ``%config`` reports."""
+    try:
+        configure(**values)
+    except (TypeError, ValueError, RunStateError) as exc:
+        raise TraitError(str(exc)) from None
+
+
+def option_traits() -> dict[str, OptionTrait]:
+    """A configurable trait for each option of ``kernelext/_core/options.py``, with its help."""
+    return {option.name: OptionTrait(option) for option in OPTIONS}
 
 
 def _cell_parser() -> MagicArgumentParser:
@@ -98,16 +128,23 @@ class Kernelext(Magics):
         super().__init__(shell=shell, **kwargs)  # profile config goes through _configure
 
     # -- options ------------------------------------------------------------------------
-    @validate(*(option.name for option in OPTIONS))
-    def _configure(self, proposal: Any) -> Any:
-        """``%config Kernelext.<name> = value`` is ``kx.configure(<name>=value)``: the same
-        checks, the same setting. A refused value leaves the option as it was."""
-        value = proposal["value"]
-        try:
-            configure(**{proposal["trait"].name: value})
-        except (TypeError, ValueError, RunStateError) as exc:
-            raise TraitError(str(exc)) from None
-        return value
+    def _load_config(
+        self, cfg: Config, section_names: list[str] | None = None, traits: Any = None
+    ) -> None:
+        """Profile or ``%config`` values are one ``kx.configure`` call: all checked before
+        any is applied (traitlets would set them one by one), an unknown name is refused
+        naming the nearest option."""
+        values: dict[str, Any] = {}
+        for name, value in self._find_my_config(cfg).items():
+            if isinstance(value, Config):  # a section of its own, not an option
+                continue
+            if isinstance(value, LazyConfigValue):  # c.Kernelext.expiry.update(...)
+                value = value.get_value(getattr(self, name))
+            elif isinstance(value, DeferredConfig):  # --Kernelext.<name>=... on a command line
+                value = value.get_value(self.traits().get(name) or OptionTrait(None))
+            values[name] = value
+        if values:
+            _configure(values)
 
     # -- %%agent / %agent -------------------------------------------------------------------
     @line_cell_magic
