@@ -100,17 +100,23 @@ def shown(store: Store, run_id: str, capsys: Any) -> list[str]:
 
 def step_rows(lines: list[str]) -> dict[str, dict[str, str]]:
     """The rows of the steps table of ``kernelext show``, by key, as column -> cell."""
-    start = lines.index(next(ln for ln in lines if ln.startswith("steps (")))
+    rows = table_rows(lines, "steps", ["step", "key", "name", "status", "took", "error"])
+    return {row["key"]: row for row in rows}
+
+
+def table_rows(lines: list[str], section: str, names: list[str]) -> list[dict[str, str]]:
+    """The rows of one table of ``kernelext show``, as column -> cell."""
+    start = lines.index(next(ln for ln in lines if ln.startswith(f"{section} (")))
     header = lines[start + 1]
     columns = [(m.group(), m.start()) for m in re.finditer(r"\S+", header)]
-    assert [c for c, _ in columns] == ["step", "key", "name", "status", "took", "error"]
+    assert [c for c, _ in columns] == names
     rows = []
     for line in lines[start + 2 :]:
         if not line.strip():
             break
         ends = [at for _, at in columns[1:]] + [len(line)]
         rows.append({c: line[at:end].strip() for (c, at), end in zip(columns, ends, strict=True)})
-    return {row["key"]: row for row in rows}
+    return rows
 
 
 def test_a_deadline_and_a_step_duration_read_the_same_everywhere(
@@ -229,6 +235,9 @@ def test_a_step_by_its_default_key_reads_from_one_on_every_surface(
     assert "  skipped (completed steps): 1: step 1" in text
     effects = dict(view_of(handle).effects)
     assert [label.split(" [")[1] for label in effects] == ["step 1]"]
+    effect_columns = ["tool", "step", "step_key", "call_ordinal", "status", "key", "result"]
+    (noted,) = table_rows(shown(store, paid, capsys), "effects", [*effect_columns, "error"])
+    assert (noted["step"], noted["step_key"]) == ("1", "0")  # the number, next to the raw key
     ticks = timeline(paid, store).ticks
     assert [t.title.splitlines()[0].split(" [")[1].split("]")[0] for t in ticks] == ["step 1"]
 
