@@ -273,8 +273,7 @@ def test_the_panel_shows_the_request_and_its_approve_button_sends_once(
         assert "kernelext-approval" in card._dom_classes
         assert "kernelext-approve" in card.approve_button._dom_classes
         assert (
-            "step <code>kim</code>" in card.header.value
-            and "expires in 2 d 23 h" in card.header.value
+            " · step 1 (kim) · " in card.header.value and "expires in 2 d 23 h" in card.header.value
         )
         assert "***redacted***" in card.args.value and "sk-live" not in card.args.value
         card.note.value = "ok by phone"

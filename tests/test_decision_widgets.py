@@ -72,6 +72,13 @@ def test_replan_button_uses_the_picked_step_and_lists_replayed_effects(store: St
     widget.step_picker.value = 0
     assert "replays 2 effect(s)" in widget.replayed.value
     assert "not performed again" in widget.replayed.value
+    steps = [s["key"] for s in store.steps("w-replan")][:2]
+    for number, key in enumerate(steps, 1):  # a step reads as on every other surface
+        label = (
+            f"step {number}" if key in (str(number - 1), str(number)) else f"step {number} ({key})"
+        )
+        assert f"<td>{label}</td>" in widget.replayed.value
+        assert f"<td>{label}</td></tr>" in widget.table.value
     widget.replan_button.click()
     assert widget.rev.decision == "replan"
     assert widget.rev.handle is not None

@@ -438,6 +438,7 @@ def test_payloads_are_kept_for_the_retention_period_then_removed(
     assert snaps == [(clock.now,), (clock.now,)]
     [event] = events(store, "keeper", "snapshots_removed")
     assert json.loads(event["detail"])["retention_seconds"] == 3600
+    assert event["reason"] == "retention period of 1 h ended"
     # The audit record stays.
     assert store.get_run("keeper")["status"] == "expired"
     assert len(store.completed_steps("keeper")) == 2

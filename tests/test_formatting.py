@@ -100,17 +100,23 @@ def shown(store: Store, run_id: str, capsys: Any) -> list[str]:
 
 def step_rows(lines: list[str]) -> dict[str, dict[str, str]]:
     """The rows of the steps table of ``kernelext show``, by key, as column -> cell."""
-    start = lines.index(next(ln for ln in lines if ln.startswith("steps (")))
+    rows = table_rows(lines, "steps", ["step", "key", "name", "status", "took", "error"])
+    return {row["key"]: row for row in rows}
+
+
+def table_rows(lines: list[str], section: str, names: list[str]) -> list[dict[str, str]]:
+    """The rows of one table of ``kernelext show``, as column -> cell."""
+    start = lines.index(next(ln for ln in lines if ln.startswith(f"{section} (")))
     header = lines[start + 1]
     columns = [(m.group(), m.start()) for m in re.finditer(r"\S+", header)]
-    assert [c for c, _ in columns] == ["step", "key", "name", "status", "took", "error"]
+    assert [c for c, _ in columns] == names
     rows = []
     for line in lines[start + 2 :]:
         if not line.strip():
             break
         ends = [at for _, at in columns[1:]] + [len(line)]
         rows.append({c: line[at:end].strip() for (c, at), end in zip(columns, ends, strict=True)})
-    return {row["key"]: row for row in rows}
+    return rows
 
 
 def test_a_deadline_and_a_step_duration_read_the_same_everywhere(
@@ -196,3 +202,88 @@ def test_a_step_has_one_number_in_the_panel_the_timeline_the_plan_and_the_cli(
     assert previewed.next_step is not None and previewed.next_step.ordinal == 3
     assert previewed.next_step.note == "step 4 of 4: the first item not completed"
     assert "  next step: step 4 of 4: the first item not completed" in str(previewed)
+
+
+def test_a_step_by_its_default_key_reads_from_one_on_every_surface(
+    store: Store, capsys: Any
+) -> None:
+    """``run.steps(items)`` keys its steps by the ordinal ("0", "1"): no surface shows that
+    key for a number, every one reads ``step 1``, ``step 2``."""
+    from kernelext._cli.approvals import approvals_command
+    from kernelext.widgets._approvals import ApprovalCard, QuestionCard
+    from kernelext.widgets._render import view_of
+
+    note = kx.effect(name=name("note"))(lambda to: {"noted": to})
+    pay = kx.effect(name=name("pay"), needs_approval=True)(lambda to: {"paid": to})
+
+    @kx.agent(name=name("by-ordinal"))
+    def payer(run: kx.Run) -> None:
+        for item in run.steps(["a", "b"]):
+            (note if item == "a" else pay)(item)
+
+    paid = name("by-ordinal")
+    handle = payer.start(run_id=paid, store=store)
+    assert handle.wait(WAIT) == "suspended"
+    assert [s["key"] for s in store.steps(paid)] == ["0", "1"]  # the stored keys stay
+
+    assert f"run={paid} step 2 " in repr(kx.approvals(paid, store=store))
+    (request,) = kx.approvals(paid, store=store)
+    assert request.step == "1" and request.step_text == "step 2"
+    assert " · step 2 · " in ApprovalCard(request).header.value
+    text = plan(paid, store).text().splitlines()
+    assert any(ln.startswith("  open approvals: ") and ln.endswith(" in step 2") for ln in text)
+    assert "  skipped (completed steps): 1: step 1" in text
+    effects = dict(view_of(handle).effects)
+    assert [label.split(" [")[1] for label in effects] == ["step 1]"]
+    effect_columns = ["tool", "step", "step_key", "call_ordinal", "status", "key", "result"]
+    (noted,) = table_rows(shown(store, paid, capsys), "effects", [*effect_columns, "error"])
+    assert (noted["step"], noted["step_key"]) == ("1", "0")  # the number, next to the raw key
+    ticks = timeline(paid, store).ticks
+    assert [t.title.splitlines()[0].split(" [")[1].split("]")[0] for t in ticks] == ["step 1"]
+
+    @kx.agent(name=name("asks-by-ordinal"))
+    def asker(run: kx.Run) -> None:
+        for _ in run.steps(["a"]):
+            run.ask("which?", schema=str)
+
+    asked = name("asks-by-ordinal")
+    assert asker.start(run_id=asked, store=store).wait(WAIT) == "suspended"
+    assert f"'which?' run={asked} step 1 " in repr(kx.questions(asked, store=store))
+    (question,) = kx.questions(asked, store=store)
+    assert question.step_text == "step 1"
+    assert " · step 1 · " in QuestionCard(question).header.value
+    text = plan(asked, store).text().splitlines()
+    assert "  runs again: step 1 (cancelled: runs again)" in text
+    assert "  next step: step 1 again" in text
+    assert "  open questions: which? in step 1" in text
+
+    approvals_command(argparse.Namespace(run=None, json=False), store)
+    out = capsys.readouterr().out
+    assert f"question of run {asked} (step 1): which?" in out
+    (row,) = [ln for ln in out.splitlines() if paid in ln and str(request.id)[:8] in ln]
+    assert re.search(rf"{re.escape(paid)}\s+step 2\s", row)
+
+
+def test_the_retention_period_reads_as_a_duration(
+    store: Store, clock: HeldClock, capsys: Any
+) -> None:
+    kx.configure(retention_seconds=30 * 86400)
+
+    @kx.agent(name=name("kept"))
+    def kept(run: kx.Run) -> None:
+        with run.step("hold"):
+            run.state["blob"] = b"x" * 64
+        run.suspend("approval")
+
+    run_id = name("kept")
+    assert kept.start(run_id=run_id, store=store).wait(WAIT) == "suspended"
+    deadline: dt.datetime = store.get_run(run_id)["deadline"]
+    clock.held = deadline + dt.timedelta(seconds=1)
+    assert kx.sweep(store=store).expired_ids == [run_id]
+    clock.held = deadline + dt.timedelta(days=30, seconds=2)
+    assert kx.sweep(store=store).removed_ids == [run_id]
+    reasons = store.read(
+        "SELECT reason FROM events WHERE run_id = ? AND kind = 'snapshots_removed'", (run_id,)
+    )
+    assert reasons == [("retention period of 30 d ended",)]
+    assert any("retention period of 30 d ended" in ln for ln in shown(store, run_id, capsys))

@@ -194,10 +194,10 @@ def test_the_plan_renders_as_text_html_json_and_on_the_command_line(
     lines = text.splitlines()
     assert lines[0].startswith(f"Resume plan for run {run.run_id} [{run.agent_name}]: suspended")
     assert lines[1].startswith("  Blocked: 1 effect(s) with an unknown outcome")
-    assert "  skipped (completed steps): 2: a, b" in lines
-    assert "  runs again: c (cancelled: runs again)" in lines
+    assert "  skipped (completed steps): 2: step 1 (a), step 2 (b)" in lines
+    assert "  runs again: step 3 (c) (cancelled: runs again)" in lines
     assert "  replayed from the ledger: post ×1" in lines
-    assert any(ln.startswith("  unknown effects: send(") and "step 'c'" in ln for ln in lines)
+    assert any(ln.startswith("  unknown effects: send(") and "step 3 (c)" in ln for ln in lines)
     assert any("price:sku-1: recorded 2 d ago, max age 1 h, STALE" in ln for ln in lines)
     assert "  open approvals: none" in lines
 
@@ -242,10 +242,10 @@ def test_the_plan_lists_an_open_approval(store: Store) -> None:
     p = plan(rid, store)
     assert p.reason == Reason.APPROVAL and [s.key for s in p.completed] == ["quote"]
     (request,) = p.approvals
-    assert request.kind == "approval" and request.summary == "pay in step 'pay'"
+    assert request.kind == "approval" and request.summary == "pay in step 2 (pay)"
     assert request.row["tool"] == "pay" and request.row["decision"] is None
     assert p.blockers == [f"1 open approval request(s): decide with kx.approvals({rid!r})"]
-    assert "open approvals: pay in step 'pay'" in p.text()
+    assert "open approvals: pay in step 2 (pay)" in p.text()
 
 
 @kx.agent(name="plan-resumed-elsewhere")
@@ -338,7 +338,7 @@ def test_a_plan_is_refused_after_a_new_unknown_effect(store: Store) -> None:
         check_plan(p, store)
     assert refused.value.differences[:2] == [
         "status stopping -> suspended",
-        "1 new effect(s) with an unknown outcome: send in step 'b'",
+        "1 new effect(s) with an unknown outcome: send in step 2 (b)",
     ]
     fresh = refused.value.plan
     assert [e.tool for e in fresh.unknown] == ["send"] and fresh.in_flight == []

@@ -251,7 +251,7 @@ def test_text_repr_is_readable(store: Store, delivery_server: DeliveryServer) ->
     lines = text.splitlines()
     assert lines[0] == "Run text: 1 effect(s) with an unknown outcome"
     assert "send(" in lines[1] and "gus@example.org" in lines[1]
-    assert str(item.key) in lines[1] and "'notify'" in lines[1] and "UTC" in lines[1]
+    assert str(item.key) in lines[1] and " step 1 (notify) " in lines[1] and "UTC" in lines[1]
     assert "mark_applied" in lines[-1] and "mark_not_applied" in lines[-1]
     assert "give_up" in lines[-1]
     assert "send" in repr(item) and str(item.key) in repr(item)

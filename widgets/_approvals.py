@@ -116,8 +116,8 @@ class ApprovalCard(w.VBox):
         state = item.decision or f"waiting, {item.time_left}"
         self.header.value = (
             f"<div><b>{html.escape(item.tool)}</b> needs approval · run "
-            f"<code>{html.escape(item.run_id)}</code> · step <code>{html.escape(item.step)}"
-            f"</code> · {html.escape(state)}</div>"
+            f"<code>{html.escape(item.run_id)}</code> · {html.escape(item.step_text)}"
+            f" · {html.escape(state)}</div>"
         )
         for control in (self.note, self.approve_button, self.reject_button):
             control.disabled = item.decision is not None
@@ -224,7 +224,7 @@ class QuestionCard(w.VBox):
         state = "answered" if item.answered else item.time_left
         self.header.value = (
             f"<div><b>{html.escape(item.prompt)}</b> · run <code>{html.escape(item.run_id)}"
-            f"</code> · step <code>{html.escape(item.step)}</code> · {html.escape(state)}</div>"
+            f"</code> · {html.escape(item.step_text)} · {html.escape(state)}</div>"
         )
         for control in (self.input, self.note, self.answer_button):
             control.disabled = item.answered

@@ -175,7 +175,7 @@ class ControlPanel(w.VBox):
         if what == "effect" and isinstance(value, tuple) and len(value) == 3:
             tool, key, status = value
             row = engine_of(self.handle.run).effects.get(key) or {}
-            self._effects[key] = (effect_label(tool, row.get("step_key")), str(status))
+            self._effects[key] = (effect_label(tool, row), str(status))
             if len(self._effects) > 50:
                 for old in list(self._effects)[:-EFFECTS_SHOWN]:
                     self._effects.pop(old, None)

@@ -19,7 +19,7 @@ import ipywidgets as w
 
 from kernelext._core.colours import BAD
 from kernelext._core.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
-from kernelext._formatting import moment_text, step_label
+from kernelext._formatting import moment_text
 from kernelext.status import EffectStatus
 
 __all__ = [
@@ -195,7 +195,7 @@ def parse_result(text: str) -> Any:
 
 
 def _label(index: int, item: UnknownEffect) -> str:
-    return f"{index + 1}. {item.tool} — step {item.step_key} — {item.key}"
+    return f"{index + 1}. {item.tool} — {item.step_text} — {item.key}"
 
 
 def effects_table_html(rec: Reconciliation) -> str:
@@ -204,8 +204,7 @@ def effects_table_html(rec: Reconciliation) -> str:
         args = item.args or ""
         if len(args) > 80:
             args = args[:77] + "..."
-        ordinal = item.row.get("step_ordinal")
-        step = item.step_key if ordinal is None else step_label(ordinal, item.step_key)
+        step = item.step_text
         rows.append(
             f"<tr><td>{index + 1}</td><td>{html.escape(item.tool)}</td>"
             f"<td><code>{html.escape(args)}</code></td>"

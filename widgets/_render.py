@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,12 +158,16 @@ def view_of(
 
 def _effects_of(run: Any, limit: int = 5) -> list[tuple[str, str]]:
     rows = list(getattr(run, "effects", {}).values())[-limit:]
-    return [(effect_label(r.get("tool"), r.get("step_key")), str(r.get("status"))) for r in rows]
+    return [(effect_label(r.get("tool"), r), str(r.get("status"))) for r in rows]
 
 
-def effect_label(tool: Any, step_key: Any) -> str:
-    """``tool [step]``: which call of which step."""
-    return f"{tool} [{step_key}]" if step_key is not None else str(tool)
+def effect_label(tool: Any, row: Mapping[str, Any]) -> str:
+    """``pay [step 2]``: which call of which step (a ledger row's ``step_key`` and
+    ``step_ordinal``), the step as every surface shows it."""
+    key, ordinal = row.get("step_key"), row.get("step_ordinal")
+    if key is None and ordinal is None:
+        return str(tool)
+    return f"{tool} [{step_label(ordinal, None if key is None else str(key))}]"
 
 
 # -- drawing ---------------------------------------------------------------------------

@@ -129,8 +129,9 @@ class RevalidationWidget(w.VBox):
             self.replayed.value = "<div>No effect was recorded from that step on.</div>"
             return
         rows = "".join(
-            f"<tr><td>{html.escape(str(e['tool']))}</td><td>{html.escape(str(e['step_key']))}"
-            f"</td><td>{html.escape(str(e['status']))}</td>"
+            f"<tr><td>{html.escape(str(e['tool']))}</td><td>"
+            f"{html.escape(step_label(e.get('step_ordinal'), e.get('step_key')))}</td>"
+            f"<td>{html.escape(str(e['status']))}</td>"
             f"<td><code>{html.escape(str(e['key']))}</code></td></tr>"
             for e in effects
         )
@@ -189,7 +190,8 @@ def facts_table_html(facts: list[FactCheck]) -> str:
     rows = []
     for fact in ordered:
         colour = colour_of(CHECK_COLOURS, fact.status)
-        step = "" if fact.step_key is None else str(fact.step_key)
+        outside = fact.step_key is None and fact.step_ordinal is None
+        step = "" if outside else step_label(fact.step_ordinal, fact.step_key)
         title = html.escape(fact.detail, quote=True)
         rows.append(
             f"<tr><td>{html.escape(fact.name)}</td><td>{_cell(fact, False)}</td>"

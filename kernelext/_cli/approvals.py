@@ -34,7 +34,7 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
         emit_json({"approvals": [r.row for r in requests], "questions": [q.row for q in asked]})
         return Exit.SUSPENDED if requests or asked else Exit.DONE
     rows: list[dict[str, Any]] = [
-        {"id": r.id, "run": r.run_id, "step": r.step, "tool": r.tool} for r in requests
+        {"id": r.id, "run": r.run_id, "step": r.step_text, "tool": r.tool} for r in requests
     ]
     if rows:
         print(table(rows, ("id", "run", "step", "tool"), width=48))
@@ -44,7 +44,7 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
                 print("  " + line)
         print("decide with: kernelext approve ID [--note TEXT]  |  kernelext reject ID")
     for q in asked:
-        print(f"question of run {q.run_id} (step {q.step}): {q.prompt}  [{q.time_left}]")
+        print(f"question of run {q.run_id} ({q.step_text}): {q.prompt}  [{q.time_left}]")
         print(f"  answer with: kernelext answer {q.run_id} VALUE")
     if not rows and not asked:
         print("nothing waits for a person")

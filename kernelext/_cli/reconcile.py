@@ -47,7 +47,7 @@ RESUMABLE_AFTER = (Status.NEEDS_DECISION, Status.SUSPENDED, Status.FAILED)
 def describe(item: UnknownEffect) -> str:
     """One line about an unknown effect: the call, its key, step and intent time."""
     return (
-        f"{item.tool}({item.args or ''})  key={item.key}  step={item.step_key!r}  "
+        f"{item.tool}({item.args or ''})  key={item.key}  {item.step_text}  "
         f"intent {moment_text(item.intent_at)}"
     )
 

@@ -92,7 +92,10 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         print(f"  {estimate.text}")
     sections: list[tuple[str, Sequence[str]]] = [
         ("steps", ("step", "key", "name", "status", "took", "error")),
-        ("effects", ("tool", "step_key", "call_ordinal", "status", "key", "result", "error")),
+        (
+            "effects",
+            ("tool", "step", "step_key", "call_ordinal", "status", "key", "result", "error"),
+        ),
         ("facts", ("name", "kind", "value", "check_name", "check_status", "recorded_at")),
         ("events", ("occurred_at", "kind", "from_status", "to_status", "source", "reason")),
     ]
@@ -100,6 +103,9 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         step["step"] = step_number(int(step["ordinal"]))
         took = step.get("duration_s")
         step["took"] = duration_text(float(took)) if took is not None else None
+    for effect in details["effects"]:
+        ordinal = effect.get("step_ordinal")
+        effect["step"] = step_number(int(ordinal)) if ordinal is not None else None
     for name, columns in sections:
         rows = details[name]
         print(f"\n{name} ({len(rows)})")

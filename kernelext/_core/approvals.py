@@ -16,7 +16,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from .._formatting import duration_text, moment_text
+from .._formatting import duration_text, moment_text, step_label
 from .._store import Store, actor
 from .._store.approvals import APPROVED, REJECTED, SEVERAL_REQUESTS, UNKNOWN
 from .._validate import (
@@ -195,6 +195,7 @@ class Approval:
         self.key: uuid.UUID = row["key"]
         self.run_id: str = row["run_id"]
         self.step: str = row["step"]
+        self.step_ordinal: int | None = row.get("step_ordinal")
         self.tool: str = row["tool"]
         self.args: str | None = row["args"]  # redacted, as JSON text
         self.args_hash: str = row["args_hash"]
@@ -234,9 +235,14 @@ class Approval:
             self.handle = resume_if_here(self.store, self.run_id, source)
         return self.handle
 
+    @property
+    def step_text(self) -> str:
+        """``step 1``, ``step 2 (pay)``: the step of the call, as every surface shows it."""
+        return step_label(self.step_ordinal, self.step)
+
     def describe(self) -> str:
         return (
-            f"{self.tool}({self.args or ''}) run={self.run_id} step={self.step!r} "
+            f"{self.tool}({self.args or ''}) run={self.run_id} {self.step_text} "
             f"id={self.id} {self.time_left}"
         )
 
@@ -244,7 +250,7 @@ class Approval:
         if self.decision is not None:  # what was decided: these very arguments
             return (
                 f"<approval request {self.id} {self.decision}: {self.tool}({self.args or ''}) "
-                f"run={self.run_id} step={self.step!r}>"
+                f"run={self.run_id} {self.step_text}>"
             )
         return f"<approval request {self.describe()} open>"
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._formatting import duration_text, step_label
 from .._store import Store, actor
 from ..errors import NeedsDecision, OwnershipLost, RunStateError, StopRequested
 from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
@@ -397,7 +398,10 @@ def _overrun_timer(cell: CellRun, info: StepInfo, limit: float | None) -> thread
                 "step_overran",
                 wait=False,
                 source="engine",
-                reason=f"cell step {info.key!r} passed max_step_seconds={limit}",
+                reason=(
+                    f"cell {step_label(info.ordinal, info.key)} passed max_step_seconds "
+                    f"({duration_text(limit)})"
+                ),
             )
             cell.run.notify("overran", info)
 

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, overload
 
+from .._formatting import step_label
 from .._validate import (
     check_approval_rule,
     check_callable,
@@ -268,8 +269,9 @@ class Effect:
     ) -> Any:
         if row["args_hash"] != digest:
             raise EffectArgumentsMismatch(
-                f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of step "
-                f"{row.get('step_key')!r} in run {run.id!r}) was first used with other "
+                f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of "
+                f"{step_label(row.get('step_ordinal'), row.get('step_key'))} in run {run.id!r}) "
+                "was first used with other "
                 "arguments. A key stands for one call; the same step must make the same calls "
                 'on resume. Restore the original arguments (the recorded call: kx.sql("select '
                 f"args from effects where key = '{key}'\")). kx.restart does not help: it "

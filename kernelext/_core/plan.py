@@ -245,6 +245,7 @@ def _effects(result: ResumePlan, store: Store, live: str | None) -> None:
             e.get("args"),
             e.get("intent_at"),
             probe_for(tool) is not None,
+            e.get("step_ordinal"),
         )
         # An intent without an outcome of a run nobody executes becomes unknown on take-over.
         if status == EffectStatus.PENDING and live is not None:
@@ -330,8 +331,9 @@ def _store_rows(store: Store, method: str, run_id: str, now: dt.datetime) -> lis
 
 def _request_text(row: dict[str, Any], name: str) -> str:
     what = str(row.get(name) or "request")
-    step = f" in step {row['step']!r}" if row.get("step") is not None else ""
-    return what + step
+    if row.get("step") is None and row.get("step_ordinal") is None:
+        return what
+    return f"{what} in {step_label(row.get('step_ordinal'), row.get('step'))}"
 
 
 # -- resuming as previewed ----------------------------------------------------------------

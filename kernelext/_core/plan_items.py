@@ -12,6 +12,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._formatting import step_label
+
 __all__ = [
     "UNSEEN",
     "ClaimItem",
@@ -54,6 +56,12 @@ class EffectItem:
     args: str | None  # as stored (secrets redacted)
     intent_at: dt.datetime | None
     probe: bool  # a probe is registered for its tool in this process
+    step_ordinal: int | None = None
+
+    @property
+    def step_text(self) -> str:
+        """``step 2 (fetch)``: its step, as every surface shows it."""
+        return step_label(self.step_ordinal, self.step_key)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
-from .._formatting import duration_text, moment_text
+from .._formatting import duration_text, moment_text, step_label
 from .colours import BAD, BORDER, MUTED, OK, PAPER, WARN
 from .plan_items import UNSEEN, CodeChange, EffectItem, FactItem, PlanData
 
@@ -90,7 +90,7 @@ def _verdict(plan: PlanData) -> str:
 def _effect_line(e: EffectItem) -> str:
     when = f" intent {moment_text(e.intent_at)}" if e.intent_at else ""
     probe = ", probe registered" if e.probe else ""
-    return f"{e.tool}({e.args or ''}) step {e.step_key!r} key {e.key}{when}{probe}"
+    return f"{e.tool}({e.args or ''}) {e.step_text} key {e.key}{when}{probe}"
 
 
 def _fact_line(f: FactItem) -> str:
@@ -110,7 +110,10 @@ def _code_line(c: CodeChange) -> str:
 
 def _sections(plan: PlanData) -> list[tuple[str, list[str], bool]]:
     """(label, lines, shown even when empty) in the order both renderings use."""
-    done = [s.key + (f" ({s.note})" if s.note != "skipped" else "") for s in plan.completed]
+    done = [
+        step_label(s.ordinal, s.key) + (f" ({s.note})" if s.note != "skipped" else "")
+        for s in plan.completed
+    ]
     creds = [
         f"{c.name} (from {c.refresh})" if c.refresh else f"{c.name}: NO REFRESH HERE"
         for c in plan.credentials
@@ -122,7 +125,7 @@ def _sections(plan: PlanData) -> list[tuple[str, list[str], bool]]:
     steps = f"{len(done)}: {_listed(done)}" if done else ""
     return [
         ("skipped (completed steps)", [steps] if steps else [], True),
-        ("runs again", [f"{s.key} ({s.note})" for s in plan.rerun], False),
+        ("runs again", [f"{step_label(s.ordinal, s.key)} ({s.note})" for s in plan.rerun], False),
         ("next step", [plan.next_step.note if plan.next_step else "-"], True),
         ("replayed from the ledger", _counted(plan.replayed), True),
         ("called again (decided not applied)", _counted(plan.called_again), False),

@@ -78,7 +78,7 @@ def plan_differences(before: PlanData, after: PlanData) -> list[str]:
     old_unknown = {e.key for e in before.unknown}
     fresh = [e for e in after.unknown if e.key not in old_unknown]
     if fresh:
-        shown = ", ".join(f"{e.tool} in step {e.step_key!r}" for e in fresh[:5])
+        shown = ", ".join(f"{e.tool} in {e.step_text}" for e in fresh[:5])
         found.append(f"{len(fresh)} new effect(s) with an unknown outcome: {shown}")
     old_code = {(c.kind, c.name): c.current for c in before.code}
     for change in after.code:

@@ -18,6 +18,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from .._formatting import step_label
 from .._store import Store, actor
 from .._store.questions import UNKNOWN
 from .._validate import (
@@ -66,6 +67,7 @@ class Question:
         self.key: uuid.UUID = row["key"]
         self.run_id: str = row["run_id"]
         self.step: str = row["step"]
+        self.step_ordinal: int | None = row.get("step_ordinal")
         self.prompt: str = row["prompt"]
         self.schema: dict[str, Any] = json.loads(row["answer_schema"] or "{}")
         self.default: Any = (
@@ -128,9 +130,14 @@ class Question:
         """Answer with typed text, read as the schema asks (a number, true/false, JSON)."""
         return self.answer(parse_answer(self.schema, text), **kwargs)
 
+    @property
+    def step_text(self) -> str:
+        """``step 1``, ``step 2 (review)``: the step that asks, as every surface shows it."""
+        return step_label(self.step_ordinal, self.step)
+
     def describe(self) -> str:
         return (
-            f"{self.prompt!r} run={self.run_id} step={self.step!r} "
+            f"{self.prompt!r} run={self.run_id} {self.step_text} "
             f"schema={json.dumps(self.schema)} {self.time_left}"
         )
 

@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from .._formatting import moment_text
+from .._formatting import moment_text, step_label
 from .._store import Store, actor
 from .._store.effects import GIVE_UP
 from .._validate import NOTE, RUN_ID, SOURCE, STORE, validated
@@ -33,9 +33,15 @@ class UnknownEffect:
         self.run_id: str = row["run_id"]
         self.tool: str = row["tool"]
         self.step_key: str = row["step_key"]
+        self.step_ordinal: int | None = row.get("step_ordinal")
         self.args: str | None = row["args"]
         self.intent_at: dt.datetime = row["intent_at"]
         self.decision: str | None = None
+
+    @property
+    def step_text(self) -> str:
+        """``step 2 (fetch)``: the step of the call, as every surface shows it."""
+        return step_label(self.step_ordinal, self.step_key)
 
     @validated("UnknownEffect.mark_applied", note=NOTE, source=SOURCE)
     def mark_applied(
@@ -75,7 +81,7 @@ class UnknownEffect:
     def __repr__(self) -> str:
         state = self.decision or EffectStatus.UNKNOWN
         return (
-            f"<unknown effect {self.tool} key={self.key} step={self.step_key!r} "
+            f"<unknown effect {self.tool} key={self.key} {self.step_text} "
             f"intent={moment_text(self.intent_at)} {state}>"
         )
 
@@ -98,7 +104,7 @@ class Reconciliation(list[UnknownEffect]):
         lines = [f"Run {self.run_id}: {len(self.open)} effect(s) with an unknown outcome"]
         for item in self:
             lines.append(
-                f"  {item.tool}({item.args or ''}) key={item.key} step={item.step_key!r} "
+                f"  {item.tool}({item.args or ''}) key={item.key} {item.step_text} "
                 f"intent {moment_text(item.intent_at)} -> {item.decision or 'undecided'}"
             )
         lines.append("Decide each: .mark_applied(result=...), .mark_not_applied(), .give_up()")

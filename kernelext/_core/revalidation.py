@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from .._formatting import duration_text
+from .._formatting import duration_text, step_label
 from .._store import Store, actor
 from .._validate import NOTE, RUN_ID, SOURCE, STORE, check_step, validated
 from ..errors import RunStateError
@@ -278,7 +278,8 @@ class Revalidation:
                 "the next resume."
             )
         for fact in self.facts:
-            step = f"step {fact.step_key!r}" if fact.step_key is not None else "outside steps"
+            outside = fact.step_key is None and fact.step_ordinal is None
+            step = "outside steps" if outside else step_label(fact.step_ordinal, fact.step_key)
             lines.append(
                 f"  {fact.name}: recorded {_show(fact)}, current {_show(fact, True)}, "
                 f"age {duration_text(fact.age)}, {fact.status}"

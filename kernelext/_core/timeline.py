@@ -187,7 +187,8 @@ def _bar(row: Mapping[str, Any], effects: Sequence[Mapping[str, Any]], live: dt.
 
 def _tick(row: Mapping[str, Any]) -> EffectTick:
     title = _lines(
-        f"{row['tool']} [{row['step_key']}] call {row['call_ordinal']}: {row['status']}",
+        f"{row['tool']} [{step_label(row.get('step_ordinal'), row.get('step_key'))}] "
+        f"call {row['call_ordinal']}: {row['status']}",
         f"intent {clock(row['intent_at'])}",
         f"outcome {clock(row['outcome_at'])}" if row.get("outcome_at") else "",
         f"decided by {row['decided_by']}" if row.get("decided_by") else "",

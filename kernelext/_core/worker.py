@@ -260,7 +260,10 @@ def _monitor(handle: Handle) -> None:
                     run.id,
                     "step_overran",
                     wait=False,
-                    reason=f"step {info.key!r} passed max_step_seconds={run.max_step_seconds}",
+                    reason=(
+                        f"{step_label(info.ordinal, info.key)} passed max_step_seconds "
+                        f"({duration_text(run.max_step_seconds)})"
+                    ),
                 )
             continue
         overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds

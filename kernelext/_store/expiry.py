@@ -17,6 +17,7 @@ import datetime as dt
 import os
 from typing import NamedTuple
 
+from .._formatting import duration_text
 from ..errors import IntegrityError
 from ..status import WAITING, Status, waiting_reason
 from .base import actor, in_list
@@ -199,7 +200,7 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
                 run_id,
                 "snapshots_removed",
                 source=source,
-                reason=f"retention period of {retention_seconds:g}s ended",
+                reason=f"retention period of {duration_text(retention_seconds)} ended",
                 detail={**removal._asdict(), "retention_seconds": retention_seconds},
             )
             return removal, files
