@@ -428,7 +428,7 @@ class StoreBase:
         """A read-only query as a pyarrow Table (what ``kx.sql`` uses): ``params`` bound to
         ``?``/``$1`` (a sequence) or ``$name`` (a mapping); files outside the store only
         with ``allow_files``. A query that could change anything raises ReadOnlyError; one
-        still running after ``timeout`` seconds is interrupted (``TimeoutError``)."""
+        still running after ``timeout`` seconds is interrupted (``QueryTimeout``)."""
         self._catch_up()
         if timeout is None:
             return self.backend.read_arrow(sql, params, allow_files=allow_files)

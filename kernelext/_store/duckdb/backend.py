@@ -456,7 +456,7 @@ class DuckDBConnection(Backend):
         ``allow_files``) runs in a throw-away in-memory DuckDB that sees copies of the
         store's tables it names (``_read_with_files``); a query the store's instance
         refuses file access is refused, never tried again elsewhere. ``timeout``: the query
-        is interrupted after that many seconds (``TimeoutError``).
+        is interrupted after that many seconds (``QueryTimeout``).
         """
         checked = check_query(sql, allow_files=allow_files)
         bound = normalize_params(params)
