@@ -16,6 +16,8 @@ what to do. Each name is reachable as ``kernelext.errors.<Name>`` and as ``kx.<N
         │   ├── ForeignStoreError     a DuckDB file kernelext did not create
         │   ├── ReadOnlyError         (also ValueError) a write sent to a read-only entry point
         │   └── SurfaceBreach         a checked query did something behind the check
+        ├── QueryError                (also ValueError) the database refused a ``kx.sql`` query
+        ├── QueryTimeout              (also TimeoutError) a ``kx.sql`` query ran past its timeout
         ├── RunNotFound               (also LookupError) no run with that id
         ├── RunStateError             the run's state does not allow the request
         │   ├── OwnershipLost         another process took the run over
@@ -48,7 +50,7 @@ what to do. Each name is reachable as ``kernelext.errors.<Name>`` and as ``kx.<N
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._did_you_mean import did_you_mean
 from ._formatting import moment_text as _moment_text
@@ -76,6 +78,8 @@ __all__ = [
     "NeedsDecision",
     "OwnershipLost",
     "PlanChanged",
+    "QueryError",
+    "QueryTimeout",
     "ReadOnlyError",
     "ResultNotStorable",
     "RunNotFound",
@@ -97,6 +101,11 @@ class KernelextError(Exception):
     """Base class of every error kernelext raises on purpose."""
 
 
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], keywords: dict[str, Any]) -> Any:
+    """Unpickle an error whose constructor takes keyword-only arguments."""
+    return cls(*args, **keywords)
+
+
 class StoreError(KernelextError):
     """The store cannot be opened, read or written."""
 
@@ -107,6 +116,7 @@ class StoreLockedError(StoreError):
     def __init__(self, path: str, pid: int | None, detail: str = "") -> None:
         self.path = path
         self.pid = pid
+        self.detail = detail
         holder = f"process {pid}" if pid is not None else "another process"
         super().__init__(
             f"The kernelext store {path!r} is held by {holder}. DuckDB allows one process "
@@ -114,6 +124,9 @@ class StoreLockedError(StoreError):
             "its own store with KERNELEXT_STORE=/path/to/other.duckdb "
             "(in a notebook: %config Kernelext.store = '...')." + (f" [{detail}]" if detail else "")
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle: the constructor's own arguments
+        return (type(self), (self.path, self.pid, self.detail), self.__dict__)
 
 
 class StoreWriteError(StoreError):
@@ -142,6 +155,18 @@ class ReadOnlyError(StoreError, ValueError):
 
 class SurfaceBreach(StoreError):
     """A query that passed the SQL check did something behind it (the third layer saw it)."""
+
+
+class QueryError(KernelextError, ValueError):
+    """The database refused a query of the read-only SQL surface (``kx.sql``, ``%%ledger``,
+    ``kernelext sql``): a table or column it does not know, SQL it cannot parse, a value it
+    cannot convert. The message is the database's, with what to do; the database's own
+    exception is ``__cause__``."""
+
+
+class QueryTimeout(KernelextError, TimeoutError):
+    """A query of the read-only SQL surface ran longer than its ``timeout`` and was
+    interrupted; nothing it read is returned."""
 
 
 class RunNotFound(KernelextError, LookupError):
@@ -173,6 +198,7 @@ class OwnershipLost(RunStateError):
         self.since = since
         self.epoch = epoch
         self.held = held
+        self.what = what
         when = f" since {_moment_text(since)}" if isinstance(since, dt.datetime) else ""
         mine = f", this process held epoch {held}" if held is not None else ""
         if what == "effect intent":
@@ -195,6 +221,11 @@ class OwnershipLost(RunStateError):
             f"(kx.stop({run_id!r})), then `%agent resume {run_id}` or kx.resume({run_id!r})."
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle: keyword-only arguments, rebuilt
+        keywords = {"owner": self.owner, "since": self.since, "epoch": self.epoch}
+        keywords |= {"held": self.held, "what": self.what}
+        return (_rebuild, (type(self), (self.run_id,), keywords), self.__dict__)
+
 
 class CodeChangedError(RunStateError):
     """The agent's code differs from the code that started the run."""
@@ -214,6 +245,9 @@ class PlanChanged(RunStateError):
         self.differences = differences
         self.plan = current
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle: the constructor's own arguments
+        return (type(self), (str(self), self.differences, self.plan), self.__dict__)
+
 
 class AgentError(KernelextError):
     """The agent is not defined or not usable in this process."""
@@ -228,6 +262,10 @@ class AgentCellStopped(KernelextError):
         super().__init__(message)
         self.run_id = run_id
         self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle: keyword-only arguments, rebuilt
+        keywords = {"run_id": self.run_id, "status": self.status}
+        return (_rebuild, (type(self), (str(self),), keywords), self.__dict__)
 
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
         return [f"\x1b[1;31m■ kernelext:\x1b[0m {self}"]
@@ -281,6 +319,10 @@ class EffectRejected(LedgerError):
         self.key = key
         self.tool = tool
         self.note = note
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle: keyword-only arguments, rebuilt
+        keywords = {"key": self.key, "tool": self.tool, "note": self.note}
+        return (_rebuild, (type(self), (str(self),), keywords), self.__dict__)
 
 
 class EffectFailed(LedgerError):

@@ -175,6 +175,8 @@ def test_sql_reads_and_refuses_writes(agents: Any, store_path: Path) -> None:
     assert write.returncode == 2 and "read-only" in write.stderr
     broken = cli("sql", "SELECT nope FROM runs", store=store_path)
     assert broken.returncode == 1 and "nope" in broken.stderr
+    assert broken.stderr.startswith("kernelext: The query was not run: the database says:")
+    assert "Exception" not in broken.stderr and "DESCRIBE <table>" in broken.stderr
     assert json.loads(cli("runs", "--json", store=store_path).stdout)[0]["id"] == "sql-1"
 
 

@@ -339,6 +339,14 @@ def test_ledger_line_cell_and_output_variable(ip: InteractiveShell) -> None:
     assert ip.user_ns["df"]["id"].tolist() == ["q"]
 
 
+def test_ledger_shows_what_the_database_refused_as_one_message(ip: InteractiveShell) -> None:
+    failed = cell(ip, "%ledger SELECT * FROM nosuchtable")
+    assert isinstance(failed.error_in_exec, UsageError)
+    message = str(failed.error_in_exec)
+    assert message.startswith("The query was not run: the database says: Catalog Error")
+    assert "nosuchtable" in message and "SHOW TABLES" in message
+
+
 # -- display ------------------------------------------------------------------------------------
 def test_handle_displays_as_panel_with_fallbacks(ip: InteractiveShell) -> None:
     assert cell(

@@ -12,6 +12,7 @@ same list.
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import importlib
 import json
 import pickle
@@ -53,6 +54,8 @@ PUBLIC = [
     "NeedsDecision",
     "OwnershipLost",
     "PlanChanged",
+    "QueryError",
+    "QueryTimeout",
     "ReadOnlyError",
     "ResultNotStorable",
     "ResumePlan",
@@ -353,21 +356,40 @@ def test_a_moved_error_is_the_same_class_in_its_old_module(old_home: str, name: 
     assert getattr(importlib.import_module(old_home), name) is getattr(kernelext.errors, name)
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        kernelext.EffectFailed("Effect send failed before (key k)."),
-        kernelext.CredentialError("Credential 'gh' could not be refreshed."),
-        kernelext.SecretRefused("run id holds a registered secret"),
-        kernelext.SurfaceBreach("a query committed"),
-        kernelext.StoreWriteError("disk full"),
-    ],
-    ids=type,
-)
-def test_errors_keep_their_message_and_pickle(error: Exception) -> None:
+# Constructor arguments of the errors that take more than a message (the others get one).
+ERROR_ARGUMENTS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "AgentCellStopped": (("run 'r' is suspended",), {"run_id": "r", "status": "suspended"}),
+    "OwnershipLost": (
+        ("r",),
+        {"owner": "u@h:1.2", "since": dt.datetime(2026, 1, 1, tzinfo=dt.UTC), "epoch": 3}
+        | {"held": 2, "what": "effect intent"},
+    ),
+    "StoreLockedError": (("/tmp/s.duckdb", 123), {"detail": "lock held"}),
+    "EffectRejected": (("no",), {"key": "k", "tool": "pay", "note": "nope"}),
+    "PlanChanged": (("the run changed", ["status: suspended -> failed"], None), {}),
+}
+ERROR_CLASSES = [
+    name
+    for name in kernelext.errors.__all__
+    if isinstance(getattr(kernelext.errors, name), type)
+    and issubclass(getattr(kernelext.errors, name), BaseException)
+]
+
+
+@pytest.mark.parametrize("name", ERROR_CLASSES)
+def test_every_error_keeps_its_message_and_attributes_through_pickle(name: str) -> None:
+    cls = getattr(kernelext.errors, name)
+    args, keywords = ERROR_ARGUMENTS.get(name, ((f"{name}: what happened, what to do",), {}))
+    error = cls(*args, **keywords)
     again = pickle.loads(pickle.dumps(error))
-    assert type(again) is type(error) and str(again) == str(error)
-    assert isinstance(error, kernelext.KernelextError)
+    assert type(again) is cls and str(again) == str(error) and again.args == error.args
+    assert again.__dict__ == error.__dict__
+    assert getattr(kernelext, name) is cls
+
+
+def test_the_pickled_errors_include_every_error_of_the_hierarchy() -> None:
+    assert len(ERROR_CLASSES) == len(kernelext.errors.__all__) - 1  # all but did_you_mean
+    assert set(ERROR_ARGUMENTS) <= set(ERROR_CLASSES)
 
 
 def test_agent_cell_stopped_is_a_kernelext_error_shown_as_one_line() -> None:

@@ -77,3 +77,25 @@ def test_sql_written_against_inputs_reads_the_questions(store: Store) -> None:
     assert through_view == [{"run_id": run_id, "prompt": "How many seats?", "open": True}]
     with pytest.raises(ReadOnlyError):
         kx.sql("DELETE FROM inputs")
+
+
+def test_a_store_at_schema_7_opened_read_only_reads_its_questions_from_inputs(
+    store: Store, store_path: Path
+) -> None:
+    """A read-only open runs no migration: the questions are still in ``inputs``."""
+    run_id = name("readonly")
+    assert seats_agent().start(run_id=run_id).wait(WAIT) == "suspended"
+    finish_live_runs()
+    back_to_schema(store, 7)
+    runtime().close()
+
+    old = kx.open_store(str(store_path), read_only=True)
+    try:
+        assert old.schema_version() == 7  # nothing was migrated
+        [question] = kx.questions(store=old)
+        assert (question.run_id, question.prompt) == (run_id, "How many seats?")
+        [row] = old.question_rows(run_id)
+        assert row["answered_at"] is None
+        assert "How many seats?" in kx.plan(run_id, store=old).text()
+    finally:
+        old.close()

@@ -32,7 +32,7 @@ from test_sql_safety import (
 import kernelext as kx
 from kernelext._store import Store, open_store, sql_guard
 from kernelext._store.sql_guard import Checked
-from kernelext.errors import ReadOnlyError
+from kernelext.errors import QueryError, QueryTimeout, ReadOnlyError
 
 INNER = "WITH x AS (DELETE FROM runs RETURNING *) SELECT * FROM x"
 # (function name, its arguments): each would write, run SQL text, touch the session or a file
@@ -155,8 +155,8 @@ def test_composed_attacks_are_refused_by_kx_sql_and_change_nothing(populated: Pa
         except ReadOnlyError as exc:
             assert str(exc).startswith("Refused ") and "is read-only and" in str(exc)
             refused["n"] += 1
-        except duckdb.ParserException:
-            pass  # not SQL at all: nothing ran
+        except QueryError as exc:
+            assert isinstance(exc.__cause__, duckdb.ParserException)  # not SQL: nothing ran
         else:
             raise AssertionError(f"ran: {query}")
 
@@ -394,7 +394,7 @@ def test_explain_runs_as_kernelext_writes_it(duck: Store) -> None:
         "EXPLAIN (ANALYZE false) SELECT 1",
         "EXPLAIN EXPLAIN SELECT 1",
     ):
-        with pytest.raises((ReadOnlyError, duckdb.ParserException)):
+        with pytest.raises((ReadOnlyError, QueryError)):
             kx.sql(query, store=duck)
 
 
@@ -511,9 +511,10 @@ def test_a_timeout_interrupts_a_long_query_and_frees_the_store(duck: Store) -> N
 
     before = full_state(duck)
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"timeout=0\.3s"):
+    with pytest.raises(QueryTimeout, match=r"timeout=0\.3s") as raised:
         kx.sql(ENDLESS, timeout=0.3, store=duck)
     assert time.monotonic() - started < 10
+    assert isinstance(raised.value, TimeoutError) and isinstance(raised.value, kx.KernelextError)
     assert kx.sql("SELECT count(*) AS n FROM runs", timeout=5, store=duck)["n"].tolist() == [1]
     assert full_state(duck) == before
 
@@ -522,7 +523,7 @@ def test_a_timeout_interrupts_a_long_query_and_frees_the_store(duck: Store) -> N
 def test_a_timeout_cancels_a_long_query_on_postgres(postgres_url: str) -> None:
     store = open_store(postgres_url)
     try:
-        with pytest.raises(TimeoutError, match=r"timeout=0\.3s"):
+        with pytest.raises(QueryTimeout, match=r"timeout=0\.3s"):
             kx.sql(
                 "SELECT count(*) FROM generate_series(1, 100000000000) AS g(i)",
                 timeout=0.3,

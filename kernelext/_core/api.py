@@ -126,9 +126,11 @@ def sql(
     mapping for ``$name``. Files outside the store (``read_csv``, ``glob``, ``FROM
     'data.parquet'``) are read only with ``allow_files=True``. A query that would write,
     change a setting, advance a sequence or touch a file raises ``ReadOnlyError``, which
-    says what to do instead. ``timeout`` (seconds): a query still running then is
-    interrupted and raises ``TimeoutError`` (on DuckDB it holds the store's connection while
-    it runs, so the agents of this process wait to write until it ends).
+    says what to do instead; one the database cannot run (an unknown table, a syntax
+    error) raises ``QueryError`` with the database's message. ``timeout`` (seconds): a
+    query still running then is interrupted and raises ``QueryTimeout`` (on DuckDB it
+    holds the store's connection while it runs, so the agents of this process wait to
+    write until it ends).
     """
     if not isinstance(query, str):  # an empty one is refused by the guard, like any other
         raise TypeError(f"kx.sql(query) takes one SQL query as a str, not {type(query).__name__}.")

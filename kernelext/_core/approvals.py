@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._formatting import duration_text, moment_text, step_label
 from .._store import Store, actor
-from .._store.approvals import APPROVED, REJECTED, SEVERAL_REQUESTS, UNKNOWN
+from .._store.approvals import APPROVED, NO_SUCH_REQUEST, REJECTED, SEVERAL_REQUESTS
 from .._validate import (
     FLAG,
     NOTE,
@@ -133,7 +133,7 @@ def decide_request(
     result = store.decide_approval(ident, decision, who=who, note=note, source=source)
     if result.refused is None and result.row is not None:
         return result.row
-    if result.refused == UNKNOWN or result.row is None:
+    if result.refused == NO_SUCH_REQUEST or result.row is None:
         raise LedgerError(
             f"No approval request with id or effect key {ident} in the store at "
             f"{store.location}. List the open ones with kx.approvals() (or "

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._formatting import step_label
 from .._store import Store, actor
-from .._store.questions import UNKNOWN
+from .._store.questions import NO_SUCH_QUESTION
 from .._validate import (
     FLAG,
     NOTE,
@@ -224,7 +224,7 @@ def store_answer(
     """Store the answer (JSON) to question ``key`` once; else ``RunStateError`` says why
     (unknown, answered already, or expired); nothing changes then."""
     result = store.answer_question(key, encoded, who=who, note=note, source=source)
-    if result.row is None or result.refused == UNKNOWN:
+    if result.row is None or result.refused == NO_SUCH_QUESTION:
         raise RunStateError(
             f"No question with key {key} in the store at {store.location}. List the open "
             "ones with kx.questions() (or `kernelext approvals`)."

@@ -25,9 +25,9 @@ __all__ = [
     "APPROVAL_COLUMNS",
     "APPROVED",
     "NOT_OPEN",
+    "NO_SUCH_REQUEST",
     "REJECTED",
     "SEVERAL_REQUESTS",
-    "UNKNOWN",
     "ApprovalsMixin",
     "Decision",
 ]
@@ -55,14 +55,14 @@ _INTENT_FIELDS = (
 
 
 # Why a decision was not made (``Decision.refused``).
-UNKNOWN = "unknown"  # no request has that id or effect key
+NO_SUCH_REQUEST = "no_such_request"  # no request has that id or effect key
 SEVERAL_REQUESTS = "several_requests"  # an effect key with several requests: which one?
 NOT_OPEN = "not_open"  # decided, consumed, superseded or expired: ``row`` says which
 
 
 class Decision(NamedTuple):
     """What came of deciding a request: ``refused`` is None when the decision was made
-    (``row`` is the decided request), else one of ``UNKNOWN``, ``SEVERAL_REQUESTS`` or
+    (``row`` is the decided request), else one of ``NO_SUCH_REQUEST``, ``SEVERAL_REQUESTS`` or
     ``NOT_OPEN``, with the request as it stands and (several requests) every id of its key."""
 
     row: dict[str, Any] | None
@@ -183,7 +183,7 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
                     if len(ids) > 1:
                         return Decision(row, SEVERAL_REQUESTS, ids)
             if row is None:
-                return Decision(None, UNKNOWN)
+                return Decision(None, NO_SUCH_REQUEST)
             won = tx.fetchone(
                 "UPDATE approvals SET decision = ?, decided_at = ?, actor = ?, note = ?"
                 f" WHERE id = ? AND decision IS NULL AND {_LIVE} AND {_NOT_EXPIRED}"

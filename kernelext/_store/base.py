@@ -226,9 +226,14 @@ class StoreBase:
         backend.bind(self.now)
         self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
         self.closed = False
+        # The table of questions (``run.ask``): ``inputs`` in a store of schema 5 to 7 read
+        # read-only (no migration runs there), else ``questions``.
+        self.questions_table = "questions"
         try:
             if self.read_only:  # nothing is written, not even a migration
                 self._writer.run(lambda tx: None)
+                if self.schema_version() < 8:  # before migration 8 named the table questions
+                    self.questions_table = "inputs"
             else:
                 self._writer.run(self._migrate)
                 self.hot_path = backend.open_hot_path(self._writer)
@@ -423,7 +428,7 @@ class StoreBase:
         """A read-only query as a pyarrow Table (what ``kx.sql`` uses): ``params`` bound to
         ``?``/``$1`` (a sequence) or ``$name`` (a mapping); files outside the store only
         with ``allow_files``. A query that could change anything raises ReadOnlyError; one
-        still running after ``timeout`` seconds is interrupted (``TimeoutError``)."""
+        still running after ``timeout`` seconds is interrupted (``QueryTimeout``)."""
         self._catch_up()
         if timeout is None:
             return self.backend.read_arrow(sql, params, allow_files=allow_files)

@@ -30,7 +30,15 @@ from psycopg import errors as pg_errors
 
 from ..errors import StoreError
 from .base import Backend
-from .sql_guard import Params, breach, check_query, normalize_params, refusal
+from .sql_guard import (
+    Params,
+    breach,
+    check_query,
+    normalize_params,
+    query_error,
+    query_timeout,
+    refusal,
+)
 from .writer import Tx
 
 __all__ = [
@@ -351,9 +359,7 @@ class PostgresConnection(Backend):
             except pg_errors.QueryCanceled:
                 if timeout is None:
                     raise
-                raise TimeoutError(
-                    f"kx.sql: the query ran longer than timeout={timeout:g}s and was cancelled"
-                ) from None
+                raise query_timeout(timeout) from None
             except pg_errors.ReadOnlySqlTransaction as exc:
                 raise refusal(f"a write ({exc.diag.message_primary})", "write") from None
             except pg_errors.InsufficientPrivilege as exc:
@@ -362,7 +368,9 @@ class PostgresConnection(Backend):
             except pg_errors.SyntaxError as exc:
                 if "multiple commands" in str(exc):
                     raise refusal("more than one statement", "multiple") from None
-                raise
+                raise query_error(exc) from exc
+            except (pg_errors.ProgrammingError, pg_errors.DataError) as exc:
+                raise query_error(exc) from exc
             finally:
                 if not con.closed and not con.broken:
                     with contextlib.suppress(psycopg.Error):

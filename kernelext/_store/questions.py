@@ -18,7 +18,14 @@ from .base import equal_filters, in_list
 from .runs import RunsMixin
 from .writer import Tx
 
-__all__ = ["ANSWERED", "EXPIRED", "QUESTION_COLUMNS", "UNKNOWN", "Answer", "QuestionsMixin"]
+__all__ = [
+    "ANSWERED",
+    "NO_SUCH_QUESTION",
+    "PAST_DEADLINE",
+    "QUESTION_COLUMNS",
+    "Answer",
+    "QuestionsMixin",
+]
 
 QUESTION_COLUMNS = (
     "key, run_id, step, step_ordinal, call_ordinal, prompt, answer_schema, default_answer,"
@@ -39,14 +46,14 @@ _ASKED = (
 )
 
 # Why an answer was not stored (``Answer.refused``).
-UNKNOWN = "unknown"  # no question has that key
+NO_SUCH_QUESTION = "no_such_question"  # no question has that key
 ANSWERED = "answered"  # answered already: ``row`` says by whom and when
-EXPIRED = "expired"  # past its deadline
+PAST_DEADLINE = "past_deadline"  # past its deadline
 
 
 class Answer(NamedTuple):
     """What came of answering: ``refused`` is None when the answer was stored (``row`` is
-    the answered question), else ``UNKNOWN``, ``ANSWERED`` or ``EXPIRED`` with the
+    the answered question), else ``NO_SUCH_QUESTION``, ``ANSWERED`` or ``PAST_DEADLINE`` with the
     question as it stands."""
 
     row: dict[str, Any] | None
@@ -79,14 +86,16 @@ class QuestionsMixin(RunsMixin):
 
     def question_row(self, key: uuid.UUID) -> dict[str, Any] | None:
         """The question ``key`` (answered or not), or None."""
-        rows = self.read_dicts(f"SELECT {QUESTION_COLUMNS} FROM questions WHERE key = ?", (key,))
+        table = self.questions_table
+        rows = self.read_dicts(f"SELECT {QUESTION_COLUMNS} FROM {table} WHERE key = ?", (key,))
         return rows[0] if rows else None
 
     def question_rows(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """Every question (answered ones too), oldest first."""
         where, params = equal_filters(("run_id", run_id))
         return self.read_dicts(
-            f"SELECT {QUESTION_COLUMNS} FROM questions{where} ORDER BY asked_at, key", params
+            f"SELECT {QUESTION_COLUMNS} FROM {self.questions_table}{where} ORDER BY asked_at, key",
+            params,
         )
 
     def open_questions(self, run_id: str | None, now: dt.datetime) -> list[dict[str, Any]]:
@@ -94,7 +103,7 @@ class QuestionsMixin(RunsMixin):
         cols = ", ".join(f"q.{name}" for name in _NAMES)
         ended, terminal = in_list(TERMINAL)
         sql = (
-            f"SELECT {cols} FROM questions q JOIN runs r ON r.id = q.run_id"
+            f"SELECT {cols} FROM {self.questions_table} q JOIN runs r ON r.id = q.run_id"
             " WHERE q.answered_at IS NULL AND (q.expires_at IS NULL OR q.expires_at > ?)"
             f" AND r.status NOT IN {ended}"
         )
@@ -114,7 +123,7 @@ class QuestionsMixin(RunsMixin):
             now = self.now()
             found = _question_tx(tx, key)
             if found is None:
-                return Answer(None, UNKNOWN)
+                return Answer(None, NO_SUCH_QUESTION)
             won = tx.fetchone(
                 "UPDATE questions SET answer = ?, answered_at = ?, actor = ?, note = ?"
                 " WHERE key = ? AND answered_at IS NULL"
@@ -123,7 +132,9 @@ class QuestionsMixin(RunsMixin):
             )
             if won is None:
                 latest = _question_tx(tx, key) or found
-                return Answer(latest, ANSWERED if latest["answered_at"] is not None else EXPIRED)
+                return Answer(
+                    latest, ANSWERED if latest["answered_at"] is not None else PAST_DEADLINE
+                )
             found.update(answer=answer, answered_at=now, actor=who, note=note)
             self.event(
                 tx,

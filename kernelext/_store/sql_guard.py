@@ -20,7 +20,9 @@ anything even if the check were wrong (see ``read_arrow`` of each backend), and 
 their database refuses at run time into the same message (:func:`runtime_refusal`).
 
 Every refusal is a :class:`~kernelext.errors.ReadOnlyError` with one message shape:
-what was refused, why, and what to do instead.
+what was refused, why, and what to do instead. A query the database cannot run (a table it
+does not know, SQL it cannot parse) is a :class:`~kernelext.errors.QueryError`
+(:func:`query_error`), one that overran its timeout a :class:`~kernelext.errors.QueryTimeout`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 
 import duckdb
 
-from ..errors import ReadOnlyError, SurfaceBreach
+from ..errors import QueryError, QueryTimeout, ReadOnlyError, SurfaceBreach
 from .sql_tree import _Refused, check_tree
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "breach",
     "check_query",
     "normalize_params",
+    "query_error",
+    "query_timeout",
     "refusal",
     "runtime_refusal",
 ]
@@ -172,11 +176,11 @@ def check_query(
     What the backend runs is ``Checked.sql``, never ``sql``: the text that was checked
     (for ``EXPLAIN``, rebuilt from the statement that was checked, see :func:`_explain`).
 
-    A query DuckDB's parser cannot read raises its ``ParserException`` (running it would
-    fail the same way), unless ``strict_parse`` (another database runs it): then it is
-    refused, because it cannot be checked. ``postgres``: PostgreSQL runs it, so a call
-    qualified by a schema other than ``pg_catalog`` (a function someone created) and
-    DuckDB's method-call syntax ``x.f()`` are refused too.
+    A query DuckDB's parser cannot read raises :class:`QueryError` with the parser's
+    message (running it would fail the same way), unless ``strict_parse`` (another
+    database runs it): then it is refused, because it cannot be checked. ``postgres``:
+    PostgreSQL runs it, so a call qualified by a schema other than ``pg_catalog`` (a
+    function someone created) and DuckDB's method-call syntax ``x.f()`` are refused too.
     """
     try:
         return _check_text(
@@ -186,6 +190,8 @@ def check_query(
         raise refusal(refused.what, refused.kind) from None
     except RecursionError:
         raise refusal("a query nested too deeply to check", "unchecked") from None
+    except duckdb.ParserException as exc:
+        raise query_error(exc) from exc
 
 
 def _check_text(sql: str, *, allow_files: bool, strict_parse: bool, postgres: bool) -> Checked:
@@ -380,6 +386,24 @@ def _first_line(exc: BaseException) -> str:
 
 
 # -- what the database itself refused at run time -----------------------------------------
+def query_error(exc: BaseException) -> QueryError:
+    """The error for a query the database cannot run: its message, and what to do."""
+    text = str(exc).strip() or type(exc).__name__
+    return QueryError(
+        f"The query was not run: the database says: {text}\n"
+        "Check the SQL and the table and column names: SHOW TABLES lists the tables, "
+        "DESCRIBE <table> a table's columns (kx.sql('SHOW TABLES'))."
+    )
+
+
+def query_timeout(timeout: float) -> QueryTimeout:
+    """The error for a query that ran past ``timeout`` seconds and was stopped."""
+    return QueryTimeout(
+        f"kx.sql: the query ran longer than timeout={timeout:g}s and was stopped. "
+        "Narrow it (a WHERE, a LIMIT) or give it a larger timeout."
+    )
+
+
 def runtime_refusal(exc: BaseException) -> ReadOnlyError | None:
     """The refusal for a query that the locked-down database refused (None: a plain error).
 

@@ -20,7 +20,7 @@ from support.old_schema import back_to_schema
 from kernelext._core.approvals import decide_request
 from kernelext._core.questions import store_answer
 from kernelext._store import Store
-from kernelext._store.approvals import APPROVED, NOT_OPEN, REJECTED, UNKNOWN
+from kernelext._store.approvals import APPROVED, NO_SUCH_REQUEST, NOT_OPEN, REJECTED
 from kernelext._store.questions import ANSWERED
 from kernelext._store.schema import MIGRATIONS
 from kernelext.errors import LedgerError, RunStateError
@@ -158,7 +158,8 @@ class TestApprovals:
         late = store.decide_approval(row["id"], APPROVED, who="frank@lab:6", note=None)
         assert late.refused == NOT_OPEN and late.row is not None
         assert (late.row["decision"], late.row["actor"]) == (REJECTED, "erin@lab:5")
-        assert store.decide_approval(uuid.uuid4(), APPROVED, who="x", note=None).refused == UNKNOWN
+        nobody = store.decide_approval(uuid.uuid4(), APPROVED, who="x", note=None)
+        assert nobody.refused == NO_SUCH_REQUEST
         (stored,) = store.approval_rows(run_id="r1")
         assert (stored["decision"], stored["decided_at"], stored["actor"]) == (
             REJECTED,

@@ -25,6 +25,8 @@ from ..sql_guard import (
     breach,
     check_query,
     normalize_params,
+    query_error,
+    query_timeout,
     runtime_refusal,
 )
 from ..writer import Tx, Writer
@@ -454,7 +456,7 @@ class DuckDBConnection(Backend):
         ``allow_files``) runs in a throw-away in-memory DuckDB that sees copies of the
         store's tables it names (``_read_with_files``); a query the store's instance
         refuses file access is refused, never tried again elsewhere. ``timeout``: the query
-        is interrupted after that many seconds (``TimeoutError``).
+        is interrupted after that many seconds (``QueryTimeout``).
         """
         checked = check_query(sql, allow_files=allow_files)
         bound = normalize_params(params)
@@ -547,15 +549,13 @@ def _query_rolled_back(
         with alarm:
             return con.sql(sql, params=params).to_arrow_table()
     except Exception as exc:
-        if alarm.rang:  # DuckDB's interrupt is a RuntimeError ("Query interrupted")
-            raise TimeoutError(
-                f"kx.sql: the query ran longer than timeout={timeout:g}s and was interrupted"
-            ) from None
+        if alarm.rang and timeout is not None:  # DuckDB's interrupt: "Query interrupted"
+            raise query_timeout(timeout) from None
         if not isinstance(exc, duckdb.Error):
             raise
         refused = runtime_refusal(exc)
         if refused is None:
-            raise
+            raise query_error(exc) from exc
         raise refused from None
     finally:
         con.execute("ROLLBACK")
