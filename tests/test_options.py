@@ -242,3 +242,25 @@ def test_an_options_flag_uses_the_options_check(
     with pytest.raises(SystemExit):
         cli(["runs", "--help"])
     assert option.meaning.replace("`", "") in " ".join(capsys.readouterr().out.split())
+
+
+def test_loading_the_extension_again_keeps_what_kx_configure_set_after_config(
+    ip: InteractiveShell, tmp_path: Path
+) -> None:
+    """IPython keeps every ``%config Kernelext.<name>`` in ``shell.config``; loading the
+    extension again must not apply them again over a later ``kx.configure`` (an old store
+    would replace the one in use, silently, and be refused while a run executes), while
+    the notebook options it put back on unloading come back from their ``%config``."""
+    older, newer = str(tmp_path / "older.duckdb"), str(tmp_path / "newer.duckdb")
+    ip.run_line_magic("config", f"Kernelext.store = {older!r}")
+    ip.run_line_magic("config", "Kernelext.check_timeout = 5")
+    ip.run_line_magic("config", "Kernelext.allow_files = True")
+    kx.configure(store=newer, check_timeout=42)
+    ip.run_line_magic("unload_ext", "kernelext")
+    assert runtime().settings.allow_files is False  # a notebook option, put back
+    ip.run_line_magic("load_ext", "kernelext")
+    settings = runtime().settings
+    assert (settings.store_location, settings.check_timeout) == (newer, 42.0)
+    assert settings.allow_files is True
+    ip.run_line_magic("config", "Kernelext.check_timeout = 7")  # a new %config still applies
+    assert settings.check_timeout == 7.0

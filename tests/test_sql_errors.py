@@ -49,3 +49,16 @@ def test_a_query_past_its_timeout_is_a_query_timeout(store: Store) -> None:
         kx.sql(endless, timeout=0.2, store=store)
     assert type(raised.value) is kx.QueryTimeout and isinstance(raised.value, TimeoutError)
     assert "timeout=0.2s" in str(raised.value) and "larger timeout" in str(raised.value)
+
+
+def test_query_text_that_is_not_valid_unicode_is_a_query_error(store: Store) -> None:
+    with pytest.raises(kx.QueryError, match="not valid Unicode at position 8"):
+        kx.sql("select '\udc80' as x", store=store)
+
+
+def test_a_result_pandas_cannot_hold_is_a_query_error_that_says_to_cast(store: Store) -> None:
+    pytest.importorskip("pandas")
+    with pytest.raises(kx.QueryError, match="cannot become a pandas DataFrame") as raised:
+        kx.sql("select union_value(k := 1) as u", store=store)
+    assert "::VARCHAR" in str(raised.value)
+    assert kx.sql("select union_value(k := 1)::VARCHAR as u", store=store) is not None

@@ -9,7 +9,7 @@ from typing import Any
 from .._store import Store, default_store_path
 from .._store import open_store as _open_store
 from .._validate import check_duration, check_flag, check_store, check_store_location, check_text
-from ..errors import RunStateError, did_you_mean
+from ..errors import QueryError, RunStateError, did_you_mean
 from .options import OPTIONS, Option, option_named
 from .runtime import get_store, runtime
 
@@ -97,10 +97,17 @@ _document_configure()
 
 def _table(arrow: Any) -> Any:
     if _has_pandas():  # the one place that decides (tests patch it to mimic no pandas)
+        import pyarrow as pa
+
         try:
             return arrow.to_pandas()
         except ImportError:
             return arrow
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise QueryError(
+                f"The query ran, but its result cannot become a pandas DataFrame ({exc}). "
+                "Cast the column in the query (e.g. col::VARCHAR)."
+            ) from exc
     return arrow
 
 

@@ -25,7 +25,7 @@ from .._core.expiry import Sweeper, SweepResult
 from .._core.runtime import Settings, runtime
 from . import options
 from .interrupt import InterruptHandler, kernel_supports_soft_interrupt, live_handles
-from .magics import Kernelext
+from .magics import Kernelext, forget_notebook_options
 
 __all__ = [
     "load",
@@ -207,6 +207,7 @@ def unload(shell: Any) -> None:
         magics.interrupt.uninstall()
     settings = state.settings
     options.restore(state.previous_options, settings)
+    forget_notebook_options()  # put back: the next load applies their %config values again
     for slot, renderer in RENDERERS.items():
         if getattr(settings, slot) is renderer:  # not replaced since loading
             setattr(settings, slot, state.previous_renderers[slot])

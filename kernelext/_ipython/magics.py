@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import weakref
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -32,7 +33,7 @@ from .._validate import check_duration
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
 from ..status import Status
 from .cells import run_agent_cell
-from .options import notebook_option
+from .options import NOTEBOOK_OPTIONS, notebook_option
 
 __all__ = ["Kernelext"]
 
@@ -78,6 +79,29 @@ class OptionTrait(TraitType[Any, Any]):
 
     def default_value_repr(self) -> str:
         return "None" if self.option is None else self.option.default_text.replace("`", "")
+
+
+# The ``Kernelext`` config values (profile, ``%config``) applied in each runtime. IPython
+# keeps every ``%config Kernelext.<name>`` in ``shell.config`` for good, so loading the
+# extension again would apply them again: an old store would silently replace the one a
+# later ``kx.configure`` chose (and be refused while runs execute). A value applied before
+# is not applied again; unloading forgets the notebook options it puts back.
+_APPLIED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def forget_notebook_options() -> None:
+    """After unloading put the notebook options back: the next load applies them again."""
+    applied = _APPLIED.get(runtime())
+    if applied is not None:
+        for name in NOTEBOOK_OPTIONS:
+            applied.pop(name, None)
+
+
+def _same(before: Any, now: Any) -> bool:
+    try:
+        return before is now or bool(before == now)
+    except Exception:  # a value that cannot be compared: apply it
+        return False
 
 
 def _configure(values: dict[str, Any]) -> None:
@@ -135,9 +159,14 @@ class Kernelext(Magics):
         any is applied (traitlets would set them one by one), an unknown name is refused
         naming the nearest option."""
         values: dict[str, Any] = {}
+        applied = _APPLIED.setdefault(runtime(), {})
+        raw: dict[str, Any] = {}
         for name, value in self._find_my_config(cfg).items():
             if isinstance(value, Config):  # a section of its own, not an option
                 continue
+            if name in applied and _same(applied[name], value):
+                continue  # applied before (a reload): a later kx.configure stays in force
+            raw[name] = value
             if isinstance(value, LazyConfigValue):  # c.Kernelext.expiry.update(...)
                 value = value.get_value(getattr(self, name))
             elif isinstance(value, DeferredConfig):  # --Kernelext.<name>=... on a command line
@@ -145,6 +174,7 @@ class Kernelext(Magics):
             values[name] = value
         if values:
             _configure(values)
+            applied.update(raw)
 
     # -- %%agent / %agent -------------------------------------------------------------------
     @line_cell_magic

@@ -181,7 +181,16 @@ def check_query(
     database runs it): then it is refused, because it cannot be checked. ``postgres``:
     PostgreSQL runs it, so a call qualified by a schema other than ``pg_catalog`` (a
     function someone created) and DuckDB's method-call syntax ``x.f()`` are refused too.
+    Text that is not valid Unicode (a lone surrogate) raises :class:`QueryError` too.
     """
+    try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise QueryError(
+            f"The query was not run: its text holds a character that is not valid Unicode "
+            f"at position {exc.start} ({sql[exc.start]!r}, a lone surrogate). Remove it, or "
+            "pass the value as a parameter (kx.sql(query, params))."
+        ) from None
     try:
         return _check_text(
             sql, allow_files=allow_files, strict_parse=strict_parse or postgres, postgres=postgres
