@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import datetime as dt
 import importlib
+import importlib.resources
 import json
 import pickle
 import re
@@ -522,3 +523,10 @@ def test_importing_kernelext_loads_no_jupyter_and_warns_nothing() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_package_is_marked_typed_so_static_tools_read_its_names() -> None:
+    """PEP 561: without ``py.typed`` a user's type checker ignores kernelext's annotations
+    and the names pinned above (every ``kx.*`` would be ``Any``)."""
+    marker = importlib.resources.files("kernelext") / "py.typed"
+    assert marker.is_file(), "kernelext/py.typed is missing"
