@@ -34,6 +34,8 @@ what to do. Each name is reachable as ``kernelext.errors.<Name>`` and as ``kx.<N
         │   ├── UnencodableArgument   an effect's argument has no faithful encoding
         │   └── ResultNotStorable     (also NeedsDecision) an applied effect's result cannot be
         │                             stored: it is unknown until reconciled
+        ├── ItemFailed                a ``run.map`` item raised (its exception is the cause)
+        ├── StateNotWritable          (also TypeError) ``run.state`` written inside an item
         ├── LedgerError               the effect ledger refuses a call
         │   ├── EffectArgumentsMismatch   an effect key reused with other arguments
         │   ├── EffectRejected        a person rejected the call
@@ -72,6 +74,7 @@ __all__ = [
     "ForeignStoreError",
     "IntegrityError",
     "InvalidName",
+    "ItemFailed",
     "KernelextError",
     "LedgerError",
     "NameNotText",
@@ -87,6 +90,7 @@ __all__ = [
     "SchemaTooNewError",
     "SecretRefused",
     "SerializationError",
+    "StateNotWritable",
     "StopRequested",
     "StoreError",
     "StoreLockedError",
@@ -295,6 +299,24 @@ class InvalidName(KernelextError, ValueError):
 
 class NameNotText(InvalidName, TypeError):
     """A run id, step key or tool name that is not a ``str`` at all."""
+
+
+class ItemFailed(KernelextError):
+    """A ``run.map`` item raised: no new item started, the items in flight finished, and
+    the run ends ``failed``; a resume after the fix runs only the items not completed.
+    ``key`` is the item's step key; the item's exception is ``__cause__``."""
+
+    def __init__(self, message: str, *, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle: keyword-only arguments, rebuilt
+        return (_rebuild, (type(self), (str(self),), {"key": self.key}), self.__dict__)
+
+
+class StateNotWritable(KernelextError, TypeError):
+    """``run.state`` was written from inside a ``run.map`` item: return the value from the
+    item instead (``run.map`` returns them in input order)."""
 
 
 class LedgerError(KernelextError):

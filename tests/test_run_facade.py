@@ -32,6 +32,7 @@ AGENT_METHODS = {
     "credential",
     "fact",
     "id",
+    "map",
     "state",
     "step",
     "steps",

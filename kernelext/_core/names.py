@@ -13,7 +13,7 @@ from typing import Any
 from .._validate import MAX_NAME, name_problem
 from ..errors import InvalidName, NameNotText
 
-__all__ = ["MAX_NAME", "check_stored_name"]
+__all__ = ["MAX_NAME", "check_stored_name", "step_key_of"]
 
 
 def check_stored_name(value: Any, what: str, *, hint: str = "") -> str:
@@ -29,3 +29,18 @@ def check_stored_name(value: Any, what: str, *, hint: str = "") -> str:
         shown = value if len(value) <= 80 else value[:77] + "..."
         raise InvalidName(f"The {what} {shown!r} {problem}; it cannot be stored faithfully. {fix}")
     return value
+
+
+def step_key_of(value: Any, where: str = "run.steps") -> str:
+    """What ``run.steps(key=...)`` (or ``run.map``) returned, as the step key: a ``str``
+    or an ``int`` (exactly); anything else (an object's ``str``, a float) is no stable
+    identity."""
+    if type(value) is str:
+        return value
+    if type(value) is int:
+        return str(value)
+    raise NameNotText(
+        f"{where}(key=...) must return a str or an int for each item, not a "
+        f"{type(value).__name__}; give each item a stable identity, e.g. "
+        f"{where}(items, key=lambda i: i.id)."
+    )

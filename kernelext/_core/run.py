@@ -22,6 +22,8 @@ from .._validate import (
 )
 from ..errors import StopRequested
 from ..status import Reason
+from .batch import ItemState, current_item, refused_state_write, run_map
+from .names import step_key_of
 from .step_skip import StepContext
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["AGENT_API", "Run", "engine_of"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # What an agent may use on ``run``: the whole public face of ``Run`` (tests pin it).
 AGENT_API = (
@@ -40,6 +43,7 @@ AGENT_API = (
     "credential",
     "fact",
     "id",
+    "map",
     "state",
     "step",
     "steps",
@@ -81,15 +85,60 @@ class Run:
     @property
     def state(self) -> dict[str, Any]:
         """The run's state: a dict, snapshotted at the end of every step and restored on
-        resume, so what a completed step put here is here again after a resume::
+        resume, so what a completed step put here is here again after a resume. Inside a
+        ``run.map`` item it is read-only (return the value from the item instead)::
 
             run.state.setdefault("done", []).append(item)
         """
-        return self._engine.state
+        engine = self._engine
+        item = current_item(engine)
+        if item is not None:
+            return ItemState(engine.state, item.key)  # type: ignore[return-value]
+        return engine.state
 
     @state.setter
     def state(self, value: dict[str, Any]) -> None:
+        item = current_item(self._engine)
+        if item is not None:
+            raise refused_state_write(item.key)
         self._engine.state = value
+
+    def map(
+        self,
+        fn: Callable[[T], R],
+        items: Iterable[T],
+        *,
+        key: Callable[[T], Any] | None = None,
+        concurrency: int = 8,
+        return_exceptions: bool = False,
+        name: str | None = None,
+    ) -> list[R]:
+        """``fn(item)`` for every item, up to ``concurrency`` at once, in input order.
+
+        Each item is one step of the run, keyed by ``key(item)`` (default: its position;
+        a ``str`` or an ``int``, unique). Effects called inside an item are keyed under
+        its step, so no key depends on which item finished first. An item's return value
+        is stored when it completes; a resume returns stored values and runs only the
+        items not completed. A stop starts no new item and lets those in flight finish;
+        an item that raises stops new items and ``run.map`` raises ``kx.ItemFailed``
+        naming its key (``return_exceptions=True``: the exception takes its place). An
+        item waiting for a person (an approval) does not hold up the others: the run
+        suspends once nothing else can run. Items read ``run.state`` but never write it::
+
+            ids = run.map(post_row, rows, key=lambda r: r["id"], concurrency=16)
+            run.state["ids"] = ids
+        """
+        if name is not None:
+            check_name("run.map(name=...)", name)
+        return run_map(
+            self._engine,
+            fn,
+            items,
+            key=key,
+            concurrency=concurrency,
+            return_exceptions=return_exceptions,
+            name=name,
+        )
 
     @property
     def stop_requested(self) -> bool:
@@ -117,7 +166,7 @@ class Run:
         engine = self._engine
         engine.count_steps(items)
         for index, item in enumerate(items):
-            step_key = _step_key(key(item)) if key is not None else str(index)
+            step_key = step_key_of(key(item)) if key is not None else str(index)
             if engine.begin_step(step_key, name):
                 yield item
         engine.finish_open_step()
@@ -253,19 +302,3 @@ def engine_of(run: Run) -> RunEngine:
     if not isinstance(run, Run):
         raise TypeError(f"Expected the run an agent receives (kx.Run), not {type(run).__name__}.")
     return run._engine
-
-
-def _step_key(value: Any) -> str:
-    """What ``run.steps(key=...)`` returned, as the step key: a ``str`` or an ``int``
-    (exactly); anything else (an object's ``str``, a float) is no stable identity."""
-    if type(value) is str:
-        return value
-    if type(value) is int:
-        return str(value)
-    from ..errors import NameNotText
-
-    raise NameNotText(
-        f"run.steps(key=...) must return a str or an int for each item, not a "
-        f"{type(value).__name__}; give each item a stable identity, e.g. "
-        "run.steps(items, key=lambda i: i.id)."
-    )

@@ -17,39 +17,27 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._store import Store
 from .._store.runs import KEY_SCHEME
 from .._store.steps import StagedPayload
 from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..status import StepStatus
+from .batch import current_item
 from .forced_stop import ForceGate
 from .names import check_stored_name
 from .run import Run
 from .snapshot import Snapshotter
+from .step_info import StepInfo
+
+if TYPE_CHECKING:
+    from .batch import Batch
 
 __all__ = ["OUTSIDE_STEPS", "STOP_POLL_SECONDS", "RunEngine", "StepInfo", "StopFlag", "chain_roots"]
 
 OUTSIDE_STEPS = "__run__"
 STOP_POLL_SECONDS = 0.1  # how often a safe point looks for a stop recorded by another process
-
-
-class StepInfo:
-    """The step currently executing."""
-
-    def __init__(self, step_id: uuid.UUID, key: str, ordinal: int, name: str | None) -> None:
-        self.id = step_id
-        self.key = key
-        self.ordinal = ordinal
-        self.name = name
-        self.started = time.monotonic()
-        self.calls = 0
-        self.overrun_reported = False
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
 
 
 class StopFlag(threading.Event):
@@ -99,7 +87,8 @@ class RunEngine:
         self.snapshotter = Snapshotter(run_id, allow_pickle=allow_pickle)
         self.completed: dict[str, int] = {}
         self.effects: dict[uuid.UUID, dict[str, Any]] = {}
-        self.current: StepInfo | None = None
+        self._current: StepInfo | None = None
+        self.batch: Batch | None = None  # the run.map in progress
         self.last_completed: StepInfo | None = None
         self._outside_calls = 0
         self._ordinal = 0
@@ -111,7 +100,7 @@ class RunEngine:
         # let the next safe point skip its own look.
         self._stop_polled = 0.0
         self.stop_source: str | None = None
-        self.force = ForceGate(self._force_landed)
+        self._force = ForceGate(self._force_landed)
         self.listeners: list[Callable[[str, Any], None]] = []
         self.suspend_request: tuple[str, Any, str | None] | None = None
         self.facade = Run(self)  # what the agent function receives
@@ -125,6 +114,25 @@ class RunEngine:
         """The ownership epoch this process holds for the run (None: it never took it
         over); its writes carry it and are refused once another process took the run."""
         return self.store.held_epoch(self.id)
+
+    @property
+    def current(self) -> StepInfo | None:
+        """The step executing: inside a ``run.map`` item, that item (each item's thread or
+        task sees its own); elsewhere the agent's open step."""
+        item = current_item(self)
+        return item if item is not None else self._current
+
+    @current.setter
+    def current(self, info: StepInfo | None) -> None:
+        self._current = info
+
+    @property
+    def force(self) -> ForceGate:
+        """Where a forced stop may land: inside an item, the item's own gate."""
+        item = current_item(self)
+        if item is not None and item.force is not None:
+            return item.force
+        return self._force
 
     @property
     def overrunning_after_force(self) -> float | None:
@@ -155,6 +163,12 @@ class RunEngine:
 
     def begin_step(self, key: str, name: str | None) -> bool:
         """Open a step. Returns False when it completed before (resume)."""
+        if current_item(self) is not None:
+            raise KernelextError(
+                f"run.steps and run.step cannot be used inside a run.map item (step {key!r}): "
+                "an item is one step, and steps do not nest. Do the work in the item itself, "
+                "or call run.map for the items from the agent."
+            )
         self.finish_open_step()
         check_stored_name(
             key,
@@ -169,16 +183,9 @@ class RunEngine:
                 "within a run: pass key= to run.steps() or use distinct names in run.step()."
             )
         self._seen.add(key)
-        ordinal = self._ordinal
-        self._ordinal += 1
-        if key in self.completed:
+        ordinal = self.claim_ordinal(key)
+        if ordinal is None:
             return False
-        # A new step never reuses the ordinal of a step completed before a resume (the
-        # items may come in another order now): snapshots are ordered by step ordinal.
-        if self._top_ordinal is None:
-            self._top_ordinal = max(self.completed.values(), default=-1)
-        ordinal = max(ordinal, self._top_ordinal + 1)
-        self._top_ordinal = ordinal
         info = StepInfo(uuid.uuid4(), key, ordinal, name)
         with self.force.critical():
             self.store.begin_step(self.id, info.id, ordinal, key, name)
@@ -186,12 +193,26 @@ class RunEngine:
         self.notify("step", info)
         return True
 
+    def claim_ordinal(self, key: str) -> int | None:
+        """The ordinal of the next step (None: ``key`` completed before, a resume)."""
+        ordinal = self._ordinal
+        self._ordinal += 1
+        if key in self.completed:
+            return None
+        # A new step never reuses the ordinal of a step completed before a resume (the
+        # items may come in another order now): snapshots are ordered by step ordinal.
+        if self._top_ordinal is None:
+            self._top_ordinal = max(self.completed.values(), default=-1)
+        ordinal = max(ordinal, self._top_ordinal + 1)
+        self._top_ordinal = ordinal
+        return ordinal
+
     def _stage(self, payload: bytes) -> StagedPayload | None:
         return self.store.stage_payload(self.id, payload)
 
     def finish_open_step(self) -> None:
-        info = self.current
-        if info is None:
+        info = self._current  # never an item: items complete with their value (batch)
+        if info is None or current_item(self) is not None:
             return
         with self.force.critical():
             manifest, blobs, size = self.snapshotter.take(self.state, self._stage)
@@ -241,6 +262,12 @@ class RunEngine:
         if self.force.pending:
             self.force.check(where)
         flag = self.stop_event
+        item = current_item(self)
+        if item is not None:  # a stop raised into this item and swallowed by its code
+            if item.stop_delivered is not None:
+                self._deliver(item.stop_delivered)
+            if flag.delivered is not ForcedStop:  # drained: items in flight go on
+                return
         if flag.delivered is not None and flag.is_set():
             forced = flag.delivered is ForcedStop
             self._note_swallowed("force_swallowed" if forced else "stop_swallowed", where)
@@ -249,7 +276,10 @@ class RunEngine:
     def _deliver(self, kind: type[StopRequested]) -> NoReturn:
         """Raise ``kind`` into the agent, remembering it (see ``StopFlag``)."""
         flag = self.stop_event
-        if flag.delivered is not ForcedStop:  # a forced stop stays forced
+        item = current_item(self)
+        if item is not None:  # the item ends here; the others drain
+            item.stop_delivered = kind
+        elif flag.delivered is not ForcedStop:  # a forced stop stays forced
             flag.delivered = kind
         raise kind(self.stop_source or "stop")
 

@@ -34,6 +34,12 @@ def wait_for_person(
     stop is delivered like any other, so an agent that swallows it meets it again at its
     next kernelext call.
     """
+    from .batch import current_item
+
+    item = current_item(run)
+    if item is not None:  # a run.map item: it ends here, the others go on (see batch)
+        item.waiting = (reason, deadline, note)
+        raise StopRequested(reason)
     run.suspend_request = (reason, deadline, note)
     run.stop_event.set()
     run.stop_event.delivered = StopRequested

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from .._expiry_policy import POLICY, ExpiryPolicy
 from ..errors import OwnershipLost, StoreWriteError
 from .columns import scrub_record
-from .records import FENCED, apply_record, check_record
+from .records import FENCED, WHAT, apply_record, check_record
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
 
@@ -370,13 +370,6 @@ class StoreBase:
 
     def ownership_lost(self, run_id: str, held: int | None, what: str = "write") -> OwnershipLost:
         """The error for a refused write: who owns the run now, since when, its epoch."""
-        names = {
-            "fact": "fact",
-            "step_begin": "step start",
-            "step_complete": "step completion (and its snapshot)",
-            "intent": "effect intent",
-            "outcome": "effect outcome",
-        }
         owner = since = epoch = None
         with contextlib.suppress(Exception):  # the message must not fail on a store fault
             rows = self.backend.read(
@@ -388,7 +381,7 @@ class StoreBase:
             if rows:
                 owner, epoch, since = rows[0]
         return OwnershipLost(
-            run_id, owner=owner, since=since, epoch=epoch, held=held, what=names.get(what, what)
+            run_id, owner=owner, since=since, epoch=epoch, held=held, what=WHAT.get(what, what)
         )
 
     @property

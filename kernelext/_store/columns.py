@@ -94,6 +94,7 @@ SCRUBBED: dict[tuple[str, str], Column] = {
     ("steps", "name"): Column(_T, "a step's display name"),
     ("steps", "status"): _ENUM,
     ("steps", "error"): _NOTE,
+    ("steps", "result"): _RESULT,
     # snapshots and their blobs
     ("snapshots", "run_id"): _RUN,
     ("snapshots", "manifest"): Column("exact", "state keys -> blob ids, read back exactly"),
@@ -517,6 +518,7 @@ _RECORD_FIELDS: dict[str, dict[str, tuple[str, str] | None]] = {
                    "name": ("steps", "name")},
     "step_complete": {"run_id": ("snapshots", "run_id"), "manifest": ("snapshots", "manifest"),
                       "blobs": ("blobs", "data")},
+    "item_complete": {"run_id": ("steps", "run_id"), "result": ("steps", "result")},
     "intent": {"run_id": ("effects", "run_id"), "step_key": ("effects", "step_key"),
                "tool": ("effects", "tool"), "args": ("effects", "args"),
                "args_hash": None},

@@ -25,6 +25,7 @@ __all__ = [
     "APPLY",
     "FENCED",
     "STOP_REQUESTED",
+    "WHAT",
     "apply_record",
     "check_epoch_tx",
     "check_record",
@@ -79,6 +80,20 @@ def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
     tx.execute(
         "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, snapshot_id = ? WHERE id = ?",
         (StepStatus.COMPLETED.value, d["at"], d["duration_s"], d["snapshot_id"], d["step_id"]),
+    )
+    tx.execute(
+        "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
+        " WHERE run_id = ? AND status = ?) WHERE id = ?",
+        (d["at"], d["run_id"], StepStatus.COMPLETED.value, d["run_id"]),
+    )
+
+
+def _item_complete(tx: Tx, d: dict[str, Any]) -> None:
+    """A ``run.map`` item's step completed with the value it returned (no snapshot: the
+    agent's state is not an item's to change)."""
+    tx.execute(
+        "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, result = ? WHERE id = ?",
+        (StepStatus.COMPLETED.value, d["at"], d["duration_s"], d["result"], d["step_id"]),
     )
     tx.execute(
         "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
@@ -209,6 +224,7 @@ def stop_request(tx: Tx, d: dict[str, Any]) -> None:
 APPLY: dict[str, Callable[[Tx, dict[str, Any]], None]] = {
     "step_begin": _step_begin,
     "step_complete": _step_complete,
+    "item_complete": _item_complete,
     "intent": _intent,
     "outcome": outcome,
     "fact": fact,
@@ -219,6 +235,7 @@ APPLY: dict[str, Callable[[Tx, dict[str, Any]], None]] = {
 REQUIRED: dict[str, tuple[str, ...]] = {
     "step_begin": ("id", "run_id", "ordinal", "key", "started_at"),
     "step_complete": ("step_id", "run_id", "ordinal", "at", "snapshot_id", "manifest", "bytes"),
+    "item_complete": ("step_id", "run_id", "at", "result"),
     "intent": ("key", "run_id", "step_key", "tool", "call_ordinal", "args_hash", "resumable", "at"),
     "outcome": ("key", "status", "at"),
     "fact": ("run_id", "name", "kind", "at"),
@@ -256,17 +273,18 @@ def apply_record(tx: Tx, kind: str, data: dict[str, Any], *, lock: str = "") -> 
                 since=current[2],
                 epoch=current[0],
                 held=epoch,
-                what=_WHAT[kind],
+                what=WHAT[kind],
             )
     APPLY[kind](tx, data)
 
 
 # -- ownership epochs ----------------------------------------------------------------
-FENCED = ("step_begin", "step_complete", "intent", "outcome", "fact")
-_WHAT = {
+FENCED = ("step_begin", "step_complete", "item_complete", "intent", "outcome", "fact")
+WHAT = {
     "fact": "fact",
     "step_begin": "step start",
     "step_complete": "step completion (and its snapshot)",
+    "item_complete": "batch item completion (and its result)",
     "intent": "effect intent",
     "outcome": "effect outcome",
 }
@@ -288,6 +306,11 @@ def _present(tx: Tx, kind: str, d: dict[str, Any]) -> bool:
     folded a previous owner's journal first)."""
     if kind == "step_begin":
         row = tx.fetchone("SELECT 1 FROM steps WHERE id = ?", (d["id"],))
+    elif kind == "item_complete":
+        row = tx.fetchone(
+            "SELECT 1 FROM steps WHERE id = ? AND status = ?",
+            (d["step_id"], StepStatus.COMPLETED.value),
+        )
     elif kind == "step_complete":
         row = tx.fetchone(
             "SELECT 1 FROM steps WHERE id = ? AND snapshot_id = ?", (d["step_id"], d["snapshot_id"])

@@ -269,6 +269,14 @@ _V8_QUESTIONS = (
     "CREATE VIEW inputs AS SELECT * FROM questions OFFSET 0",
 )
 
+_V9_BATCHES = (
+    # ``run.map`` items: an item's step stores the value it returned (the encoding effect
+    # results use), replayed on resume instead of running the item again.
+    "ALTER TABLE steps ADD COLUMN IF NOT EXISTS result TEXT",
+    # ``@kx.effect(retries=...)``: how many times the call was made under its key.
+    "ALTER TABLE effects ADD COLUMN IF NOT EXISTS attempts INTEGER",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
@@ -278,6 +286,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "langgraph checkpoints", _V6_LANGGRAPH),
     Migration(7, "owner epoch, key scheme, expiry delivery", _V7_TRUST),
     Migration(8, "questions: the table inputs renamed, inputs kept as a view", _V8_QUESTIONS),
+    Migration(9, "batches: item results, effect attempts", _V9_BATCHES),
 )
 
 TABLES = (

@@ -93,6 +93,29 @@ class StepsMixin(StoreBase):
             raise
         return snapshot_id
 
+    def complete_item(
+        self, run_id: str, step_id: uuid.UUID, duration_s: float, result: str
+    ) -> None:
+        """Durably mark a ``run.map`` item's step completed with its stored result (the
+        encoding effect results use). Items completing at once share one ``fdatasync``."""
+        data = {
+            "step_id": step_id,
+            "run_id": run_id,
+            "at": self.now(),
+            "duration_s": duration_s,
+            "result": result,
+        }
+        self.record("item_complete", data, sync=True)
+
+    def item_results(self, run_id: str, keys: Iterable[str]) -> dict[str, str]:
+        """The stored results of the completed steps among ``keys`` (``run.map`` items)."""
+        wanted = set(keys)
+        rows = self.read(
+            "SELECT key, result FROM steps WHERE run_id = ? AND status = ? AND result IS NOT NULL",
+            (run_id, StepStatus.COMPLETED),
+        )
+        return {key: result for key, result in rows if key in wanted}
+
     def end_step(
         self,
         run_id: str,

@@ -103,7 +103,8 @@ def apply_records(tx: Tx, records: list[Record]) -> list[Record]:
     for _, kind, data in records:
         by_kind.setdefault(kind, []).append(data)
     completions = by_kind.get("step_complete", [])
-    _steps(tx, by_kind.get("step_begin", []), completions)
+    items = by_kind.get("item_complete", [])
+    _steps(tx, by_kind.get("step_begin", []), completions, items)
     clashes = _effects(tx, by_kind.get("intent", []), by_kind.get("outcome", []))
     if clashes:
         refused.extend(
@@ -111,7 +112,8 @@ def apply_records(tx: Tx, records: list[Record]) -> list[Record]:
         )
     if completions:
         _snapshots(tx, completions)
-        _completed_counts(tx, completions)
+    if completions or items:
+        _completed_counts(tx, completions + items)
     for d in by_kind.get("fact", []):
         fact(tx, d)
     for d in by_kind.get("stop_request", []):
@@ -119,9 +121,47 @@ def apply_records(tx: Tx, records: list[Record]) -> list[Record]:
     return refused
 
 
-def _steps(tx: Tx, begins: list[dict[str, Any]], completions: list[dict[str, Any]]) -> None:
+def _items(tx: Tx, begins: list[dict[str, Any]], items: list[dict[str, Any]]) -> set[Any]:
+    """``run.map`` items completed (``item_complete``): a step begun in this batch is
+    inserted completed with its result; the others get one ``UPDATE … FROM (VALUES …)``.
+    Returns the ids of the steps inserted here."""
+    done = {d["step_id"]: d for d in items}
+    finished = [
+        (*step_begin_row(d)[:5], StepStatus.COMPLETED, d["started_at"], c["at"], c["duration_s"],
+         c["result"])
+        for d in begins
+        if (c := done.get(d["id"])) is not None
+    ]  # fmt: skip
+    if finished:
+        _insert_new(tx, "steps", _STEP_COLUMNS + ", ended_at, duration_s, result", "id", finished)
+    begun = {row[0] for row in finished}
+    _update_from(
+        tx,
+        (
+            "UPDATE steps SET status = ?, ended_at = v.ended_at, duration_s = v.duration_s,"
+            " result = CAST(v.result AS TEXT)",
+            (StepStatus.COMPLETED,),
+        ),
+        "id, ended_at, duration_s, result",
+        ("steps.id = v.id", ()),
+        [
+            (d["step_id"], d["at"], d["duration_s"], d["result"])
+            for d in items
+            if d["step_id"] not in begun
+        ],
+    )
+    return begun
+
+
+def _steps(
+    tx: Tx,
+    begins: list[dict[str, Any]],
+    completions: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+) -> None:
     done = {d["step_id"]: d for d in completions}
-    running = [step_begin_row(d) for d in begins if d["id"] not in done]
+    inserted = _items(tx, begins, items) if items else set()
+    running = [step_begin_row(d) for d in begins if d["id"] not in done and d["id"] not in inserted]
     finished = [
         (
             *step_begin_row(d)[:5],

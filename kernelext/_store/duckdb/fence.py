@@ -37,13 +37,13 @@ from collections.abc import Iterator
 
 from ..._formatting import duration_text
 from ...errors import RunStateError
+from ..records import FENCED
 from .journal import Record, scan_journal
 
 __all__ = ["FenceFiles", "foreign_records"]
 
 WAIT_SECONDS = 5.0
 KEEP_OPEN = 64  # descriptors kept open (one per run recently written)
-_FENCED = ("step_begin", "step_complete", "intent", "outcome", "fact")
 
 
 class FenceFiles:
@@ -203,6 +203,6 @@ def foreign_records(
             records = scan_journal(path).records
         except OSError:
             continue
-        mine = [r for r in records if r[1] in _FENCED and r[2].get("run_id") == run_id]
+        mine = [r for r in records if r[1] in FENCED and r[2].get("run_id") == run_id]
         if mine:
             yield path[len(prefix) :], mine

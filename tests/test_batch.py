@@ -1,0 +1,268 @@
+"""``run.map``: items as steps, concurrency, a stop that drains, errors, resume, approvals.
+
+Against a real local HTTP server that counts deliveries (127.0.0.1): every item's POST is
+delivered once whatever happens to the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.http_server import DeliveryServer, post_json
+from support.live import name, wait_until
+
+import kernelext as kx
+from kernelext._store import Store
+
+WAIT = 60.0
+
+pytestmark = pytest.mark.both_backends
+
+
+def poster(server: DeliveryServer) -> kx.Effect:
+    @kx.effect(name="post_item")
+    def post_item(item: int, *, idempotency_key: str | None = None) -> int:
+        response = post_json(server.url + "/items", {"item": item}, idempotency_key=idempotency_key)
+        assert response.status == 200, response
+        return int(response.body["delivery"])
+
+    return post_item
+
+
+def test_results_come_in_input_order_and_each_item_is_delivered_once(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    post_item = poster(delivery_server)
+    running, peak = 0, 0
+    lock = threading.Lock()
+
+    def one(item: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.02 * (item % 3))  # finish out of order
+        post_item(item)
+        with lock:
+            running -= 1
+        return item * 10
+
+    @kx.agent(name=name("ordered"))
+    def ordered(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(one, items, key=lambda i: f"item-{i}", concurrency=6)
+
+    handle = ordered.start(list(range(30)))
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert handle.result == [i * 10 for i in range(30)]
+    assert delivery_server.count() == 30
+    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(30))
+    assert 1 < peak <= 6
+    steps = {s["key"]: s for s in store.steps(handle.run_id)}
+    assert set(steps) == {f"item-{i}" for i in range(30)}
+    assert all(s["status"] == "completed" for s in steps.values())
+    effects = store.load_effects(handle.run_id).values()
+    # Each effect is keyed under its item's step, call 0 within the item.
+    assert {(e["step_key"], e["call_ordinal"]) for e in effects} == {
+        (f"item-{i}", 0) for i in range(30)
+    }
+
+
+def test_a_stop_drains_the_items_in_flight_and_a_resume_delivers_the_rest_once(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    post_item = poster(delivery_server)
+    gate = threading.Event()
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def one(item: int) -> int:
+        with lock:
+            started.append(item)
+        gate.wait(WAIT)
+        post_item(item)
+        return item
+
+    @kx.agent(name=name("drain"))
+    def drain(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(one, items, concurrency=10)
+
+    handle = drain.start(list(range(40)))
+    wait_until(lambda: len(started) == 10, "10 items in flight")
+    handle.stop()
+    time.sleep(0.2)  # a stop starts no new item, even while those in flight go on
+    assert len(started) == 10
+    gate.set()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    assert len(started) == 10
+    assert delivery_server.count() == 10
+    steps = store.steps(handle.run_id)
+    assert sum(s["status"] == "completed" for s in steps) == 10
+
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert again.result == list(range(40))
+    assert delivery_server.count() == 40
+    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(40))
+    assert len(started) == 40  # the 10 completed items did not run again
+
+
+def test_an_item_that_raises_fails_the_run_naming_its_key_and_a_resume_runs_only_it(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    post_item = poster(delivery_server)
+    broken = {"value": True}
+    calls: list[int] = []
+
+    def one(item: int) -> int:
+        calls.append(item)
+        if item == 7 and broken["value"]:
+            raise RuntimeError("row 7 is malformed")
+        post_item(item)
+        return item
+
+    @kx.agent(name=name("raises"))
+    def raises(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(one, items, key=lambda i: f"row-{i}", concurrency=1)
+
+    handle = raises.start(list(range(10)))
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.ItemFailed)
+    assert handle.error.key == "row-7"
+    assert "row-7" in str(handle.error)
+    assert isinstance(handle.error.__cause__, RuntimeError)
+    assert delivery_server.count() == 7  # one at a time: nothing started after row 7
+    assert "row-7" in (store.get_run(handle.run_id)["reason"] or "")
+
+    broken["value"] = False
+    calls.clear()
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert again.result == list(range(10))
+    assert calls == [7, 8, 9]
+    assert delivery_server.count() == 10
+
+
+def test_return_exceptions_puts_the_exception_in_the_items_place(store: Store) -> None:
+    def one(item: int) -> int:
+        if item % 4 == 0:
+            raise ValueError(f"bad {item}")
+        return item
+
+    @kx.agent(name=name("exceptions"))
+    def exceptions(run: kx.Run, items: list[int]) -> list[Any]:
+        return run.map(one, items, concurrency=3, return_exceptions=True)
+
+    handle = exceptions.start(list(range(9)))
+    assert handle.wait(WAIT) == "completed", handle.error
+    result = handle.result
+    assert [type(r) for r in result] == [ValueError if i % 4 == 0 else int for i in range(9)]
+    assert str(result[4]) == "bad 4"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"concurrency": 0}, ValueError, "concurrency=0"),
+        ({"concurrency": 2.5}, TypeError, "concurrency"),
+        ({"key": lambda i: i % 3}, ValueError, "same key"),
+        ({"fn": "not a function"}, TypeError, "run.map(fn=...)"),
+        ({"key": "id"}, TypeError, "run.map(key=...)"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_item_runs(
+    store: Store, delivery_server: DeliveryServer, kwargs: dict[str, Any], error: type, text: str
+) -> None:
+    post_item = poster(delivery_server)
+    arguments: dict[str, Any] = {"fn": post_item, **kwargs}
+
+    @kx.agent(name=name("refused"))
+    def refused(run: kx.Run, items: list[int]) -> list[int]:
+        fn = arguments.pop("fn")
+        return run.map(fn, items, **arguments)
+
+    handle = refused.start(list(range(6)))
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, error), handle.error
+    assert text in str(handle.error)
+    assert delivery_server.count() == 0
+    assert store.steps(handle.run_id) == []
+
+
+def test_run_state_is_not_written_from_inside_an_item(store: Store) -> None:
+    @kx.agent(name=name("state"))
+    def state(run: kx.Run, items: list[int]) -> Any:
+        run.state["seen"] = "before"
+
+        def one(item: int) -> str:
+            assert run.state["seen"] == "before"  # reading is fine
+            run.state["item"] = item
+            return "unreachable"
+
+        return run.map(one, items)
+
+    handle = state.start([1, 2])
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.ItemFailed)
+    cause = handle.error.__cause__
+    assert isinstance(cause, kx.StateNotWritable)
+    assert "Return the value from the item" in str(cause)
+
+
+def test_approvals_inside_a_batch_suspend_the_run_once_with_every_request_listed(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    @kx.effect(name="pay", needs_approval=lambda item, **kw: item % 2 == 0)
+    def pay(item: int, *, idempotency_key: str | None = None) -> int:
+        return int(post_json(delivery_server.url + "/pay", {"item": item}).body["delivery"])
+
+    @kx.agent(name=name("approve"))
+    def approve(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(lambda i: pay(i) and i, items, key=str, concurrency=4)
+
+    handle = approve.start(list(range(12)))
+    assert handle.wait(WAIT) == "suspended", handle.error
+    run = store.get_run(handle.run_id)
+    assert run["reason"] == "approval"
+    requests = kx.approvals(handle.run_id)
+    assert sorted(int(r.step) for r in requests) == [0, 2, 4, 6, 8, 10]
+    assert delivery_server.count() == 6  # the odd ones went on
+    for request in requests:
+        request.approve()  # the last decision resumes the run here (nothing else open)
+    wait_until(lambda: store.get_run(handle.run_id)["status"] == "completed", "completed")
+    assert delivery_server.count() == 12
+    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(12))
+    resumed = [e for e in store.events(handle.run_id) if e["kind"] == "resumed"]
+    assert len(resumed) == 1  # one review, one resume
+
+
+def test_resume_skips_completed_items_and_returns_their_stored_values(
+    store: Store, store_path: Path
+) -> None:
+    calls: list[str] = []
+    gate = threading.Event()
+
+    def one(item: dict[str, Any]) -> dict[str, Any]:
+        calls.append(item["id"])
+        if item["id"] == "c":
+            gate.wait(WAIT)
+        return {"id": item["id"], "when": (2026, 12, 1), "tags": {"x"}}
+
+    @kx.agent(name=name("stored"))
+    def stored(run: kx.Run, items: list[dict[str, Any]]) -> list[Any]:
+        return run.map(one, items, key=lambda r: r["id"], concurrency=1)
+
+    items = [{"id": k} for k in "abcde"]
+    handle = stored.start(items)
+    wait_until(lambda: "c" in calls, "item c running")
+    handle.stop()
+    gate.set()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    calls.clear()
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert calls == ["d", "e"]
+    assert again.result == [{"id": k, "when": (2026, 12, 1), "tags": {"x"}} for k in "abcde"]
