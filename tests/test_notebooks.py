@@ -73,6 +73,14 @@ def test_every_notebook_runs_headless(
         assert "'suspended'" in text_of(nb, "click-stop")
         assert "'completed'" in text_of(nb, "click-resume")
         assert "{0: 1, 1: 1, 2: 1, 3: 1}" in text_of(nb, "check")  # one request per turn
+    if path.stem == "batch":
+        assert len(counts) == 160  # every item delivered, none twice (above)
+        stopped = text_of(nb, "click-stop")
+        assert "suspended" in stopped and "of 160 items done" in stopped
+        assert "160 results, in input order: ['cust-000', 'cust-001', 'cust-002']" in text_of(
+            nb, "click-resume"
+        )
+        assert "160 items, each updated once" in text_of(nb, "check")
     if path.stem == "agent_cells":
         assert len(counts) == 2
         assert "completed" in text_of(nb, "complete")

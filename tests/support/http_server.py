@@ -100,6 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # batches connect 32 and more at once
     owner: DeliveryServer
 
     # Requests in flight are counted from the moment they are accepted, in the
