@@ -361,3 +361,69 @@ def test_approve_click_sends_the_payment_exactly_once(
             ["pay-browser"],
         ).fetchall()
     assert row == [("approved", "invoice checked", True)]
+
+
+BATCH = REPO_ROOT / "notebooks" / "batch.ipynb"
+BATCH_TEXTS = {"stopping": "stopping", "suspended": "suspended", "completed": "completed"}
+
+
+def test_batch_stop_drains_and_resume_finishes_each_item_once(
+    tmp_path: Path,
+    store_path: Path,
+    delivery_server: DeliveryServer,
+    page: Any,
+    shots_folder: Path,
+) -> None:
+    """Stop clicked during a 32-wide batch: the panel shows the drain (stopping, items in
+    flight finishing), then suspended; Resume finishes it; each item delivered once."""
+    from playwright.sync_api import expect
+
+    root = tmp_path / "root"
+    root.mkdir()
+    name = lab.copy_notebook(BATCH, root)
+    env = {
+        "KERNELEXT_STORE": str(store_path),
+        "KERNELEXT_DEMO_OUTBOX": f"{delivery_server.url}/outbox",
+        "KERNELEXT_DEMO_STEP_SECONDS": "1.0",  # each item's call: long enough to see the drain
+    }
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook(page, server, name)
+        for index in tagged_cells(BATCH, "setup"):
+            lab.run_cell(page, index)
+        (start,) = tagged_cells(BATCH, "start")
+        panel = lab.run_cell(page, start).locator(PANEL)
+        status = panel.locator(".kernelext-status")
+        expect(status).to_have_text("running")
+        delivery_server.wait_for(32, timeout=60)  # the first wave of 32 went out
+        shot("running")
+        watch = TextWatch(panel, BATCH_TEXTS)
+        lab.button(panel, "Stop").click()
+        stopping_at = watch.wait("stopping")
+        shot("stopping")
+        expect(status).to_have_text("suspended", timeout=60_000)
+        seen = watch.seen()
+        assert seen["click:Stop"] <= stopping_at < seen["suspended"], seen
+        shot("suspended")
+        delivery_server.settle()
+        stopped_with = delivery_server.count()
+        assert 32 <= stopped_with < 160
+        # Every item that started finished its call: one completed step per delivery.
+        expect(panel.locator(".kernelext-outcome")).to_contain_text(f"after {stopped_with}/160")
+
+        lab.button(panel, "Resume").click()
+        expect(status).to_have_text("completed", timeout=60_000)
+        shot("completed")
+        for index in tagged_cells(BATCH, "ledger"):
+            lab.run_cell(page, index)
+        checked = lab.add_cell_at_end(
+            page, 'print(f"items sent twice: {int((per_item.calls > 1).sum())}")'
+        )
+        assert "items sent twice: 0" in lab.output_text(checked)
+
+    keys = [d["idempotency_key"] for d in delivery_server.deliveries]
+    assert len(keys) == 160 and len(set(keys)) == 160
+    rows = sorted(d["body"]["id"] for d in delivery_server.deliveries)
+    assert rows == sorted(f"cust-{i:03d}" for i in range(160))
