@@ -9,7 +9,8 @@ and its axis, the command line, messages and status texts):
   adds milliseconds where steps are told apart by them);
 - a step: people count from 1, so the step stored with ordinal 0 reads ``step 1``,
   ``step 3 of 12`` when the total is known, ``step 3 (fetch-page)`` when its key says
-  more than its number. Keys are shown as they are.
+  more than its number. Keys are shown as they are;
+- a count: ``1 item``, ``12 items``; a pace: ``35 items/s``, ``2.5 items/s``, ``40 items/min``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 import datetime as dt
 
 __all__ = [
+    "counted",
     "duration_text",
     "moment_text",
+    "rate_text",
     "step_label",
     "step_number",
 ]
@@ -73,3 +76,22 @@ def step_label(ordinal: int | None, key: str | None = None, total: int | None = 
     if key is None or key in (str(ordinal), str(number)):
         return text
     return f"{text} ({key})"
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 item``, ``12 items``, ``0 items`` (``plural`` when it is not ``noun + "s"``)."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"
+
+
+def rate_text(per_second: float, noun: str = "item") -> str:
+    """``35 items/s``, ``2.5 items/s``, ``1 item/s``, ``40 items/min`` (under one a second),
+    ``<1 item/min``."""
+    if per_second >= 0.995:
+        number = f"{per_second:.0f}" if per_second >= 9.95 else f"{per_second:.1f}"
+        unit = "s"
+    else:
+        number, unit = f"{per_second * 60:.0f}", "min"
+        if per_second * 60 < 0.995:
+            return f"<1 {noun}/min"
+    number = number.removesuffix(".0")
+    return f"{number} {noun if number == '1' else noun + 's'}/{unit}"

@@ -20,12 +20,14 @@ from typing import Any
 import ipywidgets as w
 
 from kernelext._core import control
+from kernelext._core.batch_view import BatchCounts, batch_counts
 from kernelext._core.colours import BAD, BORDER, MUTED
 from kernelext._core.plan import ResumePlan
 from kernelext._core.run import engine_of
 from kernelext._formatting import duration_text
 from kernelext.status import LIVE, RESUMABLE, Status
 
+from ._batch import batch_html
 from ._render import (
     PanelView,
     effect_label,
@@ -61,6 +63,7 @@ PANEL_ADDONS: list[Callable[[ControlPanel], Any]] = []
 
 SOURCE = "panel"
 EFFECTS_SHOWN = 5
+BATCH_INTERVAL = 0.2  # seconds between redraws at most while a batch runs
 OVERRUNNING = "overrunning, cannot be interrupted"
 SWALLOWED = {
     "stop_swallowed": "the agent's code caught the stop and went on; it is raised again",
@@ -81,6 +84,7 @@ class ControlPanel(w.VBox):
         self.handle = handle
         self.header = w.HTML()
         self.progress = w.IntProgress(min=0, max=1, value=0, layout=w.Layout(width="60%"))
+        self.batch = w.HTML()  # a run.map: its bar and counts (widgets/_batch.py)
         self.step = w.HTML()
         self.stop_badge = w.HTML()
         self.effects = w.HTML()
@@ -114,6 +118,7 @@ class ControlPanel(w.VBox):
             children=[
                 self.header,
                 self.progress,
+                self.batch,
                 self.step,
                 self.stop_badge,
                 self.effects,
@@ -129,6 +134,8 @@ class ControlPanel(w.VBox):
         self._effects: dict[Any, tuple[str, str]] = {}
         self._notice: str | None = None
         self._decision_for: str | None = None
+        self._batch_end: BatchCounts | None = None  # the last batch's counts when it ended
+        self._interval = interval
         self._busy = threading.Lock()
         self._listened: Any = None
         self.view: PanelView | None = None
@@ -151,6 +158,7 @@ class ControlPanel(w.VBox):
         run = engine_of(handle.run)
         if run is not old:
             self._effects = {}
+            self._batch_end = None
         if self._on_run_event not in run.listeners:
             run.listeners.append(self._on_run_event)
         self._listened = run
@@ -169,8 +177,14 @@ class ControlPanel(w.VBox):
         return made
 
     def _on_run_event(self, what: str, value: Any) -> None:
-        """Called from the worker thread: remember, then let the throttle redraw."""
-        if what in SWALLOWED:
+        """Called from the worker thread (or an item's): remember, then let the throttle
+        redraw. Never blocks: a poke only wakes the throttle's own thread."""
+        if what == "batch":
+            self._batch_end = None
+        elif what == "batch_end":  # its last counts, while the run goes on or waits
+            with contextlib.suppress(Exception):
+                self._batch_end = batch_counts(value, ended=True)
+        elif what in SWALLOWED:
             self._notice = f"{SWALLOWED[what]} (at {value})"
         if what == "effect" and isinstance(value, tuple) and len(value) == 3:
             tool, key, status = value
@@ -215,18 +229,20 @@ class ControlPanel(w.VBox):
 
     def _draw(self) -> None:
         effects = list(self._effects.values())[-EFFECTS_SHOWN:] if self._effects else None
-        view = view_of(self.handle, effects, self._notice)
+        view = view_of(self.handle, effects, self._notice, self._batch_end)
         self.view = view
         self.header.value = header_html(view)
-        if view.known_total:
+        self.batch.value = batch_html(view.batch)
+        batching = view.batch is not None and not view.batch.ended
+        self.throttle.interval = max(self._interval, BATCH_INTERVAL) if batching else self._interval
+        if view.known_total and view.batch is None:  # a batch draws its own bar
             self.progress.max = view.known_total
             self.progress.value = view.completed
             self.progress.layout.display = None
         else:
             self.progress.layout.display = "none"
-        self.step.value = (
-            "" if view.final else f"<div>{view.step_text()}</div>{self._overrun_html()}"
-        )
+        step = "" if view.batching else f"<div>{view.step_text()}</div>"
+        self.step.value = "" if view.final else step + self._overrun_html()
         self.stop_badge.value = stop_html(view)
         self.effects.value = effects_html(view)
         self.outcome.value = outcome_html(view)

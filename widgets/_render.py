@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelext._core.batch_view import BatchCounts, batch_counts
 from kernelext._core.colours import BORDER, MUTED, RUN_COLOURS, colour_of
 from kernelext._core.run import engine_of
 from kernelext._formatting import duration_text, moment_text, step_label
 from kernelext.status import FINAL, EffectStatus, Status
+
+from ._batch import batch_html
 
 __all__ = [
     "PanelView",
@@ -42,7 +45,8 @@ class PanelView:
     """What a control panel shows of its run, read at its last redraw (``panel.view``,
     returned by ``panel.refresh()``): ``status``, ``reason``, the step and its time,
     ``stop_text()`` ("stop pending since HH:MM:SS (panel)" while a stop is pending, else
-    None), ``progress_text()``, ``outcome_text()``."""
+    None), ``progress_text()``, ``outcome_text()``; ``batch``: the counts of the ``run.map``
+    in progress (or the last one it saw), drawn as the panel's batch bar."""
 
     run_id: str
     agent: str
@@ -62,6 +66,7 @@ class PanelView:
     effects: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
     notice: str | None = None
+    batch: BatchCounts | None = None  # the run.map in progress, or the last one seen here
 
     @property
     def stop_pending(self) -> bool:
@@ -70,6 +75,11 @@ class PanelView:
     @property
     def final(self) -> bool:
         return self.status in FINAL
+
+    @property
+    def batching(self) -> bool:
+        """A ``run.map`` is in progress: its box says what runs (no step line)."""
+        return self.batch is not None and not self.batch.ended
 
     def step_text(self) -> str:
         if self.step_key is None:
@@ -126,13 +136,22 @@ class PanelView:
 
 
 def view_of(
-    handle: Any, effects: list[tuple[str, str]] | None = None, notice: str | None = None
+    handle: Any,
+    effects: list[tuple[str, str]] | None = None,
+    notice: str | None = None,
+    batch: BatchCounts | None = None,
 ) -> PanelView:
-    """Read the run behind ``handle`` (one store read) into a :class:`PanelView`."""
+    """Read the run behind ``handle`` (one store read) into a :class:`PanelView`.
+
+    ``batch``: the counts of the last batch seen, shown when none is in progress."""
     info = handle.info()
     run = engine_of(handle.run)
     current = run.current
     error = handle.error
+    live = run.batch if handle.alive else None
+    if live is not None:
+        stopping = run.stop_event.is_set() or info["status"] == Status.STOPPING
+        batch = batch_counts(live, stopping=stopping)
     view = PanelView(
         run_id=handle.run_id,
         agent=str(info.get("agent")),
@@ -149,6 +168,7 @@ def view_of(
         effects=list(effects if effects is not None else _effects_of(run)),
         error=f"{type(error).__name__}: {error}" if error is not None else None,
         notice=notice,
+        batch=batch,
     )
     if current is not None:
         view.step_key, view.step_ordinal = current.key, current.ordinal
@@ -221,13 +241,14 @@ def outcome_html(view: PanelView) -> str:
 def to_html(view: PanelView, *, static: bool = True) -> str:
     """The whole panel as HTML: the static fallback (nbconvert, untrusted notebooks)."""
     parts = [header_html(view)]
-    if view.known_total:
+    if view.known_total and view.batch is None:  # a batch draws its own bar
         pct = 100 * view.completed / view.known_total
         parts.append(
             f'<progress max="{view.known_total}" value="{view.completed}" '
             f'style="width:60%">{pct:.0f}%</progress>'
         )
-    if not view.final:
+    parts.append(batch_html(view.batch))
+    if not view.final and not view.batching:
         parts.append(f"<div>{html.escape(view.step_text())}</div>")
     parts += [stop_html(view), effects_html(view), outcome_html(view)]
     if static:
@@ -245,7 +266,9 @@ def to_html(view: PanelView, *, static: bool = True) -> str:
 def to_text(view: PanelView) -> str:
     """The plain-text repr of the panel."""
     lines = [f"run {view.run_id} [{view.agent}]: {view.status}, {view.progress_text()}"]
-    if not view.final:
+    if view.batch is not None:
+        lines.append("  " + view.batch.text)
+    if not view.final and not view.batching:
         lines.append("  " + view.step_text())
     stop = view.stop_text()
     if stop:

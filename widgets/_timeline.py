@@ -7,7 +7,8 @@ labels). The picture is read from the store again at most every ``interval`` sec
 the run reports a step or an effect, and every ``tick`` seconds while it executes (so the
 current bar grows), through a :class:`~.throttle.Throttle`; both grow by a second per
 50 kB of picture, so a run of thousands of steps is not re-sent every two seconds. The
-estimate line follows every redraw of the panel. :func:`timeline_addon` is its control-panel
+estimate line follows every redraw of the panel (during a ``run.map`` the panel's batch box
+says how the stop drains instead). :func:`timeline_addon` is its control-panel
 add-on (installed by ``widgets/_addons.py``).
 """
 
@@ -91,6 +92,10 @@ class LiveTimeline(w.VBox):
         self.throttle.refresh_now()
 
     def _draw_estimate(self) -> None:
+        if self.handle.alive and engine_of(self.handle.run).batch is not None:
+            # a batch drains its items in flight: the panel's batch box says so
+            self.stop_estimate, self.estimate.value = None, ""
+            return
         view = getattr(self.panel, "view", None)
         row = None
         if view is not None and view.run_id == self.handle.run_id:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from .._core import control, expiry
+from .._core.batch_view import stored_batch
 from .._core.stop_estimate import estimate_stop
 from .._formatting import duration_text, step_number
 from .._store import Store
@@ -75,6 +77,16 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
     run = details["run"]
     estimate = estimate_stop(run["id"], store, run=run, steps=details["steps"])
     details["stop_estimate"] = estimate.as_dict() if estimate is not None else None
+    batch = None  # a run.map with items in flight: how many, and how a stop drains
+    if run["status"] in LIVE:
+        found = stored_batch(details["steps"], details["events"], store.now())
+        batch = found if found is not None and found.running else None
+    counts = batch.counts(stopping=run["status"] == Status.STOPPING) if batch else None
+    details["batch"] = (
+        {**asdict(counts), "text": counts.text, "in_flight_keys": list(batch.running)}
+        if counts is not None and batch is not None
+        else None
+    )
     if args.json:
         emit_json(details)
         return status_exit_code(run["status"])
@@ -88,7 +100,9 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         print(f"  expires {cell_text(run['deadline'])}")
     if run.get("stop_requested_at"):
         print(f"  stop requested {cell_text(run['stop_requested_at'])} by {run['stop_source']}")
-    if estimate is not None:
+    if counts is not None:
+        print(f"  {counts.text}")  # "stopping: 12 items in flight, about 3 s (40/100 done)"
+    elif estimate is not None:
         print(f"  {estimate.text}")
     sections: list[tuple[str, Sequence[str]]] = [
         ("steps", ("step", "key", "name", "status", "took", "error")),

@@ -24,6 +24,7 @@ How items, keys, fsyncs and stops fit together:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import contextvars
 import threading
 import time
@@ -43,6 +44,7 @@ from ..errors import (
     StopRequested,
 )
 from ..status import Reason, StepStatus
+from .batch_view import BATCH_STARTED, WAITS_FOR_A_PERSON, drain_line
 from .canonical import Unencodable
 from .context import reset_current_run, set_current_run
 from .forced_stop import ForceGate
@@ -115,6 +117,7 @@ class Batch:
         self.name = name
         self.total = total
         self.done = 0
+        self.done_before = 0  # items completed before this call (a resume): their stored values
         self.failed = 0
         self.waiting = 0
         self.in_flight: dict[str, StepInfo] = {}
@@ -220,8 +223,9 @@ def run_map(
             results[i] = load_result(text)
     todo = [i for i, k in enumerate(keys) if k not in engine.completed]
     batch = Batch(engine, name, len(values))
-    batch.done = len(done_before)
+    batch.done = batch.done_before = len(done_before)
     _count_total(engine, keys)
+    _record_start(engine, batch)
     engine.batch = batch
     engine.notify("batch", batch)
     try:
@@ -252,6 +256,16 @@ def _check_keys(engine: RunEngine, keys: list[str], *, given: bool) -> None:
                 "went through (step keys are unique within a run): nothing ran. "
                 + (hint if given else "Pass key=... (the default key is the item's position).")
             )
+
+
+def _record_start(engine: RunEngine, batch: Batch) -> None:
+    """The ``batch_started`` event (queued, never waited for): its name, size and items
+    done before, which ``kernelext show`` and ``kx.plan`` read in any process."""
+    detail = {"name": batch.name, "items": batch.total, "done": batch.done_before}
+    with contextlib.suppress(Exception):  # a store hiccup must not hold the batch back
+        engine.store.record_event(
+            engine.id, BATCH_STARTED, wait=False, source="engine", detail=detail
+        )
 
 
 def _count_total(engine: RunEngine, keys: list[str]) -> None:
@@ -490,9 +504,7 @@ def _record_end(
             forced = isinstance(outcome, ForcedStop)
             if begun:
                 why = (
-                    "forced stop"
-                    if forced
-                    else ("waits for a person" if info.waiting else "stopped")
+                    "forced stop" if forced else (WAITS_FOR_A_PERSON if info.waiting else "stopped")
                 )
                 store.end_step(
                     engine.id, info.id, StepStatus.CANCELLED, error=why, forced=forced,
@@ -522,11 +534,7 @@ def _record_end(
 def drain_text(batch: Batch) -> str:
     """``stopping: 12 items in flight, about 3 s`` (the drain of a stopped batch)."""
     counts = batch.snapshot()
-    flying = counts["in_flight"]
-    text = f"stopping: {flying} item{'s' if flying != 1 else ''} in flight"
-    if counts["drain_s"] is not None and flying:
-        text += f", about {duration_text(max(counts['drain_s'], 0.1))}"
-    return text
+    return drain_line(counts["in_flight"], counts["drain_s"])
 
 
 def overran_text(info: StepInfo, limit: float) -> str:

@@ -12,6 +12,7 @@ from ..status import EffectStatus, Status, StepStatus
 
 __all__ = [
     "BAD",
+    "BATCH_COLOURS",
     "BORDER",
     "CHECK_COLOURS",
     "EFFECT_COLOURS",
@@ -76,6 +77,13 @@ EFFECT_COLOURS: dict[str, str] = {
 REQUEST_COLOURS: dict[str, str] = {
     "approval": RUN_COLOURS[Status.STOPPING],
     "question": "#0969da",
+}
+# a batch's items -> colour (the panel's batch bar; its track is BORDER)
+BATCH_COLOURS: dict[str, str] = {
+    "done": STEP_COLOURS[StepStatus.COMPLETED],
+    StepStatus.FAILED: STEP_COLOURS[StepStatus.FAILED],
+    "waiting": RUN_COLOURS[Status.SUSPENDED],
+    "in_flight": STEP_COLOURS[StepStatus.RUNNING],
 }
 # a fact's last check -> colour (the revalidation table)
 CHECK_COLOURS: dict[str, str] = {

@@ -10,6 +10,7 @@ from .._store import Store
 from .._validate import NOTE, SOURCE, check_wait, optional, validated
 from ..errors import StoreWriteError
 from ..status import Status
+from .batch_view import batch_counts
 from .run import engine_of
 from .run_engine import RunEngine
 from .runtime import runtime
@@ -91,14 +92,23 @@ class Handle:
     @property
     def status_text(self) -> str:
         """``text_summary()``, plus, while a stop is pending, when it should land
-        ("stops after step 7, in about 3.0 s"; "overrunning by 12 s")."""
-        current = engine_of(self.run).current if self.alive else None
-        estimate = estimate_stop(self.run_id, self.store, current=current)
-        line = self.text_summary()
+        ("stops after step 7, in about 3.0 s"; "overrunning by 12 s"). During a
+        ``run.map``: its progress ("batch: 120/400 done, 16 in flight, 35 items/s, about
+        8 s left"), and after a stop its drain ("stopping: 12 items in flight, about 3 s")."""
+        engine = engine_of(self.run)
+        info = self.info()
+        line = self.text_summary(info)
+        batch = engine.batch if self.alive else None
+        if batch is not None:
+            stopping = engine.stop_event.is_set() or info["status"] == Status.STOPPING
+            return f"{line}; {batch_counts(batch, stopping=stopping).text}"
+        current = engine.current if self.alive else None
+        estimate = estimate_stop(self.run_id, self.store, run=info, current=current)
         return line if estimate is None else f"{line}; {estimate.text}"
 
-    def text_summary(self) -> str:
-        info = self.info()
+    def text_summary(self, info: dict[str, Any] | None = None) -> str:
+        """``run r [agent]: running, 3/5 steps`` (``info``: the run row, if already read)."""
+        info = info if info is not None else self.info()
         total = info.get("total_steps")
         done = info.get("completed_steps")
         progress = f"{done}/{total} steps" if total else f"{done} steps"

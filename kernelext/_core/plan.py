@@ -4,7 +4,8 @@ A :class:`ResumePlan` says: the run's status and reason; the completed steps (sk
 resume) and the attempts that will run again; the next step; the effects replayed from
 the ledger (counted per tool); the unknown effects that block the resume; open approvals
 and questions; the facts re-checked first (with their age, and whether they look stale);
-the credentials refreshed; code changes since the run ran (the agent's fingerprint, or
+the credentials refreshed; for a run stopped in a ``run.map``, how many items are done and
+which run again; code changes since the run ran (the agent's fingerprint, or
 each ``%%agent`` cell's source); claims held; the deadline and the time left. It renders
 as HTML in a notebook, as text (``str(plan)``) and as JSON (``plan.to_json()``).
 
@@ -33,6 +34,7 @@ from .._validate import (
 )
 from ..errors import PlanChanged, RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
+from .batch_view import stored_batch
 from .cell_runs import CELL_AGENT
 from .checks import resolve
 from .facts import CONTRADICTIONS
@@ -149,6 +151,8 @@ def plan(
             sources = {k: v for (r, k), v in rt.cell_sources.items() if r == run_id}
     steps = store.steps(run_id)
     _steps(result, steps, cell_run, sources)
+    batch = stored_batch(steps, store.events(run_id), now)
+    result.batch = batch if batch is not None and batch.not_completed != 0 else None
     live = _liveness(result, row, now)
     _effects(result, store, live)
     result.approvals, result.questions = open_requests(store, run_id, now)

@@ -1,5 +1,5 @@
 """What a resume plan is made of: :class:`PlanData` and its items (steps, effects,
-requests, facts, credentials, code changes, claims).
+requests, facts, credentials, code changes, claims, the batch it stopped in).
 
 ``kernelext._core.plan`` computes a plan from the store (its :class:`ResumePlan` adds how
 it shows), ``kernelext._core.plan_rules`` decides what blocks or warns,
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._formatting import step_label
+from .batch_view import StoredBatch
 
 __all__ = [
     "UNSEEN",
@@ -133,6 +134,7 @@ class PlanData:
     credentials: list[CredentialItem] = field(default_factory=list)  # refreshed first
     code: list[CodeChange] = field(default_factory=list)
     claims: list[ClaimItem] = field(default_factory=list)
+    batch: StoredBatch | None = None  # the run.map it stopped in: items done, items to run
     resumes: int = 0  # times the run was taken over so far
     last_resume: dict[str, Any] | None = None
     blockers: list[str] = field(default_factory=list)  # why a resume would not run a step now

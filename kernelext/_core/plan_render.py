@@ -17,7 +17,8 @@ import uuid
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
-from .._formatting import duration_text, moment_text, step_label
+from .._formatting import counted, duration_text, moment_text, step_label
+from ..status import StepStatus
 from .colours import BAD, BORDER, MUTED, OK, PAPER, WARN
 from .plan_items import UNSEEN, CodeChange, EffectItem, FactItem, PlanData
 
@@ -108,6 +109,37 @@ def _code_line(c: CodeChange) -> str:
     return f"{what}: CHANGED {c.recorded} -> {c.current}"
 
 
+def _batch_line(plan: PlanData) -> list[str]:
+    """``run.map: 40 of 100 items done; a resume runs the 60 not completed (10 were in
+    flight when it stopped: item-3, item-7, ...)``."""
+    b = plan.batch
+    if b is None:
+        return []
+    if b.total is None:
+        head = f"{b.label}: {counted(b.done, 'item')} done; a resume runs the items not completed"
+    else:
+        left = b.not_completed or 0
+        head = f"{b.label}: {b.done} of {counted(b.total, 'item')} done; a resume runs the {left}"
+        head += " not completed"
+    groups = [
+        (b.stopped, "were in flight when it stopped", "was in flight when it stopped"),
+        (b.running, "are in flight now", "is in flight now"),
+        (
+            b.abandoned,
+            "were running when their process ended",
+            "was running when its process ended",
+        ),
+        (b.failed, str(StepStatus.FAILED), str(StepStatus.FAILED)),
+        (b.waiting, "wait for a person", "waits for a person"),
+    ]
+    told = [
+        f"{len(keys)} {one if len(keys) == 1 else many}: {_listed(list(keys))}"
+        for keys, many, one in groups
+        if keys
+    ]
+    return [head + (f" ({'; '.join(told)})" if told else "")]
+
+
 def _sections(plan: PlanData) -> list[tuple[str, list[str], bool]]:
     """(label, lines, shown even when empty) in the order both renderings use."""
     done = [
@@ -125,6 +157,7 @@ def _sections(plan: PlanData) -> list[tuple[str, list[str], bool]]:
     steps = f"{len(done)}: {_listed(done)}" if done else ""
     return [
         ("skipped (completed steps)", [steps] if steps else [], True),
+        ("batch", _batch_line(plan), False),
         ("runs again", [f"{step_label(s.ordinal, s.key)} ({s.note})" for s in plan.rerun], False),
         ("next step", [plan.next_step.note if plan.next_step else "-"], True),
         ("replayed from the ledger", _counted(plan.replayed), True),

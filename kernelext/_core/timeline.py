@@ -6,9 +6,11 @@ saved to HTML keeps a static picture), with ``image/svg+xml`` as well; ``.svg`` 
 picture as text and ``.bars``, ``.ticks``, ``.marks``, ``.gaps`` are what it shows.
 
 Lanes, top to bottom: one bar per step attempt (colour by status, a red outline when
-forced); one tick per effect call at its intent (colour by status); what was asked (stop
-and force requests, decisions, approvals, questions); what the run did (its transitions
-on a band coloured by status: suspended, resumed, forced, expired, ...). Every shape has
+forced; steps that ran at once, the items of a ``run.map``, each get a row of their own,
+up to ``MAX_LANES`` rows, see :func:`assign_lanes`); one tick per effect call at its
+intent (colour by status); what was asked (stop and force requests, decisions, approvals,
+questions); what the run did (its transitions on a band coloured by status: suspended,
+resumed, forced, expired, a ``run.map`` starting, ...). Every shape has
 a ``<title>`` (hover text); marks have labels. Idle stretches are cut out of the axis: a
 stretch with no step, effect or event, longer than ``idle_seconds`` and than three times
 the longest step (a run suspended for a day), is drawn as a fixed-width break labelled
@@ -18,6 +20,7 @@ with its real length.
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ __all__ = [
     "Span",
     "TimeAxis",
     "Timeline",
+    "assign_lanes",
     "mark_of",
     "timeline",
 ]
@@ -66,14 +70,20 @@ MARKS: dict[str, tuple[str, str]] = {
     Status.CANCELLED: ("end", Status.CANCELLED),
     "restarted": ("end", "restarted"),
     "step_overran": ("overran", "overran"),
+    "batch_started": ("batch_start", "run.map"),
     "effect_unknown": ("unknown_effect", "unknown effect"),
     "stop_swallowed": ("swallowed", "stop swallowed"),
     "force_swallowed": ("swallowed", "force swallowed"),
 }
 
 
+MAX_LANES = 32  # rows of step bars at most; more steps at once share the rows (folded)
+
+
 class Bar(NamedTuple):
-    """One step attempt. ``open``: its end is not known (still running, or abandoned)."""
+    """One step attempt. ``open``: its end is not known (still running, or abandoned).
+    ``lane``: its row (0 at the top); ``folded``: it overlaps another bar of its row
+    (more steps ran at once than there are rows)."""
 
     ordinal: int
     key: str
@@ -83,6 +93,35 @@ class Bar(NamedTuple):
     forced: bool
     open: bool
     title: str
+    lane: int = 0
+    folded: bool = False
+
+
+def assign_lanes(bars: Sequence[Bar], max_lanes: int = MAX_LANES) -> list[Bar]:
+    """``bars`` with their rows: bars whose spans overlap get different rows (greedy
+    interval colouring: by start, each into the lowest row free then), so steps one after
+    another share row 0 and a 32-wide batch fills 32 rows. Past ``max_lanes`` a bar goes
+    into the row that frees first and is marked ``folded``. Order is kept."""
+    order = sorted(range(len(bars)), key=lambda i: (bars[i].start, bars[i].end, i))
+    busy: list[tuple[dt.datetime, int]] = []  # (end, lane) of rows in use
+    free: list[int] = []  # rows free again (lowest first)
+    used = 0
+    placed: list[Bar] = list(bars)
+    for i in order:
+        bar = bars[i]
+        while busy and busy[0][0] <= bar.start:  # ended when this one began: its row is free
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        folded, until = False, bar.end
+        if free:
+            lane = heapq.heappop(free)
+        elif used < max_lanes:
+            lane, used = used, used + 1
+        else:  # every row is in use: the one that frees first takes it too
+            end, lane = heapq.heappop(busy)
+            folded, until = True, max(end, bar.end)
+        heapq.heappush(busy, (until, lane))
+        placed[i] = bar._replace(lane=lane, folded=folded)
+    return placed
 
 
 class EffectTick(NamedTuple):
@@ -201,7 +240,8 @@ def _tick(row: Mapping[str, Any]) -> EffectTick:
 
 @dataclass
 class Timeline:
-    """A run drawn on one time axis; displays as SVG. See :func:`timeline`."""
+    """A run drawn on one time axis; displays as SVG. See :func:`timeline`. ``lanes``:
+    the rows its step bars take (steps that ran at once each get one)."""
 
     run_id: str
     agent: str
@@ -245,12 +285,22 @@ class Timeline:
             str(run["agent"]),
             str(run["status"]),
             now,
-            [_bar(row, effects, live) for row in steps],
+            assign_lanes([_bar(row, effects, live) for row in steps]),
             ticks,
             [mark_of(event) for event in events],
             spans,
             idle_seconds,
         )
+
+    @property
+    def lanes(self) -> int:
+        """Rows of step bars: the most steps that ran at once (at most ``MAX_LANES``)."""
+        return max((bar.lane for bar in self.bars), default=0) + 1
+
+    @property
+    def folded(self) -> int:
+        """Step attempts drawn over another in its row (more ran at once than rows)."""
+        return sum(1 for bar in self.bars if bar.folded)
 
     @property
     def start(self) -> dt.datetime | None:
@@ -305,6 +355,10 @@ class Timeline:
             f"timeline of run {self.run_id} [{self.agent}]: {self.status}, "
             f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
         )
+        if self.lanes > 1:
+            line += f"; up to {self.lanes} steps at once, one row each"
+            if self.folded:
+                line += f" ({self.folded} more folded into those rows)"
         line += "".join(f"; {n} {kind}" for kind, n in sorted(counts.items()))
         cut = ", ".join(duration_text(g.seconds) for g in self.gaps)
         return line + (f"; idle stretches cut from the axis: {cut}" if cut else "")

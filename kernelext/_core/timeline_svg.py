@@ -1,9 +1,10 @@
-"""Drawing a :class:`~kernelext._core.timeline.Timeline` as SVG: the time axis, lanes and legend.
+"""Drawing a :class:`~kernelext._core.timeline.Timeline` as SVG: the lanes, the rows of steps
+that ran at once, the marks and the legend.
 
-:func:`draw` turns a timeline into an ``<svg>`` element (text). :class:`TimeAxis` maps
-seconds from the run's start to x, cutting idle stretches out of the axis. The colour of
-each step, effect and status band comes from :mod:`kernelext._core.colours`; the shape of
-each mark is in the table here.
+:func:`draw` turns a timeline into an ``<svg>`` element (text); the time axis it draws on
+is :class:`~kernelext._core.timeline_axis.TimeAxis`. The colour of each step, effect and
+status band comes from :mod:`kernelext._core.colours`; the shape of each mark is in the
+table here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import datetime as dt
 import html
 import math
 import re
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._formatting import duration_text, moment_text
@@ -29,6 +29,7 @@ from .colours import (
     RUN_TINTS,
     STEP_COLOURS,
 )
+from .timeline_axis import TimeAxis
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -55,14 +56,10 @@ STYLE = {
     "overran": ("down", "#fb8f44"),
     "unknown_effect": ("circle", EFFECT_COLOURS[EffectStatus.UNKNOWN]),
     "swallowed": ("diamond", "#fb8f44"),
+    "batch_start": ("line", RUN_COLOURS[Status.RUNNING]),
     "other": ("dot", GREY),
 }
 ASKED = frozenset({"stop_request", "force_request", "decision", "approval", "question", "other"})
-NICE_STEPS = (
-    *(m * 10.0**e for e in range(-3, 2) for m in (1, 2, 5)),
-    *(60.0 * m for m in (2, 5, 10, 15, 30, 60, 120, 360, 720)),
-    *(86400.0 * m for m in (1, 2, 7, 14, 30)),
-)
 _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
@@ -85,84 +82,6 @@ def clock(moment: dt.datetime) -> str:
     """``moment`` as ``YYYY-MM-DD HH:MM:SS.mmm UTC`` (hover text: steps are told apart by
     milliseconds)."""
     return moment_text(moment, precise=True)
-
-
-class TimeAxis:
-    """Maps seconds (from the start) to x, cutting idle stretches longer than ``threshold``.
-
-    ``activity`` are (start, end) intervals with something drawn. They are merged into
-    segments where they are at most ``threshold`` apart; each segment gets a width in
-    proportion to its length (at least ``min_px``), each cut stretch ``gap_px``.
-    """
-
-    def __init__(
-        self,
-        activity: Sequence[tuple[float, float]],
-        *,
-        x0: float,
-        width: float,
-        threshold: float,
-        gap_px: float = 36.0,
-        min_px: float = 14.0,
-        pad: float = 6.0,
-    ) -> None:
-        merged: list[list[float]] = []
-        for start, end in sorted(activity):
-            if merged and start - merged[-1][1] <= threshold:
-                merged[-1][1] = max(merged[-1][1], end)
-            else:
-                merged.append([start, end])
-        self.segments = [(s, e) for s, e in merged] or [(0.0, 0.0)]
-        self.gaps = [(a[1], b[0]) for a, b in zip(self.segments, self.segments[1:], strict=False)]
-        self.gap_px = min(gap_px, width * 0.4 / len(self.gaps)) if self.gaps else gap_px
-        self.pad = pad
-        lengths = [e - s for s, e in self.segments]
-        self.px = _allocate(lengths, width - self.gap_px * len(self.gaps), min_px)
-        self.left = [x0 + sum(self.px[:i]) + self.gap_px * i for i in range(len(self.px))]
-        self.right_edge = self.left[-1] + self.px[-1]
-
-    def x(self, t: float) -> float:
-        """The x of time ``t``; a time in a cut stretch falls inside its break."""
-        for i, (start, end) in enumerate(self.segments):
-            if t < start and i > 0:
-                gap_start = self.segments[i - 1][1]
-                return self.left[i] - self.gap_px * (start - t) / (start - gap_start)
-            if t <= end or i == len(self.segments) - 1:
-                if end <= start:
-                    return self.left[i] + self.px[i] / 2
-                frac = min(max((t - start) / (end - start), 0.0), 1.0)
-                return self.left[i] + self.pad + (self.px[i] - 2 * self.pad) * frac
-        return self.left[0]  # no segment: unreachable, segments is never empty
-
-    def ticks(self, min_spacing: float) -> list[tuple[float, float, float]]:
-        """(seconds, x, step) of axis ticks, ``min_spacing`` px apart within a segment."""
-        out: list[tuple[float, float, float]] = []
-        for i, (start, end) in enumerate(self.segments):
-            per_s = (self.px[i] - 2 * self.pad) / (end - start) if end > start else 0.0
-            if per_s <= 0:
-                out.append((start, self.x(start), 1.0))
-                continue
-            step = next((s for s in NICE_STEPS if s * per_s >= min_spacing), NICE_STEPS[-1])
-            t = math.ceil(start / step - 1e-9) * step
-            while t <= end + 1e-9:
-                out.append((t, self.x(t), step))
-                t += step
-        return out
-
-
-def _allocate(lengths: Sequence[float], room: float, minimum: float) -> list[float]:
-    """Widths in proportion to ``lengths``, summing to ``room``, none below ``minimum``."""
-    n, fixed = len(lengths), set[int]()
-    if room <= minimum * n:
-        return [room / n] * n
-    while True:
-        free = [i for i in range(n) if i not in fixed]
-        left, total = room - minimum * len(fixed), sum(lengths[i] for i in free)
-        share = {i: left * lengths[i] / total if total > 0 else left / len(free) for i in free}
-        small = {i for i in free if share[i] < minimum}
-        if not small or len(small) == len(free):
-            return [share.get(i, minimum) for i in range(n)]
-        fixed |= small
 
 
 # -- drawing -----------------------------------------------------------------------------------
@@ -190,6 +109,34 @@ LEGEND_MARKS = (
 )
 FULL = _Layout(60, 10, (24, 22), (52, 12), 76, (86, 20), (118, 129, 140), 150, 180, 188, 5)
 COMPACT = _Layout(44, 9, (16, 16), (36, 9), 54, (62, 14), (), 82, 0, 96, 4)
+# Steps that ran at once get a row each: (the least row height, the most the rows take) px
+LANE_ROOM = {False: (5.0, 160.0), True: (3.0, 96.0)}
+
+
+def _with_lanes(lay: _Layout, lanes: int, compact: bool) -> tuple[_Layout, float]:
+    """``lay`` with its steps band grown to ``lanes`` rows (everything under it moved
+    down), and the height of one row."""
+    top, single = lay.steps
+    if lanes <= 1:
+        return lay, single
+    least, room = LANE_ROOM[compact]
+    row = max(least, min(single, room / lanes))
+    extra = row * lanes - single
+    return (
+        lay._replace(
+            steps=(top, row * lanes),
+            effects=(lay.effects[0] + extra, lay.effects[1]),
+            asked_y=lay.asked_y + extra,
+            band=(lay.band[0] + extra, lay.band[1]),
+            label_rows=tuple(y + extra for y in lay.label_rows),
+            axis_y=lay.axis_y + extra,
+            legend_y=lay.legend_y + extra if lay.legend_y else 0,
+            height=lay.height + extra,
+        ),
+        row,
+    )
+
+
 LEGEND = (
     ("rect", STEP_COLOURS[StepStatus.COMPLETED], f"step {StepStatus.COMPLETED}"),
     ("rect", GREY, StepStatus.CANCELLED),
@@ -221,7 +168,8 @@ def _glyph(shape: str, x: float, y: float, r: float, colour: str) -> str:
 
 def draw(tl: Timeline, width: int, compact: bool) -> str:
     """``tl`` as an ``<svg>`` element ``width`` px wide; ``compact``: no labels or legend."""
-    lay, summary, t0 = COMPACT if compact else FULL, tl.text(), tl.start or tl.now
+    lay, row_h = _with_lanes(COMPACT if compact else FULL, tl.lanes, compact)
+    summary, t0 = tl.text(), tl.start or tl.now
     left, right = lay.label_w, width - 10.0
     axis = tl.axis(left, right - left, 24.0 if compact else 36.0)
 
@@ -238,6 +186,13 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
     lanes = {"steps": lay.steps[0] + lay.steps[1] / 2, "effects": sum(lay.effects) - 2}
     lanes.update(asked=lay.asked_y + 3, status=lay.band[0] + lay.band[1] / 2 + 3)
     out += [_el("text", body=name, x=4, y=y, fill=INK) for name, y in lanes.items()]
+    if tl.lanes > 1 and not compact:
+        rows = f"{tl.lanes} rows" + (f", +{tl.folded}" if tl.folded else "")
+        out.append(
+            _el(
+                "text", body=rows, cls="kx-lanes", x=4, y=lanes["steps"] + 11, fill=INK, font_size=8
+            )
+        )
     taken: list[tuple[float, float]] = []  # extents of the axis labels drawn
     top, bottom = lay.steps[0], lay.axis_y
     for (a, b), gap in zip(axis.gaps, tl.gaps, strict=True):
@@ -272,11 +227,13 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                     fill=BANDS[span.status],
                 )
             )
+    row_gap = 1.0 if tl.lanes > 1 else 0.0  # between rows
     for bar in tl.bars:
-        x1, (y1, h1) = x(bar.start), lay.steps
+        x1, y1, h1 = x(bar.start), lay.steps[0] + bar.lane * row_h, row_h - row_gap
         w1 = max(x(bar.end) - x1, 2.0)
         look: dict[str, Any] = {"stroke": RED, "stroke_width": 2} if bar.forced else {}
-        look.setdefault("stroke", "#ffffff")  # a thin white edge between adjacent bars
+        # a thin white edge between adjacent bars (thin rows: their gap is the edge)
+        look.setdefault("stroke", "#ffffff" if h1 >= 8 else "none")
         if bar.open:
             look.update(fill_opacity=0.55, stroke_dasharray="3 2")
         out.append(
@@ -288,6 +245,8 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                 data_key=bar.key,
                 data_status=bar.status,
                 data_forced=str(bar.forced).lower(),
+                data_lane=bar.lane,
+                **({"data_folded": "true"} if bar.folded else {}),
                 x=x1,
                 y=y1,
                 width=w1,
@@ -296,7 +255,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                 **look,
             )
         )
-        if not compact and w1 >= 6.0 * len(bar.key) + 4:
+        if not compact and h1 >= 12 and w1 >= 6.0 * len(bar.key) + 4:
             out.append(
                 _el(
                     "text",
@@ -408,6 +367,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         "".join(out),
         xmlns=SVG_NS,
         cls="kx-timeline",
+        data_lanes=tl.lanes,
         width=width,
         height=lay.height,
         viewBox=f"0 0 {width} {lay.height:g}",
