@@ -364,7 +364,7 @@ def test_approve_click_sends_the_payment_exactly_once(
 
 
 BATCH = REPO_ROOT / "notebooks" / "batch.ipynb"
-BATCH_TEXTS = {"stopping": "stopping", "suspended": "suspended", "completed": "completed"}
+BATCH_TEXTS = {"stopping": r"stopping: \d+ items? in flight", "suspended": "suspended", "completed": "completed"}
 
 
 def test_batch_stop_drains_and_resume_finishes_each_item_once(
@@ -402,6 +402,8 @@ def test_batch_stop_drains_and_resume_finishes_each_item_once(
         watch = TextWatch(panel, BATCH_TEXTS)
         lab.button(panel, "Stop").click()
         stopping_at = watch.wait("stopping")
+        drain = panel.locator(".kx-batch-drain")
+        expect(drain).to_contain_text("items in flight")
         shot("stopping")
         expect(status).to_have_text("suspended", timeout=60_000)
         seen = watch.seen()

@@ -138,7 +138,7 @@ class Batch:
         return {
             "total": self.total,
             "done": self.done,
-            "failed": self.failed,
+            "raised": self.failed,
             "waiting": self.waiting,
             "in_flight": len(flight),
             "elapsed": time.monotonic() - self.started,
@@ -353,7 +353,7 @@ def _dispatch(
                 ended.append(end)
                 if end.kind == "done":
                     results[end.index] = end.value
-                elif end.kind == "failed":
+                elif end.kind == "raised":
                     if return_exceptions:
                         results[end.index] = end.error
                     elif first_failure is None:
@@ -526,7 +526,7 @@ def _record_end(
         with batch.lock:
             batch.failed += 1
         engine.notify("item_failed", (info, outcome))
-        return _Ended(index, "failed", error=outcome)
+        return _Ended(index, "raised", error=outcome)
     except OwnershipLost as exc:
         return _Ended(index, "lost", error=exc)
 
