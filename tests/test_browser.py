@@ -364,7 +364,11 @@ def test_approve_click_sends_the_payment_exactly_once(
 
 
 BATCH = REPO_ROOT / "notebooks" / "batch.ipynb"
-BATCH_TEXTS = {"stopping": r"stopping: \d+ items? in flight", "suspended": "suspended", "completed": "completed"}
+BATCH_TEXTS = {
+    "stopping": r"stopping: \d+ items? in flight",
+    "suspended": "suspended",
+    "completed": "completed",
+}
 
 
 def test_batch_stop_drains_and_resume_finishes_each_item_once(
