@@ -22,6 +22,7 @@ from ._core.current import checks, credentials
 from ._core.expiry import on_expire, sweep
 from ._core.handle import Handle
 from ._core.ledger import Effect, effect
+from ._core.limits import limit
 from ._core.plan import ResumePlan, plan
 from ._core.questions import answer, questions
 from ._core.reconcile import reconcile
@@ -127,6 +128,7 @@ __all__ = [
     "effect",
     "errors",
     "langgraph",
+    "limit",
     "mcp",
     "on_expire",
     "open_store",

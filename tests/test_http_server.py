@@ -166,3 +166,36 @@ def test_standalone_subprocess_stops_on_sigterm(tmp_path: Path) -> None:
             proc.wait(timeout=10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_refusals_carry_retry_after_and_are_kept_with_their_time(
+    delivery_server: DeliveryServer,
+) -> None:
+    delivery_server.fail_next(2, status=429, retry_after=1)
+    first = post_json(delivery_server.url + "/r", {}, idempotency_key="k")
+    second = post_json(delivery_server.url + "/r", {}, idempotency_key="k")
+    third = post_json(delivery_server.url + "/r", {}, idempotency_key="k")
+    assert (first.status, second.status, third.status) == (429, 429, 200)
+    assert first.headers["retry-after"] == "1"
+    assert "retry-after" not in third.headers
+    assert [r["status"] for r in delivery_server.refusals] == [429, 429]
+    assert all(isinstance(r["time"], float) for r in delivery_server.refusals)
+    assert delivery_server.count("k") == 1
+
+
+def test_slow_next_records_at_once_and_answers_late(delivery_server: DeliveryServer) -> None:
+    delivery_server.slow_next(1, 2.0)
+    with pytest.raises(TimeoutError):
+        post_json(delivery_server.url + "/slow", {}, idempotency_key="s", timeout=0.3)
+    assert delivery_server.count("s") == 1  # applied, though the client never heard
+    assert post_json(delivery_server.url + "/fast", {}, timeout=1.5).status == 200
+
+
+def test_peak_in_flight_counts_posts_handled_at_once(delivery_server: DeliveryServer) -> None:
+    delivery_server.delay = 1.0  # the four overlap while they wait
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda i: post_json(delivery_server.url + "/p", {"i": i}), range(4)))
+    assert delivery_server.peak_in_flight == 4
+    delivery_server.reset()
+    post_json(delivery_server.url + "/p", {})
+    assert delivery_server.peak_in_flight == 1

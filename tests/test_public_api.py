@@ -87,6 +87,7 @@ PUBLIC = [
     "effect",
     "errors",
     "langgraph",
+    "limit",
     "mcp",
     "on_expire",
     "open_store",

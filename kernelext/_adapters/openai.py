@@ -42,7 +42,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from .._core.context import current_run
 from .._core.keys import display_args
 from .._core.ledger import Effect
+from .._core.limits import call_limited_async, sent
 from .._core.secrets import SECRETS, is_secret_name
+from .._validate import check_name
 from ..errors import LedgerError
 from ..status import EffectStatus
 from .openai_replay import (
@@ -78,7 +80,13 @@ def require_openai() -> ModuleType:
         ) from exc
 
 
-def wrap_openai(client: C, *, safe_points: bool = True, key_header: str | None = KEY_HEADER) -> C:
+def wrap_openai(
+    client: C,
+    *,
+    safe_points: bool = True,
+    key_header: str | None = KEY_HEADER,
+    limit: str | None = None,
+) -> C:
     """``kx.openai(OpenAI(...))``: the client, with its model calls recorded inside runs.
 
     Works with ``openai.OpenAI`` and ``openai.AsyncOpenAI`` (and their Azure subclasses),
@@ -87,7 +95,13 @@ def wrap_openai(client: C, *, safe_points: bool = True, key_header: str | None =
 
     ``safe_points``: a pending Stop takes hold just before each recorded model call.
     ``key_header``: the header that carries the ledger's key to the server (None: none).
+    ``limit``: the name of a ``kx.limit`` each model call made now waits for a slot of
+    (``kx.limit("llm", rate="3000/min", concurrency=16)``), shared by every run of the
+    process; a stop lands while a call waits, with nothing of it recorded. Retries are
+    the client's own (``max_retries``, which honours ``Retry-After``).
     """
+    if limit is not None:
+        check_name("kx.openai(limit=...)", limit)
     openai = require_openai()
     if isinstance(client, OpenAIRecorder):
         return cast(C, client)
@@ -97,7 +111,7 @@ def wrap_openai(client: C, *, safe_points: bool = True, key_header: str | None =
             f"{type(client).__name__}. Create one with OpenAI(base_url=..., api_key=...)."
         )
     _register_secrets(client)
-    options = _Options(safe_points, key_header, isinstance(client, openai.AsyncOpenAI))
+    options = _Options(safe_points, key_header, isinstance(client, openai.AsyncOpenAI), limit)
     return cast(C, OpenAIRecorder(client, options))
 
 
@@ -118,6 +132,7 @@ class _Options:
     safe_points: bool
     key_header: str | None
     is_async: bool
+    limit: str | None = None
 
 
 class OpenAIRecorder:
@@ -216,10 +231,16 @@ class _CreateRecorder:
         if self.options.safe_points:
             run.safe_point()
         call = ModelCall(self, kwargs)
-        out = call(**call.request)
-        if isinstance(out, _Pending):
-            out = await out.coroutine
-        return call.typed(out)
+
+        async def made() -> Any:
+            out = call._call(**call.request)  # the slot (if any) is awaited below, not here
+            return await out.coroutine if isinstance(out, _Pending) else out
+
+        limit = self.options.limit
+        if limit is None:
+            return call.typed(await made())
+        # The slot is held until the answer came; the loop runs other tasks meanwhile.
+        return call.typed(await call_limited_async(run, limit, self.tool, made, call._where))
 
 
 class _Pending:
@@ -250,7 +271,9 @@ class ModelCall(Effect):
             self.live = owner.wrapped.create(**self.outgoing(idempotency_key))
             return to_json(self.live)
 
-        super().__init__(send, name=owner.tool, resumable=True, retry=True)
+        super().__init__(
+            send, name=owner.tool, resumable=True, retry=True, limit=owner.options.limit
+        )
 
     # -- the request -----------------------------------------------------------------
     def plain(self, value: Any) -> Any:
@@ -310,6 +333,7 @@ class ModelCall(Effect):
         if not self.stream:
             return super()._perform(run, key, args, kwargs)
         try:
+            sent()  # a kx.limit's window counts the request from now
             source = self.owner.wrapped.create(**self.outgoing(self.idempotency_key(run, key)))
         except BaseException as exc:
             return self._settle(run, key, args, kwargs, error=exc)
@@ -321,6 +345,7 @@ class ModelCall(Effect):
         self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         try:
+            sent()
             self.live = await self.owner.wrapped.create(
                 **self.outgoing(self.idempotency_key(run, key))
             )

@@ -38,7 +38,9 @@ from .keys import (
     redact,
     stored_result,
 )
+from .limits import call_limited
 from .names import check_stored_name
+from .retries import check_retries, made_with_retries, settled
 from .run_engine import RunEngine, chain_roots
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
 
@@ -84,6 +86,8 @@ class Effect:
         retry: bool,
         needs_approval: ApprovalRule = False,
         probe: Callable[..., Any] | None = None,
+        limit: str | None = None,
+        retries: int = 0,
     ) -> None:
         check_effect_function(fn)
         if name is not None:
@@ -96,6 +100,8 @@ class Effect:
         )
         self.resumable = check_flag("@kx.effect(resumable=...)", resumable)
         self.retry = check_flag("@kx.effect(retry=...)", retry)
+        self.limit = check_name("@kx.effect(limit=...)", limit) if limit is not None else None
+        self.retries = check_retries("@kx.effect(retries=...)", retries)
         if probe is not None:
             check_callable("@kx.effect(probe=...)", probe, what="a function (key, args)")
         check_approval_rule(needs_approval)
@@ -119,6 +125,13 @@ class Effect:
         return f"<kernelext effect {self.tool!r} resumable={self.resumable}{approval}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.limit is None:
+            return self._call(*args, **kwargs)
+        return call_limited(  # a slot first (kx.limit), for a call that will be made now
+            current_run(), self.limit, self.tool, lambda: self._call(*args, **kwargs), self._where
+        )
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         run = current_run()
         if run is None:  # outside a run: a plain call, nothing recorded (documented)
             return self.fn(*args, **kwargs)
@@ -231,18 +244,29 @@ class Effect:
         call_kwargs = dict(kwargs)
         if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
             call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
-        try:
-            result = self.fn(*args, **call_kwargs)
+        try:  # made again after a transient failure with retries=N (kernelext._core.retries)
+            result = made_with_retries(self, run, key, lambda: self.fn(*args, **call_kwargs))
             refuse_unrun_result(self.tool, result)
         except Exception as exc:
-            run.store.write_outcome(key, EffectStatus.FAILED, error=_describe(exc))
+            if settled(run, key):  # the attempts recorded the outcome (unknown)
+                raise
+            attempts = run.effects[key].get("attempts")
+            run.store.write_outcome(
+                key, EffectStatus.FAILED, error=_describe(exc), attempts=attempts
+            )
             run.effects[key]["status"] = EffectStatus.FAILED
             run.notify("effect", (self.tool, key, EffectStatus.FAILED))
             raise
         except BaseException:
+            if settled(run, key):  # a stop between two attempts: recorded not_applied
+                raise
             # A forced stop (or the process going down) mid-call: nobody knows.
             run.store.write_outcome(
-                key, EffectStatus.UNKNOWN, error="interrupted during the call", wait=True
+                key,
+                EffectStatus.UNKNOWN,
+                error="interrupted during the call",
+                attempts=run.effects[key].get("attempts"),
+                wait=True,
             )
             run.store.record_event(
                 run.id,
@@ -259,7 +283,9 @@ class Effect:
             encoded = stored_result(result)
         except (Unencodable, TypeError, ValueError) as exc:
             raise self._unstorable(run, key, result, exc) from None
-        run.store.write_outcome(key, EffectStatus.APPLIED, result=encoded)
+        run.store.write_outcome(
+            key, EffectStatus.APPLIED, result=encoded, attempts=run.effects[key].get("attempts")
+        )
         run.effects[key].update(status=EffectStatus.APPLIED, result=encoded)
         run.notify("effect", (self.tool, key, EffectStatus.APPLIED))
         return result
@@ -413,6 +439,8 @@ def effect(
     retry: bool = False,
     needs_approval: ApprovalRule = False,
     probe: Callable[..., Any] | None = None,
+    limit: str | None = None,
+    retries: int = 0,
 ) -> Callable[[Callable[..., Any]], Effect]: ...
 
 
@@ -425,6 +453,8 @@ def effect(
     retry: bool = False,
     needs_approval: ApprovalRule = False,
     probe: Callable[..., Any] | None = None,
+    limit: str | None = None,
+    retries: int = 0,
 ) -> Effect | Callable[[Callable[..., Any]], Effect]:
     """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``.
 
@@ -435,6 +465,26 @@ def effect(
     ``kx.approvals(run_id)[0].approve()`` the resumed call consumes the approval, once.
     A rejection raises ``kx.EffectRejected`` at the call. ``probe`` registers a function
     that tells whether a call with an unknown outcome happened (see ``kernelext._core.probes``).
+
+    ``limit="crm"``: each call waits for a slot of the limit declared with
+    ``kx.limit("crm", rate="50/s", concurrency=8)``, shared by every run of the process. A
+    call waiting for its slot has not started: a stop lands there at once and nothing of
+    the call is recorded (the resume makes it, under the same key). Only calls made now
+    wait; replays of recorded ones do not. A name not declared when the call is made is
+    refused then, before anything is recorded (the limit may be declared after the
+    decorator runs).
+
+    ``retries=3``: a transient failure is made again, up to 3 more times, under the same
+    key and ``idempotency_key``, with exponential backoff and jitter, honouring a
+    ``Retry-After`` the exception carries (``exc.headers`` or ``exc.response.headers``:
+    urllib, httpx, requests, the OpenAI SDK). Transient: HTTP 429 and 503 and a connection
+    refused (retried for every tool); HTTP 500, 502 and 504, and a timeout or reset after
+    the request left (retried only for a tool that takes ``idempotency_key``; without it
+    an answered 5xx is ``failed``, and a request with no answer is ``unknown``, to decide
+    with ``kx.reconcile``). ``effects.attempts`` counts how many times the call was made.
+    A stop during the wait between two attempts lands at once: the call is recorded
+    ``not_applied`` (its last attempt failed, nothing is pending) and the resume makes it
+    again. ``retries=0`` (the default): made once, any exception is ``failed``.
     """
 
     if name is not None:  # the options first, so that a bad one is named before any def
@@ -444,6 +494,9 @@ def effect(
     if probe is not None:
         check_callable("@kx.effect(probe=...)", probe, what="a function (key, args)")
     check_approval_rule(needs_approval)
+    if limit is not None:
+        check_name("@kx.effect(limit=...)", limit)
+    check_retries("@kx.effect(retries=...)", retries)
 
     def wrap(func: Callable[..., Any]) -> Effect:
         return Effect(
@@ -453,6 +506,8 @@ def effect(
             retry=retry,
             needs_approval=needs_approval,
             probe=probe,
+            limit=limit,
+            retries=retries,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -236,6 +236,11 @@ class RunEngine:
         info.calls += 1
         return info.key, info.ordinal, ordinal
 
+    def peek_call(self) -> tuple[str, int]:
+        """The (step key, call ordinal) ``next_call`` would give now, without taking it."""
+        info = self.current
+        return (OUTSIDE_STEPS, self._outside_calls) if info is None else (info.key, info.calls)
+
     # -- stops: honoured at safe points, raised again when swallowed ------------------
     def safe_point(self) -> None:
         if self.force.pending:  # a forced stop the agent's code swallowed: raised again here

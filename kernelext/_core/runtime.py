@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .cell_runs import CellRun
     from .expiry import ExpiredRun
     from .handle import Handle
+    from .limits import Limit
 
 __all__ = ["Runtime", "RuntimeSwitch", "Settings", "get_store", "runtime", "use_runtime"]
 
@@ -128,6 +129,7 @@ class Runtime:
     - ``settings``: options, renderers, expiry policy and the default store.
     - Definitions: ``agents`` (name -> ``Agent``), ``checks`` (``kx.checks``),
       ``credentials`` (``kx.credentials``), ``probes`` (effect tool -> probe),
+      ``limits`` (``kx.limit``, name -> ``Limit``),
       ``agent_sources`` (fingerprint -> source, for plan diffs).
     - Runs here: ``live_runs`` (run id -> handle of a run executing in a worker thread)
       and ``handles`` (run id -> newest handle, weakly), both under ``live_lock``;
@@ -138,8 +140,8 @@ class Runtime:
     - Listeners: ``end_hooks`` (called with (run id, status) when a run of this runtime
       ends or suspends, see :meth:`run_ended`) and ``expire_callbacks`` (``kx.on_expire``).
 
-    ``lock`` guards the small tables (probes, sources, credential values, local checks,
-    expire callbacks); no store call is made while it is held.
+    ``lock`` guards the small tables (probes, sources, limits, credential values, local
+    checks, expire callbacks); no store call is made while it is held.
     """
 
     def __init__(self, *, definitions_from: Runtime | None = None) -> None:
@@ -151,6 +153,7 @@ class Runtime:
         self.credentials = CredentialRegistry()
         self.probes: dict[str, Callable[[str, Any], Any]] = {}
         self.agent_sources: dict[str, str] = {}
+        self.limits: dict[str, Limit] = {}  # kx.limit, by name (under ``lock``)
         # the runs of this runtime
         self.live_lock = threading.Lock()
         self.live_runs: dict[str, Handle] = {}
@@ -178,9 +181,11 @@ class Runtime:
         self.credentials.copy_from(other.credentials)
         with other.lock:
             probes, sources = dict(other.probes), dict(other.agent_sources)
+            limits = dict(other.limits)
         with self.lock:
             self.probes.update(probes)
             self.agent_sources.update(sources)
+            self.limits.update(limits)  # the same limits: their slots are the process's
 
     # -- runs of this runtime -------------------------------------------------------------
     def live_handle(self, run_id: str) -> Handle | None:

@@ -16,7 +16,7 @@ __all__ = ["DECISIONS", "GIVEN_UP", "GIVE_UP", "EffectsMixin"]
 
 EFFECT_COLUMNS = (
     "key, run_id, step_key, step_ordinal, tool, call_ordinal, args_hash, args, status, resumable,"
-    " result, error, intent_at, outcome_at, decided_by, decision_note"
+    " result, error, intent_at, outcome_at, decided_by, decision_note, attempts"
 )
 # The three decisions on an unknown effect, and the status each gives it: "it happened"
 # (applied), "it did not happen" (not_applied: called again on resume), and giving up on
@@ -143,10 +143,15 @@ class EffectsMixin(RunsMixin, StoreBase):
         *,
         result: str | None = None,
         error: str | None = None,
+        attempts: int | None = None,
         wait: bool = False,
     ) -> None:
-        """Record ``applied`` / ``failed`` / ``unknown``. Queued unless ``wait``."""
+        """Record ``applied`` / ``failed`` / ``unknown`` (``not_applied``: a call stopped
+        between two attempts). Queued unless ``wait``. ``attempts``: how many times the call
+        was made under its key (None: not counted, the column keeps its value)."""
         data = {"key": key, "status": status, "result": result, "error": error, "at": self.now()}
+        if attempts is not None:
+            data["attempts"] = attempts
         self.record("outcome", data, sync=wait)
 
     def mark_pending_unknown(self, tx: Tx, run_id: str) -> list[uuid.UUID]:

@@ -138,9 +138,17 @@ def insert_intent(tx: Tx, d: dict[str, Any]) -> bool:
 
 def outcome(tx: Tx, d: dict[str, Any]) -> None:
     tx.execute(
-        "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?"
-        " WHERE key = ? AND status = ?",
-        (d["status"], d["result"], d["error"], d["at"], d["key"], EffectStatus.PENDING.value),
+        "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?,"
+        " attempts = coalesce(?, attempts) WHERE key = ? AND status = ?",
+        (
+            d["status"],
+            d["result"],
+            d["error"],
+            d["at"],
+            d.get("attempts"),
+            d["key"],
+            EffectStatus.PENDING.value,
+        ),
     )
 
 

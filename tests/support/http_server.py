@@ -22,6 +22,13 @@ request up by its Idempotency-Key, as payment APIs allow: ``{"key": K, "applied"
 "deliveries": 1, "first": {...the first delivery...}}`` (``applied`` false, ``first`` null
 when none was received); ``GET /health`` returns ``ok``; ``GET /settle`` returns once every
 request accepted before it was handled.
+
+Faults, for the next requests: ``fail_next(n, status, retry_after=...)`` answers ``n`` POSTs
+with an error status (and a ``Retry-After`` header) without recording a delivery; each is
+kept in ``refusals`` with its time. ``slow_next(n, seconds)`` records ``n`` POSTs, then
+answers them ``seconds`` later (a client that gives up first sees a timeout after its
+request was applied). ``peak_in_flight`` is the most POSTs handled at once (with ``delay``
+or ``slow_next`` they overlap while they wait to be answered).
 """
 
 from __future__ import annotations
@@ -100,7 +107,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128  # batches connect 32 and more at once
+    # Many clients connecting at once (a batch of 16 or 32) must not overflow the listen
+    # backlog (5 by default): a dropped SYN is sent again a second later, which would
+    # delay a request by a second that no client caused.
+    request_queue_size = 128
     owner: DeliveryServer
 
     # Requests in flight are counted from the moment they are accepted, in the
@@ -143,12 +153,16 @@ class DeliveryServer:
     delay: float = 0.0
     deliveries: list[dict[str, Any]] = field(default_factory=list, init=False)
     replays: list[dict[str, Any]] = field(default_factory=list, init=False)
+    refusals: list[dict[str, Any]] = field(default_factory=list, init=False)
+    peak_in_flight: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._first_response: dict[str, bytes] = {}
-        self._fail_queue: list[int] = []
+        self._fail_queue: list[tuple[int, dict[str, str]]] = []
+        self._slow_queue: list[float] = []
+        self._posts = 0  # POSTs being handled now
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._log: Any = None
@@ -266,25 +280,55 @@ class DeliveryServer:
         with self._changed:
             return self._changed.wait_for(lambda: self._active <= 1, timeout)
 
-    def fail_next(self, n: int = 1, status: int = 503) -> None:
+    def fail_next(
+        self, n: int = 1, status: int = 503, *, retry_after: float | str | None = None
+    ) -> None:
+        """The next ``n`` POSTs get ``status`` (with ``Retry-After: retry_after``), and are
+        kept in ``refusals``, not recorded as deliveries."""
+        headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
         with self._lock:
-            self._fail_queue.extend([status] * n)
+            self._fail_queue.extend([(status, headers)] * n)
+
+    def slow_next(self, n: int, seconds: float) -> None:
+        """The next ``n`` POSTs are recorded at once and answered ``seconds`` later."""
+        with self._lock:
+            self._slow_queue.extend([seconds] * n)
 
     def reset(self) -> None:
         with self._lock:
             self.deliveries.clear()
             self.replays.clear()
+            self.refusals.clear()
             self._first_response.clear()
             self._fail_queue.clear()
+            self._slow_queue.clear()
+            self.peak_in_flight = 0
 
     # -- request handling (called from server threads) ---------------------
     def _handle_post(
         self, path: str, body: Any, key: str | None
     ) -> tuple[int, bytes, dict[str, str]]:
         with self._changed:
+            self._posts += 1
+            self.peak_in_flight = max(self.peak_in_flight, self._posts)
+        try:
+            return self._answer_post(path, body, key)
+        finally:
+            with self._changed:
+                self._posts -= 1
+
+    def _answer_post(
+        self, path: str, body: Any, key: str | None
+    ) -> tuple[int, bytes, dict[str, str]]:
+        with self._changed:
             if self._fail_queue:
-                status = self._fail_queue.pop(0)
-                return status, json.dumps({"error": "injected failure"}).encode(), {}
+                status, headers = self._fail_queue.pop(0)
+                self.refusals.append(
+                    {"path": path, "idempotency_key": key, "status": status, "time": time.time()}
+                )
+                self._changed.notify_all()
+                return status, json.dumps({"error": "injected failure"}).encode(), headers
+            slow = self._slow_queue.pop(0) if self._slow_queue else self.delay
             record: dict[str, Any] = {
                 "path": path,
                 "body": body,
@@ -308,8 +352,8 @@ class DeliveryServer:
             if key is not None:
                 self._first_response.setdefault(key, response)
             self._changed.notify_all()
-        if self.delay:
-            time.sleep(self.delay)
+        if slow:
+            time.sleep(slow)
         return 200, response, {}
 
     def _write_log(self, record: dict[str, Any]) -> None:

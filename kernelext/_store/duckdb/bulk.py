@@ -216,7 +216,10 @@ def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any
             pending.append(intent_row(d))
         else:
             row = intent_row(d)
-            finished.append((*row[:8], o["status"], *row[9:], o["result"], o["error"], o["at"]))
+            finished.append(
+                (*row[:8], o["status"], *row[9:], o["result"], o["error"], o["at"],
+                 o.get("attempts"))
+            )  # fmt: skip
     skipped: list[tuple[Any, ...]] = []
     if pending:
         skipped += _insert_new(tx, "effects", _EFFECT_COLUMNS, "key", pending, skipped=True)
@@ -224,21 +227,25 @@ def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any
         skipped += _insert_new(
             tx,
             "effects",
-            _EFFECT_COLUMNS + ", result, error, outcome_at",
+            _EFFECT_COLUMNS + ", result, error, outcome_at, attempts",
             "key",
             finished,
             skipped=True,
         )
     clashes = _clashes(tx, skipped)
-    rest = [(d["key"], d["status"], d["result"], d["error"], d["at"]) for d in first.values()]
+    rest = [
+        (d["key"], d["status"], d["result"], d["error"], d["at"], d.get("attempts"))
+        for d in first.values()
+    ]
     _update_from(
         tx,
         (
             "UPDATE effects SET status = v.status, result = CAST(v.result AS TEXT),"
-            " error = CAST(v.error AS TEXT), outcome_at = v.outcome_at",
+            " error = CAST(v.error AS TEXT), outcome_at = v.outcome_at,"
+            " attempts = coalesce(CAST(v.attempts AS INTEGER), effects.attempts)",
             (),
         ),
-        "key, status, result, error, outcome_at",
+        "key, status, result, error, outcome_at, attempts",
         ("effects.key = v.key AND effects.status = ?", (EffectStatus.PENDING,)),
         rest,
     )

@@ -1,0 +1,316 @@
+"""``kx.limit``: a rate never exceeded in any window, a concurrency bound, shared by every run
+of the process, and a stop that lands while calls wait for their slot.
+
+Against a real local HTTP server (127.0.0.1) that records when each request arrived and
+how many it handled at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from support.http_server import DeliveryServer
+from support.live import name, wait_until
+
+import kernelext as kx
+from kernelext._store import Store
+
+WAIT = 60.0
+
+pytestmark = pytest.mark.both_backends
+
+
+def sender(server: DeliveryServer, limit: str, tool: str = "send") -> kx.Effect:
+    """An effect under ``limit`` that POSTs ``{"item": i, "sent": <time it was sent>}``."""
+
+    @kx.effect(name=tool, limit=limit)
+    def send(item: Any, *, idempotency_key: str | None = None) -> int:
+        body = json.dumps({"item": item, "sent": time.time()}).encode()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key or ""}
+        request = urllib.request.Request(
+            server.url + "/send", data=body, headers=headers, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(json.loads(response.read())["delivery"])
+
+    return send
+
+
+def busiest_window(server: DeliveryServer, seconds: float) -> int:
+    """The most deliveries the server recorded in any window of ``seconds``, the window
+    shortened by how much the time from send to arrival varied (that part is the
+    transport's, which no client controls)."""
+    arrivals = sorted(d["time"] for d in server.deliveries)
+    transport = [d["time"] - d["body"]["sent"] for d in server.deliveries]
+    window = seconds - (max(transport) - min(transport))
+    return max(sum(1 for u in arrivals if t <= u < t + window) for t in arrivals)
+
+
+def test_a_rate_is_never_exceeded_in_any_one_second_window(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("crm")
+    kx.limit(limit, rate="10/s")
+    send = sender(delivery_server, limit)
+
+    @kx.agent(name=name("rated"))
+    def rated(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(send, items, concurrency=16)
+
+    handle = rated.start(list(range(40)))
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert delivery_server.count() == 40
+    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(40))
+    assert busiest_window(delivery_server, 1.0) <= 10
+    # The limit was what held the batch back: 16 at once would send 40 well within a second.
+    sent = sorted(d["body"]["sent"] for d in delivery_server.deliveries)
+    assert sent[-1] - sent[0] >= 3.0  # calls 1, 11, 21 and 31 each a window apart
+
+
+def test_one_limit_is_shared_by_every_run_of_the_process(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("shared")
+    kx.limit(limit, rate="8/s")
+    send = sender(delivery_server, limit)
+
+    @kx.agent(name=name("sharing"))
+    def sharing(run: kx.Run, items: list[str]) -> list[int]:
+        return run.map(send, items, concurrency=16)
+
+    one = sharing.start([f"a{i}" for i in range(16)])
+    two = sharing.start([f"b{i}" for i in range(16)])
+    assert one.wait(WAIT) == "completed", one.error
+    assert two.wait(WAIT) == "completed", two.error
+    assert delivery_server.count() == 32
+    runs = {str(d["body"]["item"])[0] for d in delivery_server.deliveries}
+    assert runs == {"a", "b"}
+    assert busiest_window(delivery_server, 1.0) <= 8  # the two runs together, not 8 each
+
+
+def test_concurrency_bounds_the_calls_in_flight_at_once(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("narrow")
+    kx.limit(limit, concurrency=3)
+    delivery_server.delay = 0.3  # each request is answered 0.3 s after it arrived
+    send = sender(delivery_server, limit)
+
+    @kx.agent(name=name("narrow"))
+    def narrow(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(send, items, concurrency=16)
+
+    handle = narrow.start(list(range(12)))
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert delivery_server.count() == 12
+    assert 1 < delivery_server.peak_in_flight <= 3
+
+
+def test_a_stop_lands_at_once_on_calls_waiting_for_their_slot(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("one")
+    kx.limit(limit, concurrency=1)
+    delivery_server.slow_next(1, 1.5)  # the first call holds the only slot a while
+    send = sender(delivery_server, limit)
+
+    @kx.agent(name=name("waiting"))
+    def waiting(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(send, items, concurrency=8)
+
+    handle = waiting.start(list(range(8)))
+    wait_until(lambda: delivery_server.count() == 1, "the first call in flight")
+    handle.stop()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    assert delivery_server.count() == 1  # the waiting calls were not made
+    effects = list(store.load_effects(handle.run_id).values())
+    # The call in flight finished (the drain); those that waited recorded nothing.
+    assert [e["status"] for e in effects] == ["applied"]
+    steps = store.steps(handle.run_id)
+    assert sum(s["status"] == "completed" for s in steps) == 1
+    assert sum(s["status"] == "cancelled" for s in steps) == 7
+
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert delivery_server.count() == 8
+    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(8))
+    statuses = [e["status"] for e in store.load_effects(handle.run_id).values()]
+    assert statuses == ["applied"] * 8
+
+
+def test_a_forced_stop_lands_on_calls_waiting_for_their_slot(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("forced")
+    kx.limit(limit, rate="1/min")  # one call, then every other waits a minute
+    send = sender(delivery_server, limit)
+
+    @kx.agent(name=name("forced"))
+    def forced(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(send, items, concurrency=4)
+
+    handle = forced.start(list(range(4)))
+    wait_until(
+        lambda: any(s["status"] == "completed" for s in store.steps(handle.run_id)),
+        "the one call the rate allows, completed",
+    )  # the three others wait for their slot (a minute)
+    handle.force_stop()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    assert delivery_server.count() == 1
+    effects = list(store.load_effects(handle.run_id).values())
+    assert [e["status"] for e in effects] == ["applied"]  # nothing pending, nothing unknown
+
+
+def test_a_slot_is_taken_only_for_calls_made_now_not_for_replays(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("replay")
+    kx.limit(limit, rate="2/min")
+    send = sender(delivery_server, limit)
+    gate = threading.Event()
+
+    @kx.agent(name=name("replays"))
+    def replays(run: kx.Run) -> list[int]:
+        with run.step("both"):
+            first = send("x")
+            gate.wait(WAIT)
+            run.checkpoint()
+            second = send("y")
+        return [first, second]
+
+    handle = replays.start()
+    wait_until(lambda: delivery_server.count() == 1, "the first call")
+    handle.stop()
+    gate.set()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    # The resume replays "x" (no slot) and sends "y": the second slot of the minute.
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert again.result == [1, 2]
+    assert delivery_server.count() == 2
+
+
+def test_declaring_a_limit_again_changes_it_in_place(store: Store) -> None:
+    limit = name("again")
+    first = kx.limit(limit, rate="5/s")
+    second = kx.limit(limit, rate="3000/min", concurrency=4)
+    assert second is first
+    assert first.rate == "3000/min" and first.concurrency == 4
+    assert repr(first) == f"<kx.limit {limit!r}: 3000/min, at most 4 at once; 0 in flight>"
+
+
+def test_an_unknown_limit_is_refused_at_the_call_before_anything_is_recorded(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("declared")
+    kx.limit(limit, rate="5/s")
+    send = sender(delivery_server, limit[:-1] + "x")  # a typo, found when a call is made
+
+    @kx.agent(name=name("typo"))
+    def typo(run: kx.Run) -> int:
+        return send(1)
+
+    handle = typo.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, ValueError)
+    assert f"Did you mean {limit!r}?" in str(handle.error)
+    assert "nothing was recorded" in str(handle.error)
+    assert delivery_server.count() == 0
+    assert store.load_effects(handle.run_id) == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"rate": "fast"}, ValueError, "'fast' is not a rate"),
+        ({"rate": "0/s"}, ValueError, "allows no call"),
+        ({"rate": "5/fortnight"}, ValueError, "not a rate"),
+        ({"rate": 50}, TypeError, "as text"),
+        ({"concurrency": 0}, ValueError, "concurrency=0"),
+        ({"concurrency": 2.5}, TypeError, "whole number"),
+        ({"concurrency": True}, TypeError, "whole number"),
+        ({}, ValueError, "limits nothing"),
+    ],
+)
+def test_bad_limits_are_refused_before_anything_is_recorded(
+    store: Store,
+    delivery_server: DeliveryServer,
+    kwargs: dict[str, Any],
+    error: type,
+    text: str,
+) -> None:
+    limit = name("bad")
+
+    @kx.agent(name=name("refused"))
+    def refused(run: kx.Run) -> int:
+        kx.limit(limit, **kwargs)
+        return sender(delivery_server, limit)(1)
+
+    handle = refused.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, error), handle.error
+    assert text in str(handle.error)
+    assert delivery_server.count() == 0
+    assert store.load_effects(handle.run_id) == {}
+    with pytest.raises(ValueError, match="no limit named"):
+        sender(delivery_server, limit)(1)  # nothing was declared under that name
+
+
+def test_a_bad_limit_name_is_refused_where_it_is_declared_or_used() -> None:
+    with pytest.raises(kx.InvalidName):
+        kx.limit("", rate="5/s")
+    with pytest.raises(kx.NameNotText):
+        kx.effect(limit=3)  # type: ignore[call-overload]
+    with pytest.raises(kx.NameNotText):
+        kx.openai(object(), limit=3)  # type: ignore[arg-type]
+
+
+def test_model_calls_of_a_limited_client_wait_for_their_slot(store: Store) -> None:
+    from openai import AsyncOpenAI, OpenAI
+    from support.llm_server import LLMServer
+
+    limit = name("llm")
+    kx.limit(limit, concurrency=1)
+    script = [{"content": "ok"}]
+    with LLMServer(script=script, delay=0.3) as llm:
+        plain = OpenAI(base_url=llm.base_url, api_key="none", max_retries=0)
+        client = kx.openai(plain, limit=limit)
+
+        def ask(question: str) -> str:
+            messages = [{"role": "user", "content": question}]
+            reply = client.chat.completions.create(model="m", messages=messages)
+            return str(reply.choices[0].message.content)
+
+        async def ask_all(questions: list[str]) -> list[str]:
+            aplain = AsyncOpenAI(base_url=llm.base_url, api_key="none", max_retries=0)
+            async with kx.openai(aplain, limit=limit) as aclient:
+
+                async def one(question: str) -> str:
+                    messages = [{"role": "user", "content": question}]
+                    reply = await aclient.chat.completions.create(model="m", messages=messages)
+                    return str(reply.choices[0].message.content)
+
+                return list(await asyncio.gather(*(one(q) for q in questions)))
+
+        @kx.agent(name=name("models"))
+        def models(run: kx.Run, questions: list[str]) -> list[str]:
+            answers = run.map(ask, questions, key=str, concurrency=4)
+            with run.step("async"):
+                answers += asyncio.run(ask_all([f"async {q}" for q in questions]))
+            return answers
+
+        handle = models.start([f"q{i}" for i in range(4)])
+        assert handle.wait(WAIT) == "completed", handle.error
+        plain.close()
+        assert handle.result == ["ok"] * 8
+        arrivals = sorted(r["time"] for r in llm.requests)
+    assert len(arrivals) == 8
+    # One at a time: each request arrived after the previous one was answered (0.3 s on).
+    assert all(b - a >= 0.3 for a, b in itertools.pairwise(arrivals))

@@ -1,0 +1,347 @@
+"""``@kx.effect(retries=N)``: transient failures made again under the same key, waits that
+honour ``Retry-After`` and that a stop interrupts, each attempt counted in the ledger.
+
+Against a real local HTTP server (127.0.0.1) that refuses, delays or dedupes requests as
+told and records when each arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from support.http_server import DeliveryServer
+from support.live import name, wait_until
+
+import kernelext as kx
+from kernelext._core.retries import ANSWERED, NO_ANSWER, REFUSED, backoff, classify
+from kernelext._store import Store
+
+WAIT = 60.0
+
+pytestmark = pytest.mark.both_backends
+
+
+def post(server: DeliveryServer, item: Any, key: str | None, timeout: float = 30) -> int:
+    """POST ``item``; an error status raises ``urllib.error.HTTPError`` (with its headers)."""
+    body = json.dumps({"item": item}).encode()
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    request = urllib.request.Request(server.url + "/r", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(json.loads(response.read())["delivery"])
+    except urllib.error.HTTPError as error:
+        error.close()  # its status and headers stay readable
+        raise
+
+
+def attempts_of(run_id: str) -> list[tuple[str, int | None]]:
+    """``kx.sql("select attempts from effects")``, for one run."""
+    rows = kx.sql("select status, attempts from effects where run_id = ?", [run_id])
+    pairs = zip(rows["status"], rows["attempts"], strict=True)
+    return [(str(s), None if a != a else int(a)) for s, a in pairs]  # NaN: NULL
+
+
+def test_retry_after_from_the_server_is_honoured_and_each_attempt_counted(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.fail_next(2, status=429, retry_after=1)
+
+    @kx.effect(name="charge", retries=3)
+    def charge(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key)
+
+    @kx.agent(name=name("patient"))
+    def patient(run: kx.Run) -> int:
+        return charge(7)
+
+    handle = patient.start()
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert handle.result == 1
+    assert delivery_server.count() == 1
+    refused = [r["time"] for r in delivery_server.refusals]
+    delivered = delivery_server.deliveries[0]["time"]
+    assert len(refused) == 2
+    assert refused[1] - refused[0] >= 1.0  # each retry waited what the server asked
+    assert delivered - refused[1] >= 1.0
+    keys = {r["idempotency_key"] for r in delivery_server.refusals}
+    assert keys == {delivery_server.deliveries[0]["idempotency_key"]}  # one key, every attempt
+    assert attempts_of(handle.run_id) == [("applied", 3)]
+
+
+def test_a_failure_that_is_not_transient_is_not_retried(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.fail_next(1, status=400)
+
+    @kx.effect(name="strict", retries=5)
+    def strict(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key)
+
+    @kx.agent(name=name("strict"))
+    def agent(run: kx.Run) -> int:
+        return strict(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, urllib.error.HTTPError)
+    assert len(delivery_server.refusals) == 1
+    assert attempts_of(handle.run_id) == [("failed", 1)]
+
+
+def test_retries_that_run_out_leave_the_call_failed_with_every_attempt_counted(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.fail_next(5, status=503, retry_after=0)
+
+    @kx.effect(name="flaky", retries=2)
+    def flaky(item: int) -> int:
+        return post(delivery_server, item, None)
+
+    @kx.agent(name=name("flaky"))
+    def agent(run: kx.Run) -> int:
+        return flaky(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "failed"
+    assert len(delivery_server.refusals) == 3  # a 503 is retried for any tool
+    assert delivery_server.count() == 0
+    assert attempts_of(handle.run_id) == [("failed", 3)]
+
+
+@pytest.mark.parametrize("delivery_server", [{"dedupe": True}], indirect=True)
+def test_a_timeout_after_send_is_retried_with_an_idempotency_key_as_a_replay(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.slow_next(1, 3.0)  # applied at once, answered too late
+
+    @kx.effect(name="book", retries=2)
+    def book(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key, timeout=0.5)
+
+    @kx.agent(name=name("book"))
+    def agent(run: kx.Run) -> int:
+        return book(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert handle.result == 1  # the first delivery's answer, replayed by the server
+    assert delivery_server.count() == 1
+    assert delivery_server.count_replays() == 1
+    assert attempts_of(handle.run_id) == [("applied", 2)]
+
+
+def test_a_timeout_after_send_without_an_idempotency_key_is_unknown_not_retried(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.slow_next(1, 3.0)
+
+    @kx.effect(name="blind", retries=3)
+    def blind(item: int) -> int:
+        return post(delivery_server, item, None, timeout=0.5)
+
+    @kx.agent(name=name("blind"))
+    def agent(run: kx.Run) -> int:
+        return blind(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "needs_decision", handle.error
+    wait_until(lambda: delivery_server.count() == 1, "the one delivery")
+    assert attempts_of(handle.run_id) == [("unknown", 1)]
+    (unknown,) = kx.reconcile(handle.run_id)
+    assert "may have been applied" in (unknown.row["error"] or "")
+    unknown.mark_applied(result=1)
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert delivery_server.count() == 1
+
+
+def test_a_server_error_is_retried_only_for_a_tool_that_takes_an_idempotency_key(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    @kx.effect(name="keyed", retries=2)
+    def keyed(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key)
+
+    @kx.effect(name="keyless", retries=2)
+    def keyless(item: int) -> int:
+        return post(delivery_server, item, None)
+
+    @kx.agent(name=name("fivexx"))
+    def agent(run: kx.Run, tool: str) -> int:
+        return (keyed if tool == "keyed" else keyless)(1)
+
+    delivery_server.fail_next(1, status=502, retry_after=0)
+    first = agent.start("keyed")
+    assert first.wait(WAIT) == "completed", first.error
+    assert attempts_of(first.run_id) == [("applied", 2)]
+
+    delivery_server.fail_next(1, status=500)
+    second = agent.start("keyless")
+    assert second.wait(WAIT) == "failed"  # answered: failed, as without retries
+    assert attempts_of(second.run_id) == [("failed", 1)]
+    assert delivery_server.count() == 1
+
+
+def test_a_stop_during_the_wait_lands_at_once_and_the_resume_makes_the_call(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.fail_next(1, status=503, retry_after=120)  # a long wait, cut by the stop
+
+    @kx.effect(name="later", retries=3)
+    def later(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key)
+
+    @kx.agent(name=name("later"))
+    def agent(run: kx.Run) -> int:
+        return later(1)
+
+    handle = agent.start()
+    wait_until(lambda: len(delivery_server.refusals) == 1, "the first attempt refused")
+    handle.stop()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    assert delivery_server.count() == 0
+    # The last attempt failed and nothing is in flight: not pending, not unknown.
+    assert attempts_of(handle.run_id) == [("not_applied", 1)]
+    (row,) = store.load_effects(handle.run_id).values()
+    assert "stop came while it waited" in row["error"]
+
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert delivery_server.count() == 1
+    assert len(delivery_server.refusals) == 1  # no attempt was made during the wait
+    assert attempts_of(handle.run_id) == [("applied", 2)]  # across the resume
+
+
+def test_each_retry_waits_for_a_rate_slot_of_its_limit(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    limit = name("paced")
+    kx.limit(limit, rate="2/s")
+    delivery_server.fail_next(3, status=503, retry_after=0)
+
+    @kx.effect(name="paced", retries=3, limit=limit)
+    def paced(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key)
+
+    @kx.agent(name=name("paced"))
+    def agent(run: kx.Run) -> int:
+        return paced(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "completed", handle.error
+    times = sorted(
+        [r["time"] for r in delivery_server.refusals] + [delivery_server.deliveries[0]["time"]]
+    )
+    assert len(times) == 4
+    assert times[2] - times[0] >= 0.95  # no third request within a window of the first
+    assert attempts_of(handle.run_id) == [("applied", 4)]
+
+
+@pytest.mark.parametrize(
+    ("retries", "error", "text"),
+    [
+        (-1, ValueError, "-1 is not a number of retries"),
+        ("3", TypeError, "whole number of retries"),
+        (True, TypeError, "whole number of retries"),
+        (1.5, TypeError, "whole number of retries"),
+    ],
+)
+def test_bad_retries_are_refused_before_anything_is_recorded(
+    store: Store, delivery_server: DeliveryServer, retries: Any, error: type, text: str
+) -> None:
+    @kx.agent(name=name("refused"))
+    def refused(run: kx.Run) -> int:
+        @kx.effect(retries=retries)
+        def send(item: int) -> int:
+            return post(delivery_server, item, None)
+
+        return send(1)
+
+    handle = refused.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, error), handle.error
+    assert text in str(handle.error)
+    assert delivery_server.count() == 0
+    assert store.load_effects(handle.run_id) == {}
+
+
+# -- which failures are transient: real exceptions of the clients ---------------------------
+def test_http_statuses_are_classified_with_the_wait_the_server_asked_for(
+    delivery_server: DeliveryServer,
+) -> None:
+    delivery_server.fail_next(1, status=429, retry_after=2)
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        post(delivery_server, 1, None)
+    found = classify(caught.value)
+    assert found is not None and (found.kind, found.retry_after) == (REFUSED, 2.0)
+
+    request = httpx.Request("POST", delivery_server.url)
+    for status, kind in ((503, REFUSED), (500, ANSWERED), (502, ANSWERED), (504, ANSWERED)):
+        response = httpx.Response(status, headers={"Retry-After": "0.5"}, request=request)
+        error = httpx.HTTPStatusError("status", request=request, response=response)
+        found = classify(error)
+        assert found is not None and (found.kind, found.retry_after) == (kind, 0.5)
+    response = httpx.Response(404, request=request)
+    assert classify(httpx.HTTPStatusError("missing", request=request, response=response)) is None
+
+    response = httpx.Response(429, headers={"retry-after-ms": "1500"}, request=request)
+    limited = openai.RateLimitError("slow down", response=response, body=None)
+    found = classify(limited)
+    assert found is not None and (found.kind, found.retry_after) == (REFUSED, 1.5)
+    dated = httpx.Response(503, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    found = classify(httpx.HTTPStatusError("s", request=request, response=dated))
+    assert found is not None and found.retry_after == 0.0  # a date in the past: at once
+    assert classify(ValueError("bad input")) is None
+
+
+def test_transport_failures_tell_a_request_never_sent_from_one_without_an_answer(
+    delivery_server: DeliveryServer,
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(urllib.error.URLError) as refused:
+        urllib.request.urlopen(closed, timeout=5)
+    found = classify(refused.value)
+    assert found is not None and found.kind == REFUSED
+    with pytest.raises(httpx.ConnectError) as connect:
+        httpx.post(closed, timeout=5)
+    found = classify(connect.value)
+    assert found is not None and found.kind == REFUSED
+
+    delivery_server.slow_next(2, 2.0)
+    with pytest.raises(TimeoutError) as timed_out:
+        post(delivery_server, 1, None, timeout=0.3)
+    found = classify(timed_out.value)
+    assert found is not None and found.kind == NO_ANSWER
+    with pytest.raises(httpx.ReadTimeout) as read_timeout:
+        httpx.post(delivery_server.url + "/r", json={}, timeout=0.3)
+    found = classify(read_timeout.value)
+    assert found is not None and found.kind == NO_ANSWER
+    wrapped = openai.APITimeoutError(request=httpx.Request("POST", delivery_server.url))
+    found = classify(wrapped)
+    assert found is not None and found.kind == NO_ANSWER
+    assert classify(ConnectionResetError()) == classify(wrapped)
+
+
+def test_backoff_grows_with_jitter_and_never_waits_past_a_long_retry_after() -> None:
+    from kernelext._core.retries import MAX_DELAY, Failure
+
+    plain = Failure(REFUSED)
+    waits = [backoff(n, plain) for n in range(1, 12)]
+    assert all(w is not None for w in waits)
+    assert 0.25 <= (waits[0] or 0) <= 0.5
+    assert 2.0 <= (waits[3] or 0) <= 4.0
+    assert all((w or 0) <= MAX_DELAY for w in waits)
+    asked = backoff(1, Failure(REFUSED, retry_after=3.0))
+    assert asked is not None and 3.0 <= asked <= 3.3
+    assert backoff(1, Failure(REFUSED, retry_after=3600.0)) is None
