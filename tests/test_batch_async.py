@@ -575,3 +575,53 @@ def test_a_stop_raised_inside_a_task_group_suspends_the_run(
     again = kx.resume(handle.run_id)
     assert again.wait(WAIT) == "completed", again.error
     assert delivered_items(delivery_server) == [0, 1, 2, 3]
+
+
+def test_an_async_effect_is_an_amap_function_itself(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    post_item = async_poster(delivery_server)
+
+    @kx.agent(name=name("adirect"))
+    async def adirect(run: kx.Run, items: list[int]) -> list[int]:
+        return await run.amap(post_item, items, concurrency=4)
+
+    handle = adirect.start(list(range(8)))
+    assert handle.wait(WAIT) == "completed", handle.error
+    by_item = {d["body"]["item"]: d["seq"] for d in delivery_server.deliveries}
+    assert handle.result == [by_item[i] for i in range(8)]
+    assert delivery_server.count() == 8
+
+
+@pytest.mark.parametrize("delivery_server", [{"delay": 30.0}], indirect=True)
+def test_an_item_that_swallows_the_cancellation_meets_the_forced_stop_again(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    """A forced stop's ``CancelledError`` caught by the item's code (a bare except): the
+    item's next kernelext call raises the forced stop again, so nothing more is sent."""
+    post_item = async_poster(delivery_server)
+    swallowed: list[int] = []
+
+    async def one(item: int) -> int:
+        try:
+            await post_item(item)
+        except BaseException:  # what the test is about: a bare except
+            swallowed.append(item)
+        return await post_item(item + 100)  # never sent: the forced stop again
+
+    @kx.agent(name=name("aswallow"))
+    async def aswallow(run: kx.Run, items: list[int]) -> list[int]:
+        return await run.amap(one, items, concurrency=2)
+
+    handle = aswallow.start(list(range(6)))
+    delivery_server.wait_for(2, timeout=WAIT)
+    handle.force_stop()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    assert sorted(swallowed) == [0, 1]
+    assert delivered_items(delivery_server) == [0, 1]
+    effects = store.load_effects(handle.run_id).values()
+    assert sorted((e["step_key"], e["status"]) for e in effects) == [
+        ("0", EffectStatus.UNKNOWN),
+        ("1", EffectStatus.UNKNOWN),
+    ]
+    assert [e["kind"] for e in store.events(handle.run_id)][-1] == "stop_forced"

@@ -94,12 +94,14 @@ def run_attempt(
     return "done"
 
 
-def in_flight_at_kill(path: Path, attempt: int) -> int:
-    """How many calls had their intent durable and no answer yet when the kill landed."""
+def in_flight_at_kill(store: Store, run_id: str, path: Path, attempt: int) -> int:
+    """How many items were in flight when the kill landed: steps begun and not ended in
+    the store, or calls whose intent the tool saw without their answer (the markers)."""
+    running = sum(s["status"] == "running" for s in store.steps(run_id))
     lines = whole_lines(path, r"(\d+) (intent|delivered) ([0-9a-f-]{36})")
     marks = [(m[2], m[3]) for m in lines if int(m[1]) == attempt]
     intents = {key for kind, key in marks if kind == "intent"}
-    return len(intents - {key for kind, key in marks if kind == "delivered"})
+    return max(running, len(intents - {key for kind, key in marks if kind == "delivered"}))
 
 
 def check_run(
@@ -147,9 +149,12 @@ def test_sigkill_mid_amap_with_async_effects_delivers_each_item_exactly_once(
         while kills < MIN_KILLS:
             run_id = f"amap-{len(runs)}"
             runs.append(run_id)
+            killed: int | None = None
             for _ in range(MAX_ATTEMPTS_PER_RUN):
                 store = open_checked(store_path)
                 try:
+                    if killed is not None:
+                        killed_in_flight += in_flight_at_kill(store, run_id, markers, killed) > 1
                     row = store.find_run(run_id)
                     if row is not None and row["status"] == "completed":
                         break
@@ -172,9 +177,9 @@ def test_sigkill_mid_amap_with_async_effects_delivers_each_item_exactly_once(
                     markers=str(markers),
                     pause_ms=PAUSE_MS,
                 )
+                killed = attempts if outcome == "killed" else None
                 if outcome == "killed":
                     kills += 1
-                    killed_in_flight += in_flight_at_kill(markers, attempts) > 1
                     # Bytes a dead client left in a socket are still delivered: let the
                     # server handle them before anyone decides against its log.
                     delivery_server.settle()
@@ -194,7 +199,7 @@ def test_sigkill_mid_amap_with_async_effects_delivers_each_item_exactly_once(
             "runs": len(runs),
             "attempts": attempts,
             "kills": kills,
-            "kills_with_several_calls_in_flight": killed_in_flight,
+            "kills_with_several_items_in_flight": killed_in_flight,
             "decisions": dict(Counter("applied" if d["applied"] else "not_applied"
                                       for d in decisions)),
             "duplicates": len(duplicates),

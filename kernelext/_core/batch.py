@@ -19,7 +19,8 @@ How items, keys, fsyncs and stops fit together:
    returns stored values and runs only what did not complete. Items never snapshot
    ``run.state`` (the agent writes it, with the list ``run.map`` returns).
 3. **Durability is shared.** Items completing at once append their records to the
-   journal and share one ``fdatasync`` (the journal's group commit).
+   journal and share one ``fdatasync`` (the journal's group commit); ``run.amap``'s tasks
+   wait for their durable writes in threads of the batch's own for the same reason.
 4. **Stops drain.** The dispatcher (the agent's thread, or the agent's task) starts no
    item once a stop is asked, an item failed, or an item suspended the run; items in
    flight run to their step's end. A forced stop (or an item past ``max_step_seconds``
@@ -31,6 +32,7 @@ How items, keys, fsyncs and stops fit together:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import threading
@@ -114,6 +116,8 @@ class Batch:
         self.engine = engine
         self.name = name
         self.asynchronous = asynchronous  # run.amap: items are tasks
+        # run.amap: the threads its items' durable writes wait in (batch_async)
+        self.executor: concurrent.futures.Executor | None = None
         self.total = total
         self.done = 0
         self.failed = 0

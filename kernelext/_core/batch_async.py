@@ -12,7 +12,12 @@ runs, and nothing needs awaiting.
   the agent's own), it says to use ``run.map``.
 - **Each item is a task** that sets ``batch.ITEM`` itself (a task runs in a copy of the
   context it was made in, so the item is that task's and the tasks it makes'); its effects
-  are keyed under its step and a sync or async ``@kx.effect`` records as anywhere.
+  are keyed under its step and a sync or async ``@kx.effect`` records as anywhere (a sync
+  one blocks the loop while it runs: prefer ``async def`` effects in items).
+- **Durability is shared.** An item's durable writes (its effects' intents, its
+  completion) wait in the batch's threads (``Batch.executor``, one per item in flight)
+  while the loop runs the other items, so writes made at once share one fsync, as the
+  threads of ``run.map`` do.
 - **Stops.** The dispatcher (the agent's task) starts no item once a stop is asked and
   looks for one every ``WAIT_TICK`` while items run. A forced stop cancels every item's
   task through the item's ``ForceGate`` (``forced_stop``, invariant 7): the
@@ -23,6 +28,7 @@ runs, and nothing needs awaiting.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -84,7 +90,17 @@ def run_amap(
 async def _amap(plan: MapPlan) -> list[Any]:
     with plan.running():
         if plan.todo:
-            await _dispatch(plan)
+            # Items' durable writes (an intent, an item's completion) wait in these
+            # threads, one per item in flight: writes made at once share one fsync.
+            plan.batch.executor = executor = concurrent.futures.ThreadPoolExecutor(
+                min(plan.concurrency, len(plan.todo)),
+                thread_name_prefix=f"kernelext-durable[{plan.engine.id}]",
+            )
+            try:
+                await _dispatch(plan)
+            finally:
+                plan.batch.executor = None
+                executor.shutdown(wait=False)  # every item ended: none is running
     return plan.results
 
 
@@ -92,16 +108,15 @@ async def _dispatch(plan: MapPlan) -> None:
     engine, batch = plan.engine, plan.batch
     tally = Tally(plan)
     pending = iter(plan.todo)
-    flight: set[asyncio.Task[Ended]] = set()
+    flight: dict[asyncio.Future[Ended], int] = {}  # the item tasks, and their items
     while True:
         while tally.may_start() and len(flight) < plan.concurrency:
             index = next(pending, None)
             if index is None:
                 break
             info = new_item(engine, batch, plan.keys[index], index)
-            flight.add(
-                asyncio.ensure_future(_run_item(engine, batch, info, plan.fn, plan.values[index]))
-            )
+            item = _run_item(engine, batch, info, plan.fn, plan.values[index])
+            flight[asyncio.ensure_future(item)] = index
         if not flight:
             break
         try:
@@ -117,9 +132,12 @@ async def _dispatch(plan: MapPlan) -> None:
             continue
         if tally.forced is not None or engine.force.wanted:
             batch.force_all()
-        for task in finished:
-            flight.discard(task)
-            tally.add(task.result())
+        for done in finished:
+            index = flight.pop(done)
+            if done.cancelled():  # cancelled from outside kernelext: as a forced stop
+                tally.add(Ended(index, "stopped", error=ForcedStop("item task cancelled")))
+            else:
+                tally.add(done.result())
     tally.finish()
 
 
@@ -142,7 +160,10 @@ async def _run_item(
                 _uncancel()
             run.outcome = _as_forced(exc, gate)
         gate.seal()  # a task's gate: withdraws a cancel still queued, raises nothing
-        return run.end()
+        # Recorded in a thread: items completing at once share one fsync (group commit)
+        # while the loop runs the others. Shielded: the item's end is always recorded.
+        ending = asyncio.get_running_loop().run_in_executor(batch.executor, run.end)
+        return await asyncio.shield(ending)
     finally:
         run.leave()
 

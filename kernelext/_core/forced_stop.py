@@ -37,9 +37,11 @@ wherever the worker is. ``ForceGate`` decides where that may be. Its invariants:
    For a gate attached to a task (``attach_task``: an ``async def`` agent, an
    ``run.amap`` item), ``try_raise`` asks the loop to cancel the task instead; the
    ``CancelledError`` lands at the task's next ``await`` (an awaited effect: ``unknown``),
-   and kernelext treats it as the ``ForcedStop``. kernelext's bookkeeping never awaits, so
-   no cancellation lands in it (invariant 2 holds by construction); a section that opens
-   while the cancel is still queued withdraws it and lands the stop there (invariant 3).
+   and kernelext treats it as the ``ForcedStop``. kernelext's bookkeeping runs without an
+   ``await``, or in a thread the task awaits (an intent's durable write, ``ledger_async``;
+   an item's end): no cancellation lands inside it (invariant 2), and one that reaches
+   the task's wait for such a thread waits for it to end. A section that opens while the
+   cancel is still queued withdraws it and lands the stop there (invariant 3).
    Sync code blocking the loop (a plain ``def`` call in the task) delays the landing to
    the task's next ``await``, as invariant 6 says.
 """

@@ -82,7 +82,8 @@ def idempotency_key_for(run: RunEngine, step_key: str, tool: str, call_ordinal: 
 
 
 class Effect(CallArguments):
-    """A recorded external effect. Call it like the function it wraps."""
+    """A recorded external effect. Call it like the function it wraps; for an ``async
+    def`` (``is_async``) a call returns a coroutine to await (``ledger_async``)."""
 
     def __init__(
         self,
@@ -140,12 +141,17 @@ class Effect(CallArguments):
         return self._perform(run, key, args, kwargs)
 
     def _prepare(
-        self, run: RunEngine, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        run: RunEngine,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        slot: tuple[str, int | None, int] | None = None,
     ) -> tuple[uuid.UUID, bool, Any]:
         """Everything before the call, for sync and async effects alike: the stop check,
         the key, the replay of a recorded call or the durable intent of a new one (and its
         approval). Returns ``(key, True, None)`` when the call is to be made now, else
-        ``(key, False, the replayed result)``. Pops ``idempotency_key`` (the engine's)."""
+        ``(key, False, the replayed result)``. Pops ``idempotency_key`` (the engine's).
+        ``slot``: the call's ``run.next_call()``, when the caller took it already."""
         run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
         kwargs.pop("idempotency_key", None)
         scheme = run.key_scheme
@@ -173,7 +179,7 @@ class Effect(CallArguments):
                     "(they were bound and shown before the rule ran, and differ after it). "
                     "Nothing was recorded. A needs_approval rule must only read the arguments."
                 )
-        step_key, step_ordinal, call_ordinal = run.next_call()
+        step_key, step_ordinal, call_ordinal = slot or run.next_call()
         key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
         row = run.effects.get(key)
         if row is not None:
@@ -431,6 +437,10 @@ def effect(
     probe: Callable[..., Any] | None = None,
 ) -> Effect | Callable[[Callable[..., Any]], Effect]:
     """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``.
+
+    On an ``async def``, a call inside a run is awaited (``await fetch(url)``): its intent
+    is durable before the tool's first ``await``, its outcome recorded after it; a call
+    cancelled mid-way (a forced stop of an async agent) is ``unknown``.
 
     ``needs_approval=True`` (or a function of the call's arguments, e.g.
     ``lambda to, amount, **kw: amount > 100``): inside a run, a call waits for a person.

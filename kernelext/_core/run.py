@@ -126,7 +126,9 @@ class Run:
         an item that raises stops new items and ``run.map`` raises ``kx.ItemFailed``
         naming its key (``return_exceptions=True``: the exception takes its place). An
         item waiting for a person (an approval) does not hold up the others: the run
-        suspends once nothing else can run. Items read ``run.state`` but never write it::
+        suspends once nothing else can run. Items read ``run.state`` but never write it.
+        ``fn`` is a plain function (in an ``async def`` agent, ``await run.amap`` takes an
+        ``async def fn``)::
 
             ids = run.map(post_row, rows, key=lambda r: r["id"], concurrency=16)
             run.state["ids"] = ids
