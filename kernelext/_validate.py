@@ -38,6 +38,7 @@ __all__ = [
     "check_store",
     "check_store_location",
     "check_text",
+    "is_async_function",
     "refuse_unrun_result",
     "store_path_problem",
 ]
@@ -260,11 +261,26 @@ def _async_call(fn: object) -> bool:
     return inspect.iscoroutinefunction(call)
 
 
-def check_effect_function(fn: object) -> None:
-    """What ``@kx.effect`` may wrap: a plain (sync) function or callable.
+def is_async_function(fn: object) -> bool:
+    """An ``async def`` (or a partial of one, a callable whose ``__call__`` is one, an
+    async effect): calling it gives a coroutine to await."""
+    Effect = _loaded("kernelext._core.ledger", "Effect")
+    if Effect is not None and isinstance(fn, Effect):
+        return bool(fn.is_async)
+    if isinstance(fn, (staticmethod, classmethod)):
+        fn = fn.__func__
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or _async_call(fn)
 
-    A generator function or an ``async def`` returns without running its body, so the
-    ledger would record ``applied`` for work that never happened: both are refused here.
+
+def check_effect_function(fn: object) -> None:
+    """What ``@kx.effect`` may wrap: a function or callable, plain or ``async def``.
+
+    A generator function returns without running its body, so the ledger would record
+    ``applied`` for work that never happened: refused here. An ``async def`` is awaited
+    by the effect itself (``ledger_async``): the intent is durable before the tool's first
+    ``await``, the outcome recorded once it returned.
     """
     Effect = _loaded("kernelext._core.ledger", "Effect")
     if Effect is not None and isinstance(fn, Effect):
@@ -289,12 +305,6 @@ def check_effect_function(fn: object) -> None:
             "when the generator is iterated, after the ledger would have recorded it as "
             "applied. Make the effect a plain function that does the work and returns its "
             "result (e.g. return list(...)), and iterate in the agent."
-        )
-    if inspect.iscoroutinefunction(fn) or _async_call(fn):
-        raise TypeError(
-            f"@kx.effect cannot wrap {name}: async def effects are not supported yet. Wrap the "
-            "awaited call in a sync function (e.g. def f(...): return asyncio.run(coro(...)), "
-            "or a sync client) and decorate that; the ledger records it when it returns."
         )
 
 
@@ -327,7 +337,8 @@ def refuse_unrun_result(tool: str, result: object) -> None:
             f"Effect {tool} returned a {kind} instead of doing its work: a future is work "
             f"that may not have finished{' (it is cancelled now)' if cancelled else ''}, and "
             "the call is recorded as failed. Wait for it inside the effect and return its "
-            "result (future.result(), or asyncio.run(...) for a coroutine)."
+            "result (future.result()); for a coroutine, make the effect an async def that "
+            "awaits it."
         )
     elif inspect.isawaitable(result):
         close = getattr(result, "close", None)
@@ -336,8 +347,8 @@ def refuse_unrun_result(tool: str, result: object) -> None:
                 close()
         raise TypeError(
             f"Effect {tool} returned an awaitable {kind} instead of doing its work: it was "
-            "never awaited, so nothing was sent, and the call is recorded as failed. Await it "
-            "inside a sync function (asyncio.run) and return its result."
+            "never awaited, so nothing was sent, and the call is recorded as failed. Make the "
+            "effect an async def that awaits it and returns its result."
         )
     elif isinstance(result, collections.abc.Iterator):
         raise TypeError(
@@ -351,13 +362,14 @@ def refuse_unrun_result(tool: str, result: object) -> None:
     raise TypeError(
         f"Effect {tool} returned a {kind} instead of doing its work: the {kind} was never "
         "run (it is closed now), so nothing was sent, and the call is recorded as failed. "
-        "An effect must do the work before it returns: await the coroutine inside a sync "
-        "function (asyncio.run) or return list(generator)."
+        "An effect must do the work before it returns: make it an async def that awaits the "
+        "coroutine (kernelext awaits the effect), or return list(generator)."
     )
 
 
 def check_agent_function(fn: object) -> None:
-    """What ``@kx.agent`` may wrap: a function that takes the run first."""
+    """What ``@kx.agent`` may wrap: a function that takes the run first, plain or
+    ``async def`` (run on an event loop of its own in the run's worker thread)."""
     if not callable(fn) or isinstance(fn, type):
         raise TypeError(
             "kx.agent takes the agent function, def f(run, ...) (use it as @kx.agent above a "
@@ -368,12 +380,6 @@ def check_agent_function(fn: object) -> None:
         raise TypeError(
             f"@kx.agent cannot run {getattr(fn, '__name__', fn)!r}: it is a generator function, "
             "whose body would never run. Make it a plain def that loops over run.steps(...)."
-        )
-    if inspect.iscoroutinefunction(fn) or _async_call(fn):
-        raise TypeError(
-            f"@kx.agent cannot run {getattr(fn, '__name__', fn)!r}: async def agents are not "
-            "supported yet. Make it a plain def; inside a step, run the coroutine with "
-            "asyncio.run(...)."
         )
 
 

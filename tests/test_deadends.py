@@ -40,7 +40,7 @@ def row_counts(store: Store) -> dict[str, int]:
 
 
 # -- 1. generator / async effects ----------
-def test_a_generator_or_async_function_is_refused_as_an_effect_at_decoration() -> None:
+def test_a_generator_function_is_refused_as_an_effect_and_an_async_one_accepted() -> None:
     def gen(x: int) -> Iterator[int]:
         yield x
 
@@ -59,11 +59,9 @@ def test_a_generator_or_async_function_is_refused_as_an_effect_at_decoration() -
             kx.effect(fn)
         with pytest.raises(TypeError, match="generator function"):
             kx.effect(name="x")(fn)
-    for fn in (coro, AsyncCallable()):
-        with pytest.raises(TypeError, match="async def effects are not supported yet"):
-            kx.effect(fn)
-    with pytest.raises(TypeError, match="Wrap the awaited call in a sync function"):
-        kx.effect(retry=True)(coro)
+    for fn in (coro, AsyncCallable()):  # awaited by the effect (tests/test_batch_async.py)
+        assert kx.effect(fn).is_async
+    assert kx.effect(retry=True)(coro).is_async
 
 
 def test_an_effect_that_returns_a_coroutine_is_recorded_failed_not_applied(store: Store) -> None:
@@ -286,12 +284,11 @@ def test_decorators_and_sql_refuse_bad_arguments_up_front(
     assert words in str(caught.value)
 
 
-def test_an_async_agent_is_refused_at_decoration() -> None:
-    async def agent(run: kx.Run) -> None:
+def test_an_async_agent_is_accepted_at_decoration() -> None:
+    async def agent(run: kx.Run) -> None:  # run on a loop of its own (test_batch_async.py)
         await asyncio.sleep(0)
 
-    with pytest.raises(TypeError, match="async def agents are not supported yet"):
-        kx.agent(agent)
+    assert kx.agent(agent).fn is agent
 
 
 # -- 3. a side file on a full disk ----------
@@ -608,7 +605,7 @@ def test_plain_results_an_effect_returns_are_still_applied(store: Store) -> None
 
 
 # -- review 2: B4 staticmethod / classmethod wrappers are judged by what they hold --------
-def test_a_static_or_class_method_holding_async_or_generator_is_refused() -> None:
+def test_a_static_or_class_method_is_judged_by_the_function_it_holds() -> None:
     async def coro(x: int) -> int:
         return x
 
@@ -616,8 +613,7 @@ def test_a_static_or_class_method_holding_async_or_generator_is_refused() -> Non
         yield x
 
     for wrap in (staticmethod, classmethod):
-        with pytest.raises(TypeError, match="async def effects are not supported yet"):
-            kx.effect(wrap(coro))
+        assert kx.effect(wrap(coro)).is_async  # judged by the async def it holds
         with pytest.raises(TypeError, match="generator function"):
             kx.effect(name="x")(wrap(gen))
     kx.effect(name="fine")(staticmethod(lambda x: x))  # a sync one is still fine

@@ -26,6 +26,7 @@ WAIT = 60.0
 # The agent API of issue 20 (the design contract's names), written out: adding a name to
 # the façade is a decision, made here as well.
 AGENT_METHODS = {
+    "amap",
     "ask",
     "checkpoint",
     "claim",
@@ -58,6 +59,7 @@ ENGINE_NAMES = {
     "key_scheme",
     "last_completed",
     "listeners",
+    "loop",
     "max_step_seconds",
     "next_call",
     "notify",

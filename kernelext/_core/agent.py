@@ -98,7 +98,11 @@ def agent(
     max_step_seconds: float | None = None,
     pickle: bool = False,
 ) -> Agent | Callable[[Callable[..., Any]], Agent]:
-    """Declare an agent: ``@kx.agent(name="triage", max_step_seconds=60)``."""
+    """Declare an agent: ``@kx.agent(name="triage", max_step_seconds=60)``.
+
+    An ``async def`` agent runs on an event loop of its own in the run's worker thread,
+    never on the caller's (a kernel's) loop; it awaits ``run.amap`` for a batch.
+    """
     if name is not None:  # the options first, so that a bad one is named before any def
         check_name("@kx.agent(name=...)", name)
     max_step_seconds = check_duration(

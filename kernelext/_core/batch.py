@@ -1,4 +1,11 @@
-"""``run.map``: a batch of items, each one step of the run, up to ``concurrency`` at once.
+"""``run.map`` / ``run.amap``: a batch of items, each one step of the run, up to
+``concurrency`` at once.
+
+This module is the batch's core, shared by its two dispatchers: ``batch_threads``
+(``run.map``: a plain ``fn``, items in a thread pool) and ``batch_async``
+(``await run.amap``: an ``async def fn``, items as tasks on the agent's event loop). Both
+check and key the items here (``prepare_map``), and begin and end each item and collect
+what the items ended with through ``batch_items`` (``ItemRun``, ``Tally``).
 
 How items, keys, fsyncs and stops fit together:
 
@@ -12,13 +19,15 @@ How items, keys, fsyncs and stops fit together:
    returns stored values and runs only what did not complete. Items never snapshot
    ``run.state`` (the agent writes it, with the list ``run.map`` returns).
 3. **Durability is shared.** Items completing at once append their records to the
-   journal and share one ``fdatasync`` (the journal's group commit).
-4. **Stops drain.** The dispatching thread (the agent's) starts no item once a stop is
-   asked, an item failed, or an item suspended the run; items in flight run to their
-   step's end. A forced stop (or an item past ``max_step_seconds`` after a stop) is raised
-   into each item's thread through the item's own ``ForceGate``; a call cut short is
-   ``unknown``. An item waiting for a person ends without holding up the others; the run
-   suspends once nothing else can run, with every open request listed.
+   journal and share one ``fdatasync`` (the journal's group commit); ``run.amap``'s tasks
+   wait for their durable writes in threads of the batch's own for the same reason.
+4. **Stops drain.** The dispatcher (the agent's thread, or the agent's task) starts no
+   item once a stop is asked, an item failed, or an item suspended the run; items in
+   flight run to their step's end. A forced stop (or an item past ``max_step_seconds``
+   after a stop) goes through each item's own ``ForceGate``: raised into an item's thread,
+   or cancelling an item's task; a call cut short is ``unknown``. An item waiting for a
+   person ends without holding up the others; the run suspends once nothing else can
+   run, with every open request listed.
 """
 
 from __future__ import annotations
@@ -28,35 +37,24 @@ import contextlib
 import contextvars
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._formatting import duration_text, step_label
-from .._validate import check_callable
+from .._validate import check_callable, is_async_function
 from ..errors import (
-    ForcedStop,
-    ItemFailed,
     KernelextError,
-    NeedsDecision,
-    OwnershipLost,
     StateNotWritable,
-    StopRequested,
 )
-from ..status import Reason, StepStatus
-from .batch_view import BATCH_STARTED, WAITS_FOR_A_PERSON, drain_line
-from .canonical import Unencodable
-from .context import reset_current_run, set_current_run
-from .forced_stop import ForceGate
-from .keys import load_result, stored_result
+from .batch_view import BATCH_STARTED, drain_line
+from .keys import load_result
 from .names import check_stored_name, step_key_of
-from .secrets import scrub_text, scrubbed_excerpt
 from .step_info import StepInfo
 
 if TYPE_CHECKING:
     from .run_engine import RunEngine
 
-__all__ = ["ITEM", "Batch", "ItemState", "current_item", "run_map"]
+__all__ = ["ITEM", "Batch", "ItemState", "MapPlan", "current_item", "prepare_map"]
 
 # The item the current thread (or asyncio task) executes, if any.
 ITEM: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
@@ -104,17 +102,23 @@ def refused_state_write(key: str) -> StateNotWritable:
     return StateNotWritable(
         f"run.state is not written from inside a run.map item (item {key!r}): items run at "
         "once, so what they wrote would depend on which finished first, and a resume would "
-        "not restore it. Return the value from the item instead: run.map returns the values "
-        "in input order, and the agent writes run.state (run.state['ids'] = run.map(...))."
+        "not restore it. Return the value from the item instead: run.map (and run.amap) "
+        "returns the values in input order, and the agent writes run.state "
+        "(run.state['ids'] = run.map(...))."
     )
 
 
 class Batch:
     """One ``run.map`` call in progress: its items in flight and what they ended with."""
 
-    def __init__(self, engine: RunEngine, name: str | None, total: int) -> None:
+    def __init__(
+        self, engine: RunEngine, name: str | None, total: int, *, asynchronous: bool = False
+    ) -> None:
         self.engine = engine
         self.name = name
+        self.asynchronous = asynchronous  # run.amap: items are tasks
+        # run.amap: the threads its items' durable writes wait in (batch_async)
+        self.executor: concurrent.futures.Executor | None = None
         self.total = total
         self.done = 0
         self.done_before = 0  # items completed before this call (a resume): their stored values
@@ -161,8 +165,48 @@ class Batch:
             return list(self.in_flight.values())
 
 
-def run_map(
+class MapPlan:
+    """One ``run.map`` / ``run.amap`` call, checked and keyed, before any item runs."""
+
+    def __init__(
+        self,
+        engine: RunEngine,
+        fn: Callable[[Any], Any],
+        values: list[Any],
+        keys: list[str],
+        concurrency: int,
+        return_exceptions: bool,
+        name: str | None,
+        *,
+        asynchronous: bool,
+    ) -> None:
+        self.engine = engine
+        self.fn = fn
+        self.values = values
+        self.keys = keys
+        self.concurrency = concurrency
+        self.return_exceptions = return_exceptions
+        self.results: list[Any] = [None] * len(values)
+        self.todo = [i for i, k in enumerate(keys) if k not in engine.completed]
+        self.batch = Batch(engine, name, len(values), asynchronous=asynchronous)
+        self.batch.done = self.batch.done_before = len(values) - len(self.todo)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The batch is the run's ``engine.batch`` (the panel's) while its items run."""
+        engine = self.engine
+        engine.batch = self.batch
+        engine.notify("batch", self.batch)
+        try:
+            yield
+        finally:
+            engine.batch = None
+            engine.notify("batch_end", self.batch)
+
+
+def prepare_map(
     engine: RunEngine,
+    where: str,
     fn: Callable[[Any], Any],
     items: Iterable[Any],
     *,
@@ -170,45 +214,56 @@ def run_map(
     concurrency: int,
     return_exceptions: bool,
     name: str | None,
-) -> list[Any]:
-    """``run.map`` (see ``Run.map``)."""
-    check_callable("run.map(fn=...)", fn, what="the function to call for each item")
+) -> MapPlan:
+    """Check a batch's arguments and key its items, refusing before any item runs; then
+    end the open step, honour a stop asked before the batch, and load the values of
+    items completed before (a resume). ``where``: ``run.map`` or ``run.amap``."""
+    asynchronous = where == "run.amap"
+    check_callable(f"{where}(fn=...)", fn, what="the function to call for each item")
+    if not asynchronous and is_async_function(fn):
+        raise TypeError(
+            f"run.map(fn=...) got the async def {getattr(fn, '__name__', fn)!r}, whose items "
+            "would be coroutines never awaited: in an async def agent, await run.amap(fn, "
+            "items); in a plain def agent, make fn a plain def."
+        )
     if key is not None:
-        check_callable("run.map(key=...)", key, what="a function that gives each item's key")
+        check_callable(f"{where}(key=...)", key, what="a function that gives each item's key")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int):
         raise TypeError(
-            f"run.map(concurrency=...) takes a whole number of items to run at once (>= 1), "
+            f"{where}(concurrency=...) takes a whole number of items to run at once (>= 1), "
             f"not {type(concurrency).__name__} {concurrency!r}."
         )
     if concurrency < 1:
         raise ValueError(
-            f"run.map(concurrency={concurrency}) would run no item: give a whole number >= 1 "
+            f"{where}(concurrency={concurrency}) would run no item: give a whole number >= 1 "
             "(1 runs the items one at a time)."
         )
     if not isinstance(return_exceptions, bool):
         raise TypeError(
-            f"run.map(return_exceptions=...) takes True or False, not {return_exceptions!r}."
+            f"{where}(return_exceptions=...) takes True or False, not {return_exceptions!r}."
         )
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise TypeError(
-            "run.map(items=...) takes the items to go through (a list, a generator...), not "
+            f"{where}(items=...) takes the items to go through (a list, a generator...), not "
             f"{type(items).__name__}."
         )
     if current_item(engine) is not None:
         raise KernelextError(
-            "run.map cannot be called inside a run.map item: items are steps, and steps do "
-            "not nest. Call run.map from the agent, or make the inner work part of the item."
+            f"{where} cannot be called inside a run.map item: items are steps, and steps do "
+            f"not nest. Call {where} from the agent, or make the inner work part of the item."
         )
     values = list(items)
     keys = [
-        step_key_of(key(item), "run.map") if key is not None else str(i)
+        step_key_of(key(item), where) if key is not None else str(i)
         for i, item in enumerate(values)
     ]
-    _check_keys(engine, keys, given=key is not None)
+    _check_keys(engine, where, keys, given=key is not None)
     engine.finish_open_step()
     engine.safe_point()  # a stop asked before the batch starts no item
     engine._seen.update(keys)
-    results: list[Any] = [None] * len(values)
+    plan = MapPlan(
+        engine, fn, values, keys, concurrency, return_exceptions, name, asynchronous=asynchronous
+    )
     done_before = [i for i, k in enumerate(keys) if k in engine.completed]
     if done_before:
         stored = engine.store.item_results(engine.id, [keys[i] for i in done_before])
@@ -217,45 +272,13 @@ def run_map(
             if text is None:
                 raise KernelextError(
                     f"Step {keys[i]!r} of run {engine.id!r} completed before without a stored "
-                    "value (a run.steps or run.step step with this key?), so run.map cannot "
-                    "return it. Give run.map keys of its own (key=...)."
+                    f"value (a run.steps or run.step step with this key?), so {where} cannot "
+                    f"return it. Give {where} keys of its own (key=...)."
                 )
-            results[i] = load_result(text)
-    todo = [i for i, k in enumerate(keys) if k not in engine.completed]
-    batch = Batch(engine, name, len(values))
-    batch.done = batch.done_before = len(done_before)
+            plan.results[i] = load_result(text)
     _count_total(engine, keys)
-    _record_start(engine, batch)
-    engine.batch = batch
-    engine.notify("batch", batch)
-    try:
-        _dispatch(engine, batch, fn, values, keys, todo, results, concurrency, return_exceptions)
-    finally:
-        engine.batch = None
-        engine.notify("batch_end", batch)
-    return results
-
-
-def _check_keys(engine: RunEngine, keys: list[str], *, given: bool) -> None:
-    hint = (
-        "Give run.map(key=...) a function that returns a short printable text (or int) "
-        "unique to each item."
-    )
-    first: dict[str, int] = {}
-    for index, k in enumerate(keys):
-        check_stored_name(k, "step key", hint=hint)
-        if k in first:
-            raise ValueError(
-                f"run.map: items {first[k]} and {index} have the same key {k!r}. Each item is "
-                "one step of the run and its key must be unique: nothing ran. " + hint
-            )
-        first[k] = index
-        if k in engine._seen:
-            raise ValueError(
-                f"run.map: the key {k!r} of item {index} is the key of a step this run already "
-                "went through (step keys are unique within a run): nothing ran. "
-                + (hint if given else "Pass key=... (the default key is the item's position).")
-            )
+    _record_start(engine, plan.batch)
+    return plan
 
 
 def _record_start(engine: RunEngine, batch: Batch) -> None:
@@ -268,267 +291,38 @@ def _record_start(engine: RunEngine, batch: Batch) -> None:
         )
 
 
+def _check_keys(engine: RunEngine, where: str, keys: list[str], *, given: bool) -> None:
+    hint = (
+        f"Give {where}(key=...) a function that returns a short printable text (or int) "
+        "unique to each item."
+    )
+    first: dict[str, int] = {}
+    for index, k in enumerate(keys):
+        check_stored_name(k, "step key", hint=hint)
+        if k in first:
+            raise ValueError(
+                f"{where}: items {first[k]} and {index} have the same key {k!r}. Each item is "
+                "one step of the run and its key must be unique: nothing ran. " + hint
+            )
+        first[k] = index
+        if k in engine._seen:
+            raise ValueError(
+                f"{where}: the key {k!r} of item {index} is the key of a step this run already "
+                "went through (step keys are unique within a run): nothing ran. "
+                + (hint if given else "Pass key=... (the default key is the item's position).")
+            )
+
+
 def _count_total(engine: RunEngine, keys: list[str]) -> None:
     if engine.total_steps is not None:
         return
-    before = sum(1 for k in engine.completed if k not in set(keys))
+    mine = set(keys)
+    before = sum(1 for k in engine.completed if k not in mine)
     engine.total_steps = total = before + len(keys)
     engine.store.write_async(
         lambda tx: engine.store.update_run_tx(tx, engine.id, total_steps=total)
     )
     engine.notify("total", total)
-
-
-class _Ended:
-    """What one item ended with."""
-
-    __slots__ = ("error", "index", "kind", "value")
-
-    def __init__(self, index: int, kind: str, value: Any = None, error: Any = None) -> None:
-        self.index, self.kind, self.value, self.error = index, kind, value, error
-
-
-def _dispatch(
-    engine: RunEngine,
-    batch: Batch,
-    fn: Callable[[Any], Any],
-    values: list[Any],
-    keys: list[str],
-    todo: list[int],
-    results: list[Any],
-    concurrency: int,
-    return_exceptions: bool,
-) -> None:
-    if not todo:
-        return
-    ended: list[_Ended] = []
-    first_failure: _Ended | None = None
-    decision: _Ended | None = None
-    lost: _Ended | None = None
-    halted = False  # an item stopped or suspended the run: start nothing more
-    waiting: list[StepInfo] = []
-    pending = iter(todo)
-    flight: set[concurrent.futures.Future[_Ended]] = set()
-    forced: BaseException | None = None
-    workers = min(concurrency, len(todo))
-    pool = concurrent.futures.ThreadPoolExecutor(
-        workers, thread_name_prefix=f"kernelext-item[{engine.id}]"
-    )
-    try:
-        while True:
-            starting = (
-                forced is None
-                and not halted
-                and first_failure is None
-                and decision is None
-                and lost is None
-                and not engine.stop_event.is_set()
-                and engine.suspend_request is None
-            )
-            while starting and len(flight) < concurrency:
-                index = next(pending, None)
-                if index is None:
-                    break
-                info = _new_item(engine, batch, keys[index], index)
-                context = contextvars.copy_context()
-                flight.add(
-                    pool.submit(context.run, _run_item, engine, batch, info, fn, values[index])
-                )
-            if not flight:
-                break
-            try:
-                finished, _ = concurrent.futures.wait(
-                    flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
-                )
-                if not engine.stop_event.is_set():
-                    engine.poll_external_stop()
-            except ForcedStop as exc:  # raised into the agent's thread: cancel the items
-                forced = exc
-                continue
-            if forced is not None or engine.force.wanted:
-                batch.force_all()
-            for future in finished:
-                flight.discard(future)
-                end = future.result()
-                ended.append(end)
-                if end.kind == "done":
-                    results[end.index] = end.value
-                elif end.kind == "raised":
-                    if return_exceptions:
-                        results[end.index] = end.error
-                    elif first_failure is None:
-                        first_failure = end
-                elif end.kind == "waiting":
-                    waiting.append(end.value)
-                elif end.kind == "decision":
-                    decision = decision or end
-                elif end.kind == "lost":
-                    lost = lost or end
-                elif end.kind == "stopped":
-                    halted = True
-                    if isinstance(end.error, ForcedStop):
-                        forced = forced or end.error
-    finally:
-        pool.shutdown(wait=True)
-    if lost is not None:
-        raise lost.error
-    if forced is not None or batch.forced:
-        raise forced if forced is not None else ForcedStop("forced stop")
-    if decision is not None:
-        raise decision.error
-    if first_failure is not None:
-        k = keys[first_failure.index]
-        error = first_failure.error
-        raise ItemFailed(
-            f"run.map: item {k!r} raised {type(error).__name__}: {scrub_text(str(error))}. No "
-            "new item started after it; the items in flight finished. Fix the cause and "
-            f"resume the run: only the items not completed run again (or pass "
-            "return_exceptions=True to get the exception in the item's place).",
-            key=k,
-        ) from error
-    if engine.suspend_request is not None:  # run.suspend(...) inside an item
-        reason = engine.suspend_request[0]
-        raise StopRequested(reason)
-    if waiting:
-        _suspend_for_people(engine, waiting)
-    if len(ended) < len(todo) or halted:  # a stop: the rest runs on resume
-        engine.safe_point()
-        engine._deliver(StopRequested)
-
-
-def _suspend_for_people(engine: RunEngine, waiting: list[StepInfo]) -> None:
-    reasons = [item.waiting for item in waiting if item.waiting is not None]
-    approval = any(r[0] == Reason.APPROVAL for r in reasons)
-    deadlines = [r[1] for r in reasons if r[1] is not None]
-    what = "an approval" if approval else "an answer"
-    count = len(waiting)
-    note = (
-        f"{count} item{'s' if count != 1 else ''} of the batch wait{'s' if count == 1 else ''} "
-        f"for {what}: "
-        + (f"kx.approvals({engine.id!r})" if approval else f"kx.questions({engine.id!r})")
-    )
-    engine.suspend_request = (
-        Reason.APPROVAL if approval else Reason.INPUT,
-        min(deadlines) if deadlines else None,
-        note,
-    )
-    engine.stop_event.set()
-    engine.stop_event.delivered = StopRequested
-    raise StopRequested(engine.suspend_request[0])
-
-
-def _new_item(engine: RunEngine, batch: Batch, key: str, index: int) -> StepInfo:
-    ordinal = engine.claim_ordinal(key)
-    assert ordinal is not None  # only items not completed are started
-    info = StepInfo(uuid.uuid4(), key, ordinal, batch.name)
-    info.batch = batch
-    info.index = index
-    return info
-
-
-def _run_item(
-    engine: RunEngine, batch: Batch, info: StepInfo, fn: Callable[[Any], Any], item: Any
-) -> _Ended:
-    """One item in a pool thread: begin its step, call ``fn``, store its value."""
-    gate = ForceGate(lambda swallowed_at: None)
-    gate.thread_id = threading.get_ident()
-    info.force = gate
-    info.started = time.monotonic()
-    token = ITEM.set(info)
-    run_token = set_current_run(engine)
-    with batch.lock:
-        batch.in_flight[info.key] = info
-    begun = finished = False
-    value: Any = None
-    outcome: BaseException | None = None
-    try:
-        try:
-            with gate.critical():
-                engine.store.begin_step(engine.id, info.id, info.ordinal, info.key, info.name)
-                begun = True
-            engine.notify("step", info)
-            value = fn(item)
-            finished = True
-        except BaseException as exc:
-            outcome = exc
-        while True:  # absorb a forced stop that lands after the item returned
-            try:
-                gate.seal()
-                break
-            except StopRequested as late:
-                if not finished and outcome is None:
-                    outcome = late
-        return _record_end(engine, batch, info, begun, finished, value, outcome)
-    finally:
-        gate.thread_id = None
-        with batch.lock:
-            batch.in_flight.pop(info.key, None)
-        reset_current_run(run_token)
-        ITEM.reset(token)
-
-
-def _record_end(
-    engine: RunEngine,
-    batch: Batch,
-    info: StepInfo,
-    begun: bool,
-    finished: bool,
-    value: Any,
-    outcome: BaseException | None,
-) -> _Ended:
-    index = info.index
-    store = engine.store
-    try:
-        if finished:
-            try:
-                encoded = stored_result(value)
-            except (Unencodable, TypeError, ValueError) as exc:
-                outcome = TypeError(
-                    f"the value item {info.key!r} returned, a {type(value).__name__}, cannot be "
-                    f"stored ({exc}); return plain values (dict, list, str, numbers, datetime, "
-                    "Decimal, bytes, tuples, sets)"
-                )
-            else:
-                store.complete_item(engine.id, info.id, info.elapsed, encoded)
-                engine.completed[info.key] = info.ordinal
-                with batch.lock:
-                    batch.done += 1
-                    batch.durations.append(info.elapsed)
-                engine.last_completed = info
-                engine.notify(StepStatus.COMPLETED, info)
-                return _Ended(index, "done", value)
-        assert outcome is not None
-        if isinstance(outcome, OwnershipLost):
-            return _Ended(index, "lost", error=outcome)
-        if isinstance(outcome, StopRequested):
-            forced = isinstance(outcome, ForcedStop)
-            if begun:
-                why = (
-                    "forced stop" if forced else (WAITS_FOR_A_PERSON if info.waiting else "stopped")
-                )
-                store.end_step(
-                    engine.id, info.id, StepStatus.CANCELLED, error=why, forced=forced,
-                    duration_s=info.elapsed,
-                )  # fmt: skip
-            if info.waiting is not None:
-                with batch.lock:
-                    batch.waiting += 1
-                return _Ended(index, "waiting", info)
-            return _Ended(index, "stopped", error=outcome)
-        text = scrub_text(f"{type(outcome).__name__}: {outcome}")
-        if begun:
-            store.end_step(
-                engine.id, info.id, StepStatus.FAILED, error=scrubbed_excerpt(text, 2000),
-                duration_s=info.elapsed,
-            )  # fmt: skip
-        if isinstance(outcome, NeedsDecision):
-            return _Ended(index, "decision", error=outcome)
-        with batch.lock:
-            batch.failed += 1
-        engine.notify("item_failed", (info, outcome))
-        return _Ended(index, "raised", error=outcome)
-    except OwnershipLost as exc:
-        return _Ended(index, "lost", error=exc)
 
 
 def drain_text(batch: Batch) -> str:

@@ -32,16 +32,29 @@ wherever the worker is. ``ForceGate`` decides where that may be. Its invariants:
 6. **A call blocked in C delays the landing.** A sleep, a socket read without timeout or
    a lock keeps the step running until it returns; ``overrunning`` says for how long, so
    the panel can show it.
+7. **An async agent's step is a task: it is cancelled, never raised into.** An exception
+   raised asynchronously into an event loop's thread could land inside the loop itself.
+   For a gate attached to a task (``attach_task``: an ``async def`` agent, an
+   ``run.amap`` item), ``try_raise`` asks the loop to cancel the task instead; the
+   ``CancelledError`` lands at the task's next ``await`` (an awaited effect: ``unknown``),
+   and kernelext treats it as the ``ForcedStop``. kernelext's bookkeeping runs without an
+   ``await``, or in a thread the task awaits (an intent's durable write, ``ledger_async``;
+   an item's end): no cancellation lands inside it (invariant 2), and one that reaches
+   the task's wait for such a thread waits for it to end. A section that opens while the
+   cancel is still queued withdraws it and lands the stop there (invariant 3).
+   Sync code blocking the loop (a plain ``def`` call in the task) delays the landing to
+   the task's next ``await``, as invariant 6 says.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..errors import ForcedStop
 
@@ -66,6 +79,14 @@ class ForceGate:
         self._guard = 0  # critical sections open (and 1 for good once sealed)
         self._fired = False  # raised into the worker, not yet seen by kernelext
         self._spent = False  # raised once: never raised asynchronously again
+        self._task: asyncio.Task[Any] | None = None  # cancelled instead (invariant 7)
+        self._cancel: str | None = None  # None, "queued", "sent" or "withdrawn"
+
+    def attach_task(self, task: asyncio.Task[Any]) -> None:
+        """A forced stop cancels ``task`` (an async agent's, or a ``run.amap`` item's)
+        rather than raising into the thread that runs its loop (invariant 7)."""
+        self._task = task
+        self.thread_id = threading.get_ident()
 
     @contextlib.contextmanager
     def critical(self) -> Iterator[None]:
@@ -108,7 +129,9 @@ class ForceGate:
             self._guard += 1
             fired = self._fired
             self._fired = False
-        if fired:
+            if self._cancel == "queued":  # the task ended: nothing left to cancel
+                self._cancel = "withdrawn"
+        if fired and self._task is None:
             _let_pending_fire()
 
     def try_raise(self) -> bool:
@@ -118,12 +141,32 @@ class ForceGate:
         at its next call, never raised asynchronously a second time (invariant 4).
         """
         with self._lock:
+            task = self._task
             if self._guard or self.thread_id is None or self._spent:
+                return False
+            if task is not None and task.done():
                 return False
             self._fired = self._spent = True
             self.raised = True
             self.raised_at = time.monotonic()
-            return _set_async_exc(self.thread_id, ForcedStop)
+            if task is None:
+                return _set_async_exc(self.thread_id, ForcedStop)
+            self._cancel = "queued"
+        try:
+            task.get_loop().call_soon_threadsafe(self._cancel_task)
+        except RuntimeError:  # the loop is closed: the task ended with it
+            return False
+        return True
+
+    def _cancel_task(self) -> None:
+        """In the task's loop: cancel it, unless kernelext landed the stop meanwhile."""
+        with self._lock:
+            task = self._task
+            if self._cancel != "queued" or task is None:
+                return
+            self._cancel = "sent"
+        task.cancel()
+        self._landed(None)
 
     def overrunning(self, step_open: bool) -> float | None:
         """Seconds since a forced stop was raised into a step that still runs, else None
@@ -134,11 +177,19 @@ class ForceGate:
         return time.monotonic() - raised
 
     def _land(self, where: str) -> NoReturn:
-        try:
-            _let_pending_fire()  # still pending: it lands here and goes on up to the agent
-        except ForcedStop:
-            self._landed(None)
-            raise
+        if self._task is not None:  # invariant 7: cancelled (then swallowed), or not yet
+            with self._lock:
+                sent = self._cancel == "sent"
+                self._cancel = "sent" if sent else "withdrawn"
+            if not sent:
+                self._landed(None)
+                raise ForcedStop("forced stop")
+        else:
+            try:
+                _let_pending_fire()  # still pending: it lands here and goes on up to the agent
+            except ForcedStop:
+                self._landed(None)
+                raise
         # It landed earlier, in the agent's code, which swallowed it.
         self._landed(where)
         raise ForcedStop("forced stop, raised again: the agent's code swallowed it")

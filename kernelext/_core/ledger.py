@@ -1,4 +1,11 @@
-"""``@kx.effect``: external effects recorded at apply time under a deterministic key."""
+"""``@kx.effect``: external effects recorded at apply time under a deterministic key.
+
+A call goes through three parts, each a method that the sync path (``_perform``) and the
+async one (``ledger_async``, for an ``async def`` tool) share: before the call
+(``_prepare``: the stop check, the key, the replay of a recorded call or the durable
+intent of a new one, its approval), the call itself, and after it (``_applied``,
+``_failed``, ``_interrupted``).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from .._validate import (
     check_effect_function,
     check_flag,
     check_name,
+    is_async_function,
     refuse_unrun_result,
 )
 from ..errors import (
@@ -28,16 +36,17 @@ from ..status import EffectStatus
 from .approvals import approval_for_call
 from .canonical import Unencodable
 from .context import current_run
+from .effect_args import CallArguments
 from .keys import (
     args_hash,
     call_hashes,
-    display_args,
     effect_key,
     hash_for,
     load_result,
     redact,
     stored_result,
 )
+from .ledger_async import call_async
 from .limits import call_limited
 from .names import check_stored_name
 from .retries import check_retries, made_with_retries, settled
@@ -74,8 +83,9 @@ def idempotency_key_for(run: RunEngine, step_key: str, tool: str, call_ordinal: 
     return str(effect_key(root, step_key, tool, call_ordinal, run.key_scheme))
 
 
-class Effect:
-    """A recorded external effect. Call it like the function it wraps."""
+class Effect(CallArguments):
+    """A recorded external effect. Call it like the function it wraps; for an ``async
+    def`` (``is_async``) a call returns a coroutine to await (``ledger_async``)."""
 
     def __init__(
         self,
@@ -93,6 +103,7 @@ class Effect:
         if name is not None:
             check_name("@kx.effect(name=...)", name)
         self.fn = fn
+        self.is_async = is_async_function(fn)  # awaited: see ledger_async
         self.tool = check_stored_name(
             (getattr(fn, "__name__", None) or type(fn).__name__) if name is None else name,
             "tool name",
@@ -102,6 +113,12 @@ class Effect:
         self.retry = check_flag("@kx.effect(retry=...)", retry)
         self.limit = check_name("@kx.effect(limit=...)", limit) if limit is not None else None
         self.retries = check_retries("@kx.effect(retries=...)", retries)
+        if self.is_async and (self.limit is not None or self.retries):
+            raise TypeError(
+                f"@kx.effect(limit=..., retries=...) applies to plain functions for now; "
+                f"{self.tool} is an async def. Drop the option, or wrap the awaited call in "
+                "a plain function (def f(...): return asyncio.run(coro(...))) and decorate that."
+            )
         if probe is not None:
             check_callable("@kx.effect(probe=...)", probe, what="a function (key, args)")
         check_approval_rule(needs_approval)
@@ -135,6 +152,25 @@ class Effect:
         run = current_run()
         if run is None:  # outside a run: a plain call, nothing recorded (documented)
             return self.fn(*args, **kwargs)
+        if self.is_async:  # awaited: the same steps, the tool awaited (ledger_async)
+            return call_async(self, run, args, kwargs)
+        key, call, replayed = self._prepare(run, args, kwargs)
+        if not call:
+            return replayed
+        return self._perform(run, key, args, kwargs)
+
+    def _prepare(
+        self,
+        run: RunEngine,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        slot: tuple[str, int | None, int] | None = None,
+    ) -> tuple[uuid.UUID, bool, Any]:
+        """Everything before the call, for sync and async effects alike: the stop check,
+        the key, the replay of a recorded call or the durable intent of a new one (and its
+        approval). Returns ``(key, True, None)`` when the call is to be made now, else
+        ``(key, False, the replayed result)``. Pops ``idempotency_key`` (the engine's).
+        ``slot``: the call's ``run.next_call()``, when the caller took it already."""
         run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
         kwargs.pop("idempotency_key", None)
         scheme = run.key_scheme
@@ -162,13 +198,13 @@ class Effect:
                     "(they were bound and shown before the rule ran, and differ after it). "
                     "Nothing was recorded. A needs_approval rule must only read the arguments."
                 )
-        step_key, step_ordinal, call_ordinal = run.next_call()
+        step_key, step_ordinal, call_ordinal = slot or run.next_call()
         key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
         row = run.effects.get(key)
         if row is not None:
             replay = self._replay(run, key, row, hash_for(row["args_hash"], digest, old), gated)
             if replay is not _PERFORM:
-                return replay
+                return key, False, replay
         else:
             row = {
                 "key": key,
@@ -187,10 +223,10 @@ class Effect:
                 expected = hash_for(known["args_hash"], digest, old)
                 replay = self._replay(run, key, known, expected, gated)
                 if replay is not _PERFORM:
-                    return replay
+                    return key, False, replay
         run.effects[key] = {**row, "status": EffectStatus.PENDING}
         run.notify("effect", (self.tool, key, EffectStatus.PENDING))
-        return self._perform(run, key, args, kwargs)
+        return key, True, None
 
     # -- approval: one approved request, bound to key and arguments, per call ---------------
     def _gated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -241,44 +277,62 @@ class Effect:
     def _perform(
         self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        call_kwargs = dict(kwargs)
-        if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
-            call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
+        call_kwargs = self._call_kwargs(run, key, kwargs)
         try:  # made again after a transient failure with retries=N (kernelext._core.retries)
             result = made_with_retries(self, run, key, lambda: self.fn(*args, **call_kwargs))
             refuse_unrun_result(self.tool, result)
         except Exception as exc:
             if settled(run, key):  # the attempts recorded the outcome (unknown)
                 raise
-            attempts = run.effects[key].get("attempts")
-            run.store.write_outcome(
-                key, EffectStatus.FAILED, error=_describe(exc), attempts=attempts
-            )
-            run.effects[key]["status"] = EffectStatus.FAILED
-            run.notify("effect", (self.tool, key, EffectStatus.FAILED))
+            self._failed(run, key, exc)
             raise
         except BaseException:
             if settled(run, key):  # a stop between two attempts: recorded not_applied
                 raise
-            # A forced stop (or the process going down) mid-call: nobody knows.
-            run.store.write_outcome(
-                key,
-                EffectStatus.UNKNOWN,
-                error="interrupted during the call",
-                attempts=run.effects[key].get("attempts"),
-                wait=True,
-            )
-            run.store.record_event(
-                run.id,
-                "effect_unknown",
-                wait=False,
-                source="engine",
-                reason="interrupted during the call",
-                detail={"key": str(key), "tool": self.tool},
-            )
-            run.effects[key]["status"] = EffectStatus.UNKNOWN
-            run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
+            self._interrupted(run, key)
             raise
+        return self._applied(run, key, result)
+
+    # -- before and after the call: shared by the sync and async paths (ledger_async) -----
+    def _call_kwargs(
+        self, run: RunEngine, key: uuid.UUID, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The keywords the tool is called with: the caller's, and ``idempotency_key``."""
+        call_kwargs = dict(kwargs)
+        if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
+            call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
+        return call_kwargs
+
+    def _failed(self, run: RunEngine, key: uuid.UUID, exc: BaseException) -> None:
+        """The tool raised: ``failed``, with the error."""
+        attempts = run.effects[key].get("attempts")
+        run.store.write_outcome(key, EffectStatus.FAILED, error=_describe(exc), attempts=attempts)
+        run.effects[key]["status"] = EffectStatus.FAILED
+        run.notify("effect", (self.tool, key, EffectStatus.FAILED))
+
+    def _interrupted(self, run: RunEngine, key: uuid.UUID) -> None:
+        """A forced stop, a cancellation (or the process going down) mid-call: nobody
+        knows whether it happened, so ``unknown`` (durable before the stop goes on)."""
+        run.store.write_outcome(
+            key,
+            EffectStatus.UNKNOWN,
+            error="interrupted during the call",
+            attempts=run.effects[key].get("attempts"),
+            wait=True,
+        )
+        run.store.record_event(
+            run.id,
+            "effect_unknown",
+            wait=False,
+            source="engine",
+            reason="interrupted during the call",
+            detail={"key": str(key), "tool": self.tool},
+        )
+        run.effects[key]["status"] = EffectStatus.UNKNOWN
+        run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
+
+    def _applied(self, run: RunEngine, key: uuid.UUID, result: Any) -> Any:
+        """The tool returned ``result``: ``applied`` with it stored (else ``unknown``)."""
         try:
             encoded = stored_result(result)
         except (Unencodable, TypeError, ValueError) as exc:
@@ -347,46 +401,6 @@ class Effect:
                 "retried silently. Declare @kx.effect(retry=True) to retry failed calls on resume."
             )
         raise LedgerError(f"Effect {self.tool} (key {key}) is {status}; the run cannot go on.")
-
-    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
-        """The call by parameter name, defaults applied (``None``: no signature, or arguments
-        that do not fit it; then the call is bound by its positional and keyword arguments).
-        ``idempotency_key`` is the engine's to pass, so it is no argument of the call."""
-        if self.signature is None:
-            return None
-        try:
-            ba = self.signature.bind(*args, **kwargs)
-        except TypeError:
-            return None
-        ba.apply_defaults()
-        return {k: v for k, v in ba.arguments.items() if k != "idempotency_key"}
-
-    def _redacted_args(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        scheme: int,
-        bound: dict[str, Any] | None = None,
-    ) -> str:
-        named: dict[str, Any]
-        if bound is not None:
-            named = bound
-        elif self.signature is not None:
-            try:
-                named = dict(self.signature.bind_partial(*args, **kwargs).arguments)
-            except TypeError:
-                named = {"args": list(args), **kwargs}
-        else:
-            named = {"args": list(args), **kwargs}
-        return display_args(named, scheme, tool=self.tool)
-
-    @functools.cached_property
-    def _positional(self) -> tuple[str, ...]:
-        """The names of the positional parameters, for errors about an argument."""
-        if self.signature is None:
-            return ()
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        return tuple(p.name for p in self.signature.parameters.values() if p.kind in kinds)
 
     def _unstorable(
         self, run: RunEngine, key: uuid.UUID, result: Any, exc: Exception
@@ -457,6 +471,10 @@ def effect(
     retries: int = 0,
 ) -> Effect | Callable[[Callable[..., Any]], Effect]:
     """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``.
+
+    On an ``async def``, a call inside a run is awaited (``await fetch(url)``): its intent
+    is durable before the tool's first ``await``, its outcome recorded after it; a call
+    cancelled mid-way (a forced stop of an async agent) is ``unknown``.
 
     ``needs_approval=True`` (or a function of the call's arguments, e.g.
     ``lambda to, amount, **kw: amount > 100``): inside a run, a call waits for a person.

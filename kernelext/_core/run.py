@@ -7,7 +7,7 @@ the other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._validate import (
@@ -22,7 +22,9 @@ from .._validate import (
 )
 from ..errors import StopRequested
 from ..status import Reason
-from .batch import ItemState, current_item, refused_state_write, run_map
+from .batch import ItemState, current_item, refused_state_write
+from .batch_async import run_amap
+from .batch_threads import run_map
 from .names import step_key_of
 from .step_skip import StepContext
 
@@ -37,6 +39,7 @@ R = TypeVar("R")
 
 # What an agent may use on ``run``: the whole public face of ``Run`` (tests pin it).
 AGENT_API = (
+    "amap",
     "ask",
     "checkpoint",
     "claim",
@@ -123,7 +126,9 @@ class Run:
         an item that raises stops new items and ``run.map`` raises ``kx.ItemFailed``
         naming its key (``return_exceptions=True``: the exception takes its place). An
         item waiting for a person (an approval) does not hold up the others: the run
-        suspends once nothing else can run. Items read ``run.state`` but never write it::
+        suspends once nothing else can run. Items read ``run.state`` but never write it.
+        ``fn`` is a plain function (in an ``async def`` agent, ``await run.amap`` takes an
+        ``async def fn``)::
 
             ids = run.map(post_row, rows, key=lambda r: r["id"], concurrency=16)
             run.state["ids"] = ids
@@ -131,6 +136,44 @@ class Run:
         if name is not None:
             check_name("run.map(name=...)", name)
         return run_map(
+            self._engine,
+            fn,
+            items,
+            key=key,
+            concurrency=concurrency,
+            return_exceptions=return_exceptions,
+            name=name,
+        )
+
+    def amap(
+        self,
+        fn: Callable[[T], Awaitable[R]],
+        items: Iterable[T],
+        *,
+        key: Callable[[T], Any] | None = None,
+        concurrency: int = 8,
+        return_exceptions: bool = False,
+        name: str | None = None,
+    ) -> Coroutine[Any, Any, list[R]]:
+        """``await run.amap(fn, items)`` in an ``async def`` agent: ``run.map`` with an
+        ``async def fn``, each item a task on the agent's event loop, up to
+        ``concurrency`` at once, the results in input order.
+
+        Everything ``run.map`` promises holds: each item is one step keyed by
+        ``key(item)``, its value stored and returned on resume; a stop starts no new item
+        and lets those in flight finish; the first item that raises stops new items and
+        raises ``kx.ItemFailed`` naming its key; items waiting for a person suspend the
+        run once. A forced stop cancels the items in flight (their in-flight effects
+        become ``unknown``). The arguments are checked when it is called, before any item
+        runs. In a plain ``def`` agent, use ``run.map``::
+
+            @kx.agent
+            async def fetch_all(run, urls):
+                return await run.amap(fetch_one, urls, key=str, concurrency=32)
+        """
+        if name is not None:
+            check_name("run.amap(name=...)", name)
+        return run_amap(
             self._engine,
             fn,
             items,

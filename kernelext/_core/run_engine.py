@@ -11,6 +11,7 @@ forced stop is the ``ForceGate``'s (``forced_stop``); skipping a completed
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -89,6 +90,7 @@ class RunEngine:
         self.effects: dict[uuid.UUID, dict[str, Any]] = {}
         self._current: StepInfo | None = None
         self.batch: Batch | None = None  # the run.map in progress
+        self.loop: asyncio.AbstractEventLoop | None = None  # an async def agent's (worker)
         self.last_completed: StepInfo | None = None
         self._outside_calls = 0
         self._ordinal = 0

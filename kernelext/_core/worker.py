@@ -3,22 +3,33 @@
 ``launch`` starts three threads per run: the worker (the agent's code), the monitor
 (escalates a stop that overruns ``max_step_seconds``, renews the lease; never waits for
 the store) and the stop-watch (sees stops recorded by other processes).
+
+An ``async def`` agent runs on an event loop of its own, made in the worker thread for
+the run and closed after it (``asyncio.run``'s way: tasks left over are cancelled, async
+generators and the default executor shut down), so the kernel's loop is never blocked
+and ``await run.amap(...)`` has a loop to run its items on (``engine.loop``). The agent's
+task is attached to the run's ``ForceGate``: a forced stop cancels it (``forced_stop``,
+invariant 7) and its ``CancelledError`` ends the run as that ``ForcedStop`` (suspended,
+forced); a soft stop is raised at safe points as for a plain agent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .._formatting import duration_text, step_label
 from .._store import Store, actor
-from ..errors import NeedsDecision, OwnershipLost, StopRequested, StoreWriteError
+from ..errors import ForcedStop, NeedsDecision, OwnershipLost, StopRequested, StoreWriteError
 from ..status import FINAL, LIVE, Reason, Status, StepStatus
 from .context import reset_current_run, set_current_run
+from .groups import unwrap_group
 from .handle import Handle
 from .lease import RENEW_SECONDS, lease_until
 from .run import engine_of
@@ -73,11 +84,14 @@ def _execute(
     outcome: BaseException | None = None
     finished = False
     try:
-        handle.result = fn(run.facade, *args, **kwargs)
+        result = fn(run.facade, *args, **kwargs)
+        if inspect.iscoroutine(result):  # an async def agent: on a loop of its own
+            result = _run_coroutine(run, result)
+        handle.result = result
         run.enforce_stop("the end of the agent")  # it returned after swallowing a stop
         finished = True
     except BaseException as exc:  # recorded below, after the run is sealed
-        outcome = exc
+        outcome = unwrap_group(exc)  # a stop raised inside a task group is that stop
     while True:  # absorb a forced stop that lands after the agent returned
         try:
             run.force.seal()
@@ -123,6 +137,46 @@ def _execute(
         reset_current_run(token)
         run.notify("end", status)
         rt.run_ended(run.id, status)
+
+
+def _run_coroutine(run: RunEngine, coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run an async agent's coroutine to its end on a new event loop in this thread."""
+    loop = asyncio.new_event_loop()
+    run.loop = loop
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(_agent_task(run, coroutine))
+    finally:
+        try:
+            _cancel_leftovers(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            run.loop = None
+            loop.close()
+
+
+async def _agent_task(run: RunEngine, coroutine: Coroutine[Any, Any, Any]) -> Any:
+    gate = run.force
+    task = asyncio.current_task()
+    assert task is not None
+    gate.attach_task(task)
+    try:
+        return await coroutine
+    except asyncio.CancelledError:
+        if gate.raised:  # cancelled by a forced stop: the run ends as that stop
+            raise ForcedStop("forced stop") from None
+        raise
+
+
+def _cancel_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """Tasks the agent started and left running are cancelled and awaited."""
+    left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in left:
+        task.cancel()
+    if left:
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
 
 
 def _lost(handle: Handle, lost: OwnershipLost) -> str:
@@ -187,7 +241,8 @@ def finish_run(store: Store, run: RunEngine, status: Status, reason: str | None 
 def suspend_run(store: Store, run: RunEngine, stop: StopRequested) -> str:
     """Record that a live run stopped at a safe point (or was forced): ``suspended``, with
     the deadline its reason's expiry policy (or ``run.suspend(until=...)``) gives."""
-    forced = run.force.raised
+    # A batch forced through its items' gates ends with their ForcedStop: forced too.
+    forced = run.force.raised or isinstance(stop, ForcedStop)
     end_open_step(store, run, StepStatus.CANCELLED, "forced stop" if forced else "stopped")
     if run.suspend_request is not None:
         reason, override, note = run.suspend_request

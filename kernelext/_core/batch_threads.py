@@ -1,0 +1,124 @@
+"""``run.map``: a batch's items in a thread pool, up to ``concurrency`` at once.
+
+The agent's thread dispatches: it starts items while ``Tally.may_start`` allows, looks
+for a stop every ``WAIT_TICK``, and raises a forced stop into each item's thread through
+the item's own ``ForceGate`` (``Batch.force_all``). How items, keys, fsyncs and stops fit
+together is ``batch``'s text; an item's life is ``batch_items.ItemRun``; the async
+dispatcher (``await run.amap``) is ``batch_async``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ForcedStop, StopRequested
+from .batch import WAIT_TICK, MapPlan, prepare_map
+from .batch_items import Ended, ItemRun, Tally, new_item
+from .forced_stop import ForceGate
+from .step_info import StepInfo
+
+if TYPE_CHECKING:
+    from .batch import Batch
+    from .run_engine import RunEngine
+
+__all__ = ["run_map"]
+
+
+def run_map(
+    engine: RunEngine,
+    fn: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    key: Callable[[Any], Any] | None,
+    concurrency: int,
+    return_exceptions: bool,
+    name: str | None,
+) -> list[Any]:
+    """``run.map`` (see ``Run.map``)."""
+    plan = prepare_map(
+        engine,
+        "run.map",
+        fn,
+        items,
+        key=key,
+        concurrency=concurrency,
+        return_exceptions=return_exceptions,
+        name=name,
+    )
+    with plan.running():
+        if plan.todo:
+            _dispatch(plan)
+    return plan.results
+
+
+def _dispatch(plan: MapPlan) -> None:
+    engine, batch = plan.engine, plan.batch
+    tally = Tally(plan)
+    pending = iter(plan.todo)
+    flight: set[concurrent.futures.Future[Ended]] = set()
+    pool = concurrent.futures.ThreadPoolExecutor(
+        min(plan.concurrency, len(plan.todo)), thread_name_prefix=f"kernelext-item[{engine.id}]"
+    )
+    try:
+        while True:
+            while tally.may_start() and len(flight) < plan.concurrency:
+                index = next(pending, None)
+                if index is None:
+                    break
+                info = new_item(engine, batch, plan.keys[index], index)
+                context = contextvars.copy_context()
+                flight.add(
+                    pool.submit(
+                        context.run, _run_item, engine, batch, info, plan.fn, plan.values[index]
+                    )
+                )
+            if not flight:
+                break
+            try:
+                finished, _ = concurrent.futures.wait(
+                    flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                if not engine.stop_event.is_set():
+                    engine.poll_external_stop()
+            except ForcedStop as exc:  # raised into the agent's thread: cancel the items
+                tally.forced = tally.forced or exc
+                continue
+            if tally.forced is not None or engine.force.wanted:
+                batch.force_all()
+            for future in finished:
+                flight.discard(future)
+                tally.add(future.result())
+    finally:
+        pool.shutdown(wait=True)
+    tally.finish()
+
+
+def _run_item(
+    engine: RunEngine, batch: Batch, info: StepInfo, fn: Callable[[Any], Any], item: Any
+) -> Ended:
+    """One item in a pool thread: begin its step, call ``fn``, store its value."""
+    gate = ForceGate(lambda swallowed_at: None)
+    gate.thread_id = threading.get_ident()
+    run = ItemRun(engine, batch, info, gate)
+    try:
+        try:
+            run.begin()
+            run.value = fn(item)
+            run.finished = True
+        except BaseException as exc:
+            run.outcome = exc
+        while True:  # absorb a forced stop that lands after the item returned
+            try:
+                gate.seal()
+                break
+            except StopRequested as late:
+                if not run.finished and run.outcome is None:
+                    run.outcome = late
+        return run.end()
+    finally:
+        gate.thread_id = None
+        run.leave()
