@@ -129,6 +129,15 @@ class Failure:
     status: int | None = None
 
 
+def _attr(holder: object, name: str) -> object:
+    """``holder.name``, or None: a client's property may raise when unset (httpx's
+    ``request``), and classifying must never fail the call a second time."""
+    try:
+        return getattr(holder, name, None)
+    except Exception:
+        return None
+
+
 def _chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and what it wraps (its cause, a ``reason``, an exception as first argument)."""
     seen: list[BaseException] = []
@@ -138,16 +147,16 @@ def _chain(exc: BaseException) -> list[BaseException]:
         if any(item is s for s in seen):
             continue
         seen.append(item)
-        for inner in (item.__cause__, getattr(item, "reason", None), *item.args[:1]):
+        for inner in (item.__cause__, _attr(item, "reason"), *item.args[:1]):
             if isinstance(inner, BaseException):
                 todo.append(inner)
     return seen
 
 
 def _status(exc: BaseException) -> int | None:
-    for holder in (exc, getattr(exc, "response", None)):
+    for holder in (exc, _attr(exc, "response")):
         for name in ("status_code", "status", "code"):
-            value = getattr(holder, name, None)
+            value = _attr(holder, name)
             if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
                 return value
     return None
@@ -156,10 +165,9 @@ def _status(exc: BaseException) -> int | None:
 def retry_after(exc: BaseException) -> float | None:
     """Seconds the server asked to wait (``Retry-After``: seconds or an HTTP date;
     ``retry-after-ms``), from the exception's headers or its response's."""
-    for holder in (exc, getattr(exc, "response", None)):
-        headers = getattr(holder, "headers", None)
-        getter = getattr(headers, "get", None)
-        if getter is None:
+    for holder in (exc, _attr(exc, "response")):
+        getter = _attr(_attr(holder, "headers"), "get")
+        if not callable(getter):
             continue
         millis = getter("retry-after-ms") or getter("Retry-After-Ms")
         if millis is not None:
