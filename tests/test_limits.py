@@ -314,3 +314,15 @@ def test_model_calls_of_a_limited_client_wait_for_their_slot(store: Store) -> No
     assert len(arrivals) == 8
     # One at a time: each request arrived after the previous one was answered (0.3 s on).
     assert all(b - a >= 0.3 for a, b in itertools.pairwise(arrivals))
+
+
+@pytest.mark.duckdb_only
+@pytest.mark.parametrize("options", [{"limit": "crm"}, {"retries": 2}])
+def test_limit_and_retries_on_an_async_effect_are_refused_at_decoration(
+    options: dict[str, Any],
+) -> None:
+    async def fetch(url: str) -> str:
+        return url
+
+    with pytest.raises(TypeError, match="plain functions for now"):
+        kx.effect(**options)(fetch)
