@@ -29,6 +29,7 @@ from kernelext._core.timeline import MAX_LANES, Bar, assign_lanes, timeline
 from kernelext._formatting import counted, rate_text
 from kernelext._store import Store
 from kernelext.widgets import ControlPanel
+from kernelext.widgets import _addons as addons
 from kernelext.widgets._render import to_html, to_text
 from kernelext.widgets._timeline import LiveTimeline
 
@@ -175,6 +176,7 @@ def part(box: ET.Element, cls: str) -> ET.Element:
 
 
 def test_the_panel_draws_the_batch_as_it_goes_and_its_drain(store: Store) -> None:
+    addons.install()  # an earlier test may have unloaded the extension (and its add-ons)
     held = Held(first=5)
     handle = batch_agent(held, concurrency=8).start(40)
     panel = ControlPanel(handle)
