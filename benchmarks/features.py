@@ -1,4 +1,5 @@
-"""What a user waits for with the resume plan, the timeline, the OpenAI adapter and approvals.
+"""What a user waits for with the resume plan, the timeline, the OpenAI adapter, approvals and
+a stop while another process holds the store.
 
 - **plan**: ``kx.plan(run_id)`` on a suspended run of 1,000 completed steps with one applied
   effect each (the preview a person reads before Resume); anchor: ``kx.sql("SELECT count(*)
@@ -12,6 +13,8 @@
   intent's fsync before the request and the outcome's journal record; the outcome is
   durable at the step's completion, which the per-step figure (time between step bodies)
   includes.
+- **held_stop**: ``h.stop()`` to ``h.wait()`` returning ``suspended`` while another process
+  holds the store file, against the same with the file free (``held_stop.py``).
 - **approval**: from the call to ``approval.approve()`` (which resumes the run here) until
   the paid request is recorded by the local ``DeliveryServer`` and the effect reads
   ``applied`` in ``kx.sql``; anchor: the same one-step agent, suspended by a stop instead,
@@ -37,6 +40,7 @@ import kernelext as kx
 from kernelext.status import EffectStatus, Status
 
 from .common import KB, Plan, ratio, settle, summarize, tempdir
+from .held_stop import measure_held_stop
 
 __all__ = ["FeatureSizes", "feature_lines", "measure_features"]
 
@@ -366,6 +370,7 @@ def measure_features(plan: Plan) -> dict[str, Any]:
         "timeline": timeline_part,
         "openai": measure_openai(sizes),
         "approval": measure_approval(sizes),
+        "held_stop": measure_held_stop(plan),
     }
 
 
@@ -416,6 +421,15 @@ def _rows(features: dict[str, Any]) -> Iterator[tuple[str, float | None, str, fl
         )
         anchor = "`kx.resume` of the same agent, stopped"
         yield what, _med(ask, "approve_to_visible_ms"), anchor, _med(ask, "resume_to_visible_ms")
+    held = features.get("held_stop")
+    if held:
+        what = (
+            f"stop → `suspended` (`h.stop()` to `h.wait()`) while another process holds the"
+            f" store file ({held['reps']} reps; in the tables"
+            f" {_f(_med(held, 'to_tables_ms'))} ms after it is told to let go)"
+        )
+        anchor = "the same stop, the file free"
+        yield what, _med(held, "held_stop_ms"), anchor, _med(held, "free_stop_ms")
 
 
 def feature_lines(features: dict[str, Any] | None) -> list[str]:

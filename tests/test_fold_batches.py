@@ -9,6 +9,7 @@ folding a journal twice after a crash), the tables must end up as the per-record
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import uuid
 from pathlib import Path
@@ -26,7 +27,8 @@ T0 = dt.datetime(2026, 1, 1)
 
 def run_records(run_id: str, steps: int, seed: int) -> list[Record]:
     """A run's journal: steps that begin, call effects (applied, failed, left pending),
-    record facts and complete; the last step is left open."""
+    record facts and complete; the last step is left open, and the run's end (a
+    ``run_end`` record) suspends the run and cancels that step."""
     rng = random.Random(seed)
     records: list[Record] = []
 
@@ -108,6 +110,27 @@ def run_records(run_id: str, steps: int, seed: int) -> list[Record]:
                     "blobs": [],
                 },
             )
+    end = T0 + dt.timedelta(seconds=steps)
+    add(
+        "run_end",
+        {
+            "run_id": run_id,
+            "status": "suspended",
+            "kind": "suspended",
+            "source": "button",
+            "who": "bob@lab:7",
+            "reason": "user_stop",
+            "detail": json.dumps({"deadline": (end + dt.timedelta(days=7)).isoformat()}),
+            "deadline": end + dt.timedelta(days=7),
+            "at": end,
+            "claims": False,
+            "step_id": uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{steps - 1}"),
+            "step_status": "cancelled",
+            "step_error": "stopped",
+            "step_forced": False,
+            "step_duration_s": 0.25,
+        },
+    )
     return records
 
 
@@ -117,7 +140,9 @@ def tables(store: Store) -> dict[str, list[tuple[Any, ...]]]:
         "effects": "SELECT key, status, result, error, outcome_at FROM effects",
         "snapshots": "SELECT id, step_ordinal FROM snapshots",
         "facts": "SELECT name, value, step_ordinal FROM facts",
-        "runs": "SELECT id, completed_steps FROM runs",
+        "runs": "SELECT id, completed_steps, status, reason, deadline FROM runs",
+        "events": "SELECT kind, from_status, to_status, occurred_at, source, actor, detail"
+        " FROM events WHERE kind <> 'created'",
     }
     return {name: sorted(store.read(sql), key=repr) for name, sql in queries.items()}
 
@@ -135,7 +160,10 @@ def test_any_batching_gives_the_tables_of_one_record_at_a_time(tmp_path: Path, s
         for _, kind, data in records:
             one.write(lambda tx, k=kind, d=data: apply_record(tx, k, d))
         expected = tables(one)
-    assert expected["runs"] == [("r", 11)]
+    end = T0 + dt.timedelta(seconds=12)
+    assert expected["runs"] == [("r", 11, "suspended", "user_stop", end + dt.timedelta(days=7))]
+    assert [e[:3] for e in expected["events"]] == [("suspended", "running", "suspended")]
+    assert [s[2:5] for s in expected["steps"] if s[1] == 11] == [("cancelled", end, 0.25)]
 
     rng = random.Random(seed)
     with fresh(tmp_path / "batched.duckdb") as batched:

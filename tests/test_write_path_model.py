@@ -613,11 +613,12 @@ class WritePathModel(RuleBasedStateMachine):
         if not attempt.pause(item, point, or_end=retry):
             # Calling again first puts the intent back to pending by a write to the tables
             # (not the journal), which the held file refuses: the run ends cleanly, before
-            # the call, with a clear error.
+            # the call, with a clear error (the file is held). Its end is journaled, so the
+            # error kept is that one, not a second one about recording the end.
             status, error = attempt.end()
             holder.kill()
             self.holders.remove(holder)
-            assert (status, error) == ("failed", "StoreWriteError"), attempt.log
+            assert (status, error) == ("failed", "StoreLockedError"), attempt.log
             assert run.effects[first] == NOT_APPLIED, "it was called all the same"
             run.statuses = frozenset({"running", "failed"})
             self.landed["fold_failure/retry_refused"] += 1

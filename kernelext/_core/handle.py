@@ -41,6 +41,12 @@ class Handle:
 
     @property
     def status(self) -> str:
+        """The run's status in the store; once the run ended here, the status its end
+        gives it even while another process holds the store file (the end is durable in
+        this process's journal and reaches the tables when the file is free)."""
+        journaled = self.store.journaled_end(self.run_id)
+        if journaled is not None:
+            return journaled
         return str(self.store.get_run(self.run_id)["status"])
 
     def info(self) -> dict[str, Any]:

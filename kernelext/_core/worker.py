@@ -26,8 +26,9 @@ from typing import Any
 
 from .._formatting import duration_text, step_label
 from .._store import Store, actor
+from .._store.runs import StepEnd
 from ..errors import ForcedStop, NeedsDecision, OwnershipLost, StopRequested, StoreWriteError
-from ..status import FINAL, LIVE, Reason, Status, StepStatus
+from ..status import Reason, Status, StepStatus
 from .context import reset_current_run, set_current_run
 from .groups import unwrap_group
 from .handle import Handle
@@ -109,23 +110,23 @@ def _execute(
         elif isinstance(outcome, StopRequested):
             status = suspend_run(store, run, outcome)
         elif isinstance(outcome, NeedsDecision):
-            end_open_step(store, run, StepStatus.CANCELLED, str(outcome))
-            status = finish_run(store, run, Status.NEEDS_DECISION, reason=str(outcome))
+            open_step = (StepStatus.CANCELLED, str(outcome))
+            status = finish_run(store, run, Status.NEEDS_DECISION, str(outcome), open_step)
         else:
             assert outcome is not None
             handle.error = outcome
             text = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
             text = scrub_text(text)
-            end_open_step(store, run, StepStatus.FAILED, text)
-            status = finish_run(store, run, Status.FAILED, reason=scrubbed_excerpt(text, 500))
+            reason = scrubbed_excerpt(text, 500)
+            status = finish_run(store, run, Status.FAILED, reason, (StepStatus.FAILED, text))
     except OwnershipLost as lost:
         status = _lost(handle, lost)
     except Exception as exc:
         handle.error = handle.error or exc
         text = scrub_text("".join(traceback.format_exception_only(type(exc), exc)).strip())
         try:  # (scrubbed before it is cut, as above)
-            end_open_step(store, run, StepStatus.FAILED, text)
-            status = finish_run(store, run, Status.FAILED, reason=scrubbed_excerpt(text, 500))
+            reason = scrubbed_excerpt(text, 500)
+            status = finish_run(store, run, Status.FAILED, reason, (StepStatus.FAILED, text))
         except Exception as fault:  # the store refuses writes: end cleanly anyway
             status = _store_fault(handle, fault)
     finally:
@@ -216,34 +217,44 @@ def end_open_step(store: Store, run: RunEngine, status: str, error: str | None) 
         run.current = None
 
 
-def finish_run(store: Store, run: RunEngine, status: Status, reason: str | None = None) -> str:
-    """Record how a live run ended (completed, failed, needs_decision); claims of a final
-    run are released in the same transaction."""
+def _open_step(run: RunEngine, ended: tuple[str, str | None] | None) -> StepEnd | None:
+    """The step left open, as the run's end ends it (``ended``: its status and error)."""
+    info = run.current
+    if info is None or ended is None:
+        return None
+    return StepEnd(info.id, ended[0], ended[1], run.force.raised, info.elapsed)
 
-    def job(tx: Any) -> str:
-        result = store.transition_tx(
-            tx,
-            run.id,
-            status,
-            LIVE,
-            kind=status,
-            reason=reason,
-            source="engine",
-            epoch=store.held_epoch(run.id),
-        )
-        if result.ok and status in FINAL:
-            store.release_run_claims_tx(tx, run.id, status)
-        return str(result.after)
 
-    return str(store.write(job))
+def finish_run(
+    store: Store,
+    run: RunEngine,
+    status: Status,
+    reason: str | None = None,
+    open_step: tuple[str, str | None] | None = None,
+) -> str:
+    """Record how a live run ended (completed, failed, needs_decision), with the step left
+    open ended as ``open_step`` says (status, error); claims of a final run are released
+    with it. One record (``Store.end_run``): on DuckDB it never waits for the store file."""
+    after = store.end_run(
+        run.id,
+        status,
+        kind=status,
+        source="engine",
+        reason=reason,
+        step=_open_step(run, open_step),
+    )
+    run.current = None
+    return after
 
 
 def suspend_run(store: Store, run: RunEngine, stop: StopRequested) -> str:
     """Record that a live run stopped at a safe point (or was forced): ``suspended``, with
-    the deadline its reason's expiry policy (or ``run.suspend(until=...)``) gives."""
+    the deadline its reason's expiry policy (or ``run.suspend(until=...)``) gives, and the
+    step left open cancelled. One record (``Store.end_run``): on DuckDB it never waits for
+    the store file, so ``h.wait()`` returns ``suspended`` while another process reads."""
     # A batch forced through its items' gates ends with their ForcedStop: forced too.
     forced = run.force.raised or isinstance(stop, ForcedStop)
-    end_open_step(store, run, StepStatus.CANCELLED, "forced stop" if forced else "stopped")
+    step = _open_step(run, (StepStatus.CANCELLED, "forced stop" if forced else "stopped"))
     if run.suspend_request is not None:
         reason, override, note = run.suspend_request
         source = "agent"
@@ -255,22 +266,21 @@ def suspend_run(store: Store, run: RunEngine, stop: StopRequested) -> str:
         detail["note"] = note
     if run.last_completed is not None:
         detail["last_step"] = run.last_completed.key
-    fields: dict[str, Any] | None = None
+    deadline = None
     if override is not None:  # run.suspend(deadline=...) overrides the policy this once
         deadline = store.expiry.deadline(reason, store.now(), override)
-        fields, detail["deadline"] = {"deadline": deadline}, deadline.isoformat()
-    result = store.transition(
+    after = store.end_run(
         run.id,
         Status.SUSPENDED,
-        LIVE,
         kind="stop_forced" if forced else Status.SUSPENDED,
-        reason=reason,
         source=source,
+        reason=reason,
         detail=detail,
-        fields=fields,
-        epoch=store.held_epoch(run.id),
+        deadline=deadline,
+        step=step,
     )
-    return str(result.after)
+    run.current = None
+    return after
 
 
 def _renew_lease(store: Store, run_id: str) -> None:

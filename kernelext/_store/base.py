@@ -88,6 +88,8 @@ class HotPath(Protocol):
 
     A record is durable once ``record(..., sync=True)`` (or ``sync()``) returned; it is in
     the tables after ``flush()``, which raises ``StoreWriteError`` when it cannot fold now.
+    ``record`` returns the record's sequence number; ``settle(seq)`` waits until that record
+    is in the tables (True), unless the fold cannot happen now (False at once).
     """
 
     @property
@@ -99,7 +101,9 @@ class HotPath(Protocol):
     @property
     def quarantined_runs(self) -> set[str]: ...
 
-    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None: ...
+    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> int: ...
+
+    def settle(self, seq: int) -> bool: ...
 
     def sync(self) -> None: ...
 
@@ -175,10 +179,16 @@ class Backend(abc.ABC):
         """Where hot-path records go; None: each is committed directly."""
         return None
 
-    def fold_foreign_tx(self, tx: Tx, run_id: str) -> None:
-        """A take-over, after the run's fence moved on: fold what other processes journaled
-        for ``run_id`` and may not have folded yet. Nothing to do without a journal."""
+    def fold_foreign_tx(self, tx: Tx, run_id: str, *, ends: bool = False) -> None:
+        """A take-over: fold what other processes journaled for ``run_id`` and may not have
+        folded yet (``ends``: their ``run_end`` records too). Nothing to do without a
+        journal."""
         return None
+
+    def waiting_for_file(self) -> bool:
+        """A thread of this process waits for its turn at the store file (another process
+        holds it). Never, for a server backend."""
+        return False
 
     def idle_tick(self) -> float | None:
         """Called by the idle writer: how long it may sleep (None: until a job comes)."""
@@ -222,6 +232,8 @@ class StoreBase:
         # start; every record it writes for the run carries it (``records.FENCED``).
         self._held_epochs: dict[str, int] = {}
         self._intent_runs: dict[Any, str] = {}  # effect key -> run id (its outcome's fence)
+        # Runs this process ended through the journal: run id -> (record seq, status).
+        self._journaled_ends: dict[str, tuple[int, str]] = {}
         self._last_queued: Future[Any] | None = None
         backend.bind(self.now)
         self._writer = Writer(backend, name=f"kernelext-writer[{os.path.basename(backend.path)}]")
@@ -297,23 +309,20 @@ class StoreBase:
         return queued
 
     # -- hot-path records (journaled on DuckDB) ----------------------------------
-    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None:
-        """Store one hot-path record; with ``sync``, return once it is durable.
+    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> int | None:
+        """Store one hot-path record; with ``sync``, return once it is durable. Returns its
+        sequence number in this process's journal (None: applied directly, no journal).
 
         Raises :class:`StoreWriteError` when it cannot be stored (disk full, ...): then
         nothing was acknowledged for it.
         """
-        check_record(kind, data)
-        self._refuse_if_read_only()
-        data = scrub_record(kind, data)  # the door for journal frames and direct writes alike
-        epoch = self._stamp(kind, data)
+        data, epoch = self.prepare_record(kind, data)
         if self.hot_path is not None:
             fence = self.backend.fence
             if epoch is not None and fence is not None and kind != "outcome":
-                self._fenced_record(kind, data, epoch, sync=sync)
-            else:  # an outcome: the call was made; a stale one is refused by the fold
-                self.hot_path.record(kind, data, sync=sync)
-            return
+                return self._fenced_record(kind, data, epoch, sync=sync)
+            # an outcome: the call was made; a stale one is refused by the fold
+            return self.hot_path.record(kind, data, sync=sync)
         lock = self.backend.for_share
 
         def job(tx: Tx) -> None:
@@ -323,6 +332,15 @@ class StoreBase:
             self.write(job)
         else:
             self.write_async(job)
+        return None
+
+    def prepare_record(self, kind: str, data: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """A record checked, scrubbed (the door for journal frames and direct writes alike)
+        and stamped with the held epoch; returns it and that epoch (None: not fenced)."""
+        check_record(kind, data)
+        self._refuse_if_read_only()
+        data = scrub_record(kind, data)
+        return data, self._stamp(kind, data)
 
     # -- ownership epochs (one owner per run) ---------------------------------------
     def hold_epoch(self, run_id: str, epoch: int) -> None:
@@ -348,7 +366,7 @@ class StoreBase:
         epoch = data.get("epoch")
         return int(epoch) if epoch is not None else None
 
-    def _fenced_record(self, kind: str, data: dict[str, Any], epoch: int, *, sync: bool) -> None:
+    def _fenced_record(self, kind: str, data: dict[str, Any], epoch: int, *, sync: bool) -> int:
         """Append ``kind`` under the run's fence, shared: refused (``OwnershipLost``) unless
         the fence still holds ``epoch``; a take-over waits for the append (``fence.py``)."""
         fence, run_id = self.backend.fence, data["run_id"]
@@ -356,8 +374,7 @@ class StoreBase:
         for _ in range(2):
             with fence.shared(run_id) as current:
                 if current == epoch:
-                    self.hot_path.record(kind, data, sync=sync)
-                    return
+                    return self.hot_path.record(kind, data, sync=sync)
             if current is not None:
                 break
             # No fence file (a run from before fences): the tables say, once, outside the
@@ -509,15 +526,17 @@ class StoreBase:
         who: str | None = None,
         reason: str | None = None,
         detail: dict[str, Any] | None = None,
+        at: dt.datetime | None = None,
     ) -> None:
         """Append one audit row inside the caller's transaction (``reason`` and ``detail``
-        are scrubbed of secrets by the write path, see ``store/columns.py``)."""
+        are scrubbed of secrets by the write path, see ``store/columns.py``); ``at``: when
+        it happened (default: now)."""
         tx.execute(
             "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source,"
             " actor, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
-                self.now(),
+                at or self.now(),
                 kind,
                 from_status,
                 to_status,

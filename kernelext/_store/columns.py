@@ -530,6 +530,10 @@ _RECORD_FIELDS: dict[str, dict[str, tuple[str, str] | None]] = {
     "stop_request": {"run_id": ("events", "run_id"), "source": ("events", "source"),
                      "who": ("events", "actor"), "reason": ("events", "reason"),
                      "request": None},
+    "run_end": {"run_id": ("events", "run_id"), "status": None, "kind": None,
+                "source": ("events", "source"), "who": ("events", "actor"),
+                "reason": ("events", "reason"), "detail": ("events", "detail"),
+                "step_status": None, "step_error": ("steps", "error")},
 }  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from ..errors import IntegrityError
 from ..status import WAITING, Status, waiting_reason
 from .base import actor, in_list
 from .claims import ClaimsMixin
+from .run_end import release_claims_tx
 from .runs import RunsMixin
 from .steps import StepsMixin
 from .writer import Tx
@@ -135,21 +136,7 @@ class ExpiryMixin(ClaimsMixin, StepsMixin, RunsMixin):
         return marked
 
     def release_run_claims_tx(self, tx: Tx, run_id: str, why: str, source: str = "engine") -> int:
-        rows = tx.fetchall(
-            "UPDATE claims SET released_at = ?, release_reason = ? WHERE run_id = ?"
-            " AND released_at IS NULL RETURNING resource, amount",
-            (self.now(), why, run_id),
-        )
-        for resource, amount in rows:
-            self.event(
-                tx,
-                run_id,
-                "claim_released",
-                source=source,
-                reason=why,
-                detail={"resource": resource, "amount": amount},
-            )
-        return len(rows)
+        return release_claims_tx(tx, run_id, why, now=self.now(), who=actor(), source=source)
 
     def expired_at(self, run_id: str) -> dt.datetime | None:
         rows = self.read(

@@ -18,6 +18,9 @@ from typing import Any
 
 from ..errors import OwnershipLost, RunNotFound
 from ..status import EffectStatus, Status, StepStatus
+from .run_end import END_STATUSES, fold_run_end
+from .run_end import REQUIRED_FIELDS as RUN_END_FIELDS
+from .run_end import already_applied as run_end_applied
 from .transitions import move_tx
 from .writer import Tx
 
@@ -237,6 +240,7 @@ APPLY: dict[str, Callable[[Tx, dict[str, Any]], None]] = {
     "outcome": outcome,
     "fact": fact,
     "stop_request": stop_request,
+    "run_end": fold_run_end,
 }
 
 
@@ -248,6 +252,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "outcome": ("key", "status", "at"),
     "fact": ("run_id", "name", "kind", "at"),
     "stop_request": ("run_id", "source", "who", "at", "request"),
+    "run_end": RUN_END_FIELDS,
 }
 
 
@@ -260,6 +265,11 @@ def check_record(kind: str, data: dict[str, Any]) -> None:
         raise ValueError(f"a {kind} record needs {', '.join(missing)}")
     if kind == "step_complete" and not isinstance(data["bytes"], int):
         raise ValueError("a step_complete record needs an integer byte count")
+    if kind == "run_end" and data["status"] not in END_STATUSES:
+        raise ValueError(
+            f"a run_end record moves a run to one of {', '.join(sorted(END_STATUSES))},"
+            f" not {data['status']!r}"
+        )
 
 
 def apply_record(tx: Tx, kind: str, data: dict[str, Any], *, lock: str = "") -> None:
@@ -287,7 +297,15 @@ def apply_record(tx: Tx, kind: str, data: dict[str, Any], *, lock: str = "") -> 
 
 
 # -- ownership epochs ----------------------------------------------------------------
-FENCED = ("step_begin", "step_complete", "item_complete", "intent", "outcome", "fact")
+FENCED = (
+    "step_begin",
+    "step_complete",
+    "item_complete",
+    "intent",
+    "outcome",
+    "fact",
+    "run_end",
+)
 WHAT = {
     "fact": "fact",
     "step_begin": "step start",
@@ -295,6 +313,7 @@ WHAT = {
     "item_complete": "batch item completion (and its result)",
     "intent": "effect intent",
     "outcome": "effect outcome",
+    "run_end": "end of the run (its suspension, completion or failure)",
 }
 
 
@@ -327,6 +346,8 @@ def _present(tx: Tx, kind: str, d: dict[str, Any]) -> bool:
         row = tx.fetchone(
             "SELECT 1 FROM effects WHERE key = ? AND intent_at = ?", (d["key"], d["at"])
         )
+    elif kind == "run_end":
+        return run_end_applied(tx, d)
     elif kind == "fact":
         row = tx.fetchone(
             "SELECT 1 FROM facts WHERE run_id = ? AND name = ? AND recorded_at = ?",

@@ -3,25 +3,39 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._did_you_mean import did_you_mean
 from ..errors import RunNotFound, RunStateError
-from ..status import LIVE, Status
+from ..status import FINAL, LIVE, WAITING, Status, waiting_reason
 from .base import StoreBase, actor, in_list
 from .records import STOP_REQUESTED, apply_record, check_record
+from .run_end import apply_run_end
 from .transitions import Transition, move_tx
 from .writer import Tx
 
-__all__ = ["RunsMixin", "Transition"]
+__all__ = ["RunsMixin", "StepEnd", "Transition"]
 
 RUN_COLUMNS = (
     "id, agent, status, reason, created_at, updated_at, deadline, parent_id, fingerprint, "
     "max_step_seconds, args, stop_requested_at, stop_source, owner, lease_until, total_steps, "
     "completed_steps, error, key_scheme, owner_epoch"
 )
+
+
+class StepEnd(NamedTuple):
+    """The step a run's end leaves behind, ended with it (``RunsMixin.end_run``)."""
+
+    id: uuid.UUID
+    status: str  # cancelled or failed
+    error: str | None
+    forced: bool
+    duration_s: float | None
+
+
 # How effect keys and argument hashes of new runs are derived (see kernelext._core.keys);
 # a run row with key_scheme NULL was recorded before schema 7: scheme 1.
 KEY_SCHEME = 2
@@ -246,6 +260,77 @@ class RunsMixin(StoreBase):
 
         return durable
 
+    def end_run(
+        self,
+        run_id: str,
+        status: Status,
+        *,
+        kind: str,
+        source: str,
+        reason: str | None = None,
+        detail: dict[str, Any] | None = None,
+        deadline: dt.datetime | None = None,
+        step: StepEnd | None = None,
+    ) -> str:
+        """Record how a run live in this process ended (``run_end.py``): suspended,
+        completed, failed or needs_decision, with ``step`` (the step left open) ended and,
+        for a final status, the run's claims released. Returns the status it moves to.
+
+        On DuckDB nothing here waits for the store file: the record is journaled (durable
+        after one ``fdatasync``) and folded once the file is free; ``journaled_end`` gives
+        the status meanwhile. On PostgreSQL it commits at once. Refused (``OwnershipLost``)
+        once the run was taken over from this process.
+        """
+        now = self.now()
+        if status in WAITING and deadline is None:
+            deadline = self.expiry.deadline(waiting_reason(status, reason), now)
+        detail = dict(detail or {})
+        if status == Status.SUSPENDED and deadline is not None:
+            detail.setdefault("deadline", deadline.isoformat())
+        data: dict[str, Any] = {
+            "run_id": run_id,
+            "status": Status(status).value,
+            "kind": str(kind),
+            "source": source,
+            "who": actor(),
+            "reason": reason,
+            "detail": json.dumps(detail, sort_keys=True, default=str) if detail else None,
+            "deadline": deadline,
+            "at": now,
+            "claims": status in FINAL,
+        }
+        if step is not None:
+            data.update(
+                step_id=step.id,
+                step_status=str(step.status),
+                step_error=step.error,
+                step_forced=step.forced,
+                step_duration_s=step.duration_s,
+            )
+        if self.hot_path is None:  # no journal, and no file to wait for
+            ready, _ = self.prepare_record("run_end", data)
+            lock = self.for_update
+            return str(self.write(lambda tx: apply_run_end(tx, ready, for_update=lock)))
+        seq = self.record("run_end", data, sync=True)
+        if seq is not None:
+            self._journaled_ends[run_id] = (seq, data["status"])
+        return str(data["status"])
+
+    def journaled_end(self, run_id: str) -> str | None:
+        """The status this process's journaled end of run ``run_id`` gives it, while that
+        record is not in the tables yet; None once it is (or when there is none).
+
+        Waits for the fold unless it cannot happen now (another process holds the store
+        file, or the store refuses writes): then the status is given at once."""
+        pending = self._journaled_ends.get(run_id)
+        if pending is None or self.hot_path is None:
+            return None
+        if not self.hot_path.settle(pending[0]):
+            return pending[1]
+        if self._journaled_ends.get(run_id) == pending:
+            del self._journaled_ends[run_id]
+        return None
+
     def update_run(self, run_id: str, **fields: Any) -> None:
         def job(tx: Tx) -> None:
             self.update_run_tx(tx, run_id, **fields)
@@ -262,6 +347,10 @@ class RunsMixin(StoreBase):
     def record_event(
         self, run_id: str | None, kind: str, *, wait: bool = True, **kwargs: Any
     ) -> None:
+        """Write one event; ``wait=False`` queues it. It is dated now, when it happened, not
+        when its queued write runs (a run's end, journaled later, is dated after it)."""
+        kwargs.setdefault("at", self.now())
+
         def job(tx: Tx) -> None:
             self.event(tx, run_id, kind, **kwargs)
 
@@ -287,7 +376,12 @@ class RunsMixin(StoreBase):
         self.write_async(job)
 
     def lease_tx(self, tx: Tx, run_id: str) -> dict[str, Any] | None:
-        """The run's status, owner and lease, locked for the rest of the transaction."""
+        """The run's status, owner and lease, locked for the rest of the transaction.
+
+        What other processes journaled for the run is folded first, their end of it
+        included (``run_end``): a run whose owner suspended it while another process held
+        the store file is seen ``suspended``, not live, though its owner's fold waits."""
+        self.backend.fold_foreign_tx(tx, run_id, ends=True)
         row = tx.fetchone(
             "SELECT id, status, owner, lease_until, owner_epoch, agent FROM runs WHERE id = ?"
             f"{self.for_update}",

@@ -19,6 +19,7 @@ import duckdb
 from ..._validate import store_path_problem
 from ...errors import StoreError, StoreLockedError, StoreWriteError
 from ..base import Backend
+from ..records import FENCED
 from ..sql_guard import (
     Checked,
     Params,
@@ -151,6 +152,7 @@ class DuckDBConnection(Backend):
         # the file is never opened and closed while a connection to it is open.
         self._header_fd: int | None = None
         self.lost: str | None = None  # why the store file can no longer be written, once known
+        self._opening = False  # a thread waits for its turn at the file (``waiting_for_file``)
 
     # -- opening and handing over ----------------------------------------------------
     def _open(self) -> duckdb.DuckDBPyConnection:
@@ -161,12 +163,20 @@ class DuckDBConnection(Backend):
             )
         if self.con is None:
             self._check_file()  # before connecting: a file gone would be created anew
-            self.lock.acquire(self.wait_timeout)
+            self._opening = True
+            try:
+                self.lock.acquire(self.wait_timeout)
+            finally:
+                self._opening = False
             try:
                 if not self.read_only:  # our turn: the header is read, and kept open
                     self._header_fd = _open_header(self.path)
                     self._check_file()  # replaced or rewritten while we waited our turn
-                self.con = _connect(self.path, self.wait_timeout, read_only=self.read_only)
+                self._opening = True  # a DuckDB connection of another program may hold it
+                try:
+                    self.con = _connect(self.path, self.wait_timeout, read_only=self.read_only)
+                finally:
+                    self._opening = False
                 if self._identity is None:
                     self._identity = _identity(self.path)
                 if self._header_fd is None and not self.read_only:  # DuckDB just made it
@@ -217,9 +227,19 @@ class DuckDBConnection(Backend):
     def open_hot_path(self, writer: Writer) -> JournalHotPath:
         """This process's journal: hot-path records are durable after one fdatasync."""
         self.hot_path = JournalHotPath(
-            self.path, writer, is_permanent=self.is_permanent, now=self.now, lost=self._lost
+            self.path,
+            writer,
+            is_permanent=self.is_permanent,
+            now=self.now,
+            lost=self._lost,
+            waiting=self.waiting_for_file,
         )
         return self.hot_path
+
+    def waiting_for_file(self) -> bool:
+        """A thread of this process waits for its turn at the store file (another process
+        holds it, or hands it over): a fold queued now waits for that process."""
+        return self._opening
 
     # -- the store file replaced or deleted under this process ----------------------------
     def _lost(self) -> str | None:
@@ -259,7 +279,10 @@ class DuckDBConnection(Backend):
                 magic = _magic(self._header_fd)  # None while not connected: not read then
                 if magic == DUCKDB_MAGIC:
                     self._header_seen = True
-                if not committed and st.st_size < self._size_seen:
+                # Just after a commit the size may have shrunk (its checkpoint), never below
+                # DuckDB's headers: shorter than them, the file was cut while it committed.
+                floor = DUCKDB_HEADERS if committed and self._size_seen else self._size_seen
+                if st.st_size < floor:
                     what = (
                         f"truncated ({st.st_size} bytes now, {self._size_seen} after this "
                         "process's last commit)"
@@ -288,12 +311,19 @@ class DuckDBConnection(Backend):
         if self.lost is not None:
             raise StoreWriteError(self.lost)
 
-    def fold_foreign_tx(self, tx: Tx, run_id: str) -> None:
+    def fold_foreign_tx(self, tx: Tx, run_id: str, *, ends: bool = False) -> None:
         """What previous owners journaled for ``run_id`` (journal files of live processes
         included) is folded, under their epoch, before the take-over reads the run. What
-        the fold refuses there is kept by the journal's own process when it folds it."""
+        the fold refuses there is kept by the journal's own process when it folds it.
+
+        ``ends``: their ``run_end`` records too, and the stop requests before them. A
+        take-over folds once with them before it looks at the run's status (a run its
+        owner suspended, whose record waits for the file, is seen suspended), and once
+        without them after its move: an end (or a stop) journaled in between must not
+        undo the move; the end's own process finds it stale."""
         own = self.hot_path.path if self.hot_path is not None else None
-        for journal_id, records in foreign_records(self.path, own, run_id):
+        kinds = (*FENCED, "stop_request") if ends else tuple(k for k in FENCED if k != "run_end")
+        for journal_id, records in foreign_records(self.path, own, run_id, kinds):
             row = tx.fetchone(
                 "SELECT last_seq FROM journal_state WHERE journal_id = ?", (journal_id,)
             )
@@ -616,6 +646,7 @@ def _stat(path: str) -> os.stat_result | None:
 
 
 DUCKDB_MAGIC = b"DUCK"  # bytes 8-12 of every DuckDB database file
+DUCKDB_HEADERS = 3 * 4096  # its main header and two database headers: no file is shorter
 
 
 def _open_header(path: str) -> int | None:

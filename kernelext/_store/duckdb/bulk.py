@@ -23,6 +23,7 @@ from ..records import (
     stop_request,
     values,
 )
+from ..run_end import fold_run_end
 from ..writer import Tx
 
 __all__ = ["apply_records"]
@@ -118,6 +119,8 @@ def apply_records(tx: Tx, records: list[Record]) -> list[Record]:
         fact(tx, d)
     for d in by_kind.get("stop_request", []):
         stop_request(tx, d)
+    for d in by_kind.get("run_end", []):  # last: after the stop and the steps it ends
+        fold_run_end(tx, d)
     return refused
 
 

@@ -187,10 +187,11 @@ class FenceFiles:
 
 
 def foreign_records(
-    store_path: str, own: str | None, run_id: str
+    store_path: str, own: str | None, run_id: str, kinds: tuple[str, ...] = FENCED
 ) -> Iterator[tuple[str, list[Record]]]:
-    """(journal id, records of run ``run_id``) of every other journal file of the store
-    (live processes' included): what a previous owner appended and may not have folded.
+    """(journal id, records of run ``run_id`` of the ``kinds`` given) of every other
+    journal file of the store (live processes' included): what a previous owner appended
+    and may not have folded.
 
     Read without locks: appends are whole frames (a torn last frame is skipped), and the
     take-over that asks holds the fence, so no intent of the old epoch is appended now.
@@ -203,6 +204,6 @@ def foreign_records(
             records = scan_journal(path).records
         except OSError:
             continue
-        mine = [r for r in records if r[1] in FENCED and r[2].get("run_id") == run_id]
+        mine = [r for r in records if r[1] in kinds and r[2].get("run_id") == run_id]
         if mine:
             yield path[len(prefix) :], mine

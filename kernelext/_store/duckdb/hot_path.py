@@ -25,6 +25,7 @@ __all__ = ["JournalHotPath"]
 _log = logging.getLogger("kernelext")
 STARTS = ("intent", "step_begin")  # records that begin something (a call, a step)
 READ_RETRY = 2.0  # seconds between fold attempts made by reads while the store refuses writes
+SETTLE_TICK = 0.02  # seconds between looks at the file while a settle waits for its fold
 
 
 class JournalHotPath:
@@ -36,9 +37,11 @@ class JournalHotPath:
         is_permanent: Callable[[BaseException], bool],
         now: Callable[[], dt.datetime],
         lost: Callable[[], str | None] = lambda: None,
+        waiting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.location = store_path
         self.lost = lost  # why the store file is gone, once the backend found out
+        self.waiting = waiting  # a thread here waits for another process to let go of the file
         self.writer = writer
         self.journal = Journal(store_path)
         writer.rollback_listeners.append(self.journal.rolled_back)
@@ -57,12 +60,23 @@ class JournalHotPath:
     def quarantined_runs(self) -> set[str]:
         return self.folder.quarantined_runs
 
-    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> None:
+    def record(self, kind: str, data: dict[str, Any], *, sync: bool) -> int:
         if kind in STARTS:
             lost = self.lost()
             if lost is not None:  # the store file is gone: start nothing new (what happened
                 raise StoreWriteError(lost)  # already, outcomes, is still journaled)
-        self.journal.append(kind, data, sync=sync, enqueue=self.folder.schedule)
+        return self.journal.append(kind, data, sync=sync, enqueue=self.folder.schedule)
+
+    def settle(self, seq: int) -> bool:
+        """Wait until record ``seq`` is in the tables; True once it is. False at once when
+        its fold cannot happen now: another process holds the store file (a long read
+        there), or the store refuses writes. The record is durable in the journal either
+        way, and the fold applies it once the file is free."""
+        journal, folder = self.journal, self.folder
+        while not journal.wait_folded(seq, SETTLE_TICK):
+            if folder.fault is not None or folder.parked or folder.closed or self.waiting():
+                return journal.folded_seq >= seq
+        return True
 
     def sync(self) -> None:
         self.journal.sync()

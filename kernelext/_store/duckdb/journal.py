@@ -189,6 +189,7 @@ class Journal:
             ) from None
         lock_file(self._fd)  # alive: nobody else folds this journal
         self._lock = threading.Lock()
+        self._folded_cv = threading.Condition(self._lock)  # told when records are folded
         self._sync_lock = threading.Lock()  # one fdatasync at a time (group commit)
         self.synced_seq = 0  # every record up to here is on disk
         self.syncs = 0  # fdatasync calls made (records per sync: benchmarks)
@@ -255,6 +256,11 @@ class Journal:
     def unfolded(self) -> bool:
         return self.folded_seq < self.last_seq
 
+    def wait_folded(self, seq: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for record ``seq`` to be folded; True once it is."""
+        with self._folded_cv:
+            return self._folded_cv.wait_for(lambda: self.folded_seq >= seq, timeout)
+
     @property
     def pending_count(self) -> int:
         with self._lock:
@@ -285,6 +291,7 @@ class Journal:
             self._pending = [r for r in self._pending if r[0] > upto]
             self.folded_seq = max(self.folded_seq, upto)
             self.applied_seq = max(self.applied_seq, self.folded_seq)
+            self._folded_cv.notify_all()
             if not self._pending and self._size >= TRUNCATE_AT:
                 try:
                     os.ftruncate(self._fd, 0)
