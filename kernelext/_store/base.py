@@ -548,7 +548,9 @@ class StoreBase:
         )
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
-        return self.read_dicts("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
+        return self.read_dicts(
+            "SELECT * FROM events WHERE run_id = ? ORDER BY occurred_at, id", (run_id,)
+        )
 
     def resumed_events(self, run_id: str) -> list[dict[str, Any]]:
         """When, by whom and from where the run was resumed (taken over), oldest first."""
