@@ -1,0 +1,88 @@
+"""Worker process for the batch crash test (tests/test_crash_batch.py).
+
+Defines the effect ``deliver_item`` (one POST to the test's DeliveryServer, with the
+ledger's key as ``Idempotency-Key``) and the agent ``crash-batch``: one ``run.map`` over
+``items`` items (``concurrency`` at once), each item one delivery; the list it returns
+is then stored in ``run.state["results"]`` by a step of its own.
+
+Protocol: see ``tests/crash/__init__.py``. The ``go`` line carries ``store``, ``run_id``,
+``attempt``, ``items``, ``concurrency``, ``url``, ``markers`` and ``pause_ms``. Each item
+appends ``attempt begin item`` to the ``markers`` file when its body starts (so the test
+can tell that no item completed before this attempt ran again), then dawdles a random
+0..pause_ms milliseconds before and after its delivery, so that a kill finds items at
+every point of their call.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from typing import Any
+
+from support.http_server import post_json
+
+import kernelext as kx
+import kernelext._store.duckdb.backend  # imports duckdb before `go`
+from crash import append_line, drive_run, read_go
+from kernelext._store import open_store
+
+CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
+
+
+def dawdle() -> None:
+    if CONFIG["pause_ms"]:
+        time.sleep(random.uniform(0, CONFIG["pause_ms"]) / 1000)
+
+
+@kx.effect
+def deliver_item(run_id: str, item: int, *, idempotency_key: str | None = None) -> Any:
+    assert idempotency_key is not None, "the ledger hands its key to tools that take one"
+    response = post_json(
+        CONFIG["url"] + "/items",
+        {"run": run_id, "item": item},
+        idempotency_key=idempotency_key,
+        timeout=60,
+    )
+    if response.status != 200:
+        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    return response.body
+
+
+@kx.agent(name="crash-batch")
+def crash_batch(run: kx.Run, items: int, concurrency: int) -> int:
+    def one(item: int) -> dict[str, Any]:
+        append_line(CONFIG["markers"], f"{CONFIG['attempt']} begin {item}", sync=False)
+        dawdle()
+        body = deliver_item(run.id, item)
+        dawdle()
+        return {"item": item, "delivery": body["delivery"], "key": body["idempotency_key"]}
+
+    results = run.map(one, range(items), key=lambda i: f"item-{i}", concurrency=concurrency)
+    with run.step("results"):
+        run.state["results"] = results
+    return len(results)
+
+
+def main() -> int:
+    print("loaded", flush=True)
+    command = read_go(sys.stdin)
+    if command is None:
+        return 0
+    CONFIG.update({k: command[k] for k in ("markers", "attempt", "pause_ms", "url")})
+    run_id = command["run_id"]
+    store = open_store(command["store"])
+    try:
+        return drive_run(
+            store,
+            run_id,
+            lambda: crash_batch.start(
+                int(command["items"]), int(command["concurrency"]), run_id=run_id, store=store
+            ),
+        )
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
