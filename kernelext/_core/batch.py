@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -48,7 +49,7 @@ from ..errors import (
 )
 from .batch_view import BATCH_STARTED, drain_line
 from .keys import load_result
-from .names import check_stored_name, step_key_of
+from .names import OUTSIDE_STEPS, check_stored_name, step_key_of
 from .step_info import StepInfo
 
 if TYPE_CHECKING:
@@ -156,9 +157,7 @@ class Batch:
         ended)."""
         self.forced = True
         for info in self.flight():
-            gate = info.force
-            if gate is not None:
-                gate.try_raise()
+            force_item(self.engine, info, "forced stop")
 
     def flight(self) -> list[StepInfo]:
         with self.lock:
@@ -224,7 +223,13 @@ def prepare_map(
         raise TypeError(
             f"run.map(fn=...) got the async def {getattr(fn, '__name__', fn)!r}, whose items "
             "would be coroutines never awaited: in an async def agent, await run.amap(fn, "
-            "items); in a plain def agent, make fn a plain def."
+            "items); in a plain def agent, make fn a plain def. Nothing ran."
+        )
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"{where}(fn=...) stores what fn returns, but {getattr(fn, '__name__', fn)!r} is "
+            "a generator function: each call would return a generator that never runs and "
+            "cannot be stored. Return a list instead (return list(...)). Nothing ran."
         )
     if key is not None:
         check_callable(f"{where}(key=...)", key, what="a function that gives each item's key")
@@ -257,8 +262,8 @@ def prepare_map(
         step_key_of(key(item), where) if key is not None else str(i)
         for i, item in enumerate(values)
     ]
+    _check_no_open_step(engine, where)
     _check_keys(engine, where, keys, given=key is not None)
-    engine.finish_open_step()
     engine.safe_point()  # a stop asked before the batch starts no item
     engine._seen.update(keys)
     plan = MapPlan(
@@ -281,6 +286,56 @@ def prepare_map(
     return plan
 
 
+def _check_no_open_step(engine: RunEngine, where: str) -> None:
+    """No batch while a step is open (inside ``with run.step(...)`` or a ``run.steps``
+    loop): items are steps, and steps do not nest. (Completing the open step first would
+    mark it done before its items ran: a resume would skip them.)"""
+    info = engine._current
+    if info is not None:
+        raise KernelextError(
+            f"{where} cannot be called inside step {info.key!r} (a with run.step(...) block "
+            "or a for loop over run.steps(...)): items are steps, and steps do not nest; a "
+            "resume would skip the step, and with it the items not done. Nothing ran. Call "
+            f"{where} from the agent outside the block or loop, with keys unique across the "
+            "run (key=lambda item: f'{chunk}/{item}' for one batch per chunk), and write "
+            "run.state from what it returns."
+        )
+
+
+def force_item(engine: RunEngine, info: StepInfo, why: str) -> None:
+    """Raise ``ForcedStop`` into one item in flight (once; refused inside kernelext's
+    bookkeeping, then tried again at the next tick), and record it."""
+    gate = info.force
+    if gate is not None and gate.try_raise():
+        engine.store.record_event(
+            engine.id,
+            "force_raised",
+            wait=False,
+            source="engine",
+            reason=f"{step_label(info.ordinal, info.key)} cancelled after "
+            f"{duration_text(info.elapsed)} ({why})",
+        )
+
+
+def police_overruns(engine: RunEngine, batch: Batch) -> None:
+    """``max_step_seconds`` bounds each item: an item past it is reported once; after a
+    stop it is forced (the others drain), so a stop never waits for a hung item."""
+    limit = engine.max_step_seconds
+    if not limit:
+        return
+    stopping = engine.stop_event.is_set()
+    for info in batch.flight():
+        if info.elapsed <= limit:
+            continue
+        if stopping:
+            force_item(engine, info, overran_text(info, limit))
+        elif not info.overrun_reported:
+            info.overrun_reported = True
+            engine.store.record_event(
+                engine.id, "step_overran", wait=False, reason=overran_text(info, limit)
+            )
+
+
 def _record_start(engine: RunEngine, batch: Batch) -> None:
     """The ``batch_started`` event (queued, never waited for): its name, size and items
     done before, which ``kernelext show`` and ``kx.plan`` read in any process."""
@@ -299,6 +354,12 @@ def _check_keys(engine: RunEngine, where: str, keys: list[str], *, given: bool) 
     first: dict[str, int] = {}
     for index, k in enumerate(keys):
         check_stored_name(k, "step key", hint=hint)
+        if k == OUTSIDE_STEPS:
+            raise ValueError(
+                f"{where}: the key of item {index} is {k!r}, the key kernelext gives effects "
+                "called outside any step: an item with it would have its calls keyed like "
+                "those. Nothing ran; use another key. " + hint
+            )
         if k in first:
             raise ValueError(
                 f"{where}: items {first[k]} and {index} have the same key {k!r}. Each item is "

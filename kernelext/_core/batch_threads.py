@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ForcedStop, StopRequested
-from .batch import WAIT_TICK, MapPlan, prepare_map
+from .batch import WAIT_TICK, MapPlan, police_overruns, prepare_map
 from .batch_items import Ended, ItemRun, Tally, new_item
 from .forced_stop import ForceGate
 from .step_info import StepInfo
@@ -89,6 +89,8 @@ def _dispatch(plan: MapPlan) -> None:
                 continue
             if tally.forced is not None or engine.force.wanted:
                 batch.force_all()
+            else:
+                police_overruns(engine, batch)
             for future in finished:
                 flight.discard(future)
                 tally.add(future.result())

@@ -27,7 +27,7 @@ from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..status import StepStatus
 from .batch import current_item
 from .forced_stop import ForceGate
-from .names import check_stored_name
+from .names import OUTSIDE_STEPS, check_stored_name
 from .run import Run
 from .snapshot import Snapshotter
 from .step_info import StepInfo
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OUTSIDE_STEPS", "STOP_POLL_SECONDS", "RunEngine", "StepInfo", "StopFlag", "chain_roots"]
 
-OUTSIDE_STEPS = "__run__"
 STOP_POLL_SECONDS = 0.1  # how often a safe point looks for a stop recorded by another process
 
 
@@ -170,6 +169,12 @@ class RunEngine:
                 f"run.steps and run.step cannot be used inside a run.map item (step {key!r}): "
                 "an item is one step, and steps do not nest. Do the work in the item itself, "
                 "or call run.map for the items from the agent."
+            )
+        if key == OUTSIDE_STEPS:
+            raise ValueError(
+                f"The step key {key!r} is the key kernelext gives effects called outside any "
+                "step: a step with it would have its calls keyed like those. Nothing ran; "
+                "use another key."
             )
         self.finish_open_step()
         check_stored_name(
