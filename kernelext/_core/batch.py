@@ -23,8 +23,10 @@ How items, keys, fsyncs and stops fit together:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextvars
+import queue
 import threading
 import time
 import uuid
@@ -119,7 +121,7 @@ class Batch:
         self.waiting = 0
         self.in_flight: dict[str, StepInfo] = {}
         self.started = time.monotonic()
-        self.durations: list[float] = []
+        self.durations: collections.deque[float] = collections.deque(maxlen=64)
         self.lock = threading.Lock()
         self.forced = False
 
@@ -127,7 +129,7 @@ class Batch:
         """Counts for the panel and ``h.status_text`` (any thread)."""
         with self.lock:
             flight = list(self.in_flight.values())
-            durations = self.durations[-64:]
+            durations = list(self.durations)
         typical = sorted(durations)[len(durations) // 2] if durations else None
         longest_left = None
         if flight and typical is not None:
@@ -197,28 +199,30 @@ def run_map(
             "not nest. Call run.map from the agent, or make the inner work part of the item."
         )
     values = list(items)
-    keys = [
-        step_key_of(key(item), "run.map") if key is not None else str(i)
-        for i, item in enumerate(values)
-    ]
-    _check_keys(engine, keys, given=key is not None)
+    keys, texts = _keys(values, key)
+    _check_keys(engine, keys, texts, given=key is not None)
     engine.finish_open_step()
     engine.safe_point()  # a stop asked before the batch starts no item
     engine._seen.update(keys)
     results: list[Any] = [None] * len(values)
-    done_before = [i for i, k in enumerate(keys) if k in engine.completed]
+    done_before: list[int] = []
+    todo: list[int] = []
+    completed = engine.completed
+    for i, k in enumerate(keys):
+        (done_before if k in completed else todo).append(i)
+    stored: list[tuple[int, str]] = []  # decoded once the batch ran (not before the 1st item)
     if done_before:
-        stored = engine.store.item_results(engine.id, [keys[i] for i in done_before])
+        found = engine.store.item_results(engine.id, [keys[i] for i in done_before])
         for i in done_before:
-            text = stored.get(keys[i])
+            text = found.get(keys[i])
             if text is None:
                 raise KernelextError(
                     f"Step {keys[i]!r} of run {engine.id!r} completed before without a stored "
                     "value (a run.steps or run.step step with this key?), so run.map cannot "
                     "return it. Give run.map keys of its own (key=...)."
                 )
-            results[i] = load_result(text)
-    todo = [i for i, k in enumerate(keys) if k not in engine.completed]
+            stored.append((i, text))
+        del found
     batch = Batch(engine, name, len(values))
     batch.done = len(done_before)
     _count_total(engine, keys)
@@ -229,17 +233,38 @@ def run_map(
     finally:
         engine.batch = None
         engine.notify("batch_end", batch)
+    for i, text in stored:
+        results[i] = load_result(text)
     return results
 
 
-def _check_keys(engine: RunEngine, keys: list[str], *, given: bool) -> None:
+def _keys(values: list[Any], key: Callable[[Any], Any] | None) -> tuple[list[str], list[int]]:
+    """Every item's step key, and the positions of those given as text (checked by
+    ``_check_keys``; a key made from an int is digits, and only its length is checked)."""
+    if key is None:
+        return [str(i) for i in range(len(values))], []
+    keys: list[str] = []
+    texts: list[int] = []
+    for i, item in enumerate(values):
+        raw = key(item)
+        k = step_key_of(raw, "run.map")
+        keys.append(k)
+        if type(raw) is not int or len(k) > 40:
+            texts.append(i)
+    return keys, texts
+
+
+def _check_keys(engine: RunEngine, keys: list[str], texts: list[int], *, given: bool) -> None:
     hint = (
         "Give run.map(key=...) a function that returns a short printable text (or int) "
         "unique to each item."
     )
+    for index in texts:
+        check_stored_name(keys[index], "step key", hint=hint)
+    if len(set(keys)) == len(keys) and engine._seen.isdisjoint(keys):
+        return  # the usual case, found in C; otherwise the first key at fault is named
     first: dict[str, int] = {}
     for index, k in enumerate(keys):
-        check_stored_name(k, "step key", hint=hint)
         if k in first:
             raise ValueError(
                 f"run.map: items {first[k]} and {index} have the same key {k!r}. Each item is "
@@ -257,7 +282,8 @@ def _check_keys(engine: RunEngine, keys: list[str], *, given: bool) -> None:
 def _count_total(engine: RunEngine, keys: list[str]) -> None:
     if engine.total_steps is not None:
         return
-    before = sum(1 for k in engine.completed if k not in set(keys))
+    batch_keys = set(keys)
+    before = sum(1 for k in engine.completed if k not in batch_keys)
     engine.total_steps = total = before + len(keys)
     engine.store.write_async(
         lambda tx: engine.store.update_run_tx(tx, engine.id, total_steps=total)
@@ -287,7 +313,7 @@ def _dispatch(
 ) -> None:
     if not todo:
         return
-    ended: list[_Ended] = []
+    ended = 0
     first_failure: _Ended | None = None
     decision: _Ended | None = None
     lost: _Ended | None = None
@@ -295,6 +321,7 @@ def _dispatch(
     waiting: list[StepInfo] = []
     pending = iter(todo)
     flight: set[concurrent.futures.Future[_Ended]] = set()
+    woken: queue.SimpleQueue[object] = queue.SimpleQueue()  # an item ended: look at flight
     forced: BaseException | None = None
     workers = min(concurrency, len(todo))
     pool = concurrent.futures.ThreadPoolExecutor(
@@ -317,15 +344,13 @@ def _dispatch(
                     break
                 info = _new_item(engine, batch, keys[index], index)
                 context = contextvars.copy_context()
-                flight.add(
-                    pool.submit(context.run, _run_item, engine, batch, info, fn, values[index])
-                )
+                future = pool.submit(context.run, _run_item, engine, batch, info, fn, values[index])
+                future.add_done_callback(woken.put)
+                flight.add(future)
             if not flight:
                 break
             try:
-                finished, _ = concurrent.futures.wait(
-                    flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
-                )
+                finished = _finished(flight, woken)
                 if not engine.stop_event.is_set():
                     engine.poll_external_stop()
             except ForcedStop as exc:  # raised into the agent's thread: cancel the items
@@ -336,7 +361,7 @@ def _dispatch(
             for future in finished:
                 flight.discard(future)
                 end = future.result()
-                ended.append(end)
+                ended += 1
                 if end.kind == "done":
                     results[end.index] = end.value
                 elif end.kind == "failed":
@@ -377,9 +402,25 @@ def _dispatch(
         raise StopRequested(reason)
     if waiting:
         _suspend_for_people(engine, waiting)
-    if len(ended) < len(todo) or halted:  # a stop: the rest runs on resume
+    if ended < len(todo) or halted:  # a stop: the rest runs on resume
         engine.safe_point()
         engine._deliver(StopRequested)
+
+
+def _finished(
+    flight: set[concurrent.futures.Future[_Ended]], woken: queue.SimpleQueue[object]
+) -> list[concurrent.futures.Future[_Ended]]:
+    """The items of ``flight`` that ended, waiting up to ``WAIT_TICK`` for one. Each
+    item's end wakes this through ``woken``, which is only a signal: the futures say what
+    ended (so none is missed whenever a forced stop lands), and no waiter is installed on
+    every future in flight at each turn, as ``concurrent.futures.wait`` does."""
+    try:
+        woken.get(timeout=WAIT_TICK)
+        while True:
+            woken.get_nowait()
+    except queue.Empty:
+        pass
+    return [future for future in flight if future.done()]
 
 
 def _suspend_for_people(engine: RunEngine, waiting: list[StepInfo]) -> None:
@@ -476,6 +517,7 @@ def _record_end(
                 )
             else:
                 store.complete_item(engine.id, info.id, info.elapsed, encoded)
+                engine.forget_item_effects(info)
                 engine.completed[info.key] = info.ordinal
                 with batch.lock:
                     batch.done += 1

@@ -175,7 +175,7 @@ class Effect:
                 replay = self._replay(run, key, known, expected, gated)
                 if replay is not _PERFORM:
                     return replay
-        run.effects[key] = {**row, "status": EffectStatus.PENDING}
+        run.note_effect(key, {**row, "status": EffectStatus.PENDING})
         run.notify("effect", (self.tool, key, EffectStatus.PENDING))
         return self._perform(run, key, args, kwargs)
 
