@@ -18,7 +18,18 @@ from typing import Any
 from . import RESULTS_SCHEMA
 from .common import Plan, summarize
 
-TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e", "features")
+TOPICS = (
+    "anchors",
+    "steps",
+    "effects",
+    "snapshots",
+    "storage",
+    "resume",
+    "sql",
+    "e2e",
+    "features",
+    "batch",
+)
 SYSTEMS = ("kernelext", "langgraph", "dbos")
 RIVAL_MODULES = {"langgraph": "langgraph.checkpoint.sqlite", "dbos": "dbos"}
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -52,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     prof.add_argument("topic", choices=sorted(PROFILE_TOPICS))
     prof.add_argument("--quick", action="store_true")
     prof.add_argument("--limit", type=int, default=25, help="functions shown per thread")
+    prof.add_argument(
+        "--cpu",
+        action="store_true",
+        help="time each thread by its CPU clock (waits count for nothing), not the wall clock",
+    )
     diag = sub.add_parser("diagnose", help="time each statement kernelext commits per step")
     diag.add_argument("--ops", type=int, default=200)
     return parser
@@ -71,6 +87,13 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         f"Systems: {', '.join(SYSTEMS)}.",
     )
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5, quick 2)")
+    parser.add_argument(
+        "--batch-scale",
+        type=float,
+        default=1.0,
+        help="the batch topic's sizes times this (0.1: 200 POSTs, a 10,000-item map); "
+        "--quick makes them smaller still",
+    )
     parser.add_argument(
         "--out",
         default=None,
@@ -225,6 +248,10 @@ def _topic_runner(topic: str, plan: Plan, systems: set[str]) -> Callable[[], Any
         from .features import measure_features
 
         return lambda: measure_features(plan)
+    if topic == "batch":
+        from .batch import measure_batch
+
+        return lambda: measure_batch(plan, systems)
     return None
 
 
@@ -235,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.make(args.quick)
     if args.reps:
         plan.reps = args.reps
+    plan.batch_scale = args.batch_scale
     topics, systems, notes = _selection(args.only)
     if args.out is None:
         args.out = _default_out(topics, plan.quick)
@@ -307,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "profile":
         from .profiling import profile_topic
 
-        print(profile_topic(args.topic, Plan.make(args.quick), args.limit))
+        print(profile_topic(args.topic, Plan.make(args.quick), args.limit, args.cpu))
         return 0
     if args.command == "diagnose":
         from .diagnose import diagnose

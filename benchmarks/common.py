@@ -67,6 +67,7 @@ class Plan:
     lag_reps: int = 3
     two_proc_steps: int = 2_000
     two_proc_reps: int = 3
+    batch_scale: float = 1.0  # the batch topic's sizes times this (``--batch-scale``)
     notes: list[str] = field(default_factory=list)
 
     @classmethod

@@ -139,6 +139,77 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     out.extend(_e2e_targets(results.get("e2e") or {}, duck))
+    out.extend(_batch_targets(results.get("batch") or {}))
+    return out
+
+
+def _batch_targets(batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 21, item 8 (see ``benchmarks.batch``)."""
+    out: list[dict[str, Any]] = []
+    posts = batch.get("posts")
+    if posts and "kernelext" in posts["systems"]:
+        systems, n = posts["systems"], posts["items"]
+        kx = _med(systems, "kernelext", "wall_s")
+        for rival, name, limit in (
+            ("threads", "ThreadPoolExecutor(32), nothing recorded", 1.2),
+            ("dbos", "DBOS (async steps, gather)", 1.0),
+            ("langgraph_sync", "LangGraph (Send, sync)", 1.0),
+        ):
+            if rival in systems:
+                out.append(
+                    _target(
+                        21,
+                        f"{n:,} POSTs (20 ms), 32 at a time, start to visible",
+                        kx,
+                        "s",
+                        name,
+                        _med(systems, rival, "wall_s"),
+                        limit,
+                    )
+                )
+    zero = batch.get("zero_latency")
+    if zero:
+        c32, c1 = _med(zero, "c32", "items_per_s"), _med(zero, "c1", "items_per_s")
+        out.append(
+            _target(
+                21,
+                f"zero-latency items, time per item at 32 vs 1 (>= 5x items/s), {zero['items']:,}",
+                1000.0 / c32 if c32 else None,
+                "ms",
+                "concurrency 1",
+                1000.0 / c1 if c1 else None,
+                0.2,
+            )
+        )
+    stop = batch.get("stop")
+    if stop:
+        out.append(
+            _target(
+                21,
+                "stop with 32 in flight: suspended after the longest item in flight ended",
+                _med(stop, "overhead_ms"),
+                "ms",
+                "",
+                None,
+                100.0,
+                kind="absolute",
+            )
+        )
+    big = batch.get("big")
+    if big:
+        res = big["resume"]
+        out.append(
+            _target(
+                21,
+                f"kx.resume to the first new item, {res['done_before']:,} of {big['items']:,} done",
+                _med(res, "resume_to_first_item_ms"),
+                "ms",
+                "",
+                None,
+                1000.0,
+                kind="absolute",
+            )
+        )
     return out
 
 
@@ -216,6 +287,7 @@ ISSUE_TITLES = {
     2: "Issue 2: run engine",
     3: "Issue 3: effect ledger",
     10: "Issue 10: end to end (what a user waits for)",
+    21: "Issue 21: batches, the write path keeps up",
 }
 
 
@@ -264,7 +336,7 @@ def markdown(results: dict[str, Any]) -> str:
         )
     lines.append("")
     targets = evaluate(results)
-    for issue in (2, 3, 10):
+    for issue in ISSUE_TITLES:
         rows = [t for t in targets if t["issue"] == issue]
         if not rows:
             continue
@@ -358,6 +430,10 @@ def _context(results: dict[str, Any]) -> list[str]:
         from .features import feature_lines
 
         lines.extend(feature_lines(results["features"]))
+    if results.get("batch"):
+        from .batch import batch_lines
+
+        lines.extend(batch_lines(results["batch"]))
     return lines
 
 

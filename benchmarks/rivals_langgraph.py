@@ -17,6 +17,7 @@ from .common import MARKS, dir_bytes
 from .kx_agents import bare_call, message
 
 __all__ = [
+    "batch_e2e",
     "effect_calls_ms",
     "effects_e2e",
     "steps_e2e",
@@ -202,3 +203,46 @@ def effects_e2e(folder: str, calls: int) -> dict[str, Any]:
     total = time.perf_counter() - start
     saver.conn.close()
     return {"total_s": total, "marks": list(MARKS), "reads": reads}
+
+
+class _Batch(TypedDict):
+    n: int
+    results: Annotated[list[bool], operator.add]
+
+
+def batch_e2e(folder: str, n: int, concurrency: int) -> dict[str, Any]:
+    """``n`` POSTs as a ``Send`` fan-out (one node run per item, ``max_concurrency``),
+    SqliteSaver, ``durability="sync"``, until the final checkpoint holds every result."""
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Send
+
+    from .batch_http import post
+
+    def fan_out(state: _Batch) -> list[Any]:  # (not list[Send]: LangGraph reads it)
+        return [Send("post", {"i": i}) for i in range(state["n"])]
+
+    def post_node(arg: dict[str, int]) -> dict[str, Any]:
+        return {"results": [bool(post(arg["i"])["ok"])]}
+
+    graph = StateGraph(_Batch)
+    graph.add_node("post", post_node)  # type: ignore[call-overload]
+    graph.add_conditional_edges(START, fan_out, ["post"])
+    graph.add_edge("post", END)
+    saver = _saver(os.path.join(folder, "langgraph-batch.sqlite"))
+    saver.setup()
+    app = graph.compile(checkpointer=saver)
+    config: Any = {"configurable": {"thread_id": "bench"}, "max_concurrency": concurrency}
+    start = time.perf_counter()
+    app.invoke({"n": n, "results": []}, config, durability="sync")
+    reads = 0
+    while True:
+        reads += 1
+        state = app.get_state(config)
+        if len(state.values.get("results", [])) == n and not state.next:
+            break
+        if reads >= 10_000:
+            raise RuntimeError("LangGraph: the batch's final checkpoint never readable")
+        time.sleep(0.001)
+    total = time.perf_counter() - start
+    saver.conn.close()
+    return {"total_s": total, "reads": reads}

@@ -10,11 +10,73 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TOPICS = ("anchors", "steps", "effects", "snapshots", "storage", "resume", "sql", "e2e", "features")
+TOPICS = (
+    "anchors",
+    "steps",
+    "effects",
+    "snapshots",
+    "storage",
+    "resume",
+    "sql",
+    "e2e",
+    "features",
+    "batch",
+)
+
+
+def _run_bench(tmp_path: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KERNELEXT_BENCH_TMP": str(tmp_path)}
+    env.pop("KERNELEXT_STORE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args, "--out", str(out)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+
+
+def _check_batch(batch: dict[str, Any]) -> None:
+    """The batch topic (issue 21) measured every part, each item delivered once."""
+    posts = batch["posts"]
+    assert posts["items"] == batch["sizes"]["post_items"]
+    assert set(posts["systems"]) == {"threads", "kernelext"}  # rivals not asked for
+    for node in posts["systems"].values():
+        assert isinstance(node["wall_s"]["median"], float)
+    zero = batch["zero_latency"]
+    for mode in ("c32", "c1"):
+        assert zero[mode]["records_per_sync"]["median"] >= 1.0
+        assert zero[mode]["items_per_s"]["median"] > 0
+    stop = batch["stop"]
+    assert stop["started_after_stop"]["median"] == 0  # a stop starts no new item
+    assert stop["in_flight"]["median"] >= 1
+    big = batch["big"]
+    assert big["full"]["peak_rss_mb"] > 0
+    assert 0 < big["resume"]["done_before"] < big["items"]
+    assert isinstance(big["resume"]["resume_to_first_item_ms"]["median"], float)
+
+
+@pytest.mark.slow
+def test_quick_batch_benchmark_measures_each_part(tmp_path: Path) -> None:
+    """``--quick --only batch``: the small scale of the batch topic, its figures and its
+    targets (issue 21), for kernelext alone."""
+    out = tmp_path / "batch.json"
+    proc = _run_bench(tmp_path, out, "--quick", "--only", "batch,kernelext", "--reps", "1")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = json.loads(out.read_text(encoding="utf-8"))
+    assert results["errors"] == {}
+    assert results["meta"]["topics"] == ["anchors", "batch"]
+    _check_batch(results["batch"])
+    targets = [t for t in results["targets"] if t["issue"] == 21]
+    assert len(targets) == 4, targets  # threads, 32 vs 1, the stop, the resume
+    assert all(t["met"] in (True, False) for t in targets), targets
+    assert "Issue 21: batches" in (tmp_path / "batch.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.slow
@@ -39,7 +101,7 @@ def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
@@ -57,6 +119,7 @@ def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
     assert results["resume"]["effects"] >= 1000
     assert results["sql"]["rows"] > 0
     assert results["storage"]["kernelext"]["blob_rows"] > 0
+    _check_batch(results["batch"])
     # End to end (issue 10): every part ran, for kernelext only, with numbers (not times
     # checked against anything).
     e2e = results["e2e"]

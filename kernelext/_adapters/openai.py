@@ -322,7 +322,7 @@ class ModelCall(Effect):
         # Decided "it happened" without the answer (kx.reconcile): nobody knows what the
         # model said, so it is asked again under the same key and its answer recorded.
         run.store.retry_intent(key)
-        run.effects[key] = {**row, "status": EffectStatus.PENDING}
+        run.note_effect(key, {**row, "status": EffectStatus.PENDING})
         return self._perform(run, key, (), self.request)
 
     def _perform(

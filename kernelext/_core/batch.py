@@ -32,6 +32,7 @@ How items, keys, fsyncs and stops fit together:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -127,7 +128,7 @@ class Batch:
         self.waiting = 0
         self.in_flight: dict[str, StepInfo] = {}
         self.started = time.monotonic()
-        self.durations: list[float] = []
+        self.durations: collections.deque[float] = collections.deque(maxlen=64)
         self.lock = threading.Lock()
         self.forced = False
 
@@ -135,7 +136,7 @@ class Batch:
         """Counts for the panel and ``h.status_text`` (any thread)."""
         with self.lock:
             flight = list(self.in_flight.values())
-            durations = self.durations[-64:]
+            durations = list(self.durations)
         typical = sorted(durations)[len(durations) // 2] if durations else None
         longest_left = None
         if flight and typical is not None:

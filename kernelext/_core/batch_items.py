@@ -226,6 +226,7 @@ def _record_end(
                 )
             else:
                 store.complete_item(engine.id, info.id, info.elapsed, encoded)
+                engine.forget_item_effects(info)  # a completed item is never consulted again
                 engine.completed[info.key] = info.ordinal
                 with batch.lock:
                     batch.done += 1

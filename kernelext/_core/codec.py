@@ -19,7 +19,7 @@ _PLAIN = "dict, list, tuple, str, int, float, bool, None, bytes"
 
 def dumps_json(value: Any) -> bytes:
     """Compact, deterministic JSON; raises TypeError on values JSON cannot hold."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_refuse).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def loads_json(data: bytes | str) -> Any:
@@ -28,6 +28,11 @@ def loads_json(data: bytes | str) -> Any:
 
 def _refuse(obj: object) -> Any:
     raise TypeError(obj)
+
+
+# What ``json.dumps`` with these options builds at every call (it costs more than encoding
+# a small value); an encoder keeps no state between calls, so one serves every thread.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_refuse)
 
 
 def encode(value: Any, *, where: str, allow_pickle: bool = False) -> tuple[str, bytes]:

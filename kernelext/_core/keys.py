@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from ..errors import UnencodableArgument
 from .canonical import Unencodable, canonical, frame
 from .codec import dumps_json, loads_json
 from .secrets import REDACTED, is_secret_name, scrub, scrub_text
-from .tagged import tagged, untag
+from .tagged import _BIG_INT_BITS, tagged, untag
 
 __all__ = [
     "KEY_SCHEME",
@@ -210,6 +211,14 @@ def stored_result(result: Any) -> str:
     keys named like a secret redacted (not a bare ``token``: model answers have those),
     registered secrets and URL passwords masked. The caller gets the result unchanged.
     Raises ``canonical.Unencodable`` for a result that cannot be stored faithfully."""
+    kind = type(result)
+    if (  # what tagging leaves as it is (a run.map item's count or flag): no walk
+        result is None
+        or kind is bool
+        or (kind is int and result.bit_length() <= _BIG_INT_BITS)
+        or (kind is float and math.isfinite(result))
+    ):
+        return dumps_json(result).decode()
     encoded = tagged(
         result, result=True, secret=_result_secret, text=_result_text, redacted=REDACTED
     )

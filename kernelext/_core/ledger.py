@@ -224,7 +224,7 @@ class Effect(CallArguments):
                 replay = self._replay(run, key, known, expected, gated)
                 if replay is not _PERFORM:
                     return key, False, replay
-        run.effects[key] = {**row, "status": EffectStatus.PENDING}
+        run.note_effect(key, {**row, "status": EffectStatus.PENDING})
         run.notify("effect", (self.tool, key, EffectStatus.PENDING))
         return key, True, None
 

@@ -54,9 +54,10 @@ def resume_agent_run(
     if not taken.ok:
         check_resumable(run_id, taken.status)
         raise RunStateError(f"Run {run_id!r} could not be resumed: it is {taken.status}.")
-    if {step["key"] for step in store.completed_steps(run_id)} != set(run.completed):
+    if store.completed_step_count(run_id) != len(run.completed):
         # Another process completed a step between the read and the take-over (its lease
-        # had just lapsed): read again, now that no one else can.
+        # had just lapsed): read again, now that no one else can. (A completed step stays
+        # completed, so the count tells: the steps read before are among those now.)
         run = load_run(store, run_id, agent.name, agent.max_step_seconds, agent.pickle)
     handle = Handle(run, store)
     if taken.status == Status.NEEDS_DECISION:
@@ -114,9 +115,9 @@ def load_run(
     snapshot = store.latest_snapshot(run_id, before_ordinal)
     if snapshot is not None:
         run.state = run.snapshotter.restore(store, snapshot["manifest"])
-    for step in store.completed_steps(run_id):
-        if before_ordinal is None or step["ordinal"] < before_ordinal:
-            run.completed[step["key"]] = step["ordinal"]
+    for key, ordinal in store.completed_step_ordinals(run_id).items():
+        if before_ordinal is None or ordinal < before_ordinal:
+            run.completed[key] = ordinal
     return run  # the ledger is loaded once the run is taken over (pending -> unknown)
 
 

@@ -248,6 +248,21 @@ class RunEngine:
         info = self.current
         return (OUTSIDE_STEPS, self._outside_calls) if info is None else (info.key, info.calls)
 
+    def note_effect(self, key: uuid.UUID, row: dict[str, Any]) -> None:
+        """Keep the ledger row of a call being made (``effects``). A ``run.map`` item's rows
+        are let go when it completes (``forget_item_effects``): a completed step is never
+        consulted again, so a batch of 100,000 items holds only the rows of those in flight."""
+        self.effects[key] = row
+        item = current_item(self)
+        if item is not None:
+            item.effect_keys.append(key)
+
+    def forget_item_effects(self, item: StepInfo) -> None:
+        for key in item.effect_keys:
+            self.effects.pop(key, None)
+        self.store.forget_intents(item.effect_keys)
+        item.effect_keys = []
+
     # -- stops: honoured at safe points, raised again when swallowed ------------------
     def safe_point(self) -> None:
         if self.force.pending:  # a forced stop the agent's code swallowed: raised again here

@@ -386,7 +386,7 @@ def scrub(value: Any, name: str = "", *, heuristics: bool = True, result: bool =
     ``result=True`` (an effect's result, replayed on resume) keeps keys named only by an
     ambiguous word such as ``token``; ``access_token``, ``password`` … are still redacted.
     """
-    ambiguous = result and _normalise(name) in AMBIGUOUS_IN_RESULTS
+    ambiguous = result and _classify(name)[1] in AMBIGUOUS_IN_RESULTS  # (cached _normalise)
     if name and not ambiguous and is_secret_name(name):
         return REDACTED
     if isinstance(value, str):

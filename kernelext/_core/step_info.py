@@ -32,6 +32,7 @@ class StepInfo:
         self.force: ForceGate | None = None
         self.waiting: tuple[str, Any, str | None] | None = None
         self.stop_delivered: type[StopRequested] | None = None
+        self.effect_keys: list[uuid.UUID] = []  # its calls' ledger keys (``note_effect``)
 
     @property
     def elapsed(self) -> float:

@@ -356,6 +356,28 @@ def _rest(tokens: list[str], i: int, columns: list[str | None]) -> list[str | No
     return columns + [None for t in tokens[i:] if t == "?"]
 
 
+def _unnested(tokens: list[str], i: int) -> tuple[list[str], int]:
+    """``SELECT unnest(?) AS a, unnest(?) AS b )`` at ``i`` (a batch, one list per column,
+    see ``duckdb.bulk``): the name each ``?`` is unnested as, and where the ``)`` that
+    closes it ends."""
+    names: list[str] = []
+    item: list[str] = []
+    depth = 0
+    for j in range(i + 1, len(tokens)):
+        t = tokens[j]
+        if depth == 0 and t in (",", ")"):
+            if item[:4] != ["unnest", "(", "?", ")"] or len(item) != 6 or item[4].upper() != "AS":
+                raise _Unreadable
+            names.append(item[5].lower())
+            if t == ")":
+                return names, j + 1
+            item = []
+            continue
+        depth += {"(": 1, ")": -1}.get(t, 0)
+        item.append(t)
+    raise _Unreadable
+
+
 def _plan_insert(tokens: list[str], table: str, i: int) -> list[tuple[str, str] | None]:
     items, i = _groups(tokens, i)
     cols: list[str | None] = [" ".join(item).lower() for item in items]
@@ -367,6 +389,11 @@ def _plan_insert(tokens: list[str], table: str, i: int) -> list[tuple[str, str] 
         if tokens[i] != ")":
             raise _Unreadable
         i += 1
+    elif head == "SELECT" and tokens[i + 1 : i + 5] == ["*", "FROM", "(", "SELECT"]:
+        names, i = _unnested(tokens, i + 4)  # one list per column: scrubbed element-wise
+        if names != cols:
+            raise _Unreadable
+        mapped = list(names)
     else:
         raise _Unreadable
     out: list[tuple[str, str] | None] = [(table, c) if c else None for c in mapped]
@@ -393,7 +420,11 @@ def _plan_update(tokens: list[str], table: str, i: int) -> list[tuple[str, str] 
         for t in expr:
             if "." in t:
                 from_values[t.split(".")[-1].lower()] = col
-    if i < len(tokens) and tokens[i].upper() == "FROM":
+    if i < len(tokens) and tokens[i].upper() == "FROM" and tokens[i + 1 : i + 3] == ["(", "SELECT"]:
+        # FROM (SELECT unnest(?) AS a, ...) AS v: a list lands in the column set from v.a
+        unnested, i = _unnested(tokens, i + 2)
+        out.extend((table, from_values[n]) if n in from_values else None for n in unnested)
+    elif i < len(tokens) and tokens[i].upper() == "FROM":
         # FROM (VALUES (?, ?), ...) AS v(a, b): a value lands in the column set from v.a
         if tokens[i + 1 : i + 3] != ["(", "VALUES"]:
             raise _Unreadable
@@ -481,7 +512,12 @@ def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
     for i, mode in enumerate(modes):
         if mode is not None and (refusals or mode[0] not in _REFUSING):
             value = out[i]
-            if value is not None and not isinstance(value, _SKIP):
+            if type(value) is list:  # a column's values, unnested in SQL (duckdb.bulk)
+                out[i] = [
+                    v if v is None or isinstance(v, _SKIP) else _scrub_value(mode[0], v, mode[1])
+                    for v in value
+                ]
+            elif value is not None and not isinstance(value, _SKIP):
                 out[i] = _scrub_value(mode[0], value, mode[1])
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import LedgerError
@@ -113,6 +114,13 @@ class EffectsMixin(RunsMixin, StoreBase):
             return dict(zip(names, existing, strict=True))
 
         return self.write(job)
+
+    def forget_intents(self, keys: Iterable[uuid.UUID]) -> None:
+        """Let go of what this store remembers of calls whose step completed (a completed
+        step is never run again, so no repeated intent can come for them)."""
+        for key in keys:
+            self._journaled_intents.pop(key, None)
+            self._intent_runs.pop(key, None)
 
     def retry_intent(self, key: uuid.UUID) -> None:
         """A row decided ``not_applied`` (or ``failed`` with retry) goes back to ``pending``

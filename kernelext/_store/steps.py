@@ -114,7 +114,10 @@ class StepsMixin(StoreBase):
             "SELECT key, result FROM steps WHERE run_id = ? AND status = ? AND result IS NOT NULL",
             (run_id, StepStatus.COMPLETED),
         )
-        return {key: result for key, result in rows if key in wanted}
+        found: dict[str, str] = dict(rows)
+        if found.keys() <= wanted:  # one run.map in the run: nothing to leave out
+            return found
+        return {key: found[key] for key in wanted if key in found}
 
     def end_step(
         self,
@@ -149,6 +152,23 @@ class StepsMixin(StoreBase):
             (StepStatus.ABANDONED, self.now(), run_id, StepStatus.RUNNING),
         )
         return len(rows)
+
+    def completed_step_ordinals(self, run_id: str) -> dict[str, int]:
+        """key -> ordinal of the run's completed steps (a resume skips them): two columns
+        read as tuples, so that a run of 100,000 items resumes in a fraction of a second."""
+        rows = self.read(
+            "SELECT key, ordinal FROM steps WHERE run_id = ? AND status = ? ORDER BY ordinal",
+            (run_id, StepStatus.COMPLETED),
+        )
+        return dict(rows)
+
+    def completed_step_count(self, run_id: str) -> int:
+        """How many steps of the run completed (a completed step stays completed)."""
+        rows = self.read(
+            "SELECT count(*) FROM steps WHERE run_id = ? AND status = ?",
+            (run_id, StepStatus.COMPLETED),
+        )
+        return int(rows[0][0])
 
     def completed_steps(self, run_id: str) -> list[dict[str, Any]]:
         return self.read_dicts(

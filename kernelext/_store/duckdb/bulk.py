@@ -4,8 +4,14 @@ A batch usually holds whole steps (begun and completed) and whole effect calls (
 outcome). Those are inserted in their final state, so the tables see one INSERT per kind
 instead of an INSERT followed by an UPDATE per row (an UPDATE of an indexed DuckDB table
 rewrites the row). What is left (a completion whose begin was folded before, an outcome
-whose intent was) is applied with one ``UPDATE … FROM (VALUES …)`` per kind. Every
-statement stays idempotent, so folding a journal twice after a crash is harmless.
+whose intent was) is applied with one ``UPDATE … FROM`` per kind. Every statement stays
+idempotent, so folding a journal twice after a crash is harmless.
+
+Rows reach DuckDB as one list per column, unnested in SQL (``SELECT unnest(?) AS id, …``):
+the statement's text is the same for any number of rows, so it is read once (by DuckDB and
+by the scrubbing door, ``columns.param_columns``, which scrubs each element of a list as
+its column), and binding a few lists costs about half of binding a ``VALUES`` list of as
+many values.
 """
 
 from __future__ import annotations
@@ -21,14 +27,22 @@ from ..records import (
     split_stale,
     step_begin_row,
     stop_request,
-    values,
 )
 from ..run_end import fold_run_end
 from ..writer import Tx
 
 __all__ = ["apply_records"]
 
-_CHUNK = 200
+_CHUNK = 5_000  # rows per statement (a fold holds what was journaled meanwhile)
+
+
+def unnested(columns: str) -> str:
+    """``SELECT unnest(?) AS a, unnest(?) AS b …``: the rows of a batch, one list per column."""
+    return "SELECT " + ", ".join(f"unnest(?) AS {c.strip()}" for c in columns.split(","))
+
+
+def _lists(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
 
 
 def _insert_new(
@@ -49,14 +63,14 @@ def _insert_new(
     """
     width = columns.count(",") + 1
     unique = list({row[0]: row for row in reversed(rows)}.values())[::-1]  # first one wins
+    sql = (
+        f"INSERT INTO {table} ({columns}) SELECT * FROM ({unnested(columns)}) AS v"
+        f" ANTI JOIN {table} AS t ON t.{key} = v.{key}"
+    )
     left: list[tuple[Any, ...]] = []
     for start in range(0, len(unique), _CHUNK):
         chunk = unique[start : start + _CHUNK]
-        sql = (
-            f"INSERT INTO {table} ({columns}) SELECT * FROM (VALUES {values(width, len(chunk))})"
-            f" AS v({columns}) ANTI JOIN {table} AS t ON t.{key} = v.{key}"
-        )
-        params = [value for row in chunk for value in row]
+        params = _lists(chunk, width)
         if not skipped:
             tx.execute(sql, params)
             continue
@@ -72,7 +86,7 @@ def _update_from(
     where: tuple[str, tuple[Any, ...]],
     rows: list[tuple[Any, ...]],
 ) -> None:
-    """``head`` (an ``UPDATE … SET … = v.…``) applied from ``rows`` in a VALUES list ``v``.
+    """``head`` (an ``UPDATE … SET … = v.…``) applied from ``rows``, unnested as ``v``.
 
     ``head`` and ``where`` are SQL text with the values of their own placeholders.
     """
@@ -81,9 +95,8 @@ def _update_from(
     for start in range(0, len(rows), _CHUNK):
         chunk = rows[start : start + _CHUNK]
         tx.execute(
-            f"{head_sql} FROM (VALUES {values(width, len(chunk))}) AS v({columns})"
-            f" WHERE {where_sql}",
-            [*head_params, *(value for row in chunk for value in row), *where_params],
+            f"{head_sql} FROM ({unnested(columns)}) AS v WHERE {where_sql}",
+            [*head_params, *_lists(chunk, width), *where_params],
         )
 
 
@@ -124,20 +137,49 @@ def apply_records(tx: Tx, records: list[Record]) -> list[Record]:
     return refused
 
 
-def _items(tx: Tx, begins: list[dict[str, Any]], items: list[dict[str, Any]]) -> set[Any]:
-    """``run.map`` items completed (``item_complete``): a step begun in this batch is
-    inserted completed with its result; the others get one ``UPDATE … FROM (VALUES …)``.
-    Returns the ids of the steps inserted here."""
-    done = {d["step_id"]: d for d in items}
-    finished = [
-        (*step_begin_row(d)[:5], StepStatus.COMPLETED, d["started_at"], c["at"], c["duration_s"],
-         c["result"])
-        for d in begins
-        if (c := done.get(d["id"])) is not None
-    ]  # fmt: skip
-    if finished:
-        _insert_new(tx, "steps", _STEP_COLUMNS + ", ended_at, duration_s, result", "id", finished)
-    begun = {row[0] for row in finished}
+_ALL_STEP_COLUMNS = _STEP_COLUMNS + ", ended_at, duration_s, snapshot_id, result"
+
+
+def _steps(
+    tx: Tx,
+    begins: list[dict[str, Any]],
+    completions: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+) -> None:
+    """Steps begun in this batch are inserted in one statement: completed (with their
+    snapshot, or a ``run.map`` item's result) when their completion is in the batch too,
+    else running. A completion of a step begun before is one ``UPDATE … FROM`` per kind."""
+    done = {d["step_id"]: d for d in completions}
+    results = {d["step_id"]: d for d in items}
+    rows: list[tuple[Any, ...]] = []
+    for d in begins:
+        head = step_begin_row(d)
+        if (c := done.get(d["id"])) is not None:
+            rows.append((*head[:5], StepStatus.COMPLETED, d["started_at"], c["at"],
+                         c["duration_s"], c["snapshot_id"], None))  # fmt: skip
+        elif (c := results.get(d["id"])) is not None:
+            rows.append((*head[:5], StepStatus.COMPLETED, d["started_at"], c["at"],
+                         c["duration_s"], None, c["result"]))  # fmt: skip
+        else:
+            rows.append((*head, None, None, None, None))
+    if rows:
+        _insert_new(tx, "steps", _ALL_STEP_COLUMNS, "id", rows)
+    begun = {d["id"] for d in begins}
+    _update_from(
+        tx,
+        (
+            "UPDATE steps SET status = ?, ended_at = v.ended_at,"
+            " duration_s = v.duration_s, snapshot_id = v.snapshot_id",
+            (StepStatus.COMPLETED,),
+        ),
+        "id, ended_at, duration_s, snapshot_id",
+        ("steps.id = v.id", ()),
+        [
+            (c["step_id"], c["at"], c["duration_s"], c["snapshot_id"])
+            for c in completions
+            if c["step_id"] not in begun
+        ],
+    )
     _update_from(
         tx,
         (
@@ -153,53 +195,6 @@ def _items(tx: Tx, begins: list[dict[str, Any]], items: list[dict[str, Any]]) ->
             if d["step_id"] not in begun
         ],
     )
-    return begun
-
-
-def _steps(
-    tx: Tx,
-    begins: list[dict[str, Any]],
-    completions: list[dict[str, Any]],
-    items: list[dict[str, Any]],
-) -> None:
-    done = {d["step_id"]: d for d in completions}
-    inserted = _items(tx, begins, items) if items else set()
-    running = [step_begin_row(d) for d in begins if d["id"] not in done and d["id"] not in inserted]
-    finished = [
-        (
-            *step_begin_row(d)[:5],
-            StepStatus.COMPLETED,
-            d["started_at"],
-            c["at"],
-            c["duration_s"],
-            c["snapshot_id"],
-        )
-        for d in begins
-        if (c := done.get(d["id"])) is not None
-    ]
-    if running:
-        _insert_new(tx, "steps", _STEP_COLUMNS, "id", running)
-    if finished:
-        _insert_new(
-            tx, "steps", _STEP_COLUMNS + ", ended_at, duration_s, snapshot_id", "id", finished
-        )
-    begun = {d["id"] for d in begins}
-    later = [
-        (c["step_id"], c["at"], c["duration_s"], c["snapshot_id"])
-        for c in completions
-        if c["step_id"] not in begun
-    ]
-    _update_from(
-        tx,
-        (
-            "UPDATE steps SET status = ?, ended_at = v.ended_at,"
-            " duration_s = v.duration_s, snapshot_id = v.snapshot_id",
-            (StepStatus.COMPLETED,),
-        ),
-        "id, ended_at, duration_s, snapshot_id",
-        ("steps.id = v.id", ()),
-        later,
-    )
 
 
 def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any]]) -> set[Any]:
@@ -212,27 +207,25 @@ def _effects(tx: Tx, intents: list[dict[str, Any]], outcomes: list[dict[str, Any
             extra.append(d)
         else:
             first[d["key"]] = d
-    pending, finished = [], []
+    rows: list[tuple[Any, ...]] = []  # pending, or with their outcome: one statement
     for d in intents:
         o = first.pop(d["key"], None)
+        row = intent_row(d)
         if o is None:
-            pending.append(intent_row(d))
+            rows.append((*row, None, None, None, None))
         else:
-            row = intent_row(d)
-            finished.append(
+            rows.append(
                 (*row[:8], o["status"], *row[9:], o["result"], o["error"], o["at"],
                  o.get("attempts"))
             )  # fmt: skip
     skipped: list[tuple[Any, ...]] = []
-    if pending:
-        skipped += _insert_new(tx, "effects", _EFFECT_COLUMNS, "key", pending, skipped=True)
-    if finished:
-        skipped += _insert_new(
+    if rows:
+        skipped = _insert_new(
             tx,
             "effects",
             _EFFECT_COLUMNS + ", result, error, outcome_at, attempts",
             "key",
-            finished,
+            rows,
             skipped=True,
         )
     clashes = _clashes(tx, skipped)

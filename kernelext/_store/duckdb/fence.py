@@ -54,11 +54,19 @@ class FenceFiles:
         self._fds: dict[str, int] = {}
         self._using: dict[str, int] = {}  # run id -> threads inside ``shared`` now
         self._stale: dict[str, list[int]] = {}  # run id -> descriptors of removed files
+        self._ids: dict[int, tuple[int, int]] = {}  # kept descriptor -> (device, inode)
+        self._paths: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def path(self, run_id: str) -> str:
-        digest = hashlib.sha256(run_id.encode()).hexdigest()[:32]
-        return os.path.join(self.folder, digest)
+        path = self._paths.get(run_id)
+        if path is None:
+            digest = hashlib.sha256(run_id.encode()).hexdigest()[:32]
+            path = os.path.join(self.folder, digest)
+            if len(self._paths) >= 4 * KEEP_OPEN:
+                self._paths.clear()
+            self._paths[run_id] = path
+        return path
 
     def _open(self, run_id: str) -> int:
         os.makedirs(self.folder, exist_ok=True)
@@ -71,6 +79,8 @@ class FenceFiles:
             fd = self._fds.get(run_id)
             if fd is None:
                 fd = self._fds[run_id] = self._open(run_id)
+                held = os.fstat(fd)  # a descriptor stays on its file: read once
+                self._ids[fd] = (held.st_dev, held.st_ino)
             self._using[run_id] = self._using.get(run_id, 0) + 1
             return fd
 
@@ -82,8 +92,7 @@ class FenceFiles:
             named = os.stat(self.path(run_id))
         except FileNotFoundError:
             return False
-        held = os.fstat(fd)
-        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+        return (named.st_dev, named.st_ino) == self._ids.get(fd)
 
     def _drop(self, run_id: str, fd: int) -> None:
         """Stop using a kept descriptor whose file the path no longer names (closed once
@@ -101,12 +110,15 @@ class FenceFiles:
             else:
                 del self._using[run_id]
                 for stale in self._stale.pop(run_id, []):
+                    self._ids.pop(stale, None)
                     with contextlib.suppress(OSError):
                         os.close(stale)
             if len(self._fds) > KEEP_OPEN:
                 for idle in [r for r in self._fds if r not in self._using][: len(self._fds) // 2]:
+                    fd = self._fds.pop(idle)
+                    self._ids.pop(fd, None)
                     with contextlib.suppress(OSError):
-                        os.close(self._fds.pop(idle))
+                        os.close(fd)
 
     @contextlib.contextmanager
     def shared(self, run_id: str) -> Iterator[int | None]:
@@ -180,7 +192,7 @@ class FenceFiles:
         with self._lock:
             fds, self._fds = list(self._fds.values()), {}
             fds += [fd for kept in self._stale.values() for fd in kept]
-            self._stale = {}
+            self._stale, self._ids = {}, {}
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -68,8 +68,12 @@ def _decode(obj: dict[str, Any]) -> Any:
     return obj
 
 
+# One encoder for every record (``json.dumps`` with options builds one per call).
+_ENCODER = json.JSONEncoder(default=_encode, separators=(",", ":"))
+
+
 def encode_payload(seq: int, kind: str, data: dict[str, Any]) -> bytes:
-    return json.dumps([seq, kind, data], default=_encode, separators=(",", ":")).encode()
+    return _ENCODER.encode([seq, kind, data]).encode()
 
 
 def frame(seq: int, kind: str, data: dict[str, Any]) -> bytes:
