@@ -6,10 +6,22 @@ stop, a forced stop, a SIGKILL of the worker process, a fold that fails because 
 process holds the store file, human reconciliation of unknown effects, and reopening
 the store. Every run executes in a worker process (``tests/crash/model_worker.py``):
 one step per item, one ``@kx.effect`` POST per step, with the ledger's key as
-``Idempotency-Key``. The worker reports each point of a call on stdout and can be told
-to wait at one, so that the stop, the forced stop or the kill lands exactly there:
-between steps, after the intent before the call, after the call before the outcome,
-after the effect returned before the step completed.
+``Idempotency-Key``; or, for a batch run, one ``run.map`` over the items, two or three
+at once in threads, each item one step with one POST, returning the server's delivery
+number. The worker reports each point of a call on stdout and can be told to wait at
+one, so that the stop, the forced stop or the kill lands exactly there: between steps,
+after the intent before the call, after the call before the outcome, after the effect
+returned before the step completed.
+
+In a batch the items' records interleave in one journal (item begin, intent, outcome,
+``item_complete``) and their syncs are shared (group commit). A pause holds one or two
+items at a chosen point while the others run on, so a kill, a stop (the items in flight
+drain) or a forced stop (they are cancelled, their open calls ``unknown``) lands with
+several items in flight. What the model knows of a batch item: that it began, what was
+acknowledged of its effect (as above, and ``delivered``: the server answered, the tool
+has not returned), and that it completed (``item_done``: its step and value are on disk,
+so its outcome, written before, is too). The fold fault is left to the step-per-item
+runs (its model of which records are due needs their order).
 
 One rule, ``act``, draws the action (so that hypothesis's swarm testing does not leave a
 kind of fault out of the short budget); an action whose precondition does not hold does
@@ -28,10 +40,13 @@ returned and a later write was synced, or a person decided so). After every acti
    nobody folded yet; once no journal is left, the ledger says exactly what the model
    allows (``applied`` for what is applied, ``pending``/``unknown`` for an outcome not
    acknowledged, no row for a call never made, ``applied`` only for keys the server saw)
-   and the completed steps are exactly those acknowledged.
+   and the completed steps are exactly those acknowledged (in a batch: at least those
+   acknowledged, only items that began, each with its effect ``applied`` and with the
+   value the server answered for it stored as its result).
 
 At the end of each example every run is resumed to completion (unknowns decided from
-the server's log, as a person would) and every item must have been delivered once.
+the server's log, as a person would) and every item must have been delivered once; a
+batch returns the server's delivery numbers of all its items, in input order.
 
 Derandomized, without shrinking (it would replay worker processes for minutes); about a
 minute and a half on two cores. KERNELEXT_MODEL_EXAMPLES / KERNELEXT_MODEL_STEPS change the budget.
@@ -40,6 +55,7 @@ minute and a half on two cores. KERNELEXT_MODEL_EXAMPLES / KERNELEXT_MODEL_STEPS
 from __future__ import annotations
 
 import glob
+import json
 import os
 import queue
 import shutil
@@ -75,6 +91,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
 MAX_OPEN_RUNS = 3  # runs not completed at one time
 MAX_ITEMS = 4
+MAX_BATCH_ITEMS = 6
+BATCH_SHARE = 2  # one new run in this many is a batch
 TOOL = "deliver_item"
 POINTS = ("step", "intent", "delivered", "returned")
 STORE_WAIT = 0.2  # KERNELEXT_STORE_WAIT in the workers: a held file fails folds quickly
@@ -139,12 +157,15 @@ sys.stdin.read()
 # What is acknowledged of one item's effect, in order of knowledge:
 NONE = "none"  # no intent was acknowledged: the tool was never entered
 INTENT = "intent"  # the intent is durable, the outcome was not acknowledged
+DELIVERED = "delivered"  # batches: the server answered, the tool has not returned yet
 RETURNED = "returned"  # the effect returned to the agent; its outcome may not be synced yet
 APPLIED = "applied"  # applied for good: returned and synced since, or decided so
 NOT_APPLIED = "not_applied"  # decided "it did not happen"; the next resume calls again
 
 ALLOWED = {  # ledger statuses each state allows once every journal is folded
     INTENT: {"pending", "unknown"},
+    # Another item's sync may carry the outcome written after it (a kill there, unpaused).
+    DELIVERED: {"applied", "pending", "unknown"},
     RETURNED: {"applied", "pending", "unknown"},
     APPLIED: {"applied"},
     NOT_APPLIED: {"not_applied"},
@@ -155,17 +176,45 @@ ALLOWED = {  # ledger statuses each state allows once every journal is folded
 class RunModel:
     run_id: str
     items: int
+    concurrency: int = 0  # a batch (run.map, this many at once); 0: one step per item
     created: bool = False
     done: int = 0  # steps 0 .. done-1 are acknowledged completed
     effects: list[str] = field(default_factory=list)
     statuses: frozenset[str] = frozenset()  # what the run row may say now
+    began: set[int] = field(default_factory=set)  # batch items whose body began
+    finished: set[int] = field(default_factory=set)  # batch items completed on disk
 
     def __post_init__(self) -> None:
         self.effects = [NONE] * self.items
 
     @property
     def completed(self) -> bool:
+        if self.concurrency:
+            return len(self.finished) == self.items and "completed" in self.statuses
         return self.done == self.items and "completed" in self.statuses
+
+    def left(self) -> list[int]:
+        """The items (steps) not acknowledged completed."""
+        if self.concurrency:
+            return [i for i in range(self.items) if i not in self.finished]
+        return list(range(self.done, self.items))
+
+    def item_finished(self, item: int) -> None:
+        """Batch item ``item`` completed on disk: its outcome, written before, is too."""
+        assert self.effects[item] in (RETURNED, APPLIED), (
+            f"{self.run_id}: item {item} completed, its effect {self.effects[item]}"
+        )
+        self.finished.add(item)
+        self.effects[item] = APPLIED
+
+    def all_completed(self) -> None:
+        """The run completed."""
+        if self.concurrency:
+            for item in range(self.items):
+                if item not in self.finished:
+                    self.item_finished(item)
+        else:
+            self.completed_steps(self.items)
 
     def key(self, item: int) -> str:
         return str(effect_key(self.run_id, str(item), TOOL, 0))
@@ -177,7 +226,7 @@ class RunModel:
     def may_decide(self) -> bool:
         """... or may: an outcome written but not synced before the process died."""
         return self.must_decide() or any(
-            e == RETURNED and i >= self.done for i, e in enumerate(self.effects)
+            e in (DELIVERED, RETURNED) and i in self.left() for i, e in enumerate(self.effects)
         )
 
     def completed_steps(self, done: int) -> None:
@@ -189,9 +238,15 @@ class RunModel:
 
     def points(self, item: int) -> tuple[str, ...]:
         """The points a resume passes in step ``item``: a recorded effect is replayed."""
-        if item == self.done and self.effects[item] in (RETURNED, APPLIED):
+        first = item in self.left() if self.concurrency else item == self.done
+        if first and self.effects[item] in (RETURNED, APPLIED):
             return ("step", "returned")
         return POINTS
+
+    def pausable_items(self) -> list[int]:
+        """Batch items a resume surely reaches with known points (not one whose outcome a
+        kill left open: whether it is replayed or waits for a decision is not known)."""
+        return [i for i in self.left() if self.effects[i] in (NONE, NOT_APPLIED, RETURNED, APPLIED)]
 
 
 def later(run: RunModel, first: int) -> list[tuple[int, str]]:
@@ -200,6 +255,31 @@ def later(run: RunModel, first: int) -> list[tuple[int, str]]:
     fresh = run.points(first) == POINTS  # a replayed call appends nothing
     pairs = [(first, p) for p in POINTS[1:] if fresh]
     return pairs + [(i, p) for i in range(first + 1, run.items) for p in POINTS]
+
+
+# -- the choices of one action ----------------------------------------------------------------
+# Each action draws one list of numbers of a fixed length and makes its choices from it.
+# Hypothesis requires a replayed prefix of choices to draw the same way again; what a batch
+# did (which items completed before a kill, whether a stop found items left to start) is
+# up to its threads, and choices drawn from it would differ between replays.
+NUMBERS = st.lists(st.integers(0, 2**16 - 1), min_size=16, max_size=16)
+
+
+class Draws:
+    """Choices made from an action's numbers (0 once they run out)."""
+
+    def __init__(self, numbers: list[int]) -> None:
+        self.numbers = deque(numbers)
+
+    def integer(self, low: int, high: int, label: str) -> int:
+        value = low + (self.numbers.popleft() if self.numbers else 0) % (high - low + 1)
+        note(f"{label}: {value}")
+        return value
+
+    def one_of(self, options: list[Any], label: str) -> Any:
+        chosen = options[self.integer(0, len(options) - 1, f"{label} (index)")]
+        note(f"{label}: {chosen}")
+        return chosen
 
 
 # -- one worker process running (or resuming) one run -----------------------------------------
@@ -219,10 +299,12 @@ class Attempt:
         self.fold_failures = 0
         self.eof = False
         self.log: list[str] = []
+        self.result: Any = None  # what the agent returned (from ``done``)
         self.worker.go(
             store=str(machine.store_path),
             run_id=run.run_id,
             items=run.items,
+            concurrency=run.concurrency,
             url=machine.server.url,
             store_wait=STORE_WAIT,
             pauses=[list(p) for p in pauses],
@@ -277,13 +359,29 @@ class Attempt:
             self.machine.landed[f"{self.machine.action}@{point}"] += 1
         return True
 
+    def pause_all(self, pairs: list[tuple[int, str]]) -> None:
+        """Wait until the run pauses at every one of ``pairs`` (batch items: any order)."""
+        expected = {f"paused {item} {point}" for item, point in pairs}
+        self._until(
+            lambda: expected <= set(self.pauses) or self.terminal is not None,
+            f"pauses {sorted(expected)}",
+        )
+        assert expected <= set(self.pauses), f"the run ended before pausing: {self.log}"
+        for line in expected:
+            self.pauses.remove(line)
+        flight = len(self.run.began - self.run.finished)
+        for _, point in pairs:
+            self.machine.landed[f"batch {self.machine.action}@{point}"] += 1
+        self.machine.landed[f"batch {self.machine.action}, {flight} in flight"] += 1
+
     def end(self) -> tuple[str, str]:
         """(status, error type) from ``done``; the worker must exit cleanly."""
         self._until(lambda: self.terminal is not None, "the end of the run")
         assert self.terminal is not None
         self.reap()
-        word, status, error = [*self.terminal.split(" "), "", ""][:3]
+        word, status, error, result = [*self.terminal.split(" "), "", "", ""][:4]
         assert word == "done", self.log
+        self.result = json.loads(result) if result else None
         return status, error
 
     def wait_fold_failure(self, timeout: float = 30.0) -> None:
@@ -381,10 +479,10 @@ class WritePathModel(RuleBasedStateMachine):
 
     def pausable(self) -> list[RunModel]:
         """Open runs with a step still to run (one stopped after its last step has none)."""
-        return [r for r in self.open_runs() if r.done < r.items]
+        return [r for r in self.open_runs() if r.left()]
 
-    def pick(self, data: st.DataObject, runs: list[RunModel]) -> RunModel:
-        return data.draw(st.sampled_from(sorted(runs, key=lambda r: r.run_id)), label="run")
+    def pick(self, data: Draws, runs: list[RunModel]) -> RunModel:
+        return data.one_of(sorted(runs, key=lambda r: r.run_id), "run")
 
     def observe(self, run: RunModel, line: str) -> None:
         """Apply one line of the worker to the model, checking it is a possible line."""
@@ -392,10 +490,21 @@ class WritePathModel(RuleBasedStateMachine):
         word = parts[0]
         if word == "ready":
             run.created = True
+        if word == "item_done":
+            assert run.concurrency, line
+            item = int(parts[1])
+            assert item in run.began, f"{run.run_id}: item {item} completed, never began"
+            run.item_finished(item)
+            return
         if word not in POINTS:
             return
         item = int(parts[1])
         assert 0 <= item < run.items, line
+        if run.concurrency and word == "step":
+            assert item not in run.finished, f"{run.run_id}: item {item} ran again after completing"
+            run.created = True
+            run.began.add(item)
+            return
         if word == "step":
             # A completed step never runs again, and steps run in order.
             assert item >= run.done, f"{run.run_id}: step {item} ran again after completing"
@@ -410,9 +519,11 @@ class WritePathModel(RuleBasedStateMachine):
             run.effects[item] = INTENT
         elif word == "delivered":
             assert state == INTENT, line
+            if run.concurrency:
+                run.effects[item] = DELIVERED
         else:  # returned: a fresh call, or a recorded result replayed
-            assert state in (INTENT, RETURNED, APPLIED), f"{line}: item was {state}"
-            if state == INTENT:
+            assert state in (INTENT, DELIVERED, RETURNED, APPLIED), f"{line}: item was {state}"
+            if state in (INTENT, DELIVERED):
                 run.effects[item] = RETURNED
 
     def attempt(self, run: RunModel, pauses: list[tuple[int, str]]) -> Attempt | None:
@@ -444,23 +555,23 @@ class WritePathModel(RuleBasedStateMachine):
             with open_store(str(self.store_path)) as store:
                 self.decide_unknowns(store, run)
 
-    def pause_plan(self, data: st.DataObject, run: RunModel) -> tuple[int, str]:
+    def pause_plan(self, data: Draws, run: RunModel) -> tuple[int, str]:
         self.decide_first(run)
-        item = data.draw(st.integers(run.done, run.items - 1), label="item")
+        item = data.integer(run.done, run.items - 1, "item")
         return item, self.choose_point(data, run.points(item))
 
-    def choose_point(self, data: st.DataObject, points: tuple[str, ...]) -> str:
+    def choose_point(self, data: Draws, points: tuple[str, ...]) -> str:
         """Where the fault lands (see ``turn``)."""
         return self.turn(data, points, "the fault comes at")
 
-    def turn(self, data: st.DataObject, options: tuple[str, ...], what: str) -> str:
+    def turn(self, data: Draws, options: tuple[str, ...], what: str) -> str:
         """An option drawn, then turned by the number of choices made so far in this example.
 
         Hypothesis draws the first option far more often than the others (a kill after the
         call and before its outcome would be rare); the turn makes each example go through
         every option, and stays the same when hypothesis replays the example.
         """
-        drawn = data.draw(st.integers(0, len(options) - 1), label="turn")
+        drawn = data.integer(0, len(options) - 1, "turn")
         self.turns += 1
         chosen = options[(drawn + self.turns) % len(options)]
         note(f"{what}: {chosen}")
@@ -478,7 +589,7 @@ class WritePathModel(RuleBasedStateMachine):
             item = int(unknown.step_key)
             key = str(unknown.key)
             assert key == run.key(item) and unknown.tool == TOOL
-            assert run.effects[item] in (INTENT, RETURNED), (
+            assert run.effects[item] in (INTENT, DELIVERED, RETURNED), (
                 f"{run.run_id}: item {item} is unknown in the ledger, {run.effects[item]} in fact"
             )
             delivery = received.get(key)
@@ -500,15 +611,23 @@ class WritePathModel(RuleBasedStateMachine):
                 self.decisions["not_applied"] += 1
         return len(unknowns)
 
-    @initialize(items=st.integers(1, MAX_ITEMS))
-    def first_run(self, items: int) -> None:
-        self.runs["run-0"] = RunModel("run-0", items)
+    @initialize(numbers=NUMBERS)
+    def first_run(self, numbers: list[int]) -> None:
+        self.runs["run-0"] = self.draw_run(Draws(numbers), "run-0")
+
+    def draw_run(self, data: Draws, run_id: str) -> RunModel:
+        """A run of one step per item, or (one in ``BATCH_SHARE``) a batch."""
+        if self.turn(data, ("steps",) * (BATCH_SHARE - 1) + ("batch",), "run kind") == "steps":
+            return RunModel(run_id, data.integer(1, MAX_ITEMS, "items"))
+        items = data.integer(3, MAX_BATCH_ITEMS, "items")
+        return RunModel(run_id, items, concurrency=data.integer(2, 3, "at once"))
 
     # -- rules -----------------------------------------------------------------------------
     # One rule draws the action: hypothesis's own rule choice turns whole rules off per
     # example (swarm testing), which leaves some faults out of a short budget entirely.
-    @rule(data=st.data())
-    def act(self, data: st.DataObject) -> None:
+    @rule(numbers=NUMBERS)
+    def act(self, numbers: list[int]) -> None:
+        data = Draws(numbers)
         self.busy = True
         self.action = action = self.turn(data, ACTIONS, "action")
         started = time.monotonic()
@@ -517,29 +636,45 @@ class WritePathModel(RuleBasedStateMachine):
             self.seconds[action] += time.monotonic() - started
         self.busy = False
 
-    def new_run(self, data: st.DataObject) -> bool:
+    def new_run(self, data: Draws) -> bool:
         if len(self.open_runs()) >= MAX_OPEN_RUNS:
             return False
         run_id = f"run-{len(self.runs)}"
-        self.runs[run_id] = RunModel(run_id, data.draw(st.integers(1, MAX_ITEMS), label="items"))
+        self.runs[run_id] = self.draw_run(data, run_id)
         return True
 
-    def run_to_the_end(self, data: st.DataObject) -> bool:
+    def run_to_the_end(self, data: Draws) -> bool:
         if not self.open_runs():
             return False
         run = self.pick(data, self.open_runs())
         attempt = self.attempt(run, [])
         if attempt is not None:
-            assert attempt.end() == ("completed", "-"), attempt.log
-            run.statuses = frozenset({"completed"})
-            run.completed_steps(run.items)
+            self.end_completed(attempt)
         return True
 
-    def stop(self, data: st.DataObject) -> bool:
+    def end_completed(self, attempt: Attempt) -> None:
+        """The attempt runs to the end: completed; a batch returns every item's value."""
+        assert attempt.end() == ("completed", "-"), attempt.log
+        attempt.run.statuses = frozenset({"completed"})
+        self.check_result(attempt)
+
+    def check_result(self, attempt: Attempt) -> None:
+        run = attempt.run
+        run.all_completed()
+        if run.concurrency:
+            seqs = {d["idempotency_key"]: d["seq"] for d in self.server.deliveries}
+            assert attempt.result == [seqs[run.key(i)] for i in range(run.items)], (
+                f"{run.run_id}: run.map returned {attempt.result}",
+                attempt.log,
+            )
+
+    def stop(self, data: Draws) -> bool:
         """Stop (the Stop button): the step under way completes, the run suspends."""
         if not self.pausable():
             return False
         run = self.pick(data, self.pausable())
+        if run.concurrency:
+            return self.batch_fault(data, run, "stop")
         item, point = self.pause_plan(data, run)
         attempt = self.attempt(run, [(item, point)])
         if attempt is not None:
@@ -551,11 +686,13 @@ class WritePathModel(RuleBasedStateMachine):
             run.statuses = frozenset({"suspended"})
         return True
 
-    def force_stop(self, data: st.DataObject) -> bool:
+    def force_stop(self, data: Draws) -> bool:
         """Force stop: raised into the step where it waits; an open call becomes unknown."""
         if not self.pausable():
             return False
         run = self.pick(data, self.pausable())
+        if run.concurrency:
+            return self.batch_fault(data, run, "force")
         item, point = self.pause_plan(data, run)
         attempt = self.attempt(run, [(item, point)])
         if attempt is not None:
@@ -566,11 +703,13 @@ class WritePathModel(RuleBasedStateMachine):
             run.statuses = frozenset({"suspended"})
         return True
 
-    def sigkill(self, data: st.DataObject) -> bool:
+    def sigkill(self, data: Draws) -> bool:
         """SIGKILL the worker at a chosen point of a call."""
         if not self.pausable():
             return False
         run = self.pick(data, self.pausable())
+        if run.concurrency:
+            return self.batch_fault(data, run, "kill")
         item, point = self.pause_plan(data, run)
         attempt = self.attempt(run, [(item, point)])
         if attempt is not None:
@@ -578,7 +717,45 @@ class WritePathModel(RuleBasedStateMachine):
             self.kill(attempt)
         return True
 
-    def fold_failure(self, data: st.DataObject) -> bool:
+    def batch_fault(self, data: Draws, run: RunModel, fault: str) -> bool:
+        """A kill, a stop or a forced stop on a batch, once one or two items are held at
+        chosen points; the items not held run on meanwhile (they may be anywhere)."""
+        self.decide_first(run)
+        items = run.pausable_items()
+        if not items:  # only outcomes a kill left open: resume (or refuse) as it comes
+            attempt = self.attempt(run, [])
+            if attempt is not None:
+                self.end_completed(attempt)
+            return True
+        most = min(2, len(items), run.concurrency)
+        held: list[int] = []
+        for _ in range(data.integer(1, most, "items held")):
+            held.append(data.one_of([i for i in items if i not in held], "held"))
+        pairs = [(item, self.choose_point(data, run.points(item))) for item in held]
+        attempt = self.attempt(run, pairs)
+        if attempt is None:
+            return True
+        attempt.pause_all(pairs)
+        if fault == "kill":
+            self.kill(attempt)
+        elif fault == "stop":  # no new item starts; those in flight (the held ones) drain
+            attempt.send("stop", *["release"] * len(pairs))
+            status, error = attempt.end()
+            assert error == "-" and status in ("suspended", "completed"), attempt.log
+            for item, _ in pairs:
+                assert item in run.finished, f"{run.run_id}: item {item} did not drain"
+            run.statuses = frozenset({status})
+            if status == "completed":  # nothing was left to start
+                self.check_result(attempt)
+        else:  # forced: the items in flight are cancelled, their open calls unknown
+            attempt.send("force")
+            assert attempt.end() == ("suspended", "-"), attempt.log
+            for item, _ in pairs:
+                assert item not in run.finished, f"{run.run_id}: forced item {item} completed"
+            run.statuses = frozenset({"suspended"})
+        return True
+
+    def fold_failure(self, data: Draws) -> bool:
         """Another process holds the store file while the run goes on: every fold fails.
 
         The run keeps going on its journal; then it is killed, or stopped (the end cannot
@@ -589,7 +766,9 @@ class WritePathModel(RuleBasedStateMachine):
         candidates = [
             r
             for r in self.open_runs()
-            if r.done < r.items and (r.statuses == {"needs_decision"} or not r.may_decide())
+            if not r.concurrency
+            and r.done < r.items
+            and (r.statuses == {"needs_decision"} or not r.may_decide())
         ]
         if not candidates:
             return False
@@ -598,9 +777,9 @@ class WritePathModel(RuleBasedStateMachine):
         if not any(later(run, i) for i in range(run.done, run.items)):
             return False  # one step left, and its call is replayed: no fold would be due
         firsts = [i for i in range(run.done, run.items) if later(run, i)]
-        first = data.draw(st.sampled_from(firsts), label="held from the start of step")
+        first = data.one_of(firsts, "held from the start of step")
         pairs = later(run, first)
-        item = data.draw(st.sampled_from(sorted({i for i, _ in pairs})), label="item")
+        item = data.one_of(sorted({i for i, _ in pairs}), "item")
         point = self.choose_point(data, tuple(p for i, p in pairs if i == item))
         ending = self.turn(data, ("kill", "stop", "recover"), "ending")
         attempt = self.attempt(run, [(first, "step"), (item, point)])
@@ -648,7 +827,7 @@ class WritePathModel(RuleBasedStateMachine):
         self.holders.remove(holder)
         return True
 
-    def reconcile(self, data: st.DataObject) -> bool:
+    def reconcile(self, data: Draws) -> bool:
         """A person decides the unknown effects of a run that waits for a decision."""
         waiting = [r for r in self.runs.values() if r.statuses == {"needs_decision"}]
         if not waiting:
@@ -658,7 +837,7 @@ class WritePathModel(RuleBasedStateMachine):
             self.decide_unknowns(store, run)
         return True
 
-    def reopen(self, data: st.DataObject) -> bool:
+    def reopen(self, data: Draws) -> bool:
         """Open the store as anyone would: the journals of dead processes are folded."""
         if not self.journals():
             return False
@@ -698,10 +877,13 @@ class WritePathModel(RuleBasedStateMachine):
                 (r[0], r[1]): (str(r[2]), r[3])
                 for r in store.read("SELECT run_id, step_key, key, status FROM effects")
             }
-            steps = {
-                (r[0], r[1])
-                for r in store.read("SELECT run_id, key FROM steps WHERE status = 'completed'")
+            results = {
+                (r[0], r[1]): r[2]
+                for r in store.read(
+                    "SELECT run_id, key, result FROM steps WHERE status = 'completed'"
+                )
             }
+            steps = set(results)
             statuses = dict(store.read("SELECT id, status FROM runs"))
             assert store.read("SELECT count(*) FROM quarantine")[0][0] == 0
         intents: set[str] = set()
@@ -716,7 +898,12 @@ class WritePathModel(RuleBasedStateMachine):
                     begun[data["id"]] = (data["run_id"], data["key"])
                 elif kind == "step_complete":
                     steps.add(begun[data["step_id"]])
+                elif kind == "item_complete":
+                    steps.add(begun[data["step_id"]])
+                    results[begun[data["step_id"]]] = data["result"]
         for run in self.runs.values():
+            if run.concurrency:
+                self.learn_batch(run, steps, results, ledger, intents)
             for item in range(run.items):
                 key = run.key(item)
                 row = ledger.get((run.run_id, str(item)))
@@ -731,7 +918,8 @@ class WritePathModel(RuleBasedStateMachine):
             if journals:
                 continue  # the rest once they are folded
             got = {int(k) for r, k in steps if r == run.run_id}
-            assert got == set(range(run.done)), f"{run.run_id}: completed steps {sorted(got)}"
+            done = run.finished if run.concurrency else set(range(run.done))
+            assert got == done, f"{run.run_id}: completed steps {sorted(got)}"
             for item in range(run.items):
                 row = ledger.get((run.run_id, str(item)))
                 state = run.effects[item]
@@ -748,6 +936,50 @@ class WritePathModel(RuleBasedStateMachine):
                 )
             else:
                 assert run.run_id not in statuses
+
+    def learn_batch(
+        self,
+        run: RunModel,
+        steps: set[tuple[str, str]],
+        results: dict[tuple[str, str], str],
+        ledger: dict[tuple[str, str], tuple[str, str]],
+        intents: set[str],
+    ) -> None:
+        """A batch's items on disk (tables plus journals), checked against the model; what
+        a kill or a forced stop left of items in flight not held is learnt here.
+
+        Every item acknowledged completed is on disk; only items that began completed;
+        each completed item stores the value the server answered for its call, and its
+        effect was returned (so its outcome, written before its completion, is on disk
+        too). An item completed before its ``item_done`` line was printed, or an intent
+        stored (or a decided call made again) before its ``intent`` line, is known from now
+        on.
+        """
+        durable = {int(k) for r, k in steps if r == run.run_id}
+        lost = run.finished - durable
+        assert not lost, f"{run.run_id}: items acknowledged completed are lost: {sorted(lost)}"
+        assert durable <= run.began, f"{run.run_id}: items completed that never began"
+        seqs = {d["idempotency_key"]: d["seq"] for d in self.server.deliveries}
+        for item in sorted(durable):
+            stored = results.get((run.run_id, str(item)))
+            assert stored is not None and json.loads(stored) == seqs.get(run.key(item)), (
+                f"{run.run_id}: item {item} stored {stored}, the server answered "
+                f"{seqs.get(run.key(item))}"
+            )
+            if item not in run.finished:
+                run.item_finished(item)
+                self.landed["batch: completed, not yet acknowledged"] += 1
+        for item in sorted(run.began - run.finished):
+            row = ledger.get((run.run_id, str(item)))
+            state = run.effects[item]
+            if state == NONE and (row is not None or run.key(item) in intents):
+                run.effects[item] = INTENT
+                self.landed["batch: intent stored, not yet acknowledged"] += 1
+            elif state == NOT_APPLIED and row is not None and row[1] in ("pending", "unknown"):
+                # Called again: the row went back to pending (a write to the tables), and a
+                # kill or a forced stop came before the tool was entered, or inside it.
+                run.effects[item] = INTENT
+                self.landed["batch: called again, not yet acknowledged"] += 1
 
     # -- the end of an example ------------------------------------------------------------
     def teardown(self) -> None:
@@ -775,9 +1007,7 @@ class WritePathModel(RuleBasedStateMachine):
                         self.decide_unknowns(store, run)
                 attempt = self.attempt(run, [])
                 if attempt is not None:
-                    assert attempt.end() == ("completed", "-"), attempt.log
-                    run.statuses = frozenset({"completed"})
-                    run.completed_steps(run.items)
+                    self.end_completed(attempt)
             assert run.completed, f"{run.run_id} did not complete"
         with open_store(str(self.store_path)) as store:  # fold what dead processes left
             store.flush()

@@ -1,24 +1,29 @@
 """Worker process for the write-path model test (tests/test_write_path_model.py).
 
 Defines the effect ``deliver_item`` (one POST to the test's DeliveryServer, with the
-ledger's key as ``Idempotency-Key``) and the agent ``write-path-model``: one step per
-item, one delivery per step. Every attempt (start or resume) is one such process.
+ledger's key as ``Idempotency-Key``) and two agents: ``write-path-model``, one step per
+item, one delivery per step; and ``write-path-batch``, one ``run.map`` over the items,
+``concurrency`` at once (threads), each item one step with one delivery, its value the
+server's delivery number. Every attempt (start or resume) is one such process.
 
 Protocol: ``loaded`` / ``go`` as in ``tests/crash/__init__.py``. The ``go`` line carries
-``store``, ``run_id``, ``items``, ``url``, ``store_wait`` (``KERNELEXT_STORE_WAIT``) and
-``pauses``, a list of ``[item, point]``. Every line goes to stdout in one ``write``:
+``store``, ``run_id``, ``items``, ``concurrency`` (0: the step-per-item agent), ``url``,
+``store_wait`` (``KERNELEXT_STORE_WAIT``) and ``pauses``, a list of ``[item, point]``.
+Every line goes to stdout in one ``write`` (item threads never interleave within one):
 
 * ``ready`` (the run executes), ``needs_decision <status>`` (a resume found unknown
   effects: nothing executes) or ``completed`` (nothing left to do);
 * ``step <i>``: the body of step ``i`` begins, so every step before it is stored as
-  completed (``begin_step`` completes the previous step durably first);
+  completed (``begin_step`` completes the previous step durably first); in a batch, only
+  that item ``i`` began (its step is journaled);
+* ``item_done <i>``: batch item ``i`` completed: its step and value are on disk;
 * ``intent <i> <key>``: inside the tool, the intent is stored, the POST not yet sent;
 * ``delivered <i> <key>``: the server answered, the outcome is not recorded yet;
 * ``returned <i> <key>``: the effect returned to the agent (outcome queued, not synced);
 * ``paused <i> <point>``: the worker waits at that point until the test sends
   ``release`` (or kills it, or forces a stop that lands in the wait);
 * ``fold_failed``: the store logged that a fold of this process's journal failed;
-* ``done <status> <error type or ->`` once ``wait()`` returned.
+* ``done <status> <error type or -> <result as compact JSON>`` once ``wait()`` returned.
 
 Commands on stdin after ``go``, one a line: ``release``, ``stop`` (``handle.stop()``)
 and ``force`` (``handle.force_stop()``), issued from a thread other than the run's, as
@@ -27,6 +32,7 @@ the Stop button is.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -39,6 +45,7 @@ from support.http_server import post_json
 
 import kernelext as kx
 from crash import read_go
+from kernelext._core.run import engine_of
 from kernelext._store import open_store
 
 CONFIG: dict[str, Any] = {"url": "", "pauses": set()}
@@ -88,6 +95,25 @@ def write_path_model(run: kx.Run, items: int) -> int:
     return len(run.state.get("deliveries", {}))
 
 
+def _item_done(what: str, info: Any) -> None:
+    """The engine's listener: a batch item's completion was just made durable."""
+    if what == "completed" and getattr(info, "batch", None) is not None:
+        say(f"item_done {info.key}")
+
+
+@kx.agent(name="write-path-batch")
+def write_path_batch(run: kx.Run, items: int, concurrency: int) -> list[int]:
+    engine_of(run).listeners.append(_item_done)
+
+    def one(item: int) -> int:
+        mark("step", item)
+        body = deliver_item(run.id, item)
+        mark("returned", item, body["idempotency_key"])
+        return int(body["delivery"])
+
+    return run.map(one, range(items), key=str, concurrency=concurrency)
+
+
 class _FoldFailures(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if "folding the journal into the store failed" in record.getMessage():
@@ -121,7 +147,12 @@ def main() -> int:
         if row is not None and row["status"] == "completed":
             say("completed")
             return 0
-        if row is None:
+        concurrency = int(command.get("concurrency") or 0)
+        if row is None and concurrency:
+            handle = write_path_batch.start(
+                int(command["items"]), concurrency, run_id=run_id, store=store
+            )
+        elif row is None:
             handle = write_path_model.start(int(command["items"]), run_id=run_id, store=store)
         else:
             handle = kx.resume(run_id, store=store)
@@ -135,7 +166,7 @@ def main() -> int:
         if handle.error is not None:  # the test shows the stderr file when it fails
             error = type(handle.error).__name__
             traceback.print_exception(type(handle.error), handle.error, handle.error.__traceback__)
-        say(f"done {status} {error}")
+        say(f"done {status} {error} {json.dumps(handle.result, separators=(',', ':'))}")
         return 0
     finally:
         store.close()
