@@ -71,6 +71,8 @@ class Tally:
         )
 
     def add(self, end: Ended) -> None:
+        if end.kind == "unstarted":  # handed out as a stop landed: it never began
+            return
         self.ended += 1
         if end.kind == "done":
             self.plan.results[end.index] = end.value

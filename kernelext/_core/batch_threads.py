@@ -103,12 +103,16 @@ def _run_item(
     engine: RunEngine, batch: Batch, info: StepInfo, fn: Callable[[Any], Any], item: Any
 ) -> Ended:
     """One item in a pool thread: begin its step, call ``fn``, store its value."""
+    if engine.stop_event.is_set() or engine.suspend_request is not None or batch.forced:
+        return Ended(info.index, "unstarted")  # a stop came after it was handed out
     gate = ForceGate(lambda swallowed_at: None)
     gate.thread_id = threading.get_ident()
     run = ItemRun(engine, batch, info, gate)
     try:
         try:
             run.begin()
+            if engine.stop_event.is_set():  # the stop landed while the step began
+                raise StopRequested(engine.stop_source or "stop")
             run.value = fn(item)
             run.finished = True
         except BaseException as exc:
