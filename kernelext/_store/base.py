@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from .._expiry_policy import POLICY, ExpiryPolicy
 from ..errors import OwnershipLost, StoreWriteError
 from .columns import scrub_record
+from .observe import OBSERVERS, notify
 from .records import FENCED, WHAT, apply_record, check_record
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer
@@ -317,6 +318,8 @@ class StoreBase:
         nothing was acknowledged for it.
         """
         data, epoch = self.prepare_record(kind, data)
+        if OBSERVERS:
+            notify(kind, data)
         if self.hot_path is not None:
             fence = self.backend.fence
             if epoch is not None and fence is not None and kind != "outcome":

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from .._expiry_policy import POLICY, ExpiryPolicy
 from ..errors import OwnershipLost, RunNotFound
 from ..status import WAITING, Status, check_transition, waiting_reason
+from .observe import OBSERVERS, notify
 from .writer import Tx
 
 __all__ = ["Transition", "move_tx"]
@@ -100,6 +101,19 @@ def move_tx(
             json.dumps(detail, sort_keys=True, default=str) if detail else None,
         ),
     )
+    if OBSERVERS:
+        notify(
+            "transition",
+            {
+                "run_id": run_id,
+                "kind": str(kind),
+                "from_status": before,
+                "to_status": Status(to_status).value,
+                "source": source,
+                "reason": reason,
+                "at": now,
+            },
+        )
     return Transition(True, before, Status(to_status))
 
 

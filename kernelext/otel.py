@@ -1,0 +1,188 @@
+"""Runs as OpenTelemetry traces (the ``kernelext[otel]`` extra).
+
+``kernelext.otel.enable()`` subscribes to the store's one write door (every hot-path
+record and every run transition): a run is a span, each step (and batch item) a child span,
+each effect a child span of its step with its status; stops, suspensions, resumes and
+decisions are span events. Attributes carry the run id, step key, tool, effect key and
+status under a ``kernelext.`` prefix; every string is scrubbed by kernelext's secret
+scrubbing first. The run's trace id is derived from the run id, so a resumed run's spans
+join the same trace. Nothing is imported from ``opentelemetry`` until ``enable`` is called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+from ._core.secrets import scrub_text
+from ._store import observe
+
+__all__ = ["disable", "enable", "failures"]
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def failures() -> int:
+    """How many span writes failed (each swallowed: tracing never breaks a run)."""
+    return observe.failures() + int(_state.get("failures", 0))
+
+
+def enable(tracer_provider: Any = None) -> None:
+    """Trace every run of this process to ``tracer_provider`` (default: the global one,
+    ``opentelemetry.trace.get_tracer_provider()``). Calling it again replaces the provider."""
+    from opentelemetry import trace
+
+    provider = tracer_provider or trace.get_tracer_provider()
+    with _lock:
+        _state.clear()
+        _state.update(tracer=provider.get_tracer("kernelext"), runs={}, steps={}, effects={})
+    observe.subscribe(_observe)
+
+
+def disable() -> None:
+    """Stop tracing (open spans are ended)."""
+    observe.unsubscribe(_observe)
+    with _lock:
+        for table in ("effects", "steps", "runs"):
+            for span in _state.get(table, {}).values():
+                span.end()
+        _state.clear()
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, (bool, int, float)):
+        return value
+    return scrub_text(str(value))
+
+
+def _attrs(**values: Any) -> dict[str, Any]:
+    return {f"kernelext.{k}": _clean(v) for k, v in values.items() if v is not None}
+
+
+def _context(run_id: str) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    digest = hashlib.sha256(run_id.encode()).digest()
+    trace_id = int.from_bytes(digest[:16], "big") or 1
+    span_id = int.from_bytes(digest[16:24], "big") or 1
+    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(1))
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+def _run_span(run_id: str) -> Any:
+    runs = _state["runs"]
+    span = runs.get(run_id)
+    if span is None:
+        span = _state["tracer"].start_span(
+            f"kernelext.run {run_id}", context=_context(run_id), attributes=_attrs(run_id=run_id)
+        )
+        runs[run_id] = span
+    return span
+
+
+def _in(span: Any) -> Any:
+    from opentelemetry import trace
+
+    return trace.set_span_in_context(span)
+
+
+def _observe(kind: str, data: dict[str, Any]) -> None:
+    with _lock:
+        if not _state:
+            return
+        try:
+            _translate(kind, data)
+        except Exception:
+            _state["failures"] = _state.get("failures", 0) + 1
+
+
+def _translate(kind: str, d: dict[str, Any]) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    tracer, steps, effects = _state["tracer"], _state["steps"], _state["effects"]
+    run_id = d.get("run_id")
+    if kind == "step_begin":
+        run = _run_span(d["run_id"])
+        steps[d["id"]] = tracer.start_span(
+            f"kernelext.step {_clean(d['key'])}",
+            context=_in(run),
+            attributes=_attrs(run_id=run_id, step_key=d["key"], step_ordinal=d.get("ordinal")),
+        )
+    elif kind in ("step_complete", "item_complete"):
+        span = steps.pop(d["step_id"], None)
+        if span is not None:
+            span.set_attribute("kernelext.status", "completed")
+            span.end()
+    elif kind == "intent":
+        parent = _step_for(d) or _run_span(d["run_id"])
+        effects[d["key"]] = tracer.start_span(
+            f"kernelext.effect {_clean(d['tool'])}",
+            context=_in(parent),
+            attributes=_attrs(
+                run_id=run_id,
+                step_key=d["step_key"],
+                tool=d["tool"],
+                effect_key=d["key"],
+                call_ordinal=d["call_ordinal"],
+                status="pending",
+            ),
+        )
+    elif kind == "outcome":
+        span = effects.pop(d["key"], None)
+        if span is not None:
+            span.set_attribute("kernelext.status", _clean(d["status"]))
+            if d["status"] == "failed":
+                span.set_status(Status(StatusCode.ERROR, _clean(d.get("error") or "failed")))
+            span.end()
+    elif kind == "stop_request":
+        _state.setdefault("stops", set()).add(d["run_id"])
+        _run_span(d["run_id"]).add_event(
+            "kernelext.stop_requested", _attrs(source=d.get("source"), who=d.get("who"))
+        )
+    elif kind == "run_end":
+        _transition({**d, "to_status": d["status"]})
+    elif kind == "transition":
+        # The journal's fold repeats moves the records above already told: a transition
+        # adds to an open run span, and only a move to running opens one.
+        if d["kind"] == "stop_requested" and d["run_id"] in _state.get("stops", ()):
+            return
+        if d["run_id"] in _state["runs"] or d["to_status"] == "running":
+            _transition(d)
+
+
+def _step_for(d: dict[str, Any]) -> Any:
+    for span in _state["steps"].values():
+        attrs = getattr(span, "attributes", None) or {}
+        if attrs.get("kernelext.run_id") == d["run_id"] and attrs.get(
+            "kernelext.step_key"
+        ) == _clean(d["step_key"]):
+            return span
+    return None
+
+
+_ENDS = {"completed", "failed", "cancelled", "expired", "suspended", "needs_decision"}
+
+
+def _transition(d: dict[str, Any]) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    run = _run_span(d["run_id"])
+    to = d["to_status"]
+    run.add_event(
+        f"kernelext.{d['kind']}",
+        _attrs(
+            from_status=d.get("from_status"),
+            status=to,
+            source=d.get("source"),
+            reason=d.get("reason"),
+        ),
+    )
+    if to in _ENDS:
+        run.set_attribute("kernelext.status", to)
+        if to == "failed":
+            run.set_status(Status(StatusCode.ERROR, _clean(d.get("reason") or "failed")))
+        run.end()
+        del _state["runs"][d["run_id"]]
