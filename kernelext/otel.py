@@ -12,43 +12,129 @@ join the same trace. Nothing is imported from ``opentelemetry`` until ``enable``
 from __future__ import annotations
 
 import hashlib
+import json
+import queue
 import threading
 from typing import Any
 
 from ._core.secrets import scrub_text
 from ._store import observe
 
-__all__ = ["disable", "enable", "failures"]
+__all__ = ["disable", "enable", "failures", "flush"]
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
+_queue: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+_exports_failed = [0]
 
 
 def failures() -> int:
     """How many span writes failed (each swallowed: tracing never breaks a run)."""
-    return observe.failures() + int(_state.get("failures", 0))
+    return observe.failures() + int(_state.get("failures", 0)) + _exports_failed[0]
 
 
-def enable(tracer_provider: Any = None) -> None:
+def enable(tracer_provider: Any = None, *, endpoint: str | None = None) -> Any:
     """Trace every run of this process to ``tracer_provider`` (default: the global one,
-    ``opentelemetry.trace.get_tracer_provider()``). Calling it again replaces the provider."""
+    ``opentelemetry.trace.get_tracer_provider()``), or, with ``endpoint``
+    (``http://host:4318/v1/traces``), to an OTLP/HTTP collector through a provider of its
+    own (returned, so it can be shut down). Calling it again replaces the provider.
+
+    Spans are made on a thread of their own from a queue: the run never waits for them, and
+    a failed export is counted (``failures()``), never raised."""
     from opentelemetry import trace
 
+    if endpoint is not None:
+        tracer_provider = _otlp_provider(endpoint)
     provider = tracer_provider or trace.get_tracer_provider()
+    disable()
     with _lock:
-        _state.clear()
         _state.update(tracer=provider.get_tracer("kernelext"), runs={}, steps={}, effects={})
+        _state["provider"] = provider
+        _state["thread"] = threading.Thread(
+            target=_drain, args=(_queue,), name="kernelext-otel", daemon=True
+        )
+        _state["thread"].start()
     observe.subscribe(_observe)
+    return provider
+
+
+def flush(timeout: float = 30.0) -> bool:
+    """Wait until every record seen so far is a span handed to the provider, then flush the
+    provider; True if done within ``timeout`` seconds."""
+    done = threading.Event()
+    _queue.put(("__flush__", {"done": done}))
+    if not done.wait(timeout):
+        return False
+    provider = _state.get("provider")
+    flush_provider = getattr(provider, "force_flush", None)
+    return bool(flush_provider(int(timeout * 1000))) if flush_provider else True
 
 
 def disable() -> None:
     """Stop tracing (open spans are ended)."""
     observe.unsubscribe(_observe)
+    if _state.get("thread") is not None:
+        flush()
+        _queue.put(("__stop__", {}))
+        _state["thread"].join(30)
     with _lock:
         for table in ("effects", "steps", "runs"):
             for span in _state.get(table, {}).values():
                 span.end()
         _state.clear()
+
+
+class _Counted:
+    """An exporter whose failures are counted instead of only logged."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            _exports_failed[0] += 1
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+def _otlp_provider(endpoint: str) -> Any:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "kernelext"}))
+    exporter = _Counted(OTLPSpanExporter(endpoint=endpoint, timeout=5))
+    provider.add_span_processor(BatchSpanProcessor(exporter))  # type: ignore[arg-type]
+    return provider
+
+
+def _drain(q: queue.SimpleQueue[tuple[str, dict[str, Any]]]) -> None:
+    while True:
+        kind, data = q.get()
+        if kind == "__stop__":
+            return
+        if kind == "__flush__":
+            data["done"].set()
+            continue
+        with _lock:
+            if not _state:
+                continue
+            try:
+                _translate(kind, data)
+            except Exception:
+                _state["failures"] = _state.get("failures", 0) + 1
 
 
 def _clean(value: Any) -> Any:
@@ -90,13 +176,7 @@ def _in(span: Any) -> Any:
 
 
 def _observe(kind: str, data: dict[str, Any]) -> None:
-    with _lock:
-        if not _state:
-            return
-        try:
-            _translate(kind, data)
-        except Exception:
-            _state["failures"] = _state.get("failures", 0) + 1
+    _queue.put((kind, dict(data)))
 
 
 def _translate(kind: str, d: dict[str, Any]) -> None:
@@ -130,10 +210,12 @@ def _translate(kind: str, d: dict[str, Any]) -> None:
                 status="pending",
             ),
         )
+        _model_request(effects[d["key"]], d.get("args"))
     elif kind == "outcome":
         span = effects.pop(d["key"], None)
         if span is not None:
             span.set_attribute("kernelext.status", _clean(d["status"]))
+            _model_response(span, d.get("result"))
             if d["status"] == "failed":
                 span.set_status(Status(StatusCode.ERROR, _clean(d.get("error") or "failed")))
             span.end()
@@ -144,6 +226,8 @@ def _translate(kind: str, d: dict[str, Any]) -> None:
         )
     elif kind == "run_end":
         _transition({**d, "to_status": d["status"]})
+    elif kind == "event" and d.get("run_id"):
+        _decision(d)
     elif kind == "transition":
         # The journal's fold repeats moves the records above already told: a transition
         # adds to an open run span, and only a move to running opens one.
@@ -186,3 +270,53 @@ def _transition(d: dict[str, Any]) -> None:
             run.set_status(Status(StatusCode.ERROR, _clean(d.get("reason") or "failed")))
         run.end()
         del _state["runs"][d["run_id"]]
+
+
+def _decision(d: dict[str, Any]) -> None:
+    """An audit event (approval asked or decided, reconciliation, revalidation, ...): an
+    event of the open run span, else a short span of its own in the run's trace."""
+    attrs = _attrs(run_id=d["run_id"], source=d.get("source"), who=d.get("who"))
+    attrs.update(_attrs(reason=d.get("reason")))
+    name = f"kernelext.{_clean(d['kind'])}"
+    run = _state["runs"].get(d["run_id"])
+    if run is not None:
+        run.add_event(name, attrs)
+    else:
+        _state["tracer"].start_span(name, context=_context(d["run_id"]), attributes=attrs).end()
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, (bytes, str)):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _model_request(span: Any, args: Any) -> None:
+    """OpenTelemetry GenAI attributes of a model call (from its scrubbed recorded request)."""
+    request = _json(args)
+    if isinstance(request, dict):
+        request = request.get("kwargs", request)
+    if isinstance(request, dict) and isinstance(request.get("model"), str):
+        span.set_attribute("gen_ai.operation.name", "chat")
+        span.set_attribute("gen_ai.request.model", _clean(request["model"]))
+
+
+def _model_response(span: Any, result: Any) -> None:
+    response = _json(result)
+    if not isinstance(response, dict):
+        return
+    usage = response.get("usage")
+    if isinstance(response.get("model"), str):
+        span.set_attribute("gen_ai.response.model", _clean(response["model"]))
+    if isinstance(usage, dict):
+        for ours, theirs in (
+            ("gen_ai.usage.input_tokens", ("prompt_tokens", "input_tokens")),
+            ("gen_ai.usage.output_tokens", ("completion_tokens", "output_tokens")),
+        ):
+            for name in theirs:
+                if isinstance(usage.get(name), int):
+                    span.set_attribute(ours, usage[name])
+                    break

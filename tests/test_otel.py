@@ -37,9 +37,14 @@ def spans() -> Iterator[InMemorySpanExporter]:
         provider.shutdown()
 
 
+def finished_spans(exporter: InMemorySpanExporter) -> Any:
+    assert otel.flush()
+    return exporter.get_finished_spans()
+
+
 def _by_name(exporter: InMemorySpanExporter) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for span in exporter.get_finished_spans():
+    for span in finished_spans(exporter):
         out.setdefault(span.name, []).append(span)
     return out
 
@@ -116,7 +121,7 @@ def test_a_secret_in_an_effect_argument_never_reaches_a_span(
         assert secretive.start(run_id="secretive-1").wait(WAIT) == "failed"
     finally:
         kx.secrets.forget(secret)
-    finished = spans.get_finished_spans()
+    finished = finished_spans(spans)
     assert finished
     for span in finished:
         texts = [span.name, str(span.status.description), *map(str, span.attributes.values())]
@@ -139,3 +144,162 @@ def test_without_enable_nothing_is_imported_from_opentelemetry(tmp_path: Any) ->
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_an_approval_decision_is_in_the_run_trace(
+    store: Store, spans: InMemorySpanExporter
+) -> None:
+    @kx.effect(needs_approval=True)
+    def pay(to: str, amount: int, *, idempotency_key: str | None = None) -> str:
+        return f"paid {to}"
+
+    @kx.agent(name=name("payer"))
+    def payer(run: kx.Run) -> None:
+        with run.step("bob"):
+            pay("bob", 500)
+
+    assert payer.start(run_id="payer-1").wait(WAIT) == "suspended"
+    [request] = kx.approvals("payer-1")
+    resumed = request.approve(note="checked")
+    assert resumed is not None and resumed.wait(WAIT) == "completed"
+    finished = finished_spans(spans)
+    trace_ids = {s.context.trace_id for s in finished}
+    assert len(trace_ids) == 1
+    names = {s.name for s in finished} | {e.name for s in finished for e in s.events}
+    assert {"kernelext.approval_requested", "kernelext.approval_decided"} <= names
+    [effect] = [s for s in finished if s.name.startswith("kernelext.effect ")]
+    assert effect.attributes["kernelext.status"] == "applied"
+
+
+def test_batch_items_are_step_spans(store: Store, spans: InMemorySpanExporter) -> None:
+    def double(i: int) -> int:
+        return i * 2
+
+    @kx.agent(name=name("batch"))
+    def batch(run: kx.Run) -> None:
+        run.state["out"] = run.map(double, [1, 2, 3], key=str, concurrency=2)
+
+    assert batch.start(run_id="batch-1").wait(WAIT) == "completed"
+    steps = [s for s in finished_spans(spans) if s.name.startswith("kernelext.step ")]
+    assert {
+        s.attributes["kernelext.step_key"]: s.attributes["kernelext.status"] for s in steps
+    } == {
+        "1": "completed",
+        "2": "completed",
+        "3": "completed",
+    }
+
+
+def test_a_model_call_carries_the_gen_ai_attributes(
+    store: Store, spans: InMemorySpanExporter, tmp_path: Any
+) -> None:
+    from openai import OpenAI
+    from support.llm_server import LLMServer
+
+    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
+        client = kx.openai(OpenAI(base_url=server.base_url, api_key="sk-x", max_retries=0))
+
+        @kx.agent(name=name("chatty"))
+        def chatty(run: kx.Run) -> None:
+            client.chat.completions.create(
+                model="scripted", messages=[{"role": "user", "content": "hello there"}]
+            )
+
+        assert chatty.start(run_id="chatty-1").wait(WAIT) == "completed"
+    [call] = [s for s in finished_spans(spans) if "gen_ai.request.model" in s.attributes]
+    assert call.attributes["gen_ai.request.model"] == "scripted"
+    assert call.attributes["kernelext.status"] == "applied"
+    assert call.attributes["gen_ai.usage.input_tokens"] > 0
+    assert call.attributes["gen_ai.usage.output_tokens"] >= 0
+
+
+class _Collector:
+    """An OTLP/HTTP collector on 127.0.0.1: keeps every ``POST /v1/traces`` body."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        bodies = self.bodies = []  # type: list[bytes]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                size = int(self.headers.get("Content-Length", 0))
+                if self.path == "/v1/traces":
+                    bodies.append(self.rfile.read(size))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+
+    def spans(self) -> list[Any]:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        out = []
+        for body in self.bodies:
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            for resource in request.resource_spans:
+                for scope in resource.scope_spans:
+                    out.extend(scope.spans)
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _simple_run(run_id: str) -> str:
+    @kx.effect
+    def touch(i: int, *, idempotency_key: str | None = None) -> int:
+        return i
+
+    @kx.agent(name=name("otlp"))
+    def otlp(run: kx.Run) -> None:
+        for i in run.steps(range(2)):
+            touch(i)
+
+    return otlp.start(run_id=run_id).wait(WAIT)
+
+
+def test_spans_arrive_at_an_otlp_http_collector(store: Store) -> None:
+    collector = _Collector()
+    provider = otel.enable(endpoint=collector.endpoint)
+    try:
+        assert _simple_run("otlp-1") == "completed"
+        assert otel.flush()
+    finally:
+        otel.disable()
+        provider.shutdown()
+        collector.close()
+    names = [s.name for s in collector.spans()]
+    assert "kernelext.run otlp-1" in names
+    assert sum(n.startswith("kernelext.step ") for n in names) == 2
+    assert sum(n.startswith("kernelext.effect ") for n in names) == 2
+
+
+def test_a_collector_that_is_down_neither_fails_the_run_nor_goes_unnoticed(store: Store) -> None:
+    collector = _Collector()
+    endpoint = collector.endpoint
+    collector.close()  # nobody listens there now
+    before = otel.failures()
+    provider = otel.enable(endpoint=endpoint)
+    try:
+        assert _simple_run("otlp-down") == "completed"
+        otel.flush()
+    finally:
+        otel.disable()
+        provider.shutdown()
+    assert otel.failures() > before
+    assert kx.sql("SELECT status FROM runs WHERE id = 'otlp-down'")["status"].tolist() == [
+        "completed"
+    ]

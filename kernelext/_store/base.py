@@ -534,6 +534,11 @@ class StoreBase:
         """Append one audit row inside the caller's transaction (``reason`` and ``detail``
         are scrubbed of secrets by the write path, see ``store/columns.py``); ``at``: when
         it happened (default: now)."""
+        if OBSERVERS:
+            notify(
+                "event",
+                {"run_id": run_id, "kind": kind, "source": source, "who": who, "reason": reason},
+            )
         tx.execute(
             "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source,"
             " actor, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
