@@ -25,6 +25,7 @@ PUBLIC_MODULES = (
     "kernelext.errors",
     "kernelext.status",
     "kernelext.langgraph",
+    "kernelext.otel",
     "kernelext.widgets",
 )
 
