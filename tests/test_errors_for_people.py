@@ -1,0 +1,46 @@
+"""A kernelext error in a notebook shows its message and the user's frames, not kernelext's."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import kernelext
+from tests.support.kernels import KernelSession
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(kernelext.__file__))
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _traceback(reply: object) -> str:
+    error = getattr(reply, "error", None)
+    assert error is not None, "the cell did not fail"
+    return ANSI.sub("", "\n".join(error["traceback"]))
+
+
+def _kernelext_frames(text: str) -> list[str]:
+    return [line for line in text.splitlines() if PACKAGE_DIR in line]
+
+
+def test_resume_typo_shows_message_and_user_frames_only(tmp_path: Path) -> None:
+    store = tmp_path / "s.duckdb"
+    with KernelSession() as kernel:
+        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        reply = kernel.run("def my_helper():\n    kx.resume('triage-nvo')\nmy_helper()")
+        text = _traceback(reply)
+        assert _kernelext_frames(text) == [], text
+        assert "my_helper" in text
+        assert "No run 'triage-nvo'" in text
+        other = _traceback(kernel.run("def my_div():\n    return 1 / 0\nmy_div()"))
+        assert "ZeroDivisionError" in other and "my_div" in other
+
+
+def test_with_extension_loaded_the_frames_are_left_out_too(tmp_path: Path) -> None:
+    store = tmp_path / "s.duckdb"
+    with KernelSession() as kernel:
+        kernel.run("%load_ext kernelext").ok()
+        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        text = _traceback(kernel.run("kx.resume('nope')"))
+        assert _kernelext_frames(text) == [], text
+        assert "No run 'nope'" in text
