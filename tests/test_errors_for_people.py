@@ -44,3 +44,14 @@ def test_with_extension_loaded_the_frames_are_left_out_too(tmp_path: Path) -> No
         text = _traceback(kernel.run("kx.resume('nope')"))
         assert _kernelext_frames(text) == [], text
         assert "No run 'nope'" in text
+
+
+def test_a_handle_without_the_extension_says_how_to_get_the_panel(tmp_path: Path) -> None:
+    store = tmp_path / "s.duckdb"
+    with KernelSession() as kernel:
+        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        kernel.run(
+            "@kx.agent\ndef tiny(run):\n    return 1\nh = tiny.start(run_id='tiny-1')\nh.wait()"
+        ).ok()
+        text = kernel.run("h").ok().text
+        assert "%load_ext kernelext" in text, text
