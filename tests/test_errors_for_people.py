@@ -55,3 +55,14 @@ def test_a_handle_without_the_extension_says_how_to_get_the_panel(tmp_path: Path
         ).ok()
         text = kernel.run("h").ok().text
         assert "%load_ext kernelext" in text, text
+
+
+def test_magics_before_load_ext_say_to_load_it(tmp_path: Path) -> None:
+    with KernelSession() as kernel:
+        kernel.run("import kernelext as kx").ok()
+        for cell in ("%%ledger\nSELECT 1", "%%agent\n1"):
+            reply = kernel.run(cell)
+            assert "%load_ext kernelext" in _traceback(reply) + str(reply.error), reply.error
+        kernel.run("%load_ext kernelext").ok()
+        kernel.run(f"%config Kernelext.store = {str(tmp_path / 's.duckdb')!r}").ok()
+        assert "1" in kernel.run("%%ledger\nSELECT 1 AS one").ok().text

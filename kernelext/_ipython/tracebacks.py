@@ -106,6 +106,33 @@ def install_in_running_shell() -> bool:
     try:
         from IPython import get_ipython
 
-        return install(get_ipython())
+        shell = get_ipython()
+        _register_placeholders(shell)
+        return install(shell)
     except Exception:  # never let importing kernelext fail over a traceback printer
         return False
+
+
+MAGICS = ("agent", "ledger")  # every magic of kernelext/_ipython/magics.py
+
+
+def _register_placeholders(shell: Any) -> None:
+    """``%%ledger`` before ``%load_ext kernelext`` says to load it (the extension's own
+    magics replace these when it loads)."""
+    if shell is None or not hasattr(shell, "register_magic_function"):
+        return
+    from IPython.core.error import UsageError
+
+    manager = shell.magics_manager
+    for name in MAGICS:
+        if name in manager.magics["line"] or name in manager.magics["cell"]:
+            continue
+
+        def placeholder(line: str = "", cell: str | None = None, *, _name: str = name) -> None:
+            raise UsageError(
+                f"%{_name} is a kernelext magic: run %load_ext kernelext first, "
+                "then this cell again."
+            )
+
+        placeholder.__name__ = name
+        shell.register_magic_function(placeholder, magic_kind="line_cell", magic_name=name)
