@@ -163,3 +163,13 @@ def unload_ipython_extension(ipython: object) -> None:
     from ._ipython import extension
 
     extension.unload(ipython)
+
+
+def _show_errors_without_internals() -> None:
+    """Inside IPython, kernelext errors show their message and the user's frames only."""
+    from ._ipython.tracebacks import install_in_running_shell
+
+    install_in_running_shell()
+
+
+_show_errors_without_internals()

@@ -92,7 +92,9 @@ class Handle:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
         renderer = runtime().settings.handle_renderer
         if renderer is None:
-            return {"text/plain": self.text_summary()}
+            # Only IPython asks for this bundle: say how to get the panel there.
+            hint = "(for its control panel: %load_ext kernelext, then show the handle again)"
+            return {"text/plain": f"{self.text_summary()}\n{hint}"}
         return renderer(self)
 
     @property

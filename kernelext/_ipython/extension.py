@@ -26,6 +26,7 @@ from .._core.runtime import Settings, runtime
 from . import options
 from .interrupt import InterruptHandler, kernel_supports_soft_interrupt, live_handles
 from .magics import Kernelext, forget_notebook_options
+from .tracebacks import install as install_tracebacks
 
 __all__ = [
     "load",
@@ -166,6 +167,7 @@ def load(shell: Any) -> None:
     previous_options = options.saved()
     magics = Kernelext(shell=shell)
     shell.register_magics(magics)
+    install_tracebacks(shell)
     kernel = getattr(shell, "kernel", None)
     if kernel is not None and kernel_supports_soft_interrupt(kernel):
         # Installed whatever soft_interrupt says: a press reads it (kx.configure may change it).

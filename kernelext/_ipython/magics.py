@@ -33,6 +33,7 @@ from .._validate import check_duration
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
 from ..status import Status
 from .cells import run_agent_cell
+from .ledger_display import for_display
 from .options import NOTEBOOK_OPTIONS, notebook_option
 
 __all__ = ["Kernelext"]
@@ -225,7 +226,7 @@ class Kernelext(Magics):
                 "Use %agent stop|resume|status|complete RUN_ID, or %agent list."
             )
         if command == "list":
-            return runs()
+            return for_display(runs())
         if not args.run_id:
             raise UsageError(f"%agent {command} needs a run id: %agent {command} RUN_ID")
         run_id: str = args.run_id
@@ -295,7 +296,7 @@ class Kernelext(Magics):
             raise UsageError(f"The ledger query failed: {exc}") from None
         if out is not None and self.shell is not None:
             self.shell.user_ns[out] = result
-        return result
+        return for_display(result)
 
     def _bind_variables(self, query: str) -> tuple[str, dict[str, Any] | None]:
         """``{name}`` -> ``$name``, with the notebook's ``name`` as that parameter's value."""
