@@ -8,6 +8,9 @@ a tool waits until the test asked for the stop, which lands at the next model ca
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,7 @@ def no_prices() -> Any:
 
 
 def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_resume(
-    store: Any, llm: LLMServer
+    store: Any, store_path: Path, llm: LLMServer
 ) -> None:
     client = kx.openai(
         OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0), prices={MODEL: PRICE}
@@ -112,7 +115,17 @@ def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_r
     assert "$" in summary
     panel_text = to_text(view_of(resumed))
     assert f"{asked} turns" in panel_text and "last: assistant: " in panel_text, panel_text
-    for shown in (summary, panel_text, plan):
+    shown_cli = subprocess.run(
+        [sys.executable, "-m", "kernelext", "show", "talk", "--store", str(store_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ),
+        check=True,
+    ).stdout
+    # prices are given in the process that runs the agent; another process shows no cost
+    assert f"conversation: {talk.text().split(' · $')[0]}\n" in shown_cli, shown_cli
+    for shown in (summary, panel_text, plan, shown_cli):
         assert OUTSIDE_STEPS not in shown, shown
 
 
