@@ -77,7 +77,7 @@ def test_every_notebook_runs_headless(
         state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"], ensure_ascii=False)
         # the panel shows the conversation: 4 turns, the 3 tool calls, tokens and their cost
         assert re.search(r"4 turns · 3 tool calls · [\d,]+ tokens \(", state), state[:2000]
-        assert "· $0.0" in state
+        assert "· $0.0" in state and "__run__" not in state  # nor in the timeline
         assert "4 turns · 3 tool calls" in text_of(nb, "check")
     if path.stem == "batch":
         assert len(counts) == 160  # every item delivered, none twice (above)
