@@ -104,11 +104,12 @@ class PanelView:
     def progress_text(self, *, done: str = " completed") -> str:
         """``3/5 steps``, or ``6 steps completed`` when the total is not known; for a run
         of model and tool calls ``7 turns · 3 tool calls · 1,234 tokens (...)``."""
-        if self.conversation is not None and not self.known_total:
-            return self.conversation.text()
         if self.known_total:
             return f"{self.completed}/{self.known_total} steps"
-        return f"{self.completed} step{'s' if self.completed != 1 else ''}{done}"
+        steps = f"{self.completed} step{'s' if self.completed != 1 else ''}{done}"
+        if self.conversation is not None:
+            return self.conversation.progress(steps, self.completed)
+        return steps
 
     def stop_text(self) -> str | None:
         if not self.stop_pending:

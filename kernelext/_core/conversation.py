@@ -49,7 +49,10 @@ class Conversation:
         return self.prompt_tokens + self.completion_tokens
 
     def text(self) -> str:
-        """``7 turns · 3 tool calls · 1,234 tokens (1,000 prompt + 234 completion) · $0.0012``"""
+        """``7 turns · 3 tool calls · 1,234 tokens (1,000 prompt + 234 completion) · $0.0012``;
+        ``2 tool calls`` when no model was asked (a LangGraph run's tools)."""
+        if not self.turns:
+            return _count(self.tool_calls, "tool call")
         parts = [_count(self.turns, "turn"), _count(self.tool_calls, "tool call")]
         parts.append(
             f"{self.tokens:,} tokens ({self.prompt_tokens:,} prompt + "
@@ -58,6 +61,13 @@ class Conversation:
         if self.cost is not None:
             parts.append(f"${self.cost:.4f}")
         return " · ".join(parts)
+
+    def progress(self, steps_text: str, completed_steps: int) -> str:
+        """What a run without a known number of steps shows as its progress: the
+        conversation alone, or after the steps it completed (``4 steps · 2 tool calls``)."""
+        if not (self.turns or self.tool_calls):
+            return steps_text
+        return f"{steps_text} · {self.text()}" if completed_steps else self.text()
 
 
 def _count(n: int, what: str) -> str:

@@ -121,8 +121,7 @@ class Handle:
         progress = f"{done}/{total} steps" if total else f"{done} steps"
         if not total:
             talk = conversation_of(self.store.load_effects(self.run_id).values())
-            if talk.turns or talk.tool_calls:
-                progress = talk.text()
+            progress = talk.progress(progress, int(done or 0))
         line = f"run {self.run_id} [{info['agent']}]: {info['status']}, {progress}"
         if info.get("reason"):
             line += f" ({info['reason']})"

@@ -218,8 +218,10 @@ def _conversation(result: ResumePlan, store: Store) -> None:
     step = result.next_step
     if result.total_steps is not None or step is None or not step.note.endswith(FIRST_ITEM):
         return
+    if result.completed:  # a run of steps (LangGraph's supersteps): its steps say it
+        return
     talk = conversation_of(store.load_effects(result.run_id).values())
-    if talk.turns or talk.tool_calls:
+    if talk.turns:
         note = (
             f"the conversation continues after turn {talk.turns}; {talk.turns} model calls "
             f"and {talk.tool_calls} tool calls are replayed from the ledger"
