@@ -353,10 +353,10 @@ class Timeline:
         for mark in self.marks:
             counts[mark.kind] = counts.get(mark.kind, 0) + 1
         forced = sum(1 for b in self.bars if b.forced)
-        line = (
-            f"timeline of run {self.run_id} [{self.agent}]: {self.status}, "
-            f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
-        )
+        drawn = f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
+        if not self.bars and self.ticks:  # a run of model and tool calls
+            drawn = f"{len(self.ticks)} effects outside steps"
+        line = f"timeline of run {self.run_id} [{self.agent}]: {self.status}, {drawn}"
         if self.lanes > 1:
             line += f"; up to {self.lanes} steps at once, one row each"
             if self.folded:
