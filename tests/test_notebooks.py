@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,11 @@ def test_every_notebook_runs_headless(
         assert "'suspended'" in text_of(nb, "click-stop")
         assert "'completed'" in text_of(nb, "click-resume")
         assert "{0: 1, 1: 1, 2: 1, 3: 1}" in text_of(nb, "check")  # one request per turn
+        state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"], ensure_ascii=False)
+        # the panel shows the conversation: 4 turns, the 3 tool calls, tokens and their cost
+        assert re.search(r"4 turns · 3 tool calls · [\d,]+ tokens \(", state), state[:2000]
+        assert "· $0.0" in state and "__run__" not in state  # nor in the timeline
+        assert "4 turns · 3 tool calls" in text_of(nb, "check")
     if path.stem == "batch":
         assert len(counts) == 160  # every item delivered, none twice (above)
         stopped = text_of(nb, "click-stop")

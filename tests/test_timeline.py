@@ -270,3 +270,43 @@ def test_the_panel_shows_the_live_timeline_and_the_estimate(store: Store) -> Non
     assert [m.kind for m in live.timeline.marks][-2:] == ["stop_request", "suspension"]
     panel.detach()
     live.detach()
+
+
+def test_effects_outside_steps_are_drawn_without_the_internal_step_key(store: Store) -> None:
+    """A run of tool calls without ``run.steps`` (what an LLM agent is): its effects are
+    ticks said to be outside steps, and the picture never shows the internal key."""
+    from kernelext._core.names import OUTSIDE_STEPS
+
+    @kx.effect
+    def lookup_order(order_id: str) -> dict[str, str]:
+        return {"order": order_id}
+
+    @kx.effect
+    def refund(order_id: str) -> dict[str, str]:
+        return {"refunded": order_id}
+
+    @kx.agent(name=name("stepless"))
+    def stepless(run: kx.Run) -> None:
+        lookup_order("A-1")
+        refund("A-1")
+
+    handle = stepless.start(run_id="stepless-1")
+    assert handle.wait(WAIT) == Status.COMPLETED
+    assert set(kx.sql("SELECT step_key FROM effects WHERE run_id = 'stepless-1'")["step_key"]) == {
+        OUTSIDE_STEPS
+    }
+    picture = timeline("stepless-1")
+    root = parse(picture.svg)
+    ticks = shapes(root, "line", "kx-effect")
+    assert [t.get("data-tool") for t in ticks] == ["lookup_order", "refund"]
+    assert [title_of(t).splitlines()[0] for t in ticks] == [
+        "lookup_order [outside steps] call 0: applied",
+        "refund [outside steps] call 1: applied",
+    ]
+    for shown in (picture.svg, picture.html(compact=True), picture.text()):
+        assert OUTSIDE_STEPS not in shown
+    (header,) = [t for t in root.iter(f"{{{NS['svg']}}}text") if "kx-header" in t.get("class", "")]
+    assert header.text is not None and "completed · 2 effects outside steps · from " in header.text
+    compact = picture.html(compact=True)
+    assert "completed · 2 effects outside steps</text>" in compact
+    assert "0 step attempts" not in compact

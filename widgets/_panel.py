@@ -28,6 +28,7 @@ from kernelext._formatting import duration_text
 from kernelext.status import LIVE, RESUMABLE, Status
 
 from ._batch import batch_html
+from ._conversation import conversation_html
 from ._render import (
     PanelView,
     effect_label,
@@ -242,7 +243,8 @@ class ControlPanel(w.VBox):
         else:
             self.progress.layout.display = "none"
         step = "" if view.batching else f"<div>{view.step_text()}</div>"
-        self.step.value = "" if view.final else step + self._overrun_html()
+        talk = conversation_html(view)
+        self.step.value = talk + ("" if view.final else step + self._overrun_html())
         self.stop_badge.value = stop_html(view)
         self.effects.value = effects_html(view)
         self.outcome.value = outcome_html(view)

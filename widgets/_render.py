@@ -15,6 +15,8 @@ from typing import Any
 
 from kernelext._core.batch_view import BatchCounts, batch_counts
 from kernelext._core.colours import BORDER, MUTED, RUN_COLOURS, colour_of
+from kernelext._core.conversation import Conversation, conversation_of
+from kernelext._core.names import OUTSIDE_STEPS
 from kernelext._core.run import engine_of
 from kernelext._formatting import duration_text, moment_text, step_label
 from kernelext.status import FINAL, EffectStatus, Status
@@ -67,6 +69,7 @@ class PanelView:
     error: str | None = None
     notice: str | None = None
     batch: BatchCounts | None = None  # the run.map in progress, or the last one seen here
+    conversation: Conversation | None = None  # a run of model and tool calls, no run.steps
 
     @property
     def stop_pending(self) -> bool:
@@ -99,10 +102,14 @@ class PanelView:
         return self.total if self.total and self.completed <= self.total else None
 
     def progress_text(self, *, done: str = " completed") -> str:
-        """``3/5 steps``, or ``6 steps completed`` when the total is not known."""
+        """``3/5 steps``, or ``6 steps completed`` when the total is not known; for a run
+        of model and tool calls ``7 turns · 3 tool calls · 1,234 tokens (...)``."""
         if self.known_total:
             return f"{self.completed}/{self.known_total} steps"
-        return f"{self.completed} step{'s' if self.completed != 1 else ''}{done}"
+        steps = f"{self.completed} step{'s' if self.completed != 1 else ''}{done}"
+        if self.conversation is not None:
+            return self.conversation.progress(steps, self.completed)
+        return steps
 
     def stop_text(self) -> str | None:
         if not self.stop_pending:
@@ -170,6 +177,9 @@ def view_of(
         notice=notice,
         batch=batch,
     )
+    if not view.total:
+        talk = conversation_of(handle.store.load_effects(handle.run_id).values())
+        view.conversation = talk if (talk.turns or talk.tool_calls) else None
     if current is not None:
         view.step_key, view.step_ordinal = current.key, current.ordinal
         view.step_elapsed = current.elapsed
@@ -185,7 +195,7 @@ def effect_label(tool: Any, row: Mapping[str, Any]) -> str:
     """``pay [step 2]``: which call of which step (a ledger row's ``step_key`` and
     ``step_ordinal``), the step as every surface shows it."""
     key, ordinal = row.get("step_key"), row.get("step_ordinal")
-    if key is None and ordinal is None:
+    if (key is None and ordinal is None) or key == OUTSIDE_STEPS:
         return str(tool)
     return f"{tool} [{step_label(ordinal, None if key is None else str(key))}]"
 
@@ -268,6 +278,8 @@ def to_text(view: PanelView) -> str:
     lines = [f"run {view.run_id} [{view.agent}]: {view.status}, {view.progress_text()}"]
     if view.batch is not None:
         lines.append("  " + view.batch.text)
+    if view.conversation is not None and view.conversation.last:
+        lines.append("  last: " + view.conversation.last)
     if not view.final and not view.batching:
         lines.append("  " + view.step_text())
     stop = view.stop_text()

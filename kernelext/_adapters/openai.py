@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._core.context import current_run
+from .._core.conversation import PRICES
 from .._core.keys import display_args
 from .._core.ledger import Effect
 from .._core.limits import call_limited_async, sent
@@ -86,6 +87,7 @@ def wrap_openai(
     safe_points: bool = True,
     key_header: str | None = KEY_HEADER,
     limit: str | None = None,
+    prices: Mapping[str, tuple[float, float]] | None = None,
 ) -> C:
     """``kx.openai(OpenAI(...))``: the client, with its model calls recorded inside runs.
 
@@ -99,7 +101,11 @@ def wrap_openai(
     (``kx.limit("llm", rate="3000/min", concurrency=16)``), shared by every run of the
     process; a stop lands while a call waits, with nothing of it recorded. Retries are
     the client's own (``max_retries``, which honours ``Retry-After``).
+    ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
+    (prompt, completion); the run's text and panel then show the cost of its tokens.
     """
+    if prices is not None:
+        PRICES.update(_checked_prices(prices))
     if limit is not None:
         check_name("kx.openai(limit=...)", limit)
     openai = require_openai()
@@ -113,6 +119,24 @@ def wrap_openai(
     _register_secrets(client)
     options = _Options(safe_points, key_header, isinstance(client, openai.AsyncOpenAI), limit)
     return cast(C, OpenAIRecorder(client, options))
+
+
+def _checked_prices(prices: Any) -> dict[str, tuple[float, float]]:
+    if not isinstance(prices, Mapping):
+        raise TypeError(
+            "kx.openai(prices=...) takes a dict of model -> (prompt, completion) dollars per "
+            'million tokens, e.g. {"gpt-4o-mini": (0.15, 0.60)}.'
+        )
+    out: dict[str, tuple[float, float]] = {}
+    for model, pair in prices.items():
+        ok = isinstance(pair, (tuple, list)) and len(pair) == 2
+        if not ok or not all(isinstance(x, (int, float)) and x >= 0 for x in pair):
+            raise TypeError(
+                f"kx.openai(prices=...): the price of {model!r} must be (prompt, completion) "
+                f"dollars per million tokens, two numbers >= 0, e.g. (0.15, 0.60); got {pair!r}."
+            )
+        out[str(model)] = (float(pair[0]), float(pair[1]))
+    return out
 
 
 def _register_secrets(client: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from .._core import control, expiry
 from .._core.batch_view import stored_batch
+from .._core.conversation import conversation_of, step_text
 from .._core.stop_estimate import estimate_stop
 from .._formatting import duration_text, step_number
 from .._store import Store
@@ -95,6 +96,11 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
     if run.get("reason"):
         print(f"  reason: {run['reason']}")
     print(f"  steps completed: {run['completed_steps']}" + (f" of {total}" if total else ""))
+    talk = conversation_of(details["effects"]) if not total else None
+    if talk is not None and (talk.turns or talk.tool_calls):
+        print(f"  conversation: {talk.text()}")
+        if talk.last:
+            print(f"  last: {talk.last}")
     print(f"  created {cell_text(run['created_at'])}, updated {cell_text(run['updated_at'])}")
     if run.get("deadline"):
         print(f"  expires {cell_text(run['deadline'])}")
@@ -120,6 +126,7 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
     for effect in details["effects"]:
         ordinal = effect.get("step_ordinal")
         effect["step"] = step_number(int(ordinal)) if ordinal is not None else None
+        effect["step_key"] = step_text(str(effect.get("step_key")))
     for name, columns in sections:
         rows = details[name]
         print(f"\n{name} ({len(rows)})")

@@ -11,6 +11,7 @@ from .._validate import NOTE, SOURCE, check_wait, optional, validated
 from ..errors import StoreWriteError
 from ..status import Status
 from .batch_view import batch_counts
+from .conversation import conversation_of
 from .run import engine_of
 from .run_engine import RunEngine
 from .runtime import runtime
@@ -120,6 +121,9 @@ class Handle:
         total = info.get("total_steps")
         done = info.get("completed_steps")
         progress = f"{done}/{total} steps" if total else f"{done} steps"
+        if not total:
+            talk = conversation_of(self.store.load_effects(self.run_id).values())
+            progress = talk.progress(progress, int(done or 0))
         line = f"run {self.run_id} [{info['agent']}]: {info['status']}, {progress}"
         if info.get("reason"):
             line += f" ({info['reason']})"

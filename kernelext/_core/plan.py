@@ -37,6 +37,7 @@ from ..status import LIVE, EffectStatus, StepStatus
 from .batch_view import stored_batch
 from .cell_runs import CELL_AGENT
 from .checks import resolve
+from .conversation import conversation_of
 from .facts import CONTRADICTIONS
 from .lease import check_takeover
 from .plan_code import agent_change, cell_changes, cell_state
@@ -55,6 +56,8 @@ from .plan_render import plan_dict, plan_html, plan_json, plan_text
 from .plan_rules import judge, plan_differences
 from .probes import probe_for
 from .runtime import get_store, runtime
+
+FIRST_ITEM = "the first item not completed"
 
 __all__ = [
     "STALE_AFTER",
@@ -155,6 +158,7 @@ def plan(
     result.batch = batch if batch is not None and batch.not_completed != 0 else None
     live = _liveness(result, row, now)
     _effects(result, store, live)
+    _conversation(result, store)
     result.approvals, result.questions = open_requests(store, run_id, now)
     _facts(result, store, now, stale_after)
     if cell_run:
@@ -205,7 +209,24 @@ def _steps(
         result.next_step = NextStep(None, None, "no step left: the agent function finishes")
     else:
         label = step_label(top + 1, total=result.total_steps)
-        result.next_step = NextStep(top + 1, None, f"{label}: the first item not completed")
+        result.next_step = NextStep(top + 1, None, f"{label}: {FIRST_ITEM}")
+
+
+def _conversation(result: ResumePlan, store: Store) -> None:
+    """A run of model and tool calls without steps: ``the conversation continues after
+    turn 7; 7 model calls and 3 tool calls are replayed from the ledger``."""
+    step = result.next_step
+    if result.total_steps is not None or step is None or not step.note.endswith(FIRST_ITEM):
+        return
+    if result.completed:  # a run of steps (LangGraph's supersteps): its steps say it
+        return
+    talk = conversation_of(store.load_effects(result.run_id).values())
+    if talk.turns:
+        note = (
+            f"the conversation continues after turn {talk.turns}; {talk.turns} model calls "
+            f"and {talk.tool_calls} tool calls are replayed from the ledger"
+        )
+        result.next_step = NextStep(step.ordinal, step.key, note)
 
 
 def _with_note(item: StepItem, note: str) -> StepItem:

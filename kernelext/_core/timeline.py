@@ -30,6 +30,7 @@ from .._formatting import duration_text, step_label
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
+from .names import OUTSIDE_STEPS
 from .runtime import get_store
 from .timeline_svg import TimeAxis, clock, draw, esc
 
@@ -225,9 +226,10 @@ def _bar(row: Mapping[str, Any], effects: Sequence[Mapping[str, Any]], live: dt.
 
 
 def _tick(row: Mapping[str, Any]) -> EffectTick:
+    key = row.get("step_key")
+    where = "outside steps" if key == OUTSIDE_STEPS else step_label(row.get("step_ordinal"), key)
     title = _lines(
-        f"{row['tool']} [{step_label(row.get('step_ordinal'), row.get('step_key'))}] "
-        f"call {row['call_ordinal']}: {row['status']}",
+        f"{row['tool']} [{where}] call {row['call_ordinal']}: {row['status']}",
         f"intent {clock(row['intent_at'])}",
         f"outcome {clock(row['outcome_at'])}" if row.get("outcome_at") else "",
         f"decided by {row['decided_by']}" if row.get("decided_by") else "",
@@ -351,10 +353,10 @@ class Timeline:
         for mark in self.marks:
             counts[mark.kind] = counts.get(mark.kind, 0) + 1
         forced = sum(1 for b in self.bars if b.forced)
-        line = (
-            f"timeline of run {self.run_id} [{self.agent}]: {self.status}, "
-            f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
-        )
+        drawn = f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
+        if not self.bars and self.ticks:  # a run of model and tool calls
+            drawn = f"{len(self.ticks)} effects outside steps"
+        line = f"timeline of run {self.run_id} [{self.agent}]: {self.status}, {drawn}"
         if self.lanes > 1:
             line += f"; up to {self.lanes} steps at once, one row each"
             if self.folded:

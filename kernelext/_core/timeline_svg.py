@@ -176,9 +176,12 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
     def x(moment: dt.datetime) -> float:
         return axis.x((moment - t0).total_seconds())
 
-    head = f"run {tl.run_id} · {tl.agent} · {tl.status} · {len(tl.bars)} step attempts"
+    stepless = not tl.bars and bool(tl.ticks)  # a run of model and tool calls
+    counts = f"{len(tl.bars)} step attempts"
+    counts = f"{len(tl.ticks)} effects outside steps" if stepless else counts
+    head = f"run {tl.run_id} · {tl.agent} · {tl.status} · {counts}"
     if not compact:
-        head += f" · {len(tl.ticks)} effects · from {moment_text(t0)}"
+        head += ("" if stepless else f" · {len(tl.ticks)} effects") + f" · from {moment_text(t0)}"
     out = [
         _el("rect", cls="kx-bg", width=width, height=lay.height, fill="#ffffff"),
         _el("text", body=esc(head), cls="kx-header", x=4, y=lay.font + 3, font_weight=600),

@@ -1,0 +1,148 @@
+"""A run of model calls and tool calls as a person follows it: turns, tool calls, tokens.
+
+Built from the effect ledger's rows alone (each model call's recorded response carries the
+server's ``usage``), so it is the same in every process and across stops and resumes: a
+replayed turn is one row, counted once. Prices are per million tokens, by model:
+``{"gpt-4o-mini": (0.15, 0.60)}`` (prompt, completion).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .names import OUTSIDE_STEPS
+from .secrets import scrub_text
+
+__all__ = ["PRICES", "Conversation", "conversation_of", "is_model_call", "step_text"]
+
+MODEL_PREFIXES = ("openai:",)
+EXCERPT = 120
+Prices = Mapping[str, tuple[float, float]]
+# What ``kx.openai(client, prices=...)`` gave in this process: model -> (prompt, completion)
+# dollars per million tokens.
+PRICES: dict[str, tuple[float, float]] = {}
+
+
+def is_model_call(tool: str) -> bool:
+    return tool.startswith(MODEL_PREFIXES)
+
+
+def step_text(step_key: str) -> str:
+    """A step key as a person reads it: effects made outside steps belong to the run."""
+    return "the run" if step_key == OUTSIDE_STEPS else step_key
+
+
+@dataclass(frozen=True)
+class Conversation:
+    turns: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+    last: str = ""
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def text(self) -> str:
+        """``7 turns · 3 tool calls · 1,234 tokens (1,000 prompt + 234 completion) · $0.0012``;
+        ``2 tool calls`` when no model was asked (a LangGraph run's tools)."""
+        if not self.turns:
+            return _count(self.tool_calls, "tool call")
+        parts = [_count(self.turns, "turn"), _count(self.tool_calls, "tool call")]
+        parts.append(
+            f"{self.tokens:,} tokens ({self.prompt_tokens:,} prompt + "
+            f"{self.completion_tokens:,} completion)"
+        )
+        if self.cost is not None:
+            parts.append(f"${self.cost:.4f}")
+        return " · ".join(parts)
+
+    def progress(self, steps_text: str, completed_steps: int) -> str:
+        """What a run without a known number of steps shows as its progress: the
+        conversation alone, or after the steps it completed (``4 steps · 2 tool calls``)."""
+        if not (self.turns or self.tool_calls):
+            return steps_text
+        return f"{steps_text} · {self.text()}" if completed_steps else self.text()
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _usage(result: Any) -> tuple[int, int, str]:
+    if not isinstance(result, dict):
+        return 0, 0, ""
+    usage = result.get("usage") or {}
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0
+    completion = usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0
+    return int(prompt), int(completion), str(result.get("model") or "")
+
+
+def _reply_text(result: Any) -> str:
+    if not isinstance(result, dict):
+        return ""
+    for choice in result.get("choices") or []:
+        message = choice.get("message") or {}
+        calls = message.get("tool_calls") or []
+        if calls:
+            names = ", ".join(str((c.get("function") or {}).get("name")) for c in calls)
+            return f"assistant asked for {names}"
+        if message.get("content"):
+            return f"assistant: {message['content']}"
+    for item in result.get("output") or []:
+        for part in item.get("content") or []:
+            if part.get("text"):
+                return f"assistant: {part['text']}"
+    return ""
+
+
+def conversation_of(
+    rows: Iterable[Mapping[str, Any]], prices: Prices | None = None
+) -> Conversation:
+    """The conversation of a run's effect rows (any order; sorted by intent time)."""
+    ordered = sorted(
+        rows, key=lambda r: (str(r.get("intent_at") or ""), r.get("call_ordinal") or 0)
+    )
+    turns = tools = prompt = completion = 0
+    prices = PRICES if prices is None else prices
+    cost: float | None = 0.0 if prices else None
+    last = ""
+    for row in ordered:
+        tool = str(row.get("tool") or "")
+        if is_model_call(tool):
+            turns += 1
+            result = _json(row.get("result"))
+            p, c, model = _usage(result)
+            prompt, completion = prompt + p, completion + c
+            if prices and cost is not None:
+                price = prices.get(model) or _by_prefix(prices, model)
+                if price is not None:
+                    cost += (p * price[0] + c * price[1]) / 1_000_000
+            last = _reply_text(result) or last
+        else:
+            tools += 1
+            last = f"tool call {tool}"
+    excerpt = scrub_text(last)
+    if len(excerpt) > EXCERPT:
+        excerpt = excerpt[: EXCERPT - 1] + "…"
+    return Conversation(turns, tools, prompt, completion, cost, excerpt)
+
+
+def _by_prefix(prices: Prices, model: str) -> tuple[float, float] | None:
+    """``gpt-4o-mini-2024-07-18`` priced as ``gpt-4o-mini`` (the longest matching name)."""
+    names = sorted((n for n in prices if model.startswith(n)), key=len, reverse=True)
+    return prices[names[0]] if names else None
