@@ -22,12 +22,16 @@ AGENT = """
 import sys
 import kernelext as kx
 
+@kx.effect(needs_approval=True)
+def publish(item, *, idempotency_key=None):
+    return item
+
 @kx.agent(name="enrich")
 def enrich(run, items):
     for item in run.steps(items, key=str):
         run.state[str(item)] = item
         if item == len(items) - 1:
-            run.suspend("waiting for a person")
+            publish(item)  # waits for a person's approval: the run suspends
 
 kx.open_store()
 print(enrich.run(list(range(int(sys.argv[2]))), run_id=sys.argv[1]).status)
@@ -64,7 +68,9 @@ def test_plan_from_a_terminal_shows_the_plan_and_exits_0(tmp_path: Path, store_p
     suspended_run(tmp_path, store_path, "enrich-1")
     shown = kernelext("plan", "enrich-1", store=store_path)
     assert shown.returncode == 0, shown.stdout + shown.stderr
-    assert "Blocked" not in shown.stdout
+    # what truly blocks is the open approval, named as the terminal clears it
+    assert "Blocked: 1 open approval request(s)" in shown.stdout
+    assert "kernelext approve ID" in shown.stdout
     assert "not defined in this process" not in shown.stdout
     assert "notebook/kernel that defines the agent" in shown.stdout
     assert "kx.approvals(" not in shown.stdout
