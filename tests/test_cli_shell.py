@@ -4,6 +4,7 @@ commands exit 0, a pipe closed early is quiet. Real subprocesses on a real store
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -116,3 +117,21 @@ def test_a_pipe_closed_early_is_quiet_for_every_command(tmp_path: Path, store_pa
     )
     assert piped.stderr == "" and piped.returncode == 0
     assert piped.stdout.startswith("run enrich-3")
+
+
+def test_show_prints_the_stored_step_status_and_what_a_waiting_step_waits_for(
+    tmp_path: Path, store_path: Path
+) -> None:
+    suspended_run(tmp_path, store_path, "enrich-4")
+    query = "SELECT status, error FROM steps WHERE run_id = 'enrich-4' AND ordinal = 2"
+    stored = kernelext("sql", query, "--json", store=store_path)
+    assert stored.returncode == 0, stored.stderr
+    (row,) = json.loads(stored.stdout)
+    shown = kernelext("show", "enrich-4", store=store_path)
+    assert shown.returncode == 3, shown.stderr  # exit 3: suspended
+    (waiting,) = [line for line in shown.stdout.splitlines() if line.startswith("3 ")]
+    assert row["status"] in waiting.split()  # the table's value, exactly as stored
+    assert "waiting for approval of publish" in waiting
+    assert "stopped" not in waiting
+    assert "kernelext approvals --run enrich-4" in shown.stdout
+    assert "kernelext approve ID" in shown.stdout
