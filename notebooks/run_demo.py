@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "--step-seconds",
         type=float,
         default=0.2,
-        help="how long each agent step takes (the notebook's default is 1.0)",
+        help="how long each agent step takes (the notebook's default is 5, paced for a person)",
     )
     parser.add_argument(
         "--keep",

@@ -238,3 +238,37 @@ def test_cell_id_from_the_front_end_is_the_step_identity(store_path: Path) -> No
             "ORDER BY ordinal\")['key'].tolist())"
         ).ok()
         assert keys.stdout.strip() == "['cell:c-1', 'cell:c-2']"
+
+
+def test_the_quickstart_is_paced_for_a_person_to_click_stop(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opened as it ships (no pace in the environment), the quickstart's steps are slow
+    enough that a person reading the panel can still click Stop mid-run."""
+    monkeypatch.delenv("KERNELEXT_DEMO_STEP_SECONDS", raising=False)
+    nb = nbformat.read(REPO_ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    setup = [c.source for c in nb.cells if "setup" in c.get("metadata", {}).get("tags", [])]
+    with KernelSession({"KERNELEXT_STORE": str(store_path)}) as kernel:
+        for source in setup:
+            kernel.run(source).ok()
+        paced = kernel.run("print(STEP_SECONDS, len(tickets))").ok().stdout.split()
+    step_seconds, steps = float(paced[0]), int(paced[1])
+    assert step_seconds >= 3  # a step is long enough to see it running and click
+    assert step_seconds * steps >= 30  # the whole run leaves time to read the cells first
+
+
+def test_the_quickstart_on_a_run_that_completed_before_stop_says_what_to_do(
+    env: dict[str, str], tmp_path: Path, delivery_server: DeliveryServer
+) -> None:
+    """A person who lets the run finish before reaching Stop: the later cells say there
+    was nothing to stop or resume, and how to start again, instead of a bare status."""
+    nb = nbformat.read(REPO_ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    start = next(i for i, c in enumerate(nb.cells) if c.get("id") == "start")
+    nb.cells.insert(start + 1, nbformat.v4.new_code_cell("h.wait()  # read on until it ends"))
+    nb = execute(nb, env, tmp_path)
+    delivery_server.settle()
+    assert set(deliveries_per_key(delivery_server).values()) == {1}
+    stop = text_of(nb, "click-stop")
+    assert "already completed; nothing to stop. Start a new run" in stop
+    assert "stop pending" not in stop
+    assert "start a new run with the agent's .start(...)" in text_of(nb, "click-resume")

@@ -4,7 +4,7 @@ Proposed as kernelext/_cli/approvals.py (issue 13); wire it with one line in
 kernelext/_cli/main.py: ``from . import approvals, notebook, plan, reconcile, runs`` and
 ``approvals.register`` in ``REGISTER`` (after ``reconcile.register``).
 
-``approvals`` lists the requests and questions that wait (exit 3 when some wait, else 0).
+``approvals`` lists the requests and questions that wait (exit 0, also when none wait).
 ``approve``/``reject`` take a request id or an effect key, whole or a unique prefix
 (exit 0; 2 when there is no such open request, or it was decided, used or expired).
 ``answer`` reads VALUE as the question's schema asks (a number, true/false, a choice,
@@ -32,7 +32,7 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
     asked = questions.questions(args.run, store=store)
     if args.json:
         emit_json({"approvals": [r.row for r in requests], "questions": [q.row for q in asked]})
-        return Exit.SUSPENDED if requests or asked else Exit.DONE
+        return Exit.DONE  # a listing: 0, also when some wait or none do
     rows: list[dict[str, Any]] = [
         {"id": r.id, "run": r.run_id, "step": r.step_text, "tool": r.tool} for r in requests
     ]
@@ -48,7 +48,7 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
         print(f"  answer with: kernelext answer {q.run_id} VALUE")
     if not rows and not asked:
         print("nothing waits for a person")
-    return Exit.SUSPENDED if requests or asked else Exit.DONE
+    return Exit.DONE  # a listing: 0, also when some wait or none do
 
 
 ARGUMENT_LIMIT = 4000  # characters of one argument's JSON shown; --json shows all

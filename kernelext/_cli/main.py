@@ -9,12 +9,15 @@ Exit codes: 0 done, 1 error (the store cannot be opened, the query failed, ...),
 2 usage (bad arguments, unknown run, a query that writes), 3 suspended,
 4 needs a decision, 5 expired, failed or cancelled. For the commands about one run
 (``show``, ``stop``, ``run``) the code tells the run's status afterwards; a running
-or completed run is 0.
+or completed run is 0. Listing commands (``runs``, ``approvals``, ...) and ``plan`` exit 0
+when they printed what they list, also when the list is empty. A reader that closes
+the pipe early (``| head -1``) ends any command quietly with 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -133,7 +136,25 @@ def option_flag(option: Option[Any]) -> Callable[[str], Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; return its exit code (see ``kernelext --help``)."""
+    """Run one command; return its exit code (see ``kernelext --help``).
+
+    A reader that closes the pipe early (``kernelext show X | head -1``) ends the
+    command quietly with exit 0: stdout is pointed at devnull so the interpreter's
+    final flush raises nothing (as Python's documentation of SIGPIPE recommends).
+    """
+    try:
+        try:
+            code = _main(argv)
+        finally:  # also after --help (SystemExit): the output is written here or fails here
+            sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return int(Exit.DONE)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     typed = typed_command(argv)
@@ -161,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KernelextError as exc:
         say(f"kernelext: {exc}")
         return int(Exit.ERROR)
+    except BrokenPipeError:
+        raise  # main ends it quietly
     except KeyboardInterrupt:
         say("kernelext: interrupted")
         return int(Exit.INTERRUPTED)

@@ -14,7 +14,7 @@ from .._core.conversation import conversation_of, step_text
 from .._core.stop_estimate import estimate_stop
 from .._formatting import duration_text, step_number
 from .._store import Store
-from ..status import LIVE, Status
+from ..status import LIVE, Status, StepStatus
 from .common import (
     RUN_ID,
     AddCommand,
@@ -36,6 +36,7 @@ __all__ = [
     "register",
     "run_details",
     "sql_params",
+    "waiting_notes",
 ]
 
 SOURCE = "cli"  # recorded as the source of stop requests and expiries
@@ -106,12 +107,17 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         print(f"  expires {cell_text(run['deadline'])}")
     if run.get("stop_requested_at"):
         print(f"  stop requested {cell_text(run['stop_requested_at'])} by {run['stop_source']}")
+    waiting = waiting_notes(store, run)
+    for note in dict.fromkeys(waiting.values()):  # what a person does to let it go on
+        verbs = "kernelext answer RUN VALUE" if "answer" in note else "kernelext approve ID"
+        listing = f"kernelext approvals --run {run['id']}"
+        print(f"  {note}: `{listing}` lists it, `{verbs}` lets it go on")
     if counts is not None:
         print(f"  {counts.text}")  # "stopping: 12 items in flight, about 3 s (40/100 done)"
     elif estimate is not None:
         print(f"  {estimate.text}")
     sections: list[tuple[str, Sequence[str]]] = [
-        ("steps", ("step", "key", "name", "status", "took", "error")),
+        ("steps", ("step", "key", "name", "status", "took", "note")),
         (
             "effects",
             ("tool", "step", "step_key", "call_ordinal", "status", "key", "result", "error"),
@@ -123,6 +129,10 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         step["step"] = step_number(int(step["ordinal"]))
         took = step.get("duration_s")
         step["took"] = duration_text(float(took)) if took is not None else None
+    for step in reversed(details["steps"]):  # the latest attempt is the one that waits
+        cancelled = step["status"] == StepStatus.CANCELLED  # the status as stored
+        waits = waiting.pop(int(step["ordinal"]), None) if cancelled else None
+        step["note"] = waits or step.get("error")
     for effect in details["effects"]:
         ordinal = effect.get("step_ordinal")
         effect["step"] = step_number(int(ordinal)) if ordinal is not None else None
@@ -133,6 +143,26 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         if rows:
             print(table(rows, columns, width=36))
     return status_exit_code(run["status"])
+
+
+def waiting_notes(store: Store, run: dict[str, Any]) -> dict[int, str]:
+    """For a suspended run waiting for a person: step ordinal -> what it waits for
+    ("waiting for approval of publish"). The step's attempt is
+    stored ``cancelled`` (it runs again on resume); "stopped" would hide the reason."""
+    if run["status"] != Status.SUSPENDED:
+        return {}
+    notes: dict[int, str] = {}
+    now = store.now()
+    for request in store.open_approvals(run["id"], now):
+        if request.get("step_ordinal") is not None:
+            notes.setdefault(
+                int(request["step_ordinal"]),
+                f"waiting for approval of {request['tool']}",
+            )
+    for question in store.open_questions(run["id"], now):
+        if question.get("step_ordinal") is not None:
+            notes.setdefault(int(question["step_ordinal"]), "waiting for an answer")
+    return notes
 
 
 def cmd_stop(args: argparse.Namespace, store: Store) -> int:

@@ -15,6 +15,7 @@ from .conversation import conversation_of
 from .run import engine_of
 from .run_engine import RunEngine
 from .runtime import runtime
+from .stop_answer import StopAnswer, nothing_to_stop
 from .stop_estimate import estimate_stop
 
 __all__ = ["Handle", "request_stop"]
@@ -66,8 +67,10 @@ class Handle:
 
     # -- control --------------------------------------------------------------------
     @validated("Handle.stop", source=SOURCE, who=NOTE)
-    def stop(self, source: str = "api", *, who: str | None = None) -> str:
-        """Ask the run to stop at its next safe point. Returns the status after the request.
+    def stop(self, source: str = "api", *, who: str | None = None) -> StopAnswer:
+        """Ask the run to stop at its next safe point. Returns the status after the request;
+        for a run no longer running (completed, failed, waiting) its ``notice`` says there
+        was nothing to stop and what to do instead (a notebook shows it).
 
         A run executing here returns ``"stopping"`` at once: the request never waits for
         the store (see ``request_stop``).
@@ -134,7 +137,7 @@ class Handle:
 
 def request_stop(
     store: Store, run_id: str, *, source: str, who: str | None = None, handle: Handle | None = None
-) -> str:
+) -> StopAnswer:
     """Ask run ``run_id`` to stop; return its status after the request.
 
     A run executing in this process is stopped without waiting for the store (another
@@ -146,7 +149,9 @@ def request_stop(
     handle = handle or runtime().live_handle(run_id)
     if handle is None or not handle.alive:
         result = store.request_stop(run_id, source=source, who=who)
-        return result.after or str(result.before)
+        if result.ok:
+            return StopAnswer(str(result.after))
+        return StopAnswer(str(result.before), nothing_to_stop(run_id, str(result.before)))
     try:
         # Queued before the flag goes up, so the request is folded before the suspension
         # the worker writes once it sees the flag (the events keep their order).
@@ -154,7 +159,7 @@ def request_stop(
     finally:
         _raise_stop_flag(engine_of(handle.run), source)  # even if the request could not be queued
     durable()
-    return Status.STOPPING
+    return StopAnswer(Status.STOPPING)
 
 
 def _raise_stop_flag(run: RunEngine, source: str) -> None:

@@ -18,7 +18,10 @@ def judge(result: PlanData, live: str | None) -> None:
     run executes (``here``, or its owner elsewhere), None when nobody executes it."""
     rid = result.run_id
     if result.status in TERMINAL:
-        result.blockers.append(f"the run is {result.status}: it cannot be resumed")
+        result.blockers.append(
+            f"the run is {result.status}: it cannot be resumed; start a new run with the "
+            f"agent's .start(...) and a new run_id, or kx.restart({rid!r})"
+        )
     if live == "here":
         result.blockers.append("the run is executing in this process")
     elif live is not None:

@@ -124,7 +124,11 @@ def load_run(
 def check_resumable(run_id: str, status: str) -> None:
     """Refuse a run that can never continue, saying what to do instead."""
     if status == Status.COMPLETED:
-        raise RunStateError(f"Run {run_id!r} already completed; there is nothing to resume.")
+        raise RunStateError(
+            f"Run {run_id!r} already completed; there is nothing to resume. Start a new run "
+            f"with the agent's .start(...) and a new run_id (or kx.restart({run_id!r}) to run "
+            "it again)."
+        )
     if status == Status.CANCELLED:
         raise RunStateError(
             f"Run {run_id!r} was cancelled. To run it again from a snapshot, use "
