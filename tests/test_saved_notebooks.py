@@ -66,3 +66,58 @@ def test_kx_panel_reattaches_a_run_in_a_new_kernel_and_names_a_typo(tmp_path: Pa
     bundles = [o.get("data", {}) for o in outputs if o.get("output_type") == "execute_result"]
     assert any("application/vnd.jupyter.widget-view+json" in b for b in bundles), bundles
     assert "saved-count" in text_of(second, "typo")
+
+
+SHOWN = """
+%load_ext kernelext
+import threading
+import kernelext as kx
+
+gate = threading.Event()
+
+@kx.agent
+def count(run, n):
+    for i in run.steps(range(n)):
+        gate.wait(60)
+        run.state["done"] = i + 1
+    return run.state["done"]
+
+h = count.start(3, run_id="saved-count")
+h
+"""
+FINISH = "gate.set()\nprint(h.wait(60))\n"
+TIMELINE = 'kx.timeline("saved-count")\n'
+
+
+def saved_copies(nb: object, cell_id: str) -> list[str]:
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)  # type: ignore[attr-defined]
+    return [
+        str(o["data"]["text/html"])
+        for o in cell.outputs
+        if "text/html" in o.get("data", {}) and "kernelext-saved" in o["data"]["text/html"]
+    ]
+
+
+def test_a_saved_and_exported_notebook_shows_the_panel_s_last_state_and_the_timeline(
+    tmp_path: Path,
+) -> None:
+    from nbconvert import HTMLExporter
+
+    env = {"KERNELEXT_STORE": str(tmp_path / "saved.duckdb")}
+    nb = execute(
+        notebook(("run", SHOWN), ("finish", FINISH), ("timeline", TIMELINE)), env, tmp_path
+    )
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    copies = saved_copies(nbformat.read(path, as_version=4), "run")
+    assert len(copies) == 1, copies
+    assert "completed" in text_of(nb, "finish")
+    assert "saved-count" in copies[0] and "completed" in copies[0]  # the last state
+    assert "running" not in copies[0]
+    assert (
+        "kx.panel(&#x27;saved-count&#x27;)" in copies[0] or "kx.panel('saved-count')" in copies[0]
+    )
+
+    body, _ = HTMLExporter().from_filename(str(path))
+    assert "kernelext-saved" in body and "saved-count" in body and "completed" in body
+    assert "<svg" in body
