@@ -5,8 +5,9 @@ widget's model missing (a reopened notebook, a restarted kernel) it shows "Error
 displaying widget: model not found" or hides itself. So a displayed panel also emits
 its own ``text/html`` output, with a display id, updated to the panel's last state on
 every status change. While the live widget is shown next to it, a style in the output
-hides the copy; when the widget is gone, the copy is what the notebook shows (and what
-nbconvert exports), with the command that brings the live panel back.
+hides the copy; when the widget is gone or disconnected (kernel restarted), the copy is
+what the notebook shows (and what nbconvert exports), with the command that brings the
+live panel back.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from ._render import PanelView, to_html
 
 __all__ = ["SavedCopy"]
 
-# Hide the copy while the live panel renders right after it; hide the widget's
-# "model not found" text when the copy is there to show the run.
+# While the live panel renders right after it, hide the copy; otherwise hide whatever
+# the widget output shows instead ("Loading widget...", "model not found", or the old
+# panel after a kernel restart, which ipywidgets marks jupyter-widgets-disconnected).
+# (:has() cannot nest, so both rules test the live panel from the outside.)
+LIVE = ".kernelext-panel.widget-box:not(.jupyter-widgets-disconnected)"
 STYLE = (
     "<style>"
-    ".jp-OutputArea-child:has(.kernelext-saved):has(+ .jp-OutputArea-child "
-    ".kernelext-panel.widget-box){display:none}"
-    ".jp-OutputArea-child:has(.kernelext-saved) + .jp-OutputArea-child:has("
-    ".jupyter-widgets.jp-OutputArea-output:not(:has(*))){display:none}"
+    f".jp-OutputArea-child:has(.kernelext-saved):has(+ .jp-OutputArea-child {LIVE})"
+    "{display:none}"
+    f".jp-OutputArea-child:has(.kernelext-saved) + .jp-OutputArea-child:not(:has({LIVE}))"
+    "{display:none}"
     "</style>"
 )
 
@@ -36,7 +40,8 @@ def saved_html(view: PanelView) -> str:
     return (
         f'<div class="kernelext-saved">{STYLE}{to_html(view, static=False)}'
         '<div style="font-size:smaller">saved panel, not connected to a kernel; '
-        f"for the live panel run <code>kx.panel({run})</code></div></div>"
+        f"for the live panel run <code>kx.panel({run})</code> "
+        "(with <code>%load_ext kernelext</code> loaded)</div></div>"
     )
 
 

@@ -17,7 +17,8 @@ def panel(run_id: str, *, store: Store | None = None) -> Handle:
     the run's live control panel (status, effects, Stop / Resume).
 
     Reattaches a panel after a kernel restart: the run keeps its status in the store, and
-    this panel follows it from now on. An unknown ``run_id`` raises
+    this panel follows it from now on (in a fresh kernel, run ``%load_ext kernelext``
+    first: without it a handle shows as one line of text). An unknown ``run_id`` raises
     :class:`kx.RunNotFound` with the closest run ids.
     """
     return handle_for(run_id, store=store)
