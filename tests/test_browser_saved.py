@@ -124,6 +124,7 @@ def test_saved_panel_in_jupyterlab_live_restart_reattach_reopen(
         again = lab.add_cell_at_end(page, REATTACH)
         expect(again.locator(PANEL).locator(".kernelext-status")).to_have_text("completed")
         expect(again.locator(SAVED)).to_be_hidden()
+        expect(again.locator(".kernelext-panel.jupyter-widgets-disconnected")).to_have_count(0)
         shot("reattached")
 
         # 4. save, shut the kernel down, reload the page: the static copy shows
