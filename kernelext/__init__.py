@@ -25,6 +25,7 @@ from ._core.ledger import Effect, effect
 from ._core.limits import limit
 from ._core.plan import ResumePlan, plan
 from ._core.questions import answer, questions
+from ._core.reattach import panel
 from ._core.reconcile import reconcile
 from ._core.restart import restart
 from ._core.revalidation import Revalidation, revalidation
@@ -133,6 +134,7 @@ __all__ = [
     "on_expire",
     "open_store",
     "openai",
+    "panel",
     "plan",
     "questions",
     "reconcile",

@@ -92,6 +92,7 @@ PUBLIC = [
     "on_expire",
     "open_store",
     "openai",
+    "panel",
     "plan",
     "questions",
     "reconcile",

@@ -40,6 +40,7 @@ from ._render import (
     to_text,
     view_of,
 )
+from ._static import SavedCopy
 from ._throttle import Throttle
 
 __all__ = [
@@ -140,6 +141,7 @@ class ControlPanel(w.VBox):
         self._busy = threading.Lock()
         self._listened: Any = None
         self.view: PanelView | None = None
+        self.saved = SavedCopy()  # the static copy a saved notebook shows (_static.py)
         self.throttle = Throttle(self._draw, interval=interval, tick=tick, active=self._active)
         self.stop_button.on_click(self._on_stop)
         self.resume_button.on_click(self._on_resume)
@@ -232,6 +234,7 @@ class ControlPanel(w.VBox):
         effects = list(self._effects.values())[-EFFECTS_SHOWN:] if self._effects else None
         view = view_of(self.handle, effects, self._notice, self._batch_end)
         self.view = view
+        self.saved.update(view)
         self.header.value = header_html(view)
         self.batch.value = batch_html(view.batch)
         batching = view.batch is not None and not view.batch.ended
@@ -342,6 +345,7 @@ class ControlPanel(w.VBox):
     # -- display ------------------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         view = self.refresh()
+        self.saved.show(view)
         bundle: dict[str, Any] = dict(super()._repr_mimebundle_(**kwargs) or {})
         bundle["text/plain"] = to_text(view)
         bundle["text/html"] = to_html(view)

@@ -1,0 +1,86 @@
+"""The saved form of a panel: a static HTML output next to the live widget.
+
+JupyterLab's widget renderer never falls back to an output's ``text/html``: with the
+widget's model missing (a reopened notebook, a restarted kernel) it shows "Error
+displaying widget: model not found" or hides itself. So a displayed panel also emits
+its own ``text/html`` output, with a display id, updated to the panel's last state on
+every status change. While the live widget is shown next to it, a style in the output
+hides the copy; when the widget is gone or disconnected (kernel restarted), the copy is
+what the notebook shows (and what nbconvert exports), with the command that brings the
+live panel back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import uuid
+
+from ._render import PanelView, to_html
+
+__all__ = ["SavedCopy"]
+
+# While the live panel renders right after it, hide the copy; otherwise hide whatever
+# the widget output shows instead ("Loading widget...", "model not found", or the old
+# panel after a kernel restart, which ipywidgets marks jupyter-widgets-disconnected).
+# (:has() cannot nest, so both rules test the live panel from the outside.)
+LIVE = ".kernelext-panel.widget-box:not(.jupyter-widgets-disconnected)"
+STYLE = (
+    "<style>"
+    f".jp-OutputArea-child:has(.kernelext-saved):has(+ .jp-OutputArea-child {LIVE})"
+    "{display:none}"
+    f".jp-OutputArea-child:has(.kernelext-saved) + .jp-OutputArea-child:not(:has({LIVE}))"
+    "{display:none}"
+    "</style>"
+)
+
+
+def saved_html(view: PanelView) -> str:
+    run = html.escape(repr(view.run_id))
+    return (
+        f'<div class="kernelext-saved">{STYLE}{to_html(view, static=False)}'
+        '<div style="font-size:smaller">saved panel, not connected to a kernel; '
+        f"for the live panel run <code>kx.panel({run})</code> "
+        "(with <code>%load_ext kernelext</code> loaded)</div></div>"
+    )
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class SavedCopy:
+    """The static output of one panel: shown once, then updated when its status moves."""
+
+    def __init__(self) -> None:
+        self.display_id = f"kernelext-{uuid.uuid4().hex}"
+        self.shown = False
+        self._status: str | None = None
+
+    def show(self, view: PanelView) -> None:
+        if not _in_kernel():
+            return
+        from IPython.display import display
+
+        bundle = {"text/html": saved_html(view)}
+        display(bundle, raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
+        self.shown = True
+        self._status = view.status
+
+    def update(self, view: PanelView, *, force: bool = False) -> None:
+        if not self.shown or (view.status == self._status and not force):
+            return
+        from IPython.display import update_display
+
+        self._status = view.status
+        with contextlib.suppress(Exception):
+            bundle = {"text/html": saved_html(view)}
+            update_display(bundle, raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
+
+    def __repr__(self) -> str:
+        return f"SavedCopy({self.display_id})"
