@@ -69,7 +69,9 @@ def show_kernelext_error(
 ) -> list[str]:
     """IPython's custom exception handler for :class:`KernelextError`."""
     if hasattr(value, "_render_traceback_"):  # the error draws itself (one line)
-        return list(value._render_traceback_())
+        # IPython discards what a custom handler returns: the handler shows it itself.
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        return []
     first = tb  # IPython's own frame: its printer leaves the first one out
     rest = without_internal_frames(tb.tb_next if tb is not None else None)
     if first is not None:
