@@ -26,6 +26,7 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}
 _queue: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
 _exports_failed = [0]
+_DISABLE_WAIT = 5.0  # seconds disable() gives each of: the spans in hand, the thread, the lock
 _spans_failed = [0]  # kept across disable(): a count the caller reads after it
 
 
@@ -47,12 +48,14 @@ def enable(tracer_provider: Any = None, *, endpoint: str | None = None) -> Any:
     disable()
     own = _otlp_provider(endpoint) if endpoint is not None else None
     provider = own or tracer_provider or trace.get_tracer_provider()
+    global _queue, _lock
+    # A queue and lock of its own: a thread an exporter still holds keeps the old ones.
+    _queue, _lock = queue.SimpleQueue(), threading.Lock()
     with _lock:
         _state.update(tracer=provider.get_tracer("kernelext"), runs={}, steps={}, effects={})
-        _state["provider"] = provider
-        _state["own"] = own
+        _state.update(provider=provider, own=own, queue=_queue)
         _state["thread"] = threading.Thread(
-            target=_drain, args=(_queue,), name="kernelext-otel", daemon=True
+            target=_drain, args=(_queue, _lock), name="kernelext-otel", daemon=True
         )
         _state["thread"].start()
     observe.subscribe(_observe)
@@ -78,16 +81,26 @@ def disable() -> None:
     """Stop tracing (open spans are ended; the provider ``enable(endpoint=...)`` made is
     shut down, its export thread with it)."""
     observe.unsubscribe(_observe)
-    if _state.get("thread") is not None:
-        flush()
+    thread = _state.get("thread")
+    if thread is not None:
+        flush(_DISABLE_WAIT)
         _queue.put(("__stop__", {}))
-        _state["thread"].join(30)
-    with _lock:
-        for table in ("effects", "steps", "runs"):
-            for span in _state.get(table, {}).values():
-                _end(span)
+        thread.join(_DISABLE_WAIT)
+    # An exporter that hangs holds the thread (and the lock) it was called on: give up on
+    # it after a bounded wait; the thread ends when the exporter returns.
+    locked = _lock.acquire(timeout=_DISABLE_WAIT)
+    try:
+        if locked:
+            for table in ("effects", "steps", "runs"):
+                for span in _state.get(table, {}).values():
+                    _end(span)
+        elif thread is not None:
+            _spans_failed[0] += 1
         own = _state.get("own")
         _state.clear()
+    finally:
+        if locked:
+            _lock.release()
     if own is not None:
         _shut_down(own)
 
@@ -150,7 +163,7 @@ def _otlp_provider(endpoint: str) -> Any:
     return provider
 
 
-def _drain(q: queue.SimpleQueue[tuple[str, dict[str, Any]]]) -> None:
+def _drain(q: queue.SimpleQueue[tuple[str, dict[str, Any]]], lock: threading.Lock) -> None:
     while True:
         kind, data = q.get()
         if kind == "__stop__":
@@ -158,8 +171,8 @@ def _drain(q: queue.SimpleQueue[tuple[str, dict[str, Any]]]) -> None:
         if kind == "__flush__":
             data["done"].set()
             continue
-        with _lock:
-            if not _state:
+        with lock:
+            if _state.get("queue") is not q:  # disabled, or another enable() since
                 continue
             try:
                 _translate(kind, data)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import kernelext as kx
@@ -90,3 +90,36 @@ def test_a_run_that_fails_inside_a_step_ends_the_step_span(
     assert step.parent is not None and step.parent.span_id == run.context.span_id
     assert step.attributes is not None and step.attributes["kernelext.status"] == "failed"
     assert not otel._state["steps"]
+
+
+class _Hanging(SpanExporter):
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.release.wait()
+        return SpanExportResult.SUCCESS
+
+
+def test_disable_returns_while_an_exporter_hangs_and_tracing_starts_again(store: Any) -> None:
+    hanging = _Hanging()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(hanging))
+    otel.enable(provider)
+    assert atk_steps.start([1, 2], run_id="atk-hanging").wait() == "completed"
+    disabled = threading.Event()
+    threading.Thread(target=lambda: (otel.disable(), disabled.set()), daemon=True).start()
+    try:
+        assert disabled.wait(120), "disable() waited on an exporter that never returns"
+        exporter = InMemorySpanExporter()
+        fresh = TracerProvider()
+        fresh.add_span_processor(SimpleSpanProcessor(exporter))
+        otel.enable(fresh)
+        assert atk_steps.start([3], run_id="atk-after-hang").wait() == "completed"
+        assert otel.flush(10)
+        names = {s.name for s in exporter.get_finished_spans()}
+        assert "kernelext.run atk-after-hang" in names
+        assert "kernelext.run atk-hanging" not in names
+    finally:
+        hanging.release.set()
+        otel.disable()
