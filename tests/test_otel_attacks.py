@@ -123,3 +123,35 @@ def test_disable_returns_while_an_exporter_hangs_and_tracing_starts_again(store:
     finally:
         hanging.release.set()
         otel.disable()
+
+
+@kx.agent(name="atk_gated")
+def atk_gated(run: Any, gate: Any) -> None:
+    with run.step("before"):
+        atk_ping(1)
+    gate.wait(30)
+    with run.step("after"):
+        atk_ping(2)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="spans a provider drops after its shutdown are not seen by kernelext.otel "
+    "(the SDK only logs them), so failures() does not count them",
+)
+def test_spans_lost_to_a_provider_shut_down_mid_run_are_counted(store: Any) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    otel.enable(provider)
+    try:
+        gate = threading.Event()
+        handle = atk_gated.start(gate, run_id="atk-shut-down")
+        assert otel.flush(10)
+        provider.shutdown()
+        before = otel.failures()
+        gate.set()
+        assert handle.wait() == "completed"
+        otel.flush(10)
+        assert otel.failures() > before
+    finally:
+        otel.disable()
