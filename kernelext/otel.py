@@ -26,11 +26,13 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}
 _queue: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
 _exports_failed = [0]
+_DISABLE_WAIT = 5.0  # seconds disable() gives each of: the spans in hand, the thread, the lock
+_spans_failed = [0]  # kept across disable(): a count the caller reads after it
 
 
 def failures() -> int:
     """How many span writes failed (each swallowed: tracing never breaks a run)."""
-    return observe.failures() + int(_state.get("failures", 0)) + _exports_failed[0]
+    return observe.failures() + _spans_failed[0] + _exports_failed[0]
 
 
 def enable(tracer_provider: Any = None, *, endpoint: str | None = None) -> Any:
@@ -43,15 +45,17 @@ def enable(tracer_provider: Any = None, *, endpoint: str | None = None) -> Any:
     a failed export is counted (``failures()``), never raised."""
     from opentelemetry import trace
 
-    if endpoint is not None:
-        tracer_provider = _otlp_provider(endpoint)
-    provider = tracer_provider or trace.get_tracer_provider()
     disable()
+    own = _otlp_provider(endpoint) if endpoint is not None else None
+    provider = own or tracer_provider or trace.get_tracer_provider()
+    global _queue, _lock
+    # A queue and lock of its own: a thread an exporter still holds keeps the old ones.
+    _queue, _lock = queue.SimpleQueue(), threading.Lock()
     with _lock:
         _state.update(tracer=provider.get_tracer("kernelext"), runs={}, steps={}, effects={})
-        _state["provider"] = provider
+        _state.update(provider=provider, own=own, queue=_queue)
         _state["thread"] = threading.Thread(
-            target=_drain, args=(_queue,), name="kernelext-otel", daemon=True
+            target=_drain, args=(_queue, _lock), name="kernelext-otel", daemon=True
         )
         _state["thread"].start()
     observe.subscribe(_observe)
@@ -60,7 +64,10 @@ def enable(tracer_provider: Any = None, *, endpoint: str | None = None) -> Any:
 
 def flush(timeout: float = 30.0) -> bool:
     """Wait until every record seen so far is a span handed to the provider, then flush the
-    provider; True if done within ``timeout`` seconds."""
+    provider; True if done within ``timeout`` seconds (at once when tracing is off)."""
+    thread = _state.get("thread")
+    if thread is None or not thread.is_alive():
+        return True
     done = threading.Event()
     _queue.put(("__flush__", {"done": done}))
     if not done.wait(timeout):
@@ -71,17 +78,53 @@ def flush(timeout: float = 30.0) -> bool:
 
 
 def disable() -> None:
-    """Stop tracing (open spans are ended)."""
+    """Stop tracing (open spans are ended; the provider ``enable(endpoint=...)`` made is
+    shut down, its export thread with it)."""
     observe.unsubscribe(_observe)
-    if _state.get("thread") is not None:
-        flush()
+    thread = _state.get("thread")
+    if thread is not None:
+        flush(_DISABLE_WAIT)
         _queue.put(("__stop__", {}))
-        _state["thread"].join(30)
-    with _lock:
-        for table in ("effects", "steps", "runs"):
-            for span in _state.get(table, {}).values():
-                span.end()
+        thread.join(_DISABLE_WAIT)
+    # An exporter that hangs holds the thread (and the lock) it was called on: give up on
+    # it after a bounded wait; the thread ends when the exporter returns.
+    locked = _lock.acquire(timeout=_DISABLE_WAIT)
+    try:
+        if locked:
+            for table in ("effects", "steps", "runs"):
+                for span in _state.get(table, {}).values():
+                    _end(span)
+        elif thread is not None:
+            _spans_failed[0] += 1
+        own = _state.get("own")
         _state.clear()
+    finally:
+        if locked:
+            _lock.release()
+    if own is not None:
+        _shut_down(own)
+
+
+def _end(span: Any) -> None:
+    try:
+        span.end()
+    except Exception:
+        _spans_failed[0] += 1
+
+
+def _shut_down(provider: Any) -> None:
+    """Shut down a provider of our own: its exporter first, so a retry waiting on an absent
+    collector gives up at once instead of holding the caller."""
+    try:
+        for processor in provider._active_span_processor._span_processors:
+            exporter = getattr(processor, "span_exporter", None) or getattr(
+                getattr(processor, "_batch_processor", None), "_exporter", None
+            )
+            if exporter is not None:
+                exporter.shutdown()
+        provider.shutdown()
+    except Exception:
+        _spans_failed[0] += 1
 
 
 class _Counted:
@@ -120,7 +163,7 @@ def _otlp_provider(endpoint: str) -> Any:
     return provider
 
 
-def _drain(q: queue.SimpleQueue[tuple[str, dict[str, Any]]]) -> None:
+def _drain(q: queue.SimpleQueue[tuple[str, dict[str, Any]]], lock: threading.Lock) -> None:
     while True:
         kind, data = q.get()
         if kind == "__stop__":
@@ -128,13 +171,13 @@ def _drain(q: queue.SimpleQueue[tuple[str, dict[str, Any]]]) -> None:
         if kind == "__flush__":
             data["done"].set()
             continue
-        with _lock:
-            if not _state:
+        with lock:
+            if _state.get("queue") is not q:  # disabled, or another enable() since
                 continue
             try:
                 _translate(kind, data)
             except Exception:
-                _state["failures"] = _state.get("failures", 0) + 1
+                _spans_failed[0] += 1
 
 
 def _clean(value: Any) -> Any:
@@ -265,11 +308,29 @@ def _transition(d: dict[str, Any]) -> None:
         ),
     )
     if to in _ENDS:
+        _end_children(d["run_id"], to)
         run.set_attribute("kernelext.status", to)
         if to == "failed":
             run.set_status(Status(StatusCode.ERROR, _clean(d.get("reason") or "failed")))
+        del _state["runs"][d["run_id"]]  # first: a raising processor leaves no ended span
         run.end()
-        del _state["runs"][d["run_id"]]
+
+
+def _end_children(run_id: str, status: str) -> None:
+    """A run that ends inside a step (failed, suspended, ...) ends the spans it left open:
+    its steps take the run's status, its effects keep the one they had (pending)."""
+    mine = _clean(run_id)
+    for table in ("effects", "steps"):
+        spans = _state[table]
+        for key in [k for k, s in spans.items() if _run_of(s) == mine]:
+            span = spans.pop(key)
+            if table == "steps":
+                span.set_attribute("kernelext.status", status)
+            _end(span)
+
+
+def _run_of(span: Any) -> Any:
+    return (getattr(span, "attributes", None) or {}).get("kernelext.run_id")
 
 
 def _decision(d: dict[str, Any]) -> None:
