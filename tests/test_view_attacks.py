@@ -134,3 +134,19 @@ def test_a_model_call_cut_off_by_a_kill_is_not_replayed_nor_in_an_internal_step(
     assert "unknown effects: openai:chat.completions" in plan, plan
     assert OUTSIDE_STEPS not in plan and "outside steps" in plan, plan
     assert "model calls and" not in plan and "continues after turn 1" not in plan, plan
+
+
+@pytest.mark.parametrize(
+    "prices", [{MODEL: (float("inf"), 0.6)}, {MODEL: (True, 0.6)}, {MODEL: (0.15, -1)}]
+)
+def test_a_price_that_is_no_finite_number_is_refused(prices: Any) -> None:
+    client = OpenAI(base_url="http://127.0.0.1:9/v1", api_key="EMPTY")
+    with pytest.raises(TypeError, match="two finite numbers >= 0"):
+        kx.openai(client, prices=prices)
+    assert conversation.PRICES == {}
+
+
+def test_prices_given_with_something_that_is_no_client_are_not_kept() -> None:
+    with pytest.raises(TypeError, match=r"wraps an openai\.OpenAI"):
+        kx.openai(object(), prices={MODEL: PRICE})
+    assert conversation.PRICES == {}
