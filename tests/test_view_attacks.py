@@ -74,6 +74,8 @@ def test_a_streamed_reply_is_priced_and_its_words_are_the_last_line(store: Any) 
     assert talk.cost == pytest.approx(expected) and expected > 0
     assert talk.last == "assistant: your refund is on its way"
     assert "last: assistant: your refund is on its way" in to_text(view_of(handle))
+    shown_cost = float(handle.text_summary().rsplit(" · $", 1)[1].split()[0])
+    assert shown_cost == pytest.approx(expected, rel=0.05)  # a tiny cost is not $0.0000
 
 
 def test_a_reply_naming_a_credential_is_masked_on_every_last_line(

@@ -9,6 +9,7 @@ replayed turn is one row, counted once. Prices are per million tokens, by model:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ class Conversation:
             f"{self.completion_tokens:,} completion)"
         )
         if self.cost is not None:
-            parts.append(f"${self.cost:.4f}")
+            parts.append(_dollars(self.cost))
         return " · ".join(parts)
 
     def progress(self, steps_text: str, completed_steps: int) -> str:
@@ -68,6 +69,14 @@ class Conversation:
         if not (self.turns or self.tool_calls):
             return steps_text
         return f"{steps_text} · {self.text()}" if completed_steps else self.text()
+
+
+def _dollars(cost: float) -> str:
+    """``$0.0012``; a cost under a hundredth of a cent keeps two significant digits
+    (``$0.000064``), so a priced run never reads ``$0.0000``."""
+    if cost == 0 or cost >= 0.0001:
+        return f"${cost:.4f}"
+    return f"${cost:.{1 - math.floor(math.log10(cost))}f}"
 
 
 def _count(n: int, what: str) -> str:
