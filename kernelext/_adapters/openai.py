@@ -33,6 +33,7 @@ methods passes through unrecorded.
 from __future__ import annotations
 
 import importlib
+import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -104,18 +105,19 @@ def wrap_openai(
     ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
     (prompt, completion); the run's text and panel then show the cost of its tokens.
     """
-    if prices is not None:
-        PRICES.update(_checked_prices(prices))
+    checked = _checked_prices(prices) if prices is not None else {}
     if limit is not None:
         check_name("kx.openai(limit=...)", limit)
     openai = require_openai()
     if isinstance(client, OpenAIRecorder):
+        PRICES.update(checked)
         return cast(C, client)
     if not isinstance(client, (openai.OpenAI, openai.AsyncOpenAI)):
         raise TypeError(
             f"kx.openai wraps an openai.OpenAI or openai.AsyncOpenAI client, not a "
             f"{type(client).__name__}. Create one with OpenAI(base_url=..., api_key=...)."
         )
+    PRICES.update(checked)  # only once the call is known to succeed
     _register_secrets(client)
     options = _Options(safe_points, key_header, isinstance(client, openai.AsyncOpenAI), limit)
     return cast(C, OpenAIRecorder(client, options))
@@ -130,10 +132,15 @@ def _checked_prices(prices: Any) -> dict[str, tuple[float, float]]:
     out: dict[str, tuple[float, float]] = {}
     for model, pair in prices.items():
         ok = isinstance(pair, (tuple, list)) and len(pair) == 2
-        if not ok or not all(isinstance(x, (int, float)) and x >= 0 for x in pair):
+        numbers = ok and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf
+            for x in pair
+        )
+        if not numbers:
             raise TypeError(
                 f"kx.openai(prices=...): the price of {model!r} must be (prompt, completion) "
-                f"dollars per million tokens, two numbers >= 0, e.g. (0.15, 0.60); got {pair!r}."
+                "dollars per million tokens, two finite numbers >= 0, e.g. (0.15, 0.60); "
+                f"got {pair!r}."
             )
         out[str(model)] = (float(pair[0]), float(pair[1]))
     return out

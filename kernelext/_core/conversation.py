@@ -9,6 +9,7 @@ replayed turn is one row, counted once. Prices are per million tokens, by model:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ class Conversation:
             f"{self.completion_tokens:,} completion)"
         )
         if self.cost is not None:
-            parts.append(f"${self.cost:.4f}")
+            parts.append(_dollars(self.cost))
         return " · ".join(parts)
 
     def progress(self, steps_text: str, completed_steps: int) -> str:
@@ -68,6 +69,14 @@ class Conversation:
         if not (self.turns or self.tool_calls):
             return steps_text
         return f"{steps_text} · {self.text()}" if completed_steps else self.text()
+
+
+def _dollars(cost: float) -> str:
+    """``$0.0012``; a cost under a hundredth of a cent keeps two significant digits
+    (``$0.000064``), so a priced run never reads ``$0.0000``."""
+    if cost == 0 or cost >= 0.0001:
+        return f"${cost:.4f}"
+    return f"${cost:.{1 - math.floor(math.log10(cost))}f}"
 
 
 def _count(n: int, what: str) -> str:
@@ -83,31 +92,76 @@ def _json(value: Any) -> Any:
     return value
 
 
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
 def _usage(result: Any) -> tuple[int, int, str]:
     if not isinstance(result, dict):
         return 0, 0, ""
-    usage = result.get("usage") or {}
+    usage = result.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0
     completion = usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0
-    return int(prompt), int(completion), str(result.get("model") or "")
+    return _int(prompt), _int(completion), str(result.get("model") or _stream_model(result))
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _stream_model(result: dict[str, Any]) -> str:
+    """The model of a streamed call (stored as ``{"stream": [chunks...], "usage": ...}``):
+    chat chunks name it, the Responses API's events carry it in their ``response``."""
+    for chunk in _dicts(result.get("stream")):
+        response = chunk.get("response")
+        model = chunk.get("model") or (
+            response.get("model") if isinstance(response, dict) else None
+        )
+        if model:
+            return str(model)
+    return ""
+
+
+def _said(content: Any) -> str:
+    """``assistant: ...``, the model's words scrubbed on their own (a ``name=value`` pair
+    must not be read as the value of ``assistant:``)."""
+    return f"assistant: {scrub_text(str(content))}"
 
 
 def _reply_text(result: Any) -> str:
     if not isinstance(result, dict):
         return ""
-    for choice in result.get("choices") or []:
-        message = choice.get("message") or {}
-        calls = message.get("tool_calls") or []
+    for choice in _dicts(result.get("choices")):
+        message = choice.get("message")
+        message = message if isinstance(message, dict) else {}
+        calls = _dicts(message.get("tool_calls"))
         if calls:
             names = ", ".join(str((c.get("function") or {}).get("name")) for c in calls)
             return f"assistant asked for {names}"
         if message.get("content"):
-            return f"assistant: {message['content']}"
-    for item in result.get("output") or []:
-        for part in item.get("content") or []:
+            return _said(message["content"])
+    for item in _dicts(result.get("output")):
+        for part in _dicts(item.get("content")):
             if part.get("text"):
-                return f"assistant: {part['text']}"
-    return ""
+                return _said(part["text"])
+    return _stream_text(result)
+
+
+def _stream_text(result: dict[str, Any]) -> str:
+    """What a streamed reply said: its chat deltas or Responses text deltas, joined."""
+    words: list[str] = []
+    for chunk in _dicts(result.get("stream")):
+        for choice in _dicts(chunk.get("choices")):
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and delta.get("content"):
+                words.append(str(delta["content"]))
+        if chunk.get("type") == "response.output_text.delta" and chunk.get("delta"):
+            words.append(str(chunk["delta"]))
+    return _said("".join(words)) if words else ""
 
 
 def conversation_of(

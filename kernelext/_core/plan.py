@@ -21,7 +21,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from .._formatting import moment_text, step_label
+from .._formatting import counted, moment_text, step_label
 from .._store import Store
 from .._validate import (
     RUN_ID,
@@ -220,11 +220,15 @@ def _conversation(result: ResumePlan, store: Store) -> None:
         return
     if result.completed:  # a run of steps (LangGraph's supersteps): its steps say it
         return
-    talk = conversation_of(store.load_effects(result.run_id).values())
+    # Only calls with a recorded outcome are replayed: an unknown or pending one waits
+    # for kx.reconcile, a failed one is asked again.
+    rows = store.load_effects(result.run_id).values()
+    talk = conversation_of(r for r in rows if r["status"] == EffectStatus.APPLIED)
     if talk.turns:
         note = (
-            f"the conversation continues after turn {talk.turns}; {talk.turns} model calls "
-            f"and {talk.tool_calls} tool calls are replayed from the ledger"
+            f"the conversation continues after turn {talk.turns}; "
+            f"{counted(talk.turns, 'model call')} and {counted(talk.tool_calls, 'tool call')} "
+            "are replayed from the ledger"
         )
         result.next_step = NextStep(step.ordinal, step.key, note)
 
