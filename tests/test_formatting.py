@@ -100,7 +100,7 @@ def shown(store: Store, run_id: str, capsys: Any) -> list[str]:
 
 def step_rows(lines: list[str]) -> dict[str, dict[str, str]]:
     """The rows of the steps table of ``kernelext show``, by key, as column -> cell."""
-    rows = table_rows(lines, "steps", ["step", "key", "name", "status", "took", "error"])
+    rows = table_rows(lines, "steps", ["step", "key", "name", "status", "took", "note"])
     return {row["key"]: row for row in rows}
 
 
