@@ -84,3 +84,34 @@ def test_a_listing_on_a_mistyped_store_path_says_so(tmp_path: Path) -> None:
     )
     assert not missing.parent.exists()
     assert done.returncode != 0 and str(missing) in done.stderr
+
+
+LEDGER_QUERY = "select * from (values (1.0::double), (null), ('inf'::double)) t(x)"
+
+
+def test_a_ledger_table_with_infinity_and_a_null_is_shown(tmp_path: Path) -> None:
+    """A float column with NULL and inf is no 'whole numbers' column: the table shows."""
+    store = tmp_path / "s.duckdb"
+    with KernelSession() as kernel:
+        kernel.run("%load_ext kernelext").ok()
+        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        reply = kernel.run(f"%%ledger\n{LEDGER_QUERY}").ok()
+        assert reply.results, reply
+        plain = str(reply.results[0].get("text/plain", ""))
+        assert "inf" in plain and "OverflowError" not in plain + reply.stderr, reply
+        assert "<table" in str(reply.results[0].get("text/html", "")), reply
+
+
+def test_a_ledger_table_can_be_pickled(tmp_path: Path) -> None:
+    """``%%ledger -o df`` then ``df.to_pickle(...)`` / pickle works, and reads back."""
+    store = tmp_path / "s.duckdb"
+    with KernelSession() as kernel:
+        kernel.run("%load_ext kernelext").ok()
+        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        kernel.run(f"%%ledger -o df\n{LEDGER_QUERY}").ok()
+        back = kernel.run(
+            f"import pandas as pd\ndf.to_pickle({str(tmp_path / 'df.pkl')!r})\n"
+            f"back = pd.read_pickle({str(tmp_path / 'df.pkl')!r})\n"
+            "print(back.equals(df), type(back).__name__ == type(df).__name__)"
+        ).ok()
+        assert back.stdout.split() == ["True", "True"], back
