@@ -115,3 +115,18 @@ def test_a_ledger_table_can_be_pickled(tmp_path: Path) -> None:
             "print(back.equals(df), type(back).__name__ == type(df).__name__)"
         ).ok()
         assert back.stdout.split() == ["True", "True"], back
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a run id that is not valid UTF-8 (a terminal in another encoding) reaches "
+    "the database and comes back as its conversion error, exit 1, not 'No run' with exit 2",
+)
+def test_a_run_id_that_is_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelext", "show", b"\xff", "--store", str(tmp_path / "s.duckdb")],
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert b"No run" in done.stderr and b"Traceback" not in done.stderr
