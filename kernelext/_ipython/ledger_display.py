@@ -19,8 +19,14 @@ def _whole_numbers_with_nulls(column: Any) -> bool:
     """A float column that pandas made from integers because of a NULL in it."""
     if column.dtype.kind != "f":
         return False
+    import numpy as np
+
     present = column.dropna()
-    return len(present) < len(column) and bool((present == present.round()).all())
+    return (
+        len(present) < len(column)
+        and bool(np.isfinite(present.to_numpy()).all())  # inf stays a float
+        and bool((present == present.round()).all())
+    )
 
 
 def shown(frame: Any) -> Any:
@@ -56,8 +62,16 @@ def _ledger_frame_class() -> type:
         def _repr_html_(self) -> str | None:
             return shown(self)._repr_html_()  # type: ignore[no-any-return]
 
+        def __reduce_ex__(self, protocol: Any) -> Any:  # pickle, df.to_pickle(...)
+            return (_ledger_frame, (pd.DataFrame(self),))
+
     LedgerFrame.__module__ = "kernelext"
     return LedgerFrame
+
+
+def _ledger_frame(frame: Any) -> Any:
+    """A pickled ``%%ledger`` result, back as one."""
+    return _ledger_frame_class()(frame)
 
 
 def for_display(result: Any) -> Any:

@@ -53,15 +53,19 @@ def without_internal_frames(tb: types.TracebackType | None) -> types.TracebackTy
     return rebuilt
 
 
-def _strip_chain(value: BaseException) -> None:
-    """Leave kernelext's frames out of the kernelext errors chained to ``value`` too."""
+def _strip_chain(value: BaseException) -> list[tuple[BaseException, types.TracebackType | None]]:
+    """Leave kernelext's frames out of the kernelext errors chained to ``value`` too;
+    answers each changed error with its full traceback (put back after the display)."""
+    changed: list[tuple[BaseException, types.TracebackType | None]] = []
     seen: set[int] = {id(value)}
     link = value.__cause__ or value.__context__
     while link is not None and id(link) not in seen:
         seen.add(id(link))
         if isinstance(link, KernelextError):
+            changed.append((link, link.__traceback__))
             link.__traceback__ = without_internal_frames(link.__traceback__)
         link = link.__cause__ or link.__context__
+    return changed
 
 
 def show_kernelext_error(
@@ -69,17 +73,35 @@ def show_kernelext_error(
 ) -> list[str]:
     """IPython's custom exception handler for :class:`KernelextError`."""
     if hasattr(value, "_render_traceback_"):  # the error draws itself (one line)
-        # IPython discards what a custom handler returns: the handler shows it itself.
-        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        return []
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)  # IPython calls it
+        return []  # the shell ignores what a handler returns: it must show the error itself
     first = tb  # IPython's own frame: its printer leaves the first one out
     rest = without_internal_frames(tb.tb_next if tb is not None else None)
     if first is not None:
         rest = types.TracebackType(rest, first.tb_frame, first.tb_lasti, first.tb_lineno)
+    changed = [(value, value.__traceback__), *_strip_chain(value)]
     value.__traceback__ = rest
-    _strip_chain(value)
-    shell.showtraceback((etype, value, rest), tb_offset=tb_offset)
+    call_pdb = shell.call_pdb  # %pdb on: the debugger opens on the full traceback, below
+    shell.call_pdb = False
+    try:
+        shell.showtraceback((etype, value, rest), tb_offset=tb_offset)
+    finally:
+        shell.call_pdb = call_pdb
+        for error, full in changed:  # only the display leaves frames out
+            error.__traceback__ = full
+        _remember(etype, value, tb)
+    if call_pdb:
+        shell.debugger(force=True)
     return []
+
+
+def _remember(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+    """What %debug and %tb read: the exception with every frame (where it was raised)."""
+    import sys
+
+    sys.last_type, sys.last_value, sys.last_traceback = etype, value, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = value
 
 
 def installed(shell: Any) -> bool:
