@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import datetime as dt
 
+# The step key of effects made outside any step (never shown to a person; the core's
+# kernelext._core.names re-exports it, and this leaf module is where it is defined).
+OUTSIDE_STEPS = "__run__"
+
 __all__ = [
     "counted",
     "duration_text",
@@ -70,8 +74,6 @@ def step_label(ordinal: int | None, key: str | None = None, total: int | None = 
     """``step 3``, ``step 3 of 12``, ``step 3 (fetch-page)``: the step stored with ordinal
     2; its key is shown unless it is only the ordinal or the number again."""
     if ordinal is None:
-        from ._core.names import OUTSIDE_STEPS  # (the core imports this module)
-
         if key == OUTSIDE_STEPS:  # an effect made outside steps: no step to name
             return "outside steps"
         return f"step {key!r}" if key is not None else "no step"

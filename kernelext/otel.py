@@ -19,6 +19,8 @@ from typing import Any
 
 from ._core.secrets import scrub_text
 from ._store import observe
+from .status import FINAL, WAITING, EffectStatus, StepStatus
+from .status import Status as RunStatus
 
 __all__ = ["disable", "enable", "failures", "flush"]
 
@@ -237,7 +239,7 @@ def _translate(kind: str, d: dict[str, Any]) -> None:
     elif kind in ("step_complete", "item_complete"):
         span = steps.pop(d["step_id"], None)
         if span is not None:
-            span.set_attribute("kernelext.status", "completed")
+            span.set_attribute("kernelext.status", StepStatus.COMPLETED.value)
             span.end()
     elif kind == "intent":
         parent = _step_for(d) or _run_span(d["run_id"])
@@ -250,7 +252,7 @@ def _translate(kind: str, d: dict[str, Any]) -> None:
                 tool=d["tool"],
                 effect_key=d["key"],
                 call_ordinal=d["call_ordinal"],
-                status="pending",
+                status=EffectStatus.PENDING.value,
             ),
         )
         _model_request(effects[d["key"]], d.get("args"))
@@ -259,8 +261,9 @@ def _translate(kind: str, d: dict[str, Any]) -> None:
         if span is not None:
             span.set_attribute("kernelext.status", _clean(d["status"]))
             _model_response(span, d.get("result"))
-            if d["status"] == "failed":
-                span.set_status(Status(StatusCode.ERROR, _clean(d.get("error") or "failed")))
+            if d["status"] == EffectStatus.FAILED:
+                failed = EffectStatus.FAILED.value
+                span.set_status(Status(StatusCode.ERROR, _clean(d.get("error") or failed)))
             span.end()
     elif kind == "stop_request":
         _state.setdefault("stops", set()).add(d["run_id"])
@@ -276,7 +279,7 @@ def _translate(kind: str, d: dict[str, Any]) -> None:
         # adds to an open run span, and only a move to running opens one.
         if d["kind"] == "stop_requested" and d["run_id"] in _state.get("stops", ()):
             return
-        if d["run_id"] in _state["runs"] or d["to_status"] == "running":
+        if d["run_id"] in _state["runs"] or d["to_status"] == RunStatus.RUNNING:
             _transition(d)
 
 
@@ -290,7 +293,7 @@ def _step_for(d: dict[str, Any]) -> Any:
     return None
 
 
-_ENDS = {"completed", "failed", "cancelled", "expired", "suspended", "needs_decision"}
+_ENDS = {s.value for s in FINAL | WAITING}
 
 
 def _transition(d: dict[str, Any]) -> None:
@@ -310,8 +313,9 @@ def _transition(d: dict[str, Any]) -> None:
     if to in _ENDS:
         _end_children(d["run_id"], to)
         run.set_attribute("kernelext.status", to)
-        if to == "failed":
-            run.set_status(Status(StatusCode.ERROR, _clean(d.get("reason") or "failed")))
+        if to == RunStatus.FAILED:
+            failed = RunStatus.FAILED.value
+            run.set_status(Status(StatusCode.ERROR, _clean(d.get("reason") or failed)))
         del _state["runs"][d["run_id"]]  # first: a raising processor leaves no ended span
         run.end()
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._formatting import OUTSIDE_STEPS  # the step key of effects called outside any step
 from .._validate import MAX_NAME, name_problem
 from ..errors import InvalidName, NameNotText
 
 __all__ = ["MAX_NAME", "OUTSIDE_STEPS", "check_stored_name", "step_key_of"]
-
-# The step key of effects called outside any step (each with its own call counter).
-OUTSIDE_STEPS = "__run__"
 
 
 def check_stored_name(value: Any, what: str, *, hint: str = "") -> str:
