@@ -283,7 +283,9 @@ def test_revalidation_accept_click_through(
         lab.button(panel, "Accept and continue").click()
         expect(status).to_have_text("completed")
         expect(panel.locator(".kernelext-revalidation")).to_have_count(0)  # decided: gone
-        expect(panel.locator(".kernelext-outcome")).to_have_text("completed: 6 steps · 3 tool calls")
+        expect(panel.locator(".kernelext-outcome")).to_have_text(
+            "completed: 6 steps · 3 tool calls"
+        )
         panel.scroll_into_view_if_needed()
         shot("completed")
 
