@@ -177,7 +177,13 @@ class ControlPanel(w.VBox):
             run.listeners.append(self._on_run_event)
         self._listened = run
         self._decision_for = None
+        old_addons = self.addons.children
         self.addons.children = tuple(self._made(PANEL_ADDONS, "add-on"))
+        for addon in old_addons:  # they followed the previous handle
+            detach = getattr(addon, "detach", None)
+            if callable(detach):
+                with contextlib.suppress(Exception):
+                    detach()
 
     def _watch(self, handle: Any) -> None:
         """Follow the run in the store: changes from any process redraw the panel."""
@@ -201,10 +207,10 @@ class ControlPanel(w.VBox):
 
     def _newest_handle(self) -> None:
         """A resume in this process (a decision in ``kx.approvals()``, ``kx.resume``)
-        made a newer handle of the run: the panel follows it."""
-        newest = runtime().handles.get(self.handle.run_id)
-        if newest is not None and newest is not self.handle and newest.store is self.handle.store:
-            self.follow(newest)
+        executes the run under a newer handle: the panel follows it."""
+        live = runtime().live_handle(self.handle.run_id)
+        if live is not None and live is not self.handle and live.store is self.handle.store:
+            self.follow(live)
 
     def _made(self, factories: list[Callable[[ControlPanel], Any]], what: str) -> list[Any]:
         made: list[Any] = []

@@ -46,7 +46,7 @@ class PlanPreview(w.VBox):
         view = getattr(self.panel, "view", None)
         changes = getattr(self.panel, "store_changes", 0)
         if view is not None:
-            return (view.status, view.reason, view.completed, view.alive, changes)
+            return (view.status, view.reason, view.completed, changes, view.alive)
         info = self.handle.info()
         return (info["status"], info.get("reason"), info.get("completed_steps"), changes, False)
 

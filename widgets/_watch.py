@@ -54,6 +54,7 @@ class StoreWatch:
         self.checks = 0  # looks at the change signal
         self.queries = 0  # run_versions queries made
         self.changes = 0  # runs found changed
+        self.quiet = 0  # looks in a row that found nothing committed (no query made)
         self._watchers: dict[str, list[weakref.WeakMethod[Callable[[], None]]]] = {}
         self._versions: dict[str, Any] = {}
         self._signal: Any = _UNSEEN
@@ -111,7 +112,9 @@ class StoreWatch:
             return []
         signal: Hashable | None = store.change_signal()
         if signal is not None and signal == self._signal:
+            self.quiet += 1
             return []  # nothing committed anywhere since the last look
+        self.quiet = 0
         asked = [
             run_id
             for run_id, version in versions.items()
