@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 from browser import jupyterlab as lab
-from test_browser import PANEL, Shots, page, shots_folder  # noqa: F401  (fixtures)
+from test_browser import PANEL, Shots
+from test_browser import page as _page  # noqa: F401  (the fixtures page and shots_folder)
+from test_browser import shots_folder as _shots_folder  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -137,7 +139,8 @@ def test_a_stop_from_a_terminal_shows_in_the_open_panel_and_its_timeline(
 
         expect(status).to_have_text("suspended")
         expect(header).to_contain_text("· suspended ·")
-        expect(panel.locator(".kernelext-outcome")).to_contain_text("suspended (user_stop) after 1/3")
+        outcome = panel.locator(".kernelext-outcome")
+        expect(outcome).to_contain_text("suspended (user_stop) after 1/3")
         plan = panel.locator(".kernelext-plan-preview")
         expect(plan).to_contain_text("Resume plan: Ready")
         expect(plan.locator(".kernelext-plan")).to_be_hidden()  # collapsed under the buttons
