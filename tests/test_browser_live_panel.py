@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from browser import jupyterlab as lab
-from test_browser import PANEL, Shots
-from test_browser import page as _page  # noqa: F401  (the fixtures page and shots_folder)
-from test_browser import shots_folder as _shots_folder  # noqa: F401
+from test_browser import ARTIFACTS, PANEL, Shots
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -39,6 +39,23 @@ def long_steps(run):
     f'h = long_steps.start(run_id="{RUN_ID}")\nh',
 ]
 SMALLEST_TEXT_PX = 11.0
+
+
+@pytest.fixture
+def shots_folder(request: pytest.FixtureRequest) -> Path:
+    folder = ARTIFACTS / str(request.node.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    problem = lab.chromium_problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    with lab.chromium_page() as browser_page:
+        yield browser_page
 
 
 def notebook(root: Path) -> str:
