@@ -362,7 +362,7 @@ class ControlPanel(w.VBox):
         self._click(force)
 
     def shown_plan(self) -> ResumePlan | None:
-        """The resume plan an add-on shows above Resume: Resume resumes as previewed."""
+        """The resume plan an add-on shows: Resume resumes as previewed."""
         addons = getattr(self, "addons", None)
         for child in getattr(addons, "children", ()):
             plan = getattr(child, "plan", None)

@@ -1,4 +1,4 @@
-"""The resume plan in the control panel: what Resume would do, shown above the button.
+"""The resume plan in the control panel: what Resume would do, under the buttons.
 
 ``PlanPreview(handle)`` shows ``kx.plan(run_id)`` while the run waits (``suspended`` or
 ``needs_decision``) and nobody executes it, and hides otherwise. It sits under the panel's

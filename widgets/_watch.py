@@ -103,6 +103,9 @@ class StoreWatch:
     def _check(self) -> list[str]:
         store = self._store()
         if store is None or store.closed:
+            with self._lock:  # nothing more to learn: the thread ends
+                self._watchers.clear()
+                self._versions.clear()
             return []
         self.checks += 1
         with self._lock:
