@@ -60,8 +60,26 @@ def test_accept_button_resumes_the_run(store: Store) -> None:
     assert handle.wait(30) == "completed"
     assert "Accepted" in widget.message.value
     assert widget.accept_button.disabled and widget.abort_button.disabled
+    assert widget.replan_button.disabled and widget.note.disabled, "decided: nothing to click"
+    widget.rev.reload()
+    widget.draw()  # a redraw after the decision keeps it decided
+    assert widget.accept_button.disabled and widget.abort_button.disabled
     [event] = [e for e in store.events("w-accept") if e["kind"] == "revalidation_decision"]
     assert (event["source"], event["reason"]) == ("widget", "new price accepted")
+
+
+def test_the_table_says_why_a_fact_could_not_be_checked(store: Store, store_path: Path) -> None:
+    with pytest.warns(kx.CheckWarning, match="only a resume in this same process"):
+        handle = fs.pricing.start(SKUS, run_id="w-why", store=store, mode="lambda", stop_after="A")
+        assert handle.wait(30) == "suspended"
+    store.close()
+    out = fs.run_fresh(store_path, "resume", "w-why")  # another process: the lambda is unknown
+    assert out.get("status") == "needs_decision", out
+    with fs.reopened(store_path) as reopened:
+        widget = render_revalidation(kx.revalidation("w-why", store=reopened))
+        detail = fs.fact_rows(reopened, "w-why")["price:A"]["check_detail"]
+        assert detail.startswith("cannot re-check")
+        assert "unresolved: " in widget.table.value and detail[:40] in widget.table.value
 
 
 def test_replan_button_uses_the_picked_step_and_lists_replayed_effects(store: Store) -> None:

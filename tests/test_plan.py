@@ -375,7 +375,7 @@ def test_the_plan_of_an_agent_cell_run_shows_which_cells_changed(store: Store) -
     assert "diff of cell 'cell:one':" in p.text() and p.code_changed
 
 
-def test_the_panel_of_a_waiting_run_shows_its_plan_above_resume(
+def test_the_panel_of_a_waiting_run_shows_its_plan_collapsed_under_the_buttons(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
     from kernelext.widgets import _addons as addons
@@ -394,7 +394,9 @@ def test_the_panel_of_a_waiting_run_shows_its_plan_above_resume(
         (preview,) = [a for a in panel.addons.children if isinstance(a, plan_widget.PlanPreview)]
         rows = list(panel.children)
         buttons = next(r for r in rows if panel.resume_button in getattr(r, "children", ()))
-        assert rows.index(panel.addons) < rows.index(buttons), "the plan sits above Resume"
+        assert rows.index(buttons) < rows.index(panel.addons), "the buttons never move"
+        assert preview.section.selected_index is None, "collapsed until opened"
+        assert preview.section.get_title(0).startswith("Resume plan: ")
     finally:
         panel.detach()
     shown = plan_widget.previewed_plan(panel)

@@ -4,6 +4,7 @@ on a fake clock, odd events, and the live version on the control panel."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 import uuid
@@ -310,3 +311,44 @@ def test_effects_outside_steps_are_drawn_without_the_internal_step_key(store: St
     compact = picture.html(compact=True)
     assert "completed · 2 effects outside steps</text>" in compact
     assert "0 step attempts" not in compact
+
+
+def glyph_top(mark: ET.Element) -> float:
+    (path,) = mark.iter(f"{{{NS['svg']}}}path")
+    found = re.match(r"M[-\d.]+,([-\d.]+)", path.get("d", ""))
+    assert found, path.get("d")
+    return float(found.group(1))
+
+
+def test_stops_sit_on_the_status_band_text_is_readable_and_the_legend_lists_what_occurred(
+    store: Store,
+) -> None:
+    @kx.effect
+    def note(item: int) -> int:
+        return item
+
+    @kx.agent(name=name("three"))
+    def three(run: kx.Run) -> None:
+        for i in run.steps(range(3)):
+            note(i)
+            if i == 1:
+                kx.stop(run.id, source="test")  # lands at the end of this step
+
+    handle = three.start(run_id=name("legend"))
+    assert handle.wait(WAIT) == Status.SUSPENDED
+    tl = timeline(handle.run_id)
+    for svg in (tl.render(), tl.render(width=480, compact=True)):
+        root = parse(svg)
+        (stop,) = [m for m in shapes(root, "g", "kx-mark") if m.get("data-kind") == "stop_request"]
+        (suspension,) = [
+            m for m in shapes(root, "g", "kx-mark") if m.get("data-kind") == "suspension"
+        ]
+        lanes = {e.text: float(e.get("y", "0")) for e in shapes(root, "text", "kx-lane")}
+        # the top of each glyph: the same for marks on the same lane (same size, same shape box)
+        assert glyph_top(stop) == glyph_top(suspension), "a stop sits on the status band"
+        assert glyph_top(stop) > lanes["asked"], "not on the asked lane"
+        sizes = [float(root.get("font-size", "0"))]
+        sizes += [float(e.get("font-size")) for e in root.iter() if e.get("font-size")]
+        assert min(sizes) >= 11, "no text smaller than 11 px"
+    legend = {e.text for e in shapes(parse(tl.render()), "text", "kx-legend")}
+    assert legend == {"step completed", "effect applied", "stop asked", "suspended"}

@@ -25,7 +25,7 @@ from ._render import PanelView
 from ._timeline import LiveTimeline
 
 # Every control panel shows the add-ons of the one registry (``_addons``): the stop
-# estimate and a live timeline; the resume plan of a waiting run above Resume; an open
+# estimate and a live timeline; the resume plan of a waiting run (collapsed); an open
 # approval or question with its buttons; an expired run's banner; the decision widgets.
 _addons.install()
 

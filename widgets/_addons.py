@@ -27,7 +27,7 @@ Slot = list[Callable[[ControlPanel], Any]]
 # (slot, factory), in the order panels show them.
 ADDONS: tuple[tuple[Slot, Callable[[ControlPanel], Any]], ...] = (
     (PANEL_ADDONS, timeline_addon),  # the stop estimate and a live timeline
-    (PANEL_ADDONS, plan_addon),  # the resume plan of a waiting run, above Resume
+    (PANEL_ADDONS, plan_addon),  # the resume plan of a waiting run, collapsed
     (PANEL_ADDONS, approvals_addon),  # an open approval or question, with its buttons
     (PANEL_ADDONS, expired_addon),  # an expired run's banner and its Restart button
     (NEEDS_DECISION_WIDGETS, reconciliation_for_panel),  # unknown effects to decide

@@ -280,10 +280,12 @@ class ApprovalsBox(w.VBox):
     def _waiting(self) -> tuple[Any, ...]:
         view = getattr(self.panel, "view", None)
         handle = self.panel.handle
+        # a change of the run in the store (a decision made elsewhere) rebuilds the cards
+        changes = getattr(self.panel, "store_changes", 0)
         if view is not None and view.run_id == handle.run_id:
-            return (view.run_id, view.status, view.reason, view.deadline)
+            return (view.run_id, view.status, view.reason, view.deadline, changes)
         row = handle.store.get_run(handle.run_id)
-        return (row["id"], row["status"], row["reason"], row["deadline"])
+        return (row["id"], row["status"], row["reason"], row["deadline"], changes)
 
     def refresh(self) -> None:
         """Rebuild when the run starts or stops waiting for a person (cheap otherwise)."""
@@ -291,7 +293,7 @@ class ApprovalsBox(w.VBox):
         if marker == self._marker:
             return
         self._marker = marker
-        run_id, status, reason, _deadline = marker
+        run_id, status, reason, _deadline, _changes = marker
         if status != Status.SUSPENDED or reason not in WAITING_FOR_PERSON:
             self.children = ()
             return

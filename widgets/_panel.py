@@ -1,8 +1,14 @@
 """The control panel a run handle displays as: live status, Stop / Resume / Force stop.
 
-Reports from the run's worker thread arrive through ``run.listeners`` and are drawn by
-a :class:`~.throttle.Throttle` (at most ten redraws a second, whatever the agent's
-pace). Button clicks run in the kernel's main thread and redraw at once. Every button
+The panel is a view of the run in the store. Reports from the run's worker thread arrive
+through ``run.listeners``; changes made anywhere else (another kernel, the command line,
+a decision in ``kx.approvals()``) are noticed by the store's :class:`~._watch.StoreWatch`
+(about once a second, nothing read while nothing changed). Both are drawn by one
+:class:`~.throttle.Throttle` (at most ten redraws a second, whatever the agent's pace),
+and every redraw reads the run, its last effects and their counts from the store, so a
+resume here or elsewhere keeps them. Button clicks run in the kernel's main thread and
+redraw at once. The buttons sit under the header line and never move; what grows (the
+effects, the timeline, the plan, collapsed by default) comes after them. Every button
 is enabled only when its action makes sense, and a second click is harmless: the core
 records a repeated stop without a second transition, and a resume of a run already
 executing is refused with a notice.
@@ -21,9 +27,10 @@ import ipywidgets as w
 
 from kernelext._core import control
 from kernelext._core.batch_view import BatchCounts, batch_counts
-from kernelext._core.colours import BAD, BORDER, MUTED
+from kernelext._core.colours import BAD
 from kernelext._core.plan import ResumePlan
 from kernelext._core.run import engine_of
+from kernelext._core.runtime import runtime
 from kernelext._formatting import duration_text
 from kernelext.status import LIVE, RESUMABLE, Status
 
@@ -41,7 +48,9 @@ from ._render import (
     view_of,
 )
 from ._static import SavedCopy
+from ._style import FRAME, PANEL_STYLE, muted_html
 from ._throttle import Throttle
+from ._watch import watch_of
 
 __all__ = [
     "NEEDS_DECISION_WIDGETS",
@@ -116,23 +125,27 @@ class ControlPanel(w.VBox):
             layout=w.Layout(width="auto"),
         )
         buttons = w.HBox([self.stop_button, self.resume_button, self.force_button])
+        buttons.add_class("kernelext-buttons")
         super().__init__(
             children=[
+                w.HTML(PANEL_STYLE),
                 self.header,
+                buttons,  # right under the header line: nothing above them grows
+                self.notice,
                 self.progress,
                 self.batch,
                 self.step,
                 self.stop_badge,
-                self.effects,
                 self.outcome,
+                self.effects,
                 self.decision_slot,
                 self.addons,
-                buttons,
-                self.notice,
             ],
-            layout=w.Layout(border=f"1px solid {BORDER}", padding="4px 10px"),
+            layout=w.Layout(border=FRAME, padding="4px 10px"),
         )
         self.add_class("kernelext-panel")
+        self.store_changes = 0  # changes of the run the store watch reported
+        self._watched: tuple[Any, str] | None = None
         self._effects: dict[Any, tuple[str, str]] = {}
         self._notice: str | None = None
         self._decision_for: str | None = None
@@ -158,6 +171,7 @@ class ControlPanel(w.VBox):
             old.listeners.remove(self._on_run_event)
         self.handle = handle
         _PANELS[handle] = self
+        self._watch(handle)
         run = engine_of(handle.run)
         if run is not old:
             self._effects = {}
@@ -166,7 +180,40 @@ class ControlPanel(w.VBox):
             run.listeners.append(self._on_run_event)
         self._listened = run
         self._decision_for = None
+        old_addons = self.addons.children
         self.addons.children = tuple(self._made(PANEL_ADDONS, "add-on"))
+        for addon in old_addons:  # they followed the previous handle
+            detach = getattr(addon, "detach", None)
+            if callable(detach):
+                with contextlib.suppress(Exception):
+                    detach()
+
+    def _watch(self, handle: Any) -> None:
+        """Follow the run in the store: changes from any process redraw the panel."""
+        wanted = (handle.store, handle.run_id)
+        if self._watched == wanted:
+            return
+        self._unwatch()
+        watch_of(handle.store).watch(handle.run_id, self._on_store_change)
+        self._watched = wanted
+
+    def _unwatch(self) -> None:
+        if self._watched is not None:
+            store, run_id = self._watched
+            watch_of(store).unwatch(run_id, self._on_store_change)
+            self._watched = None
+
+    def _on_store_change(self) -> None:
+        """From the store watch's thread: the run changed in the store."""
+        self.store_changes += 1
+        self.throttle.poke()
+
+    def _newest_handle(self) -> None:
+        """A resume in this process (a decision in ``kx.approvals()``, ``kx.resume``)
+        executes the run under a newer handle: the panel follows it."""
+        live = runtime().live_handle(self.handle.run_id)
+        if live is not None and live is not self.handle and live.store is self.handle.store:
+            self.follow(live)
 
     def _made(self, factories: list[Callable[[ControlPanel], Any]], what: str) -> list[Any]:
         made: list[Any] = []
@@ -197,6 +244,10 @@ class ControlPanel(w.VBox):
                 for old in list(self._effects)[:-EFFECTS_SHOWN]:
                     self._effects.pop(old, None)
         self.throttle.poke()
+
+    def _replayed(self) -> set[Any]:
+        """Keys of effects this process returned from the ledger (not a stored status)."""
+        return {key for key, (_label, status) in self._effects.items() if status == "replayed"}
 
     def _active(self) -> bool:
         return bool(self.handle.alive or engine_of(self.handle.run).current is not None)
@@ -231,8 +282,8 @@ class ControlPanel(w.VBox):
         return self.view
 
     def _draw(self) -> None:
-        effects = list(self._effects.values())[-EFFECTS_SHOWN:] if self._effects else None
-        view = view_of(self.handle, effects, self._notice, self._batch_end)
+        self._newest_handle()
+        view = view_of(self.handle, None, self._notice, self._batch_end, replayed=self._replayed())
         self.view = view
         self.saved.update(view)
         self.header.value = header_html(view)
@@ -251,9 +302,7 @@ class ControlPanel(w.VBox):
         self.stop_badge.value = stop_html(view)
         self.effects.value = effects_html(view)
         self.outcome.value = outcome_html(view)
-        self.notice.value = (
-            f'<div style="color:{MUTED}">{self._notice}</div>' if self._notice else ""
-        )
+        self.notice.value = muted_html(self._notice) if self._notice else ""
         self._fill_decision_slot(view)
         for addon in self.addons.children:
             refresh = getattr(addon, "refresh", None)
@@ -318,7 +367,7 @@ class ControlPanel(w.VBox):
         self._click(force)
 
     def shown_plan(self) -> ResumePlan | None:
-        """The resume plan an add-on shows above Resume: Resume resumes as previewed."""
+        """The resume plan an add-on shows: Resume resumes as previewed."""
         addons = getattr(self, "addons", None)
         for child in getattr(addons, "children", ()):
             plan = getattr(child, "plan", None)
@@ -357,6 +406,7 @@ class ControlPanel(w.VBox):
     def detach(self) -> None:
         """Stop following the run (the widgets stay as last drawn)."""
         self.throttle.close()
+        self._unwatch()
         run = self._listened
         if run is not None and self._on_run_event in run.listeners:
             run.listeners.remove(self._on_run_event)

@@ -1,25 +1,27 @@
 """What a run's control panel shows, as data, HTML and plain text (no ipywidgets here).
 
-:func:`view_of` reads a handle (through the core's :class:`~kernelext._core.handle.Handle`
-API only) into a :class:`PanelView`; the live panel, the static HTML fallback used by
-nbconvert and the plain-text repr are all drawn from that one view.
+:func:`view_of` reads the run behind a handle from the store (its row, its last effects
+and their counts, the step it executes in whatever process) into a :class:`PanelView`;
+what only this process knows (the step executing here, effects replayed from the ledger)
+comes from the run's engine. The live panel, the static HTML fallback used by nbconvert
+and the plain-text repr are all drawn from that one view.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import html
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernelext._core.batch_view import BatchCounts, batch_counts
-from kernelext._core.colours import BORDER, MUTED, RUN_COLOURS, colour_of
+from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
 from kernelext._core.conversation import Conversation, conversation_of
 from kernelext._core.names import OUTSIDE_STEPS
 from kernelext._core.run import engine_of
 from kernelext._formatting import duration_text, moment_text, step_label
-from kernelext.status import FINAL, EffectStatus, Status
+from kernelext.status import FINAL, LIVE, EffectStatus, Status
 
 from ._batch import batch_html
 
@@ -65,7 +67,8 @@ class PanelView:
     stop_source: str | None = None
     deadline: dt.datetime | None = None
     now: dt.datetime | None = None  # the store's clock when the view was read (naive UTC)
-    effects: list[tuple[str, str]] = field(default_factory=list)
+    effects: list[tuple[str, str]] = field(default_factory=list)  # the last ones, oldest first
+    effect_counts: dict[str, int] = field(default_factory=dict)  # status -> how many, all told
     error: str | None = None
     notice: str | None = None
     batch: BatchCounts | None = None  # the run.map in progress, or the last one seen here
@@ -111,6 +114,14 @@ class PanelView:
             return self.conversation.progress(steps, self.completed)
         return steps
 
+    def effects_text(self) -> str:
+        """``7 effects: 6 applied, 1 unknown`` (every process and resume counted)."""
+        total = sum(self.effect_counts.values())
+        if not total:
+            return "no effects yet"
+        parts = ", ".join(f"{n} {status}" for status, n in sorted(self.effect_counts.items()))
+        return f"{total} effect{'s' if total != 1 else ''}: {parts}"
+
     def stop_text(self) -> str | None:
         if not self.stop_pending:
             return None
@@ -147,10 +158,15 @@ def view_of(
     effects: list[tuple[str, str]] | None = None,
     notice: str | None = None,
     batch: BatchCounts | None = None,
+    *,
+    replayed: Collection[Any] = (),
 ) -> PanelView:
-    """Read the run behind ``handle`` (one store read) into a :class:`PanelView`.
+    """Read the run behind ``handle`` from the store into a :class:`PanelView`.
 
-    ``batch``: the counts of the last batch seen, shown when none is in progress."""
+    ``effects``: shown instead of the run's last effects in the store; ``replayed``: keys of
+    effects this process returned from the ledger; ``batch``: the counts of the last batch
+    seen, shown when none is in progress."""
+    store = handle.store
     info = handle.info()
     run = engine_of(handle.run)
     current = run.current
@@ -172,7 +188,10 @@ def view_of(
         stop_source=info.get("stop_source"),
         deadline=info.get("deadline"),
         now=handle.store.now(),
-        effects=list(effects if effects is not None else _effects_of(run)),
+        effects=list(
+            effects if effects is not None else _effects_of(store, handle.run_id, replayed)
+        ),
+        effect_counts=store.effect_counts(handle.run_id),
         error=f"{type(error).__name__}: {error}" if error is not None else None,
         notice=notice,
         batch=batch,
@@ -183,12 +202,27 @@ def view_of(
     if current is not None:
         view.step_key, view.step_ordinal = current.key, current.ordinal
         view.step_elapsed = current.elapsed
+    elif view.status in LIVE:  # executing in another process: its open step in the store
+        step = store.open_step(handle.run_id)
+        if step is not None and view.now is not None:
+            view.step_key, view.step_ordinal = str(step["key"]), step["ordinal"]
+            view.step_elapsed = max(0.0, (view.now - step["started_at"]).total_seconds())
     return view
 
 
-def _effects_of(run: Any, limit: int = 5) -> list[tuple[str, str]]:
-    rows = list(getattr(run, "effects", {}).values())[-limit:]
-    return [(effect_label(r.get("tool"), r), str(r.get("status"))) for r in rows]
+def _effects_of(
+    store: Any, run_id: str, replayed: Collection[Any], limit: int = 5
+) -> list[tuple[str, str]]:
+    rows = store.last_effects(run_id, limit)
+    return [
+        (
+            effect_label(r.get("tool"), r),
+            "replayed"
+            if r["key"] in replayed and r["status"] == EffectStatus.APPLIED
+            else str(r["status"]),
+        )
+        for r in rows
+    ]
 
 
 def effect_label(tool: Any, row: Mapping[str, Any]) -> str:
@@ -210,11 +244,12 @@ def status_badge(status: str) -> str:
 
 
 def header_html(view: PanelView) -> str:
+    muted = THEME["muted"]
     return (
         f"<div><b>run</b> <code>{html.escape(view.run_id)}</code> "
-        f'<span style="color:{MUTED}">[{html.escape(view.agent)}]</span> '
+        f'<span style="color:{muted}">[{html.escape(view.agent)}]</span> '
         f"{status_badge(view.status)} "
-        f'<span style="color:{MUTED}">{html.escape(view.progress_text())}</span></div>'
+        f'<span style="color:{muted}">{html.escape(view.progress_text())}</span></div>'
     )
 
 
@@ -223,21 +258,30 @@ def stop_html(view: PanelView) -> str:
     if text is None:
         return ""
     return (
-        '<div class="kernelext-stop-pending" style="display:inline-block;background:#fff8c5;'
-        'border:1px solid #d4a72c;border-radius:6px;padding:1px 8px">'
+        '<div class="kernelext-stop-pending" style="display:inline-block;'
+        f"background:{THEME['warn_paper']};color:{THEME['text']};"
+        f'border:1px solid {THEME["warn_border"]};border-radius:6px;padding:1px 8px">'
         f"{html.escape(text)}</div>"
     )
 
 
 def effects_html(view: PanelView) -> str:
+    """The effects line (counts over every resume) and the last few effects."""
+    muted = THEME["muted"]
+    counts = (
+        f'<span class="kernelext-effect-counts" style="color:{muted}">'
+        f"{html.escape(view.effects_text())}</span>"
+    )
     if not view.effects:
-        return f'<div style="color:{MUTED}">no effects yet</div>'
+        return f"<div>{counts}</div>"
     items = "".join(
         f"<li><code>{html.escape(tool)}</code> {EFFECT_ICONS.get(status, '')} "
         f"{html.escape(status)}</li>"
         for tool, status in view.effects
     )
-    return f'<div>last effects:<ul style="margin:0 0 0 1em;padding:0">{items}</ul></div>'
+    return (
+        f'<div>last effects · {counts}<ul style="margin:0 0 0 1.2em;padding:0">{items}</ul></div>'
+    )
 
 
 def outcome_html(view: PanelView) -> str:
@@ -263,13 +307,14 @@ def to_html(view: PanelView, *, static: bool = True) -> str:
     parts += [stop_html(view), effects_html(view), outcome_html(view)]
     if static:
         parts.append(
-            f'<div style="color:{MUTED};font-size:smaller">static snapshot; '
+            f'<div style="color:{THEME["muted"]};font-size:11px">static snapshot; '
             "open the notebook with a running kernel for the live panel</div>"
         )
     body = "".join(p for p in parts if p)
     return (
-        f'<div class="kernelext-panel kernelext-static" style="border:1px solid {BORDER};'
-        f'border-radius:6px;padding:6px 10px">{body}</div>'
+        f'<div class="kernelext-panel kernelext-static" style="border:1px solid {THEME["border"]};'
+        f"border-radius:6px;padding:6px 10px;color:{THEME['text']};font-family:{THEME['font']};"
+        f'font-size:{THEME["size"]}">{body}</div>'
     )
 
 

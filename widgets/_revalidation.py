@@ -15,7 +15,7 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.colours import BAD, CHECK_COLOURS, colour_of
+from kernelext._core.colours import BAD, CHECK_COLOURS, THEME, colour_of
 from kernelext._core.revalidation import FactCheck, Revalidation, revalidation
 from kernelext._formatting import duration_text, step_label
 from kernelext.status import Status
@@ -39,6 +39,7 @@ class RevalidationWidget(w.VBox):
     ) -> None:
         self.rev = rev
         self.on_decided = on_decided
+        self.decided = False  # a decision was recorded here: nothing more to click
         self.summary = w.HTML()
         self.table = w.HTML()
         self.note = w.Text(
@@ -109,15 +110,19 @@ class RevalidationWidget(w.VBox):
                 self.step_picker.value = options[0][1]
         self._show_replayed()
         decidable = (
-            rev.decision is None
+            not self.decided
+            and rev.decision is None
             and rev.status == Status.NEEDS_DECISION
             and bool(bad)
             and not rev.unknown_effects
         )
         self.accept_button.disabled = not decidable
         self.replan_button.disabled = not decidable or not options
-        self.abort_button.disabled = rev.decision is not None or rev.status != Status.NEEDS_DECISION
+        self.abort_button.disabled = (
+            self.decided or rev.decision is not None or rev.status != Status.NEEDS_DECISION
+        )
         self.step_picker.disabled = self.replan_button.disabled
+        self.note.disabled = self.abort_button.disabled
 
     def _show_replayed(self) -> None:
         ordinal = self.step_picker.value
@@ -158,6 +163,7 @@ class RevalidationWidget(w.VBox):
             self.draw()
             self.message.value = f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
             return
+        self.decided = True
         self.draw()
         status = handle.status if handle is not None else self.rev.status
         self.message.value = f"<div>{html.escape(done)} — run is now {html.escape(status)}.</div>"
@@ -196,7 +202,7 @@ def facts_table_html(facts: list[FactCheck]) -> str:
         rows.append(
             f"<tr><td>{html.escape(fact.name)}</td><td>{_cell(fact, False)}</td>"
             f"<td>{_cell(fact, True)}</td><td>{duration_text(fact.age)}</td>"
-            f'<td style="color:{colour}" title="{title}">{html.escape(fact.status)}</td>'
+            f'<td style="color:{colour}" title="{title}">{_check_html(fact)}</td>'
             f"<td>{html.escape(step)}</td></tr>"
         )
     return (
@@ -204,6 +210,17 @@ def facts_table_html(facts: list[FactCheck]) -> str:
         '<table class="kernelext-facts" style="border-collapse:collapse;width:100%">'
         "<thead><tr><th>fact</th><th>recorded</th><th>current</th><th>age</th>"
         "<th>check</th><th>step</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
+    )
+
+
+def _check_html(fact: FactCheck) -> str:
+    """The check's status and, as the text says it, why (``unresolved`` alone says little)."""
+    if not fact.detail:
+        return html.escape(fact.status)
+    return (
+        f"{html.escape(fact.status)}: "
+        f'<span class="kernelext-check-detail" style="color:{THEME["text"]}">'
+        f"{html.escape(fact.detail)}</span>"
     )
 
 

@@ -76,8 +76,8 @@ class LiveTimeline(w.VBox):
 
     def _on_run_event(self, what: str, value: Any) -> None:
         """From the run's worker thread: a new picture soon."""
-        if self.panel is not None and self not in self.panel.addons.children:
-            self.detach()  # the panel follows another run now
+        if self.panel is not None and self.panel.handle is not self.handle:
+            self.detach()  # the panel follows another handle now (a resume)
             return
         self.throttle.poke()
 

@@ -24,6 +24,7 @@ __all__ = [
     "RUN_COLOURS",
     "RUN_TINTS",
     "STEP_COLOURS",
+    "THEME",
     "WARN",
     "colour_of",
 ]
@@ -36,6 +37,23 @@ MUTED = "#57606a"  # secondary text, "none"
 BORDER = "#d0d7de"  # frames of cards and panels
 PAPER = "#f6f8fa"  # the background of a code block or a cut stretch
 GREY = "#8c959f"  # a status without a colour of its own
+
+# What follows the page's light or dark theme: JupyterLab's CSS variables, each with the
+# light colour as its fallback so that HTML shown elsewhere (nbconvert, a browser) reads
+# the same. For CSS ``style`` values only (an SVG attribute takes no variable).
+THEME: dict[str, str] = {
+    "text": "var(--jp-ui-font-color1, #1f2328)",
+    "muted": "var(--jp-ui-font-color2, #57606a)",
+    "faint": "var(--jp-ui-font-color3, #8c959f)",
+    "paper": "var(--jp-layout-color1, #ffffff)",
+    "paper2": "var(--jp-layout-color2, #f6f8fa)",
+    "border": "var(--jp-border-color2, #d0d7de)",
+    "warn_paper": "var(--jp-warn-color3, #fff8c5)",
+    "warn_border": "var(--jp-warn-color1, #d4a72c)",
+    "font": "var(--jp-ui-font-family, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif)",
+    "size": "var(--jp-ui-font-size1, 13px)",
+    "code_size": "var(--jp-code-font-size, 12px)",
+}
 
 # run status -> colour (text, badges, frames)
 RUN_COLOURS: dict[str, str] = {

@@ -226,7 +226,7 @@ def plan_html(plan: PlanData) -> str:
         rows.append(
             f"<tr><th style='text-align:left;vertical-align:top;padding:2px 10px 2px 0;"
             f"font-weight:600;white-space:nowrap;{style}'>{_e(label)}</th>"
-            f"<td style='padding:2px 0'>{cell}</td></tr>"
+            f"<td style='padding:2px 0;text-align:left;vertical-align:top'>{cell}</td></tr>"
         )
     diffs = "".join(
         f"<div style='margin-top:6px'>diff of {_e(c.kind)} <code>{_e(c.name)}</code>:"
@@ -243,6 +243,8 @@ def plan_html(plan: PlanData) -> str:
         f" <span style='color:{MUTED};font-weight:400'>computed "
         f"{_e(moment_text(plan.computed_at))}</span></div>"
         f"<div style='color:{colour};margin:4px 0'>{_e(_verdict(plan))}</div>"
-        f"<table style='border-collapse:collapse'>{''.join(rows)}</table>"
+        # aligned the same inside a panel and on its own (JupyterLab centres tables and
+        # right-aligns their cells unless told)
+        f"<table style='border-collapse:collapse;margin:0'>{''.join(rows)}</table>"
         f"{diffs}{warnings}</div>"
     )

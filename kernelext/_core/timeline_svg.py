@@ -28,6 +28,7 @@ from .colours import (
     RUN_COLOURS,
     RUN_TINTS,
     STEP_COLOURS,
+    THEME,
 )
 from .timeline_axis import TimeAxis
 
@@ -39,7 +40,8 @@ __all__ = ["TimeAxis", "clock", "draw", "esc"]
 SVG_NS = "http://www.w3.org/2000/svg"
 RED, INK = BAD, MUTED
 BANDS = RUN_TINTS
-# mark kind -> (shape, colour). Kinds in ASKED sit on the "asked" lane, the rest on "status".
+# mark kind -> (shape, colour). Kinds in ASKED (what the run asked a person) sit on the
+# "asked" lane; the rest (stop requests too: they change the status) on the status band.
 STYLE = {
     "start": ("line", INK),
     "end": ("line", "#24292f"),
@@ -59,7 +61,13 @@ STYLE = {
     "batch_start": ("line", RUN_COLOURS[Status.RUNNING]),
     "other": ("dot", GREY),
 }
-ASKED = frozenset({"stop_request", "force_request", "decision", "approval", "question", "other"})
+ASKED = frozenset({"decision", "approval", "question", "other"})
+# Text follows the page's theme where CSS variables reach (inline in HTML); the attribute
+# beside each is what a plain SVG viewer uses.
+TEXT_STYLE = f"fill:{THEME['text']}"
+INK_STYLE = f"fill:{THEME['muted']}"
+FONT = 11.0  # px: no text in the picture is smaller
+CHAR = 0.6 * FONT  # the width of a character, about
 _BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
@@ -107,8 +115,8 @@ LEGEND_MARKS = (
     ("decision", "decision"),
     ("expiry", Status.EXPIRED),
 )
-FULL = _Layout(60, 10, (24, 22), (52, 12), 76, (86, 20), (118, 129, 140), 150, 180, 188, 5)
-COMPACT = _Layout(44, 9, (16, 16), (36, 9), 54, (62, 14), (), 82, 0, 96, 4)
+FULL = _Layout(64, FONT, (26, 22), (54, 12), 78, (88, 20), (122, 135, 148), 158, 190, 198, 5)
+COMPACT = _Layout(56, FONT, (20, 16), (40, 9), 58, (66, 14), (), 86, 0, 104, 4)
 # Steps that ran at once get a row each: (the least row height, the most the rows take) px
 LANE_ROOM = {False: (5.0, 160.0), True: (3.0, 96.0)}
 
@@ -147,6 +155,22 @@ LEGEND = (
 )
 
 
+def _legend(tl: Timeline) -> list[tuple[str, str, str]]:
+    """The legend's entries for what the picture shows (nothing that did not occur)."""
+    steps = {bar.status for bar in tl.bars}
+    effects = {tick.status for tick in tl.ticks}
+    marks = {mark.kind for mark in tl.marks}
+    shown = {
+        f"step {StepStatus.COMPLETED}": StepStatus.COMPLETED in steps,
+        StepStatus.CANCELLED: StepStatus.CANCELLED in steps,
+        "forced": any(bar.forced for bar in tl.bars),
+        f"effect {EffectStatus.APPLIED}": EffectStatus.APPLIED in effects,
+        EffectStatus.UNKNOWN: EffectStatus.UNKNOWN in effects,
+    }
+    shown.update({label: kind in marks for kind, label in LEGEND_MARKS})
+    return [entry for entry in LEGEND if shown.get(entry[2], False)]
+
+
 def _glyph(shape: str, x: float, y: float, r: float, colour: str) -> str:
     if shape in ("circle", "dot"):
         return _el("circle", cx=x, cy=y, r=r * (0.6 if shape == "dot" else 1.0), fill=colour)
@@ -183,17 +207,42 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
     if not compact:
         head += ("" if stepless else f" · {len(tl.ticks)} effects") + f" · from {moment_text(t0)}"
     out = [
-        _el("rect", cls="kx-bg", width=width, height=lay.height, fill="#ffffff"),
-        _el("text", body=esc(head), cls="kx-header", x=4, y=lay.font + 3, font_weight=600),
+        _el(
+            "rect",
+            cls="kx-bg",
+            width=width,
+            height=lay.height,
+            fill="#ffffff",
+            style=f"fill:{THEME['paper']}",
+        ),
+        _el(
+            "text",
+            body=esc(head),
+            cls="kx-header",
+            x=4,
+            y=lay.font + 3,
+            font_weight=600,
+            fill="#1f2328",
+            style=TEXT_STYLE,
+        ),
     ]
     lanes = {"steps": lay.steps[0] + lay.steps[1] / 2, "effects": sum(lay.effects) - 2}
     lanes.update(asked=lay.asked_y + 3, status=lay.band[0] + lay.band[1] / 2 + 3)
-    out += [_el("text", body=name, x=4, y=y, fill=INK) for name, y in lanes.items()]
+    out += [
+        _el("text", body=name, cls="kx-lane", x=4, y=y, fill=INK, style=INK_STYLE)
+        for name, y in lanes.items()
+    ]
     if tl.lanes > 1 and not compact:
         rows = f"{tl.lanes} rows" + (f", +{tl.folded}" if tl.folded else "")
         out.append(
             _el(
-                "text", body=rows, cls="kx-lanes", x=4, y=lanes["steps"] + 11, fill=INK, font_size=8
+                "text",
+                body=rows,
+                cls="kx-lanes",
+                x=4,
+                y=lanes["steps"] + FONT + 2,
+                fill=INK,
+                style=INK_STYLE,
             )
         )
     taken: list[tuple[float, float]] = []  # extents of the axis labels drawn
@@ -208,10 +257,16 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         body = _el("rect", x=x1, y=top, width=x2 - x1, height=bottom - top, fill=PAPER)
         body += _el("path", d=zigzag, fill="none", stroke="#afb8c1", stroke_dasharray="3 2")
         body += _el(
-            "text", body=esc(label), x=mid, y=bottom + lay.font + 2, fill=INK, text_anchor="middle"
+            "text",
+            body=esc(label),
+            x=mid,
+            y=bottom + lay.font + 2,
+            fill=INK,
+            style=INK_STYLE,
+            text_anchor="middle",
         )
         out.append(_el("g", title + clock(gap.end), body, cls="kx-gap", data_seconds=gap.seconds))
-        taken.append((mid - len(label) * 3.0, mid + len(label) * 3.0))
+        taken.append((mid - len(label) * CHAR / 2, mid + len(label) * CHAR / 2))
     for span in tl.spans:
         if span.status in BANDS:
             took = f"{span.status} for {duration_text((span.end - span.start).total_seconds())}"
@@ -258,7 +313,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                 **look,
             )
         )
-        if not compact and h1 >= 12 and w1 >= 6.0 * len(bar.key) + 4:
+        if not compact and h1 >= 12 and w1 >= CHAR * len(bar.key) + 4:
             out.append(
                 _el(
                     "text",
@@ -268,7 +323,6 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                     y=y1 + h1 / 2 + 3,
                     text_anchor="middle",
                     fill="#ffffff",
-                    font_size=9,
                 )
             )
     for tick in sorted(tl.ticks, key=lambda t: t.status != EffectStatus.APPLIED):
@@ -304,7 +358,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                 data_time=mark.time.isoformat(),
             )
         )
-        half = len(mark.label) * 2.7
+        half = len(mark.label) * CHAR / 2
         xm = min(max(xm, half + 2), width - half - 2)  # the label stays inside the picture
         free = [i for i, edge in enumerate(rows_right) if xm - half > edge + 4]
         if free and mark.kind != "other":
@@ -317,7 +371,6 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                     x=xm,
                     y=lay.label_rows[free[0]],
                     text_anchor="middle",
-                    font_size=9,
                     fill=colour,
                 )
             )
@@ -325,7 +378,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
     out.append(_el("line", x1=left, x2=axis.right_edge, y1=ay, y2=ay, stroke=INK))
     for seconds, xt, _step in axis.ticks(56.0 if compact else 70.0):
         label = duration_text(seconds)
-        a, b = xt - len(label) * 2.8, xt + len(label) * 2.8
+        a, b = xt - len(label) * CHAR / 2, xt + len(label) * CHAR / 2
         out.append(_el("line", x1=xt, x2=xt, y1=ay, y2=ay + 4, stroke=INK))
         if b <= right + 8 and all(b < c or a > d for c, d in taken):
             taken.append((a, b))
@@ -338,11 +391,12 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
                     y=ay + lay.font + 2,
                     text_anchor="middle",
                     fill=INK,
+                    style=INK_STYLE,
                 )
             )
     xl = 4.0
-    for shape, colour, label in LEGEND if lay.legend_y else ():
-        if xl + 14 + len(label) * 5.5 > width:
+    for shape, colour, label in _legend(tl) if lay.legend_y else ():
+        if xl + 14 + len(label) * CHAR > width:
             break
         y = lay.legend_y
         if shape in ("rect", "forced"):
@@ -362,8 +416,10 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         else:
             out.append(_glyph(shape, xl + 5, y - 3, 4, colour))
         text = esc(label)
-        out.append(_el("text", body=text, cls="kx-legend", x=xl + 13, y=y, fill=INK, font_size=9))
-        xl += 24 + len(label) * 5.5
+        out.append(
+            _el("text", body=text, cls="kx-legend", x=xl + 13, y=y, fill=INK, style=INK_STYLE)
+        )
+        xl += 24 + len(label) * CHAR
     return _el(
         "svg",
         summary,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from .approvals import ApprovalsMixin
 from .base import StoreBase, actor, utcnow
+from .changes import ChangesMixin
 from .checkpoints import CheckpointsMixin
 from .claims import ClaimsMixin
 from .effects import EffectsMixin
@@ -27,6 +28,7 @@ DEFAULT_FILENAME = "store.duckdb"
 
 
 class Store(
+    ChangesMixin,
     ApprovalsMixin,
     QuestionsMixin,
     CheckpointsMixin,

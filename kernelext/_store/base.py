@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
@@ -193,6 +193,11 @@ class Backend(abc.ABC):
 
     def idle_tick(self) -> float | None:
         """Called by the idle writer: how long it may sleep (None: until a job comes)."""
+        return None
+
+    def change_signal(self) -> Hashable | None:
+        """A value that moves whenever any process committed anything, read without a
+        query (``_store/changes.py``); None where the backend has none."""
         return None
 
     def after_batch(self) -> None:

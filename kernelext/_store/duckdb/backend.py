@@ -241,6 +241,12 @@ class DuckDBConnection(Backend):
         holds it, or hands it over): a fold queued now waits for that process."""
         return self._opening
 
+    def change_signal(self) -> tuple[Any, ...]:
+        """The store file's and its WAL's (inode, size, mtime): every commit, this
+        process's or another's, appends to the WAL or rewrites the file at a checkpoint;
+        reads change neither (an empty WAL counts as none)."""
+        return tuple(_file_signal(p) for p in (self.path, self.path + ".wal"))
+
     # -- the store file replaced or deleted under this process ----------------------------
     def _lost(self) -> str | None:
         return self.lost
@@ -636,6 +642,13 @@ def _identity(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of the file at ``path``, or None when there is none."""
     st = _stat(path)
     return None if st is None else (st.st_dev, st.st_ino)
+
+
+def _file_signal(path: str) -> tuple[int, int, int] | None:
+    st = _stat(path)
+    if st is None or st.st_size == 0:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _stat(path: str) -> os.stat_result | None:
