@@ -183,16 +183,18 @@ def test_a_stop_from_the_command_line_during_a_long_step_redraws_panel_and_timel
         cli("stop", tag, store=store_path)
         wait_until(lambda: panel.view is not None and panel.view.status == "stopping", "stopping")
         wait_until(
-            lambda: timeline.timeline is not None and timeline.timeline.status == "stopping",
-            "the timeline to say stopping",
+            lambda: (
+                "· stopping ·" in timeline.picture.value
+                and 'data-kind="stop_request"' in timeline.picture.value
+            ),
+            "the timeline to say stopping, with the stop drawn",
         )
-        assert 'data-kind="stop_request"' in timeline.picture.value
     finally:
         release.set()
     assert handle.wait(WAIT) == "suspended"
     wait_until(lambda: panel.view is not None and panel.view.status == "suspended", "suspended")
     wait_until(lambda: "· suspended ·" in timeline.picture.value, "the picture to say suspended")
-    assert "2 effects: 2 applied" in panel.effects.value
+    wait_until(lambda: "2 effects: 2 applied" in panel.effects.value, "the effect counts")
     panel.detach()
 
 
@@ -270,11 +272,14 @@ def test_a_resume_in_another_python_process_shows_in_an_open_panel(
         )
         assert done.stdout.strip().endswith("completed"), done.stdout + done.stderr
         wait_until(
-            lambda: panel.view is not None and panel.view.status == "completed",
-            "the panel to show the run completed elsewhere",
+            lambda: (
+                "completed: 3/3 steps" in panel.outcome.value
+                and "3 effects: 3 applied" in panel.effects.value
+                and panel.resume_button.disabled
+                and panel.stop_button.disabled
+            ),
+            "the panel to show the run completed elsewhere (its buttons off)",
         )
-        assert "3 effects: 3 applied" in panel.effects.value
-        assert panel.resume_button.disabled and panel.stop_button.disabled
     finally:
         release.set()
         panel.detach()
