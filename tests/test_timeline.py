@@ -352,3 +352,38 @@ def test_stops_sit_on_the_status_band_text_is_readable_and_the_legend_lists_what
         assert min(sizes) >= 11, "no text smaller than 11 px"
     legend = {e.text for e in shapes(parse(tl.render()), "text", "kx-legend")}
     assert legend == {"step completed", "effect applied", "stop asked", "suspended"}
+
+
+def test_the_panel_timeline_follows_a_status_change_at_once(store: Store) -> None:
+    """The compact timeline is redrawn with the panel when the status changed, not only
+    at its own (slower) pace: never "running" beside a panel that says completed."""
+    from kernelext.widgets import ControlPanel
+    from kernelext.widgets._addons import install
+    from kernelext.widgets._timeline import LiveTimeline
+
+    go = threading.Event()
+
+    @kx.agent(name=name("follows"))
+    def follows(run: kx.Run) -> None:
+        for _ in run.steps(range(2)):
+            assert go.wait(WAIT)
+
+    install()
+    try:
+        handle = follows.start(run_id=name("follows-1"))
+        panel = ControlPanel(handle)
+    finally:
+        install()
+    try:
+        (live,) = [c for c in panel.addons.children if isinstance(c, LiveTimeline)]
+        live.refresh_now()
+        assert live.timeline is not None and live.timeline.status == Status.RUNNING
+        live.throttle.interval = live.throttle.tick = 3600.0  # its own pace: never again
+        go.set()
+        assert handle.wait(WAIT) == Status.COMPLETED
+        panel.refresh()
+        assert live.timeline.status == Status.COMPLETED
+        assert " · completed · " in live.picture.value  # the header says it too
+    finally:
+        go.set()
+        panel.detach()

@@ -83,9 +83,14 @@ class LiveTimeline(w.VBox):
 
     def refresh(self) -> None:
         """Update the estimate line now and the picture soon (the panel calls this on
-        every redraw)."""
+        every redraw); at once when the panel shows another status than the picture."""
         self._draw_estimate()
-        self.throttle.poke()
+        view = getattr(self.panel, "view", None)
+        drawn = self.timeline.status if self.timeline is not None else None
+        if view is not None and view.run_id == self.handle.run_id and view.status != drawn:
+            self.throttle.refresh_now()  # a status change: never a stale picture beside it
+        else:
+            self.throttle.poke()
 
     def refresh_now(self) -> None:
         """Read the store and redraw both now."""
