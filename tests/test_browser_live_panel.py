@@ -118,6 +118,8 @@ def switch_to_dark_theme(page: Any) -> None:
     page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Theme$")).hover()
     page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^JupyterLab Dark$")).click()
     page.locator("body[data-jp-theme-light='false']").wait_for(state="attached")
+    # the theme change shows JupyterLab's splash over the page until the new theme is in
+    page.locator("#jupyterlab-splash").wait_for(state="detached")
 
 
 def test_a_stop_from_a_terminal_shows_in_the_open_panel_and_its_timeline(
