@@ -319,3 +319,50 @@ def test_a_worker_of_a_stale_owner_is_refused_and_sends_nothing(
     assert handle.wait(WAIT) == "suspended"
     ended = store.read("SELECT status, forced FROM steps WHERE run_id = ?", (task.run_id,))
     assert ended == [("cancelled", True), ("cancelled", True)]
+
+
+def five_calls(job: tuple[str, int]) -> int:
+    url, item = job
+    for call in range(5):
+        post_item(url, item * 10 + call)
+    return item
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("delivery_server", [{"delay": 0.1}], indirect=True)
+def test_a_stop_reaches_items_in_other_processes_at_their_next_effect_call(
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+    jobs = [(delivery_server.url + "/items", i) for i in range(6)]
+
+    @kx.agent(name=name("stopped"))
+    def stopped(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
+        return run.map(five_calls, jobs, concurrency=2, executor=pool)
+
+    handle = stopped.start(jobs)
+    wait_for = 0
+    while len(read_log(delivery_server.log_path)) < 3 and wait_for < 1200:
+        threading.Event().wait(0.05)
+        wait_for += 1
+    handle.stop()
+    at_stop = len(read_log(delivery_server.log_path))
+    assert handle.wait(WAIT) == "suspended"
+    at_suspend = len(read_log(delivery_server.log_path))
+    assert at_suspend - at_stop <= 2  # each of the 2 items in flight: at most its call in flight
+    assert at_suspend < 30
+    steps = dict(
+        store.read(
+            "SELECT status, count(*) FROM steps WHERE run_id = ? GROUP BY 1", (handle.run_id,)
+        )
+    )
+    assert steps.get("cancelled", 0) >= 1 and steps.get("running", 0) == 0
+    resumed = kx.resume(handle.run_id)
+    assert resumed.wait(WAIT) == "completed", resumed.error
+    assert resumed.result == list(range(6))
+    keys = [entry["idempotency_key"] for entry in read_log(delivery_server.log_path)]
+    assert len(keys) == 30 and len(set(keys)) == 30  # every call once, across stop and resume
