@@ -366,3 +366,47 @@ def test_a_stop_reaches_items_in_other_processes_at_their_next_effect_call(
     assert resumed.result == list(range(6))
     keys = [entry["idempotency_key"] for entry in read_log(delivery_server.log_path)]
     assert len(keys) == 30 and len(set(keys)) == 30  # every call once, across stop and resume
+
+
+@pytest.mark.postgres
+def test_an_item_function_that_holds_the_run_is_refused_with_what_to_send_instead(
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    pool: concurrent.futures.ProcessPoolExecutor,
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+
+    @kx.agent(name=name("holds-run"))
+    def holds_run(run: kx.Run) -> list[Any]:
+        run.state["threshold"] = 3
+        return run.map(lambda item: item > run.state["threshold"], [1, 5], executor=pool)
+
+    handle = holds_run.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.SerializationError)
+    message = str(handle.error)
+    assert "fn ('<lambda>') cannot be sent" in message and "kx.Run" in message
+    assert "run.state" in message and "Nothing was dispatched" in message
+    assert store.read("SELECT count(*) FROM steps WHERE run_id = ?", (handle.run_id,)) == [(0,)]
+
+
+@pytest.mark.postgres
+def test_an_executor_that_was_shut_down_is_named_and_no_step_is_left_running(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+    closed = concurrent.futures.ProcessPoolExecutor(1)
+    closed.shutdown()
+
+    @kx.agent(name=name("closed"))
+    def uses_closed(run: kx.Run) -> list[int]:
+        return run.map(lambda i: i, [1, 2], executor=closed)
+
+    handle = uses_closed.start()
+    assert handle.wait(WAIT) == "failed"
+    assert "could not dispatch item '0'" in str(handle.error)
+    assert "ProcessPoolExecutor" in str(handle.error)
+    rows = store.read("SELECT status FROM steps WHERE run_id = ?", (handle.run_id,))
+    assert rows == [("failed",)]
