@@ -410,3 +410,58 @@ def test_an_executor_that_was_shut_down_is_named_and_no_step_is_left_running(
     assert "ProcessPoolExecutor" in str(handle.error)
     rows = store.read("SELECT status FROM steps WHERE run_id = ?", (handle.run_id,))
     assert rows == [("failed",)]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("delivery_server", [{"delay": 0.05}], indirect=True)
+def test_a_process_pool_whose_worker_is_killed_loses_items_and_a_resume_delivers_each_once(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, delivery_server: DeliveryServer
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+    jobs = [(delivery_server.url + "/items", i) for i in range(10)]
+    pools: list[concurrent.futures.ProcessPoolExecutor] = []
+
+    def new_pool() -> concurrent.futures.ProcessPoolExecutor:
+        pools.append(
+            concurrent.futures.ProcessPoolExecutor(
+                2, mp_context=multiprocessing.get_context("spawn")
+            )
+        )
+        return pools[-1]
+
+    @kx.agent(name=name("broken-pool"))
+    def broken_pool(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
+        return run.map(five_calls, jobs, concurrency=2, executor=new_pool())
+
+    handle = broken_pool.start(jobs)
+    waited = 0
+    while len(read_log(delivery_server.log_path)) < 4 and waited < 1200:
+        threading.Event().wait(0.05)
+        waited += 1
+    victim = next(iter(pools[0]._processes))  # one of the pool's worker processes
+    os.kill(victim, 9)
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.ItemFailed)
+    assert isinstance(handle.error.__cause__, kx.RemoteItemError)
+    assert "worker running it was lost" in str(handle.error.__cause__)
+    for _ in range(5):  # decide what the dead worker left unknown, from the server's log
+        delivered = {entry["idempotency_key"] for entry in read_log(delivery_server.log_path)}
+        for unknown in kx.reconcile(handle.run_id).open:
+            if str(unknown.key) in delivered:
+                unknown.mark_applied(result=1)
+            else:
+                unknown.mark_not_applied()
+        handle = kx.resume(handle.run_id)
+        if handle.wait(WAIT) == "completed":
+            break
+    assert handle.status == "completed", handle.error
+    assert handle.result == list(range(10))
+    keys = [entry["idempotency_key"] for entry in read_log(delivery_server.log_path)]
+    assert len(keys) == 50 and len(set(keys)) == 50
+    for pool in pools:
+        pool.shutdown()
+    applied = store.read(
+        "SELECT count(*) FROM effects WHERE run_id = ? AND status = 'applied'", (handle.run_id,)
+    )
+    assert applied == [(50,)]
