@@ -1,0 +1,136 @@
+"""run.map(executor=...) under attack: two attempts of one item at once, a late copy of an
+item, and workers still inside their calls when the run is taken over.
+
+Real parts: PostgreSQL, a process pool of worker processes (spawned), the local HTTP
+server counting deliveries by Idempotency-Key. The executors below run every item
+attempt twice, as Dask does when it runs a task again elsewhere while the worker it
+presumed gone still runs it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.http_server import DeliveryServer
+
+WAIT = 60.0  # seconds a worker waits for its turn before going on anyway
+
+
+class TwiceAtOnce(concurrent.futures.Executor):
+    """Submits every call twice; hands back the first copy's future."""
+
+    def __init__(self, pool: concurrent.futures.Executor) -> None:
+        self.pool = pool
+        self.copies: list[concurrent.futures.Future[Any]] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        first = self.pool.submit(fn, *args, **kwargs)
+        self.copies.append(self.pool.submit(fn, *args, **kwargs))
+        return first
+
+
+@pytest.fixture
+def pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
+    executor = concurrent.futures.ProcessPoolExecutor(
+        2, mp_context=multiprocessing.get_context("spawn")
+    )
+    list(executor.map(time.sleep, [0.01, 0.01]))  # both worker processes up
+    yield executor
+    executor.shutdown(cancel_futures=True)
+
+
+def _deliver_effect(kx: Any, url: str, gate: str | None = None, **options: Any) -> Any:
+    """The effect: one POST to the delivery server (after ``gate`` exists, when given:
+    the request is on its way until then)."""
+
+    def deliver(item: str, *, idempotency_key: str | None = None) -> Any:
+        import json
+        import os
+        import time
+        import urllib.error
+        import urllib.request
+
+        end = time.monotonic() + WAIT
+        while gate is not None and not os.path.exists(gate) and time.monotonic() < end:
+            time.sleep(0.02)
+        request = urllib.request.Request(
+            url + "/d",
+            data=json.dumps({"item": item}).encode(),
+            headers={"Content-Type": "application/json", "Idempotency-Key": idempotency_key or ""},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"HTTP {exc.code}") from None
+
+    return kx.effect(**options)(deliver)
+
+
+def _per_key(server: DeliveryServer) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in server.deliveries:
+        counts[row["idempotency_key"]] = counts.get(row["idempotency_key"], 0) + 1
+    return counts
+
+
+def test_a_late_copy_of_an_item_never_changes_its_completed_step(
+    postgres_url: str,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+    tmp_path: Path,
+) -> None:
+    """The copy began while the step was running, reaches its effect call once the run
+    completed: it ends there (the run is not live), and the step stays completed."""
+    import kernelext as kx
+
+    deliver = _deliver_effect(kx, delivery_server.url)
+    marks = str(tmp_path / "marks")
+    os.mkdir(marks)
+    run_id = f"late-{uuid.uuid4().hex[:6]}"
+
+    def one(item: str) -> Any:
+        import os
+        import time
+
+        import psycopg
+
+        end = time.monotonic() + WAIT
+        try:
+            os.close(os.open(os.path.join(marks, "first"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:  # the late copy: its call comes once the run completed
+            open(os.path.join(marks, "second"), "w").close()
+            status = None
+            while status != "completed" and time.monotonic() < end:
+                time.sleep(0.05)
+                with psycopg.connect(postgres_url) as con:
+                    row = con.execute("SELECT status FROM runs WHERE id = %s", (run_id,))
+                    status = row.fetchone()[0]
+        else:  # the first attempt completes once the copy is under way
+            while not os.path.exists(os.path.join(marks, "second")) and time.monotonic() < end:
+                time.sleep(0.02)
+        return deliver(item)["delivery"]
+
+    twice = TwiceAtOnce(pool)
+
+    @kx.agent(name="late_copy")
+    def agent(run: Any, items: list[str]) -> Any:
+        return run.map(one, items, executor=twice)
+
+    kx.configure(store=postgres_url)
+    handle = agent.start(["a"], run_id=run_id)
+    assert handle.wait(WAIT) == "completed"
+    assert handle.result == [1]
+    concurrent.futures.wait(twice.copies, timeout=WAIT)
+    [step] = handle.steps()
+    assert (step["status"], step["result"]) == ("completed", "1")
+    assert delivery_server.count() == 1
