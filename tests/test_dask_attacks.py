@@ -83,6 +83,53 @@ def _per_key(server: DeliveryServer) -> dict[str, int]:
     return counts
 
 
+def test_two_attempts_of_one_item_at_once_make_a_retried_call_once(
+    postgres_url: str,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+    tmp_path: Path,
+) -> None:
+    """Both attempts read the item's ``failed`` (retry=True) row before either retries
+    it: one makes the call again, the other does not."""
+    import kernelext as kx
+
+    deliver = _deliver_effect(kx, delivery_server.url, retry=True)
+    meet = str(tmp_path / "meet")
+
+    def one(item: str) -> Any:
+        import os
+        import time
+        import uuid
+
+        if os.path.isdir(meet):  # both attempts have read the ledger: go on together
+            open(os.path.join(meet, uuid.uuid4().hex), "w").close()
+            end = time.monotonic() + WAIT
+            while len(os.listdir(meet)) < 2 and time.monotonic() < end:
+                time.sleep(0.02)
+        return deliver(item)["delivery"]
+
+    chosen: dict[str, Any] = {"executor": pool}
+
+    @kx.agent(name="twice_at_once")
+    def agent(run: Any, items: list[str]) -> Any:
+        return run.map(one, items, executor=chosen["executor"])
+
+    kx.configure(store=postgres_url)
+    delivery_server.fail_next(1, 500)
+    assert agent.start(["a"], run_id="twice").wait(WAIT) == "failed"
+    assert delivery_server.count() == 0
+    os.mkdir(meet)
+    chosen["executor"] = twice = TwiceAtOnce(pool)
+    status = kx.resume("twice").wait(WAIT)
+    concurrent.futures.wait(twice.copies, timeout=WAIT)
+    assert list(_per_key(delivery_server).values()) == [1]
+    if status != "completed":  # the copy that lost the race ended the item: once more
+        assert status == "needs_decision"
+        chosen["executor"] = pool
+        assert kx.resume("twice").wait(WAIT) == "completed"
+    assert list(_per_key(delivery_server).values()) == [1]
+
+
 def test_a_late_copy_of_an_item_never_changes_its_completed_step(
     postgres_url: str,
     delivery_server: DeliveryServer,
