@@ -181,3 +181,55 @@ def test_a_late_copy_of_an_item_never_changes_its_completed_step(
     [step] = handle.steps()
     assert (step["status"], step["result"]) == ("completed", "1")
     assert delivery_server.count() == 1
+
+
+def test_a_resume_after_a_forced_stop_asks_no_probe_while_workers_are_in_their_calls(
+    postgres_url: str,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+    tmp_path: Path,
+) -> None:
+    """A forced stop cancels the futures, not the calls the workers are making: a resume
+    right after it must not let a probe ("not delivered yet") make those calls again."""
+    import json
+    import urllib.request
+
+    import psycopg
+
+    import kernelext as kx
+
+    url = delivery_server.url
+    gate = str(tmp_path / "go")
+
+    def lookup(key: str, args: Any) -> str:
+        with urllib.request.urlopen(f"{url}/deliveries?key={key}", timeout=5) as answer:
+            return "applied" if json.loads(answer.read())["applied"] else "not_applied"
+
+    deliver = _deliver_effect(kx, url, gate, probe=lookup)
+
+    def one(item: str) -> Any:
+        return deliver(item)["delivery"]
+
+    @kx.agent(name="forced_in_calls")
+    def agent(run: Any, items: list[str]) -> Any:
+        return run.map(one, items, executor=pool)
+
+    kx.configure(store=postgres_url)
+    handle = agent.start(["a", "b"], run_id="forced")
+    end = time.monotonic() + WAIT
+    pending = 0
+    while pending < 2 and time.monotonic() < end:
+        time.sleep(0.02)
+        with psycopg.connect(postgres_url) as con:
+            row = con.execute("SELECT count(*) FROM effects WHERE status = 'pending'").fetchone()
+            pending = row[0] if row else 0
+    assert pending == 2
+    handle.force_stop()
+    assert handle.wait(WAIT) == "suspended"
+    resumed = kx.resume("forced")  # taken over: the probes answer now, or later
+    Path(gate).touch()  # the workers' requests arrive now
+    delivery_server.wait_for(2, timeout=WAIT)  # the calls of the forced-stopped attempts
+    status = resumed.wait(WAIT)
+    delivery_server.settle()
+    assert sorted(_per_key(delivery_server).values()) == [1, 1]
+    assert status == "needs_decision"
