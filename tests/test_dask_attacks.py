@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,6 +36,28 @@ class TwiceAtOnce(concurrent.futures.Executor):
         first = self.pool.submit(fn, *args, **kwargs)
         self.copies.append(self.pool.submit(fn, *args, **kwargs))
         return first
+
+
+class LastCopyAnswers(TwiceAtOnce):
+    """Submits every call twice; the answer is the copy that finished last (the re-run
+    whose result the executor keeps)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        finished: list[concurrent.futures.Future[Any]] = []
+        lock = threading.Lock()
+
+        def done(copy: concurrent.futures.Future[Any]) -> None:
+            with lock:
+                finished.append(copy)
+                if len(finished) == 2:
+                    answer.set_result(copy.result())
+
+        for _ in range(2):
+            copy = self.pool.submit(fn, *args, **kwargs)
+            self.copies.append(copy)
+            copy.add_done_callback(done)
+        return answer
 
 
 @pytest.fixture
@@ -233,3 +256,49 @@ def test_a_resume_after_a_forced_stop_asks_no_probe_while_workers_are_in_their_c
     delivery_server.settle()
     assert sorted(_per_key(delivery_server).values()) == [1, 1]
     assert status == "needs_decision"
+
+
+def test_run_map_returns_the_value_the_step_keeps_when_two_attempts_completed_it(
+    postgres_url: str, pool: concurrent.futures.ProcessPoolExecutor, tmp_path: Path
+) -> None:
+    """The first attempt completes the step; the second one's value (computed without an
+    effect, so it differs) comes back from the executor: run.map returns the stored one."""
+    import json
+
+    import kernelext as kx
+
+    marks = str(tmp_path / "marks")
+    os.mkdir(marks)
+    run_id = f"kept-{uuid.uuid4().hex[:6]}"
+
+    def one(item: str) -> str:
+        import os
+        import time
+        import uuid
+
+        import psycopg
+
+        try:
+            os.close(os.open(os.path.join(marks, "first"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:  # the second attempt answers once the first completed
+            end, status = time.monotonic() + WAIT, None
+            while status != "completed" and time.monotonic() < end:
+                time.sleep(0.05)
+                with psycopg.connect(postgres_url) as con:
+                    row = con.execute("SELECT status FROM steps WHERE run_id = %s", (run_id,))
+                    found = row.fetchone()
+                    status = found[0] if found else None
+        return f"{item}:{uuid.uuid4().hex}"
+
+    twice = LastCopyAnswers(pool)
+
+    @kx.agent(name="value_kept")
+    def agent(run: Any, items: list[str]) -> Any:
+        return run.map(one, items, executor=twice)
+
+    kx.configure(store=postgres_url)
+    handle = agent.start(["a"], run_id=run_id)
+    assert handle.wait(WAIT) == "completed"
+    [step] = handle.steps()
+    assert step["status"] == "completed"
+    assert handle.result == [json.loads(step["result"])]
