@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from support.http_server import DeliveryServer
 
@@ -40,7 +41,9 @@ class TwiceAtOnce(concurrent.futures.Executor):
 
 class LastCopyAnswers(TwiceAtOnce):
     """Submits every call twice; the answer is the copy that finished last (the re-run
-    whose result the executor keeps)."""
+    whose result the executor keeps); ``FirstCopyAnswers``: the first to finish."""
+
+    ANSWERS_AFTER = 2
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -50,7 +53,7 @@ class LastCopyAnswers(TwiceAtOnce):
         def done(copy: concurrent.futures.Future[Any]) -> None:
             with lock:
                 finished.append(copy)
-                if len(finished) == 2:
+                if len(finished) == self.ANSWERS_AFTER:
                     answer.set_result(copy.result())
 
         for _ in range(2):
@@ -58,6 +61,10 @@ class LastCopyAnswers(TwiceAtOnce):
             self.copies.append(copy)
             copy.add_done_callback(done)
         return answer
+
+
+class FirstCopyAnswers(LastCopyAnswers):
+    ANSWERS_AFTER = 1
 
 
 @pytest.fixture
@@ -147,7 +154,7 @@ def test_two_attempts_of_one_item_at_once_make_a_retried_call_once(
     concurrent.futures.wait(twice.copies, timeout=WAIT)
     assert list(_per_key(delivery_server).values()) == [1]
     if status != "completed":  # the copy that lost the race ended the item: once more
-        assert status == "needs_decision"
+        assert status in ("needs_decision", "suspended")
         chosen["executor"] = pool
         assert kx.resume("twice").wait(WAIT) == "completed"
     assert list(_per_key(delivery_server).values()) == [1]
@@ -190,7 +197,7 @@ def test_a_late_copy_of_an_item_never_changes_its_completed_step(
                 time.sleep(0.02)
         return deliver(item)["delivery"]
 
-    twice = TwiceAtOnce(pool)
+    twice = FirstCopyAnswers(pool)
 
     @kx.agent(name="late_copy")
     def agent(run: Any, items: list[str]) -> Any:
@@ -216,8 +223,6 @@ def test_a_resume_after_a_forced_stop_asks_no_probe_while_workers_are_in_their_c
     right after it must not let a probe ("not delivered yet") make those calls again."""
     import json
     import urllib.request
-
-    import psycopg
 
     import kernelext as kx
 
@@ -302,3 +307,82 @@ def test_run_map_returns_the_value_the_step_keeps_when_two_attempts_completed_it
     [step] = handle.steps()
     assert step["status"] == "completed"
     assert handle.result == [json.loads(step["result"])]
+
+
+def _count(url: str, query: str) -> int:
+    with psycopg.connect(url) as con:
+        row = con.execute(query).fetchone()
+    return int(row[0]) if row else 0
+
+
+class CopyOnceInCall(TwiceAtOnce):
+    """Submits a second copy of the first call once that one is inside its effect call
+    (its intent pending): the re-run of a task whose worker looked gone mid-call. Later
+    calls are submitted once."""
+
+    def __init__(self, pool: concurrent.futures.Executor, url: str) -> None:
+        super().__init__(pool)
+        self.url = url
+        self.threads: list[threading.Thread] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        first = self.pool.submit(fn, *args, **kwargs)
+        if self.threads:
+            return first
+
+        def copy() -> None:
+            end = time.monotonic() + WAIT
+            query = "SELECT count(*) FROM effects WHERE status = 'pending'"
+            while not _count(self.url, query) and time.monotonic() < end:
+                time.sleep(0.02)
+            self.copies.append(self.pool.submit(fn, *args, **kwargs))
+
+        thread = threading.Thread(target=copy)
+        thread.start()
+        self.threads.append(thread)
+        return first
+
+
+def test_a_call_a_second_attempt_took_for_lost_keeps_the_outcome_its_maker_recorded(
+    postgres_url: str,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+    tmp_path: Path,
+) -> None:
+    """The second attempt starts while the first is inside its call: it turns the
+    pending intent unknown and ends the item waiting. The call then returns: its applied
+    outcome is kept, the run does not complete on a step that did not, and a resume
+    replays the call."""
+    import kernelext as kx
+
+    gate = str(tmp_path / "go")
+    deliver = _deliver_effect(kx, delivery_server.url, gate)
+
+    def one(item: str) -> Any:
+        return deliver(item)["delivery"]
+
+    twice = CopyOnceInCall(pool, postgres_url)
+
+    @kx.agent(name="taken_for_lost")
+    def agent(run: Any, items: list[str]) -> Any:
+        return run.map(one, items, executor=twice)
+
+    kx.configure(store=postgres_url)
+    handle = agent.start(["a"], run_id="lost")
+    end = time.monotonic() + WAIT
+    unknown = "SELECT count(*) FROM effects WHERE status = 'unknown'"
+    while not _count(postgres_url, unknown) and time.monotonic() < end:
+        time.sleep(0.02)  # the second attempt took the call for lost
+    assert _count(postgres_url, unknown) == 1
+    Path(gate).touch()  # the first attempt's call is answered now
+    status = handle.wait(WAIT)
+    for thread in twice.threads:
+        thread.join()
+    concurrent.futures.wait(twice.copies, timeout=WAIT)
+    assert delivery_server.count() == 1
+    assert _count(postgres_url, "SELECT count(*) FROM effects WHERE status = 'applied'") == 1
+    [step] = handle.steps()
+    assert status != "completed" or step["status"] == "completed"
+    if status != "completed":
+        assert kx.resume("lost").wait(WAIT) == "completed"
+    assert delivery_server.count() == 1
