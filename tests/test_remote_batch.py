@@ -465,3 +465,42 @@ def test_a_process_pool_whose_worker_is_killed_loses_items_and_a_resume_delivers
         "SELECT count(*) FROM effects WHERE run_id = ? AND status = 'applied'", (handle.run_id,)
     )
     assert applied == [(50,)]
+
+
+def one_call(job: tuple[str, int]) -> int:
+    url, item = job
+    post_item(url, item)
+    return item
+
+
+@pytest.mark.postgres
+def test_workers_completing_items_of_one_run_at_once_never_deadlock_and_the_count_holds(
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+) -> None:
+    """Two worker processes complete items of one run at the same moment: neither may hold
+    the run's row shared and then ask for it exclusively (the server would break the
+    deadlock after a second, every time); the owner keeps the count of completed steps."""
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+    database = urllib.parse.urlsplit(postgres_url).path.lstrip("/")
+
+    def deadlocks() -> int:
+        rows = store.read("SELECT deadlocks FROM pg_stat_database WHERE datname = ?", (database,))
+        return int(rows[0][0])
+
+    jobs = [(delivery_server.url + "/items", i) for i in range(60)]
+
+    @kx.agent(name=name("no-deadlock"))
+    def no_deadlock(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
+        return run.map(one_call, jobs, concurrency=8, executor=pool)
+
+    before = deadlocks()
+    handle = no_deadlock.start(jobs)
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert handle.result == list(range(60))
+    assert deadlocks() == before
+    counted = store.read("SELECT completed_steps FROM runs WHERE id = ?", (handle.run_id,))
+    assert counted == [(60,)]

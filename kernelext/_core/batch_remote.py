@@ -169,9 +169,12 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
             else:
                 police_overruns(engine, batch)
                 finished |= _overrun_after_stop(engine, flight)
+            done_before = batch.done
             for future in finished:
                 info = flight.pop(future)
                 tally.add(_settle(engine, batch, info, future))
+            if batch.done != done_before:  # one count per look, for every item done in it
+                engine.store.recount_completed(engine.id)
     finally:
         for future, info in flight.items():  # only when the dispatcher itself failed
             future.cancel()

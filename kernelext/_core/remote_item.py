@@ -96,6 +96,7 @@ def _store_for(task: RemoteTask) -> Store:
                 "environment."
             ) from exc
         store.hold_epoch(task.run_id, task.epoch)
+        store.counts_items = False  # the owner counts the run's completed steps
         _stores[key] = store
         while len(_stores) > KEEP_STORES:
             _, old = _stores.popitem(last=False)

@@ -238,6 +238,9 @@ class StoreBase:
         # start; every record it writes for the run carries it (``records.FENCED``).
         self._held_epochs: dict[str, int] = {}
         self._intent_runs: dict[Any, str] = {}  # effect key -> run id (its outcome's fence)
+        # False in a worker of run.map(executor=...): its item completions leave the run's
+        # count of completed steps to the owner (records.UPDATES_RUN).
+        self.counts_items = True
         # Runs this process ended through the journal: run id -> (record seq, status).
         self._journaled_ends: dict[str, tuple[int, str]] = {}
         self._last_queued: Future[Any] | None = None
@@ -331,10 +334,10 @@ class StoreBase:
                 return self._fenced_record(kind, data, epoch, sync=sync)
             # an outcome: the call was made; a stale one is refused by the fold
             return self.hot_path.record(kind, data, sync=sync)
-        lock = self.backend.for_share
+        lock, update_lock = self.backend.for_share, self.backend.for_update
 
         def job(tx: Tx) -> None:
-            apply_record(tx, kind, data, lock=lock)
+            apply_record(tx, kind, data, lock=lock, update_lock=update_lock)
 
         if sync:
             self.write(job)

@@ -108,11 +108,12 @@ def _item_complete(tx: Tx, d: dict[str, Any]) -> None:
             StepStatus.RUNNING.value,
         ),
     )
-    tx.execute(
-        "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-        " WHERE run_id = ? AND status = ?) WHERE id = ?",
-        (d["at"], d["run_id"], StepStatus.COMPLETED.value, d["run_id"]),
-    )
+    if d.get("count", True):  # a worker's completion: the owner counts (recount_completed)
+        tx.execute(
+            "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
+            " WHERE run_id = ? AND status = ?) WHERE id = ?",
+            (d["at"], d["run_id"], StepStatus.COMPLETED.value, d["run_id"]),
+        )
 
 
 INTENT = (
@@ -288,11 +289,24 @@ def check_record(kind: str, data: dict[str, Any]) -> None:
         )
 
 
-def apply_record(tx: Tx, kind: str, data: dict[str, Any], *, lock: str = "") -> None:
+# Records whose transaction also updates the run's row (its count of completed steps):
+# their read of the epoch locks the row for update at once, rather than shared first and
+# exclusively after. (Items completing in other processes do not count themselves: a
+# writer's group of jobs holds the row shared from its first job on, so two workers that
+# both upgraded would deadlock until the server broke one; their owner recounts.)
+UPDATES_RUN = frozenset({"step_complete", "item_complete"})
+
+
+def apply_record(
+    tx: Tx, kind: str, data: dict[str, Any], *, lock: str = "", update_lock: str = ""
+) -> None:
     """Apply one record; a stale one (``FENCED``) raises ``OwnershipLost`` unless it was
     applied before. ``lock``: appended to the read of the run's epoch (PostgreSQL:
-    `` FOR SHARE``, so a take-over waits for this transaction and it for a take-over)."""
+    `` FOR SHARE``, so a take-over waits for this transaction and it for a take-over);
+    ``update_lock`` (`` FOR UPDATE``) instead for a record that updates the run's row."""
     epoch = data.get("epoch")
+    if kind in UPDATES_RUN and update_lock and data.get("count", True):
+        lock = update_lock
     if kind in FENCED and epoch is not None and isinstance(data.get("run_id"), str):
         current = tx.fetchone(
             f"SELECT owner_epoch, owner, updated_at FROM runs WHERE id = ?{lock}",

@@ -106,14 +106,30 @@ class StepsMixin(StoreBase):
     ) -> None:
         """Durably mark a ``run.map`` item's step completed with its stored result (the
         encoding effect results use). Items completing at once share one ``fdatasync``."""
-        data = {
+        data: dict[str, Any] = {
             "step_id": step_id,
             "run_id": run_id,
             "at": self.now(),
             "duration_s": duration_s,
             "result": result,
         }
+        if not self.counts_items:  # a worker's store: the run's owner counts completions
+            data["count"] = False
         self.record("item_complete", data, sync=True)
+
+    def recount_completed(self, run_id: str) -> None:
+        """Queue the run's count of completed steps, read from its steps: the owner of a
+        batch whose items complete in other processes (``counts_items`` off there)."""
+        now = self.now()
+
+        def job(tx: Tx) -> None:
+            tx.execute(
+                "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
+                " WHERE run_id = ? AND status = ?) WHERE id = ?",
+                (now, run_id, StepStatus.COMPLETED, run_id),
+            )
+
+        self.write_async(job)
 
     def item_results(self, run_id: str, keys: Iterable[str]) -> dict[str, str]:
         """The stored results of the completed steps among ``keys`` (``run.map`` items)."""
