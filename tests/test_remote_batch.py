@@ -319,3 +319,149 @@ def test_a_worker_of_a_stale_owner_is_refused_and_sends_nothing(
     assert handle.wait(WAIT) == "suspended"
     ended = store.read("SELECT status, forced FROM steps WHERE run_id = ?", (task.run_id,))
     assert ended == [("cancelled", True), ("cancelled", True)]
+
+
+def five_calls(job: tuple[str, int]) -> int:
+    url, item = job
+    for call in range(5):
+        post_item(url, item * 10 + call)
+    return item
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("delivery_server", [{"delay": 0.1}], indirect=True)
+def test_a_stop_reaches_items_in_other_processes_at_their_next_effect_call(
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+    jobs = [(delivery_server.url + "/items", i) for i in range(6)]
+
+    @kx.agent(name=name("stopped"))
+    def stopped(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
+        return run.map(five_calls, jobs, concurrency=2, executor=pool)
+
+    handle = stopped.start(jobs)
+    wait_for = 0
+    while len(read_log(delivery_server.log_path)) < 3 and wait_for < 1200:
+        threading.Event().wait(0.05)
+        wait_for += 1
+    handle.stop()
+    at_stop = len(read_log(delivery_server.log_path))
+    assert handle.wait(WAIT) == "suspended"
+    at_suspend = len(read_log(delivery_server.log_path))
+    assert at_suspend - at_stop <= 2  # each of the 2 items in flight: at most its call in flight
+    assert at_suspend < 30
+    steps = dict(
+        store.read(
+            "SELECT status, count(*) FROM steps WHERE run_id = ? GROUP BY 1", (handle.run_id,)
+        )
+    )
+    assert steps.get("cancelled", 0) >= 1 and steps.get("running", 0) == 0
+    resumed = kx.resume(handle.run_id)
+    assert resumed.wait(WAIT) == "completed", resumed.error
+    assert resumed.result == list(range(6))
+    keys = [entry["idempotency_key"] for entry in read_log(delivery_server.log_path)]
+    assert len(keys) == 30 and len(set(keys)) == 30  # every call once, across stop and resume
+
+
+@pytest.mark.postgres
+def test_an_item_function_that_holds_the_run_is_refused_with_what_to_send_instead(
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    pool: concurrent.futures.ProcessPoolExecutor,
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+
+    @kx.agent(name=name("holds-run"))
+    def holds_run(run: kx.Run) -> list[Any]:
+        run.state["threshold"] = 3
+        return run.map(lambda item: item > run.state["threshold"], [1, 5], executor=pool)
+
+    handle = holds_run.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.SerializationError)
+    message = str(handle.error)
+    assert "fn ('<lambda>') cannot be sent" in message and "kx.Run" in message
+    assert "run.state" in message and "Nothing was dispatched" in message
+    assert store.read("SELECT count(*) FROM steps WHERE run_id = ?", (handle.run_id,)) == [(0,)]
+
+
+@pytest.mark.postgres
+def test_an_executor_that_was_shut_down_is_named_and_no_step_is_left_running(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+    closed = concurrent.futures.ProcessPoolExecutor(1)
+    closed.shutdown()
+
+    @kx.agent(name=name("closed"))
+    def uses_closed(run: kx.Run) -> list[int]:
+        return run.map(lambda i: i, [1, 2], executor=closed)
+
+    handle = uses_closed.start()
+    assert handle.wait(WAIT) == "failed"
+    assert "could not dispatch item '0'" in str(handle.error)
+    assert "ProcessPoolExecutor" in str(handle.error)
+    rows = store.read("SELECT status FROM steps WHERE run_id = ?", (handle.run_id,))
+    assert rows == [("failed",)]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("delivery_server", [{"delay": 0.05}], indirect=True)
+def test_a_process_pool_whose_worker_is_killed_loses_items_and_a_resume_delivers_each_once(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, delivery_server: DeliveryServer
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    store = kx.open_store(postgres_url)
+    jobs = [(delivery_server.url + "/items", i) for i in range(10)]
+    pools: list[concurrent.futures.ProcessPoolExecutor] = []
+
+    def new_pool() -> concurrent.futures.ProcessPoolExecutor:
+        pools.append(
+            concurrent.futures.ProcessPoolExecutor(
+                2, mp_context=multiprocessing.get_context("spawn")
+            )
+        )
+        return pools[-1]
+
+    @kx.agent(name=name("broken-pool"))
+    def broken_pool(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
+        return run.map(five_calls, jobs, concurrency=2, executor=new_pool())
+
+    handle = broken_pool.start(jobs)
+    waited = 0
+    while len(read_log(delivery_server.log_path)) < 4 and waited < 1200:
+        threading.Event().wait(0.05)
+        waited += 1
+    victim = next(iter(pools[0]._processes))  # one of the pool's worker processes
+    os.kill(victim, 9)
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.ItemFailed)
+    assert isinstance(handle.error.__cause__, kx.RemoteItemError)
+    assert "worker running it was lost" in str(handle.error.__cause__)
+    for _ in range(5):  # decide what the dead worker left unknown, from the server's log
+        delivered = {entry["idempotency_key"] for entry in read_log(delivery_server.log_path)}
+        for unknown in kx.reconcile(handle.run_id).open:
+            if str(unknown.key) in delivered:
+                unknown.mark_applied(result=1)
+            else:
+                unknown.mark_not_applied()
+        handle = kx.resume(handle.run_id)
+        if handle.wait(WAIT) == "completed":
+            break
+    assert handle.status == "completed", handle.error
+    assert handle.result == list(range(10))
+    keys = [entry["idempotency_key"] for entry in read_log(delivery_server.log_path)]
+    assert len(keys) == 50 and len(set(keys)) == 50
+    for pool in pools:
+        pool.shutdown()
+    applied = store.read(
+        "SELECT count(*) FROM effects WHERE run_id = ? AND status = 'applied'", (handle.run_id,)
+    )
+    assert applied == [(50,)]

@@ -143,7 +143,7 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
                     fn_blob=fn_blob,
                     item_blob=blobs.pop(index),
                 )
-                flight[dispatch.pool.submit(WORKER, dumps(task))] = info
+                flight[_submit(engine, dispatch, info, task)] = info
             if not flight:
                 break
             try:
@@ -172,6 +172,19 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
             with batch.lock:
                 batch.in_flight.pop(info.key, None)
     tally.finish()
+
+
+def _submit(engine: RunEngine, dispatch: Dispatch, info: StepInfo, task: RemoteTask) -> Any:
+    try:
+        return dispatch.pool.submit(WORKER, dumps(task))
+    except Exception as exc:  # shut down, closed client, ...: the item's step ends here
+        text = f"{type(exc).__name__}: {scrub_text(str(exc))}"
+        _end_step(engine, info, StepStatus.FAILED, f"not dispatched ({text})")
+        raise KernelextError(
+            f"run.map(executor={dispatch.label}) could not dispatch item {info.key!r}: {text}. "
+            "Is the executor still open (not shut down, its client connected)? The items "
+            "completed so far are kept; resume the run with a working executor to run the rest."
+        ) from exc
 
 
 def _task_fields(engine: RunEngine) -> dict[str, Any]:

@@ -75,6 +75,14 @@ class Run:
     def __repr__(self) -> str:
         return f"<kernelext run {self._engine.id!r}>"
 
+    def __reduce__(self) -> Any:  # pickle, copy: a run is this process's, never a copy
+        raise TypeError(
+            f"a kx.Run (run {self._engine.id!r}) does not travel to other processes: it is "
+            "the owner's view of the run. Give run.map(executor=...) items that carry what "
+            "fn needs (values read from run.state included) instead of a fn that holds the "
+            "run."
+        )
+
     @property
     def id(self) -> str:
         """The run's id (``h.run_id``, the ``runs.id`` column).
