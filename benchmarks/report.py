@@ -141,7 +141,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.extend(_e2e_targets(results.get("e2e") or {}, duck))
     out.extend(_batch_targets(results.get("batch") or {}))
     if results.get("dask"):
-        from .dask_batch import dask_targets
+        from .dask_report import dask_targets
 
         out.extend(dask_targets(results["dask"]))
     return out
@@ -440,7 +440,7 @@ def _context(results: dict[str, Any]) -> list[str]:
 
         lines.extend(batch_lines(results["batch"]))
     if results.get("dask"):
-        from .dask_batch import dask_lines
+        from .dask_report import dask_lines
 
         lines.extend(dask_lines(results["dask"]))
     return lines

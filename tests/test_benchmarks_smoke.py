@@ -100,7 +100,7 @@ def test_quick_dask_benchmark_measures_each_part(tmp_path: Path) -> None:
     assert "skipped" not in dask, dask
     cpu = dask["cpu"]
     assert cpu["items"] == dask["sizes"]["cpu_items"] and cpu["workers"] == 2
-    assert set(cpu["systems"]) == {"cluster", "threads"}
+    assert set(cpu["systems"]) == {"cluster", "threads", "dask_bare"}
     assert all(isinstance(n["wall_s"]["median"], float) for n in cpu["systems"].values())
     io = dask["io"]
     assert io["concurrency"] == 64  # the POSTs were each checked delivered once
