@@ -356,7 +356,7 @@ def test_a_stale_retry_of_a_call_decided_not_applied_is_refused(store: Any) -> N
     store.flush()
     _taken_elsewhere(store, "r")
     with pytest.raises(OwnershipLost):
-        store.retry_intent(key)
+        store.retry_intent(key, expected=EffectStatus.FAILED)
     assert store.effect(key)["status"] == EffectStatus.FAILED
 
 

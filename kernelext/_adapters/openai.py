@@ -352,7 +352,8 @@ class ModelCall(Effect):
             return out
         # Decided "it happened" without the answer (kx.reconcile): nobody knows what the
         # model said, so it is asked again under the same key and its answer recorded.
-        run.store.retry_intent(key)
+        if not run.store.retry_intent(key, expected=EffectStatus.APPLIED):
+            return super()._replay(run, key, run.store.effect(key) or row, *rest)
         run.note_effect(key, {**row, "status": EffectStatus.PENDING})
         return self._perform(run, key, (), self.request)
 

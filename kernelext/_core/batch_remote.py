@@ -45,6 +45,7 @@ from .remote_wire import (
 )
 from .secrets import scrub_text, scrubbed_excerpt
 from .step_info import StepInfo
+from .takeover import ITEMS_DISPATCHED
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -117,6 +118,11 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
         for index in plan.todo
     }  # every item checked before the first is dispatched
     base = _task_fields(engine)
+    # Durable before the first dispatch: a take-over of this run knows that workers may
+    # outlive this process inside their calls (takeover.workers_maybe_in_calls).
+    engine.store.record_event(
+        engine.id, ITEMS_DISPATCHED, source="engine", detail={"executor": dispatch.label}
+    )
     tally = Tally(plan, decisions_halt=False)
     pending = iter(plan.todo)
     flight: dict[Future[bytes], StepInfo] = {}

@@ -249,8 +249,9 @@ class Effect(CallArguments):
                 return existing
         raise LedgerError(f"The approval of {self.tool} (key {row['key']}) could not be used.")
 
-    def _retry(self, run: RunEngine, row: dict[str, Any], gated: bool) -> None:
-        """Make a decided call again under its key; a gated one needs a new approval."""
+    def _retry(self, run: RunEngine, row: dict[str, Any], gated: bool) -> bool:
+        """Make a decided call again under its key; a gated one needs a new approval.
+        False: another attempt of the step took the call again first (not made here)."""
         key = row["key"]
         if gated:
             for _ in range(2):
@@ -260,7 +261,21 @@ class Effect(CallArguments):
                         break
             else:
                 raise LedgerError(f"The approval of {self.tool} (key {key}) could not be used.")
-        run.store.retry_intent(key)
+        return run.store.retry_intent(key, expected=str(row["status"]))
+
+    def _replay_taken(self, run: RunEngine, key: uuid.UUID, digest: str, gated: bool) -> Any:
+        """The call was taken again by another attempt of the same step (an executor ran
+        the item twice at once): what the ledger says now, never a second call."""
+        fresh = run.store.effect(key)
+        if fresh is None or fresh["status"] in (EffectStatus.PENDING, EffectStatus.UNKNOWN):
+            raise NeedsDecision(
+                f"Effect {self.tool} (key {key}) is being made again by another attempt of "
+                f"this step (the item ran twice at once); it is not made a second time. "
+                f"Resume the run once that attempt ended; an outcome nobody recorded is "
+                f"listed by kx.reconcile({run.id!r})."
+            )
+        run.effects[key] = fresh
+        return self._replay(run, key, fresh, digest, gated)
 
     def _approval(self, run: RunEngine, row: dict[str, Any]) -> Any:
         """The id of the approved request for this call; else the run suspends for one
@@ -379,8 +394,9 @@ class Effect(CallArguments):
                 f"kx.reconcile({run.id!r}) before the run goes on."
             )
         if status == EffectStatus.NOT_APPLIED:
-            self._retry(run, {**row, "key": key}, gated)
-            return _PERFORM
+            if self._retry(run, {**row, "key": key}, gated):
+                return _PERFORM
+            return self._replay_taken(run, key, digest, gated)
         if status == EffectStatus.FAILED:
             if not self.resumable:
                 # Listed by kx.reconcile from now on, so that it can be decided.
@@ -394,8 +410,9 @@ class Effect(CallArguments):
                     f"kx.reconcile({run.id!r})."
                 )
             if self.retry:
-                self._retry(run, {**row, "key": key}, gated)
-                return _PERFORM
+                if self._retry(run, {**row, "key": key}, gated):
+                    return _PERFORM
+                return self._replay_taken(run, key, digest, gated)
             raise EffectFailed(
                 f"Effect {self.tool} (key {key}) failed before: {row.get('error')}. It is not "
                 "retried silently. Declare @kx.effect(retry=True) to retry failed calls on resume."

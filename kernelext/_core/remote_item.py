@@ -186,7 +186,13 @@ def _attempt(task: RemoteTask) -> RemoteOutcome:
         run.leave()
     elapsed = info.elapsed
     if end.kind == "done":
-        return RemoteOutcome("done", value=stored_result(end.value), elapsed=elapsed)
+        encoded = stored_result(end.value)
+        state = store.step_status(task.step_id)  # another attempt may have completed it first
+        if state is not None and state[0] == StepStatus.COMPLETED and state[1] is not None:
+            encoded = state[1]  # the value the step keeps is the one the owner returns
+        elif state is not None and state[0] != StepStatus.COMPLETED:
+            return RemoteOutcome("ended", value=state, elapsed=elapsed)  # ended meanwhile
+        return RemoteOutcome("done", value=encoded, elapsed=elapsed)
     if end.kind == "waiting":
         return RemoteOutcome("waiting", value=info.waiting, elapsed=elapsed)
     return RemoteOutcome(end.kind, error=error_to_wire(end.error), elapsed=elapsed)

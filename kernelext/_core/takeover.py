@@ -81,6 +81,8 @@ def take_over(
                 and owner_alive(owner) is not False
             ):
                 doubtful = str(owner)
+            if doubtful is None and owner and workers_maybe_in_calls(tx, run_id):
+                doubtful = f"{owner} (its run.map items on other processes)"
         # A run a restart superseded (a failed one stays failed) never goes on itself.
         superseded_error(run_id, store.children_tx(tx, run_id), "resume")
         fields: dict[str, Any] = {
@@ -150,6 +152,23 @@ def take_over(
         if result.epoch is not None:
             store.hold_epoch(run_id, result.epoch)
     return result
+
+
+ITEMS_DISPATCHED = "items_dispatched"  # run.map(executor=...) sent items to other processes
+
+
+def workers_maybe_in_calls(tx: Any, run_id: str) -> bool:
+    """The owner being taken over sent ``run.map`` items to other processes: their workers
+    outlive it (a dead notebook, a forced stop cancels only the futures) and may still be
+    inside the calls its pending intents stand for, so no probe is asked for them yet."""
+    row = tx.fetchone(
+        "SELECT max(CASE WHEN kind = ? THEN id END), max(CASE WHEN kind = 'resumed' THEN id END)"
+        " FROM events WHERE run_id = ? AND kind IN (?, 'resumed')",
+        (ITEMS_DISPATCHED, run_id, ITEMS_DISPATCHED),
+    )
+    if row is None or row[0] is None:
+        return False
+    return row[1] is None or int(row[0]) > int(row[1])
 
 
 def _deferred(store: Store, run_id: str) -> set[str]:

@@ -151,27 +151,32 @@ class EffectsMixin(RunsMixin, StoreBase):
             self._journaled_intents.pop(key, None)
             self._intent_runs.pop(key, None)
 
-    def retry_intent(self, key: uuid.UUID) -> None:
+    def retry_intent(self, key: uuid.UUID, *, expected: str) -> bool:
         """A row decided ``not_applied`` (or ``failed`` with retry) goes back to ``pending``
         (the intent of the call made again): refused (``OwnershipLost``) once the run was
-        taken over from this process, before the call."""
+        taken over from this process, before the call. Only a row still ``expected`` (the
+        status the caller read) is taken: False when another attempt of the same step (an
+        executor's second copy of an item) took it meanwhile, so the call is made once."""
         lock = self.backend.for_share
 
-        def job(tx: Tx) -> None:
+        def job(tx: Tx) -> bool:
             found = tx.fetchone("SELECT run_id FROM effects WHERE key = ?", (key,))
             held = self.held_epoch(str(found[0])) if found is not None else None
             if found is not None and held is not None:
                 check_epoch_tx(tx, str(found[0]), held, lock=lock, what="effect intent (retry)")
-            tx.execute(
+            taken = tx.fetchone(
                 "UPDATE effects SET status = ?, intent_at = ?, outcome_at = NULL,"
-                " error = NULL WHERE key = ?",
-                (EffectStatus.PENDING, self.now(), key),
+                " error = NULL WHERE key = ? AND status = ? RETURNING key",
+                (EffectStatus.PENDING, self.now(), key, expected),
             )
+            return taken is not None
 
-        self.write(job)
+        if not self.write(job):
+            return False
         known = self._journaled_intents.get(key)
         if known is not None:
             known.update(status=EffectStatus.PENDING, result=None, error=None)
+        return True
 
     def write_outcome(
         self,

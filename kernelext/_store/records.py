@@ -150,9 +150,14 @@ def insert_intent(tx: Tx, d: dict[str, Any]) -> bool:
 
 
 def outcome(tx: Tx, d: dict[str, Any]) -> None:
+    """The outcome of a call lands on its pending row, or on one made ``unknown`` while
+    the call was in flight and not decided since (another attempt of the same ``run.map``
+    item took the call for lost: the attempt that made it knows better). A stale owner's
+    outcome never gets here (fenced by its epoch)."""
     tx.execute(
         "UPDATE effects SET status = ?, result = ?, error = ?, outcome_at = ?,"
-        " attempts = coalesce(?, attempts) WHERE key = ? AND status = ?",
+        " attempts = coalesce(?, attempts) WHERE key = ? AND (status = ? OR"
+        " (status = ? AND decided_by IS NULL))",
         (
             d["status"],
             d["result"],
@@ -161,6 +166,7 @@ def outcome(tx: Tx, d: dict[str, Any]) -> None:
             d.get("attempts"),
             d["key"],
             EffectStatus.PENDING.value,
+            EffectStatus.UNKNOWN.value,
         ),
     )
 

@@ -143,7 +143,9 @@ class StepsMixin(StoreBase):
         duration_s: float | None = None,
     ) -> None:
         """Mark a step that did not complete (``failed``, ``cancelled``, ``abandoned``).
-        Refused (``OwnershipLost``) once the run was taken over from this process."""
+        Refused (``OwnershipLost``) once the run was taken over from this process. Only a
+        step still ``running`` is ended: a late attempt (a second copy of a ``run.map``
+        item) never changes a step that completed or ended meanwhile."""
         epoch, lock = self.held_epoch(run_id), self.backend.for_share
 
         def job(tx: Tx) -> None:
@@ -151,8 +153,8 @@ class StepsMixin(StoreBase):
                 check_epoch_tx(tx, run_id, epoch, lock=lock, what="step end")
             tx.execute(
                 "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, error = ?, forced = ?"
-                " WHERE id = ?",
-                (status, self.now(), duration_s, error, forced, step_id),
+                " WHERE id = ? AND status = ?",
+                (status, self.now(), duration_s, error, forced, step_id, StepStatus.RUNNING),
             )
 
         self.write(job)
