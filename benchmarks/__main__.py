@@ -29,6 +29,7 @@ TOPICS = (
     "e2e",
     "features",
     "batch",
+    "dask",
 )
 SYSTEMS = ("kernelext", "langgraph", "dbos")
 RIVAL_MODULES = {"langgraph": "langgraph.checkpoint.sqlite", "dbos": "dbos"}
@@ -92,6 +93,13 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="the batch topic's sizes times this (0.1: 200 POSTs, a 10,000-item map); "
+        "--quick makes them smaller still",
+    )
+    parser.add_argument(
+        "--dask-scale",
+        type=float,
+        default=1.0,
+        help="the dask topic's sizes times this (0.1: 40 CPU items of 200 ms, 128 POSTs); "
         "--quick makes them smaller still",
     )
     parser.add_argument(
@@ -252,6 +260,10 @@ def _topic_runner(topic: str, plan: Plan, systems: set[str]) -> Callable[[], Any
         from .batch import measure_batch
 
         return lambda: measure_batch(plan, systems)
+    if topic == "dask" and kx:
+        from .dask_batch import measure_dask
+
+        return lambda: measure_dask(plan)
     return None
 
 
@@ -263,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reps:
         plan.reps = args.reps
     plan.batch_scale = args.batch_scale
+    plan.dask_scale = args.dask_scale
     topics, systems, notes = _selection(args.only)
     if args.out is None:
         args.out = _default_out(topics, plan.quick)
@@ -296,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
             runner = _topic_runner(topic, plan, systems)
             if runner is not None:
                 results[topic] = runner()
+                if isinstance(results[topic], dict) and results[topic].get("skipped"):
+                    notes.append(f"{topic} skipped: {results[topic]['skipped']}")
         except Exception as exc:
             results["errors"][topic] = "".join(traceback.format_exception(exc))[-4000:]
             print(f"[bench] {topic} FAILED: {exc}", file=sys.stderr, flush=True)

@@ -68,6 +68,7 @@ class Plan:
     two_proc_steps: int = 2_000
     two_proc_reps: int = 3
     batch_scale: float = 1.0  # the batch topic's sizes times this (``--batch-scale``)
+    dask_scale: float = 1.0  # the dask topic's sizes times this (``--dask-scale``)
     notes: list[str] = field(default_factory=list)
 
     @classmethod

@@ -140,6 +140,10 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
     out.extend(_e2e_targets(results.get("e2e") or {}, duck))
     out.extend(_batch_targets(results.get("batch") or {}))
+    if results.get("dask"):
+        from .dask_report import dask_targets
+
+        out.extend(dask_targets(results["dask"]))
     return out
 
 
@@ -288,6 +292,7 @@ ISSUE_TITLES = {
     3: "Issue 3: effect ledger",
     10: "Issue 10: end to end (what a user waits for)",
     21: "Issue 21: batches, the write path keeps up",
+    23: "Issue 23: items on a Dask cluster, one PostgreSQL ledger",
 }
 
 
@@ -434,6 +439,10 @@ def _context(results: dict[str, Any]) -> list[str]:
         from .batch import batch_lines
 
         lines.extend(batch_lines(results["batch"]))
+    if results.get("dask"):
+        from .dask_report import dask_lines
+
+        lines.extend(dask_lines(results["dask"]))
     return lines
 
 

@@ -26,6 +26,7 @@ TOPICS = (
     "e2e",
     "features",
     "batch",
+    "dask",
 )
 
 
@@ -77,6 +78,42 @@ def test_quick_batch_benchmark_measures_each_part(tmp_path: Path) -> None:
     assert len(targets) == 4, targets  # threads, 32 vs 1, the stop, the resume
     assert all(t["met"] in (True, False) for t in targets), targets
     assert "Issue 21: batches" in (tmp_path / "batch.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_quick_dask_benchmark_measures_each_part(tmp_path: Path) -> None:
+    """``--quick --only dask,kernelext``: a LocalCluster of 2 worker processes and a real
+    PostgreSQL server; every part measured (CPU items, POSTs 64 at a time, the per-item
+    cost), each POST delivered once, and the target of issue 23 evaluated."""
+    pytest.importorskip("distributed", reason="needs Dask: pip install -e '.[dask]'")
+    from support.postgres import find_postgres_bin
+
+    if find_postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (no initdb): apt-get install postgresql")
+    out = tmp_path / "dask.json"
+    proc = _run_bench(tmp_path, out, "--quick", "--only", "dask,kernelext", "--reps", "1")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = json.loads(out.read_text(encoding="utf-8"))
+    assert results["errors"] == {} and results["meta"]["topics"] == ["anchors", "dask"]
+    dask = results["dask"]
+    assert "skipped" not in dask, dask
+    cpu = dask["cpu"]
+    assert cpu["items"] == dask["sizes"]["cpu_items"] and cpu["workers"] == 2
+    assert set(cpu["systems"]) == {"cluster", "threads", "dask_bare"}
+    assert all(isinstance(n["wall_s"]["median"], float) for n in cpu["systems"].values())
+    io = dask["io"]
+    assert io["concurrency"] == 64  # the POSTs were each checked delivered once
+    assert set(io["systems"]) == {"cluster", "in_process", "plain_threads"}
+    per_item = dask["overhead"]["ms_per_item"]
+    assert set(per_item) == {
+        "cluster_c1", "in_process_c1", "cluster_c8", "in_process_c8",
+        "dask_task_c1", "dask_task_map",
+    }  # fmt: skip
+    assert all(node["median"] > 0 for node in per_item.values())
+    targets = [t for t in results["targets"] if t["issue"] == 23]
+    assert len(targets) == 1 and targets[0]["met"] in (True, False), targets
+    assert "Issue 23: items on a Dask cluster" in (tmp_path / "dask.md").read_text("utf-8")
 
 
 @pytest.mark.slow

@@ -21,11 +21,15 @@ from nbconvert import HTMLExporter
 from support.http_server import DeliveryServer
 from support.kernels import KernelSession
 from support.notebooks import execute, text_of
+from support.postgres import find_postgres_bin
 
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
+POSTGRES_NOTEBOOKS = {"dask_batch"}  # a PostgreSQL store shared with worker processes: below
+NOTEBOOKS = sorted(
+    p for p in (REPO_ROOT / "notebooks").glob("*.ipynb") if p.stem not in POSTGRES_NOTEBOOKS
+)
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
@@ -94,6 +98,37 @@ def test_every_notebook_runs_headless(
     if path.stem == "agent_cells":
         assert len(counts) == 2
         assert "completed" in text_of(nb, "complete")
+
+
+@pytest.mark.postgres
+def test_dask_batch_notebook_runs_on_a_local_cluster(
+    request: pytest.FixtureRequest,
+    env: dict[str, str],
+    tmp_path: Path,
+    delivery_server: DeliveryServer,
+) -> None:
+    """notebooks/dask_batch.ipynb on a real PostgreSQL database and a LocalCluster of 2
+    worker processes: stopped, resumed, each item published once, by the workers."""
+    pytest.importorskip("distributed", reason="needs Dask: pip install -e '.[dask]'")
+    if find_postgres_bin() is None:
+        pytest.skip(
+            "dask_batch.ipynb needs a PostgreSQL server and PostgreSQL is not installed "
+            "(no initdb): apt-get install postgresql, or make system-deps"
+        )
+    url = str(request.getfixturevalue("postgres_url"))
+    path = REPO_ROOT / "notebooks" / "dask_batch.ipynb"
+    nb = execute(nbformat.read(path, as_version=4), {**env, "KERNELEXT_DASK_STORE": url}, tmp_path)
+    delivery_server.settle()
+    counts = deliveries_per_key(delivery_server)
+    assert len(counts) == 24 and set(counts.values()) == {1}, counts  # each item once
+    stopped = text_of(nb, "stop")
+    assert "suspended" in stopped and "of 24 items done" in stopped, stopped
+    assert int(stopped.split(" of 24")[0].split()[-1]) < 24  # the stop left items to resume
+    resumed = text_of(nb, "resume")
+    assert "completed" in resumed
+    assert "24 results, in input order: ['doc-00', 'doc-01', 'doc-02']" in resumed
+    assert "worker processes: 2" in resumed and "in this process: False" in resumed
+    assert "24 items, each published once" in text_of(nb, "check")
 
 
 def assert_static_html_shows_the_panel(nb: Any) -> None:
