@@ -1,0 +1,354 @@
+"""``run.map`` on a real Dask cluster, with faults: stops, SIGKILLed workers, a SIGKILLed
+notebook, a stale owner's worker, and a store workers cannot share.
+
+Real parts only: a PostgreSQL server (tests/support/postgres.py), a ``LocalCluster`` of two
+worker processes under nannies in a process of its own (tests/support/dask_cluster.py), and
+the 127.0.0.1 DeliveryServer without dedupe, whose JSON-lines log is the ground truth. Each
+item is one ``@kx.effect`` POST keyed by the ledger (tests/support/dask_items.py); the
+notebook is this process, or a child process (tests/support/dask_owner.py) when the test
+kills it. Every unknown effect is decided from the server's log, as a person would.
+
+Checked at the end of every run: each item delivered exactly once (by key and by item), the
+ledger has one applied row per item under the item's step, each item is one completed step,
+and ``run.map`` returned the server's answers in input order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crash import Worker
+from support import dask_items
+from support.dask_cluster import ClusterHolder, WorkerKiller, cluster_env
+from support.dask_items import attempts, decide_from_log, in_flight, release
+from support.http_server import DeliveryServer, read_log
+
+import kernelext as kx
+from kernelext._core.ledger import effect_key
+from kernelext._core.resume import load_run
+from kernelext._store import Store
+
+SUPPORT = Path(__file__).resolve().parent / "support"
+KILLS = int(os.environ.get("KERNELEXT_DASK_KILLS", "20"))
+SEED = int(os.environ.get("KERNELEXT_DASK_SEED", "2323"))
+AGENT = "dask-deliveries"
+WAIT = 120.0  # the longest any one run, line or attempt may take on a loaded machine
+
+
+# -- fixtures ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHolder]:
+    """One LocalCluster (2 worker processes, 2 threads each) for the module's tests."""
+    log = tmp_path_factory.mktemp("dask") / "cluster.log"
+    with ClusterHolder(log) as holder:
+        yield holder
+
+
+@pytest.fixture
+def client(cluster: ClusterHolder) -> Iterator[Any]:
+    opened = cluster.client()
+    yield opened
+    dask_items.EXECUTOR.clear()
+    opened.close()
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> Iterator[Store]:
+    """The notebook's store: a fresh PostgreSQL database (the default store too)."""
+    from support.live import finish_live_runs
+
+    from kernelext._core.runtime import runtime
+
+    opened = kx.open_store(postgres_url)
+    yield opened
+    finish_live_runs()
+    runtime().close()
+
+
+@pytest.fixture
+def gates(tmp_path: Path) -> Iterator[Path]:
+    """Where held items wait; every one is let go at the end (workers are shared)."""
+    folder = tmp_path / "gates"
+    folder.mkdir()
+    yield folder
+    release(folder)
+
+
+# -- checks ----------------------------------------------------------------------------------
+def item_key(run_id: str, item: int) -> str:
+    return str(effect_key(run_id, f"item-{item}", dask_items.TOOL, 0))
+
+
+def completed_items(store: Store, run_id: str) -> set[int]:
+    return {
+        int(step["key"].removeprefix("item-"))
+        for step in store.completed_steps(run_id)
+        if step["key"].startswith("item-")
+    }
+
+
+def check_delivered_once(store: Store, run_id: str, server: DeliveryServer, items: int) -> None:
+    """The run completed; each item delivered exactly once, recorded once, returned in order."""
+    assert store.get_run(run_id)["status"] == "completed"
+    server.settle()
+    mine = [d for d in read_log(server.log_path or "") if d["body"]["run"] == run_id]
+    by_key = Counter(d["idempotency_key"] for d in mine)
+    by_item = Counter(d["body"]["item"] for d in mine)
+    assert {k: n for k, n in by_key.items() if n != 1} == {}, f"{run_id}: delivered twice"
+    assert {i: n for i, n in by_item.items() if n != 1} == {}, f"{run_id}: an item twice"
+    assert sorted(by_item) == list(range(items)), f"{run_id}: items never delivered"
+    assert set(by_key) == {item_key(run_id, i) for i in range(items)}
+
+    rows = store.load_effects(run_id).values()
+    assert sorted((r["step_key"], r["call_ordinal"], r["status"]) for r in rows) == sorted(
+        (f"item-{i}", 0, "applied") for i in range(items)
+    ), f"{run_id}: one applied ledger row per item, under the item's step"
+    completed = Counter(s["key"] for s in store.completed_steps(run_id))
+    assert completed == Counter([f"item-{i}" for i in range(items)] + ["results"])
+
+    seq = {d["body"]["item"]: d["seq"] for d in mine}
+    state = load_run(store, run_id, AGENT, None, False).state
+    assert state["results"] == [
+        {"item": i, "delivery": seq[i], "key": item_key(run_id, i)} for i in range(items)
+    ], "run.map returns the server's answer for every item, in input order"
+
+
+def wait_until(condition: Any, what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout}s")
+        time.sleep(0.02)
+
+
+# -- owners in processes of their own ---------------------------------------------------------
+def owner_process(tmp_path: Path, name: str) -> Worker:
+    """A notebook process, loaded and waiting for its ``go`` (tests/support/dask_owner.py)."""
+    owner = Worker(SUPPORT / "dask_owner.py", tmp_path / f"{name}.stderr", cluster_env())
+    owner.expect("loaded")
+    return owner
+
+
+def owned(owner: Worker, **go: Any) -> int:
+    """Send ``go``; returns the epoch the owner holds once it owns the run."""
+    owner.go(**go)
+    return int(owner.expect("ready").split()[1])
+
+
+def finished(owner: Worker) -> dict[str, Any]:
+    import json
+
+    line = owner.expect("done", timeout=WAIT)
+    assert owner.reap() == 0, owner.stderr()
+    result: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+    return result
+
+
+def resume_until_completed(
+    tmp_path: Path, pg: Store, run_id: str, server: DeliveryServer, go: dict[str, Any]
+) -> Counter[str]:
+    """Decide unknowns from the log and resume from new owner processes until completed."""
+    decided: Counter[str] = Counter()
+    for attempt in range(10):
+        status = pg.get_run(run_id)["status"]
+        if status == "completed":
+            return decided
+        decided += decide_from_log(run_id, server, store=pg)
+        owner = owner_process(tmp_path, f"resume-{attempt}")
+        owned(owner, **go, mode="resume")
+        finished(owner)
+    pytest.fail(f"{run_id} did not complete in 10 resumes: {pg.get_run(run_id)['status']}")
+
+
+# -- 1. a stop and a resume ---------------------------------------------------------------
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_each_item_is_delivered_once_across_a_stop_and_a_resume(
+    pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path
+) -> None:
+    items, markers = 40, tmp_path / "markers.txt"
+    dask_items.EXECUTOR["executor"] = client  # a distributed.Client, as it is
+    handle = dask_items.deliveries.start(
+        delivery_server.url, items, 8, pause=0.05, markers=str(markers), run_id="stop-1", store=pg
+    )
+    delivery_server.wait_for(items // 4, timeout=WAIT)
+    kx.stop("stop-1")
+    assert handle.wait(WAIT) == "suspended"
+
+    assert in_flight(markers) == [], "the run suspends once every dispatched item ended"
+    delivery_server.settle()
+    delivered = {d["body"]["item"] for d in delivery_server.deliveries}
+    assert 0 < len(delivered) < items, "the stop landed mid-batch"
+    assert completed_items(pg, "stop-1") == delivered, "a delivered item is a completed one"
+    assert list(kx.reconcile("stop-1", store=pg)) == [], "a stop leaves no unknown effect"
+
+    begun = len(attempts(markers))
+    again = kx.resume("stop-1", store=pg)
+    assert again.wait(WAIT) == "completed", again.error
+    rerun = {a.item for a in attempts(markers)[begun:]} & delivered
+    assert rerun == set(), "the resume runs only the items that did not complete"
+    check_delivered_once(pg, "stop-1", delivery_server, items)
+
+
+# -- 2. SIGKILL of worker processes, again and again --------------------------------------
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+def test_sigkilled_workers_rerun_items_without_a_duplicate_delivery(
+    pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path, gates: Path
+) -> None:
+    items, markers = 40, tmp_path / "markers.txt"
+    delivery_server.delay = 0.03  # calls stay open a while: kills land inside them too
+    dask_items.EXECUTOR["executor"] = client.get_executor()  # a concurrent.futures.Executor
+    live: list[Any] = []
+    killer = WorkerKiller(client, lambda: bool(live) and live[0].alive, KILLS, seed=SEED)
+    runs: list[str] = []
+    ends: Counter[str] = Counter()
+    decided: Counter[str] = Counter()
+    killer.start()
+    try:
+        while not runs or pg.get_run(runs[-1])["status"] != "completed" or not killer.done:
+            if not runs or pg.get_run(runs[-1])["status"] == "completed":
+                runs.append(f"kill-{len(runs)}")
+                handle = dask_items.deliveries.start(
+                    delivery_server.url, items, 8, pause=0.03, markers=str(markers),
+                    gates=str(gates), run_id=runs[-1], store=pg,
+                )  # fmt: skip
+            else:
+                wait_until(lambda: not in_flight(markers, alive_only=True), "items in flight")
+                decided += decide_from_log(runs[-1], delivery_server, store=pg)
+                handle = kx.resume(runs[-1], store=pg)
+            live[:] = [handle]
+            status = handle.wait(WAIT)
+            assert status != "running", f"{runs[-1]} still running after {WAIT}s"
+            ends[status] += 1
+            assert not killer.errors, killer.errors
+            assert sum(ends.values()) < 20 * len(runs), f"no progress: {dict(ends)}"
+    finally:
+        killer.stop()
+    assert not killer.errors, killer.errors
+
+    print(f"\nkills {len(killer.kills)}, runs {len(runs)}, ends {dict(ends)}, {dict(decided)}")
+    assert len(killer.kills) >= KILLS
+    assert all(kill.tasks > 0 for kill in killer.kills), "every kill landed mid-batch"
+    tried = attempts(markers)
+    cut = [a for a in tried if a.outcome is None]
+    assert cut, "kills cut items short"
+    assert {a.pid for a in cut} <= {kill.pid for kill in killer.kills}, "only killed ones"
+    for a in cut:
+        later = [b for b in tried if (b.run_id, b.item) == (a.run_id, a.item)]
+        assert later[-1].attempt > a.attempt and later[-1].outcome == "ok", (
+            f"{a}: the item cut short ran again, elsewhere, to its end"
+        )
+    assert decided["applied"] > 0, "some kills left a delivered call unknown; reconciled"
+    for run_id in runs:
+        check_delivered_once(pg, run_id, delivery_server, items)
+
+
+# -- 3. SIGKILL of the notebook itself -----------------------------------------------------
+@pytest.mark.postgres
+@pytest.mark.timeout(240)
+def test_a_sigkilled_notebook_is_resumed_from_a_new_process_without_a_duplicate(
+    pg: Store, postgres_url: str, cluster: ClusterHolder, delivery_server: DeliveryServer,
+    tmp_path: Path, gates: Path,
+) -> None:  # fmt: skip
+    items, markers, held = 30, tmp_path / "markers.txt", (1, 4)
+    delivery_server.delay = 0.05
+    args = {
+        "url": delivery_server.url, "items": items, "concurrency": 8, "pause": 0.2,
+        "markers": str(markers), "gates": str(gates), "held": list(held),
+    }  # fmt: skip
+    go = {"store": postgres_url, "scheduler": cluster.address, "run_id": "notebook-kill"}
+    first, second = owner_process(tmp_path, "first"), owner_process(tmp_path, "second")
+    epoch = owned(first, **go, mode="start", args=args)
+    delivery_server.wait_for(6, timeout=WAIT)
+    wait_until(lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun")
+    assert first.kill(), "the notebook was SIGKILLed mid-batch"
+    old = {(a.item, a.attempt) for a in in_flight(markers)}
+    assert len(old) > len(held), "the notebook died with items in flight on the workers"
+
+    assert owned(second, **go, mode="resume") > epoch, "the new notebook holds a newer epoch"
+    for item in held:  # the dead notebook's held items go on to their POST only now
+        release(gates, item, 1)
+    wait_until(
+        lambda: not {(a.item, a.attempt) for a in in_flight(markers)} & old,
+        "the dead notebook's items in flight end",
+    )
+    ended = {(a.item, a.attempt): a.outcome for a in attempts(markers)}
+    for item in held:
+        assert ended[(item, 1)] == "OwnershipLost", "a stale owner's item is refused"
+    finished(second)
+    decided = resume_until_completed(tmp_path, pg, "notebook-kill", delivery_server, go)
+    print(f"\nin flight at the kill {sorted(old)}; decided {dict(decided)}")
+    check_delivered_once(pg, "notebook-kill", delivery_server, items)
+
+
+# -- 4. a worker of a stale owner ------------------------------------------------------------
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_a_worker_holding_a_stale_epoch_is_refused_and_delivers_nothing(
+    pg: Store, postgres_url: str, cluster: ClusterHolder, delivery_server: DeliveryServer,
+    tmp_path: Path, gates: Path,
+) -> None:  # fmt: skip
+    markers = tmp_path / "markers.txt"
+    args = {
+        "url": delivery_server.url, "items": 4, "concurrency": 4, "markers": str(markers),
+        "gates": str(gates), "held": [0], "hold_attempts": 2,
+    }  # fmt: skip
+    go = {"store": postgres_url, "scheduler": cluster.address, "run_id": "stale"}
+    first, second = owner_process(tmp_path, "first"), owner_process(tmp_path, "second")
+    old_epoch = owned(first, **go, mode="start", args=args)
+    delivery_server.wait_for(3, timeout=WAIT)  # items 1..3; item 0 waits in a worker
+    wait_until(lambda: [(a.item, a.attempt) for a in in_flight(markers)] == [(0, 1)], "item 0")
+    assert first.kill()
+
+    new_epoch = owned(second, **go, mode="resume")
+    assert new_epoch > old_epoch
+    wait_until(lambda: (0, 2) in {(a.item, a.attempt) for a in in_flight(markers)}, "2nd try")
+    release(gates, 0, 1)  # the stale owner's attempt calls now, before the new one
+    wait_until(lambda: (0, 1) not in {(a.item, a.attempt) for a in in_flight(markers)}, "end")
+    outcome = {(a.item, a.attempt): a.outcome for a in attempts(markers)}[(0, 1)]
+    assert outcome == "OwnershipLost", "the stale owner's worker is refused at its call"
+    delivery_server.settle()
+    assert delivery_server.count(item_key("stale", 0)) == 0, "its effect was not delivered"
+
+    release(gates, 0, 2)
+    assert finished(second)["status"] == "completed"
+    check_delivered_once(pg, "stale", delivery_server, 4)
+
+
+# -- 5. DuckDB cannot be shared with other processes ------------------------------------------
+@pytest.mark.parametrize("kind", ["process_pool", "dask_client"])
+@pytest.mark.timeout(120)
+def test_a_duckdb_store_with_an_out_of_process_executor_is_refused_before_dispatch(
+    kind: str, cluster: ClusterHolder, delivery_server: DeliveryServer, tmp_path: Path
+) -> None:
+    markers = tmp_path / "markers.txt"
+    store = kx.open_store(str(tmp_path / "store" / "kernelext.duckdb"))
+    executor: Any = (
+        concurrent.futures.ProcessPoolExecutor(2) if kind == "process_pool" else cluster.client()
+    )
+    dask_items.EXECUTOR["executor"] = executor
+    try:
+        handle = dask_items.deliveries.start(
+            delivery_server.url, 5, 2, markers=str(markers), run_id="duck", store=store
+        )
+        assert handle.wait(WAIT) == "failed"
+    finally:
+        dask_items.EXECUTOR.clear()
+        if kind == "process_pool":
+            executor.shutdown()
+        else:
+            executor.close()
+    assert isinstance(handle.error, kx.KernelextError), handle.error
+    assert "PostgreSQL" in str(handle.error), str(handle.error)
+    delivery_server.settle()
+    assert delivery_server.deliveries == [], "no item was delivered"
+    assert attempts(markers) == [], "no item ran anywhere"
+    assert [s["key"] for s in store.steps("duck") if s["key"].startswith("item-")] == []
