@@ -171,21 +171,30 @@ def resume_until_completed(
 @pytest.mark.postgres
 @pytest.mark.timeout(180)
 def test_each_item_is_delivered_once_across_a_stop_and_a_resume(
-    pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path
+    pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path, gates: Path
 ) -> None:
-    items, markers = 40, tmp_path / "markers.txt"
+    items, markers, held = 40, tmp_path / "markers.txt", (2, 5)
     dask_items.EXECUTOR["executor"] = client  # a distributed.Client, as it is
     handle = dask_items.deliveries.start(
-        delivery_server.url, items, 8, pause=0.05, markers=str(markers), run_id="stop-1", store=pg
-    )
+        delivery_server.url, items, 8, pause=0.05, markers=str(markers), gates=str(gates),
+        held=held, run_id="stop-1", store=pg,
+    )  # fmt: skip
     delivery_server.wait_for(items // 4, timeout=WAIT)
+    wait_until(lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun")
     kx.stop("stop-1")
+    wait_until(lambda: pg.get_run("stop-1")["stop_requested_at"] is not None, "the stop")
+    for item in held:  # inside fn on a worker, before their call: they reach it only now
+        release(gates, item, 1)
     assert handle.wait(WAIT) == "suspended"
 
     assert in_flight(markers) == [], "the run suspends once every dispatched item ended"
+    ended = {a.item: a.outcome for a in attempts(markers)}
+    assert {ended[item] for item in held} == {"StopRequested"}, "a worker's item stops at its call"
+    steps = {s["key"]: s["status"] for s in pg.steps("stop-1")}
+    assert {steps[f"item-{item}"] for item in held} == {"cancelled"}
     delivery_server.settle()
     delivered = {d["body"]["item"] for d in delivery_server.deliveries}
-    assert 0 < len(delivered) < items, "the stop landed mid-batch"
+    assert 0 < len(delivered) < items and not delivered & set(held), "stopped mid-batch"
     assert completed_items(pg, "stop-1") == delivered, "a delivered item is a completed one"
     assert list(kx.reconcile("stop-1", store=pg)) == [], "a stop leaves no unknown effect"
 
@@ -290,12 +299,32 @@ def test_a_sigkilled_notebook_is_resumed_from_a_new_process_without_a_duplicate(
 
 
 # -- 4. a worker of a stale owner ------------------------------------------------------------
+def stale_task(store: Store, url: str, run_id: str, item: int, epoch: int, fn: Any) -> bytes:
+    """The task of ``item``'s running step, as an owner holding ``epoch`` would send it."""
+    from kernelext._core.remote_wire import RemoteTask, dumps
+
+    (step,) = [
+        s for s in store.steps(run_id) if (s["key"], s["status"]) == (f"item-{item}", "running")
+    ]
+    row = store.get_run(run_id)
+    task = RemoteTask(
+        url=url, run_id=run_id, epoch=epoch, agent=row["agent"], key_scheme=row["key_scheme"],
+        chain_root=store.chain_root(run_id), step_id=step["id"], key=step["key"],
+        ordinal=step["ordinal"], name=step["name"], max_step_seconds=None,
+        fn_blob=dumps(fn), item_blob=dumps(item),
+    )  # fmt: skip
+    return dumps(task)
+
+
 @pytest.mark.postgres
 @pytest.mark.timeout(180)
 def test_a_worker_holding_a_stale_epoch_is_refused_and_delivers_nothing(
-    pg: Store, postgres_url: str, cluster: ClusterHolder, delivery_server: DeliveryServer,
-    tmp_path: Path, gates: Path,
+    pg: Store, postgres_url: str, cluster: ClusterHolder, client: Any,
+    delivery_server: DeliveryServer, tmp_path: Path, gates: Path,
 ) -> None:  # fmt: skip
+    from kernelext._core.remote_item import execute_item
+    from kernelext._core.remote_wire import error_from_wire, loads
+
     markers = tmp_path / "markers.txt"
     args = {
         "url": delivery_server.url, "items": 4, "concurrency": 4, "markers": str(markers),
@@ -307,16 +336,25 @@ def test_a_worker_holding_a_stale_epoch_is_refused_and_delivers_nothing(
     delivery_server.wait_for(3, timeout=WAIT)  # items 1..3; item 0 waits in a worker
     wait_until(lambda: [(a.item, a.attempt) for a in in_flight(markers)] == [(0, 1)], "item 0")
     assert first.kill()
-
-    new_epoch = owned(second, **go, mode="resume")
-    assert new_epoch > old_epoch
+    assert owned(second, **go, mode="resume") > old_epoch, "the new owner holds a newer epoch"
     wait_until(lambda: (0, 2) in {(a.item, a.attempt) for a in in_flight(markers)}, "2nd try")
-    release(gates, 0, 1)  # the stale owner's attempt calls now, before the new one
+
+    # A task of the old epoch for the step the new owner runs now: refused before fn runs.
+    stale = stale_task(pg, postgres_url, "stale", 0, old_epoch, dask_items.Deliver(
+        delivery_server.url, "stale"))  # fmt: skip
+    outcome = loads(client.submit(execute_item, stale, pure=False).result(timeout=WAIT))
+    assert outcome.kind == "lost", outcome
+    assert isinstance(error_from_wire(outcome.error), kx.OwnershipLost), outcome
+
+    # The dead owner's attempt, held inside fn, calls only now: refused at its call.
+    release(gates, 0, 1)
     wait_until(lambda: (0, 1) not in {(a.item, a.attempt) for a in in_flight(markers)}, "end")
-    outcome = {(a.item, a.attempt): a.outcome for a in attempts(markers)}[(0, 1)]
-    assert outcome == "OwnershipLost", "the stale owner's worker is refused at its call"
+    ended = {(a.item, a.attempt): a.outcome for a in attempts(markers)}
+    assert ended[(0, 1)] == "OwnershipLost", "the stale owner's worker is refused at its call"
     delivery_server.settle()
-    assert delivery_server.count(item_key("stale", 0)) == 0, "its effect was not delivered"
+    assert delivery_server.count(item_key("stale", 0)) == 0, "no stale worker delivered it"
+    (step,) = [s for s in pg.steps("stale") if s["status"] == "running"]
+    assert step["key"] == "item-0", "the new owner's step was not touched"
 
     release(gates, 0, 2)
     assert finished(second)["status"] == "completed"

@@ -252,7 +252,15 @@ def serve(allowed_failures: int) -> int:
     import dask
     from distributed import LocalCluster
 
-    dask.config.set({"distributed.scheduler.allowed-failures": allowed_failures})
+    dask.config.set(
+        {
+            "distributed.scheduler.allowed-failures": allowed_failures,
+            # A LocalCluster closes a worker's nanny when no worker of that name is back
+            # this long after one was removed; killed again and again, a worker is often
+            # between two lives at that moment. The nannies restart them: never close one.
+            "distributed.deploy.lost-worker-timeout": "1h",
+        }
+    )
     finished = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: finished.set())
 
