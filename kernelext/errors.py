@@ -35,6 +35,8 @@ what to do. Each name is reachable as ``kernelext.errors.<Name>`` and as ``kx.<N
         │   └── ResultNotStorable     (also NeedsDecision) an applied effect's result cannot be
         │                             stored: it is unknown until reconciled
         ├── ItemFailed                a ``run.map`` item raised (its exception is the cause)
+        ├── RemoteItemError           an item's exception from another process that could
+        │                             not travel back as itself (its type and text)
         ├── StateNotWritable          (also TypeError) ``run.state`` written inside an item
         ├── LedgerError               the effect ledger refuses a call
         │   ├── EffectArgumentsMismatch   an effect key reused with other arguments
@@ -84,6 +86,7 @@ __all__ = [
     "QueryError",
     "QueryTimeout",
     "ReadOnlyError",
+    "RemoteItemError",
     "ResultNotStorable",
     "RunNotFound",
     "RunStateError",
@@ -312,6 +315,13 @@ class ItemFailed(KernelextError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickle: keyword-only arguments, rebuilt
         return (_rebuild, (type(self), (str(self),), {"key": self.key}), self.__dict__)
+
+
+class RemoteItemError(KernelextError):
+    """A ``run.map(..., executor=...)`` item in another process raised an exception that
+    could not travel back as itself (its class cannot be pickled or imported here), or
+    the executor lost the item (its worker died too often): the text names the original
+    type and message, and a note holds the worker's traceback (scrubbed)."""
 
 
 class StateNotWritable(KernelextError, TypeError):

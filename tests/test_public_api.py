@@ -59,6 +59,7 @@ PUBLIC = [
     "QueryError",
     "QueryTimeout",
     "ReadOnlyError",
+    "RemoteItemError",
     "ResultNotStorable",
     "ResumePlan",
     "Revalidation",

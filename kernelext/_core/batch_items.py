@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .forced_stop import ForceGate
     from .run_engine import RunEngine
 
-__all__ = ["Ended", "ItemRun", "Tally", "new_item"]
+__all__ = ["Ended", "ItemRun", "Tally", "new_item", "note_item_done"]
 
 
 class Ended:
@@ -47,8 +47,11 @@ class Tally:
     """What the items of one batch ended with, as its dispatcher collects them, and what
     the batch ends with once none is in flight (``finish``)."""
 
-    def __init__(self, plan: MapPlan) -> None:
+    def __init__(self, plan: MapPlan, *, decisions_halt: bool = True) -> None:
         self.plan = plan
+        # An item waiting for a decision on an unknown effect stops new items (in this
+        # process); items elsewhere go on (a worker's death leaves one such item each).
+        self.decisions_halt = decisions_halt
         self.ended = 0
         self.first_failure: Ended | None = None
         self.decision: Ended | None = None
@@ -64,7 +67,7 @@ class Tally:
             self.forced is None
             and not self.halted
             and self.first_failure is None
-            and self.decision is None
+            and (self.decision is None or not self.decisions_halt)
             and self.lost is None
             and not engine.stop_event.is_set()
             and engine.suspend_request is None
@@ -140,6 +143,16 @@ def _suspend_for_people(engine: RunEngine, waiting: list[StepInfo]) -> None:
     engine.stop_event.set()
     engine.stop_event.delivered = StopRequested
     raise StopRequested(engine.suspend_request[0])
+
+
+def note_item_done(engine: RunEngine, batch: Batch, info: StepInfo, elapsed: float) -> None:
+    """What this process keeps of an item that completed (its value is in the store)."""
+    engine.completed[info.key] = info.ordinal
+    with batch.lock:
+        batch.done += 1
+        batch.durations.append(elapsed)
+    engine.last_completed = info
+    engine.notify(StepStatus.COMPLETED, info)
 
 
 def new_item(engine: RunEngine, batch: Batch, key: str, index: int) -> StepInfo:
@@ -229,12 +242,7 @@ def _record_end(
             else:
                 store.complete_item(engine.id, info.id, info.elapsed, encoded)
                 engine.forget_item_effects(info)  # a completed item is never consulted again
-                engine.completed[info.key] = info.ordinal
-                with batch.lock:
-                    batch.done += 1
-                    batch.durations.append(info.elapsed)
-                engine.last_completed = info
-                engine.notify(StepStatus.COMPLETED, info)
+                note_item_done(engine, batch, info, info.elapsed)
                 return Ended(index, "done", value)
         assert outcome is not None
         if isinstance(outcome, OwnershipLost):

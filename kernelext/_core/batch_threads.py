@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ForcedStop, StopRequested
 from .batch import WAIT_TICK, MapPlan, police_overruns, prepare_map
 from .batch_items import Ended, ItemRun, Tally, new_item
+from .batch_remote import dispatch_remote, executor_for
 from .forced_stop import ForceGate
 from .step_info import StepInfo
 
@@ -37,8 +38,10 @@ def run_map(
     concurrency: int,
     return_exceptions: bool,
     name: str | None,
+    executor: Any = None,
 ) -> list[Any]:
-    """``run.map`` (see ``Run.map``)."""
+    """``run.map`` (see ``Run.map``); ``executor``: see ``batch_remote``."""
+    dispatch = executor_for(engine, executor) if executor is not None else None
     plan = prepare_map(
         engine,
         "run.map",
@@ -50,17 +53,21 @@ def run_map(
         name=name,
     )
     with plan.running():
-        if plan.todo:
-            _dispatch(plan)
+        if plan.todo and dispatch is not None and not dispatch.here:
+            dispatch_remote(plan, dispatch)
+        elif plan.todo:
+            _dispatch(plan, dispatch.pool if dispatch is not None else None)
     return plan.results
 
 
-def _dispatch(plan: MapPlan) -> None:
+def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
+    """The items in threads of this process: a pool of the batch's own, or ``given`` (a
+    ``ThreadPoolExecutor`` passed as ``executor=``, left running afterwards)."""
     engine, batch = plan.engine, plan.batch
     tally = Tally(plan)
     pending = iter(plan.todo)
     flight: set[concurrent.futures.Future[Ended]] = set()
-    pool = concurrent.futures.ThreadPoolExecutor(
+    pool = given or concurrent.futures.ThreadPoolExecutor(
         min(plan.concurrency, len(plan.todo)), thread_name_prefix=f"kernelext-item[{engine.id}]"
     )
     try:
@@ -95,7 +102,10 @@ def _dispatch(plan: MapPlan) -> None:
                 flight.discard(future)
                 tally.add(future.result())
     finally:
-        pool.shutdown(wait=True)
+        if given is None:
+            pool.shutdown(wait=True)
+        else:  # the caller's pool: wait for this batch's items only
+            concurrent.futures.wait(flight)
     tally.finish()
 
 

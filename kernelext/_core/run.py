@@ -75,6 +75,14 @@ class Run:
     def __repr__(self) -> str:
         return f"<kernelext run {self._engine.id!r}>"
 
+    def __reduce__(self) -> Any:  # pickle, copy: a run is this process's, never a copy
+        raise TypeError(
+            f"a kx.Run (run {self._engine.id!r}) does not travel to other processes: it is "
+            "the owner's view of the run. Give run.map(executor=...) items that carry what "
+            "fn needs (values read from run.state included) instead of a fn that holds the "
+            "run."
+        )
+
     @property
     def id(self) -> str:
         """The run's id (``h.run_id``, the ``runs.id`` column).
@@ -115,6 +123,7 @@ class Run:
         concurrency: int = 8,
         return_exceptions: bool = False,
         name: str | None = None,
+        executor: Any = None,
     ) -> list[R]:
         """``fn(item)`` for every item, up to ``concurrency`` at once, in input order.
 
@@ -132,6 +141,21 @@ class Run:
 
             ids = run.map(post_row, rows, key=lambda r: r["id"], concurrency=16)
             run.state["ids"] = ids
+
+        ``executor=``: a ``concurrent.futures.Executor`` or a Dask ``distributed.Client``
+        (``kernelext[dask]``). A ``ThreadPoolExecutor`` runs the items in its threads here;
+        any other runs them in other processes, which record their effects in the run's
+        store themselves under the same keys: that needs a PostgreSQL store (a DuckDB one
+        is refused before anything is dispatched), and workers connect with their own
+        credentials (``PGPASSWORD``, ``PGPASSFILE`` or ``KERNELEXT_STORE``; the task never
+        carries a password). ``fn`` and the items are pickled (cloudpickle) before the
+        first item is dispatched. This run stays the owner: a stop dispatches nothing
+        more and each item ends at its next effect call; a worker that died and whose item
+        the executor runs again replays the applied calls and leaves a call in flight
+        ``unknown`` for ``kx.reconcile``::
+
+            client = distributed.Client(LocalCluster(n_workers=2))
+            vectors = run.map(embed, rows, key=lambda r: r["id"], executor=client)
         """
         if name is not None:
             check_name("run.map(name=...)", name)
@@ -143,6 +167,7 @@ class Run:
             concurrency=concurrency,
             return_exceptions=return_exceptions,
             name=name,
+            executor=executor,
         )
 
     def amap(

@@ -52,6 +52,35 @@ class EffectsMixin(RunsMixin, StoreBase):
         )
         return {row["key"]: row for row in rows}
 
+    def step_effects(self, run_id: str, step_key: str) -> dict[uuid.UUID, dict[str, Any]]:
+        """The ledger rows of one step key of a run (every attempt of a ``run.map`` item)."""
+        rows = self.read_dicts(
+            f"SELECT {EFFECT_COLUMNS} FROM effects WHERE run_id = ? AND step_key = ?",
+            (run_id, step_key),
+        )
+        return {row["key"]: row for row in rows}
+
+    def lost_intents_unknown(
+        self, run_id: str, step_key: str, epoch: int, reason: str
+    ) -> list[uuid.UUID]:
+        """An item's ``pending`` rows become ``unknown`` (the attempt that recorded them is
+        gone mid-call), fenced by ``epoch``: refused (``OwnershipLost``) for a stale owner."""
+        lock = self.backend.for_share
+
+        def job(tx: Tx) -> list[uuid.UUID]:
+            check_epoch_tx(tx, run_id, epoch, lock=lock, what="effect outcome")
+            rows = tx.fetchall(
+                "UPDATE effects SET status = ?, outcome_at = ? WHERE run_id = ? AND"
+                " step_key = ? AND status = ? RETURNING key, tool",
+                (EffectStatus.UNKNOWN, self.now(), run_id, step_key, EffectStatus.PENDING),
+            )
+            for key, tool in rows:
+                detail = {"key": str(key), "tool": tool}
+                self.event(tx, run_id, "effect_unknown", reason=reason, detail=detail)
+            return [row[0] for row in rows]
+
+        return self.write(job)
+
     def effect(self, key: uuid.UUID) -> dict[str, Any] | None:
         rows = self.read_dicts(f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ?", (key,))
         return rows[0] if rows else None

@@ -93,10 +93,20 @@ def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
 
 def _item_complete(tx: Tx, d: dict[str, Any]) -> None:
     """A ``run.map`` item's step completed with the value it returned (no snapshot: the
-    agent's state is not an item's to change)."""
+    agent's state is not an item's to change). Only a step still ``running`` completes: a
+    late result (a worker the owner declared lost, a second copy of the item) never
+    overwrites a step that ended, nor the value a completed one stored."""
     tx.execute(
-        "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, result = ? WHERE id = ?",
-        (StepStatus.COMPLETED.value, d["at"], d["duration_s"], d["result"], d["step_id"]),
+        "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, result = ? WHERE id = ?"
+        " AND status = ?",
+        (
+            StepStatus.COMPLETED.value,
+            d["at"],
+            d["duration_s"],
+            d["result"],
+            d["step_id"],
+            StepStatus.RUNNING.value,
+        ),
     )
     tx.execute(
         "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"

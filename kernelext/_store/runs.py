@@ -406,6 +406,15 @@ class RunsMixin(StoreBase):
         rows = self.backend.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
         return rows[0][0] if rows else None
 
+    def run_liveness(self, run_id: str) -> tuple[Any, ...] | None:
+        """(status, owner_epoch, stop_requested_at, stop_source) of a run, one indexed read:
+        what an item running in another process checks at each effect call."""
+        rows = self.backend.read(
+            "SELECT status, owner_epoch, stop_requested_at, stop_source FROM runs WHERE id = ?",
+            (run_id,),
+        )
+        return tuple(rows[0]) if rows else None
+
     def stop_request(self, run_id: str, *, wait: bool) -> tuple[Any, Any] | None:
         """(stop_requested_at, stop_source) of a run; None if ``not wait`` and the store is busy.
 

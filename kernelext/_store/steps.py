@@ -45,9 +45,17 @@ class Blob(NamedTuple):
 class StepsMixin(StoreBase):
     # -- steps -----------------------------------------------------------------
     def begin_step(
-        self, run_id: str, step_id: uuid.UUID, ordinal: int, key: str, name: str | None
+        self,
+        run_id: str,
+        step_id: uuid.UUID,
+        ordinal: int,
+        key: str,
+        name: str | None,
+        *,
+        wait: bool = False,
     ) -> None:
-        """Record that a step started (journaled, not waited for)."""
+        """Record that a step started (journaled, not waited for; ``wait``: durable on
+        return, for an item another process completes)."""
         data = {
             "id": step_id,
             "run_id": run_id,
@@ -56,7 +64,7 @@ class StepsMixin(StoreBase):
             "name": name,
             "started_at": self.now(),
         }
-        self.record("step_begin", data, sync=False)
+        self.record("step_begin", data, sync=wait)
 
     def complete_step(
         self,
@@ -118,6 +126,11 @@ class StepsMixin(StoreBase):
         if found.keys() <= wanted:  # one run.map in the run: nothing to leave out
             return found
         return {key: found[key] for key in wanted if key in found}
+
+    def step_status(self, step_id: uuid.UUID) -> tuple[str, str | None] | None:
+        """(status, stored result) of one step attempt; None when there is none."""
+        rows = self.read("SELECT status, result FROM steps WHERE id = ?", (step_id,))
+        return (str(rows[0][0]), rows[0][1]) if rows else None
 
     def end_step(
         self,

@@ -1,0 +1,281 @@
+"""``run.map(fn, items, executor=ex)``: a batch's items in other processes.
+
+Who owns what when items run elsewhere:
+
+- **The run stays the owner's** (the notebook's process). It keys every item, begins each
+  item's step (durable before the item is dispatched: the worker completes that step
+  attempt, never another), dispatches at most ``concurrency`` items, gathers their values
+  in input order, and moves the run's status. A stop dispatches nothing more; a forced
+  stop cancels the futures in flight (their steps end ``cancelled``).
+- **An item attempt is the worker's** (``remote_item.execute_item``): it opens the store
+  from the run's URL (PostgreSQL; the worker's own credentials), records the item's
+  effects under the keys an item in the owner's process would use (run, item step key,
+  tool, call ordinal within the item), and writes the item's completion.
+- **The epoch fences them.** Each task carries the epoch the owner holds; every write of
+  the worker carries it, so once another process took the run over (a resume after the
+  notebook died) a stale owner's worker is refused.
+- **The executor may run an attempt again** (Dask, when a worker died): applied effects
+  are replayed from the ledger, an intent without an outcome becomes ``unknown`` and the
+  item waits for a decision; the other items go on, and the run ends ``needs_decision``
+  once nothing else can run. A future the executor gave up on (``KilledWorker``, a
+  broken process pool) is a lost item: its step ends ``failed``, ``run.map`` raises
+  ``kx.ItemFailed`` naming its key, and a resume runs it again.
+
+A ``ThreadPoolExecutor`` runs the items in this process, as without ``executor=``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ForcedStop, KernelextError, OwnershipLost, RemoteItemError, StopRequested
+from ..status import StepStatus
+from .batch import WAIT_TICK, MapPlan, police_overruns
+from .batch_items import Ended, Tally, new_item, note_item_done
+from .keys import load_result
+from .remote_wire import (
+    RemoteTask,
+    WorkerCall,
+    dumps,
+    error_from_wire,
+    loads,
+    pack,
+)
+from .secrets import scrub_text, scrubbed_excerpt
+from .step_info import StepInfo
+
+if TYPE_CHECKING:
+    from .batch import Batch
+    from .run_engine import RunEngine
+
+__all__ = ["Dispatch", "dispatch_remote", "executor_for"]
+
+Future = concurrent.futures.Future
+WORKER = WorkerCall()
+
+
+class Dispatch:
+    """Where ``run.map(executor=...)`` sends its items: the executor (a Dask ``Client``
+    becomes its ``get_executor()``), whether that is this process, and its name."""
+
+    def __init__(self, pool: concurrent.futures.Executor, here: bool, label: str) -> None:
+        self.pool, self.here, self.label = pool, here, label
+
+
+def executor_for(engine: RunEngine, executor: Any) -> Dispatch:
+    """Check ``executor=`` before anything runs: its kind, and for one that runs items in
+    other processes, a store that they can write (PostgreSQL) and an epoch to fence with."""
+    label = type(executor).__name__
+    if _is_dask_client(executor):
+        pool, here = executor.get_executor(pure=False), False
+        label = "a distributed.Client"
+    elif isinstance(executor, concurrent.futures.ThreadPoolExecutor):
+        return Dispatch(executor, True, label)
+    elif isinstance(executor, concurrent.futures.Executor):
+        pool, here = executor, False
+    else:
+        raise TypeError(
+            "run.map(executor=...) takes a concurrent.futures.Executor (ThreadPoolExecutor, "
+            "ProcessPoolExecutor, a Dask client's get_executor()) or a distributed.Client, "
+            f"not {label}. Nothing ran."
+        )
+    if getattr(engine.store.backend, "dialect", None) != "postgres":
+        raise KernelextError(
+            f"run.map(executor={label}) runs items in other processes, and each records its "
+            f"effects in the run's store itself; run {engine.id!r} is in the DuckDB store "
+            f"{engine.store.location}, which one process at a time can write. Nothing was "
+            "dispatched. Use a PostgreSQL store for batches on other processes or machines "
+            "(kx.configure(store='postgresql://host/db'), or KERNELEXT_STORE; README: Beyond "
+            "one machine), or leave out executor= to run the items in threads here."
+        )
+    if engine.epoch is None:
+        raise KernelextError(
+            f"Run {engine.id!r} holds no ownership epoch in this process, so its workers' "
+            "writes could not be fenced; nothing was dispatched. Resume the run here first."
+        )
+    return Dispatch(pool, here, label)
+
+
+def _is_dask_client(executor: Any) -> bool:
+    kind = type(executor)
+    return (
+        kind.__module__.split(".")[0] == "distributed"
+        and kind.__name__ == "Client"
+        and callable(getattr(executor, "get_executor", None))
+    )
+
+
+def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
+    """Run the plan's items through ``dispatch`` (other processes); raise what the batch
+    ended with (``Tally.finish``)."""
+    engine, batch = plan.engine, plan.batch
+    fn_blob = pack(plan.fn, f"fn ({getattr(plan.fn, '__name__', plan.fn)!r})", dispatch.label)
+    blobs = {
+        index: pack(plan.values[index], f"item {plan.keys[index]!r}", dispatch.label)
+        for index in plan.todo
+    }  # every item checked before the first is dispatched
+    base = _task_fields(engine)
+    tally = Tally(plan, decisions_halt=False)
+    pending = iter(plan.todo)
+    flight: dict[Future[bytes], StepInfo] = {}
+    try:
+        while True:
+            while tally.may_start() and len(flight) < plan.concurrency:
+                index = next(pending, None)
+                if index is None:
+                    break
+                info = new_item(engine, batch, plan.keys[index], index)
+                engine.store.begin_step(
+                    engine.id, info.id, info.ordinal, info.key, info.name, wait=True
+                )
+                info.started = time.monotonic()
+                with batch.lock:
+                    batch.in_flight[info.key] = info
+                engine.notify("step", info)
+                task = RemoteTask(
+                    **base,
+                    step_id=info.id,
+                    key=info.key,
+                    ordinal=info.ordinal,
+                    name=info.name,
+                    fn_blob=fn_blob,
+                    item_blob=blobs.pop(index),
+                )
+                flight[_submit(engine, dispatch, info, task)] = info
+            if not flight:
+                break
+            try:
+                finished, _ = concurrent.futures.wait(
+                    flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                if not engine.stop_event.is_set():
+                    engine.poll_external_stop()
+            except ForcedStop as exc:  # raised into the agent's thread: cancel the items
+                tally.forced = tally.forced or exc
+                finished = set()
+            if tally.forced is not None or engine.force.wanted:
+                batch.forced = True
+                finished = set(flight)  # every item in flight is cancelled now
+                for future in finished:
+                    future.cancel()
+            else:
+                police_overruns(engine, batch)
+                finished |= _overrun_after_stop(engine, flight)
+            for future in finished:
+                info = flight.pop(future)
+                tally.add(_settle(engine, batch, info, future))
+    finally:
+        for future, info in flight.items():  # only when the dispatcher itself failed
+            future.cancel()
+            with batch.lock:
+                batch.in_flight.pop(info.key, None)
+    tally.finish()
+
+
+def _submit(engine: RunEngine, dispatch: Dispatch, info: StepInfo, task: RemoteTask) -> Any:
+    try:
+        return dispatch.pool.submit(WORKER, dumps(task))
+    except Exception as exc:  # shut down, closed client, ...: the item's step ends here
+        text = f"{type(exc).__name__}: {scrub_text(str(exc))}"
+        _end_step(engine, info, StepStatus.FAILED, f"not dispatched ({text})")
+        raise KernelextError(
+            f"run.map(executor={dispatch.label}) could not dispatch item {info.key!r}: {text}. "
+            "Is the executor still open (not shut down, its client connected)? The items "
+            "completed so far are kept; resume the run with a working executor to run the rest."
+        ) from exc
+
+
+def _task_fields(engine: RunEngine) -> dict[str, Any]:
+    from .._store.postgres_backend import url_without_password
+
+    root = engine.store.chain_root(engine.id)  # read once per batch
+    epoch = engine.epoch
+    assert epoch is not None  # executor_for refused a run without one
+    return {
+        "url": url_without_password(engine.store.backend.url),  # type: ignore[attr-defined]
+        "run_id": engine.id,
+        "epoch": epoch,
+        "agent": engine.agent,
+        "key_scheme": engine.key_scheme,
+        "chain_root": root,
+        "max_step_seconds": engine.max_step_seconds,
+    }
+
+
+def _overrun_after_stop(engine: RunEngine, flight: dict[Future[bytes], StepInfo]) -> set[Any]:
+    """After a stop, an item past ``max_step_seconds`` is cancelled (the others drain), so
+    a stop never waits for a hung worker."""
+    limit = engine.max_step_seconds
+    if not limit or not engine.stop_event.is_set():
+        return set()
+    late = {future for future, info in flight.items() if info.elapsed > limit}
+    for future in late:
+        future.cancel()
+    return late
+
+
+def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[bytes]) -> Ended:
+    """What an item dispatched elsewhere ended with, once its future is done (or was
+    cancelled by a forced stop)."""
+    index = info.index
+    with batch.lock:
+        batch.in_flight.pop(info.key, None)
+    try:
+        if not future.done() or future.cancelled():  # a forced stop (or an overrun after it)
+            _end_step(engine, info, StepStatus.CANCELLED, "forced stop", forced=True)
+            return Ended(index, "stopped", error=ForcedStop("forced stop"))
+        lost = future.exception()
+        if lost is not None:  # the executor gave up on it: its worker is gone
+            gone: BaseException = RemoteItemError(
+                f"the worker running it was lost ({type(lost).__name__}: "
+                f"{scrub_text(str(lost))}); its calls in flight are unknown until decided "
+                f"(kx.reconcile({engine.id!r}))"
+            )
+            _end_step(engine, info, StepStatus.FAILED, scrubbed_excerpt(str(gone), 2000))
+            return _raised(engine, batch, info, gone)
+        outcome = loads(future.result())
+        kind = outcome.kind
+        if kind == "ended":  # the step had ended when the attempt came: a second copy
+            status, result = outcome.value or (None, None)
+            if status == StepStatus.COMPLETED and result is not None:
+                kind, outcome = "done", outcome.__class__("done", value=result)
+            else:
+                return Ended(index, "stopped", error=StopRequested("stop"))
+        if kind == "done":
+            note_item_done(engine, batch, info, outcome.elapsed or info.elapsed)
+            return Ended(index, "done", load_result(outcome.value))
+        if kind == "waiting":
+            info.waiting = outcome.value
+            with batch.lock:
+                batch.waiting += 1
+            return Ended(index, "waiting", info)
+        error = error_from_wire(outcome.error)
+        if kind == "lost":
+            return Ended(index, "lost", error=error)
+        if kind in ("stopped", "decision"):
+            return Ended(index, kind, error=error)
+        text = scrubbed_excerpt(scrub_text(f"{type(error).__name__}: {error}"), 2000)
+        _end_step(engine, info, StepStatus.FAILED, text)  # the worker could not, or did
+        return _raised(engine, batch, info, error)
+    except OwnershipLost as exc:
+        return Ended(index, "lost", error=exc)
+
+
+def _raised(engine: RunEngine, batch: Batch, info: StepInfo, error: BaseException) -> Ended:
+    with batch.lock:
+        batch.failed += 1
+    engine.notify("item_failed", (info, error))
+    return Ended(info.index, "raised", error=error)
+
+
+def _end_step(
+    engine: RunEngine, info: StepInfo, status: str, why: str, *, forced: bool = False
+) -> None:
+    """End an item's step that is still ``running`` (its worker did not, or could not)."""
+    state = engine.store.step_status(info.id)
+    if state is not None and state[0] == StepStatus.RUNNING:
+        engine.store.end_step(
+            engine.id, info.id, status, error=why, forced=forced, duration_s=info.elapsed
+        )

@@ -1,0 +1,192 @@
+"""One ``run.map`` item in another process (a Dask worker, a process pool's child).
+
+``execute_item`` is what the owner dispatches: it opens the run's store from the task's
+URL (PostgreSQL, with the worker's own credentials: ``PGPASSWORD``, ``PGPASSFILE``, or
+``KERNELEXT_STORE`` holding the full URL), holds the owner's ownership epoch for the run
+(every write it makes is fenced with it, so a worker of a stale owner is refused), loads
+the item's ledger rows and runs ``fn(item)`` exactly as an item runs in the owner's
+process: effects are keyed (run, item step key, tool, call ordinal within the item), an
+applied one is replayed, a new one recorded (intent before the call, outcome after).
+
+The executor may run an attempt again (Dask does when a worker dies): an intent of the
+item without an outcome then belongs to an attempt that is gone mid-call, so it becomes
+``unknown`` (nobody knows whether the call happened) and the item waits for a decision
+(``kx.reconcile``) instead of calling again. Every effect call and safe point reads the
+run's row (one indexed read): a stop ends the item there, a take-over refuses it. The
+item's completion (``steps.result``) is written here, fenced; a step the owner already
+ended is never overwritten.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any
+
+from .._store import Store, open_store
+from ..errors import OwnershipLost, RunNotFound, StopRequested, StoreError
+from ..status import LIVE, EffectStatus, StepStatus
+from .batch import Batch
+from .batch_items import ItemRun
+from .forced_stop import ForceGate
+from .keys import stored_result
+from .remote_wire import RemoteOutcome, RemoteTask, dumps, error_to_wire, loads
+from .run_engine import RunEngine, chain_roots
+from .step_info import StepInfo
+
+__all__ = ["WorkerEngine", "execute_item", "worker_url"]
+
+KEEP_STORES = 4  # stores a worker process keeps open (one per run and epoch it serves)
+KEEP_FUNCTIONS = 16
+LOST_MID_CALL = (
+    "the attempt of this item that recorded the intent is gone mid-call (its process died "
+    "and the executor ran the item again): nobody knows whether the call happened, so it "
+    "is not made again; decide it with kx.reconcile"
+)
+
+_lock = threading.Lock()
+_stores: collections.OrderedDict[tuple[str, str, int], Store] = collections.OrderedDict()
+_functions: collections.OrderedDict[str, Any] = collections.OrderedDict()
+
+
+def execute_item(blob: bytes) -> bytes:
+    """Run one item attempt (a pickled ``RemoteTask``); answers a pickled ``RemoteOutcome``."""
+    task: RemoteTask = loads(blob)
+    try:
+        outcome = _attempt(task)
+    except OwnershipLost as exc:  # a stale owner's item: nothing was written for it
+        outcome = RemoteOutcome("lost", error=error_to_wire(exc))
+    except Exception as exc:  # the store, or fn or the item that cannot be read here
+        outcome = RemoteOutcome("raised", error=error_to_wire(exc))
+    return dumps(outcome)
+
+
+def worker_url(url: str) -> str:
+    """The URL a worker connects with: ``KERNELEXT_STORE`` when it names the same store
+    (with the password the task never carries), else the task's (libpq then reads
+    ``PGPASSWORD``, ``PGPASSFILE``, ...)."""
+    from .._store.postgres_backend import url_without_password
+
+    given = os.environ.get("KERNELEXT_STORE", "")
+    if given.startswith(("postgresql://", "postgres://")) and url_without_password(given) == url:
+        return given
+    return url
+
+
+def _store_for(task: RemoteTask) -> Store:
+    if not task.url.startswith(("postgresql://", "postgres://")):
+        raise StoreError(
+            f"run.map items of run {task.run_id!r} run in other processes only with a "
+            "PostgreSQL store; this task names another kind of store."
+        )
+    key = (task.url, task.run_id, task.epoch)
+    with _lock:
+        store = _stores.get(key)
+        if store is not None and not store.closed:
+            _stores.move_to_end(key)
+            return store
+        try:
+            store = open_store(worker_url(task.url))
+        except Exception as exc:
+            raise StoreError(
+                f"A worker of run {task.run_id!r} could not open the run's store {task.url}: "
+                f"{exc}. Workers connect with their own credentials: set PGPASSWORD (or "
+                "PGPASSFILE, or KERNELEXT_STORE with the full URL) in the workers' "
+                "environment."
+            ) from exc
+        store.hold_epoch(task.run_id, task.epoch)
+        _stores[key] = store
+        while len(_stores) > KEEP_STORES:
+            _, old = _stores.popitem(last=False)
+            old.close()
+        return store
+
+
+def _function(task: RemoteTask) -> Any:
+    digest = task.fn_digest
+    with _lock:
+        fn = _functions.get(digest)
+        if fn is not None:
+            _functions.move_to_end(digest)
+            return fn
+    fn = loads(task.fn_blob)
+    with _lock:
+        _functions[digest] = fn
+        while len(_functions) > KEEP_FUNCTIONS:
+            _functions.popitem(last=False)
+    return fn
+
+
+class WorkerEngine(RunEngine):
+    """The run as one item attempt in a worker sees it: the owner's epoch, and a look at
+    the run's row at every effect call and safe point (a stop ends the item there)."""
+
+    def __init__(self, store: Store, task: RemoteTask) -> None:
+        super().__init__(
+            store,
+            task.run_id,
+            task.agent,
+            max_step_seconds=task.max_step_seconds,
+            key_scheme=task.key_scheme,
+        )
+        self.held = task.epoch
+        chain_roots[self] = task.chain_root
+
+    def check_live(self) -> None:
+        """Refuse a stale owner's item; end the item at a stop (or once the run left
+        ``running``/``stopping``: it suspended, failed or was cancelled meanwhile)."""
+        row = self.store.run_liveness(self.id)
+        if row is None:
+            raise RunNotFound(f"Run {self.id!r} is not in the store any more.")
+        status, epoch, stop_at, source = row
+        if epoch != self.held:
+            raise self.store.ownership_lost(self.id, self.held, "effect intent")
+        if stop_at is not None or status not in LIVE:
+            self.stop_source = self.stop_source or source or "stop"
+            self._deliver(StopRequested)
+
+    def enforce_stop(self, where: str) -> None:
+        super().enforce_stop(where)
+        self.check_live()
+
+    def safe_point(self) -> None:
+        self.enforce_stop("a safe point")
+
+
+def _attempt(task: RemoteTask) -> RemoteOutcome:
+    store = _store_for(task)
+    engine = WorkerEngine(store, task)
+    step = store.step_status(task.step_id)
+    if step is None or step[0] != StepStatus.RUNNING:  # ended by the owner, or done before
+        return RemoteOutcome("ended", value=step)
+    fn = _function(task)
+    item = loads(task.item_blob)
+    engine.effects = store.step_effects(task.run_id, task.key)
+    if any(row["status"] == EffectStatus.PENDING for row in engine.effects.values()):
+        for key in store.lost_intents_unknown(task.run_id, task.key, task.epoch, LOST_MID_CALL):
+            engine.effects[key]["status"] = EffectStatus.UNKNOWN
+    info = StepInfo(task.step_id, task.key, task.ordinal, task.name)
+    batch = Batch(engine, task.name, 1)
+    info.batch = batch
+    gate = ForceGate(lambda swallowed_at: None)
+    gate.thread_id = threading.get_ident()
+    run = ItemRun(engine, batch, info, gate)
+    run.begun = True  # the owner began the step before it dispatched the item
+    try:
+        try:
+            engine.check_live()
+            run.value = fn(item)
+            run.finished = True
+        except BaseException as exc:
+            run.outcome = exc
+        end = run.end()
+    finally:
+        gate.thread_id = None
+        run.leave()
+    elapsed = info.elapsed
+    if end.kind == "done":
+        return RemoteOutcome("done", value=stored_result(end.value), elapsed=elapsed)
+    if end.kind == "waiting":
+        return RemoteOutcome("waiting", value=info.waiting, elapsed=elapsed)
+    return RemoteOutcome(end.kind, error=error_to_wire(end.error), elapsed=elapsed)
