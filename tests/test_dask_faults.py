@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ SUPPORT = Path(__file__).resolve().parent / "support"
 KILLS = int(os.environ.get("KERNELEXT_DASK_KILLS", "20"))
 SEED = int(os.environ.get("KERNELEXT_DASK_SEED", "2323"))
 AGENT = "dask-deliveries"
+SLOW_ANSWER = 5.0  # seconds the server takes to answer the calls a notebook dies inside
 WAIT = 120.0  # the longest any one run, line or attempt may take on a loaded machine
 
 
@@ -260,6 +262,52 @@ def test_sigkilled_workers_rerun_items_without_a_duplicate_delivery(
         check_delivered_once(pg, run_id, delivery_server, items)
 
 
+def set_allowed_failures(client: Any, n: int) -> int:
+    """Worker deaths a task may see before Dask gives up on it (``KilledWorker``); returns
+    the previous setting."""
+
+    def swap(dask_scheduler: Any) -> int:
+        before = int(dask_scheduler.allowed_failures)
+        dask_scheduler.allowed_failures = n
+        return before
+
+    return int(client.run_on_scheduler(swap))
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_an_item_dask_gives_up_on_fails_the_run_and_a_resume_runs_it_again(
+    pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path, gates: Path
+) -> None:
+    items, markers = 12, tmp_path / "markers.txt"
+    dask_items.EXECUTOR["executor"] = client
+    before = set_allowed_failures(client, 0)  # the first death of its worker: KilledWorker
+    try:
+        handle = dask_items.deliveries.start(
+            delivery_server.url, items, 4, pause=0.02, markers=str(markers), gates=str(gates),
+            held=(0,), run_id="given-up", store=pg,
+        )  # fmt: skip
+        wait_until(lambda: [a.item for a in in_flight(markers)].count(0) == 1, "item 0 begun")
+        (attempt,) = [a for a in in_flight(markers) if a.item == 0]
+        os.kill(attempt.pid, signal.SIGKILL)
+        assert handle.wait(WAIT) == "failed"
+    finally:
+        set_allowed_failures(client, before)
+    assert isinstance(handle.error, kx.ItemFailed), handle.error
+    steps = {s["key"]: s["status"] for s in pg.steps("given-up")}
+    assert steps[handle.error.key] == "failed", "the lost item's step ended"
+    assert steps["item-0"] == "failed", steps
+    assert [a.item for a in attempts(markers)].count(0) == 1, "Dask gave up: no re-run"
+
+    done_before = completed_items(pg, "given-up")
+    begun = len(attempts(markers))
+    decide_from_log("given-up", delivery_server, store=pg)
+    again = kx.resume("given-up", store=pg)
+    assert again.wait(WAIT) == "completed", again.error
+    assert not {a.item for a in attempts(markers)[begun:]} & done_before, "only the rest ran"
+    check_delivered_once(pg, "given-up", delivery_server, items)
+
+
 # -- 3. SIGKILL of the notebook itself -----------------------------------------------------
 @pytest.mark.postgres
 @pytest.mark.timeout(240)
@@ -277,12 +325,15 @@ def test_a_sigkilled_notebook_is_resumed_from_a_new_process_without_a_duplicate(
     first, second = owner_process(tmp_path, "first"), owner_process(tmp_path, "second")
     epoch = owned(first, **go, mode="start", args=args)
     delivery_server.wait_for(6, timeout=WAIT)
+    delivery_server.slow_next(2, SLOW_ANSWER)  # two calls the server has, not yet answered
+    delivery_server.wait_for(8, timeout=WAIT)
     wait_until(lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun")
     assert first.kill(), "the notebook was SIGKILLed mid-batch"
     old = {(a.item, a.attempt) for a in in_flight(markers)}
-    assert len(old) > len(held), "the notebook died with items in flight on the workers"
+    assert len(old) >= len(held) + 2, "the notebook died with items in flight on the workers"
 
     assert owned(second, **go, mode="resume") > epoch, "the new notebook holds a newer epoch"
+    assert finished(second)["status"] == "needs_decision", "calls in flight became unknown"
     for item in held:  # the dead notebook's held items go on to their POST only now
         release(gates, item, 1)
     wait_until(
@@ -292,9 +343,9 @@ def test_a_sigkilled_notebook_is_resumed_from_a_new_process_without_a_duplicate(
     ended = {(a.item, a.attempt): a.outcome for a in attempts(markers)}
     for item in held:
         assert ended[(item, 1)] == "OwnershipLost", "a stale owner's item is refused"
-    finished(second)
     decided = resume_until_completed(tmp_path, pg, "notebook-kill", delivery_server, go)
-    print(f"\nin flight at the kill {sorted(old)}; decided {dict(decided)}")
+    print(f"\nin flight at the kill {sorted(old)}: {[ended[a] for a in sorted(old)]}; {decided}")
+    assert sum(decided.values()) > 0, "the unknowns were decided from the server's log"
     check_delivered_once(pg, "notebook-kill", delivery_server, items)
 
 
