@@ -40,7 +40,7 @@ SUPPORT = Path(__file__).resolve().parent / "support"
 KILLS = int(os.environ.get("KERNELEXT_DASK_KILLS", "20"))
 SEED = int(os.environ.get("KERNELEXT_DASK_SEED", "2323"))
 AGENT = "dask-deliveries"
-SLOW_ANSWER = 5.0  # seconds the server takes to answer the calls a notebook dies inside
+SLOW_ANSWER = 8.0  # seconds the server takes to answer the calls a notebook dies inside
 WAIT = 120.0  # the longest any one run, line or attempt may take on a loaded machine
 
 
@@ -122,12 +122,22 @@ def check_delivered_once(store: Store, run_id: str, server: DeliveryServer, item
     ], "run.map returns the server's answer for every item, in input order"
 
 
-def wait_until(condition: Any, what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
+def wait_until(condition: Any, what: str, *, owner: Any = None) -> None:
+    """Wait for ``condition``; fail at once when ``owner`` (a run's handle here, or a
+    notebook process) ended meanwhile, else after ``WAIT`` seconds."""
+    deadline = time.monotonic() + WAIT
     while not condition():
+        if isinstance(owner, Worker) and owner.proc.poll() is not None:
+            pytest.fail(f"{what}: the notebook process exited\n{owner.stderr()}")
+        if owner is not None and not isinstance(owner, Worker) and not owner.alive:
+            pytest.fail(f"{what}: the run ended {owner.status}: {owner.error!r}")
         if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s")
+            pytest.fail(f"{what}: not within {WAIT}s")
         time.sleep(0.02)
+
+
+def until_delivered(server: DeliveryServer, count: int, owner: Any, key: str | None = None) -> None:
+    wait_until(lambda: server.count(key) >= count, f"{count} deliveries", owner=owner)
 
 
 # -- owners in processes of their own ---------------------------------------------------------
@@ -181,8 +191,10 @@ def test_each_item_is_delivered_once_across_a_stop_and_a_resume(
         delivery_server.url, items, 8, pause=0.05, markers=str(markers), gates=str(gates),
         held=held, run_id="stop-1", store=pg,
     )  # fmt: skip
-    delivery_server.wait_for(items // 4, timeout=WAIT)
-    wait_until(lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun")
+    until_delivered(delivery_server, items // 4, handle)
+    wait_until(
+        lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun", owner=handle
+    )
     kx.stop("stop-1")
     wait_until(lambda: pg.get_run("stop-1")["stop_requested_at"] is not None, "the stop")
     for item in held:  # inside fn on a worker, before their call: they reach it only now
@@ -206,6 +218,43 @@ def test_each_item_is_delivered_once_across_a_stop_and_a_resume(
     rerun = {a.item for a in attempts(markers)[begun:]} & delivered
     assert rerun == set(), "the resume runs only the items that did not complete"
     check_delivered_once(pg, "stop-1", delivery_server, items)
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_a_force_stop_cancels_the_items_in_flight_and_keeps_no_late_result(
+    pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path, gates: Path
+) -> None:
+    items, markers = 12, tmp_path / "markers.txt"
+    dask_items.EXECUTOR["executor"] = client
+    handle = dask_items.deliveries.start(
+        delivery_server.url, items, 4, pause=0.02, markers=str(markers), gates=str(gates),
+        held=(0,), held_after=(1,), run_id="forced", store=pg,
+    )  # fmt: skip
+    until_delivered(delivery_server, 1, handle, item_key("forced", 1))
+    wait_until(
+        lambda: {a.item for a in in_flight(markers)} >= {0, 1}, "held items begun", owner=handle
+    )
+    handle.force_stop()
+    assert handle.wait(WAIT) == "suspended"
+    assert {a.item for a in in_flight(markers)} >= {0, 1}, "the run did not wait for them"
+    steps = {s["key"]: s["status"] for s in pg.steps("forced")}
+    assert (steps["item-0"], steps["item-1"]) == ("cancelled", "cancelled"), steps
+
+    release(gates, 0, 1)  # it calls only now, in a run that is not live
+    release(gates, 1, 1, after=True)  # it returns only now: a late result
+    wait_until(lambda: not {a.item for a in in_flight(markers)} & {0, 1}, "held items end")
+    ended = {a.item: a.outcome for a in attempts(markers)}
+    assert ended[0] == "StopRequested" and ended[1] == "ok", ended
+    delivery_server.settle()
+    assert delivery_server.count(item_key("forced", 0)) == 0, "the late call was not made"
+    steps = {s["key"]: s["status"] for s in pg.steps("forced")}
+    assert steps["item-1"] == "cancelled", "a late result does not overwrite an ended step"
+
+    decide_from_log("forced", delivery_server, store=pg)
+    again = kx.resume("forced", store=pg)
+    assert again.wait(WAIT) == "completed", again.error
+    check_delivered_once(pg, "forced", delivery_server, items)
 
 
 # -- 2. SIGKILL of worker processes, again and again --------------------------------------
@@ -287,7 +336,9 @@ def test_an_item_dask_gives_up_on_fails_the_run_and_a_resume_runs_it_again(
             delivery_server.url, items, 4, pause=0.02, markers=str(markers), gates=str(gates),
             held=(0,), run_id="given-up", store=pg,
         )  # fmt: skip
-        wait_until(lambda: [a.item for a in in_flight(markers)].count(0) == 1, "item 0 begun")
+        wait_until(
+            lambda: [a.item for a in in_flight(markers)].count(0) == 1, "item 0 begun", owner=handle
+        )
         (attempt,) = [a for a in in_flight(markers) if a.item == 0]
         os.kill(attempt.pid, signal.SIGKILL)
         assert handle.wait(WAIT) == "failed"
@@ -324,10 +375,18 @@ def test_a_sigkilled_notebook_is_resumed_from_a_new_process_without_a_duplicate(
     go = {"store": postgres_url, "scheduler": cluster.address, "run_id": "notebook-kill"}
     first, second = owner_process(tmp_path, "first"), owner_process(tmp_path, "second")
     epoch = owned(first, **go, mode="start", args=args)
-    delivery_server.wait_for(6, timeout=WAIT)
+    until_delivered(delivery_server, 6, first)
+    slowed_from = time.time()
     delivery_server.slow_next(2, SLOW_ANSWER)  # two calls the server has, not yet answered
-    delivery_server.wait_for(8, timeout=WAIT)
-    wait_until(lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun")
+
+    def inside_calls() -> int:
+        slow = {d["body"]["item"] for d in delivery_server.deliveries if d["time"] >= slowed_from}
+        return sum(a.item in slow for a in in_flight(markers))
+
+    wait_until(lambda: inside_calls() >= 2, "calls the server has, unanswered", owner=first)
+    wait_until(
+        lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun", owner=first
+    )
     assert first.kill(), "the notebook was SIGKILLed mid-batch"
     old = {(a.item, a.attempt) for a in in_flight(markers)}
     assert len(old) >= len(held) + 2, "the notebook died with items in flight on the workers"
@@ -384,11 +443,17 @@ def test_a_worker_holding_a_stale_epoch_is_refused_and_delivers_nothing(
     go = {"store": postgres_url, "scheduler": cluster.address, "run_id": "stale"}
     first, second = owner_process(tmp_path, "first"), owner_process(tmp_path, "second")
     old_epoch = owned(first, **go, mode="start", args=args)
-    delivery_server.wait_for(3, timeout=WAIT)  # items 1..3; item 0 waits in a worker
-    wait_until(lambda: [(a.item, a.attempt) for a in in_flight(markers)] == [(0, 1)], "item 0")
+    until_delivered(delivery_server, 3, first)  # items 1..3; item 0 waits in a worker
+    wait_until(
+        lambda: [(a.item, a.attempt) for a in in_flight(markers)] == [(0, 1)], "item 0", owner=first
+    )
     assert first.kill()
     assert owned(second, **go, mode="resume") > old_epoch, "the new owner holds a newer epoch"
-    wait_until(lambda: (0, 2) in {(a.item, a.attempt) for a in in_flight(markers)}, "2nd try")
+    wait_until(
+        lambda: (0, 2) in {(a.item, a.attempt) for a in in_flight(markers)},
+        "the new owner's attempt of item 0",
+        owner=second,
+    )
 
     # A task of the old epoch for the step the new owner runs now: refused before fn runs.
     stale = stale_task(pg, postgres_url, "stale", 0, old_epoch, dask_items.Deliver(

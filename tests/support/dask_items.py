@@ -14,7 +14,7 @@ Every attempt of an item appends ``begin <run> <item> <attempt> <pid>`` and then
 ended. ``held`` items wait, before their POST, for the test: attempt ``n`` (up to
 ``hold_attempts``) of item ``i`` (attempts are counted across processes by exclusive files
 in ``gates``) waits until the file ``gates/release-<i>-<n>`` (or ``gates/release-all``)
-exists.
+exists; ``held_after`` items wait after their POST, for ``gates/release-after-<i>-<n>``.
 
 ``decide_from_log`` decides a run's unknown effects from the server's log, as a person
 would: applied (with the response the server gave) when the log has a delivery under that
@@ -76,6 +76,7 @@ class Deliver:
     gates: str = ""
     held: tuple[int, ...] = ()
     hold_attempts: int = 1  # how many attempts of a held item wait (the first ones)
+    held_after: tuple[int, ...] = ()  # these wait after their POST instead
 
     def __call__(self, item: int) -> dict[str, Any]:
         attempt = self._attempt(item)
@@ -86,6 +87,8 @@ class Deliver:
             if item in self.held and attempt <= self.hold_attempts:
                 self._wait_for(Path(self.gates), f"release-{item}-{attempt}")
             body = post(self.url + "/items", {"run": self.run_id, "item": item})
+            if item in self.held_after and attempt <= self.hold_attempts:
+                self._wait_for(Path(self.gates), f"release-after-{item}-{attempt}")
             self._dawdle()
             return {"item": item, "delivery": body["delivery"], "key": body["idempotency_key"]}
         except BaseException as exc:
@@ -124,10 +127,13 @@ class Deliver:
             time.sleep(0.01)
 
 
-def release(gates: Path | str, item: int | None = None, attempt: int = 1) -> None:
-    """Let attempt ``attempt`` of held item ``item`` go on to its POST (every held
-    attempt, now and later, when ``item`` is None)."""
-    name = RELEASE_ALL if item is None else f"release-{item}-{attempt}"
+def release(
+    gates: Path | str, item: int | None = None, attempt: int = 1, *, after: bool = False
+) -> None:
+    """Let attempt ``attempt`` of held item ``item`` go on to its POST (``after``: on from
+    its POST), every held attempt, now and later, when ``item`` is None."""
+    where = "release-after" if after else "release"
+    name = RELEASE_ALL if item is None else f"{where}-{item}-{attempt}"
     (Path(gates) / name).touch()
 
 
@@ -142,8 +148,9 @@ def deliveries(
     gates: str = "",
     held: tuple[int, ...] = (),
     hold_attempts: int = 1,
+    held_after: tuple[int, ...] = (),
 ) -> int:
-    fn = Deliver(url, run.id, pause, markers, gates, tuple(held), hold_attempts)
+    fn = Deliver(url, run.id, pause, markers, gates, tuple(held), hold_attempts, tuple(held_after))
     results = run.map(
         fn,
         range(items),
