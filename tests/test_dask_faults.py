@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from crash import Worker
 from support import dask_items
-from support.dask_cluster import ClusterHolder, WorkerKiller, cluster_env
+from support.dask_cluster import ClusterHolder, WorkerKiller, cluster_env, worker_pids
 from support.dask_items import attempts, decide_from_log, in_flight, release
 from support.http_server import DeliveryServer, read_log
 
@@ -490,7 +490,9 @@ def test_a_worker_holding_a_stale_epoch_is_refused_and_delivers_nothing(
     # A task of the old epoch for the step the new owner runs now: refused before fn runs.
     stale = stale_task(pg, postgres_url, "stale", 0, old_epoch, dask_items.Deliver(
         delivery_server.url, "stale"))  # fmt: skip
-    outcome = loads(client.submit(execute_item, stale, pure=False).result(timeout=WAIT))
+    some_worker = sorted(worker_pids(client))[:1]  # run there at once, not queued as a task
+    (answer,) = client.run(execute_item, stale, workers=some_worker).values()
+    outcome = loads(answer)
     assert outcome.kind == "lost", outcome
     assert isinstance(error_from_wire(outcome.error), kx.OwnershipLost), outcome
 
