@@ -375,11 +375,6 @@ def test_an_item_dask_gives_up_on_fails_the_run_and_a_resume_runs_it_again(
 
 @pytest.mark.postgres
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: a call lost with its worker (KilledWorker) stays 'pending' until a resume's "
-    "take-over; kx.reconcile lists nothing, though ItemFailed says to decide it there",
-)
 def test_a_call_lost_with_its_worker_can_be_decided_before_any_resume(
     pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path
 ) -> None:

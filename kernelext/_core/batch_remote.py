@@ -243,6 +243,7 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
                 f"(kx.reconcile({engine.id!r}))"
             )
             _end_step(engine, info, StepStatus.FAILED, scrubbed_excerpt(str(gone), 2000))
+            _calls_lost(engine, info, lost)
             return _raised(engine, batch, info, gone)
         outcome = loads(future.result())
         kind = outcome.kind
@@ -270,6 +271,19 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
         return _raised(engine, batch, info, error)
     except OwnershipLost as exc:
         return Ended(index, "lost", error=exc)
+
+
+def _calls_lost(engine: RunEngine, info: StepInfo, why: BaseException) -> None:
+    """The executor gave up on an item (its worker died): the calls its attempts left
+    without an outcome are ``unknown`` now, listed by ``kx.reconcile`` before any resume."""
+    epoch = engine.epoch
+    if epoch is None:
+        return
+    reason = (
+        f"the worker running this call's item was lost ({type(why).__name__}) before the "
+        "call's outcome was recorded: nobody knows whether it happened"
+    )
+    engine.store.lost_intents_unknown(engine.id, info.key, epoch, reason)
 
 
 def _raised(engine: RunEngine, batch: Batch, info: StepInfo, error: BaseException) -> Ended:
