@@ -75,3 +75,46 @@ def test_an_item_whose_unpickling_exits_fails_the_item_not_the_workers(
     steps = kx.sql(f"SELECT key, status FROM steps WHERE run_id = 'exits-{raised}'")
     assert dict(zip(steps["key"], steps["status"], strict=True))["1"] == "failed"
     assert "running" not in set(steps["status"])
+
+
+def test_an_item_that_failed_on_a_worker_that_died_before_answering_fails_the_map(
+    postgres_url: str, client: Any, tmp_path: Any
+) -> None:
+    """The worker records the item's step failed, then dies before its answer leaves (an
+    OOM kill at that moment; here the exception's pickling ends the process). Dask runs
+    the item on the other worker, which finds the step ended: the run fails with the
+    item's error, it does not suspend as if someone had stopped it."""
+    import kernelext as kx
+
+    mark = str(tmp_path / "died")
+
+    def die_once(path: str) -> BaseException:
+        if not os.path.exists(path):
+            open(path, "w").close()
+            os._exit(9)
+        return ValueError("bad row")
+
+    class DiesWhenSent(Exception):
+        def __reduce__(self) -> Any:
+            return (die_once, (mark,))
+
+    def fn(value: int) -> int:
+        if value == 1:
+            raise DiesWhenSent("bad row")
+        return value
+
+    kx.configure(store=postgres_url)
+
+    @kx.agent(name="dies-after-failing")
+    def agent(run: Any, items: list[int]) -> Any:
+        return run.map(fn, items, concurrency=2, executor=client)
+
+    handle = agent.start([0, 1, 2], run_id="dies-after-failing")
+    status = handle.wait(120)
+    assert os.path.exists(mark)  # the first attempt's worker did die
+    assert status == "failed"
+    assert isinstance(handle.error, kx.ItemFailed)
+    assert handle.error.key == "1"
+    assert "DiesWhenSent: bad row" in str(handle.error)
+    events = kx.sql("SELECT kind FROM events WHERE run_id = 'dies-after-failing'")
+    assert "suspended" not in set(events["kind"])
