@@ -30,8 +30,15 @@ import concurrent.futures
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ForcedStop, KernelextError, OwnershipLost, RemoteItemError, StopRequested
-from ..status import StepStatus
+from ..errors import (
+    ForcedStop,
+    KernelextError,
+    NeedsDecision,
+    OwnershipLost,
+    RemoteItemError,
+    StopRequested,
+)
+from ..status import EffectStatus, StepStatus
 from .batch import WAIT_TICK, MapPlan, police_overruns
 from .batch_items import Ended, Tally, new_item, note_item_done
 from .keys import load_result
@@ -55,6 +62,7 @@ __all__ = ["Dispatch", "dispatch_remote", "executor_for"]
 
 Future = concurrent.futures.Future
 WORKER = WorkerCall()
+OPEN = (EffectStatus.PENDING, EffectStatus.UNKNOWN)  # a call nobody knows the outcome of
 
 
 class Dispatch:
@@ -251,6 +259,8 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
             status, result = outcome.value or (None, None)
             if status == StepStatus.COMPLETED and result is not None:
                 kind, outcome = "done", outcome.__class__("done", value=result)
+            elif status == StepStatus.FAILED:  # another attempt's end, it did not answer
+                return _failed_elsewhere(engine, batch, info)
             else:
                 return Ended(index, "stopped", error=StopRequested("stop"))
         if kind == "done":
@@ -284,6 +294,20 @@ def _calls_lost(engine: RunEngine, info: StepInfo, why: BaseException) -> None:
         "call's outcome was recorded: nobody knows whether it happened"
     )
     engine.store.lost_intents_unknown(engine.id, info.key, epoch, reason)
+
+
+def _failed_elsewhere(engine: RunEngine, batch: Batch, info: StepInfo) -> Ended:
+    """An item whose step another attempt ended ``failed`` (its worker was lost before it
+    answered, or a second copy of the item answered first): a call of the item waiting
+    for a decision is that decision; else the item failed with the error the step keeps."""
+    effects = engine.store.step_effects(engine.id, info.key)
+    rows = engine.store.read("SELECT error FROM steps WHERE id = ?", (info.id,))
+    text = str(rows[0][0]) if rows and rows[0][0] else "the item failed"
+    decided = text.startswith(f"{NeedsDecision.__name__}:")  # how _record_end keeps one
+    if decided or any(row["status"] in OPEN for row in effects.values()):
+        return Ended(info.index, "decision", error=NeedsDecision(text))
+    gone = RemoteItemError(f"{text} (recorded by another attempt of the item)")
+    return _raised(engine, batch, info, gone)
 
 
 def _raised(engine: RunEngine, batch: Batch, info: StepInfo, error: BaseException) -> Ended:

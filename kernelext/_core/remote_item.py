@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from .._store import Store, open_store
-from ..errors import OwnershipLost, RunNotFound, StopRequested, StoreError
+from ..errors import OwnershipLost, RemoteItemError, RunNotFound, StopRequested, StoreError
 from ..status import LIVE, EffectStatus, StepStatus
 from .batch import Batch
 from .batch_items import ItemRun
@@ -119,6 +119,23 @@ def _function(task: RemoteTask) -> Any:
     return fn
 
 
+def _read(task: RemoteTask, what: str, load: Any) -> Any:
+    """``load()``: fn or the item rebuilt here. A ``SystemExit`` or ``KeyboardInterrupt``
+    its unpickling raises (a ``__setstate__``, an import that exits) is the item's failure,
+    never the worker's: let out, it would end the worker process, and the executor would
+    run the item again on the next worker, and end that one too."""
+    try:
+        return load()
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise RemoteItemError(
+            f"{what} of run {task.run_id!r} could not be rebuilt in the worker process: its "
+            f"unpickling raised {type(exc).__name__}: {exc}. Send values that rebuild "
+            "anywhere (plain data), or make the object inside fn"
+        ) from exc
+
+
 class WorkerEngine(RunEngine):
     """The run as one item attempt in a worker sees it: the owner's epoch, and a look at
     the run's row at every effect call and safe point (a stop ends the item there)."""
@@ -161,8 +178,8 @@ def _attempt(task: RemoteTask) -> RemoteOutcome:
     step = store.step_status(task.step_id)
     if step is None or step[0] != StepStatus.RUNNING:  # ended by the owner, or done before
         return RemoteOutcome("ended", value=step)
-    fn = _function(task)
-    item = loads(task.item_blob)
+    fn = _read(task, "fn", lambda: _function(task))
+    item = _read(task, f"item {task.key!r}", lambda: loads(task.item_blob))
     engine.effects = store.step_effects(task.run_id, task.key)
     if any(row["status"] == EffectStatus.PENDING for row in engine.effects.values()):
         for key in store.lost_intents_unknown(task.run_id, task.key, task.epoch, LOST_MID_CALL):
