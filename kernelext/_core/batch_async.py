@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ForcedStop, KernelextError
 from .batch import WAIT_TICK, MapPlan, prepare_map
-from .batch_items import Ended, ItemRun, Tally, new_item
+from .batch_items import Ended, ItemRun, Tally, startable
 from .forced_stop import ForceGate
 
 if TYPE_CHECKING:
@@ -110,13 +110,9 @@ async def _dispatch(plan: MapPlan) -> None:
     pending = iter(plan.todo)
     flight: dict[asyncio.Future[Ended], int] = {}  # the item tasks, and their items
     while True:
-        while tally.may_start() and len(flight) < plan.concurrency:
-            index = next(pending, None)
-            if index is None:
-                break
-            info = new_item(engine, batch, plan.keys[index], index)
-            item = _run_item(engine, batch, info, plan.fn, plan.values[index])
-            flight[asyncio.ensure_future(item)] = index
+        for info in startable(tally, pending, flight):
+            item = _run_item(engine, batch, info, plan.fn, plan.values[info.index])
+            flight[asyncio.ensure_future(item)] = info.index
         if not flight:
             break
         try:

@@ -11,14 +11,16 @@ both use them; see ``batch`` for how items, keys, fsyncs and stops fit together.
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import time
 import uuid
+from collections.abc import Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ForcedStop, ItemFailed, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Reason, StepStatus
-from .batch import ITEM, Batch, MapPlan
+from .batch import ITEM, WAIT_TICK, Batch, MapPlan
 from .batch_view import WAITS_FOR_A_PERSON
 from .canonical import Unencodable
 from .context import reset_current_run, set_current_run
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from .forced_stop import ForceGate
     from .run_engine import RunEngine
 
-__all__ = ["Ended", "ItemRun", "Tally", "new_item", "note_item_done"]
+__all__ = ["Ended", "ItemRun", "Tally", "look", "new_item", "note_item_done", "startable"]
 
 
 class Ended:
@@ -143,6 +145,35 @@ def _suspend_for_people(engine: RunEngine, waiting: list[StepInfo]) -> None:
     engine.stop_event.set()
     engine.stop_event.delivered = StopRequested
     raise StopRequested(engine.suspend_request[0])
+
+
+def startable(tally: Tally, pending: Iterator[int], in_flight: Sized) -> Iterator[StepInfo]:
+    """The next items a dispatcher starts now, each with its ordinal claimed: while the
+    tally allows a start (no stop, failure or suspension) and fewer than ``concurrency``
+    are in flight (``in_flight`` is read again before each)."""
+    plan = tally.plan
+    while tally.may_start() and len(in_flight) < plan.concurrency:
+        index = next(pending, None)
+        if index is None:
+            return
+        yield new_item(plan.engine, plan.batch, plan.keys[index], index)
+
+
+def look(tally: Tally, flight: Iterable[concurrent.futures.Future[Any]]) -> set[Any] | None:
+    """Wait one tick for items in flight to end, then look for a stop another process
+    recorded; the futures that ended. None: a forced stop was raised into the
+    dispatching thread meanwhile (noted on the tally)."""
+    engine = tally.plan.engine
+    try:
+        finished, _ = concurrent.futures.wait(
+            flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        if not engine.stop_event.is_set():
+            engine.poll_external_stop()
+    except ForcedStop as exc:
+        tally.forced = tally.forced or exc
+        return None
+    return finished
 
 
 def note_item_done(engine: RunEngine, batch: Batch, info: StepInfo, elapsed: float) -> None:

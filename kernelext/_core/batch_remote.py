@@ -39,8 +39,8 @@ from ..errors import (
     StopRequested,
 )
 from ..status import EffectStatus, StepStatus
-from .batch import WAIT_TICK, MapPlan, police_overruns
-from .batch_items import Ended, Tally, new_item, note_item_done
+from .batch import MapPlan, police_overruns
+from .batch_items import Ended, Tally, look, note_item_done, startable
 from .keys import load_result
 from .remote_wire import (
     RemoteTask,
@@ -136,11 +136,7 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
     flight: dict[Future[bytes], StepInfo] = {}
     try:
         while True:
-            while tally.may_start() and len(flight) < plan.concurrency:
-                index = next(pending, None)
-                if index is None:
-                    break
-                info = new_item(engine, batch, plan.keys[index], index)
+            for info in startable(tally, pending, flight):
                 engine.store.begin_step(
                     engine.id, info.id, info.ordinal, info.key, info.name, wait=True
                 )
@@ -155,20 +151,12 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
                     ordinal=info.ordinal,
                     name=info.name,
                     fn_blob=fn_blob,
-                    item_blob=blobs.pop(index),
+                    item_blob=blobs.pop(info.index),
                 )
                 flight[_submit(engine, dispatch, info, task)] = info
             if not flight:
                 break
-            try:
-                finished, _ = concurrent.futures.wait(
-                    flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
-                )
-                if not engine.stop_event.is_set():
-                    engine.poll_external_stop()
-            except ForcedStop as exc:  # raised into the agent's thread: cancel the items
-                tally.forced = tally.forced or exc
-                finished = set()
+            finished = look(tally, flight) or set()  # (None: a forced stop, below)
             if tally.forced is not None or engine.force.wanted:
                 batch.forced = True
                 finished = set(flight)  # every item in flight is cancelled now

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ForcedStop, StopRequested
-from .batch import WAIT_TICK, MapPlan, police_overruns, prepare_map
-from .batch_items import Ended, ItemRun, Tally, new_item
+from ..errors import StopRequested
+from .batch import MapPlan, police_overruns, prepare_map
+from .batch_items import Ended, ItemRun, Tally, look, startable
 from .batch_remote import dispatch_remote, executor_for
 from .forced_stop import ForceGate
 from .step_info import StepInfo
@@ -72,27 +72,14 @@ def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
     )
     try:
         while True:
-            while tally.may_start() and len(flight) < plan.concurrency:
-                index = next(pending, None)
-                if index is None:
-                    break
-                info = new_item(engine, batch, plan.keys[index], index)
+            for info in startable(tally, pending, flight):
                 context = contextvars.copy_context()
-                flight.add(
-                    pool.submit(
-                        context.run, _run_item, engine, batch, info, plan.fn, plan.values[index]
-                    )
-                )
+                value = plan.values[info.index]
+                flight.add(pool.submit(context.run, _run_item, engine, batch, info, plan.fn, value))
             if not flight:
                 break
-            try:
-                finished, _ = concurrent.futures.wait(
-                    flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
-                )
-                if not engine.stop_event.is_set():
-                    engine.poll_external_stop()
-            except ForcedStop as exc:  # raised into the agent's thread: cancel the items
-                tally.forced = tally.forced or exc
+            finished = look(tally, flight)
+            if finished is None:  # a forced stop raised into the agent's thread
                 continue
             if tally.forced is not None or engine.force.wanted:
                 batch.force_all()
