@@ -42,7 +42,13 @@ def _request(i: int, key: str | None) -> bytes:
 
 def post(i: int, key: str | None = None) -> dict[str, Any]:
     """POST item ``i`` (blocking); returns the server's JSON answer."""
-    conn = http.client.HTTPConnection("127.0.0.1", _PORT[0], timeout=30)
+    return post_to(_PORT[0], i, key)
+
+
+def post_to(port: int, i: int, key: str | None = None) -> dict[str, Any]:
+    """POST item ``i`` to the server on ``port`` (blocking, from any process: the Dask
+    benchmark's workers); returns the server's JSON answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         headers = {"Content-Type": "application/json", "Connection": "close"}
         if key is not None:

@@ -8,12 +8,12 @@ functions by reference).
 from __future__ import annotations
 
 import functools
-import http.client
-import json
 import time
 from typing import Any
 
 import kernelext as kx
+
+from .batch_http import post_to
 
 __all__ = [
     "EXECUTOR",
@@ -66,27 +66,10 @@ def cpu_agent(run: kx.Run, n: int, loops: int, concurrency: int, remote: bool) -
     )
 
 
-def _post(port: int, i: int, key: str | None) -> dict[str, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        headers = {"Content-Type": "application/json", "Connection": "close"}
-        if key is not None:
-            headers["Idempotency-Key"] = key
-        conn.request("POST", "/item", body=json.dumps({"i": i}).encode(), headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"delivery server answered {response.status}")
-        answer: dict[str, Any] = json.loads(data)
-        return answer
-    finally:
-        conn.close()
-
-
 @kx.effect
 def deliver(port: int, i: int, *, idempotency_key: str | None = None) -> dict[str, Any]:
     """POST item ``i`` to the local delivery server (``benchmarks.batch_http``)."""
-    return _post(port, i, idempotency_key)
+    return post_to(port, i, idempotency_key)
 
 
 def post_one(port: int, i: int) -> bool:
