@@ -325,10 +325,12 @@ def set_allowed_failures(client: Any, n: int) -> int:
 
 def lose_an_item_mid_call(
     pg: Store, client: Any, server: DeliveryServer, markers: Path, run_id: str
-) -> tuple[Any, int]:
+) -> tuple[Any, int, set[int]]:
     """A run whose worker is SIGKILLed inside an item's call (the server has the call, and
     answers it later), with Dask told to give up on a task at its worker's first death.
-    Returns the run's handle, once the run ended, and that item."""
+    Returns the run's handle, once the run ended, that item, and every item the killed
+    worker was running (the worker runs several at once: any of them may be inside its
+    call too)."""
     before = set_allowed_failures(client, 0)
     server.slow_next(1, 3.0)
     try:
@@ -342,7 +344,8 @@ def lose_an_item_mid_call(
         assert handle.wait(WAIT) == "failed"
     finally:
         set_allowed_failures(client, before)
-    return handle, item
+    with_it = {a.item for a in in_flight(markers) if a.pid == attempt.pid}
+    return handle, item, with_it
 
 
 @pytest.mark.postgres
@@ -352,7 +355,7 @@ def test_an_item_dask_gives_up_on_fails_the_run_and_a_resume_runs_it_again(
 ) -> None:
     markers = tmp_path / "markers.txt"
     dask_items.EXECUTOR["executor"] = client
-    handle, item = lose_an_item_mid_call(pg, client, delivery_server, markers, "given-up")
+    handle, item, _ = lose_an_item_mid_call(pg, client, delivery_server, markers, "given-up")
     assert isinstance(handle.error, kx.ItemFailed), handle.error
     steps = {s["key"]: s["status"] for s in pg.steps("given-up")}
     assert steps[handle.error.key] == "failed", "the lost item's step ended"
@@ -379,11 +382,13 @@ def test_a_call_lost_with_its_worker_can_be_decided_before_any_resume(
     pg: Store, client: Any, delivery_server: DeliveryServer, tmp_path: Path
 ) -> None:
     dask_items.EXECUTOR["executor"] = client
-    handle, item = lose_an_item_mid_call(
+    handle, item, with_it = lose_an_item_mid_call(
         pg, client, delivery_server, tmp_path / "markers.txt", "lost-call"
     )
     assert "kx.reconcile" in str(handle.error.__cause__), "the error says where to decide"
-    assert [u.step_key for u in kx.reconcile("lost-call", store=pg)] == [f"item-{item}"]
+    listed = {u.step_key for u in kx.reconcile("lost-call", store=pg)}
+    assert f"item-{item}" in listed, "the call the server has, unanswered, is listed"
+    assert listed <= {f"item-{i}" for i in with_it}, "only calls in the killed worker are listed"
 
 
 # -- 3. SIGKILL of the notebook itself -----------------------------------------------------
