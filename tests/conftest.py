@@ -16,6 +16,7 @@ if str(TESTS_DIR) not in sys.path:  # makes `support` importable
 
 from support.http_server import DeliveryServer  # noqa: E402
 from support.live import finish_live_runs  # noqa: E402
+from support.pool_calls import spawned_pool  # noqa: E402, F401  (fixtures)
 from support.postgres import postgres_server, postgres_url  # noqa: E402, F401  (fixtures)
 
 

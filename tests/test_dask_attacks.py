@@ -10,20 +10,16 @@ presumed gone still runs it.
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from support.http_server import DeliveryServer
-
-WAIT = 60.0  # seconds a worker waits for its turn before going on anyway
+from support.pool_calls import WAIT, deliver_effect, per_key
 
 
 class TwiceAtOnce(concurrent.futures.Executor):
@@ -67,63 +63,17 @@ class FirstCopyAnswers(LastCopyAnswers):
     ANSWERS_AFTER = 1
 
 
-@pytest.fixture
-def pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
-    executor = concurrent.futures.ProcessPoolExecutor(
-        2, mp_context=multiprocessing.get_context("spawn")
-    )
-    list(executor.map(time.sleep, [0.01, 0.01]))  # both worker processes up
-    yield executor
-    executor.shutdown(cancel_futures=True)
-
-
-def _deliver_effect(kx: Any, url: str, gate: str | None = None, **options: Any) -> Any:
-    """The effect: one POST to the delivery server (after ``gate`` exists, when given:
-    the request is on its way until then)."""
-
-    def deliver(item: str, *, idempotency_key: str | None = None) -> Any:
-        import json
-        import os
-        import time
-        import urllib.error
-        import urllib.request
-
-        end = time.monotonic() + WAIT
-        while gate is not None and not os.path.exists(gate) and time.monotonic() < end:
-            time.sleep(0.02)
-        request = urllib.request.Request(
-            url + "/d",
-            data=json.dumps({"item": item}).encode(),
-            headers={"Content-Type": "application/json", "Idempotency-Key": idempotency_key or ""},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                return json.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"HTTP {exc.code}") from None
-
-    return kx.effect(**options)(deliver)
-
-
-def _per_key(server: DeliveryServer) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in server.deliveries:
-        counts[row["idempotency_key"]] = counts.get(row["idempotency_key"], 0) + 1
-    return counts
-
-
 def test_two_attempts_of_one_item_at_once_make_a_retried_call_once(
     postgres_url: str,
     delivery_server: DeliveryServer,
-    pool: concurrent.futures.ProcessPoolExecutor,
+    spawned_pool: concurrent.futures.ProcessPoolExecutor,
     tmp_path: Path,
 ) -> None:
     """Both attempts read the item's ``failed`` (retry=True) row before either retries
     it: one makes the call again, the other does not."""
     import kernelext as kx
 
-    deliver = _deliver_effect(kx, delivery_server.url, retry=True)
+    deliver = deliver_effect(kx, delivery_server.url, retry=True)
     meet = str(tmp_path / "meet")
 
     def one(item: str) -> Any:
@@ -138,7 +88,7 @@ def test_two_attempts_of_one_item_at_once_make_a_retried_call_once(
                 time.sleep(0.02)
         return deliver(item)["delivery"]
 
-    chosen: dict[str, Any] = {"executor": pool}
+    chosen: dict[str, Any] = {"executor": spawned_pool}
 
     @kx.agent(name="twice_at_once")
     def agent(run: Any, items: list[str]) -> Any:
@@ -149,28 +99,28 @@ def test_two_attempts_of_one_item_at_once_make_a_retried_call_once(
     assert agent.start(["a"], run_id="twice").wait(WAIT) == "failed"
     assert delivery_server.count() == 0
     os.mkdir(meet)
-    chosen["executor"] = twice = TwiceAtOnce(pool)
+    chosen["executor"] = twice = TwiceAtOnce(spawned_pool)
     status = kx.resume("twice").wait(WAIT)
     concurrent.futures.wait(twice.copies, timeout=WAIT)
-    assert list(_per_key(delivery_server).values()) == [1]
+    assert list(per_key(delivery_server).values()) == [1]
     if status != "completed":  # the copy that lost the race ended the item: once more
         assert status in ("needs_decision", "suspended")
-        chosen["executor"] = pool
+        chosen["executor"] = spawned_pool
         assert kx.resume("twice").wait(WAIT) == "completed"
-    assert list(_per_key(delivery_server).values()) == [1]
+    assert list(per_key(delivery_server).values()) == [1]
 
 
 def test_a_late_copy_of_an_item_never_changes_its_completed_step(
     postgres_url: str,
     delivery_server: DeliveryServer,
-    pool: concurrent.futures.ProcessPoolExecutor,
+    spawned_pool: concurrent.futures.ProcessPoolExecutor,
     tmp_path: Path,
 ) -> None:
     """The copy began while the step was running, reaches its effect call once the run
     completed: it ends there (the run is not live), and the step stays completed."""
     import kernelext as kx
 
-    deliver = _deliver_effect(kx, delivery_server.url)
+    deliver = deliver_effect(kx, delivery_server.url)
     marks = str(tmp_path / "marks")
     os.mkdir(marks)
     run_id = f"late-{uuid.uuid4().hex[:6]}"
@@ -197,7 +147,7 @@ def test_a_late_copy_of_an_item_never_changes_its_completed_step(
                 time.sleep(0.02)
         return deliver(item)["delivery"]
 
-    twice = FirstCopyAnswers(pool)
+    twice = FirstCopyAnswers(spawned_pool)
 
     @kx.agent(name="late_copy")
     def agent(run: Any, items: list[str]) -> Any:
@@ -216,7 +166,7 @@ def test_a_late_copy_of_an_item_never_changes_its_completed_step(
 def test_a_resume_after_a_forced_stop_asks_no_probe_while_workers_are_in_their_calls(
     postgres_url: str,
     delivery_server: DeliveryServer,
-    pool: concurrent.futures.ProcessPoolExecutor,
+    spawned_pool: concurrent.futures.ProcessPoolExecutor,
     tmp_path: Path,
 ) -> None:
     """A forced stop cancels the futures, not the calls the workers are making: a resume
@@ -233,14 +183,14 @@ def test_a_resume_after_a_forced_stop_asks_no_probe_while_workers_are_in_their_c
         with urllib.request.urlopen(f"{url}/deliveries?key={key}", timeout=5) as answer:
             return "applied" if json.loads(answer.read())["applied"] else "not_applied"
 
-    deliver = _deliver_effect(kx, url, gate, probe=lookup)
+    deliver = deliver_effect(kx, url, gate, probe=lookup)
 
     def one(item: str) -> Any:
         return deliver(item)["delivery"]
 
     @kx.agent(name="forced_in_calls")
     def agent(run: Any, items: list[str]) -> Any:
-        return run.map(one, items, executor=pool)
+        return run.map(one, items, executor=spawned_pool)
 
     kx.configure(store=postgres_url)
     handle = agent.start(["a", "b"], run_id="forced")
@@ -259,12 +209,12 @@ def test_a_resume_after_a_forced_stop_asks_no_probe_while_workers_are_in_their_c
     delivery_server.wait_for(2, timeout=WAIT)  # the calls of the forced-stopped attempts
     status = resumed.wait(WAIT)
     delivery_server.settle()
-    assert sorted(_per_key(delivery_server).values()) == [1, 1]
+    assert sorted(per_key(delivery_server).values()) == [1, 1]
     assert status == "needs_decision"
 
 
 def test_run_map_returns_the_value_the_step_keeps_when_two_attempts_completed_it(
-    postgres_url: str, pool: concurrent.futures.ProcessPoolExecutor, tmp_path: Path
+    postgres_url: str, spawned_pool: concurrent.futures.ProcessPoolExecutor, tmp_path: Path
 ) -> None:
     """The first attempt completes the step; the second one's value (computed without an
     effect, so it differs) comes back from the executor: run.map returns the stored one."""
@@ -295,7 +245,7 @@ def test_run_map_returns_the_value_the_step_keeps_when_two_attempts_completed_it
                     status = found[0] if found else None
         return f"{item}:{uuid.uuid4().hex}"
 
-    twice = LastCopyAnswers(pool)
+    twice = LastCopyAnswers(spawned_pool)
 
     @kx.agent(name="value_kept")
     def agent(run: Any, items: list[str]) -> Any:
@@ -320,8 +270,8 @@ class CopyOnceInCall(TwiceAtOnce):
     (its intent pending): the re-run of a task whose worker looked gone mid-call. Later
     calls are submitted once."""
 
-    def __init__(self, pool: concurrent.futures.Executor, url: str) -> None:
-        super().__init__(pool)
+    def __init__(self, spawned_pool: concurrent.futures.Executor, url: str) -> None:
+        super().__init__(spawned_pool)
         self.url = url
         self.threads: list[threading.Thread] = []
 
@@ -346,7 +296,7 @@ class CopyOnceInCall(TwiceAtOnce):
 def test_a_call_a_second_attempt_took_for_lost_keeps_the_outcome_its_maker_recorded(
     postgres_url: str,
     delivery_server: DeliveryServer,
-    pool: concurrent.futures.ProcessPoolExecutor,
+    spawned_pool: concurrent.futures.ProcessPoolExecutor,
     tmp_path: Path,
 ) -> None:
     """The second attempt starts while the first is inside its call: it turns the
@@ -356,12 +306,12 @@ def test_a_call_a_second_attempt_took_for_lost_keeps_the_outcome_its_maker_recor
     import kernelext as kx
 
     gate = str(tmp_path / "go")
-    deliver = _deliver_effect(kx, delivery_server.url, gate)
+    deliver = deliver_effect(kx, delivery_server.url, gate)
 
     def one(item: str) -> Any:
         return deliver(item)["delivery"]
 
-    twice = CopyOnceInCall(pool, postgres_url)
+    twice = CopyOnceInCall(spawned_pool, postgres_url)
 
     @kx.agent(name="taken_for_lost")
     def agent(run: Any, items: list[str]) -> Any:

@@ -14,7 +14,8 @@ item without an outcome then belongs to an attempt that is gone mid-call, so it 
 (``kx.reconcile``) instead of calling again. Every effect call and safe point reads the
 run's row (one indexed read): a stop ends the item there, a take-over refuses it. The
 item's completion (``steps.result``) is written here, fenced; a step the owner already
-ended is never overwritten.
+ended is never overwritten. While the attempt runs, its step's heartbeat is renewed
+(``remote_heartbeat.py``): a take-over asks no probe for its calls while it lives.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .batch import Batch
 from .batch_items import ItemRun
 from .forced_stop import ForceGate
 from .keys import stored_result
+from .remote_heartbeat import HEARTBEAT
 from .remote_wire import RemoteOutcome, RemoteTask, dumps, error_to_wire, loads
 from .run_engine import RunEngine, chain_roots
 from .step_info import StepInfo
@@ -178,6 +180,11 @@ def _attempt(task: RemoteTask) -> RemoteOutcome:
     step = store.step_status(task.step_id)
     if step is None or step[0] != StepStatus.RUNNING:  # ended by the owner, or done before
         return RemoteOutcome("ended", value=step)
+    with HEARTBEAT.beating(store, task.run_id, task.step_id):
+        return _run_item(task, store, engine)
+
+
+def _run_item(task: RemoteTask, store: Store, engine: WorkerEngine) -> RemoteOutcome:
     fn = _read(task, "fn", lambda: _function(task))
     item = _read(task, f"item {task.key!r}", lambda: loads(task.item_blob))
     engine.effects = store.step_effects(task.run_id, task.key)

@@ -17,6 +17,11 @@ arrived" would read as "not applied" and the call would be made twice. The unkno
 for a person, the reason says "the previous owner ... may still be making this call", and a
 later resume asks their probes once ``PROBE_GRACE_SECONDS`` have passed since that
 take-over (the keys are in its ``needs_decision`` event, ``probes_deferred``).
+
+``run.map`` items in other processes outlive the owner that sent them, inside their calls
+for as long as a call takes. No probe is asked for an unknown call of an item whose worker
+still renews its heartbeat (``_store/heartbeats.py``), whatever the grace period says; the
+probe is asked by the first resume after that attempt ended (its heartbeat lapsed).
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ def take_over(
                 doubtful = str(owner)
             if doubtful is None and owner and workers_maybe_in_calls(tx, run_id):
                 doubtful = f"{owner} (its run.map items on other processes)"
+        running_elsewhere = sorted(store.live_item_keys_tx(tx, run_id))
         # A run a restart superseded (a failed one stays failed) never goes on itself.
         superseded_error(run_id, store.children_tx(tx, run_id), "resume")
         fields: dict[str, Any] = {
@@ -120,6 +126,12 @@ def take_over(
                 f"; the previous owner {doubtful} may still be making this call, so no probe "
                 f"was asked (a resume after {duration_text(PROBE_GRACE_SECONDS)} asks them)"
             )
+        if running_elsewhere:
+            why += (
+                f"; {len(running_elsewhere)} run.map item(s) are still running in a worker "
+                "process (their heartbeat is fresh), so their calls are not probed until "
+                "those attempts end"
+            )
         store.transition_tx(
             tx,
             run_id,
@@ -132,6 +144,7 @@ def take_over(
                 "new_unknowns": len(fresh),
                 "previous_owner": doubtful,
                 "probes_deferred": [str(k) for k in fresh] if doubtful else [],
+                "items_running_elsewhere": running_elsewhere,
             },
         )
         return TakeOver(Status.NEEDS_DECISION, unknown, epoch, doubtful)
@@ -145,7 +158,7 @@ def take_over(
     settled = (
         result.status == Status.NEEDS_DECISION
         and result.previous_owner is None
-        and settle_unknowns(run_id, store, skip=_deferred(store, run_id))
+        and settle_unknowns(run_id, store, skip=_held_back(store, run_id))
     )
     if settled and not store.open_unknowns(run_id):  # every unknown answered by its probe
         result = store.write(job)
@@ -169,6 +182,18 @@ def workers_maybe_in_calls(tx: Any, run_id: str) -> bool:
     if row is None or row[0] is None:
         return False
     return row[1] is None or int(row[0]) > int(row[1])
+
+
+def _held_back(store: Store, run_id: str) -> set[str]:
+    """Keys of unknown effects no probe is asked for now: those an earlier take-over
+    deferred (``_deferred``), and every unknown call of an item a worker process is still
+    running (its step's heartbeat is fresh, ``_store/heartbeats.py``): that worker may be
+    inside the call, however long it takes."""
+    live = store.live_item_keys(run_id)
+    in_live_items = {
+        str(row["key"]) for row in store.open_unknowns(run_id) if row["step_key"] in live
+    }
+    return _deferred(store, run_id) | in_live_items
 
 
 def _deferred(store: Store, run_id: str) -> set[str]:

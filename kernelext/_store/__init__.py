@@ -16,6 +16,7 @@ from .claims import ClaimsMixin
 from .effects import EffectsMixin
 from .expiry import ExpiryMixin
 from .facts import FactsMixin
+from .heartbeats import HeartbeatsMixin
 from .questions import QuestionsMixin
 from .restart import RestartMixin
 from .runs import RunsMixin, Transition
@@ -36,6 +37,7 @@ class Store(
     ExpiryMixin,
     ClaimsMixin,
     FactsMixin,
+    HeartbeatsMixin,
     EffectsMixin,
     StepsMixin,
     RunsMixin,

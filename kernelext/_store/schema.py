@@ -277,6 +277,12 @@ _V9_BATCHES = (
     "ALTER TABLE effects ADD COLUMN IF NOT EXISTS attempts INTEGER",
 )
 
+_V10_HEARTBEATS = (
+    # ``run.map`` items in other processes: the worker running a step's attempt renews this
+    # every few seconds; a take-over asks no probe for an item whose worker is still alive.
+    "ALTER TABLE steps ADD COLUMN IF NOT EXISTS heartbeat_at TIMESTAMP",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
@@ -287,6 +293,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "owner epoch, key scheme, expiry delivery", _V7_TRUST),
     Migration(8, "questions: the table inputs renamed, inputs kept as a view", _V8_QUESTIONS),
     Migration(9, "batches: item results, effect attempts", _V9_BATCHES),
+    Migration(10, "steps.heartbeat_at: item attempts in other processes", _V10_HEARTBEATS),
 )
 
 TABLES = (

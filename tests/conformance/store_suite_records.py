@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from kernelext._store.duckdb.backend import INLINE_LIMIT
+from kernelext._store.heartbeats import HEARTBEAT_LAPSE_SECONDS
 from kernelext.errors import LedgerError
 
 from .store_suite_support import FakeClock, StoreFactory, complete, effect_row, events, make_blob
@@ -90,6 +91,28 @@ class TestSteps:
         )
         assert rows["b"]["status"] == "abandoned" and rows["b"]["forced"] is False
         assert store.completed_steps("r1") == []
+
+    def test_a_heartbeat_keeps_an_item_live_until_it_lapses(
+        self, store_factory: StoreFactory
+    ) -> None:
+        clock = FakeClock()
+        store = store_factory(clock)
+        store.create_run("r1", "agent")
+        store.create_run("r2", "agent")
+        beaten, quiet, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        store.begin_step("r1", beaten, 0, "item-0", None, wait=True)
+        store.begin_step("r1", quiet, 1, "item-1", None, wait=True)
+        store.begin_step("r2", other, 0, "item-0", None, wait=True)
+        assert store.live_item_keys("r1") == set(), "no heartbeat: nothing is live"
+        store.beat_steps("r1", [beaten, other])  # another run's step is not moved
+        assert store.live_item_keys("r1") == {"item-0"}
+        assert store.live_item_keys("r2") == set()
+        store.write(lambda tx: store.abandon_running_steps(tx, "r1"))
+        assert store.write(lambda tx: store.live_item_keys_tx(tx, "r1")) == {"item-0"}, (
+            "an attempt the owner abandoned is live while its worker beats"
+        )
+        clock.advance(HEARTBEAT_LAPSE_SECONDS + 1)
+        assert store.live_item_keys("r1") == set(), "a worker not heard of is gone"
 
     def test_latest_snapshot_and_before_ordinal(self, store_factory: StoreFactory) -> None:
         store = store_factory()
