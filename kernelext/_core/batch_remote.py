@@ -19,7 +19,9 @@ Who owns what when items run elsewhere:
   item waits for a decision; the other items go on, and the run ends ``needs_decision``
   once nothing else can run. A future the executor gave up on (``KilledWorker``, a
   broken process pool) is a lost item: its step ends ``failed``, ``run.map`` raises
-  ``kx.ItemFailed`` naming its key, and a resume runs it again.
+  ``kx.ItemFailed`` naming its key, and a resume runs it again. An attempt that found the
+  item's step ended already answers ``ended``: the step's row says what the item ended with
+  (its value, waiting for a person, a stop, a failure; ``remote_ended``), never the answer.
 
 A ``ThreadPoolExecutor`` runs the items in this process, as without ``executor=``.
 """
@@ -33,15 +35,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (
     ForcedStop,
     KernelextError,
-    NeedsDecision,
     OwnershipLost,
     RemoteItemError,
-    StopRequested,
 )
-from ..status import EffectStatus, StepStatus
+from ..status import StepStatus
 from .batch import MapPlan, police_overruns
 from .batch_items import Ended, Tally, look, note_item_done, startable
 from .keys import load_result
+from .remote_ended import item_raised, settle_ended
 from .remote_wire import (
     RemoteTask,
     WorkerCall,
@@ -62,7 +63,6 @@ __all__ = ["Dispatch", "dispatch_remote", "executor_for"]
 
 Future = concurrent.futures.Future
 WORKER = WorkerCall()
-OPEN = (EffectStatus.PENDING, EffectStatus.UNKNOWN)  # a call nobody knows the outcome of
 
 
 class Dispatch:
@@ -240,17 +240,11 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
             )
             _end_step(engine, info, StepStatus.FAILED, scrubbed_excerpt(str(gone), 2000))
             _calls_lost(engine, info, lost)
-            return _raised(engine, batch, info, gone)
+            return item_raised(engine, batch, info, gone)
         outcome = loads(future.result())
         kind = outcome.kind
-        if kind == "ended":  # the step had ended when the attempt came: a second copy
-            status, result = outcome.value or (None, None)
-            if status == StepStatus.COMPLETED and result is not None:
-                kind, outcome = "done", outcome.__class__("done", value=result)
-            elif status == StepStatus.FAILED:  # another attempt's end, it did not answer
-                return _failed_elsewhere(engine, batch, info)
-            else:
-                return Ended(index, "stopped", error=StopRequested("stop"))
+        if kind == "ended":  # the step had ended when the attempt came: its row says how
+            return settle_ended(engine, batch, info, outcome.elapsed or info.elapsed)
         if kind == "done":
             note_item_done(engine, batch, info, outcome.elapsed or info.elapsed)
             return Ended(index, "done", load_result(outcome.value))
@@ -266,7 +260,7 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
             return Ended(index, kind, error=error)
         text = scrubbed_excerpt(scrub_text(f"{type(error).__name__}: {error}"), 2000)
         _end_step(engine, info, StepStatus.FAILED, text)  # the worker could not, or did
-        return _raised(engine, batch, info, error)
+        return item_raised(engine, batch, info, error)
     except OwnershipLost as exc:
         return Ended(index, "lost", error=exc)
 
@@ -282,27 +276,6 @@ def _calls_lost(engine: RunEngine, info: StepInfo, why: BaseException) -> None:
         "call's outcome was recorded: nobody knows whether it happened"
     )
     engine.store.lost_intents_unknown(engine.id, info.key, epoch, reason)
-
-
-def _failed_elsewhere(engine: RunEngine, batch: Batch, info: StepInfo) -> Ended:
-    """An item whose step another attempt ended ``failed`` (its worker was lost before it
-    answered, or a second copy of the item answered first): a call of the item waiting
-    for a decision is that decision; else the item failed with the error the step keeps."""
-    effects = engine.store.step_effects(engine.id, info.key)
-    rows = engine.store.read("SELECT error FROM steps WHERE id = ?", (info.id,))
-    text = str(rows[0][0]) if rows and rows[0][0] else "the item failed"
-    decided = text.startswith(f"{NeedsDecision.__name__}:")  # how _record_end keeps one
-    if decided or any(row["status"] in OPEN for row in effects.values()):
-        return Ended(info.index, "decision", error=NeedsDecision(text))
-    gone = RemoteItemError(f"{text} (recorded by another attempt of the item)")
-    return _raised(engine, batch, info, gone)
-
-
-def _raised(engine: RunEngine, batch: Batch, info: StepInfo, error: BaseException) -> Ended:
-    with batch.lock:
-        batch.failed += 1
-    engine.notify("item_failed", (info, error))
-    return Ended(info.index, "raised", error=error)
 
 
 def _end_step(
