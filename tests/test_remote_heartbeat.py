@@ -120,6 +120,9 @@ def test_no_probe_is_asked_while_a_worker_is_still_making_the_call(
             " ORDER BY id DESC LIMIT 1"
         ).fetchone() or ("",)
     assert "still running in a worker process" in reason, reason
+    listed = kx.reconcile("long-calls")
+    assert [u.worker_running for u in listed] == [True, True]
+    assert listed.text().count("caution: a worker process is still running") == 2
     assert delivery_server.count() == 0
 
     Path(gate).touch()  # the calls arrive now; the workers' attempts end (a stale epoch)

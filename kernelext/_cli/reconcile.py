@@ -46,10 +46,11 @@ RESUMABLE_AFTER = (Status.NEEDS_DECISION, Status.SUSPENDED, Status.FAILED)
 
 def describe(item: UnknownEffect) -> str:
     """One line about an unknown effect: the call, its key, step and intent time."""
-    return (
+    line = (
         f"{item.tool}({item.args or ''})  key={item.key}  {item.step_text}  "
         f"intent {moment_text(item.intent_at)}"
     )
+    return f"{line}\n    caution: {item.caution}" if item.caution else line
 
 
 def summary(rec: Reconciliation, store: Store) -> dict[str, Any]:
@@ -66,6 +67,7 @@ def summary(rec: Reconciliation, store: Store) -> dict[str, Any]:
                 "args": item.args,
                 "intent_at": item.intent_at,
                 "decision": item.decision,
+                "worker_running": item.worker_running,
             }
             for item in rec
         ],

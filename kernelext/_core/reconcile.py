@@ -37,6 +37,9 @@ class UnknownEffect:
         self.args: str | None = row["args"]
         self.intent_at: dt.datetime = row["intent_at"]
         self.decision: str | None = None
+        # A worker process still renews the heartbeat of this call's run.map item: it may
+        # be inside the call now (kx.reconcile sets it; _store/heartbeats.py).
+        self.worker_running = False
 
     @property
     def step_text(self) -> str:
@@ -78,6 +81,16 @@ class UnknownEffect:
             )
         self.decision = decision
 
+    @property
+    def caution(self) -> str | None:
+        """What a person should know before deciding, if anything."""
+        if not self.worker_running:
+            return None
+        return (
+            f"a worker process is still running {self.step_text} and may be inside this "
+            "call: decide once it ended (a call marked not applied is made again on resume)"
+        )
+
     def __repr__(self) -> str:
         state = self.decision or EffectStatus.UNKNOWN
         return (
@@ -107,6 +120,8 @@ class Reconciliation(list[UnknownEffect]):
                 f"  {item.tool}({item.args or ''}) key={item.key} {item.step_text} "
                 f"intent {moment_text(item.intent_at)} -> {item.decision or 'undecided'}"
             )
+            if item.caution:
+                lines.append(f"    caution: {item.caution}")
         lines.append("Decide each: .mark_applied(result=...), .mark_not_applied(), .give_up()")
         return "\n".join(lines)
 
@@ -126,4 +141,7 @@ def reconcile(run_id: str, *, store: Store | None = None) -> Reconciliation:
     store = get_store(store)
     store.get_run(run_id)
     items = [UnknownEffect(store, row) for row in store.open_unknowns(run_id)]
+    live = store.live_item_keys(run_id)
+    for item in items:
+        item.worker_running = item.step_key in live
     return Reconciliation(run_id, store, items)
