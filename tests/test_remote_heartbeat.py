@@ -10,6 +10,7 @@ set to 0 here: the calls below outlast any such period, and only the heartbeat h
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import multiprocessing
@@ -160,3 +161,38 @@ def test_a_killed_worker_holds_no_probe_back_once_its_heartbeat_lapsed(
     assert _probe_decisions(postgres_url, "killed-worker") == 2
     delivery_server.settle()
     assert sorted(per_key(delivery_server).values()) == [1, 1], "each call made once"
+
+
+def test_a_worker_never_closes_the_store_of_an_attempt_still_running(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker serving more runs than it keeps stores for closes only idle ones: an
+    attempt inside a long call keeps its store (and so its heartbeat) open."""
+    import uuid
+
+    from kernelext._core import remote_item
+    from kernelext._core.remote_wire import RemoteTask
+    from kernelext._store.postgres_backend import url_without_password
+
+    monkeypatch.setattr(remote_item, "KEEP_STORES", 1)
+    monkeypatch.setattr(remote_item, "_stores", collections.OrderedDict())
+    url = url_without_password(postgres_url)
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+
+    def task(run_id: str) -> RemoteTask:
+        return RemoteTask(
+            url=url, run_id=run_id, epoch=1, agent="a", key_scheme=1, chain_root="",
+            step_id=uuid.uuid4(), key="item-0", ordinal=0, name=None,
+            max_step_seconds=None, fn_blob=b"", item_blob=b"",
+        )  # fmt: skip
+
+    with remote_item._store_for(task("evict-long")) as long_running:
+        for other in ("evict-b", "evict-c"):  # other runs' attempts come and go meanwhile
+            with remote_item._store_for(task(other)) as store:
+                assert not store.closed
+        assert not long_running.closed, "the store of a running attempt was closed"
+        long_running.beat_steps("evict-long", [uuid.uuid4()])  # its heartbeat goes through
+    kept = list(remote_item._stores.values())
+    assert len(kept) == 1, "idle stores beyond the limit are closed once their attempts end"
+    for store in kept:
+        store.close()

@@ -21,8 +21,10 @@ ended is never overwritten. While the attempt runs, its step's heartbeat is rene
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .._store import Store, open_store
@@ -49,6 +51,7 @@ LOST_MID_CALL = (
 
 _lock = threading.Lock()
 _stores: collections.OrderedDict[tuple[str, str, int], Store] = collections.OrderedDict()
+_in_use: collections.Counter[tuple[str, str, int]] = collections.Counter()  # attempts on each
 _functions: collections.OrderedDict[str, Any] = collections.OrderedDict()
 
 
@@ -76,7 +79,10 @@ def worker_url(url: str) -> str:
     return url
 
 
-def _store_for(task: RemoteTask) -> Store:
+@contextlib.contextmanager
+def _store_for(task: RemoteTask) -> Iterator[Store]:
+    """The run's store for one attempt: cached per (URL, run, epoch); a store is closed
+    only when no attempt of this process uses it (its attempts' heartbeats go through it)."""
     if not task.url.startswith(("postgresql://", "postgres://")):
         raise StoreError(
             f"run.map items of run {task.run_id!r} run in other processes only with a "
@@ -87,23 +93,44 @@ def _store_for(task: RemoteTask) -> Store:
         store = _stores.get(key)
         if store is not None and not store.closed:
             _stores.move_to_end(key)
-            return store
-        try:
-            store = open_store(worker_url(task.url))
-        except Exception as exc:
-            raise StoreError(
-                f"A worker of run {task.run_id!r} could not open the run's store {task.url}: "
-                f"{exc}. Workers connect with their own credentials: set PGPASSWORD (or "
-                "PGPASSFILE, or KERNELEXT_STORE with the full URL) in the workers' "
-                "environment."
-            ) from exc
-        store.hold_epoch(task.run_id, task.epoch)
-        store.counts_items = False  # the owner counts the run's completed steps
-        _stores[key] = store
-        while len(_stores) > KEEP_STORES:
-            _, old = _stores.popitem(last=False)
-            old.close()
-        return store
+            _in_use[key] += 1
+        else:
+            store = _open(task)
+            _stores[key] = store
+            _in_use[key] += 1
+            _close_idle()
+    try:
+        yield store
+    finally:
+        with _lock:
+            _in_use[key] -= 1
+            if _in_use[key] <= 0:
+                del _in_use[key]
+            _close_idle()
+
+
+def _close_idle() -> None:
+    """Close the least recently used stores beyond ``KEEP_STORES`` that no attempt uses."""
+    for key in list(_stores):
+        if len(_stores) <= KEEP_STORES:
+            return
+        if not _in_use.get(key):
+            _stores.pop(key).close()
+
+
+def _open(task: RemoteTask) -> Store:
+    try:
+        store = open_store(worker_url(task.url))
+    except Exception as exc:
+        raise StoreError(
+            f"A worker of run {task.run_id!r} could not open the run's store {task.url}: "
+            f"{exc}. Workers connect with their own credentials: set PGPASSWORD (or "
+            "PGPASSFILE, or KERNELEXT_STORE with the full URL) in the workers' "
+            "environment."
+        ) from exc
+    store.hold_epoch(task.run_id, task.epoch)
+    store.counts_items = False  # the owner counts the run's completed steps
+    return store
 
 
 def _function(task: RemoteTask) -> Any:
@@ -175,13 +202,13 @@ class WorkerEngine(RunEngine):
 
 
 def _attempt(task: RemoteTask) -> RemoteOutcome:
-    store = _store_for(task)
-    engine = WorkerEngine(store, task)
-    step = store.step_status(task.step_id)
-    if step is None or step[0] != StepStatus.RUNNING:  # ended by the owner, or done before
-        return RemoteOutcome("ended", value=step)
-    with HEARTBEAT.beating(store, task.run_id, task.step_id):
-        return _run_item(task, store, engine)
+    with _store_for(task) as store:
+        engine = WorkerEngine(store, task)
+        step = store.step_status(task.step_id)
+        if step is None or step[0] != StepStatus.RUNNING:  # ended by the owner, or before
+            return RemoteOutcome("ended", value=step)
+        with HEARTBEAT.beating(store, task.run_id, task.step_id):
+            return _run_item(task, store, engine)
 
 
 def _run_item(task: RemoteTask, store: Store, engine: WorkerEngine) -> RemoteOutcome:
