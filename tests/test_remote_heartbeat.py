@@ -33,6 +33,13 @@ from kernelext._store.heartbeats import HEARTBEAT_LAPSE_SECONDS
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
 
+@pytest.fixture(autouse=True)
+def _only_the_heartbeat_holds(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner's grace period is 0 and the store is PostgreSQL (module docstring)."""
+    monkeypatch.setattr(takeover, "PROBE_GRACE_SECONDS", 0.0)
+    kx.configure(store=postgres_url)
+
+
 def _probed_effect(url: str, gate: str) -> Any:
     def lookup(key: str, args: Any) -> Any:
         with urllib.request.urlopen(f"{url}/deliveries?key={key}", timeout=5) as answer:
@@ -101,10 +108,7 @@ def test_no_probe_is_asked_while_a_worker_is_still_making_the_call(
     delivery_server: DeliveryServer,
     spawned_pool: concurrent.futures.ProcessPoolExecutor,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(takeover, "PROBE_GRACE_SECONDS", 0.0)
-    kx.configure(store=postgres_url)
     gate, chosen = str(tmp_path / "go"), {"executor": spawned_pool}
     handle = _start_in_calls(postgres_url, delivery_server.url, chosen, gate, "long-calls")
     handle.force_stop()  # the futures are cancelled; the workers go on with their calls
@@ -140,10 +144,7 @@ def test_a_killed_worker_holds_no_probe_back_once_its_heartbeat_lapsed(
     delivery_server: DeliveryServer,
     spawned_pool: concurrent.futures.ProcessPoolExecutor,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(takeover, "PROBE_GRACE_SECONDS", 0.0)
-    kx.configure(store=postgres_url)
     gate, chosen = str(tmp_path / "go"), {"executor": spawned_pool}
     handle = _start_in_calls(postgres_url, delivery_server.url, chosen, gate, "killed-worker")
     for pid in list(spawned_pool._processes):  # both workers die inside their calls
