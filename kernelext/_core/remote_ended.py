@@ -59,7 +59,7 @@ def settle_ended(engine: RunEngine, batch: Batch, info: StepInfo, elapsed: float
         lost = engine.store.ownership_lost(engine.id, engine.epoch, "item end")
         return Ended(info.index, "lost", error=lost)
     if status == StepStatus.FAILED:
-        return failed_elsewhere(engine, batch, info)
+        return failed_elsewhere(engine, batch, info, error)
     gone = RemoteItemError(f"its step ended {status!r} without the value it returned")
     return item_raised(engine, batch, info, gone)
 
@@ -87,13 +87,13 @@ def _waits_for(engine: RunEngine, info: StepInfo) -> tuple[str, Any, str]:
     return (reason, deadline, f"waiting for an answer: kx.answer({run_id!r}, ...)")
 
 
-def failed_elsewhere(engine: RunEngine, batch: Batch, info: StepInfo) -> Ended:
+def failed_elsewhere(engine: RunEngine, batch: Batch, info: StepInfo, error: Any) -> Ended:
     """An item whose step another attempt ended ``failed`` (its worker was lost before it
     answered, or a second copy of the item answered first): a call of the item waiting
-    for a decision is that decision; else the item failed with the error the step keeps."""
+    for a decision is that decision; else the item failed with ``error``, the one the step
+    keeps."""
     effects = engine.store.step_effects(engine.id, info.key)
-    rows = engine.store.read("SELECT error FROM steps WHERE id = ?", (info.id,))
-    text = str(rows[0][0]) if rows and rows[0][0] else "the item failed"
+    text = str(error) if error else "the item failed"
     decided = text.startswith(f"{NeedsDecision.__name__}:")  # how _record_end keeps one
     if decided or any(row["status"] in OPEN for row in effects.values()):
         return Ended(info.index, "decision", error=NeedsDecision(text))
