@@ -1,12 +1,14 @@
-"""``run.map(..., executor=...)``: an item in another process that ended waiting for a
-person, whose worker died before it answered the owner.
+"""``run.map(..., executor=...)``: an item in another process that ended (waiting for a
+person, or completed), whose worker died before it answered the owner.
 
 The item's step is in the store as the worker left it (``cancelled``, waiting for a
 person); the executor runs the item again (as Dask does when a worker died), and that
 second attempt finds the step no longer running and answers ``ended``. The owner settles
 that answer from what the store says the step ended as: the run suspends for the approval
 exactly as it does when the same batch runs in the owner's process, and after the
-approval a resume runs the item, its call delivered once.
+approval a resume runs the item, its call delivered once. An item that completed before
+its worker died, when the executor gives up on it instead of running it again (Dask's
+``KilledWorker``), is settled from its step just as well: its value, never a failure.
 
 Real parts: a PostgreSQL store, spawned worker processes (one SIGKILLed by the test), and
 the 127.0.0.1 DeliveryServer, whose log counts the calls.
@@ -51,11 +53,12 @@ def pay_item(job: tuple[str, int]) -> int:
     return item
 
 
-def answer_held_when_waiting(call: Any, blob: bytes, held: str) -> bytes:
-    """In a worker: run the item attempt; when it ended waiting for a person, note this
-    process's id in ``held`` and keep the answer until the process is killed."""
+def answer_held_when(call: Any, blob: bytes, held: str, kind: str) -> bytes:
+    """In a worker: run the item attempt; when it ended as ``kind`` (``waiting`` for a
+    person, ``done``), note this process's id in ``held`` and keep the answer until the
+    process is killed."""
     answer: bytes = call(blob)
-    if loads(answer).kind == "waiting":
+    if loads(answer).kind == kind:
         written = Path(held + ".part")
         written.write_text(str(os.getpid()))
         written.rename(held)  # whole: the test reads it as soon as it exists
@@ -66,10 +69,12 @@ def answer_held_when_waiting(call: Any, blob: bytes, held: str) -> bytes:
 class RerunningPool(concurrent.futures.Executor):
     """Spawned worker processes that run an item again when the process running it died,
     as a Dask cluster does: the attempts of a broken pool go to a fresh one. Until the
-    first process dies, an attempt that ended waiting keeps its answer (``held``)."""
+    first process dies, an attempt that ended as ``hold`` keeps its answer (``held``).
+    With ``rerun=False`` the pool gives up on the attempts the dead process had (their
+    futures fail, as Dask's do with ``KilledWorker``) and runs new items in a fresh one."""
 
-    def __init__(self, held: Path) -> None:
-        self.held = held
+    def __init__(self, held: Path, hold: str = "waiting", *, rerun: bool = True) -> None:
+        self.held, self.hold, self.rerun = held, hold, rerun
         self.pools = [self._new_pool()]
         self.reruns = 0
         self._lock = threading.Lock()
@@ -87,7 +92,7 @@ class RerunningPool(concurrent.futures.Executor):
             first = len(self.pools) == 1
             pool = self.pools[-1]
         if first:
-            inner = pool.submit(answer_held_when_waiting, fn, args[0], str(self.held))
+            inner = pool.submit(answer_held_when, fn, args[0], str(self.held), self.hold)
         else:
             inner = pool.submit(fn, *args)
         inner.add_done_callback(lambda done: self._passed_on(done, outer, fn, args))
@@ -95,7 +100,12 @@ class RerunningPool(concurrent.futures.Executor):
 
     def _passed_on(self, done: Future[Any], outer: Future[Any], fn: Any, args: Any) -> None:
         error = done.exception()
-        if isinstance(error, BrokenProcessPool):
+        if isinstance(error, BrokenProcessPool) and not self.rerun:
+            with self._lock:  # new items go to a fresh pool; this one is given up on
+                if len(self.pools) == 1:
+                    self.pools.append(self._new_pool())
+            outer.set_exception(error)
+        elif isinstance(error, BrokenProcessPool):
             threading.Thread(target=self._rerun, args=(outer, fn, args), daemon=True).start()
         elif error is not None:
             outer.set_exception(error)
@@ -208,3 +218,53 @@ def test_an_item_whose_worker_died_after_it_ended_waiting_suspends_the_run_for_i
         "SELECT count(*) FROM effects WHERE run_id = ? AND status = 'applied'", (handle.run_id,)
     )
     assert applied == [(3,)]
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+def test_an_item_whose_worker_died_after_it_completed_keeps_its_value_when_the_executor_gives_up(
+    pg: Store, delivery_server: DeliveryServer, tmp_path: Path
+) -> None:
+    url = delivery_server.url + "/done"
+    jobs = [(url, i) for i in range(3)]
+    held = tmp_path / "held-answer"
+    pool = RerunningPool(held, "done", rerun=False)
+    try:
+
+        @kx.agent(name=name("done-lost"))
+        def done_lost(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
+            return run.map(
+                one_post, jobs, key=lambda job: str(job[1]), concurrency=1, executor=pool
+            )
+
+        handle = done_lost.start(jobs)
+        until(held.exists, "the first item completed in its worker")
+        # The worker recorded the item's completion; it dies with the answer, and the
+        # executor gives up on that attempt (no second one): the owner sees it lost.
+        assert step_rows(pg, handle.run_id, "0") == [("completed", None)]
+        os.kill(int(held.read_text()), signal.SIGKILL)
+
+        assert handle.wait(WAIT) == "completed", handle.error
+        assert handle.result == [0, 1, 2]
+    finally:
+        pool.shutdown()
+    assert pool.reruns == 0 and len(pool.pools) == 2  # given up on: item 0 ran once
+    assert [rows[-1][0] for rows in (step_rows(pg, handle.run_id, str(i)) for i in range(3))] == [
+        "completed"
+    ] * 3
+    log = read_log(delivery_server.log_path or "")
+    assert sorted(d["body"]["item"] for d in log) == [0, 1, 2]  # each call once
+    assert kx.reconcile(handle.run_id).open == []  # nothing was left unknown
+
+
+@kx.effect(name="remote_done")
+def remote_done(url: str, item: int, *, idempotency_key: str | None = None) -> int:
+    response = post_json(url, {"item": item, "pid": os.getpid()}, idempotency_key=idempotency_key)
+    assert response.status == 200, response
+    return int(response.body["delivery"])
+
+
+def one_post(job: tuple[str, int]) -> int:
+    url, item = job
+    remote_done(url, item)
+    return item

@@ -18,10 +18,13 @@ Who owns what when items run elsewhere:
   are replayed from the ledger, an intent without an outcome becomes ``unknown`` and the
   item waits for a decision; the other items go on, and the run ends ``needs_decision``
   once nothing else can run. A future the executor gave up on (``KilledWorker``, a
-  broken process pool) is a lost item: its step ends ``failed``, ``run.map`` raises
-  ``kx.ItemFailed`` naming its key, and a resume runs it again. An attempt that found the
-  item's step ended already answers ``ended``: the step's row says what the item ended with
-  (its value, waiting for a person, a stop, a failure; ``remote_ended``), never the answer.
+  broken process pool) whose step is still ``running`` is a lost item: its step ends
+  ``failed``, ``run.map`` raises ``kx.ItemFailed`` naming its key, and a resume runs it
+  again; when an attempt had ended the step before its worker died (the item completed,
+  its answer did not arrive), the step's row settles the item, as for ``ended`` below.
+  An attempt that found the item's step ended already answers ``ended``: the step's row
+  says what the item ended with (its value, waiting for a person, a stop, a failure;
+  ``remote_ended``), never the answer.
 
 A ``ThreadPoolExecutor`` runs the items in this process, as without ``executor=``.
 """
@@ -238,7 +241,10 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
                 f"{scrub_text(str(lost))}); its calls in flight are unknown until decided "
                 f"(kx.reconcile({engine.id!r}))"
             )
-            _end_step(engine, info, StepStatus.FAILED, scrubbed_excerpt(str(gone), 2000))
+            if not _end_step(engine, info, StepStatus.FAILED, scrubbed_excerpt(str(gone), 2000)):
+                # an attempt ended the step before its answer was lost (the worker died
+                # after writing the item's completion): the step's row says how it ended
+                return settle_ended(engine, batch, info, info.elapsed)
             _calls_lost(engine, info, lost)
             return item_raised(engine, batch, info, gone)
         outcome = loads(future.result())
@@ -259,7 +265,9 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
         if kind in ("stopped", "decision"):
             return Ended(index, kind, error=error)
         text = scrubbed_excerpt(scrub_text(f"{type(error).__name__}: {error}"), 2000)
-        _end_step(engine, info, StepStatus.FAILED, text)  # the worker could not, or did
+        ended_here = _end_step(engine, info, StepStatus.FAILED, text)  # the worker could not
+        if not ended_here and _ended(engine, info) != StepStatus.FAILED:  # another attempt did
+            return settle_ended(engine, batch, info, outcome.elapsed or info.elapsed)
         return item_raised(engine, batch, info, error)
     except OwnershipLost as exc:
         return Ended(index, "lost", error=exc)
@@ -280,10 +288,15 @@ def _calls_lost(engine: RunEngine, info: StepInfo, why: BaseException) -> None:
 
 def _end_step(
     engine: RunEngine, info: StepInfo, status: str, why: str, *, forced: bool = False
-) -> None:
-    """End an item's step that is still ``running`` (its worker did not, or could not)."""
+) -> bool:
+    """End an item's step that is still ``running`` (its worker did not, or could not);
+    False when it had ended already."""
+    return engine.store.end_step(
+        engine.id, info.id, status, error=why, forced=forced, duration_s=info.elapsed
+    )
+
+
+def _ended(engine: RunEngine, info: StepInfo) -> str | None:
+    """How the item's step ended (None: it is not in the store)."""
     state = engine.store.step_status(info.id)
-    if state is not None and state[0] == StepStatus.RUNNING:
-        engine.store.end_step(
-            engine.id, info.id, status, error=why, forced=forced, duration_s=info.elapsed
-        )
+    return None if state is None else state[0]

@@ -157,23 +157,25 @@ class StepsMixin(StoreBase):
         error: str | None = None,
         forced: bool = False,
         duration_s: float | None = None,
-    ) -> None:
+    ) -> bool:
         """Mark a step that did not complete (``failed``, ``cancelled``, ``abandoned``).
         Refused (``OwnershipLost``) once the run was taken over from this process. Only a
         step still ``running`` is ended: a late attempt (a second copy of a ``run.map``
-        item) never changes a step that completed or ended meanwhile."""
+        item) never changes a step that completed or ended meanwhile. True when this call
+        ended it; False when it had ended already (its row says how)."""
         epoch, lock = self.held_epoch(run_id), self.backend.for_share
 
-        def job(tx: Tx) -> None:
+        def job(tx: Tx) -> bool:
             if epoch is not None:
                 check_epoch_tx(tx, run_id, epoch, lock=lock, what="step end")
-            tx.execute(
+            ended = tx.fetchall(
                 "UPDATE steps SET status = ?, ended_at = ?, duration_s = ?, error = ?, forced = ?"
-                " WHERE id = ? AND status = ?",
+                " WHERE id = ? AND status = ? RETURNING id",
                 (status, self.now(), duration_s, error, forced, step_id, StepStatus.RUNNING),
             )
+            return bool(ended)
 
-        self.write(job)
+        return self.write(job)
 
     def abandon_running_steps(self, tx: Tx, run_id: str) -> int:
         """Steps left ``running`` by a dead process become ``abandoned``."""
