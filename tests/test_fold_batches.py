@@ -148,7 +148,8 @@ def tables(store: Store) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def fresh(path: Path) -> Store:
-    store = open_store(str(path))
+    """A store holding run ``r``, created at T0, before its records."""
+    store = open_store(str(path), clock=lambda: T0)
     store.create_run("r", "agent")
     return store
 
@@ -162,7 +163,7 @@ def test_any_batching_gives_the_tables_of_one_record_at_a_time(tmp_path: Path, s
         expected = tables(one)
     end = T0 + dt.timedelta(seconds=12)
     assert expected["runs"] == [("r", 11, "suspended", "user_stop", end + dt.timedelta(days=7))]
-    assert [e[:3] for e in expected["events"]] == [("suspended", "running", "suspended")]
+    assert [e[:4] for e in expected["events"]] == [("suspended", "running", "suspended", end)]
     assert [s[2:5] for s in expected["steps"] if s[1] == 11] == [("cancelled", end, 0.25)]
 
     rng = random.Random(seed)

@@ -150,6 +150,77 @@ def test_an_approval_from_the_command_line_shows_in_an_open_panel(
         panel.detach()
 
 
+def test_a_note_typed_in_a_card_survives_a_change_of_the_run_in_the_store(
+    store: Any, store_path: Any
+) -> None:
+    """The panel redraws its cards when the run changes in the store; a card whose request
+    still waits is the same card, with the note its reader was typing."""
+    tag = name("note-kept")
+    handle = approval_agent(tag).start(run_id=tag, store=store)
+    assert handle.wait(WAIT) == "suspended"
+    panel = panel_for(handle)
+    try:
+        box = addon(panel, ApprovalsBox)
+        (card,) = box.children
+        settled(panel)
+        card.note.value = "invoice checked"  # half typed when another process writes
+        seen = panel.store_changes
+        stop = subprocess.run(  # a stop request of a suspended run: an event, exit 3
+            [sys.executable, "-m", "kernelext", "stop", tag, "--store", str(store_path)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert "it is suspended" in stop.stdout, stop.stdout + stop.stderr
+        wait_until(lambda: panel.store_changes > seen, "the panel to see the change")
+        settled(panel)
+        assert box.children == (card,)
+        assert card.note.value == "invoice checked"
+        card.approve_button.click()
+        assert panel.handle.wait(WAIT) == "completed"
+        (row,) = store.read("SELECT note FROM approvals WHERE run_id = ?", (tag,))
+        assert row == ("invoice checked",)
+    finally:
+        panel.detach()
+
+
+def test_a_question_asked_again_with_another_schema_gets_a_new_card(store: Any) -> None:
+    """A step run again may ask its question anew under the same key with another answer
+    schema: the card is built again for it, not kept with the old input."""
+    import json
+    import uuid
+    from types import SimpleNamespace
+
+    run_id = name("asked-again")
+    store.create_run(run_id, "agent")
+    store.transition(run_id, "suspended", ("running",), reason="input")
+    key = uuid.uuid4()
+
+    def ask(schema: dict[str, Any], prompt: str) -> None:
+        store.ask_question(
+            {"key": key, "run_id": run_id, "step": "s1", "step_ordinal": 0, "call_ordinal": 0,
+             "prompt": prompt, "answer_schema": json.dumps(schema), "default_answer": None,
+             "expires_at": None}
+        )  # fmt: skip
+
+    ask({"enum": ["red", "blue"]}, "Which colour?")
+    panel = SimpleNamespace(
+        view=None, store_changes=0, handle=SimpleNamespace(run_id=run_id, store=store)
+    )
+    box = ApprovalsBox(panel)
+    (first,) = box.children
+    ask({"type": "integer", "minimum": 1, "maximum": 9}, "How many?")
+    panel.store_changes += 1
+    box.refresh()
+    (card,) = box.children
+    assert card is not first and "How many?" in card.header.value
+    card.input.value = 3
+    card.answer_button.click()
+    assert "refused" not in card.message.value.lower(), card.message.value
+    (row,) = store.read("SELECT answer FROM questions WHERE run_id = ?", (run_id,))
+    assert json.loads(row[0]) == 3
+
+
 def long_step_agent(tag: str, release: threading.Event, last: threading.Event | None = None) -> Any:
     """Three steps, one effect each; the second is long (until ``release``), the third
     begins its effect once ``last`` is set."""

@@ -466,7 +466,10 @@ def test_processes_share_one_store_while_others_stop_resume_and_sweep(
             assert kinds["created"] == 1
             assert kinds["stop_requested"] == stops[run_id], run_id
             assert kinds["resumed"] == resumes[run_id], run_id
-            assert chain_is_consistent(events), (run_id, events)
+            moves = [
+                (e["id"], str(e["occurred_at"]), e["from_status"], e["to_status"]) for e in events
+            ]
+            assert chain_is_consistent(events), (run_id, moves)
         # Exactly one expiry per expiring run, by exactly one sweeper.
         assert sorted(expired) == sorted(expiring)
         for run_id in expiring:

@@ -246,6 +246,16 @@ class QuestionCard(w.VBox):
             self.on_decided(self.handle)
 
 
+def request_key(item: Any) -> tuple[Any, ...]:
+    """What names one card's request across reads of the store: an approval's id; a
+    question's key with what its input is built from (a step run again may ask it anew,
+    under the same key, with another schema: that is a new card)."""
+    if isinstance(item, Approval):
+        return ("approval", item.id)
+    shape = json.dumps([item.schema, item.default], sort_keys=True, default=str)
+    return ("question", item.key, shape)
+
+
 def cards(items: list[Any], on_decided: Decided | None = None) -> list[Any]:
     made: list[Any] = []
     for item in items:
@@ -299,7 +309,23 @@ class ApprovalsBox(w.VBox):
             return
         store = self.panel.handle.store
         waiting = [*approvals(run_id, store=store), *questions(run_id, store=store)]
-        self.children = tuple(cards(waiting, on_decided=self._decided))
+        # A card still waiting is kept, with what the person typed in it so far.
+        shown: dict[tuple[Any, ...], Any] = {}
+        showing: tuple[Any, ...] = tuple(self.children)
+        for shown_card in showing:
+            if isinstance(shown_card, (ApprovalCard, QuestionCard)):
+                shown[request_key(shown_card.item)] = shown_card
+        kept: list[Any] = []
+        for item in waiting:
+            card = shown.get(request_key(item))
+            if card is None:
+                kept += cards([item], on_decided=self._decided)
+            else:
+                card.item = item
+                card.message.value = ""  # what it said of an earlier click is gone
+                card.draw()
+                kept.append(card)
+        self.children = tuple(kept)
 
     def _decided(self, handle: Any) -> None:
         if handle is not None:

@@ -126,7 +126,8 @@ class FactsMixin(RunsMixin, StoreBase):
             (run_id, StepStatus.COMPLETED),
         )
         tx.execute(
-            "UPDATE runs SET completed_steps = ?, updated_at = ? WHERE id = ?",
+            "UPDATE runs SET completed_steps = ?, updated_at = greatest(updated_at, ?)"
+            " WHERE id = ?",
             (int(done[0]) if done else 0, self.now(), run_id),
         )
         return len(rows)

@@ -85,8 +85,8 @@ def _step_complete(tx: Tx, d: dict[str, Any]) -> None:
         (StepStatus.COMPLETED.value, d["at"], d["duration_s"], d["snapshot_id"], d["step_id"]),
     )
     tx.execute(
-        "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-        " WHERE run_id = ? AND status = ?) WHERE id = ?",
+        "UPDATE runs SET updated_at = greatest(updated_at, ?), completed_steps ="
+        " (SELECT count(*) FROM steps WHERE run_id = ? AND status = ?) WHERE id = ?",
         (d["at"], d["run_id"], StepStatus.COMPLETED.value, d["run_id"]),
     )
 
@@ -110,8 +110,8 @@ def _item_complete(tx: Tx, d: dict[str, Any]) -> None:
     )
     if d.get("count", True):  # a worker's completion: the owner counts (recount_completed)
         tx.execute(
-            "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-            " WHERE run_id = ? AND status = ?) WHERE id = ?",
+            "UPDATE runs SET updated_at = greatest(updated_at, ?), completed_steps ="
+            " (SELECT count(*) FROM steps WHERE run_id = ? AND status = ?) WHERE id = ?",
             (d["at"], d["run_id"], StepStatus.COMPLETED.value, d["run_id"]),
         )
 
@@ -217,11 +217,12 @@ def stop_request(tx: Tx, d: dict[str, Any]) -> None:
     The first request moves ``running`` to ``stopping``; every request adds one
     ``stop_requested`` event. The event carries the request's id, and a request whose
     event is already there is skipped: folding a journal again after a crash is harmless.
+    (Not its time: a move is dated after the run's last one, see ``move_tx``.)
     """
     detail = json.dumps({"request": d["request"]}, sort_keys=True)
     if tx.fetchone(
-        "SELECT 1 FROM events WHERE run_id = ? AND kind = ? AND occurred_at = ? AND detail = ?",
-        (d["run_id"], STOP_REQUESTED, d["at"], detail),
+        "SELECT 1 FROM events WHERE run_id = ? AND kind = ? AND detail = ?",
+        (d["run_id"], STOP_REQUESTED, detail),
     ):
         return
     try:

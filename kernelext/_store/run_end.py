@@ -40,10 +40,15 @@ REQUIRED_FIELDS = ("run_id", "status", "kind", "who", "at")
 
 
 def already_applied(tx: Tx, d: dict[str, Any]) -> bool:
-    """This very record was applied before (its move's event is there)."""
+    """This very record was applied before (its move's event is there).
+
+    The move is dated at the record's time or, when another move of the run was dated
+    later by the time it was applied, at that one's (``transitions.move_tx``); so: the
+    event of this process's move of this kind, to this status, not dated before it."""
     row = tx.fetchone(
-        "SELECT 1 FROM events WHERE run_id = ? AND kind = ? AND to_status = ? AND occurred_at = ?",
-        (d["run_id"], d["kind"], d["status"], d["at"]),
+        "SELECT 1 FROM events WHERE run_id = ? AND kind = ? AND to_status = ?"
+        " AND (occurred_at = ? OR (actor = ? AND occurred_at > ?))",
+        (d["run_id"], d["kind"], d["status"], d["at"], d["who"], d["at"]),
     )
     return row is not None
 

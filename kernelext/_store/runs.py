@@ -341,7 +341,11 @@ class RunsMixin(StoreBase):
         if "status" in fields:
             raise RunStateError("A run's status changes only through Store.transition_tx.")
         fields.setdefault("updated_at", self.now())
-        assignments = ", ".join(f"{name} = ?" for name in fields)
+        # never dated back: a move is dated after updated_at (see transitions.move_tx)
+        assignments = ", ".join(
+            "updated_at = greatest(updated_at, ?)" if name == "updated_at" else f"{name} = ?"
+            for name in fields
+        )
         tx.execute(f"UPDATE runs SET {assignments} WHERE id = ?", (*fields.values(), run_id))
 
     def record_event(

@@ -124,8 +124,8 @@ class StepsMixin(StoreBase):
 
         def job(tx: Tx) -> None:
             tx.execute(
-                "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-                " WHERE run_id = ? AND status = ?) WHERE id = ?",
+                "UPDATE runs SET updated_at = greatest(updated_at, ?), completed_steps ="
+                " (SELECT count(*) FROM steps WHERE run_id = ? AND status = ?) WHERE id = ?",
                 (now, run_id, StepStatus.COMPLETED, run_id),
             )
 

@@ -3,7 +3,9 @@
 It locks the run row, checks the move against ``kernelext.status.TRANSITIONS``, sets
 the deadline of a waiting status from the expiry policy (unless the caller gives one),
 clears it when the run runs again, updates the row and writes the ``events`` row, all in
-the caller's transaction. ``RunsMixin.transition_tx`` is the store's front door to it;
+the caller's transaction. A move is dated at the caller's time or, if the run's row was
+written later meanwhile, at that time: a run's history reads in the order of its moves.
+``RunsMixin.transition_tx`` is the store's front door to it;
 the fold of a dead process's journal (which has no store object yet) calls it directly.
 """
 
@@ -59,7 +61,8 @@ def move_tx(
     allowed = {str(status) for status in allowed_from}
     while True:
         row = tx.fetchone(
-            f"SELECT status, owner_epoch, owner FROM runs WHERE id = ?{for_update}", (run_id,)
+            f"SELECT status, owner_epoch, owner, updated_at FROM runs WHERE id = ?{for_update}",
+            (run_id,),
         )
         if row is None:
             where = f" at {location}" if location else ""
@@ -72,6 +75,9 @@ def move_tx(
         if before not in allowed:
             return Transition(False, before, before)
         check_transition(run_id, before, to_status)
+        # The caller read its clock before it held the row: a move committed meanwhile may
+        # be later. A run's moves are dated in the order they were made, never before it.
+        now = _not_before(now, row[3])
         updates = _updates(to_status, now, reason, fields, policy)
         assignments = ", ".join(f"{name} = ?" for name in updates)
         # Compare and set: a move another transaction made meanwhile is seen, not overwritten.
@@ -115,6 +121,12 @@ def move_tx(
             },
         )
     return Transition(True, before, Status(to_status))
+
+
+def _not_before(now: dt.datetime, last: Any) -> dt.datetime:
+    if not isinstance(last, dt.datetime) or (last.tzinfo is None) != (now.tzinfo is None):
+        return now
+    return max(now, last)
 
 
 def _updates(

@@ -29,6 +29,8 @@ import os
 import pytest
 
 from kernelext._store import utcnow
+from kernelext._store.records import stop_request
+from kernelext._store.run_end import already_applied, apply_run_end
 from kernelext._store.schema import MIGRATIONS, TABLES
 from kernelext.errors import RunNotFound
 
@@ -36,7 +38,7 @@ from .store_suite_approvals import TestApprovals, TestQuestions
 from .store_suite_claims import TestClaims, TestFacts
 from .store_suite_lifecycle import TestExpiry, TestRestart
 from .store_suite_records import TestBlobs, TestEffects, TestSteps
-from .store_suite_support import Clock, FakeClock, StoreFactory, events
+from .store_suite_support import Clock, FakeClock, StoreFactory, complete, events
 from .store_suite_writer import TestGroupCommit, TestReads
 
 __all__ = [
@@ -223,6 +225,76 @@ class TestTransitions:
         assert not store.transition("r1", "running", ("suspended",)).ok
         moves = [(e["from_status"], e["to_status"]) for e in events(store, "r1")[1:]]
         assert moves == path
+
+    def test_a_move_whose_caller_read_the_clock_earlier_is_dated_after_the_last_move(
+        self, store_factory: StoreFactory
+    ) -> None:
+        # Two processes: one reads its clock, the other moves the run meanwhile; the first
+        # then holds the row. Its move is the later one, and the history says so.
+        clock = FakeClock()
+        store = store_factory(clock=clock)
+        store.create_run("r1", "agent")
+        clock.advance(10)
+        assert store.transition("r1", "stopping", ("running",), source="stopper").ok
+        moved_at = clock.current
+        clock.advance(-5)  # the clock the next caller read before the stopper's commit
+        assert store.transition("r1", "suspended", ("stopping",), source="runner").ok
+        history = events(store, "r1")
+        assert [(e["from_status"], e["to_status"]) for e in history] == [
+            (None, "running"),
+            ("running", "stopping"),
+            ("stopping", "suspended"),
+        ]
+        assert history[-1]["occurred_at"] == moved_at
+        assert store.get_run("r1")["updated_at"] == moved_at
+        # A record dated before the last move does not date the run back either.
+        assert store.transition("r1", "running", ("suspended",)).ok
+        clock.advance(-5)
+        complete(store, "r1", 0, "k0")
+        assert store.get_run("r1")["updated_at"] == moved_at
+
+    def test_a_record_applied_again_is_known_though_its_move_was_dated_later(
+        self, store_factory: StoreFactory
+    ) -> None:
+        # A stop request and a run end carry their own time; a later move of the run dates
+        # them later when applied. Applied a second time (a take-over folded the journal,
+        # then its process folds it again), each is recognised and changes nothing.
+        clock = FakeClock()
+        store = store_factory(clock=clock)
+        store.create_run("r1", "agent")
+        asked = clock.advance(5)
+        clock.advance(5)
+        store.update_run("r1", total_steps=3)  # the run's row was written at T+10
+        stop = {"run_id": "r1", "source": "api", "who": "me", "at": asked, "request": "q1"}
+        store.write(lambda tx: stop_request(tx, stop))
+        store.transition("r1", "suspended", ("stopping",))
+        store.transition("r1", "running", ("suspended",))  # resumed
+        store.write(lambda tx: stop_request(tx, stop))
+        assert store.get_run("r1")["status"] == "running"
+        assert len(events(store, "r1", "stop_requested")) == 1
+
+        end = {"run_id": "r1", "status": "suspended", "kind": "suspended", "who": "owner",
+               "at": asked, "source": "engine", "reason": "user_stop"}  # fmt: skip
+        store.write(lambda tx: apply_run_end(tx, end))
+        store.transition("r1", "running", ("suspended",))
+        assert store.write(lambda tx: already_applied(tx, end))
+        store.write(lambda tx: apply_run_end(tx, end))
+        assert store.get_run("r1")["status"] == "running"
+        assert len(events(store, "r1", "suspended")) == 1
+
+    def test_a_row_write_dated_earlier_does_not_date_the_run_back(
+        self, store_factory: StoreFactory
+    ) -> None:
+        clock = FakeClock()
+        store = store_factory(clock=clock)
+        store.create_run("r1", "agent")
+        clock.advance(10)
+        assert store.transition("r1", "stopping", ("running",)).ok
+        clock.advance(-5)  # another host's clock, behind
+        store.update_run("r1", total_steps=3)
+        assert store.transition("r1", "suspended", ("stopping",)).ok
+        moves = [(e["from_status"], e["to_status"]) for e in events(store, "r1")]
+        assert moves == [(None, "running"), ("running", "stopping"), ("stopping", "suspended")]
 
 
 class TestRequestStop:

@@ -289,7 +289,7 @@ def _completed_counts(tx: Tx, completions: list[dict[str, Any]]) -> None:
         latest[d["run_id"]] = d["at"]
     for run_id, at in latest.items():
         tx.execute(
-            "UPDATE runs SET updated_at = ?, completed_steps = (SELECT count(*) FROM steps"
-            " WHERE run_id = ? AND status = ?) WHERE id = ?",
+            "UPDATE runs SET updated_at = greatest(updated_at, ?), completed_steps ="
+            " (SELECT count(*) FROM steps WHERE run_id = ? AND status = ?) WHERE id = ?",
             (at, run_id, StepStatus.COMPLETED, run_id),
         )
