@@ -322,7 +322,6 @@ class ApprovalsBox(w.VBox):
                 kept += cards([item], on_decided=self._decided)
             else:
                 card.item = item
-                card.message.value = ""  # what it said of an earlier click is gone
                 card.draw()
                 kept.append(card)
         self.children = tuple(kept)

@@ -247,10 +247,12 @@ class TestTransitions:
         ]
         assert history[-1]["occurred_at"] == moved_at
         assert store.get_run("r1")["updated_at"] == moved_at
-        # A record dated before the last move does not date the run back either.
+        # A record or a row write dated before the last move (another host's clock, behind)
+        # does not date the run back either.
         assert store.transition("r1", "running", ("suspended",)).ok
         clock.advance(-5)
         complete(store, "r1", 0, "k0")
+        store.update_run("r1", total_steps=3)
         assert store.get_run("r1")["updated_at"] == moved_at
 
     def test_a_record_applied_again_is_known_though_its_move_was_dated_later(
@@ -281,20 +283,6 @@ class TestTransitions:
         store.write(lambda tx: apply_run_end(tx, end))
         assert store.get_run("r1")["status"] == "running"
         assert len(events(store, "r1", "suspended")) == 1
-
-    def test_a_row_write_dated_earlier_does_not_date_the_run_back(
-        self, store_factory: StoreFactory
-    ) -> None:
-        clock = FakeClock()
-        store = store_factory(clock=clock)
-        store.create_run("r1", "agent")
-        clock.advance(10)
-        assert store.transition("r1", "stopping", ("running",)).ok
-        clock.advance(-5)  # another host's clock, behind
-        store.update_run("r1", total_steps=3)
-        assert store.transition("r1", "suspended", ("stopping",)).ok
-        moves = [(e["from_status"], e["to_status"]) for e in events(store, "r1")]
-        assert moves == [(None, "running"), ("running", "stopping"), ("stopping", "suspended")]
 
 
 class TestRequestStop:
