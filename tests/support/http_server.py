@@ -328,13 +328,16 @@ class DeliveryServer:
                 )
                 self._changed.notify_all()
                 return status, json.dumps({"error": "injected failure"}).encode(), headers
-            slow = self._slow_queue.pop(0) if self._slow_queue else self.delay
+            slowed = bool(self._slow_queue)  # one of the POSTs slow_next asked for
+            slow = self._slow_queue.pop(0) if slowed else self.delay
             record: dict[str, Any] = {
                 "path": path,
                 "body": body,
                 "idempotency_key": key,
                 "time": time.time(),
             }
+            if slowed:
+                record["slowed"] = True
             if self.dedupe and key is not None and key in self._first_response:
                 record["kind"] = "replay"
                 record["seq"] = len(self.replays) + 1
