@@ -17,10 +17,15 @@ venv: $(STAMP)
 # Editable install: setuptools maps kernelext.widgets -> widgets/ through its
 # import finder, so new modules are picked up without reinstalling; only a
 # pyproject.toml change (dependencies, packages) needs a new install.
-$(STAMP): pyproject.toml
+# An editable install skips the wheel's data files: the Jupyter Server extension's
+# switch (jupyter-config/, shipped in the wheel under etc/jupyter) is copied by hand.
+SERVER_SWITCH := jupyter-config/jupyter_server_config.d/kernelext.json
+
+$(STAMP): pyproject.toml $(SERVER_SWITCH)
 	@test -x $(PY) || { echo "+ $(PYTHON) -m venv $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	install -D -m 644 $(SERVER_SWITCH) $(VENV)/etc/jupyter/jupyter_server_config.d/kernelext.json
 	@touch $@
 
 # Debian packages the tests use: chromium (Playwright drives it, never

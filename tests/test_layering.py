@@ -45,15 +45,31 @@ LAYERS: dict[str, tuple[Path, str, tuple[str, ...]]] = {
     "store": (
         REPO_ROOT / "kernelext" / "_store",
         "kernelext._store",
-        ("kernelext._core", "kernelext._ipython", "kernelext.widgets", *JUPYTER),
+        (
+            "kernelext._core",
+            "kernelext._ipython",
+            "kernelext._server",
+            "kernelext.widgets",
+            *JUPYTER,
+        ),
     ),
     "core": (
         REPO_ROOT / "kernelext" / "_core",
         "kernelext._core",
-        ("kernelext._ipython", "kernelext.widgets", *JUPYTER),
+        ("kernelext._ipython", "kernelext._server", "kernelext.widgets", *JUPYTER),
+    ),
+    # The Jupyter Server extension: the server's side of a click, never a kernel's.
+    "server": (
+        REPO_ROOT / "kernelext" / "_server",
+        "kernelext._server",
+        ("kernelext._ipython", "kernelext.widgets", "ipywidgets", "ipykernel", "IPython"),
     ),
     "ipython": (REPO_ROOT / "kernelext" / "_ipython", "kernelext._ipython", ()),
-    "widgets": (REPO_ROOT / "widgets", "kernelext.widgets", ("kernelext._store",)),
+    "widgets": (
+        REPO_ROOT / "widgets",
+        "kernelext.widgets",
+        ("kernelext._store", "kernelext._server"),
+    ),
 }
 
 

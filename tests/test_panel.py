@@ -85,7 +85,9 @@ def test_stop_then_resume_through_the_buttons(store: Any) -> None:
     panel = panel_for(handle)
     assert panel_for(handle) is panel
     assert not panel.stop_button.disabled
-    assert panel.resume_button.disabled and panel.force_button.disabled
+    assert panel.resume_button.disabled and not panel.force_button.disabled  # live: forceable
+    assert not panel.remote.stop_disabled and not panel.remote.force_disabled
+    assert "even while the kernel runs other cells" in panel.remote.stop_tooltip
     panel.stop_button.click()
     view = panel.view
     assert view is not None and view.status == "stopping"
@@ -149,8 +151,7 @@ def test_force_stop_button_cancels_the_step(store: Any) -> None:
     while not engine_of(handle.run).effects and time.monotonic() < deadline:
         time.sleep(0.01)
     panel = panel_for(handle)
-    assert panel.force_button.disabled  # nothing to force before a stop is pending
-    panel.stop_button.click()
+    assert not panel.force_button.disabled  # a live run can be forced without a Stop first
     panel.force_button.click()
     try:
         assert handle.wait(30) == "suspended"

@@ -28,6 +28,7 @@ import ipywidgets as w
 from kernelext._core import control
 from kernelext._core.batch_view import BatchCounts, batch_counts
 from kernelext._core.colours import BAD
+from kernelext._core.from_elsewhere import store_address
 from kernelext._core.plan import ResumePlan
 from kernelext._core.run import engine_of
 from kernelext._core.runtime import runtime
@@ -48,6 +49,7 @@ from ._render import (
     view_of,
 )
 from ._static import SavedCopy
+from ._stop_buttons import StopButtons, busy_hint
 from ._style import FRAME, PANEL_STYLE, muted_html
 from ._throttle import Throttle
 from ._watch import watch_of
@@ -73,6 +75,19 @@ NEEDS_DECISION_WIDGETS: list[Callable[[ControlPanel], Any]] = []
 PANEL_ADDONS: list[Callable[[ControlPanel], Any]] = []
 
 SOURCE = "panel"
+STOP_TIPS = {
+    "live": "Stop at the next safe point (the end of the step or cell). Recorded at once, "
+    "even while the kernel runs other cells.",
+    "pending": "A stop is pending: the run stops at its next safe point. Pressing again "
+    "changes nothing; Force stop cancels the step now.",
+    "idle": "The run is {status}: there is nothing to stop.",
+}
+FORCE_TIPS = {
+    "live": "Stop now: cancel the current step. kernelext's own records are never cut; a "
+    "call in flight that is cut becomes unknown and waits for your decision.",
+    "cell": "A %%agent cell runs in the kernel's main thread: press the notebook's ■ "
+    "(interrupt) twice to cancel it. Stop ends the run after the cell.",
+}
 EFFECTS_SHOWN = 5
 BATCH_INTERVAL = 0.2  # seconds between redraws at most while a batch runs
 OVERRUNNING = "overrunning, cannot be interrupted"
@@ -124,7 +139,17 @@ class ControlPanel(w.VBox):
             tooltip="Stop now: cancel the current step; effects in flight become unknown",
             layout=w.Layout(width="auto"),
         )
-        buttons = w.HBox([self.stop_button, self.resume_button, self.force_button])
+        # Shown: Stop and Force stop sent through the notebook server (never stuck behind
+        # queued cells), then Resume, which runs in this kernel. stop_button and
+        # force_button stay for code (``panel.stop_button.click()``) and for a click the
+        # server could not take (StopButtons hands it here).
+        self.remote = StopButtons(
+            self._on_remote_action,
+            run_id=handle.run_id,
+            store=store_address(handle.store),
+            busy_hint=busy_hint(handle.run_id),
+        )
+        buttons = w.HBox([self.remote, self.resume_button])
         buttons.add_class("kernelext-buttons")
         super().__init__(
             children=[
@@ -172,6 +197,9 @@ class ControlPanel(w.VBox):
         self.handle = handle
         _PANELS[handle] = self
         self._watch(handle)
+        self.remote.run_id = handle.run_id
+        self.remote.store = store_address(handle.store)
+        self.remote.busy_hint = busy_hint(handle.run_id)
         run = engine_of(handle.run)
         if run is not old:
             self._effects = {}
@@ -311,8 +339,29 @@ class ControlPanel(w.VBox):
                     refresh()
         cell = self.is_cell_run
         self.stop_button.disabled = not (view.status == Status.RUNNING and (view.alive or cell))
-        self.force_button.disabled = not (view.alive and view.status == Status.STOPPING)
+        self.force_button.disabled = not (view.alive and view.status in LIVE) or cell
         self.resume_button.disabled = view.alive or view.status not in RESUME_OFFERED
+        self._draw_remote(view, cell)
+
+    def _draw_remote(self, view: PanelView, cell: bool) -> None:
+        """The shown Stop and Force stop: enabled whenever the run is live, anywhere."""
+        remote, live = self.remote, view.status in LIVE
+        remote.stop_disabled = not live
+        remote.stop_tooltip = (
+            STOP_TIPS["pending"]
+            if view.stop_pending
+            else STOP_TIPS["live"]
+            if live
+            else STOP_TIPS["idle"].format(status=view.status)
+        )
+        remote.force_disabled = not live or cell
+        remote.force_tooltip = (
+            FORCE_TIPS["cell"]
+            if cell and live
+            else FORCE_TIPS["live"]
+            if live
+            else STOP_TIPS["idle"].format(status=view.status)
+        )
 
     def _fill_decision_slot(self, view: PanelView) -> None:
         if view.status != Status.NEEDS_DECISION:
@@ -348,20 +397,28 @@ class ControlPanel(w.VBox):
 
     def _on_stop(self, _button: Any = None) -> None:
         def stop() -> str | None:
-            # A cell run between two cells is at a safe point; an agent run is stopped
-            # from the kernel that executes it.
-            if not (self.handle.alive or self.is_cell_run):
-                return "the run is not executing in this kernel"
-            control.stop(self.handle.run_id, source=SOURCE, store=self.handle.store)
-            return None
+            # Recorded in the store whoever executes the run: this kernel's agent thread,
+            # a cell run (between two cells it suspends at once), another process.
+            before = self.handle.info()["status"]
+            status = control.stop(self.handle.run_id, source=SOURCE, store=self.handle.store)
+            if before in LIVE or self.handle.alive:
+                return None
+            return f"the run is {status}: there was nothing to stop"
 
         self._click(stop)
 
+    def _on_remote_action(self, action: str) -> str | None:
+        """A Stop or Force stop the server could not take: handled here, in the kernel."""
+        (self._on_force if action == "force" else self._on_stop)()
+        return self._notice
+
     def _on_force(self, _button: Any = None) -> None:
         def force() -> str | None:
-            if not self.handle.alive:
-                return "the run is not executing; nothing to force"
-            self.handle.force_stop(source=SOURCE)
+            if self.is_cell_run:
+                return FORCE_TIPS["cell"]
+            status = control.force_stop(self.handle.run_id, source=SOURCE, store=self.handle.store)
+            if status not in LIVE:
+                return f"the run is {status}: there is nothing to force"
             return "force stop requested: the current step is cancelled"
 
         self._click(force)

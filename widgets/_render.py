@@ -73,10 +73,13 @@ class PanelView:
     notice: str | None = None
     batch: BatchCounts | None = None  # the run.map in progress, or the last one seen here
     conversation: Conversation | None = None  # a run of model and tool calls, no run.steps
+    stop_seen: bool = False  # this process raised the run's stop flag (the row may lag)
 
     @property
     def stop_pending(self) -> bool:
-        return self.status == Status.STOPPING
+        """A stop was asked for and has not landed: the row says ``stopping``, or this
+        process raised the run's flag before the request reached the table."""
+        return self.status == Status.STOPPING or (self.stop_seen and self.status in LIVE)
 
     @property
     def final(self) -> bool:
@@ -199,6 +202,9 @@ def view_of(
     if not view.total:
         talk = conversation_of(handle.store.load_effects(handle.run_id).values())
         view.conversation = talk if (talk.turns or talk.tool_calls) else None
+    if handle.alive and run.stop_event.is_set() and view.status in LIVE:
+        view.stop_seen = True
+        view.stop_source = view.stop_source or run.stop_source
     if current is not None:
         view.step_key, view.step_ordinal = current.key, current.ordinal
         view.step_elapsed = current.elapsed

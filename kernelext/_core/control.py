@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._store import Store, actor
+from .._store.records import FORCE_REQUESTED
 from .._validate import (
     FLAG,
     RUN_ID,
@@ -23,7 +24,7 @@ from .._validate import (
 )
 from .._validate import check_plan as plan_type
 from ..errors import RunStateError
-from ..status import Reason, Status
+from ..status import LIVE, Reason, Status
 from . import cell_runs
 from .handle import Handle, request_stop
 from .names import check_stored_name
@@ -32,7 +33,7 @@ from .resume import check_resumable, resume_agent_run
 from .run_engine import RunEngine
 from .runtime import get_store, runtime
 
-__all__ = ["handle_for", "is_cell_run", "resume", "stop"]
+__all__ = ["force_stop", "handle_for", "is_cell_run", "resume", "stop"]
 
 
 def is_cell_run(row: dict[str, Any]) -> bool:
@@ -57,6 +58,27 @@ def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str
     if is_cell_run(row):
         return cell_runs.stop_cell_run(run_id, source=source, store=store)
     return request_stop(store, run_id, source=source)
+
+
+@validated("kx.core.control.force_stop", run_id=RUN_ID, source=SOURCE, store=STORE)
+def force_stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
+    """Ask run ``run_id`` to stop now: its step is cancelled (see ``Handle.force_stop``).
+
+    A run live in this process is forced here. For any other run the stop is recorded and
+    a ``force_requested`` event beside it; the process that executes an agent run reads it
+    within a fraction of a second and forces the step there. A ``%%agent`` cell cannot be
+    forced from another process: its stop lands when the cell ends (press the notebook's
+    interrupt button twice to cancel the cell). Returns the run's status after the request.
+    """
+    live = runtime().live_handle(run_id)
+    if live is not None:
+        live.force_stop(source=source)
+        return str(Status.STOPPING)
+    store = get_store(store)
+    status = stop(run_id, source=source, store=store)
+    if status in LIVE and not is_cell_run(store.get_run(run_id)):
+        store.record_event(run_id, FORCE_REQUESTED, source=source)
+    return status
 
 
 @validated(

@@ -7,6 +7,7 @@ from typing import Any
 
 from .._formatting import moment_text
 from .._store import Store
+from .._store.records import FORCE_REQUESTED
 from .._validate import NOTE, SOURCE, check_wait, optional, validated
 from ..errors import StoreWriteError
 from ..status import Status
@@ -82,7 +83,7 @@ class Handle:
         """Stop now: raise into the step. In-flight effects become ``unknown``."""
         self.stop(source)
         engine_of(self.run).force.wanted = True
-        self.store.record_event(self.run_id, "force_requested", source=source, wait=False)
+        self.store.record_event(self.run_id, FORCE_REQUESTED, source=source, wait=False)
 
     def steps(self) -> list[dict[str, Any]]:
         return self.store.steps(self.run_id)

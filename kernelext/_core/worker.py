@@ -41,6 +41,7 @@ from .secrets import scrub_text, scrubbed_excerpt
 __all__ = ["end_open_step", "finish_run", "launch", "suspend_run"]
 
 MONITOR_TICK = 0.05
+FORCE_POLL_SECONDS = 0.25  # how often a stopping run looks for a force asked elsewhere
 _log = logging.getLogger("kernelext")
 
 
@@ -298,6 +299,18 @@ def _watch_external_stop(handle: Handle) -> None:
     while handle.thread is not None and handle.thread.is_alive() and not run.stop_event.is_set():
         run.poll_external_stop(wait=True)
         run.stop_event.wait(STOP_POLL_SECONDS)
+    # Stopping: another process may still ask to force it (a panel's Force stop through
+    # the server, ``kx.force_stop`` elsewhere); the monitor raises it at its next tick.
+    while handle.thread is not None and handle.thread.is_alive() and not run.force.wanted:
+        try:
+            source = handle.store.force_request(run.id)
+        except Exception:  # a store hiccup: look again
+            source = None
+        if source is not None:
+            run.force.wanted = True
+            run.notify("force", source)
+            break
+        handle.thread.join(FORCE_POLL_SECONDS)
 
 
 def _monitor(handle: Handle) -> None:

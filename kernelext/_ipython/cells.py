@@ -24,6 +24,7 @@ from .._core.waiting import waiting_text
 from .._formatting import step_label
 from ..errors import AgentCellStopped, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
+from .interrupt import cell_interrupts
 
 __all__ = ["AgentCellStopped", "cell_identity", "run_agent_cell"]
 
@@ -174,9 +175,10 @@ def _execute(
 
     def body() -> BaseException | None:
         shell.user_ns["run"] = cell.run.facade  # what the cell's code calls run
-        shell.set_custom_exc((StopRequested, NeedsDecision), quiet)
+        shell.set_custom_exc((StopRequested, NeedsDecision, KeyboardInterrupt), quiet)
         try:
-            result = shell.run_cell(source, store_history=False)
+            with cell_interrupts(cell.run_id, cell.store):  # ■: stop after the cell; twice: cancel
+                result = shell.run_cell(source, store_history=False)
         finally:
             shell.custom_exceptions, shell.CustomTB = saved_exc
             if previous is missing:

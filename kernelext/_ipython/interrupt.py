@@ -18,20 +18,37 @@ what the handler it replaced did; while one is, the first press asks every live 
 stop at its next safe point and a second press within ``interrupt_window`` seconds forces
 the stop. Both options are read at each press. ``tests/test_interrupt.py`` pins the
 ipykernel internals this relies on.
+
+While a ``%%agent`` cell runs, the main thread is the run's: :func:`cell_interrupts`
+takes SIGINT for the cell's duration. The first press records a stop (source
+``interrupt``): the cell runs to its end, the run suspends at the boundary after it, and
+the queued ``%%agent`` cells are skipped. A second press within ``interrupt_window``
+raises ``KeyboardInterrupt`` in the cell, which cancels it as Jupyter's interrupt always
+did (effects in flight become ``unknown``). With ``soft_interrupt`` off, the first press
+does that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 from .._core.runtime import runtime
 from .options import notebook_option
 
-__all__ = ["SOURCE", "InterruptHandler", "kernel_supports_soft_interrupt", "live_handles"]
+__all__ = [
+    "SOURCE",
+    "CellInterrupt",
+    "InterruptHandler",
+    "cell_interrupts",
+    "kernel_supports_soft_interrupt",
+    "live_handles",
+]
 
 SOURCE = "interrupt"
 
@@ -150,3 +167,57 @@ class InterruptHandler:
 
     def __repr__(self) -> str:
         return f"<kernelext interrupt handler window={self.current_window}s>"
+
+
+class CellInterrupt:
+    """SIGINT while a ``%%agent`` cell runs: a stop on the first press, a cancel on the second."""
+
+    def __init__(self, run_id: str, store: Any, window: float | None = None) -> None:
+        self.run_id = run_id
+        self.store = store
+        self.window = window
+        self.first_press: float | None = None
+        self.worker: threading.Thread | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        window = self.window if self.window is not None else notebook_option("interrupt_window")
+        second = self.first_press is not None and now - self.first_press <= float(window)
+        if second or not notebook_option("soft_interrupt"):
+            signal.default_int_handler(signum, frame)  # KeyboardInterrupt: the cell is cancelled
+        if self.first_press is not None:
+            return  # pressed again after the window: the stop is pending already
+        self.first_press = now
+        # The store call runs on a thread: a signal handler lands at any bytecode of the
+        # main thread, perhaps inside kernelext's own locks.
+        self.worker = threading.Thread(target=self._stop, daemon=True, name="kernelext-interrupt")
+        self.worker.start()
+
+    def _stop(self) -> None:
+        from .._core import control
+
+        window = self.window if self.window is not None else notebook_option("interrupt_window")
+        try:
+            control.stop(self.run_id, source=SOURCE, store=self.store)
+        except Exception as exc:  # say it in the cell; a second press still cancels
+            print(f"kernelext: the stop could not be recorded ({type(exc).__name__}: {exc}).")
+            return
+        print(
+            f"kernelext: stop requested (■): this cell runs to its end, then run "
+            f"{self.run_id!r} suspends and the next %%agent cells are skipped. Press ■ again "
+            f"within {float(window):g} s to cancel this cell now."
+        )
+
+
+@contextlib.contextmanager
+def cell_interrupts(run_id: str, store: Any) -> Iterator[CellInterrupt | None]:
+    """SIGINT is the cell's :class:`CellInterrupt` inside; the handler before is put back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None  # signals reach the main thread only: nothing to take
+        return
+    handler = CellInterrupt(run_id, store)
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

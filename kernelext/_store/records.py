@@ -205,6 +205,7 @@ def fact(tx: Tx, d: dict[str, Any]) -> None:
 
 
 STOP_REQUESTED = "stop_requested"  # the event kind of every stop request
+FORCE_REQUESTED = "force_requested"  # a forced stop asked for (the stop is requested too)
 _STOP_EVENT = (
     "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source, actor,"
     " reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"

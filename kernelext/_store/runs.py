@@ -12,7 +12,7 @@ from .._did_you_mean import did_you_mean
 from ..errors import RunNotFound, RunStateError
 from ..status import FINAL, LIVE, WAITING, Status, waiting_reason
 from .base import StoreBase, actor, in_list
-from .records import STOP_REQUESTED, apply_record, check_record
+from .records import FORCE_REQUESTED, STOP_REQUESTED, apply_record, check_record
 from .run_end import apply_run_end
 from .transitions import Transition, move_tx
 from .writer import Tx
@@ -409,6 +409,18 @@ class RunsMixin(StoreBase):
     def stop_requested_at(self, run_id: str) -> dt.datetime | None:
         rows = self.backend.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
         return rows[0][0] if rows else None
+
+    def force_request(self, run_id: str) -> str | None:
+        """Who asked to force the run's pending stop (a ``force_requested`` event at or
+        after its ``stop_requested_at``), else None: how another process's Force stop
+        reaches the process that executes the run."""
+        rows = self.backend.read(
+            "SELECT e.source FROM events e JOIN runs r ON r.id = e.run_id"
+            " WHERE e.run_id = ? AND e.kind = ? AND r.stop_requested_at IS NOT NULL"
+            " AND e.occurred_at >= r.stop_requested_at ORDER BY e.id LIMIT 1",
+            (run_id, FORCE_REQUESTED),
+        )
+        return str(rows[0][0] or "external") if rows else None
 
     def run_liveness(self, run_id: str) -> tuple[Any, ...] | None:
         """(status, owner_epoch, stop_requested_at, stop_source) of a run, one indexed read:

@@ -1,0 +1,129 @@
+"""A person's Stop or Force stop that reaches a run without its kernel's help.
+
+A panel's buttons are drawn in the browser; a click on an ipywidgets button is handled
+by the kernel's main thread, after every cell queued before it (Run All) and after the
+user's own long cell. The notebook server is never busy that way: the panel sends Stop
+and Force stop to the server (``kernelext._server``), which calls :func:`act` here. It
+records the request in the store through the same door as ``kernelext stop``
+(``control.stop`` / ``control.force_stop``), and the run honours it at its next safe
+point, whichever process executes it: a background agent's watch thread reads the
+store within a fraction of a second; a ``%%agent`` run reads it at the boundary after
+the running cell, so the queued ``%%agent`` cells are skipped.
+
+What travels from the kernel to the browser and back is :func:`store_address`: a
+DuckDB store's absolute path, or a PostgreSQL URL without its password (the server
+connects with its own credentials, as a worker process does). :func:`act` admits only
+the actions in ``ACTIONS`` and never creates a store: a path with no store file is
+refused, so a click can only ever reach a store that exists.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from .._store import Store, open_store
+from .._validate import RUN_ID
+from ..errors import KernelextError, RunNotFound
+from ..status import LIVE, Status
+from . import control
+
+__all__ = ["ACTIONS", "act", "describe_error", "store_address"]
+
+ACTIONS: dict[str, str] = {
+    "stop": "stop at the next safe point",
+    "force": "stop now: cancel the current step",
+}
+POSTGRES = ("postgresql://", "postgres://")
+
+
+def store_address(store: Store) -> str:
+    """Where another process finds ``store``: an absolute path, or a URL without password."""
+    location = str(store.location)
+    if location.startswith(POSTGRES):
+        from .._store.postgres_backend import url_without_password  # psycopg: PostgreSQL only
+
+        url = getattr(store.backend, "url", location)
+        return url_without_password(str(url))
+    return os.path.abspath(location)
+
+
+def _open(address: str) -> Store:
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError("No store was named: the panel sends the address of its run's store.")
+    if address.startswith(POSTGRES):
+        return open_store(address)
+    if not os.path.isabs(address):
+        raise ValueError(f"The store path must be absolute, not {address!r}.")
+    if not os.path.isfile(address):
+        raise ValueError(
+            f"No kernelext store at {address!r} (the file does not exist): the run's kernel "
+            "may have moved or deleted it."
+        )
+    return open_store(address)
+
+
+def act(action: str, run_id: str, address: str, *, source: str = "panel") -> dict[str, Any]:
+    """Record ``action`` for run ``run_id`` in the store at ``address``; say what happened.
+
+    Returns ``run_id``, ``action``, ``status`` (the run's status after the request),
+    ``source``, ``recorded`` (True when the request moved or forced a live run),
+    ``message`` (a sentence for the person who clicked) and ``seconds`` (store time).
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
+    RUN_ID("run_id", run_id)
+    started = time.perf_counter()
+    store = _open(address)
+    try:
+        before = str(store.get_run(run_id)["status"])
+        if action == "force":
+            status = control.force_stop(run_id, source=source, store=store)
+        else:
+            status = control.stop(run_id, source=source, store=store)
+        row = store.get_run(run_id)
+    finally:
+        store.close()
+    cell = control.is_cell_run(row)
+    recorded = before in LIVE and status in LIVE | {Status.SUSPENDED}
+    return {
+        "run_id": run_id,
+        "action": action,
+        "status": status,
+        "source": source,
+        "recorded": recorded,
+        "message": _message(action, run_id, before, status, cell),
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+
+
+def _message(action: str, run_id: str, before: str, status: str, cell: bool) -> str:
+    if before not in LIVE:
+        return f"Run {run_id} is {before}: there is nothing to stop."
+    if status == Status.SUSPENDED:
+        return f"Stopped by you (panel): run {run_id} is suspended."
+    if action == "force" and cell:
+        return (
+            f"Stop recorded (panel): the running %%agent cell of {run_id} finishes first, then "
+            "the run suspends. To cancel the cell now, press the notebook's ■ twice."
+        )
+    if action == "force":
+        return f"Force stop recorded (panel): run {run_id}'s current step is being cancelled."
+    if cell:
+        return (
+            f"Stop recorded (panel): run {run_id} suspends when the running cell ends; "
+            "the next %%agent cells are skipped."
+        )
+    return f"Stop recorded (panel): run {run_id} stops at its next safe point."
+
+
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """(HTTP status, message) for an error :func:`act` raised."""
+    if isinstance(exc, RunNotFound):
+        return 404, str(exc)
+    if isinstance(exc, (ValueError, TypeError)):
+        return 400, str(exc)
+    if isinstance(exc, KernelextError):
+        return 409, f"{type(exc).__name__}: {exc}"
+    return 500, f"{type(exc).__name__}: {exc}"

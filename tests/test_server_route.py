@@ -1,0 +1,213 @@
+"""The notebook server's Stop and Force stop route (``kernelext._server``), over real HTTP.
+
+A real Jupyter server (JupyterLab's, with kernelext's extension enabled by the installed
+switch file) and an agent run executing in another real process: the route records the
+request in the store, the owner honours it (a stop at its next safe point, a force at
+once, even while its step blocks in a call), and every bad request is refused with a
+message that says what to do, leaving the store as it was. The panel's fallback (a
+widget message handled in the kernel) is checked in process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import jupyterlab as lab
+
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
+
+OWNER = textwrap.dedent(
+    """
+    import sys, time
+    import kernelext as kx
+
+    kx.configure(store=sys.argv[1])
+
+    @kx.agent(name="blocking")
+    def blocking(run):
+        for i in run.steps(range(200), key=str):
+            for _ in range(int(float(sys.argv[3]) * 10)):  # Python code a force can cut
+                time.sleep(0.1)
+
+    h = blocking.start(run_id=sys.argv[2])
+    print("started", flush=True)
+    print("status", h.wait(120), flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
+    root = tmp_path_factory.mktemp("server-root")
+    with lab.running_jupyterlab(root, tmp_path_factory.mktemp("jupyter-home")) as running:
+        yield running
+
+
+def post(server: lab.LabServer, path: str, body: Any, *, token: bool = True) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"token {server.token}"
+    request = urllib.request.Request(
+        f"{server.url}/kernelext/api/{path}", data=data, method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        text = error.read()
+        try:
+            return error.code, json.loads(text)
+        except ValueError:
+            return error.code, text.decode(errors="replace")
+
+
+@pytest.fixture
+def owner(store_path: Any) -> Iterator[Any]:
+    """Start an agent run in another process; yields a function that starts it."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(run_id: str, step_seconds: float) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", OWNER, str(store_path), run_id, str(step_seconds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(process)
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "started", process.stderr
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
+def wait_status(process: subprocess.Popen[str]) -> str:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    return out.strip().split()[-1]
+
+
+def events(store_path: Any, run_id: str) -> list[tuple[str, str | None]]:
+    import kernelext as kx
+
+    store = kx.open_store(str(store_path))
+    try:
+        return [(e["kind"], e.get("source")) for e in store.events(run_id)]
+    finally:
+        store.close()
+
+
+def step_rows(store_path: Any, run_id: str) -> list[dict[str, Any]]:
+    import kernelext as kx
+
+    store = kx.open_store(str(store_path))
+    try:
+        return list(store.steps(run_id))
+    finally:
+        store.close()
+
+
+def test_stop_through_the_server_reaches_a_run_in_another_process(
+    server: lab.LabServer, owner: Any, store_path: Any
+) -> None:
+    process = owner("by-server", 0.2)
+    status, body = post(server, "stop", {"run_id": "by-server", "store": str(store_path)})
+    assert status == 200, body
+    assert body["status"] == "stopping" and body["source"] == "panel" and body["recorded"]
+    assert "stops at its next safe point" in body["message"]
+    assert wait_status(process) == "suspended"
+    assert ("stop_requested", "panel") in events(store_path, "by-server")
+
+
+def test_force_through_the_server_cancels_a_blocked_step_in_another_process(
+    server: lab.LabServer, owner: Any, store_path: Any
+) -> None:
+    process = owner("forced-by-server", 60.0)  # each step runs for a minute
+    status, body = post(server, "force", {"run_id": "forced-by-server", "store": str(store_path)})
+    assert status == 200, body
+    assert "Force stop recorded (panel)" in body["message"]
+    assert wait_status(process) == "suspended"
+    steps = step_rows(store_path, "forced-by-server")
+    assert [(s["status"], s["forced"]) for s in steps] == [("cancelled", True)]  # cut, not ended
+    kinds = events(store_path, "forced-by-server")
+    assert ("force_requested", "panel") in kinds
+    assert "stop_forced" in [kind for kind, _ in kinds]  # the run ended as a forced stop
+
+
+def test_bad_requests_are_refused_with_what_to_do_and_change_nothing(
+    server: lab.LabServer, owner: Any, store_path: Any, tmp_path: Path
+) -> None:
+    process = owner("untouched", 0.2)
+    store = str(store_path)
+    status, body = post(server, "stop", {"run_id": "no-such-run", "store": store})
+    assert status == 404 and "No run 'no-such-run'" in body["message"]
+    if not store.startswith("postgres"):
+        missing = tmp_path / "nowhere" / "store.duckdb"
+        status, body = post(server, "stop", {"run_id": "untouched", "store": str(missing)})
+        assert status == 400 and "No kernelext store at" in body["message"]
+        assert not missing.parent.exists()  # nothing was created
+        status, body = post(server, "stop", {"run_id": "untouched", "store": "rel.duckdb"})
+        assert status == 400 and "must be absolute" in body["message"]
+    status, body = post(server, "stop", b"not json")
+    assert status == 400 and '"run_id"' in body["message"]
+    status, body = post(server, "stop", {"run_id": "", "store": store})
+    assert status == 400
+    status, _body = post(server, "delete", {"run_id": "untouched", "store": store})
+    assert status == 404  # only stop and force are routes
+    status, _body = post(server, "stop", {"run_id": "untouched", "store": store}, token=False)
+    assert status == 403  # not authenticated: refused before anything is read
+    assert all(kind != "stop_requested" for kind, _ in events(store_path, "untouched"))
+    status, body = post(server, "stop", {"run_id": "untouched", "store": store})
+    assert status == 200 and body["status"] == "stopping"
+    assert wait_status(process) == "suspended"
+    status, body = post(server, "stop", {"run_id": "untouched", "store": store})
+    assert status == 200 and not body["recorded"]
+    assert "is suspended: there is nothing to stop" in body["message"]
+
+
+def test_the_route_says_it_is_there(server: lab.LabServer) -> None:
+    assert server.api("/kernelext/api/status") == {"route": "server", "actions": ["force", "stop"]}
+
+
+def test_a_click_the_server_did_not_take_is_handled_in_the_kernel(store: Any) -> None:
+    """The widget message path: the kernel acts and raises ack_seq for the browser."""
+    import kernelext as kx
+    from kernelext.widgets import panel_for
+
+    release = __import__("threading").Event()
+
+    @kx.agent(name="fallback")
+    def fallback(run: kx.Run) -> None:
+        for _ in run.steps(range(100), key=str):
+            release.wait(0.05)
+
+    handle = fallback.start(run_id="fallback")
+    panel = panel_for(handle)
+    remote = panel.remote
+    from kernelext._core.from_elsewhere import store_address
+
+    assert remote.run_id == "fallback" and remote.store == store_address(store)
+    assert "kernelext stop fallback" in remote.busy_hint
+    remote._handle_message(remote, {"action": "unknown"}, [])
+    assert remote.ack_seq == 0  # not an action: ignored, not acknowledged
+    remote._handle_message(remote, {"action": "stop"}, [])
+    assert remote.ack_seq == 1
+    assert handle.wait(30) == "suspended"
+    assert handle.info()["stop_source"] == "panel"
+    panel.refresh()
+    assert remote.stop_disabled and remote.force_disabled  # nothing live to stop or force
+    assert "there is nothing to stop" in remote.stop_tooltip

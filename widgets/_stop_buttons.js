@@ -1,0 +1,143 @@
+// Stop and Force stop of a kernelext panel, sent to the notebook server, not the kernel.
+//
+// A click on an ipywidgets button waits in the kernel's queue behind every queued cell
+// (Run All) and behind the user's long cell. These buttons POST to kernelext's Jupyter
+// Server extension (kernelext/api/stop|force), which records the request in the store at
+// once. Without that route (an older server, the extension disabled) the click goes to
+// the kernel as a widget message; if the kernel does not answer within a second the
+// button says so and what to do instead, never nothing.
+
+const ACK_MS = 1200;
+
+function pageConfig() {
+  const el = document.getElementById("jupyter-config-data");
+  if (!el) return {};
+  try {
+    return JSON.parse(el.textContent || "{}");
+  } catch (_err) {
+    return {};
+  }
+}
+
+function baseUrl(config) {
+  let base = config.baseUrl || "/";
+  if (!base.endsWith("/")) base += "/";
+  return base;
+}
+
+function xsrfToken() {
+  const match = document.cookie.match(/(?:^|;\s*)_xsrf=([^;]*)/);
+  return match ? decodeURIComponent(match[1]) : "";
+}
+
+function clock(date) {
+  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
+function makeButton(label, icon, style) {
+  const button = document.createElement("button");
+  button.className = `jupyter-widgets jupyter-button widget-button mod-${style}`;
+  button.style.width = "auto";
+  const glyph = document.createElement("i");
+  glyph.className = `fa fa-${icon}`;
+  button.appendChild(glyph);
+  button.appendChild(document.createTextNode(label));
+  return button;
+}
+
+async function sendToServer(action, model) {
+  const config = pageConfig();
+  const headers = { "Content-Type": "application/json", "X-XSRFToken": xsrfToken() };
+  if (config.token) headers.Authorization = `token ${config.token}`;
+  const response = await fetch(`${baseUrl(config)}kernelext/api/${action}`, {
+    method: "POST",
+    credentials: "same-origin",
+    headers,
+    body: JSON.stringify({ run_id: model.get("run_id"), store: model.get("store") }),
+  });
+  let body = {};
+  try {
+    body = await response.json();
+  } catch (_err) {
+    body = {};
+  }
+  return { status: response.status, body };
+}
+
+function sendToKernel(action, model) {
+  // The kernel answers by raising ack_seq (it handles the click on its main thread).
+  return new Promise((resolve) => {
+    const before = model.get("ack_seq");
+    let done = false;
+    const finish = (answered) => {
+      if (done) return;
+      done = true;
+      model.off("change:ack_seq", onAck);
+      resolve(answered);
+    };
+    const onAck = () => {
+      if (model.get("ack_seq") !== before) finish(true);
+    };
+    model.on("change:ack_seq", onAck);
+    model.send({ action });
+    setTimeout(() => finish(false), ACK_MS);
+  });
+}
+
+function render({ model, el }) {
+  el.classList.add("kernelext-stop-buttons");
+  el.style.display = "inline-flex";
+  el.style.flexWrap = "wrap";
+  el.style.alignItems = "center";
+  el.style.gap = "2px";
+  const stop = makeButton("Stop", "stop", "warning");
+  const force = makeButton("Force stop", "bolt", "danger");
+  const note = document.createElement("span");
+  note.className = "kernelext-click-note";
+  note.style.margin = "2px 4px 0";
+  note.style.flexBasis = "100%";
+  note.style.fontSize = "var(--jp-ui-font-size1, 13px)";
+  el.append(stop, force, note);
+
+  const draw = () => {
+    stop.disabled = model.get("stop_disabled");
+    force.disabled = model.get("force_disabled");
+    stop.title = model.get("stop_tooltip");
+    force.title = model.get("force_tooltip");
+  };
+  const say = (text) => {
+    note.textContent = text;
+  };
+
+  const click = async (action, button) => {
+    const label = action === "force" ? "Force stop" : "Stop";
+    button.disabled = true;
+    say(`${label}: sending…`);
+    const sent = new Date();
+    let answer = null;
+    try {
+      answer = await sendToServer(action, model);
+    } catch (_err) {
+      answer = null; // the server cannot be reached
+    }
+    if (answer && answer.status === 200) {
+      say(`${answer.body.message || `${label} recorded`} (${clock(sent)})`);
+    } else if (answer && answer.status !== 404) {
+      say(`${label} refused: ${answer.body.message || `HTTP ${answer.status}`}`);
+    } else {
+      const answered = await sendToKernel(action, model);
+      if (!answered) say(model.get("busy_hint"));
+      else say(`${label} sent to the kernel (${clock(sent)})`);
+    }
+    draw();
+  };
+  stop.addEventListener("click", () => click("stop", stop));
+  force.addEventListener("click", () => click("force", force));
+  for (const name of ["stop_disabled", "force_disabled", "stop_tooltip", "force_tooltip"]) {
+    model.on(`change:${name}`, draw);
+  }
+  model.on("change:kernel_note", () => say(model.get("kernel_note")));
+  draw();
+}
+
+export default { render };

@@ -1,0 +1,66 @@
+"""Stop and Force stop as a panel shows them: sent to the notebook server, not the kernel.
+
+The buttons are drawn by ``_stop_buttons.js`` (an anywidget: no build step). A click
+POSTs to kernelext's Jupyter Server extension (``kernelext._server``), which records the
+request in the store while the kernel is busy with queued cells or the user's own code;
+the run honours it at its next safe point. Where that route is missing, the click comes
+here as a widget message and :class:`StopButtons` hands it to the panel, which acts when
+the kernel is free; the button tells the person at once if the kernel does not answer.
+
+The panel keeps the state: it sets ``stop_disabled``, ``force_disabled`` and their
+tooltips at every redraw (from any thread: a widget's state travels on the kernel's
+IOPub channel, which a busy main thread does not hold up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+__all__ = ["StopButtons", "busy_hint"]
+
+ACTIONS = ("stop", "force")
+
+
+def busy_hint(run_id: str) -> str:
+    """What a click says when neither the server nor the kernel answered."""
+    return (
+        "The kernel is busy and this Jupyter server has no kernelext route (it starts with "
+        "kernelext installed): press ■ (interrupt the kernel) for a soft stop, or run "
+        f"`kernelext stop {run_id}` in a terminal."
+    )
+
+
+class StopButtons(anywidget.AnyWidget):
+    """The panel's Stop and Force stop; ``on_action(action)`` runs a click in the kernel."""
+
+    _esm = Path(__file__).with_name("_stop_buttons.js")
+    run_id = traitlets.Unicode("").tag(sync=True)
+    store = traitlets.Unicode("").tag(sync=True)  # from_elsewhere.store_address
+    stop_disabled = traitlets.Bool(False).tag(sync=True)
+    force_disabled = traitlets.Bool(True).tag(sync=True)
+    stop_tooltip = traitlets.Unicode("").tag(sync=True)
+    force_tooltip = traitlets.Unicode("").tag(sync=True)
+    busy_hint = traitlets.Unicode("").tag(sync=True)
+    kernel_note = traitlets.Unicode("").tag(sync=True)  # the kernel's answer to a click
+    ack_seq = traitlets.Int(0).tag(sync=True)  # raised when the kernel handled a click
+
+    def __init__(self, on_action: Callable[[str], str | None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._on_action = on_action
+        self.on_msg(self._handle_message)
+
+    def _handle_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        action = content.get("action") if isinstance(content, dict) else None
+        if action not in ACTIONS:
+            return
+        try:
+            note = self._on_action(str(action))
+        finally:
+            self.ack_seq += 1
+        if note:
+            self.kernel_note = note
