@@ -146,12 +146,16 @@ def test_first_press_is_a_soft_stop(kernel: KernelSession) -> None:
     assert "suspended" in kernel.run("print(panel.refresh().status)").ok().stdout
 
 
-def test_second_press_within_the_window_forces_the_stop(kernel: KernelSession) -> None:
+def test_a_second_press_forces_the_stop_and_a_third_cuts_the_call_in_flight(
+    kernel: KernelSession,
+) -> None:
     kernel.run("h = holding.start(run_id='forced')").ok()
     wait_entered(kernel)
     kernel.interrupt()
     time.sleep(0.3)
-    kernel.interrupt()
+    kernel.interrupt()  # forces: it waits for the call in flight to return...
+    time.sleep(0.3)
+    kernel.interrupt()  # ...and a press again cuts it
     reply = kernel.run(
         "try:\n    print(h.wait(30))\nfinally:\n    release.set()\n"
         "print([p[1] for p in handler.presses])\n"
@@ -159,7 +163,12 @@ def test_second_press_within_the_window_forces_the_stop(kernel: KernelSession) -
         "print([e['status'] for e in engine_of(h.run).effects.values()])\n"
         "print([s['forced'] for s in h.steps()])"
     ).ok()
-    assert reply.stdout.splitlines() == ["suspended", "['stop', 'force']", "['unknown']", "[True]"]
+    assert reply.stdout.splitlines() == [
+        "suspended",
+        "['stop', 'force', 'force']",
+        "['unknown']",
+        "[True]",
+    ]
     kinds = events(kernel, "forced")
     assert ("force_requested", "interrupt") in kinds and ("stop_forced", "interrupt") in kinds
 

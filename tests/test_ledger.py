@@ -315,7 +315,7 @@ def test_forced_stop_mid_call_leaves_an_unknown(
 
     handle = agent.start(run_id="forced", store=store)
     assert entered.wait(WAIT)
-    handle.force_stop()
+    handle.force_stop(cut_calls=True)
     assert finish(handle) == "suspended"
     (row,) = store.load_effects("forced").values()
     assert row["status"] == "unknown"

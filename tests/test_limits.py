@@ -161,7 +161,7 @@ def test_a_forced_stop_lands_on_calls_waiting_for_their_slot(
         lambda: any(s["status"] == "completed" for s in store.steps(handle.run_id)),
         "the one call the rate allows, completed",
     )  # the three others wait for their slot (a minute)
-    handle.force_stop()
+    handle.force_stop(cut_calls=True)
     assert handle.wait(WAIT) == "suspended", handle.error
     assert delivery_server.count() == 1
     effects = list(store.load_effects(handle.run_id).values())

@@ -132,9 +132,7 @@ def test_double_clicks_are_harmless(store: Any) -> None:
     assert [e["status"] for e in store.load_effects("d1").values()] == ["applied", "applied"]
 
 
-def test_force_stop_button_cancels_the_step(store: Any) -> None:
-    release = threading.Event()
-
+def _forced_during_a_call(run_id: str, release: threading.Event) -> Any:
     @kx.effect
     def slow_call() -> str:
         while not release.is_set():
@@ -145,21 +143,57 @@ def test_force_stop_button_cancels_the_step(store: Any) -> None:
     def forced(run: kx.Run) -> None:
         with run.step("long"):
             slow_call()
+        with run.step("never"):
+            pass
 
-    handle = forced.start(run_id="f1")
+    handle = forced.start(run_id=run_id)
     deadline = time.monotonic() + 30
     while not engine_of(handle.run).effects and time.monotonic() < deadline:
         time.sleep(0.01)
+    return handle
+
+
+def test_force_stop_waits_for_a_call_in_flight_which_keeps_its_real_outcome(store: Any) -> None:
+    release = threading.Event()
+    handle = _forced_during_a_call("f1", release)
     panel = panel_for(handle)
     assert not panel.force_button.disabled  # a live run can be forced without a Stop first
     panel.force_button.click()
     try:
+        deadline = time.monotonic() + 30
+        while panel.force_wait_text() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        text = panel.force_wait_text()
+        assert text is not None and text.startswith("Force stop is waiting for slow_call")
+        assert "press Force stop again" in text
+        panel.refresh()
+        assert "Force stop is waiting for slow_call" in panel.step.value
+        assert handle.alive  # the call has not returned: nothing was cut
+    finally:
+        release.set()  # the call returns normally
+    assert handle.wait(30) == "suspended"
+    effects = list(store.load_effects("f1").values())
+    assert [(e["status"], e["result"]) for e in effects] == [("applied", '"done"')]
+    # Nothing of the agent's own code was left in the step: it ended with the call, and
+    # the stop landed at once, before the next step.
+    assert [s["key"] for s in store.steps("f1")] == ["long"]
+    assert "force_requested" in [e["kind"] for e in store.events("f1")]
+
+
+def test_a_second_force_stop_cuts_the_call_whose_outcome_becomes_unknown(store: Any) -> None:
+    release = threading.Event()
+    handle = _forced_during_a_call("f2", release)
+    panel = panel_for(handle)
+    panel.force_button.click()
+    deadline = time.monotonic() + 30
+    while panel.force_wait_text() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    panel.force_button.click()  # cut it now
+    try:
         assert handle.wait(30) == "suspended"
     finally:
         release.set()
-    assert [e["status"] for e in store.load_effects("f1").values()] == ["unknown"]
-    kinds = [e["kind"] for e in store.events("f1")]
-    assert "force_requested" in kinds and "stop_forced" in kinds
+    assert [e["status"] for e in store.load_effects("f2").values()] == ["unknown"]
 
 
 def test_needs_decision_shows_the_reason_and_the_slot(store: Any) -> None:

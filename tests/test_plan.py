@@ -111,7 +111,7 @@ class Suspended:
         self.post = post
         handle = first.start(["a", "b", "c", "d"], run_id=self.run_id, store=store)
         assert entered.wait(WAIT)
-        handle.force_stop()
+        handle.force_stop(cut_calls=True)
         assert handle.wait(WAIT) == Status.SUSPENDED
 
     def redefine(self) -> kx.Agent:
@@ -331,7 +331,7 @@ def test_a_plan_is_refused_after_a_new_unknown_effect(store: Store) -> None:
     assert p.status == Status.STOPPING and p.unknown == []
     assert [e.tool for e in p.in_flight] == ["send"]
     assert p.blockers == ["the run is executing in this process"]
-    handle.force_stop()
+    handle.force_stop(cut_calls=True)
     assert handle.wait(WAIT) == Status.SUSPENDED
 
     with pytest.raises(PlanChanged) as refused:

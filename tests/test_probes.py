@@ -214,7 +214,7 @@ def unknown_send(store: Store, probe: Callable[[str, Any], Any]) -> tuple[str, H
 
     handle = notifier.start(run_id=rid, store=store)
     assert tool.entered.wait(WAIT)
-    handle.force_stop()
+    handle.force_stop(cut_calls=True)
     assert handle.wait(WAIT) == Status.SUSPENDED
     assert [r["tool"] for r in store.open_unknowns(rid)] == [send.tool]
     return rid, tool
@@ -315,7 +315,7 @@ def test_effects_without_a_probe_are_left_to_a_person(store: Store) -> None:
 
     handle = notifier.start(run_id=rid, store=store)
     assert tool.entered.wait(WAIT)
-    handle.force_stop()
+    handle.force_stop(cut_calls=True)
     assert handle.wait(WAIT) == Status.SUSPENDED
     assert probe_for(send.tool) is None
     assert settle_unknowns(rid, store) == []

@@ -70,7 +70,7 @@ def unknown_run(
 
     handle = agent.start(run_id=run_id, store=store)
     assert mailer.entered.wait(WAIT)
-    handle.force_stop()
+    handle.force_stop(cut_calls=True)
     assert handle.wait(WAIT) == "suspended"
     resumed = kx.resume(run_id, store=store)
     assert resumed.status == "needs_decision"

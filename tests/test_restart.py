@@ -202,7 +202,7 @@ def test_restart_with_unknown_effects_demands_reconciliation(
 
     handle = hanger.start(delivery_server.url, run_id="hung")
     assert entered.wait(WAIT)
-    handle.force_stop()
+    handle.force_stop(cut_calls=True)
     assert handle.wait(WAIT) == "suspended"
     assert [e["status"] for e in store.load_effects("hung").values()] == ["unknown"]
     with pytest.raises(kx.RunStateError, match=r"unknown \(hang\).*kx\.reconcile\('hung'\)"):

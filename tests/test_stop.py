@@ -258,3 +258,65 @@ def test_a_stop_from_elsewhere_is_seen_at_the_next_safe_point_after_a_monitor_lo
     with pytest.raises(kx.StopRequested):
         run.safe_point()  # the end of the step: the stop is honoured here
     assert run.stop_source == "cli"
+
+
+def _call_then_work(run_id: str, release: threading.Event, after: list[str]) -> Any:
+    """An agent whose step makes one slow recorded call, then runs code of its own."""
+
+    @kx.effect
+    def slow_call() -> str:
+        while not release.is_set():
+            time.sleep(0.01)
+        return "sent"
+
+    @kx.agent(name=name("call-then-work"))
+    def agent(run: kx.Run) -> None:
+        with run.step("call"):
+            slow_call()
+            after.append("after the call")
+            for _ in range(3000):  # the agent's own code: a forced stop cuts it
+                time.sleep(0.01)
+
+    handle = agent.start(run_id=run_id)
+    wait_until(lambda: bool(store_effects(handle)), WAIT)
+    return handle
+
+
+def store_effects(handle: Any) -> list[Any]:
+    from kernelext._core.run import engine_of
+
+    return list(engine_of(handle.run).effects)
+
+
+@pytest.mark.duckdb_only
+def test_force_stop_lands_when_the_call_in_flight_returns_which_keeps_its_outcome(
+    store: Store,
+) -> None:
+    release, after = threading.Event(), []
+    handle = _call_then_work("force-waits", release, after)
+    handle.force_stop(source="button")
+    time.sleep(0.5)  # the monitor looks every 50 ms: it does not cut the call
+    assert handle.alive and not after
+    release.set()  # the call returns normally
+    assert handle.wait(WAIT) == "suspended"
+    assert after == ["after the call"]  # landed in the agent's code right after it
+    (effect,) = store.load_effects("force-waits").values()
+    assert (effect["status"], effect["result"]) == ("applied", '"sent"')
+    (step,) = store.steps("force-waits")
+    assert (step["status"], step["forced"]) == ("cancelled", True)
+
+
+@pytest.mark.duckdb_only
+def test_force_stop_cuts_the_call_once_its_grace_runs_out(store: Store) -> None:
+    kx.configure(force_call_grace=0.3)
+    release, after = threading.Event(), []
+    try:
+        handle = _call_then_work("force-grace", release, after)
+        handle.force_stop(source="button")
+        assert handle.wait(WAIT) == "suspended"  # the call never returned: cut
+    finally:
+        release.set()
+        kx.configure(force_call_grace=10.0)
+    assert not after
+    (effect,) = store.load_effects("force-grace").values()
+    assert effect["status"] == "unknown"

@@ -49,7 +49,7 @@ from ._render import (
     view_of,
 )
 from ._static import SavedCopy
-from ._stop_buttons import StopButtons, busy_hint
+from ._stop_buttons import FORCE_TIPS, StopButtons, busy_hint, draw_stop_buttons
 from ._style import FRAME, PANEL_STYLE, muted_html
 from ._throttle import Throttle
 from ._watch import watch_of
@@ -75,19 +75,6 @@ NEEDS_DECISION_WIDGETS: list[Callable[[ControlPanel], Any]] = []
 PANEL_ADDONS: list[Callable[[ControlPanel], Any]] = []
 
 SOURCE = "panel"
-STOP_TIPS = {
-    "live": "Stop at the next safe point (the end of the step or cell). Recorded at once, "
-    "even while the kernel runs other cells.",
-    "pending": "A stop is pending: the run stops at its next safe point. Pressing again "
-    "changes nothing; Force stop cancels the step now.",
-    "idle": "The run is {status}: there is nothing to stop.",
-}
-FORCE_TIPS = {
-    "live": "Stop now: cancel the current step. kernelext's own records are never cut; a "
-    "call in flight that is cut becomes unknown and waits for your decision.",
-    "cell": "A %%agent cell runs in the kernel's main thread: press the notebook's ■ "
-    "(interrupt) twice to cancel it. Stop ends the run after the cell.",
-}
 EFFECTS_SHOWN = 5
 BATCH_INTERVAL = 0.2  # seconds between redraws at most while a batch runs
 OVERRUNNING = "overrunning, cannot be interrupted"
@@ -292,8 +279,21 @@ class ControlPanel(w.VBox):
             "code caught the stop and it is raised again at its next kernelext call."
         )
 
+    def force_wait_text(self) -> str | None:
+        """Set while a Force stop waits for a recorded call in flight to return."""
+        waiting = engine_of(self.handle.run).force.waiting_for_call()
+        if waiting is None or not self.handle.alive:
+            return None
+        tool, waited, left = waiting
+        return (
+            f"Force stop is waiting for {tool} to return ({duration_text(waited)} so far): "
+            "a call that returns keeps its real outcome. It is cut in "
+            f"{duration_text(left)}, or now if you press Force stop again (its outcome then "
+            "becomes unknown and waits for your decision)."
+        )
+
     def _overrun_html(self) -> str:
-        text = self.overrun_text()
+        text = self.force_wait_text() or self.overrun_text()
         if text is None:
             return ""
         return f'<div class="kernelext-overrunning" style="color:{BAD}">{html.escape(text)}</div>'
@@ -341,27 +341,7 @@ class ControlPanel(w.VBox):
         self.stop_button.disabled = not (view.status == Status.RUNNING and (view.alive or cell))
         self.force_button.disabled = not (view.alive and view.status in LIVE) or cell
         self.resume_button.disabled = view.alive or view.status not in RESUME_OFFERED
-        self._draw_remote(view, cell)
-
-    def _draw_remote(self, view: PanelView, cell: bool) -> None:
-        """The shown Stop and Force stop: enabled whenever the run is live, anywhere."""
-        remote, live = self.remote, view.status in LIVE
-        remote.stop_disabled = not live
-        remote.stop_tooltip = (
-            STOP_TIPS["pending"]
-            if view.stop_pending
-            else STOP_TIPS["live"]
-            if live
-            else STOP_TIPS["idle"].format(status=view.status)
-        )
-        remote.force_disabled = not live or cell
-        remote.force_tooltip = (
-            FORCE_TIPS["cell"]
-            if cell and live
-            else FORCE_TIPS["live"]
-            if live
-            else STOP_TIPS["idle"].format(status=view.status)
-        )
+        draw_stop_buttons(self.remote, view.status, view.stop_pending, cell)
 
     def _fill_decision_slot(self, view: PanelView) -> None:
         if view.status != Status.NEEDS_DECISION:

@@ -21,9 +21,25 @@ from typing import Any
 import anywidget
 import traitlets
 
-__all__ = ["StopButtons", "busy_hint"]
+from kernelext.status import LIVE
+
+__all__ = ["FORCE_TIPS", "STOP_TIPS", "StopButtons", "busy_hint", "draw_stop_buttons"]
 
 ACTIONS = ("stop", "force")
+STOP_TIPS = {
+    "live": "Stop at the next safe point (the end of the step or cell). Recorded at once, "
+    "even while the kernel runs other cells.",
+    "pending": "A stop is pending: the run stops at its next safe point. Pressing again "
+    "changes nothing; Force stop cancels the step now.",
+    "idle": "The run is {status}: there is nothing to stop.",
+}
+FORCE_TIPS = {
+    "live": "Stop now: cancel the current step. A recorded call in flight is waited for "
+    "(up to force_call_grace, 10 s) and keeps its real outcome; press again to cut it "
+    "(its outcome then becomes unknown and waits for your decision).",
+    "cell": "A %%agent cell runs in the kernel's main thread: press the notebook's ■ "
+    "(interrupt) twice to cancel it. Stop ends the run after the cell.",
+}
 
 
 def busy_hint(run_id: str) -> str:
@@ -64,3 +80,15 @@ class StopButtons(anywidget.AnyWidget):
             self.ack_seq += 1
         if note:
             self.kernel_note = note
+
+
+def draw_stop_buttons(remote: StopButtons, status: str, stop_pending: bool, cell: bool) -> None:
+    """Enable Stop and Force stop whenever the run is live, here or in another process."""
+    live = status in LIVE
+    idle = STOP_TIPS["idle"].format(status=status)
+    remote.stop_disabled = not live
+    remote.stop_tooltip = (
+        idle if not live else STOP_TIPS["pending"] if stop_pending else STOP_TIPS["live"]
+    )
+    remote.force_disabled = not live or cell
+    remote.force_tooltip = idle if not live else FORCE_TIPS["cell"] if cell else FORCE_TIPS["live"]

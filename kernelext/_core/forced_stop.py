@@ -32,6 +32,13 @@ wherever the worker is. ``ForceGate`` decides where that may be. Its invariants:
 6. **A call blocked in C delays the landing.** A sleep, a socket read without timeout or
    a lock keeps the step running until it returns; ``overrunning`` says for how long, so
    the panel can show it.
+8. **A recorded call in flight is not cut at once.** A person's Force stop (the panel,
+   ``h.force_stop()``, ■ twice) while the run's thread is inside a sync ``@kx.effect``
+   call waits for the call to return, up to ``force_call_grace`` seconds, and lands right
+   after its outcome is recorded: a call that returns keeps its real outcome. A second
+   Force stop, the grace running out, or a step past ``max_step_seconds`` cuts the call
+   (``unknown``). ``waiting_for_call`` says what the stop waits for, for the panel.
+   Items of a ``run.map`` are cut at once (their gates never defer).
 7. **An async agent's step is a task: it is cancelled, never raised into.** An exception
    raised asynchronously into an event loop's thread could land inside the loop itself.
    For a gate attached to a task (``attach_task``: an ``async def`` agent, an
@@ -81,6 +88,54 @@ class ForceGate:
         self._spent = False  # raised once: never raised asynchronously again
         self._task: asyncio.Task[Any] | None = None  # cancelled instead (invariant 7)
         self._cancel: str | None = None  # None, "queued", "sent" or "withdrawn"
+        self._calls = 0  # recorded calls in flight (invariant 8)
+        self.call_tool: str | None = None
+        self.wanted_at: float | None = None  # time.monotonic() of the first Force stop
+        self.grace = 0.0  # seconds a Force stop waits for a call in flight
+        self.cut = False  # a second Force stop: cut the call in flight now
+        self.wants = 0  # Force stops asked for (here or, read from the store, elsewhere)
+
+    def want(self, grace: float, *, cut: bool = False) -> None:
+        """A person's Force stop: raised at the next chance, after a call in flight returns
+        (within ``grace`` seconds); a second one while a call is in flight, or ``cut``,
+        cuts it."""
+        with self._lock:
+            self.wants += 1
+            if cut or (self.wanted and self._calls):
+                self.cut = True
+            if not self.wanted:
+                self.wanted_at = time.monotonic()
+                self.grace = grace
+            self.wanted = True
+
+    @contextlib.contextmanager
+    def in_call(self, tool: str) -> Iterator[None]:
+        """A recorded call, from its intent to its outcome: a Force stop waits (invariant 8)."""
+        with self._lock:
+            self._calls += 1
+            self.call_tool = tool
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls -= 1
+                if not self._calls:
+                    self.call_tool = None
+
+    def waiting_for_call(self) -> tuple[str, float, float] | None:
+        """(tool, seconds waited, seconds until it is cut) while a Force stop waits for a
+        call in flight to return; else None."""
+        with self._lock:
+            if not (self.wanted and self._calls) or self._spent or self.wanted_at is None:
+                return None
+            waited = time.monotonic() - self.wanted_at
+            return (self.call_tool or "a call", waited, max(0.0, self.grace - waited))
+
+    def _call_holds(self, cut: bool) -> bool:
+        """A call in flight keeps the Force stop waiting (call under the lock)."""
+        if not self._calls or cut or self.cut or self.wanted_at is None:
+            return False
+        return time.monotonic() - self.wanted_at < self.grace
 
     def attach_task(self, task: asyncio.Task[Any]) -> None:
         """A forced stop cancels ``task`` (an async agent's, or a ``run.amap`` item's)
@@ -134,15 +189,16 @@ class ForceGate:
         if fired and self._task is None:
             _let_pending_fire()
 
-    def try_raise(self) -> bool:
-        """Raise ForcedStop in the worker unless it is inside kernelext's own code.
+    def try_raise(self, *, cut: bool = False) -> bool:
+        """Raise ForcedStop in the worker unless it is inside kernelext's own code, or in a
+        recorded call a person's Force stop still waits for (``cut``: do not wait).
 
         Once per run: a forced stop the agent's code swallows is raised again by kernelext
         at its next call, never raised asynchronously a second time (invariant 4).
         """
         with self._lock:
             task = self._task
-            if self._guard or self.thread_id is None or self._spent:
+            if self._guard or self.thread_id is None or self._spent or self._call_holds(cut):
                 return False
             if task is not None and task.done():
                 return False

@@ -8,7 +8,7 @@ from typing import Any
 from .._formatting import moment_text
 from .._store import Store
 from .._store.records import FORCE_REQUESTED
-from .._validate import NOTE, SOURCE, check_wait, optional, validated
+from .._validate import FLAG, NOTE, SOURCE, check_wait, optional, validated
 from ..errors import StoreWriteError
 from ..status import Status
 from .batch_view import batch_counts
@@ -78,11 +78,14 @@ class Handle:
         """
         return request_stop(self.store, self.run_id, source=source, who=who, handle=self)
 
-    @validated("Handle.force_stop", source=SOURCE)
-    def force_stop(self, source: str = "api") -> None:
-        """Stop now: raise into the step. In-flight effects become ``unknown``."""
+    @validated("Handle.force_stop", source=SOURCE, cut_calls=FLAG)
+    def force_stop(self, source: str = "api", *, cut_calls: bool = False) -> None:
+        """Stop now: raise into the step. A recorded call in flight is waited for (up to
+        the ``force_call_grace`` option) and keeps its real outcome; a call cut by a second
+        Force stop, after the grace, or at once with ``cut_calls=True`` becomes ``unknown``
+        (decide it with ``kx.reconcile``)."""
         self.stop(source)
-        engine_of(self.run).force.wanted = True
+        engine_of(self.run).force.want(runtime().settings.force_call_grace, cut=cut_calls)
         self.store.record_event(self.run_id, FORCE_REQUESTED, source=source, wait=False)
 
     def steps(self) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ..status import EffectStatus
 from .approvals import approval_for_call
+from .batch import current_item
 from .canonical import Unencodable
 from .context import current_run
 from .effect_args import CallArguments
@@ -290,6 +291,16 @@ class Effect(CallArguments):
         return idempotency_key_for(run, row["step_key"], row["tool"], int(row["call_ordinal"]))
 
     def _perform(
+        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Make the call and record its outcome. In the run's own thread a person's Force
+        stop waits for both (``ForceGate.in_call``); an item of a batch is cut at once."""
+        if current_item(run) is not None:
+            return self._perform_and_record(run, key, args, kwargs)
+        with run.force.in_call(self.tool):
+            return self._perform_and_record(run, key, args, kwargs)
+
+    def _perform_and_record(
         self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         call_kwargs = self._call_kwargs(run, key, kwargs)

@@ -217,6 +217,15 @@ class OptionValues:
         details="In seconds; 0 turns the forcing second press off.",
         notebook=True,
     )
+    force_call_grace = Option[float](
+        10.0,
+        seconds(zero=True),  # zero: a Force stop cuts a call in flight at once
+        kind="seconds",
+        meaning="how long Force stop waits for a recorded call in flight to return",
+        details="In seconds. A call that returns within it keeps its real outcome (applied "
+        "with its result); after it, or at a second Force stop, the call is cut and its "
+        "outcome becomes unknown. 0 cuts at once.",
+    )
     allow_files = Option[bool](
         False,
         check_flag,

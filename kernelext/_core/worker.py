@@ -300,16 +300,18 @@ def _watch_external_stop(handle: Handle) -> None:
         run.poll_external_stop(wait=True)
         run.stop_event.wait(STOP_POLL_SECONDS)
     # Stopping: another process may still ask to force it (a panel's Force stop through
-    # the server, ``kx.force_stop`` elsewhere); the monitor raises it at its next tick.
-    while handle.thread is not None and handle.thread.is_alive() and not run.force.wanted:
+    # the server, ``control.force_stop`` elsewhere), and again to cut a call the first
+    # force waits for; the monitor raises it at its next tick.
+    # Each request is an events row, this process's own included (``Handle.force_stop``
+    # wants first, then records): the gate counts the wants it got.
+    while handle.thread is not None and handle.thread.is_alive() and not run.force.raised:
         try:
-            source = handle.store.force_request(run.id)
+            count, source = handle.store.force_requests(run.id)
         except Exception:  # a store hiccup: look again
-            source = None
-        if source is not None:
-            run.force.wanted = True
+            count, source = 0, None
+        while run.force.wants < count:
+            run.force.want(runtime().settings.force_call_grace)
             run.notify("force", source)
-            break
         handle.thread.join(FORCE_POLL_SECONDS)
 
 
@@ -345,7 +347,7 @@ def _monitor(handle: Handle) -> None:
                 )
             continue
         overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
-        if (run.force.wanted or overran) and run.force.try_raise():
+        if (run.force.wanted or overran) and run.force.try_raise(cut=overran):
             handle.store.record_event(
                 run.id,
                 "force_raised",

@@ -410,17 +410,17 @@ class RunsMixin(StoreBase):
         rows = self.backend.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
         return rows[0][0] if rows else None
 
-    def force_request(self, run_id: str) -> str | None:
-        """Who asked to force the run's pending stop (a ``force_requested`` event at or
-        after its ``stop_requested_at``), else None: how another process's Force stop
-        reaches the process that executes the run."""
+    def force_requests(self, run_id: str) -> tuple[int, str | None]:
+        """How many times, and first by whom, the run's pending stop was asked to be forced
+        (``force_requested`` events at or after its ``stop_requested_at``): how another
+        process's Force stop reaches the process that executes the run."""
         rows = self.backend.read(
             "SELECT e.source FROM events e JOIN runs r ON r.id = e.run_id"
             " WHERE e.run_id = ? AND e.kind = ? AND r.stop_requested_at IS NOT NULL"
-            " AND e.occurred_at >= r.stop_requested_at ORDER BY e.id LIMIT 1",
+            " AND e.occurred_at >= r.stop_requested_at ORDER BY e.id",
             (run_id, FORCE_REQUESTED),
         )
-        return str(rows[0][0] or "external") if rows else None
+        return len(rows), (str(rows[0][0] or "external") if rows else None)
 
     def run_liveness(self, run_id: str) -> tuple[Any, ...] | None:
         """(status, owner_epoch, stop_requested_at, stop_source) of a run, one indexed read:

@@ -26,8 +26,8 @@ Every line goes to stdout in one ``write`` (item threads never interleave within
 * ``done <status> <error type or -> <result as compact JSON>`` once ``wait()`` returned.
 
 Commands on stdin after ``go``, one a line: ``release``, ``stop`` (``handle.stop()``)
-and ``force`` (``handle.force_stop()``), issued from a thread other than the run's, as
-the Stop button is.
+and ``force`` (``handle.force_stop(cut_calls=True)``: an open call is cut), issued from a
+thread other than the run's, as the Stop button is.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _commands(handle: kx.Handle) -> None:
         elif command == "stop":
             handle.stop(source="model-test")
         elif command == "force":
-            handle.force_stop(source="model-test")
+            handle.force_stop(source="model-test", cut_calls=True)
 
 
 def main() -> int:
