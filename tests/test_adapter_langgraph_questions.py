@@ -136,8 +136,8 @@ def test_the_panels_question_card_answers_the_interrupt_and_resumes_the_graph(
         handle = kx_langgraph.start(asking_graph(), {"log": []}, run_id="lg-panel")
         assert handle.wait(30) == Status.SUSPENDED
         panel = ControlPanel(handle)
-        [box] = [a for a in panel.addons.children if isinstance(a, widgets.ApprovalsBox)]
-        [card] = box.children
+        [box] = [a for a in panel.requests.children if isinstance(a, widgets.ApprovalsBox)]
+        [card] = box.cards
         assert isinstance(card, widgets.QuestionCard) and "ship order A?" in card.header.value
         card.input.value = "yes"  # any JSON, or text
         card.answer_button.click()

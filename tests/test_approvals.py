@@ -267,8 +267,8 @@ def test_the_panel_shows_the_request_and_its_approve_button_sends_once(
         assert "application/vnd.jupyter.widget-view+json" in bundle
         assert "1 approval request(s) waiting" in bundle["text/plain"]
         panel = ControlPanel(handle)
-        [box] = [a for a in panel.addons.children if isinstance(a, widgets.ApprovalsBox)]
-        [card] = box.children
+        [box] = [a for a in panel.requests.children if isinstance(a, widgets.ApprovalsBox)]
+        [card] = box.cards
         assert isinstance(card, widgets.ApprovalCard)
         assert "kernelext-approval" in card._dom_classes
         assert "kernelext-approve" in card.approve_button._dom_classes
@@ -284,8 +284,8 @@ def test_the_panel_shows_the_request_and_its_approve_button_sends_once(
         assert amounts(delivery_server) == [450]
         assert rows(store, run_id)[0]["note"] == "ok by phone"
         panel.refresh()
-        [box] = [a for a in panel.addons.children if isinstance(a, widgets.ApprovalsBox)]
-        assert box.children == ()  # nothing waits any more
+        [box] = [a for a in panel.requests.children if isinstance(a, widgets.ApprovalsBox)]
+        assert box.cards == ()  # nothing waits any more
         panel.detach()
     finally:
         addons.install()  # every add-on in place for the next test, whatever this one did

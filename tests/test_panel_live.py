@@ -50,7 +50,9 @@ def cli(*args: str, store: Any) -> subprocess.CompletedProcess[str]:
 
 
 def addon(panel: ControlPanel, kind: type) -> Any:
-    (found,) = [a for a in panel.addons.children if isinstance(a, kind)]
+    (found,) = [
+        a for a in (*panel.requests.children, *panel.addons.children) if isinstance(a, kind)
+    ]
     return found
 
 
@@ -123,8 +125,11 @@ def test_an_approval_from_the_command_line_shows_in_an_open_panel(
     panel = panel_for(handle)
     try:
         box = addon(panel, ApprovalsBox)
-        cards = [c for c in box.children if isinstance(c, ApprovalCard)]
+        cards = [c for c in box.cards if isinstance(c, ApprovalCard)]
         assert len(cards) == 1 and not cards[0].approve_button.disabled
+        assert "waiting for your approval" in box.children[0].value  # first in the panel
+        assert panel.children.index(panel.requests) < panel.children.index(panel.step)
+        assert panel.resume_button.layout.display == "none"  # the decision replaces Resume
         plan = addon(panel, PlanPreview)
         assert plan.section.get_title(0).startswith("Resume plan: Blocked")
         watch = settled(panel)
@@ -141,7 +146,13 @@ def test_an_approval_from_the_command_line_shows_in_an_open_panel(
         (request,) = kx.approvals(tag, store=store)
         cli("approve", str(request.key), "--note", "from a terminal", store=store_path)
         # no cell runs here: the store watch notices, the panel redraws itself
-        wait_until(lambda: not box.children, "the card of the decided request to go")
+        wait_until(lambda: not box.cards, "the card of the decided request to go")
+        elsewhere = box.children[0].value
+        assert "The approval was approved in a terminal by " in elsewhere
+        assert "Press Resume to go on" in elsewhere
+        wait_until(  # back, now that nothing waits (the redraw goes on after the cards)
+            lambda: panel.resume_button.layout.display is None, "Resume to come back"
+        )
         wait_until(lambda: "Ready" in plan.section.get_title(0), "the plan to say Ready")
         assert not panel.resume_button.disabled
         panel.resume_button.click()
@@ -161,7 +172,7 @@ def test_a_note_typed_in_a_card_survives_a_change_of_the_run_in_the_store(
     panel = panel_for(handle)
     try:
         box = addon(panel, ApprovalsBox)
-        (card,) = box.children
+        (card,) = box.cards
         settled(panel)
         card.note.value = "invoice checked"  # half typed when another process writes
         seen = panel.store_changes
@@ -174,7 +185,7 @@ def test_a_note_typed_in_a_card_survives_a_change_of_the_run_in_the_store(
         assert "it is suspended" in stop.stdout, stop.stdout + stop.stderr
         wait_until(lambda: panel.store_changes > seen, "the panel to see the change")
         settled(panel)
-        assert box.children == (card,)
+        assert box.cards == (card,)
         assert card.note.value == "invoice checked"
         card.approve_button.click()
         assert panel.handle.wait(WAIT) == "completed"
@@ -208,11 +219,11 @@ def test_a_question_asked_again_with_another_schema_gets_a_new_card(store: Any) 
         view=None, store_changes=0, handle=SimpleNamespace(run_id=run_id, store=store)
     )
     box = ApprovalsBox(panel)
-    (first,) = box.children
+    (first,) = box.cards
     ask({"type": "integer", "minimum": 1, "maximum": 9}, "How many?")
     panel.store_changes += 1
     box.refresh()
-    (card,) = box.children
+    (card,) = box.cards
     assert card is not first and "How many?" in card.header.value
     card.input.value = 3
     card.answer_button.click()

@@ -29,6 +29,7 @@ from kernelext._core.approvals import Approval, approvals
 from kernelext._core.asking import parse_answer
 from kernelext._core.colours import BAD, REQUEST_COLOURS
 from kernelext._core.questions import Question, questions
+from kernelext._formatting import moment_text
 from kernelext.status import Reason, Status
 
 __all__ = [
@@ -38,7 +39,9 @@ __all__ = [
     "approvals_addon",
     "approvals_mimebundle",
     "args_html",
+    "badge_html",
     "cards",
+    "decided_elsewhere_html",
     "input_for",
 ]
 
@@ -277,15 +280,59 @@ def approvals_mimebundle(items: Any) -> dict[str, Any]:
     return bundle
 
 
+DECISION_KINDS = {"approval_decided": "approval", "input_answered": "question"}
+WHERE = {
+    "cli": "in a terminal",
+    "widget": "in a notebook",
+    "panel": "in a notebook",
+    "api": "from code",
+    "magic": "in a notebook",
+}
+
+
+def decided_elsewhere_html(events: list[dict[str, Any]]) -> str:
+    """The last decision of a run's request, as who, where and when: what a person who
+    did not make it needs to go on ("approved in a terminal by root at …: press Resume")."""
+    last = next((e for e in reversed(events) if e.get("kind") in DECISION_KINDS), None)
+    if last is None:
+        return ""
+    what = DECISION_KINDS[str(last["kind"])]
+    detail = last.get("detail")
+    decision = "answered"
+    if what == "approval":
+        try:
+            decision = str(json.loads(detail or "{}").get("decision") or "decided")
+        except ValueError:
+            decision = "decided"
+    where = WHERE.get(str(last.get("source") or ""), f"through {last.get('source') or 'code'}")
+    who = f" by {last['actor']}" if last.get("actor") else ""
+    when = moment_text(last["occurred_at"]) if last.get("occurred_at") else "earlier"
+    text = (
+        f"The {what} was {decision} {where}{who} at {when}. Press Resume to go on: the run "
+        "continues from where it waited."
+    )
+    return f'<div class="kernelext-decided-elsewhere">{html.escape(text)}</div>'
+
+
 class ApprovalsBox(w.VBox):
-    """The panel add-on: the run's open requests and questions while it waits for them."""
+    """The panel add-on: the run's open requests and questions while it waits for them,
+    at the top of the panel under a "waiting for your approval" badge; once they are
+    decided elsewhere, who decided, where, and how to go on."""
+
+    at_top = True  # the panel shows it above everything that grows
 
     def __init__(self, panel: Any) -> None:
         super().__init__()
         self.panel = panel
         self.add_class("kernelext-approvals")
         self._marker: tuple[Any, ...] | None = None
+        self.waiting = 0  # requests shown that wait for a person
         self.refresh()
+
+    @property
+    def cards(self) -> tuple[Any, ...]:
+        """The request cards shown (without the badge or the decided-elsewhere line)."""
+        return tuple(c for c in self.children if isinstance(c, (ApprovalCard, QuestionCard)))
 
     def _waiting(self) -> tuple[Any, ...]:
         view = getattr(self.panel, "view", None)
@@ -306,9 +353,14 @@ class ApprovalsBox(w.VBox):
         run_id, status, reason, _deadline, _changes = marker
         if status != Status.SUSPENDED or reason not in WAITING_FOR_PERSON:
             self.children = ()
+            self.waiting = 0
             return
         store = self.panel.handle.store
         waiting = [*approvals(run_id, store=store), *questions(run_id, store=store)]
+        self.waiting = len(waiting)
+        if not waiting:  # decided elsewhere (a terminal, another notebook): say so
+            self.children = (w.HTML(decided_elsewhere_html(store.events(run_id))),)
+            return
         # A card still waiting is kept, with what the person typed in it so far.
         shown: dict[tuple[Any, ...], Any] = {}
         showing: tuple[Any, ...] = tuple(self.children)
@@ -324,13 +376,25 @@ class ApprovalsBox(w.VBox):
                 card.item = item
                 card.draw()
                 kept.append(card)
-        self.children = tuple(kept)
+        self.children = (w.HTML(badge_html(waiting)), *kept)
 
     def _decided(self, handle: Any) -> None:
         if handle is not None:
             self.panel.follow(handle)  # the resumed run, in the same panel
         self._marker = None
         self.panel.refresh()
+
+
+def badge_html(waiting: list[Any]) -> str:
+    """ "waiting for your approval" (or answer): what the run waits for, first thing shown."""
+    asks = {"approval" if isinstance(item, Approval) else "answer" for item in waiting}
+    what = " and ".join(sorted(asks))
+    colour = REQUEST_COLOURS["approval" if "approval" in asks else "question"]
+    return (
+        f'<div class="kernelext-waiting-badge" style="display:inline-block;border-radius:6px;'
+        f'padding:1px 8px;border:1px solid {colour};font-weight:bold">'
+        f"waiting for your {what}</div>"
+    )
 
 
 def approvals_addon(panel: Any) -> ApprovalsBox:

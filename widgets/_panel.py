@@ -138,11 +138,14 @@ class ControlPanel(w.VBox):
         )
         buttons = w.HBox([self.remote, self.resume_button])
         buttons.add_class("kernelext-buttons")
+        self.requests = w.VBox()  # add-ons marked at_top: what waits for a person, first
         super().__init__(
             children=[
                 w.HTML(PANEL_STYLE),
                 self.header,
-                buttons,  # right under the header line: nothing above them grows
+                self.requests,  # an approval or a question waiting: the first thing shown
+                self.decision_slot,  # unknown effects or changed facts to decide
+                buttons,  # then the buttons: nothing between them and the header grows
                 self.notice,
                 self.progress,
                 self.batch,
@@ -150,7 +153,6 @@ class ControlPanel(w.VBox):
                 self.stop_badge,
                 self.outcome,
                 self.effects,
-                self.decision_slot,
                 self.addons,
             ],
             layout=w.Layout(border=FRAME, padding="4px 10px"),
@@ -195,8 +197,10 @@ class ControlPanel(w.VBox):
             run.listeners.append(self._on_run_event)
         self._listened = run
         self._decision_for = None
-        old_addons = self.addons.children
-        self.addons.children = tuple(self._made(PANEL_ADDONS, "add-on"))
+        old_addons = (*self.requests.children, *self.addons.children)
+        made = self._made(PANEL_ADDONS, "add-on")
+        self.requests.children = tuple(a for a in made if getattr(a, "at_top", False))
+        self.addons.children = tuple(a for a in made if not getattr(a, "at_top", False))
         for addon in old_addons:  # they followed the previous handle
             detach = getattr(addon, "detach", None)
             if callable(detach):
@@ -332,7 +336,7 @@ class ControlPanel(w.VBox):
         self.outcome.value = outcome_html(view)
         self.notice.value = muted_html(self._notice) if self._notice else ""
         self._fill_decision_slot(view)
-        for addon in self.addons.children:
+        for addon in (*self.requests.children, *self.addons.children):
             refresh = getattr(addon, "refresh", None)
             if callable(refresh):
                 with contextlib.suppress(Exception):
@@ -341,6 +345,11 @@ class ControlPanel(w.VBox):
         self.stop_button.disabled = not (view.status == Status.RUNNING and (view.alive or cell))
         self.force_button.disabled = not (view.alive and view.status in LIVE) or cell
         self.resume_button.disabled = view.alive or view.status not in RESUME_OFFERED
+        # While a person must decide, the decision replaces Resume (which would only stop
+        # again for it); once it is decided elsewhere, Resume comes back.
+        waiting = sum(getattr(a, "waiting", 0) for a in self.requests.children)
+        deciding = waiting > 0 or view.status == Status.NEEDS_DECISION
+        self.resume_button.layout.display = "none" if deciding else None
         draw_stop_buttons(self.remote, view.status, view.stop_pending, cell)
 
     def _fill_decision_slot(self, view: PanelView) -> None:

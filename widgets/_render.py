@@ -203,7 +203,10 @@ def view_of(
         talk = conversation_of(handle.store.load_effects(handle.run_id).values())
         view.conversation = talk if (talk.turns or talk.tool_calls) else None
     if handle.alive and run.stop_event.is_set() and view.status in LIVE:
+        # The request is durable (journaled and synced) before the flag goes up; the
+        # table may show it a fold later. A person sees it now.
         view.stop_seen = True
+        view.status = str(Status.STOPPING)
         view.stop_source = view.stop_source or run.stop_source
     if current is not None:
         view.step_key, view.step_ordinal = current.key, current.ordinal

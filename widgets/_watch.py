@@ -28,7 +28,8 @@ from kernelext.status import FINAL
 
 __all__ = ["StoreWatch", "watch_of"]
 
-INTERVAL = 1.0  # seconds between two looks at the store's change signal
+INTERVAL = 0.5  # seconds between two looks at the store's change signal (a stop made
+# elsewhere shows within a second: a look, then one redraw)
 FINAL_EVERY = 10  # checks between two queries about runs that are final (no free signal)
 _UNSEEN = object()
 
