@@ -332,7 +332,8 @@ class ApprovalsBox(w.VBox):
     @property
     def cards(self) -> tuple[Any, ...]:
         """The request cards shown (without the badge or the decided-elsewhere line)."""
-        return tuple(c for c in self.children if isinstance(c, (ApprovalCard, QuestionCard)))
+        shown: tuple[Any, ...] = tuple(self.children)
+        return tuple(c for c in shown if isinstance(c, (ApprovalCard, QuestionCard)))
 
     def _waiting(self) -> tuple[Any, ...]:
         view = getattr(self.panel, "view", None)
@@ -359,7 +360,8 @@ class ApprovalsBox(w.VBox):
         waiting = [*approvals(run_id, store=store), *questions(run_id, store=store)]
         self.waiting = len(waiting)
         if not waiting:  # decided elsewhere (a terminal, another notebook): say so
-            self.children = (w.HTML(decided_elsewhere_html(store.events(run_id))),)
+            line: tuple[Any, ...] = (w.HTML(decided_elsewhere_html(store.events(run_id))),)
+            self.children = line
             return
         # A card still waiting is kept, with what the person typed in it so far.
         shown: dict[tuple[Any, ...], Any] = {}
