@@ -26,6 +26,7 @@ __all__ = [
     "duration_text",
     "moment_text",
     "rate_text",
+    "reason_text",
     "step_label",
     "step_number",
 ]
@@ -101,3 +102,36 @@ def rate_text(per_second: float, noun: str = "item") -> str:
             return f"<1 {noun}/min"
     number = number.removesuffix(".0")
     return f"{number} {noun if number == '1' else noun + 's'}/{unit}"
+
+
+# Why a run waits, as a person reads it (``kernelext.status.Reason`` values), and who stopped it.
+_REASONS = {
+    "user_stop": "stopped by you",
+    "approval": "waiting for an approval",
+    "input": "waiting for an answer",
+    "decision": "waiting for a decision",
+    "rate_limit": "paused by a rate limit",
+    "error": "stopped by an error",
+    "restart": "a restart, not started yet",
+    "other": "paused",
+}
+_SOURCES = {
+    "panel": "panel",
+    "interrupt": "■",
+    "cli": "terminal",
+    "api": "code",
+    "magic": "%agent stop",
+    "widget": "notebook",
+    "engine": "kernelext",
+}
+
+
+def reason_text(reason: str | None, source: str | None = None) -> str:
+    """``stopped by you (panel)``, ``waiting for an approval``: a run's ``reason`` (and, for
+    a stop, its ``stop_source``) in words; an unknown reason is shown as it is."""
+    if not reason:
+        return "stopped"
+    words = _REASONS.get(str(reason), str(reason))
+    if reason == "user_stop" and source:
+        words += f" ({_SOURCES.get(str(source), str(source))})"
+    return words

@@ -176,7 +176,7 @@ def test_quickstart_stop_resume_click_through(
         seen = watch.seen()
         assert seen["click:Stop"] <= pending_at < seen["suspended"], seen
         outcome = panel.locator(".kernelext-outcome")
-        expect(outcome).to_contain_text("suspended (user_stop) after")
+        expect(outcome).to_contain_text("suspended: stopped by you (panel), after")
         done = int(re.findall(rf"after (\d+)/{total} steps", outcome.inner_text())[0])
         assert 1 <= done < total
         assert delivery_server.count() == done  # stopped between steps: one email per step

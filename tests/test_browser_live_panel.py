@@ -159,7 +159,7 @@ def test_a_stop_from_a_terminal_shows_in_the_open_panel_and_its_timeline(
         expect(status).to_have_text("suspended")
         expect(header).to_contain_text("· suspended ·")
         outcome = panel.locator(".kernelext-outcome")
-        expect(outcome).to_contain_text("suspended (user_stop) after 1/3")
+        expect(outcome).to_contain_text("suspended: stopped by you (terminal), after 1/3")
         plan = panel.locator(".kernelext-plan-preview")
         expect(plan).to_contain_text("Resume plan: Ready")
         expect(plan.locator(".kernelext-plan")).to_be_hidden()  # collapsed under the buttons

@@ -208,11 +208,11 @@ def test_background_agent_stops_from_its_panel_while_the_kernel_sleeps(
         page.keyboard.press("Control+Enter")
         output(sleeper).get_by_text("sleeping").wait_for()
         clicked, click_t = click(lab.button(panel, "Stop"))
-        panel.get_by_text(PENDING).or_(panel.get_by_text("suspended (")).first.wait_for(
-            timeout=5_000
-        )
+        panel.get_by_text(PENDING).or_(
+            panel.get_by_text("suspended: stopped by you (panel)")
+        ).first.wait_for(timeout=5_000)
         shown_s = time.monotonic() - click_t
-        panel.get_by_text("suspended (").first.wait_for(timeout=10_000)
+        panel.get_by_text("suspended: stopped by you (panel)").first.wait_for(timeout=10_000)
         suspended_s = time.monotonic() - click_t
         assert executing(sleeper), "the run must stop while the user's cell still sleeps"
         shot("suspended-while-the-kernel-sleeps")

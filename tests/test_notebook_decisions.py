@@ -298,7 +298,7 @@ def test_revalidation_notebook(
     }
     execute(nb, env, tmp_path)
 
-    assert "suspended (approval)" in text_of(nb, "start")
+    assert "suspended: waiting for an approval" in text_of(nb, "start")
     resumed = text_of(nb, "resume")
     assert resumed.startswith("needs_decision") and "price:flour changed" in resumed
     assert "price:flour: recorded 2.4, current 2.65" in text_of(nb, "side-by-side")

@@ -14,6 +14,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -92,7 +94,7 @@ def owner(store_path: Any) -> Iterator[Any]:
     for process in started:
         if process.poll() is None:
             process.kill()
-        process.wait(30)
+        process.communicate(timeout=30)  # reaped, its pipes closed
 
 
 def wait_status(process: subprocess.Popen[str]) -> str:
@@ -180,7 +182,10 @@ def test_bad_requests_are_refused_with_what_to_do_and_change_nothing(
 
 
 def test_the_route_says_it_is_there(server: lab.LabServer) -> None:
-    assert server.api("/kernelext/api/status") == {"route": "server", "actions": ["force", "stop"]}
+    assert server.api("/kernelext/api/status") == {
+        "route": "kernelext",
+        "actions": ["force", "stop"],
+    }
 
 
 def test_a_click_the_server_did_not_take_is_handled_in_the_kernel(store: Any) -> None:
@@ -211,3 +216,123 @@ def test_a_click_the_server_did_not_take_is_handled_in_the_kernel(store: Any) ->
     panel.refresh()
     assert remote.stop_disabled and remote.force_disabled  # nothing live to stop or force
     assert "there is nothing to stop" in remote.stop_tooltip
+
+
+def test_a_click_drawn_before_a_resume_is_refused_not_applied_to_the_new_session(
+    server: lab.LabServer, owner: Any, store_path: Any
+) -> None:
+    process = owner("fenced", 0.2)
+    epoch = step_epoch(store_path, "fenced")
+    body = {"run_id": "fenced", "store": str(store_path), "epoch": epoch + 1}
+    status, answer = post(server, "stop", body)  # a panel drawn in another session
+    assert status == 409 and "was resumed or taken over" in answer["message"]
+    assert all(kind != "stop_requested" for kind, _ in events(store_path, "fenced"))
+    status, answer = post(server, "stop", {**body, "epoch": epoch})
+    assert status == 200 and answer["status"] == "stopping"
+    assert wait_status(process) == "suspended"
+
+
+def step_epoch(store_path: Any, run_id: str) -> int:
+    import kernelext as kx
+
+    store = kx.open_store(str(store_path))
+    try:
+        return int(store.get_run(run_id)["owner_epoch"])
+    finally:
+        store.close()
+
+
+@pytest.mark.duckdb_only
+def test_a_duckdb_file_that_is_not_a_store_is_refused_and_left_as_it_was(
+    server: lab.LabServer, tmp_path: Path
+) -> None:
+    import duckdb
+
+    blank = tmp_path / "blank.duckdb"
+    duckdb.connect(str(blank)).close()
+    before = (blank.stat().st_size, blank.stat().st_mode)
+    status, answer = post(server, "stop", {"run_id": "r", "store": str(blank)})
+    assert status == 400 and "is not a kernelext store" in answer["message"]
+    assert (blank.stat().st_size, blank.stat().st_mode) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blank.duckdb"]
+
+
+@pytest.mark.duckdb_only
+def test_a_store_held_elsewhere_answers_busy_and_never_holds_up_a_click_on_another(
+    server: lab.LabServer, owner: Any, store_path: Any, tmp_path: Path
+) -> None:
+    from support.store_holder import hold_store
+
+    import kernelext as kx
+
+    other = tmp_path / "other" / "store.duckdb"
+    other_store = kx.open_store(str(other))
+    other_store.close()
+    process = owner("held", 0.2)
+    holder = hold_store(str(store_path))
+    try:
+        answers: dict[str, tuple[int, Any]] = {}
+        slow = threading.Thread(
+            target=lambda: answers.update(
+                held=post(server, "stop", {"run_id": "held", "store": str(store_path)})
+            )
+        )
+        slow.start()
+        time.sleep(0.3)  # the first click waits for the held file...
+        quick = post(server, "stop", {"run_id": "nothing-here", "store": str(other)})
+        assert quick[0] == 404  # ...and a click on another store is answered meanwhile
+        assert slow.is_alive()
+        slow.join(60)
+        status, answer = answers["held"]
+        assert status == 503 and "busy in another process" in answer["message"]
+        assert answer["route"] == "kernelext"  # the panel then tries the kernel's own route
+    finally:
+        holder.send("release")
+        holder.close()
+    status, answer = post(server, "stop", {"run_id": "held", "store": str(store_path)})
+    assert status == 200
+    assert wait_status(process) == "suspended"
+
+
+def test_malformed_bodies_get_the_same_clear_refusal(server: lab.LabServer) -> None:
+    too_big = json.dumps({"run_id": "r", "store": "x" * (70 * 1024)}).encode()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for body in (too_big, deep, {"run_id": "r", "store": "/x", "epoch": "1"}):
+        status, answer = post(server, "stop", body)
+        assert status == 400 and '"run_id"' in answer["message"], answer
+        assert answer["route"] == "kernelext"
+
+
+def test_a_password_in_a_malformed_address_is_never_echoed(server: lab.LabServer) -> None:
+    status, answer = post(
+        server, "stop", {"run_id": "r", "store": "postgres://kx:s3cr%et@127.0.0.1:1/db"}
+    )
+    assert status >= 400 and "s3cr" not in json.dumps(answer)
+    assert "s3cr" not in server.log_tail(50)
+
+
+@pytest.mark.duckdb_only
+def test_a_force_after_a_stop_dated_by_a_clock_ahead_still_lands(
+    server: lab.LabServer, owner: Any, store_path: Any
+) -> None:
+    """Force requests are counted in the order they were written, not by their dates."""
+    import datetime as dt
+
+    from kernelext._store import open_store
+
+    process = owner("skewed", 60.0)
+    ahead = open_store(
+        str(store_path),
+        clock=lambda: (
+            dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) + dt.timedelta(seconds=30)
+        ),
+    )
+    try:
+        ahead.request_stop("skewed", source="skewed-clock")
+    finally:
+        ahead.close()
+    status, answer = post(server, "force", {"run_id": "skewed", "store": str(store_path)})
+    assert status == 200, answer
+    assert wait_status(process) == "suspended"
+    steps = step_rows(store_path, "skewed")
+    assert [(s["status"], s["forced"]) for s in steps] == [("cancelled", True)]

@@ -350,7 +350,7 @@ class ControlPanel(w.VBox):
         waiting = sum(getattr(a, "waiting", 0) for a in self.requests.children)
         deciding = waiting > 0 or view.status == Status.NEEDS_DECISION
         self.resume_button.layout.display = "none" if deciding else None
-        draw_stop_buttons(self.remote, view.status, view.stop_pending, cell)
+        draw_stop_buttons(self.remote, view.status, view.stop_pending, cell, view.owner_epoch)
 
     def _fill_decision_slot(self, view: PanelView) -> None:
         if view.status != Status.NEEDS_DECISION:

@@ -20,7 +20,7 @@ from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
 from kernelext._core.conversation import Conversation, conversation_of
 from kernelext._core.names import OUTSIDE_STEPS
 from kernelext._core.run import engine_of
-from kernelext._formatting import duration_text, moment_text, step_label
+from kernelext._formatting import duration_text, moment_text, reason_text, step_label
 from kernelext.status import FINAL, LIVE, EffectStatus, Status
 
 from ._batch import batch_html
@@ -74,6 +74,7 @@ class PanelView:
     batch: BatchCounts | None = None  # the run.map in progress, or the last one seen here
     conversation: Conversation | None = None  # a run of model and tool calls, no run.steps
     stop_seen: bool = False  # this process raised the run's stop flag (the row may lag)
+    owner_epoch: int | None = None  # the run's ownership epoch: a click's fencing token
 
     @property
     def stop_pending(self) -> bool:
@@ -148,7 +149,8 @@ class PanelView:
             return f"failed: {self.error or self.reason or 'see kx.runs()'}"
         if self.status == Status.SUSPENDED:
             done = self.progress_text(done="")
-            return f"suspended ({self.reason or 'stopped'}) after {done}{self.expiry_text()}"
+            why = reason_text(self.reason, self.stop_source)
+            return f"suspended: {why}, after {done}{self.expiry_text()}"
         if self.status == Status.NEEDS_DECISION:
             return f"needs a decision: {self.reason or 'see kx.reconcile()'}{self.expiry_text()}"
         if self.status in (Status.EXPIRED, Status.CANCELLED):
@@ -189,6 +191,7 @@ def view_of(
         total=info.get("total_steps") or run.total_steps,
         stop_requested_at=info.get("stop_requested_at"),
         stop_source=info.get("stop_source"),
+        owner_epoch=info.get("owner_epoch"),
         deadline=info.get("deadline"),
         now=handle.store.now(),
         effects=list(

@@ -7,7 +7,8 @@
 // the kernel as a widget message; if the kernel does not answer within a second the
 // button says so and what to do instead, never nothing.
 
-const ACK_MS = 1200;
+const ACK_MS = 1200; // how long the kernel route may take to answer a click
+const SERVER_MS = 12000; // the server answers within 10 s, recorded or not
 
 function pageConfig() {
   const el = document.getElementById("jupyter-config-data");
@@ -49,19 +50,29 @@ async function sendToServer(action, model) {
   const config = pageConfig();
   const headers = { "Content-Type": "application/json", "X-XSRFToken": xsrfToken() };
   if (config.token) headers.Authorization = `token ${config.token}`;
-  const response = await fetch(`${baseUrl(config)}kernelext/api/${action}`, {
-    method: "POST",
-    credentials: "same-origin",
-    headers,
-    body: JSON.stringify({ run_id: model.get("run_id"), store: model.get("store") }),
-  });
-  let body = {};
+  const body = { run_id: model.get("run_id"), store: model.get("store") };
+  if (model.get("epoch") >= 0) body.epoch = model.get("epoch");
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), SERVER_MS);
   try {
-    body = await response.json();
-  } catch (_err) {
-    body = {};
+    const response = await fetch(`${baseUrl(config)}kernelext/api/${action}`, {
+      method: "POST",
+      credentials: "same-origin",
+      headers,
+      body: JSON.stringify(body),
+      signal: abort.signal,
+    });
+    let answer = {};
+    try {
+      answer = await response.json();
+    } catch (_err) {
+      answer = {};
+    }
+    // Only kernelext's route names itself: any other answer means it is not there.
+    return { status: response.status, body: answer, ours: answer.route === "kernelext" };
+  } finally {
+    clearTimeout(timer);
   }
-  return { status: response.status, body };
 }
 
 function sendToKernel(action, model) {
@@ -120,14 +131,17 @@ function render({ model, el }) {
     } catch (_err) {
       answer = null; // the server cannot be reached
     }
-    if (answer && answer.status === 200) {
+    if (answer && answer.ours && answer.status === 200) {
       say(`${answer.body.message || `${label} recorded`} (${clock(sent)})`);
-    } else if (answer && answer.status !== 404) {
+    } else if (answer && answer.ours && answer.status < 500) {
       say(`${label} refused: ${answer.body.message || `HTTP ${answer.status}`}`);
     } else {
+      // No route, or the server could not reach the store (busy, a PostgreSQL server it
+      // cannot log in to, a timeout): the kernel may, if it is free.
+      const why = answer && answer.ours ? answer.body.message : "";
       const answered = await sendToKernel(action, model);
-      if (!answered) say(model.get("busy_hint"));
-      else say(`${label} sent to the kernel (${clock(sent)})`);
+      if (answered) say(`${label} sent to the kernel (${clock(sent)})`);
+      else say(why ? `${why} ${model.get("busy_hint")}` : model.get("busy_hint"));
     }
     draw();
   };

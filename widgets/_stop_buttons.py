@@ -29,14 +29,15 @@ ACTIONS = ("stop", "force")
 STOP_TIPS = {
     "live": "Stop at the next safe point (the end of the step or cell). Recorded at once, "
     "even while the kernel runs other cells.",
-    "pending": "A stop is pending: the run stops at its next safe point. Pressing again "
+    "asked": "A stop is pending: the run stops at its next safe point. Pressing again "
     "changes nothing; Force stop cancels the step now.",
     "idle": "The run is {status}: there is nothing to stop.",
 }
 FORCE_TIPS = {
-    "live": "Stop now: cancel the current step. A recorded call in flight is waited for "
-    "(up to force_call_grace, 10 s) and keeps its real outcome; press again to cut it "
-    "(its outcome then becomes unknown and waits for your decision).",
+    "live": "Stop now: cancel the current step. A recorded call of a plain (not async) "
+    "effect in flight is waited for (up to force_call_grace, 10 s) and keeps its real "
+    "outcome; press again to cut it (its outcome then becomes unknown, for you to decide). "
+    "An awaited call and a batch's items are cut at once.",
     "cell": "A %%agent cell runs in the kernel's main thread: press the notebook's ■ "
     "(interrupt) twice to cancel it. Stop ends the run after the cell.",
 }
@@ -64,6 +65,7 @@ class StopButtons(anywidget.AnyWidget):
     busy_hint = traitlets.Unicode("").tag(sync=True)
     kernel_note = traitlets.Unicode("").tag(sync=True)  # the kernel's answer to a click
     ack_seq = traitlets.Int(0).tag(sync=True)  # raised when the kernel handled a click
+    epoch = traitlets.Int(-1).tag(sync=True)  # the run's owner_epoch as drawn (-1: unknown)
 
     def __init__(self, on_action: Callable[[str], str | None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -82,13 +84,19 @@ class StopButtons(anywidget.AnyWidget):
             self.kernel_note = note
 
 
-def draw_stop_buttons(remote: StopButtons, status: str, stop_pending: bool, cell: bool) -> None:
-    """Enable Stop and Force stop whenever the run is live, here or in another process."""
+def draw_stop_buttons(
+    remote: StopButtons, status: str, stop_pending: bool, cell: bool, epoch: int | None
+) -> None:
+    """Enable Stop and Force stop whenever the run is live, here or in another process.
+
+    ``epoch`` (the run's ``owner_epoch``) travels with a click: a click that reaches the
+    store after the run was resumed is refused, not applied to the new session."""
     live = status in LIVE
+    remote.epoch = -1 if epoch is None else int(epoch)
     idle = STOP_TIPS["idle"].format(status=status)
     remote.stop_disabled = not live
     remote.stop_tooltip = (
-        idle if not live else STOP_TIPS["pending"] if stop_pending else STOP_TIPS["live"]
+        idle if not live else STOP_TIPS["asked"] if stop_pending else STOP_TIPS["live"]
     )
     remote.force_disabled = not live or cell
     remote.force_tooltip = idle if not live else FORCE_TIPS["cell"] if cell else FORCE_TIPS["live"]

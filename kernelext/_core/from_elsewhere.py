@@ -20,16 +20,17 @@ refused, so a click can only ever reach a store that exists.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
 from .._store import Store, open_store
 from .._validate import RUN_ID
-from ..errors import KernelextError, RunNotFound
+from ..errors import KernelextError, RunNotFound, StoreError, StoreLockedError
 from ..status import LIVE, Status
 from . import control
 
-__all__ = ["ACTIONS", "act", "describe_error", "store_address"]
+__all__ = ["ACTIONS", "RunMovedOn", "act", "describe_error", "store_address"]
 
 ACTIONS: dict[str, str] = {
     "stop": "stop at the next safe point",
@@ -49,10 +50,16 @@ def store_address(store: Store) -> str:
     return os.path.abspath(location)
 
 
+STORE_WAIT = 5.0  # seconds a click waits for another process to hand the DuckDB file over
+CONNECT_TIMEOUT = 5  # seconds a click waits for a PostgreSQL server to answer
+
+
 def _open(address: str) -> Store:
     if not isinstance(address, str) or not address.strip():
         raise ValueError("No store was named: the panel sends the address of its run's store.")
     if address.startswith(POSTGRES):
+        if "connect_timeout=" not in address:  # an unreachable host must not hold the click
+            address += ("&" if "?" in address else "?") + f"connect_timeout={CONNECT_TIMEOUT}"
         return open_store(address)
     if not os.path.isabs(address):
         raise ValueError(f"The store path must be absolute, not {address!r}.")
@@ -61,15 +68,28 @@ def _open(address: str) -> Store:
             f"No kernelext store at {address!r} (the file does not exist): the run's kernel "
             "may have moved or deleted it."
         )
-    return open_store(address)
+    if not os.path.exists(address + ".want"):  # every kernelext open leaves it beside the file
+        raise ValueError(
+            f"{address!r} is not a kernelext store (no kernelext process ever opened it): "
+            "nothing was changed."
+        )
+    return open_store(address, wait_timeout=STORE_WAIT)
 
 
-def act(action: str, run_id: str, address: str, *, source: str = "panel") -> dict[str, Any]:
+class RunMovedOn(KernelextError):
+    """The run began executing again since the click was made: the click is not applied."""
+
+
+def act(
+    action: str, run_id: str, address: str, *, source: str = "panel", epoch: int | None = None
+) -> dict[str, Any]:
     """Record ``action`` for run ``run_id`` in the store at ``address``; say what happened.
 
-    Returns ``run_id``, ``action``, ``status`` (the run's status after the request),
-    ``source``, ``recorded`` (True when the request moved or forced a live run),
-    ``message`` (a sentence for the person who clicked) and ``seconds`` (store time).
+    ``epoch``: the run's ``owner_epoch`` the clicked panel showed (a fencing token); a click
+    that arrives after the run was resumed or taken over is refused (``RunMovedOn``), never
+    applied to the new session. Returns ``run_id``, ``action``, ``status`` (the run's status
+    after the request), ``source``, ``recorded`` (True when the request reached a live
+    run), ``message`` (a sentence for the person who clicked) and ``seconds``.
     """
     if action not in ACTIONS:
         raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
@@ -77,7 +97,14 @@ def act(action: str, run_id: str, address: str, *, source: str = "panel") -> dic
     started = time.perf_counter()
     store = _open(address)
     try:
-        before = str(store.get_run(run_id)["status"])
+        row = store.get_run(run_id)
+        before = str(row["status"])
+        if epoch is not None and row.get("owner_epoch") is not None and row["owner_epoch"] != epoch:
+            raise RunMovedOn(
+                f"Run {run_id} was resumed or taken over since this panel drew it (its owner "
+                f"epoch is {row['owner_epoch']}, the panel showed {epoch}); nothing was done. "
+                "Look at the panel again and press the button there."
+            )
         if action == "force":
             status = control.force_stop(run_id, source=source, store=store)
         else:
@@ -109,7 +136,11 @@ def _message(action: str, run_id: str, before: str, status: str, cell: bool) -> 
             "the run suspends. To cancel the cell now, press the notebook's ■ twice."
         )
     if action == "force":
-        return f"Force stop recorded (panel): run {run_id}'s current step is being cancelled."
+        return (
+            f"Force stop recorded (panel): run {run_id} stops now. A recorded sync call in "
+            "flight is waited for (up to force_call_grace) and keeps its outcome; press again "
+            "to cut it."
+        )
     if cell:
         return (
             f"Stop recorded (panel): run {run_id} suspends when the running cell ends; "
@@ -118,12 +149,33 @@ def _message(action: str, run_id: str, before: str, status: str, cell: bool) -> 
     return f"Stop recorded (panel): run {run_id} stops at its next safe point."
 
 
-def describe_error(exc: BaseException) -> tuple[int, str]:
-    """(HTTP status, message) for an error :func:`act` raised."""
+def describe_error(exc: BaseException, address: str = "") -> tuple[int, str]:
+    """(HTTP status, message) for an error :func:`act` raised; a password in ``address``
+    never appears in the message, even when the URL could not be parsed."""
     if isinstance(exc, RunNotFound):
-        return 404, str(exc)
-    if isinstance(exc, (ValueError, TypeError)):
-        return 400, str(exc)
-    if isinstance(exc, KernelextError):
-        return 409, f"{type(exc).__name__}: {exc}"
-    return 500, f"{type(exc).__name__}: {exc}"
+        status, text = 404, str(exc)
+    elif isinstance(exc, (ValueError, TypeError)):
+        status, text = 400, str(exc)
+    elif isinstance(exc, StoreLockedError):
+        status, text = 503, f"The store is busy in another process: {exc}"
+    elif isinstance(exc, StoreError) and str(address).startswith(POSTGRES):
+        status, text = (
+            503,
+            (
+                f"The notebook server could not open the PostgreSQL store: {exc} It connects "
+                "with its own credentials (PGPASSWORD or ~/.pgpass in the environment of the "
+                "process that runs `jupyter lab`), never the kernel's password."
+            ),
+        )
+    elif isinstance(exc, KernelextError):
+        status, text = 409, f"{type(exc).__name__}: {exc}"
+    else:
+        status, text = 500, f"{type(exc).__name__}: {exc}"
+    return status, _without_password(text, str(address))
+
+
+def _without_password(text: str, address: str) -> str:
+    match = re.match(r"^[a-z]+://[^:/@]*:([^@/]*)@", address)
+    if match and match.group(1):
+        text = text.replace(match.group(1), "***")
+    return text

@@ -13,7 +13,7 @@ import functools
 import inspect
 import uuid
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from .._formatting import step_label
 from .._validate import (
@@ -28,6 +28,7 @@ from .._validate import (
 from ..errors import (
     EffectArgumentsMismatch,
     EffectFailed,
+    ForcedStop,
     LedgerError,
     NeedsDecision,
     ResultNotStorable,
@@ -53,6 +54,8 @@ from .names import check_stored_name
 from .retries import check_retries, made_with_retries, settled
 from .run_engine import RunEngine, chain_roots
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
+
+T = TypeVar("T")
 
 __all__ = [
     "REDACTED",
@@ -310,14 +313,14 @@ class Effect(CallArguments):
         except Exception as exc:
             if settled(run, key):  # the attempts recorded the outcome (unknown)
                 raise
-            self._failed(run, key, exc)
+            _recorded(run, functools.partial(self._failed, run, key, exc))
             raise
         except BaseException:
             if settled(run, key):  # a stop between two attempts: recorded not_applied
                 raise
             self._interrupted(run, key)
             raise
-        return self._applied(run, key, result)
+        return _recorded(run, functools.partial(self._applied, run, key, result))
 
     # -- before and after the call: shared by the sync and async paths (ledger_async) -----
     def _call_kwargs(
@@ -557,3 +560,17 @@ def effect(
         )
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _recorded(run: RunEngine, record: Callable[[], T]) -> T:
+    """Record a call's outcome as kernelext's bookkeeping (``ForceGate.critical``): a forced
+    stop never lands inside it. One already raised into this thread lands at the section's
+    door, before anything was written: the call had ended, so its outcome is recorded
+    anyway, and the forced stop goes on after it."""
+    try:
+        with run.force.critical():
+            return record()
+    except ForcedStop:
+        with run.force.critical():
+            record()
+        raise

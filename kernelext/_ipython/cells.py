@@ -21,10 +21,10 @@ from .._core.cell_runs import (
 )
 from .._core.plan_code import remember_cell_source
 from .._core.waiting import waiting_text
-from .._formatting import step_label
+from .._formatting import reason_text, step_label
 from ..errors import AgentCellStopped, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
-from .interrupt import cell_interrupts
+from .interrupt import CellInterrupt, cell_interrupts
 
 __all__ = ["AgentCellStopped", "cell_identity", "run_agent_cell"]
 
@@ -74,7 +74,23 @@ def run_agent_cell(
     max_step_seconds: float | None,
     rerun: bool,
 ) -> None:
-    """Execute ``source`` as one step of run ``run_id`` (its last value is displayed)."""
+    """Execute ``source`` as one step of run ``run_id`` (its last value is displayed).
+
+    The notebook's ■ is the cell's for all of it (``cell_interrupts``): a first press
+    anywhere is a soft stop; a second one cancels the cell's own code only."""
+    with cell_interrupts(run_id) as presses:
+        _run_agent_cell(shell, run_id, source, step, max_step_seconds, rerun, presses)
+
+
+def _run_agent_cell(
+    shell: Any,
+    run_id: str,
+    source: str,
+    step: str | None,
+    max_step_seconds: float | None,
+    rerun: bool,
+    presses: CellInterrupt,
+) -> None:
     cell = open_cell_run(run_id, max_step_seconds=max_step_seconds)
     try:
         row = cell.boundary()
@@ -102,7 +118,7 @@ def run_agent_cell(
     if row["status"] != Status.RUNNING:
         raise _blocked(cell, row)
     try:
-        outcome = _execute(shell, cell, key, digest, source, max_step_seconds)
+        outcome = _execute(shell, cell, key, digest, source, max_step_seconds, presses)
     except OwnershipLost as lost:  # its step start was refused: the cell did not run
         cell.owned = False
         raise AgentCellStopped(str(lost), run_id=run_id, status=Status.RUNNING) from None
@@ -114,7 +130,7 @@ def run_agent_cell(
 def _blocked(cell: CellRun, row: dict[str, Any]) -> AgentCellStopped:
     status = row["status"]
     advice = STATUS_ADVICE.get(status, "see kx.runs()").format(id=cell.run_id)
-    why = f" ({row['reason']})" if row.get("reason") else ""
+    why = f": {reason_text(row['reason'], row.get('stop_source'))}" if row.get("reason") else ""
     return AgentCellStopped(
         f"run {cell.run_id!r} is {status}{why}; this cell was not run — {advice}.",
         run_id=cell.run_id,
@@ -161,7 +177,13 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
 
 
 def _execute(
-    shell: Any, cell: CellRun, key: str, digest: str, source: str, max_step_seconds: float | None
+    shell: Any,
+    cell: CellRun,
+    key: str,
+    digest: str,
+    source: str,
+    max_step_seconds: float | None,
+    presses: CellInterrupt,
 ) -> StepOutcome:
     """Run the cell body through IPython (transforms, magics, display of the last value)."""
     missing = object()
@@ -177,7 +199,7 @@ def _execute(
         shell.user_ns["run"] = cell.run.facade  # what the cell's code calls run
         shell.set_custom_exc((StopRequested, NeedsDecision, KeyboardInterrupt), quiet)
         try:
-            with cell_interrupts(cell.run_id, cell.store):  # ■: stop after the cell; twice: cancel
+            with presses.body():  # ■ twice cancels the cell's code, never kernelext's records
                 result = shell.run_cell(source, store_history=False)
         finally:
             shell.custom_exceptions, shell.CustomTB = saved_exc

@@ -178,15 +178,26 @@ class CellInterrupt:
         self.window = window
         self.first_press: float | None = None
         self.worker: threading.Thread | None = None
+        self.in_body = False  # the cell's own code runs: a cancel may land there
+
+    @contextlib.contextmanager
+    def body(self) -> Iterator[None]:
+        """The cell's own code: the only place a second press raises KeyboardInterrupt.
+        Before and after it kernelext records the step, which a press never cuts."""
+        self.in_body = True
+        try:
+            yield
+        finally:
+            self.in_body = False
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         window = self.window if self.window is not None else notebook_option("interrupt_window")
         second = self.first_press is not None and now - self.first_press <= float(window)
-        if second or not notebook_option("soft_interrupt"):
+        if (second or not notebook_option("soft_interrupt")) and self.in_body:
             signal.default_int_handler(signum, frame)  # KeyboardInterrupt: the cell is cancelled
         if self.first_press is not None:
-            return  # pressed again after the window: the stop is pending already
+            return  # pressed again: the stop is pending already
         self.first_press = now
         # The store call runs on a thread: a signal handler lands at any bytecode of the
         # main thread, perhaps inside kernelext's own locks.
@@ -210,10 +221,12 @@ class CellInterrupt:
 
 
 @contextlib.contextmanager
-def cell_interrupts(run_id: str, store: Any) -> Iterator[CellInterrupt | None]:
-    """SIGINT is the cell's :class:`CellInterrupt` inside; the handler before is put back."""
+def cell_interrupts(run_id: str, store: Any = None) -> Iterator[CellInterrupt]:
+    """SIGINT is the cell's :class:`CellInterrupt` inside (``store``: None, the current one);
+    the handler before is put back. Taken for the whole ``%%agent`` cell, its bookkeeping
+    included: a press there is a soft stop, never a cut."""
     if threading.current_thread() is not threading.main_thread():
-        yield None  # signals reach the main thread only: nothing to take
+        yield CellInterrupt(run_id, store)  # signals reach the main thread only: not taken
         return
     handler = CellInterrupt(run_id, store)
     previous = signal.signal(signal.SIGINT, handler)

@@ -22,7 +22,11 @@ from tornado import web
 __all__ = ["ROUTE", "install"]
 
 ROUTE = "kernelext/api"
-_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernelext-server")
+MAX_BODY = 64 * 1024  # a click's body is a few hundred bytes
+ANSWER_SECONDS = 10.0  # a click is answered within this, recorded or not
+# Clicks on different stores never wait for each other; two on one DuckDB store take
+# turns at its file lock. A store that hangs holds one thread, not the route.
+_EXECUTOR = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kernelext-server")
 
 
 def _warm() -> None:
@@ -34,9 +38,12 @@ class _Handler(APIHandler):
 
 
 class RunActionHandler(_Handler):
-    """``POST {action}`` with ``{"run_id": RUN_ID, "store": ADDRESS}``: record the request.
+    """``POST {action}`` with ``{"run_id": RUN_ID, "store": ADDRESS, "epoch": N}``.
 
-    Both travel in the JSON body, never in the path, so any run id arrives as it is."""
+    Everything travels in the JSON body, never in the path, so any run id arrives as it
+    is. Every answer is JSON naming this route (``"route": "kernelext"``), so the panel
+    tells a refusal from a server without the extension. A click never waits longer than
+    ``ANSWER_SECONDS``; the store's own waits are shorter (``from_elsewhere``)."""
 
     @web.authenticated
     @authorized
@@ -44,28 +51,32 @@ class RunActionHandler(_Handler):
         from kernelext._core.from_elsewhere import act, describe_error
 
         started = time.perf_counter()
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except ValueError:
-            body = None
-        if not isinstance(body, dict) or not all(
-            isinstance(body.get(name), str) for name in ("run_id", "store")
-        ):
-            self.set_status(400)
-            message = 'The body must be {"run_id": "<the run>", "store": "<its store>"}.'
-            self.finish(json.dumps({"message": message}))
-            return
-        run_id = body["run_id"]
-        loop = asyncio.get_running_loop()
-        try:
-            result: dict[str, Any] = await loop.run_in_executor(
-                _EXECUTOR, lambda: act(action, run_id, body["store"], source="panel")
+        body = _body(self.request.body)
+        if body is None:
+            message = (
+                'The body must be {"run_id": "<the run>", "store": "<its store>"} '
+                f"(JSON, at most {MAX_BODY // 1024} KiB; epoch: an integer)."
             )
+            self._answer(400, {"message": message})
+            return
+        run_id, address, epoch = body["run_id"], body["store"], body.get("epoch")
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(
+            _EXECUTOR, lambda: act(action, run_id, address, source="panel", epoch=epoch)
+        )
+        try:
+            result: dict[str, Any] = await asyncio.wait_for(job, ANSWER_SECONDS)
+        except asyncio.TimeoutError:
+            message = (
+                f"The store did not answer within {ANSWER_SECONDS:g} s; nothing is known to "
+                f"be recorded. Press ■, or run `kernelext stop {run_id}` in a terminal."
+            )
+            self._answer(504, {"message": message})
+            return
         except Exception as exc:
-            status, message = describe_error(exc)
-            self.log.warning("kernelext: %s %s refused: %s", action, run_id, message)
-            self.set_status(status)
-            self.finish(json.dumps({"message": message}))
+            status, message = describe_error(exc, address)
+            self.log.warning("kernelext: %s refused: %s", action, message)
+            self._answer(status, {"message": message})
             return
         result["server_seconds"] = round(time.perf_counter() - started, 4)
         self.log.info(
@@ -76,7 +87,29 @@ class RunActionHandler(_Handler):
             result["seconds"],
             result["status"],
         )
-        self.finish(json.dumps(result))
+        self._answer(200, result)
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        self.set_status(status)
+        self.finish(json.dumps({**body, "route": "kernelext"}))
+
+
+def _body(raw: bytes | None) -> dict[str, Any] | None:
+    """The request's JSON body when it is well formed and small, else None."""
+    if raw is not None and len(raw) > MAX_BODY:
+        return None
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    if not all(isinstance(body.get(name), str) for name in ("run_id", "store")):
+        return None
+    epoch = body.get("epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):
+        return None
+    return body
 
 
 class StatusHandler(_Handler):
@@ -87,7 +120,7 @@ class StatusHandler(_Handler):
     async def get(self) -> None:
         from kernelext._core.from_elsewhere import ACTIONS
 
-        self.finish(json.dumps({"route": "server", "actions": sorted(ACTIONS)}))
+        self.finish(json.dumps({"route": "kernelext", "actions": sorted(ACTIONS)}))
 
 
 def install(serverapp: Any) -> None:

@@ -73,11 +73,13 @@ def open_store(
     clock: Callable[[], dt.datetime] = utcnow,
     *,
     read_only: bool | None = None,
+    wait_timeout: float | None = None,
 ) -> Store:
     """Open the store at ``location`` (a DuckDB path, or a ``postgresql://`` URL).
 
     A DuckDB store whose folder cannot be written opens read-only (``read_only=None``);
-    ``read_only=True`` asks for that explicitly.
+    ``read_only=True`` asks for that explicitly. ``wait_timeout``: seconds to wait for
+    another process to hand a DuckDB file over (default ``KERNELEXT_STORE_WAIT``, 30 s).
     """
     target = location or default_store_path()
     if target.startswith(("postgresql://", "postgres://")):
@@ -92,7 +94,7 @@ def open_store(
     new_files = [f for f in coordination_files(target) if not os.path.exists(f)]
     duck = None
     try:
-        duck = open_duckdb(target, read_only=read_only)
+        duck = open_duckdb(target, read_only=read_only, wait_timeout=wait_timeout)
         return Store(duck, clock=clock)
     except BaseException:  # a failed open leaves no .lock/.want of its own behind
         if duck is not None:

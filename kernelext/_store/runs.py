@@ -411,14 +411,15 @@ class RunsMixin(StoreBase):
         return rows[0][0] if rows else None
 
     def force_requests(self, run_id: str) -> tuple[int, str | None]:
-        """How many times, and first by whom, the run's pending stop was asked to be forced
-        (``force_requested`` events at or after its ``stop_requested_at``): how another
-        process's Force stop reaches the process that executes the run."""
+        """How many times, and first by whom, a forced stop was asked for since the run last
+        began executing (``force_requested`` events after its last ``created`` or
+        ``resumed`` event, in the order events were written, whatever each writer's clock
+        said): how another process's Force stop reaches the process that executes the run."""
         rows = self.backend.read(
-            "SELECT e.source FROM events e JOIN runs r ON r.id = e.run_id"
-            " WHERE e.run_id = ? AND e.kind = ? AND r.stop_requested_at IS NOT NULL"
-            " AND e.occurred_at >= r.stop_requested_at ORDER BY e.id",
-            (run_id, FORCE_REQUESTED),
+            "SELECT source FROM events WHERE run_id = ? AND kind = ? AND id > ("
+            " SELECT coalesce(max(id), -1) FROM events WHERE run_id = ?"
+            " AND kind IN ('created', 'resumed')) ORDER BY id",
+            (run_id, FORCE_REQUESTED, run_id),
         )
         return len(rows), (str(rows[0][0] or "external") if rows else None)
 
