@@ -78,7 +78,7 @@ SOURCE = "panel"
 STOP_TIPS = {
     "live": "Stop at the next safe point (the end of the step or cell). Recorded at once, "
     "even while the kernel runs other cells.",
-    "pending": "A stop is pending: the run stops at its next safe point. Pressing again "
+    "asked": "A stop is pending: the run stops at its next safe point. Pressing again "
     "changes nothing; Force stop cancels the step now.",
     "idle": "The run is {status}: there is nothing to stop.",
 }
@@ -348,7 +348,7 @@ class ControlPanel(w.VBox):
         remote, live = self.remote, view.status in LIVE
         remote.stop_disabled = not live
         remote.stop_tooltip = (
-            STOP_TIPS["pending"]
+            STOP_TIPS["asked"]
             if view.stop_pending
             else STOP_TIPS["live"]
             if live
