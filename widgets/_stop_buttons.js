@@ -53,7 +53,11 @@ async function sendToServer(action, model) {
     method: "POST",
     credentials: "same-origin",
     headers,
-    body: JSON.stringify({ run_id: model.get("run_id"), store: model.get("store") }),
+    body: JSON.stringify({
+      run_id: model.get("run_id"),
+      store: model.get("store"),
+      source: model.get("source") || "panel",
+    }),
   });
   let body = {};
   try {
@@ -86,6 +90,7 @@ function sendToKernel(action, model) {
 
 function render({ model, el }) {
   el.classList.add("kernelext-stop-buttons");
+  el.dataset.kernelextRun = model.get("run_id"); // which run's buttons (a row of the overview)
   el.style.display = "inline-flex";
   el.style.flexWrap = "wrap";
   el.style.alignItems = "center";
@@ -137,6 +142,9 @@ function render({ model, el }) {
     model.on(`change:${name}`, draw);
   }
   model.on("change:kernel_note", () => say(model.get("kernel_note")));
+  model.on("change:run_id", () => {
+    el.dataset.kernelextRun = model.get("run_id");
+  });
   draw();
 }
 

@@ -36,7 +36,9 @@ class _Handler(APIHandler):
 class RunActionHandler(_Handler):
     """``POST {action}`` with ``{"run_id": RUN_ID, "store": ADDRESS}``: record the request.
 
-    Both travel in the JSON body, never in the path, so any run id arrives as it is."""
+    Both travel in the JSON body, never in the path, so any run id arrives as it is. An
+    optional ``"source"`` names the buttons clicked (``from_elsewhere.SOURCES``: ``panel``,
+    the default, or ``overview``)."""
 
     @web.authenticated
     @authorized
@@ -48,18 +50,20 @@ class RunActionHandler(_Handler):
             body = json.loads(self.request.body or b"{}")
         except ValueError:
             body = None
-        if not isinstance(body, dict) or not all(
-            isinstance(body.get(name), str) for name in ("run_id", "store")
+        if (
+            not isinstance(body, dict)
+            or not all(isinstance(body.get(name), str) for name in ("run_id", "store"))
+            or not isinstance(body.get("source", "panel"), str)
         ):
             self.set_status(400)
             message = 'The body must be {"run_id": "<the run>", "store": "<its store>"}.'
             self.finish(json.dumps({"message": message}))
             return
-        run_id = body["run_id"]
+        run_id, source = body["run_id"], body.get("source", "panel")
         loop = asyncio.get_running_loop()
         try:
             result: dict[str, Any] = await loop.run_in_executor(
-                _EXECUTOR, lambda: act(action, run_id, body["store"], source="panel")
+                _EXECUTOR, lambda: act(action, run_id, body["store"], source=source)
             )
         except Exception as exc:
             status, message = describe_error(exc)
