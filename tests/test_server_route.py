@@ -150,6 +150,23 @@ def test_force_through_the_server_cancels_a_blocked_step_in_another_process(
     assert "stop_forced" in [kind for kind, _ in kinds]  # the run ended as a forced stop
 
 
+def test_a_stop_from_the_runs_overview_is_recorded_with_its_source(
+    server: lab.LabServer, owner: Any, store_path: Any
+) -> None:
+    process = owner("by-overview", 0.2)
+    body = {"run_id": "by-overview", "store": str(store_path)}
+    status, answer = post(server, "stop", {**body, "source": "a-script"})
+    assert status == 400 and "Unknown source 'a-script'" in answer["message"]
+    status, answer = post(server, "stop", {**body, "source": 7})
+    assert status == 400
+    assert all(kind != "stop_requested" for kind, _ in events(store_path, "by-overview"))
+    status, answer = post(server, "stop", {**body, "source": "overview"})
+    assert status == 200 and answer["source"] == "overview", answer
+    assert "Stop recorded (runs overview)" in answer["message"]
+    assert wait_status(process) == "suspended"
+    assert ("stop_requested", "overview") in events(store_path, "by-overview")
+
+
 def test_bad_requests_are_refused_with_what_to_do_and_change_nothing(
     server: lab.LabServer, owner: Any, store_path: Any, tmp_path: Path
 ) -> None:

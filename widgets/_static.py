@@ -7,7 +7,8 @@ its own ``text/html`` output, with a display id, updated to the panel's last sta
 every status change. While the live widget is shown next to it, a style in the output
 hides the copy; when the widget is gone or disconnected (kernel restarted), the copy is
 what the notebook shows (and what nbconvert exports), with the command that brings the
-live panel back.
+live panel back. The overview of the runs (``kx.runs()``, ``_runs.py``) keeps a saved copy
+the same way (``show_html`` / ``update_html``, its own live selector: ``hide_style``).
 """
 
 from __future__ import annotations
@@ -15,24 +16,34 @@ from __future__ import annotations
 import contextlib
 import html
 import uuid
+from collections.abc import Callable, Hashable
 
 from ._render import PanelView, to_html
 
-__all__ = ["SavedCopy"]
+__all__ = ["SavedCopy", "hide_style"]
 
 # While the live panel renders right after it, hide the copy; otherwise hide whatever
 # the widget output shows instead ("Loading widget...", "model not found", or the old
 # panel after a kernel restart, which ipywidgets marks jupyter-widgets-disconnected).
 # (:has() cannot nest, so both rules test the live panel from the outside.)
 LIVE = ".kernelext-panel.widget-box:not(.jupyter-widgets-disconnected)"
-STYLE = (
-    "<style>"
-    f".jp-OutputArea-child:has(.kernelext-saved):has(+ .jp-OutputArea-child {LIVE})"
-    "{display:none}"
-    f".jp-OutputArea-child:has(.kernelext-saved) + .jp-OutputArea-child:not(:has({LIVE}))"
-    "{display:none}"
-    "</style>"
-)
+
+
+def hide_style(live: str, saved: str = ".kernelext-saved") -> str:
+    """The ``<style>`` of a saved copy (class ``saved``) shown before a live widget
+    (CSS selector ``live``): the copy hides while the widget renders, the widget output
+    hides once it no longer can."""
+    return (
+        "<style>"
+        f".jp-OutputArea-child:has({saved}):has(+ .jp-OutputArea-child {live})"
+        "{display:none}"
+        f".jp-OutputArea-child:has({saved}) + .jp-OutputArea-child:not(:has({live}))"
+        "{display:none}"
+        "</style>"
+    )
+
+
+STYLE = hide_style(LIVE)
 
 
 def saved_html(view: PanelView) -> str:
@@ -60,26 +71,33 @@ class SavedCopy:
     def __init__(self) -> None:
         self.display_id = f"kernelext-{uuid.uuid4().hex}"
         self.shown = False
-        self._status: str | None = None
+        self._status: Hashable = None
 
     def show(self, view: PanelView) -> None:
+        self.show_html(saved_html(view), view.status)
+
+    def update(self, view: PanelView, *, force: bool = False) -> None:
+        self.update_html(lambda: saved_html(view), view.status, force=force)
+
+    def show_html(self, text: str, key: Hashable) -> None:
+        """Display ``text`` as the copy (in a kernel only); ``key``: what it shows."""
         if not _in_kernel():
             return
         from IPython.display import display
 
-        bundle = {"text/html": saved_html(view)}
-        display(bundle, raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
+        display({"text/html": text}, raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
         self.shown = True
-        self._status = view.status
+        self._status = key
 
-    def update(self, view: PanelView, *, force: bool = False) -> None:
-        if not self.shown or (view.status == self._status and not force):
+    def update_html(self, text: Callable[[], str], key: Hashable, *, force: bool = False) -> None:
+        """Replace the copy with ``text()`` when ``key`` moved (or ``force``)."""
+        if not self.shown or (key == self._status and not force):
             return
         from IPython.display import update_display
 
-        self._status = view.status
+        self._status = key
         with contextlib.suppress(Exception):
-            bundle = {"text/html": saved_html(view)}
+            bundle = {"text/html": text()}
             update_display(bundle, raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
 
     def __repr__(self) -> str:

@@ -50,7 +50,11 @@ async function sendToServer(action, model) {
   const config = pageConfig();
   const headers = { "Content-Type": "application/json", "X-XSRFToken": xsrfToken() };
   if (config.token) headers.Authorization = `token ${config.token}`;
-  const body = { run_id: model.get("run_id"), store: model.get("store") };
+  const body = {
+    run_id: model.get("run_id"),
+    store: model.get("store"),
+    source: model.get("source") || "panel",
+  };
   if (model.get("epoch") >= 0) body.epoch = model.get("epoch");
   const abort = new AbortController();
   const timer = setTimeout(() => abort.abort(), SERVER_MS);
@@ -97,6 +101,7 @@ function sendToKernel(action, model) {
 
 function render({ model, el }) {
   el.classList.add("kernelext-stop-buttons");
+  el.dataset.kernelextRun = model.get("run_id"); // which run's buttons (a row of the overview)
   el.style.display = "inline-flex";
   el.style.flexWrap = "wrap";
   el.style.alignItems = "center";
@@ -151,6 +156,9 @@ function render({ model, el }) {
     model.on(`change:${name}`, draw);
   }
   model.on("change:kernel_note", () => say(model.get("kernel_note")));
+  model.on("change:run_id", () => {
+    el.dataset.kernelextRun = model.get("run_id");
+  });
   draw();
 }
 

@@ -7,9 +7,11 @@ the run honours it at its next safe point. Where that route is missing, the clic
 here as a widget message and :class:`StopButtons` hands it to the panel, which acts when
 the kernel is free; the button tells the person at once if the kernel does not answer.
 
-The panel keeps the state: it sets ``stop_disabled``, ``force_disabled`` and their
-tooltips at every redraw (from any thread: a widget's state travels on the kernel's
-IOPub channel, which a busy main thread does not hold up).
+``source`` names where the buttons are (``panel``, or ``overview`` for a row of the runs
+overview): the request is recorded with it. The owner keeps the state: it sets
+``stop_disabled``, ``force_disabled`` and their tooltips at every redraw (from any thread:
+a widget's state travels on the kernel's IOPub channel, which a busy main thread does not
+hold up).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class StopButtons(anywidget.AnyWidget):
     _esm = Path(__file__).with_name("_stop_buttons.js")
     run_id = traitlets.Unicode("").tag(sync=True)
     store = traitlets.Unicode("").tag(sync=True)  # from_elsewhere.store_address
+    source = traitlets.Unicode("panel").tag(sync=True)  # from_elsewhere.SOURCES
     stop_disabled = traitlets.Bool(False).tag(sync=True)
     force_disabled = traitlets.Bool(True).tag(sync=True)
     stop_tooltip = traitlets.Unicode("").tag(sync=True)

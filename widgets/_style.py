@@ -2,7 +2,8 @@
 
 Every text is at least 11 px; colours follow the light or dark JupyterLab theme (each
 variable falls back to the light colour outside JupyterLab). :data:`PANEL_STYLE` is the
-``<style>`` the live panel carries (it applies to ``.kernelext-panel`` only);
+``<style>`` the live panel carries (it applies to ``.kernelext-panel`` only),
+:data:`RUNS_STYLE` the overview's (``.kernelext-runs``: ``kx.runs()`` in a notebook);
 :func:`muted_html` is a line of secondary text.
 """
 
@@ -12,7 +13,7 @@ import html
 
 from kernelext._core.colours import THEME
 
-__all__ = ["FRAME", "PANEL_STYLE", "muted_html"]
+__all__ = ["FRAME", "PANEL_STYLE", "RUNS_STYLE", "muted_html"]
 
 FRAME = f"1px solid {THEME['border']}"
 
@@ -40,6 +41,33 @@ PANEL_STYLE = f"""<style>
 .kernelext-panel .lm-Collapse-header {{
   font-size: {THEME["size"]}; color: {THEME["text"]}; background: {THEME["paper2"]};
   padding: 3px 8px;
+}}
+</style>"""
+
+RUNS_STYLE = f"""<style>
+.kernelext-runs {{
+  font-family: {THEME["font"]}; font-size: {THEME["size"]}; color: {THEME["text"]};
+  background: {THEME["paper"]}; border-radius: 6px; line-height: 1.45;
+}}
+.kernelext-runs .widget-html, .kernelext-runs .widget-html-content {{
+  font-size: {THEME["size"]}; color: {THEME["text"]}; line-height: 1.45;
+}}
+.kernelext-runs .widget-html-content {{ white-space: normal; }}
+.kernelext-runs code {{
+  font-size: {THEME["code_size"]}; background: {THEME["paper2"]};
+  padding: 0 3px; border-radius: 3px;
+}}
+.kernelext-runs .kernelext-runs-grid > .widget-html {{
+  border-top: 1px solid {THEME["border"]}; margin: 0; padding: 2px 0;
+}}
+.kernelext-runs .kernelext-runs-head .widget-html-content {{
+  color: {THEME["muted"]}; font-weight: 600;
+}}
+.kernelext-runs .kernelext-row-actions {{ border-top: 1px solid {THEME["border"]}; }}
+.kernelext-runs table {{ border-collapse: collapse; }}
+.kernelext-runs th, .kernelext-runs td {{
+  text-align: left; padding: 2px 10px 2px 0; vertical-align: top;
+  border-top: 1px solid {THEME["border"]};
 }}
 </style>"""
 

@@ -13,7 +13,10 @@ by every panel on it, checks about once a second while panels are open:
 
 Runs in a final status are asked about every ``final_every`` checks only where a query
 is the signal, so a page of finished panels costs almost nothing on PostgreSQL either.
-The thread ends when no run is watched. ``check()`` makes one check now (tests).
+A view of every run (the overview ``kx.runs()`` shows) watches the whole store
+(``watch_store``): it is called whenever the signal moved (DuckDB), or at every check
+where there is none (PostgreSQL), and reads what it shows itself.
+The thread ends when nothing is watched. ``check()`` makes one check now (tests).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class StoreWatch:
         self.changes = 0  # runs found changed
         self.quiet = 0  # looks in a row that found nothing committed (no query made)
         self._watchers: dict[str, list[weakref.WeakMethod[Callable[[], None]]]] = {}
+        self._everything: list[weakref.WeakMethod[Callable[[], None]]] = []
         self._versions: dict[str, Any] = {}
         self._signal: Any = _UNSEEN
         self._lock = threading.Lock()
@@ -74,11 +78,28 @@ class StoreWatch:
                 refs.append(ref)
             self._versions.setdefault(run_id, _UNSEEN)
             self._signal = _UNSEEN  # the new run is asked about at the next check
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._loop, daemon=True, name="kernelext-store-watch"
-                )
-                self._thread.start()
+            self._start()
+
+    def watch_store(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (a bound method; held weakly) whenever anything may have
+        changed in the store (any run, a new run)."""
+        with self._lock:
+            if not any(r() == callback for r in self._everything):
+                self._everything.append(weakref.WeakMethod(callback))
+            self._start()
+
+    def unwatch_store(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._everything = [r for r in self._everything if r() not in (None, callback)]
+        self._wake.set()
+
+    def _start(self) -> None:
+        """Start the thread if it is not running (the lock held)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._loop, daemon=True, name="kernelext-store-watch"
+            )
+            self._thread.start()
 
     def unwatch(self, run_id: str, callback: Callable[[], None]) -> None:
         with self._lock:
@@ -107,18 +128,28 @@ class StoreWatch:
             with self._lock:  # nothing more to learn: the thread ends
                 self._watchers.clear()
                 self._versions.clear()
+                self._everything.clear()
             return []
         self.checks += 1
         with self._lock:
             self._prune()
             versions = dict(self._versions)
-        if not versions:
+            everything = [r() for r in self._everything]
+        if not versions and not everything:
             return []
         signal: Hashable | None = store.change_signal()
         if signal is not None and signal == self._signal:
             self.quiet += 1
             return []  # nothing committed anywhere since the last look
         self.quiet = 0
+        if not versions:
+            with self._lock:
+                self._signal = signal if signal is not None else _UNSEEN
+        for callback in everything:
+            if callback is not None:
+                callback()
+        if not versions:
+            return []
         asked = [
             run_id
             for run_id, version in versions.items()
@@ -148,6 +179,7 @@ class StoreWatch:
         return changed
 
     def _prune(self) -> None:
+        self._everything = [r for r in self._everything if r() is not None]
         for run_id in list(self._watchers):
             alive = [r for r in self._watchers[run_id] if r() is not None]
             if alive:
@@ -164,7 +196,7 @@ class StoreWatch:
                 self.check()
             with self._lock:
                 self._prune()
-                if not self._watchers:
+                if not self._watchers and not self._everything:
                     self._thread = None
                     return
 

@@ -159,7 +159,17 @@ def sql(
 
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:
-    """The runs in the store (newest last), optionally only those in ``status``."""
+    """The runs in the store (newest last), optionally only those in ``status``.
+
+    A pandas DataFrame (a pyarrow Table without pandas), one row a run: ``id``, ``agent``,
+    ``status``, ``reason``, ``completed_steps``, ``total_steps``, ``created_at``,
+    ``updated_at``, ``deadline``, ``parent_id``. Shown as the last expression of a notebook
+    cell with ``%load_ext kernelext`` loaded, it is the live overview of those runs: each
+    run's status, progress, time left or the pending stop's estimate, what it waits for
+    (an approval, an answer, a decision, its deadline), Stop and Force stop buttons that
+    work while the kernel is busy, and a button that opens the run's panel. Frames derived
+    from it (``.head()``, a filter) are plain DataFrames and display as tables.
+    """
     if status is not None:
         from ..status import Status
 
@@ -175,4 +185,10 @@ def runs(status: str | None = None, *, store: Store | None = None) -> Any:
                 + "."
             )
     check_store("kx.runs(store=...)", store)
-    return _table(get_store(store).runs_table(status))
+    used = get_store(store)
+    table = _table(used.runs_table(status))
+    if type(table).__module__.startswith("pandas"):  # displayed live in a notebook
+        from .runs_frame import runs_frame
+
+        return runs_frame(table, store=used, status=status)
+    return table

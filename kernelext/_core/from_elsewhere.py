@@ -14,7 +14,9 @@ What travels from the kernel to the browser and back is :func:`store_address`: a
 DuckDB store's absolute path, or a PostgreSQL URL without its password (the server
 connects with its own credentials, as a worker process does). :func:`act` admits only
 the actions in ``ACTIONS`` and never creates a store: a path with no store file is
-refused, so a click can only ever reach a store that exists.
+refused, so a click can only ever reach a store that exists. The request is recorded
+with the source of the buttons clicked, one of ``SOURCES``: a run's panel, or the
+overview of the runs (``kx.runs()`` in a notebook).
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ from ..errors import KernelextError, RunNotFound, StoreError, StoreLockedError
 from ..status import LIVE, Status
 from . import control
 
-__all__ = ["ACTIONS", "RunMovedOn", "act", "describe_error", "store_address"]
+__all__ = ["ACTIONS", "SOURCES", "RunMovedOn", "act", "describe_error", "store_address"]
 
 ACTIONS: dict[str, str] = {
     "stop": "stop at the next safe point",
     "force": "stop now: cancel the current step",
+}
+SOURCES: dict[str, str] = {  # where a click may come from -> how its answer names it
+    "panel": "panel",
+    "overview": "runs overview",
 }
 POSTGRES = ("postgresql://", "postgres://")
 
@@ -93,6 +99,8 @@ def act(
     """
     if action not in ACTIONS:
         raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
+    if source not in SOURCES:
+        raise ValueError(f"Unknown source {source!r}: one of {', '.join(sorted(SOURCES))}.")
     RUN_ID("run_id", run_id)
     started = time.perf_counter()
     store = _open(address)
@@ -120,33 +128,35 @@ def act(
         "status": status,
         "source": source,
         "recorded": recorded,
-        "message": _message(action, run_id, before, status, cell),
+        "message": _message(action, run_id, before, status, cell, SOURCES[source]),
         "seconds": round(time.perf_counter() - started, 4),
     }
 
 
-def _message(action: str, run_id: str, before: str, status: str, cell: bool) -> str:
+def _message(
+    action: str, run_id: str, before: str, status: str, cell: bool, where: str = "panel"
+) -> str:
     if before not in LIVE:
         return f"Run {run_id} is {before}: there is nothing to stop."
     if status == Status.SUSPENDED:
-        return f"Stopped by you (panel): run {run_id} is suspended."
+        return f"Stopped by you ({where}): run {run_id} is suspended."
     if action == "force" and cell:
         return (
-            f"Stop recorded (panel): the running %%agent cell of {run_id} finishes first, then "
+            f"Stop recorded ({where}): the running %%agent cell of {run_id} finishes first, then "
             "the run suspends. To cancel the cell now, press the notebook's ■ twice."
         )
     if action == "force":
         return (
-            f"Force stop recorded (panel): run {run_id} stops now. A recorded sync call in "
+            f"Force stop recorded ({where}): run {run_id} stops now. A recorded sync call in "
             "flight is waited for (up to force_call_grace) and keeps its outcome; press again "
             "to cut it."
         )
     if cell:
         return (
-            f"Stop recorded (panel): run {run_id} suspends when the running cell ends; "
+            f"Stop recorded ({where}): run {run_id} suspends when the running cell ends; "
             "the next %%agent cells are skipped."
         )
-    return f"Stop recorded (panel): run {run_id} stops at its next safe point."
+    return f"Stop recorded ({where}): run {run_id} stops at its next safe point."
 
 
 def describe_error(exc: BaseException, address: str = "") -> tuple[int, str]:

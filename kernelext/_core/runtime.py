@@ -80,6 +80,7 @@ class Settings(OptionValues):
         self.reconcile_renderer: Callable[[Any], Any] | None = None
         self.approvals_renderer: Callable[[Any], Any] | None = None
         self.revalidation_renderer: Callable[[Any], Any] | None = None
+        self.runs_renderer: Callable[[Any], Any] | None = None  # kx.runs() shown live
         self._store: Store | None = None
         self._lock = threading.Lock()
 

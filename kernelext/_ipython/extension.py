@@ -2,12 +2,13 @@
 
 Loading registers the :class:`~.magics.Kernelext` magics and options, makes a run
 handle display as its control panel, ``kx.reconcile(run_id)`` as the reconciliation
-widget and ``kx.revalidation(run_id)`` as the revalidation widget, and installs the
-soft interrupt. The store is opened lazily, on first use. Nothing here imports
-ipywidgets: the widget modules are imported the first time something is displayed,
-which keeps loading fast. Once the panel module is in use, every panel add-on of the
-one registry (``kernelext.widgets._addons``: timeline, plan, approvals, expired-run
-banner, decision widgets) is installed; unloading uninstalls them all.
+widget, ``kx.revalidation(run_id)`` as the revalidation widget and ``kx.runs()`` as the
+live overview of the runs, and installs the soft interrupt. The store is opened lazily,
+on first use. Nothing here imports ipywidgets: the widget modules are imported the first
+time something is displayed, which keeps loading fast. Once the panel module is in use,
+every panel add-on of the one registry (``kernelext.widgets._addons``: timeline, plan,
+approvals, expired-run banner, decision widgets) is installed; unloading uninstalls them
+all.
 
 Loading also starts the kernel's sweeper: a daemon thread that runs ``kx.sweep()``
 every ``SWEEP_INTERVAL_S`` seconds (60) once the store is open (it never opens the store
@@ -34,11 +35,13 @@ __all__ = [
     "reconciliation_bundle",
     "render_handle",
     "revalidation_bundle",
+    "runs_bundle",
     "sweeper",
     "unload",
 ]
 
 PANEL_MODULE = "kernelext.widgets._panel"
+RUNS_MODULE = "kernelext.widgets._runs"
 ADDONS_MODULE = "kernelext.widgets._addons"
 SWEEP_INTERVAL_S = 60.0  # the kernel's sweeper; read when the extension is loaded
 
@@ -125,12 +128,29 @@ def approvals_bundle(items: Any) -> dict[str, Any]:
         return {"text/plain": f"{items.text()}\n(widget unavailable: {exc})"}
 
 
+def runs_bundle(frame: Any) -> dict[str, Any]:
+    """Display ``kx.runs()`` as the live overview of the runs (plus its table as text)."""
+    try:
+        from kernelext.widgets._runs import runs_mimebundle
+
+        return runs_mimebundle(frame)
+    except Exception as exc:  # a widget failure must not hide the table
+        import pandas as pd
+
+        text = pd.DataFrame.__repr__(frame)
+        return {
+            "text/plain": f"{text}\n(live overview unavailable: {exc})",
+            "text/html": pd.DataFrame._repr_html_(frame),
+        }
+
+
 # The renderer slots of ``Settings`` the extension fills, and what it puts in each.
 RENDERERS: dict[str, Any] = {
     "handle_renderer": render_handle,
     "reconcile_renderer": reconciliation_bundle,
     "revalidation_renderer": revalidation_bundle,
     "approvals_renderer": approvals_bundle,
+    "runs_renderer": runs_bundle,
 }
 
 
@@ -221,5 +241,8 @@ def unload(shell: Any) -> None:
     module = sys.modules.get(PANEL_MODULE)
     if module is not None:
         module.close_open_panels()
+    overviews = sys.modules.get(RUNS_MODULE)
+    if overviews is not None:
+        overviews.close_open_overviews()
     if not state.store_was_open and not live_handles():
         settings.close()  # opened lazily by this session; the next use opens it again

@@ -43,7 +43,9 @@ class RunActionHandler(_Handler):
     Everything travels in the JSON body, never in the path, so any run id arrives as it
     is. Every answer is JSON naming this route (``"route": "kernelext"``), so the panel
     tells a refusal from a server without the extension. A click never waits longer than
-    ``ANSWER_SECONDS``; the store's own waits are shorter (``from_elsewhere``)."""
+    ``ANSWER_SECONDS``; the store's own waits are shorter (``from_elsewhere``). An
+    optional ``"source"`` names the buttons clicked (``from_elsewhere.SOURCES``: ``panel``,
+    the default, or ``overview``)."""
 
     @web.authenticated
     @authorized
@@ -60,9 +62,10 @@ class RunActionHandler(_Handler):
             self._answer(400, {"message": message})
             return
         run_id, address, epoch = body["run_id"], body["store"], body.get("epoch")
+        source = body.get("source", "panel")
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(
-            _EXECUTOR, lambda: act(action, run_id, address, source="panel", epoch=epoch)
+            _EXECUTOR, lambda: act(action, run_id, address, source=source, epoch=epoch)
         )
         try:
             result: dict[str, Any] = await asyncio.wait_for(job, ANSWER_SECONDS)
@@ -105,6 +108,8 @@ def _body(raw: bytes | None) -> dict[str, Any] | None:
     if not isinstance(body, dict):
         return None
     if not all(isinstance(body.get(name), str) for name in ("run_id", "store")):
+        return None
+    if not isinstance(body.get("source", "panel"), str):
         return None
     epoch = body.get("epoch")
     if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool)):

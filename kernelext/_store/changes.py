@@ -12,7 +12,9 @@ Two levels, so that watching costs nothing while nothing changes:
 
 And what a view of a run shows besides its row: ``last_effects`` and ``effect_counts``
 (read from the tables, so a resume in another process or kernel keeps them), the step
-executing in whatever process (``open_step``).
+executing in whatever process (``open_step``). The overview of every run (``kx.runs()`` in
+a notebook) reads ``overview_runs`` (the columns it shows, no arguments), and only for the
+runs that need it ``unknown_counts`` and ``step_pace``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from ..status import StepStatus
+from ..status import EffectStatus, StepStatus
 from .base import StoreBase
 
 __all__ = ["ChangesMixin"]
+
+# What the overview of the runs shows of each run's row (never its arguments)
+OVERVIEW_COLUMNS = (
+    "id, agent, status, reason, created_at, updated_at, deadline, stop_requested_at,"
+    " stop_source, total_steps, completed_steps, error, max_step_seconds"
+)
+PACE_OF = 64  # the latest completed steps of a run its pace is taken from
 
 # (table, aggregates per run): what of a run's rows in each table moves when it changes
 _GROUPED: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -95,3 +104,43 @@ class ChangesMixin(StoreBase):
             (run_id, StepStatus.RUNNING.value),
         )
         return rows[0] if rows else None
+
+    def overview_runs(self, status: str | None = None) -> list[dict[str, Any]]:
+        """The runs as the overview shows them, oldest first (one query)."""
+        where, params = ("", ()) if status is None else (" WHERE status = ?", (status,))
+        return self.read_dicts(
+            f"SELECT {OVERVIEW_COLUMNS} FROM runs{where} ORDER BY created_at, id", params
+        )
+
+    def unknown_counts(self, run_ids: Iterable[str]) -> dict[str, int]:
+        """Run id -> how many of its effects have an unknown outcome (runs with none left out)."""
+        ids = tuple(sorted(set(run_ids)))
+        if not ids:
+            return {}
+        marks = "(" + ", ".join("?" for _ in ids) + ")"
+        rows = self.read(
+            f"SELECT run_id, count(*) FROM effects WHERE status = ? AND run_id IN {marks}"
+            " GROUP BY run_id",
+            (EffectStatus.UNKNOWN.value, *ids),
+        )
+        return {str(run_id): int(n) for run_id, n in rows}
+
+    def step_pace(self, run_ids: Iterable[str]) -> dict[str, tuple[int, float | None, Any, Any]]:
+        """Run id -> (n, mean duration in seconds, first end, last end) of its latest
+        completed steps (at most ``PACE_OF``): how fast it goes, items at once included."""
+        ids = tuple(sorted(set(run_ids)))
+        if not ids:
+            return {}
+        marks = "(" + ", ".join("?" for _ in ids) + ")"
+        rows = self.read(
+            "SELECT run_id, count(*), avg(duration_s), min(ended_at), max(ended_at) FROM ("
+            " SELECT run_id, duration_s, ended_at, row_number() OVER"
+            " (PARTITION BY run_id ORDER BY ended_at DESC) AS latest FROM steps"
+            f" WHERE status = ? AND ended_at IS NOT NULL AND run_id IN {marks}) recent"
+            " WHERE latest <= ? GROUP BY run_id",
+            (StepStatus.COMPLETED.value, *ids, PACE_OF),
+        )
+        return {
+            str(run_id): (int(n), None if mean is None else float(mean), first, last)
+            for run_id, n, mean, first, last in rows
+        }
