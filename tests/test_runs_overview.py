@@ -322,7 +322,12 @@ def test_nothing_is_read_while_nothing_changes(
         # followed were drawn; reads alone never move the signal.
         if store.change_signal() is None:  # PostgreSQL: each look reads the runs' rows
             return watch.checks >= start + 4
-        return watch.checks >= start + 4 and watch.quiet >= 4 and not feed.throttle.running
+        quiet_looks = max(4, round(4.0 / watch.interval))  # about four seconds of quiet
+        return (
+            watch.checks >= start + quiet_looks
+            and watch.quiet >= quiet_looks
+            and not feed.throttle.running
+        )
 
     wait_until(settled, "a settled feed")
     reads, full = Reads(store, monkeypatch), feed.full_reads

@@ -28,11 +28,17 @@ from typing import Any
 
 from .._store import Store, open_store
 from .._validate import RUN_ID
-from ..errors import KernelextError, RunNotFound, StoreError, StoreLockedError
+from ..errors import (
+    KernelextError,
+    RunNotFound,
+    RunStateError,
+    StoreError,
+    StoreLockedError,
+)
 from ..status import LIVE, Status
 from . import control
 
-__all__ = ["ACTIONS", "SOURCES", "RunMovedOn", "act", "describe_error", "store_address"]
+__all__ = ["ACTIONS", "SOURCES", "act", "describe_error", "store_address"]
 
 ACTIONS: dict[str, str] = {
     "stop": "stop at the next safe point",
@@ -82,17 +88,13 @@ def _open(address: str) -> Store:
     return open_store(address, wait_timeout=STORE_WAIT)
 
 
-class RunMovedOn(KernelextError):
-    """The run began executing again since the click was made: the click is not applied."""
-
-
 def act(
     action: str, run_id: str, address: str, *, source: str = "panel", epoch: int | None = None
 ) -> dict[str, Any]:
     """Record ``action`` for run ``run_id`` in the store at ``address``; say what happened.
 
     ``epoch``: the run's ``owner_epoch`` the clicked panel showed (a fencing token); a click
-    that arrives after the run was resumed or taken over is refused (``RunMovedOn``), never
+    that arrives after the run was resumed or taken over is refused (``RunStateError``), never
     applied to the new session. Returns ``run_id``, ``action``, ``status`` (the run's status
     after the request), ``source``, ``recorded`` (True when the request reached a live
     run), ``message`` (a sentence for the person who clicked) and ``seconds``.
@@ -108,7 +110,7 @@ def act(
         row = store.get_run(run_id)
         before = str(row["status"])
         if epoch is not None and row.get("owner_epoch") is not None and row["owner_epoch"] != epoch:
-            raise RunMovedOn(
+            raise RunStateError(
                 f"Run {run_id} was resumed or taken over since this panel drew it (its owner "
                 f"epoch is {row['owner_epoch']}, the panel showed {epoch}); nothing was done. "
                 "Look at the panel again and press the button there."
