@@ -142,7 +142,7 @@ def test_a_stop_from_a_terminal_shows_in_the_open_panel_and_its_timeline(
         status = panel.locator(".kernelext-status")
         header = panel.locator("svg.kx-timeline .kx-header")
         expect(status).to_have_text("running")
-        expect(header).to_contain_text("· running · 1 step attempts")
+        expect(header).to_contain_text("· running · 1 step attempt")
         resume = lab.button(panel, "Resume")
         top = resume.bounding_box()
         assert smallest_text_px(panel) >= SMALLEST_TEXT_PX

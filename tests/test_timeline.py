@@ -307,9 +307,9 @@ def test_effects_outside_steps_are_drawn_without_the_internal_step_key(store: St
     for shown in (picture.svg, picture.html(compact=True), picture.text()):
         assert OUTSIDE_STEPS not in shown
     (header,) = [t for t in root.iter(f"{{{NS['svg']}}}text") if "kx-header" in t.get("class", "")]
-    assert header.text is not None and "completed · 2 effects outside steps · from " in header.text
+    assert header.text is not None and "completed · 2 calls · from " in header.text
     compact = picture.html(compact=True)
-    assert "completed · 2 effects outside steps</text>" in compact
+    assert "completed · 2 calls</text>" in compact
     assert "0 step attempts" not in compact
 
 

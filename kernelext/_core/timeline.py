@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .._formatting import duration_text, step_label
+from .._formatting import counted, duration_text, step_label
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
@@ -353,9 +353,12 @@ class Timeline:
         for mark in self.marks:
             counts[mark.kind] = counts.get(mark.kind, 0) + 1
         forced = sum(1 for b in self.bars if b.forced)
-        drawn = f"{len(self.bars)} step attempts ({forced} forced), {len(self.ticks)} effects"
+        drawn = (
+            f"{counted(len(self.bars), 'step attempt')} ({forced} forced), "
+            f"{counted(len(self.ticks), 'effect')}"
+        )
         if not self.bars and self.ticks:  # a run of model and tool calls
-            drawn = f"{len(self.ticks)} effects outside steps"
+            drawn = counted(len(self.ticks), "call")
         line = f"timeline of run {self.run_id} [{self.agent}]: {self.status}, {drawn}"
         if self.lanes > 1:
             line += f"; up to {self.lanes} steps at once, one row each"

@@ -15,7 +15,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._formatting import duration_text, moment_text
+from .._formatting import counted, duration_text, moment_text
 from ..status import EffectStatus, Status, StepStatus
 from .colours import (
     BAD,
@@ -201,11 +201,13 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         return axis.x((moment - t0).total_seconds())
 
     stepless = not tl.bars and bool(tl.ticks)  # a run of model and tool calls
-    counts = f"{len(tl.bars)} step attempts"
-    counts = f"{len(tl.ticks)} effects outside steps" if stepless else counts
+    counts = counted(len(tl.bars), "step attempt")  # a step run again counts again
+    counts = counted(len(tl.ticks), "call") if stepless else counts
     head = f"run {tl.run_id} · {tl.agent} · {tl.status} · {counts}"
     if not compact:
-        head += ("" if stepless else f" · {len(tl.ticks)} effects") + f" · from {moment_text(t0)}"
+        head += ("" if stepless else f" · {counted(len(tl.ticks), 'effect')}") + (
+            f" · from {moment_text(t0)}"
+        )
     out = [
         _el(
             "rect",
