@@ -279,3 +279,32 @@ def test_interrupt_once_is_a_soft_stop_and_twice_cancels_the_cell(
         _stops, steps = store_report(page, "hard")
         assert steps == [("stuck", "cancelled")]
     print(f"\n■ twice on a %%agent cell: cancelled {cancelled_s:.3f} s after the first press")
+
+
+def test_notebook_7_stop_lands_while_the_kernel_sleeps(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    """The same click in Notebook 7's interface (the route is the server's, not Lab's)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    name = write_notebook(root, "notebook7.ipynb", BACKGROUND_CELLS)
+    env = {"KERNELEXT_STORE": str(store_path)}
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook_7(page, server, name)
+        for index in range(3):
+            lab.run_cell(page, index)
+        panel = lab.cell(page, 2).locator(PANEL)
+        sleeper = lab.select_cell(page, 3)
+        page.keyboard.press("Control+Enter")
+        output(sleeper).get_by_text("sleeping").wait_for()
+        _clicked, click_t = click(lab.button(panel, "Stop"))
+        panel.get_by_text("suspended: stopped by you (panel)").first.wait_for(timeout=10_000)
+        suspended_s = time.monotonic() - click_t
+        assert executing(sleeper), "the run must stop while the user's cell still sleeps"
+        shot("notebook-7-suspended-while-the-kernel-sleeps")
+    print(
+        f"\nNotebook 7, kernel in time.sleep: suspended shown {suspended_s:.3f} s after the click"
+    )

@@ -293,6 +293,17 @@ def open_notebook(page: Any, server: LabServer, name: str) -> None:
     expect(cells(page)).to_have_count(len(notebook["cells"]), timeout=OPEN_MS)
 
 
+def open_notebook_7(page: Any, server: LabServer, name: str) -> None:
+    """Open ``name`` in Notebook 7's interface (``/notebooks/...``); wait as for Lab."""
+    from playwright.sync_api import expect
+
+    notebook = json.loads((server.root_dir / name).read_text(encoding="utf-8"))
+    page.goto(f"{server.url}/notebooks/{quote(name)}?token={server.token}")
+    idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
+    idle.wait_for(state="attached", timeout=OPEN_MS)
+    expect(cells(page)).to_have_count(len(notebook["cells"]), timeout=OPEN_MS)
+
+
 def wait_kernel_idle(page: Any, timeout_ms: int = WAIT_MS) -> None:
     """The status bar says "<kernel name> | Idle" (the toolbar dot is idle before any kernel)."""
     status = page.locator("#jp-main-statusbar").get_by_text(KERNEL_IDLE)
