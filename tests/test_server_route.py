@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ def test_bad_requests_are_refused_with_what_to_do_and_change_nothing(
 def test_the_route_says_it_is_there(server: lab.LabServer) -> None:
     assert server.api("/kernelext/api/status") == {
         "route": "kernelext",
-        "actions": ["force", "stop"],
+        "actions": ["approve", "force", "reject", "stop"],
     }
 
 
@@ -353,3 +354,59 @@ def test_a_force_after_a_stop_dated_by_a_clock_ahead_still_lands(
     assert wait_status(process) == "suspended"
     steps = step_rows(store_path, "skewed")
     assert [(s["status"], s["forced"]) for s in steps] == [("cancelled", True)]
+
+
+def test_an_approval_decided_through_the_server_resumes_where_the_run_waits(
+    server: lab.LabServer, store: Any, store_path: Any
+) -> None:
+    """Approve is recorded by the server (the kernel may be busy), once; the card then asks
+    its kernel to resume the run, which pays exactly once."""
+    import kernelext as kx
+    from kernelext.widgets._approvals import ApprovalCard
+
+    paid: list[int] = []
+
+    @kx.effect(needs_approval=True)
+    def pay(amount: int) -> str:
+        paid.append(amount)
+        return "paid"
+
+    @kx.agent(name="approver")
+    def approver(run: kx.Run) -> None:
+        with run.step("pay"):
+            pay(500)
+
+    handle = approver.start(run_id="approve-through-server")
+    assert handle.wait(60) == "suspended"
+    (request,) = kx.approvals("approve-through-server")
+    other = {"run_id": "fenced", "store": str(store_path), "request": str(request.id)}
+    status, answer = post(server, "approve", other)
+    assert status == 404  # a run this store does not hold
+    wrong = {**other, "run_id": "approve-through-server", "request": str(uuid.uuid4())}
+    status, answer = post(server, "approve", wrong)
+    assert status == 400 and "has no approval request" in answer["message"]
+    body = {
+        "run_id": "approve-through-server",
+        "store": str(store_path),
+        "request": str(request.id),
+        "note": "invoice checked",
+    }
+    status, answer = post(server, "approve", body)
+    assert status == 200, answer
+    assert answer["decision"] == "approved" and "goes on as soon as its kernel" in answer["message"]
+    status, answer = post(server, "reject", body)  # decided already: one decision wins
+    assert status == 409 and answer["route"] == "kernelext"
+    assert paid == []  # recorded, not yet resumed: the kernel does that
+    (row,) = [r for r in store.approval_rows(run_id="approve-through-server")]
+    assert (row["decision"], row["note"]) == ("approved", "invoice checked")
+    decided = ApprovalCard(_approval(store, row))
+    decided.buttons._handle_message(decided.buttons, {"action": "resume"}, [])
+    assert decided.buttons.ack_seq == 1 and decided.buttons.decided
+    assert decided.handle is not None and decided.handle.wait(60) == "completed"
+    assert paid == [500]
+
+
+def _approval(store: Any, row: dict[str, Any]) -> Any:
+    from kernelext._core.approvals import Approval
+
+    return Approval(store, row)

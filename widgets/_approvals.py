@@ -28,9 +28,13 @@ import ipywidgets as w
 from kernelext._core.approvals import Approval, approvals
 from kernelext._core.asking import parse_answer
 from kernelext._core.colours import BAD, REQUEST_COLOURS
+from kernelext._core.control import resume_if_here
+from kernelext._core.from_elsewhere import store_address
 from kernelext._core.questions import Question, questions
 from kernelext._formatting import moment_text
 from kernelext.status import Reason, Status
+
+from ._stop_buttons import DecisionButtons
 
 __all__ = [
     "ApprovalCard",
@@ -97,14 +101,21 @@ class ApprovalCard(w.VBox):
         )
         self.reject_button.add_class("kernelext-reject")
         self.message = w.HTML()
+        # Shown: the note, Approve and Reject sent through the notebook server, so a click
+        # is recorded while the kernel is busy; note, approve_button and reject_button stay
+        # for code and for a click the server could not take (DecisionButtons hands it here).
+        self.buttons = DecisionButtons(
+            self._on_remote,
+            run_id=item.run_id,
+            store=store_address(item.store),
+            request=str(item.id),
+            busy_hint=(
+                "The kernel is busy and this Jupyter server has no kernelext route: decide it "
+                f"in a terminal with `kernelext approve {item.id}` (or reject)."
+            ),
+        )
         super().__init__(
-            children=[
-                self.header,
-                self.args,
-                self.note,
-                w.HBox([self.approve_button, self.reject_button]),
-                self.message,
-            ],
+            children=[self.header, self.args, self.buttons, self.message],
             layout=w.Layout(
                 border=f"1px solid {REQUEST_COLOURS['approval']}", padding="2px 8px", margin="4px 0"
             ),
@@ -124,6 +135,20 @@ class ApprovalCard(w.VBox):
         )
         for control in (self.note, self.approve_button, self.reject_button):
             control.disabled = item.decision is not None
+        self.buttons.decided = item.decision is not None
+
+    def _on_remote(self, action: str, note: str | None) -> str | None:
+        """A click of the shown buttons, in the kernel: a decision the server could not
+        record, or ``resume`` once it recorded one."""
+        if action == "resume":
+            self.handle = resume_if_here(self.item.store, self.item.run_id, SOURCE)
+            self.buttons.decided = True
+            if self.on_decided is not None:
+                self.on_decided(self.handle)
+            return None
+        self.note.value = note or ""
+        self._decide(action == "approve")
+        return None
 
     def _decide(self, approve: bool) -> None:
         note = str(self.note.value).strip() or None

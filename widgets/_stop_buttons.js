@@ -46,7 +46,7 @@ function makeButton(label, icon, style) {
   return button;
 }
 
-async function sendToServer(action, model) {
+async function sendToServer(action, model, extra = {}) {
   const config = pageConfig();
   const headers = { "Content-Type": "application/json", "X-XSRFToken": xsrfToken() };
   if (config.token) headers.Authorization = `token ${config.token}`;
@@ -54,6 +54,7 @@ async function sendToServer(action, model) {
     run_id: model.get("run_id"),
     store: model.get("store"),
     source: model.get("source") || "panel",
+    ...extra,
   };
   if (model.get("epoch") >= 0) body.epoch = model.get("epoch");
   const abort = new AbortController();
@@ -79,7 +80,7 @@ async function sendToServer(action, model) {
   }
 }
 
-function sendToKernel(action, model) {
+function sendToKernel(action, model, extra = {}) {
   // The kernel answers by raising ack_seq (it handles the click on its main thread).
   return new Promise((resolve) => {
     const before = model.get("ack_seq");
@@ -94,12 +95,76 @@ function sendToKernel(action, model) {
       if (model.get("ack_seq") !== before) finish(true);
     };
     model.on("change:ack_seq", onAck);
-    model.send({ action });
+    model.send({ action, ...extra });
     setTimeout(() => finish(false), ACK_MS);
   });
 }
 
+// An approval card's note, Approve and Reject: the decision is recorded through the
+// server at once; then the kernel is asked to resume the run (it does when it is free).
+function renderApproval(model, el) {
+  el.classList.add("kernelext-decision-buttons");
+  const noteBox = document.createElement("div");
+  noteBox.className = "kernelext-approval-note";
+  const input = document.createElement("input");
+  input.type = "text";
+  input.placeholder = "note for the record (optional)";
+  input.className = "widget-input";
+  input.style.width = "22em";
+  noteBox.appendChild(input);
+  const row = document.createElement("div");
+  row.style.display = "flex";
+  row.style.gap = "2px";
+  const approve = makeButton("Approve", "check", "success");
+  approve.classList.add("kernelext-approve");
+  approve.title = "Allow this one call, with these arguments, once; the run goes on";
+  const reject = makeButton("Reject", "times", "danger");
+  reject.classList.add("kernelext-reject");
+  reject.title = "Refuse it: the agent gets kx.EffectRejected at this call";
+  const note = document.createElement("div");
+  note.className = "kernelext-click-note";
+  row.append(approve, reject);
+  el.append(noteBox, row, note);
+  const draw = () => {
+    const decided = model.get("decided");
+    approve.disabled = reject.disabled = input.disabled = decided;
+  };
+  const decide = async (action) => {
+    const label = action === "approve" ? "Approve" : "Reject";
+    approve.disabled = reject.disabled = true;
+    note.textContent = `${label}: sending…`;
+    const extra = { request: model.get("request"), note: input.value };
+    let answer = null;
+    try {
+      answer = await sendToServer(action, model, extra);
+    } catch (_err) {
+      answer = null;
+    }
+    if (answer && answer.ours && answer.status === 200) {
+      note.textContent = `${answer.body.message} (${clock(new Date())})`;
+      model.send({ action: "resume" }); // the kernel resumes the run when it is free
+      return;
+    }
+    if (answer && answer.ours && answer.status < 500) {
+      note.textContent = `${label} refused: ${answer.body.message || `HTTP ${answer.status}`}`;
+      draw();
+      return;
+    }
+    const answered = await sendToKernel(action, model, { note: input.value });
+    if (!answered) note.textContent = model.get("busy_hint");
+    draw();
+  };
+  approve.addEventListener("click", () => decide("approve"));
+  reject.addEventListener("click", () => decide("reject"));
+  model.on("change:decided", draw);
+  model.on("change:kernel_note", () => {
+    note.textContent = model.get("kernel_note");
+  });
+  draw();
+}
+
 function render({ model, el }) {
+  if (model.get("kind") === "approval") return renderApproval(model, el);
   el.classList.add("kernelext-stop-buttons");
   el.dataset.kernelextRun = model.get("run_id"); // which run's buttons (a row of the overview)
   el.style.display = "inline-flex";

@@ -25,7 +25,15 @@ import traitlets
 
 from kernelext.status import LIVE
 
-__all__ = ["FORCE_TIPS", "STOP_TIPS", "StopButtons", "busy_hint", "draw_stop_buttons"]
+__all__ = [
+    "FORCE_TIPS",
+    "STOP_TIPS",
+    "DecisionButtons",
+    "OutOfBand",
+    "StopButtons",
+    "busy_hint",
+    "draw_stop_buttons",
+]
 
 ACTIONS = ("stop", "force")
 STOP_TIPS = {
@@ -54,37 +62,67 @@ def busy_hint(run_id: str) -> str:
     )
 
 
-class StopButtons(anywidget.AnyWidget):
-    """The panel's Stop and Force stop; ``on_action(action)`` runs a click in the kernel."""
+class OutOfBand(anywidget.AnyWidget):
+    """Buttons whose clicks go to the notebook server (``_stop_buttons.js``); a click the
+    server could not take comes here as a message: ``on_action(action, content)`` runs it
+    in the kernel, and ``ack_seq`` tells the browser it was handled."""
 
     _esm = Path(__file__).with_name("_stop_buttons.js")
+    actions: tuple[str, ...] = ()
+    kind = traitlets.Unicode("stop").tag(sync=True)
     run_id = traitlets.Unicode("").tag(sync=True)
     store = traitlets.Unicode("").tag(sync=True)  # from_elsewhere.store_address
     source = traitlets.Unicode("panel").tag(sync=True)  # from_elsewhere.SOURCES
-    stop_disabled = traitlets.Bool(False).tag(sync=True)
-    force_disabled = traitlets.Bool(True).tag(sync=True)
-    stop_tooltip = traitlets.Unicode("").tag(sync=True)
-    force_tooltip = traitlets.Unicode("").tag(sync=True)
     busy_hint = traitlets.Unicode("").tag(sync=True)
     kernel_note = traitlets.Unicode("").tag(sync=True)  # the kernel's answer to a click
     ack_seq = traitlets.Int(0).tag(sync=True)  # raised when the kernel handled a click
     epoch = traitlets.Int(-1).tag(sync=True)  # the run's owner_epoch as drawn (-1: unknown)
 
-    def __init__(self, on_action: Callable[[str], str | None], **kwargs: Any) -> None:
+    def __init__(self, on_action: Callable[..., str | None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._on_action = on_action
         self.on_msg(self._handle_message)
 
     def _handle_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         action = content.get("action") if isinstance(content, dict) else None
-        if action not in ACTIONS:
+        if action not in self.actions:
             return
         try:
-            note = self._on_action(str(action))
+            note = self._call(str(action), content)
         finally:
             self.ack_seq += 1
         if note:
             self.kernel_note = note
+
+    def _call(self, action: str, content: dict[str, Any]) -> str | None:
+        return self._on_action(action)
+
+
+class StopButtons(OutOfBand):
+    """The panel's Stop and Force stop; ``on_action(action)`` runs a click in the kernel."""
+
+    actions = ACTIONS
+    stop_disabled = traitlets.Bool(False).tag(sync=True)
+    force_disabled = traitlets.Bool(True).tag(sync=True)
+    stop_tooltip = traitlets.Unicode("").tag(sync=True)
+    force_tooltip = traitlets.Unicode("").tag(sync=True)
+
+
+class DecisionButtons(OutOfBand):
+    """An approval card's note, Approve and Reject. ``on_action(action, note)`` runs
+    ``approve`` / ``reject`` in the kernel (a click the server could not take), or
+    ``resume`` once the server recorded the decision."""
+
+    actions = ("approve", "reject", "resume")
+    request = traitlets.Unicode("").tag(sync=True)  # the approval request's id
+    decided = traitlets.Bool(False).tag(sync=True)
+
+    def __init__(self, on_action: Callable[..., str | None], **kwargs: Any) -> None:
+        super().__init__(on_action, kind="approval", **kwargs)
+
+    def _call(self, action: str, content: dict[str, Any]) -> str | None:
+        note = content.get("note")
+        return self._on_action(action, note if isinstance(note, str) else None)
 
 
 def draw_stop_buttons(

@@ -37,12 +37,15 @@ from ..errors import (
 )
 from ..status import LIVE, Status
 from . import control
+from .decide_elsewhere import DECISIONS, decide
 
 __all__ = ["ACTIONS", "SOURCES", "act", "describe_error", "store_address"]
 
 ACTIONS: dict[str, str] = {
     "stop": "stop at the next safe point",
     "force": "stop now: cancel the current step",
+    "approve": "approve one waiting call (decide_elsewhere)",
+    "reject": "reject one waiting call (decide_elsewhere)",
 }
 SOURCES: dict[str, str] = {  # where a click may come from -> how its answer names it
     "panel": "panel",
@@ -89,7 +92,15 @@ def _open(address: str) -> Store:
 
 
 def act(
-    action: str, run_id: str, address: str, *, source: str = "panel", epoch: int | None = None
+    action: str,
+    run_id: str,
+    address: str,
+    *,
+    source: str = "panel",
+    epoch: int | None = None,
+    request: object = None,
+    note: object = None,
+    who: str | None = None,
 ) -> dict[str, Any]:
     """Record ``action`` for run ``run_id`` in the store at ``address``; say what happened.
 
@@ -98,6 +109,9 @@ def act(
     applied to the new session. Returns ``run_id``, ``action``, ``status`` (the run's status
     after the request), ``source``, ``recorded`` (True when the request reached a live
     run), ``message`` (a sentence for the person who clicked) and ``seconds``.
+
+    ``approve`` / ``reject`` decide approval ``request`` of the run (``note``, ``who``:
+    for the record; ``decide_elsewhere``).
     """
     if action not in ACTIONS:
         raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
@@ -115,6 +129,17 @@ def act(
                 f"epoch is {row['owner_epoch']}, the panel showed {epoch}); nothing was done. "
                 "Look at the panel again and press the button there."
             )
+        if action in DECISIONS:
+            decided = decide(store, action, run_id, request, note=note, who=who, source=source)
+            return {
+                "run_id": run_id,
+                "action": action,
+                "status": before,
+                "source": source,
+                "recorded": True,
+                **decided,
+                "seconds": round(time.perf_counter() - started, 4),
+            }
         if action == "force":
             status = control.force_stop(run_id, source=source, store=store)
         else:

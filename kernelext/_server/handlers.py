@@ -1,4 +1,5 @@
-"""The server's routes: ``{action}`` (POST: ``stop``, ``force``) and ``status`` (GET).
+"""The server's routes: ``{action}`` (POST: ``stop``, ``force``, ``approve``, ``reject``)
+and ``status`` (GET).
 
 One worker thread records every request: the store is opened, written and closed there
 (the server never keeps a DuckDB file open between clicks), and the event loop only
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -63,9 +65,20 @@ class RunActionHandler(_Handler):
             return
         run_id, address, epoch = body["run_id"], body["store"], body.get("epoch")
         source = body.get("source", "panel")
+        who = _user_name(self.current_user)
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(
-            _EXECUTOR, lambda: act(action, run_id, address, source=source, epoch=epoch)
+            _EXECUTOR,
+            lambda: act(
+                action,
+                run_id,
+                address,
+                source=source,
+                epoch=epoch,
+                request=body.get("request"),
+                note=body.get("note"),
+                who=who,
+            ),
         )
         try:
             result: dict[str, Any] = await asyncio.wait_for(job, ANSWER_SECONDS)
@@ -95,6 +108,15 @@ class RunActionHandler(_Handler):
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         self.set_status(status)
         self.finish(json.dumps({**body, "route": "kernelext"}))
+
+
+def _user_name(user: Any) -> str | None:
+    """Who clicked, when the server knows them by name (a hub's or a password login's
+    user); None for the anonymous user of a token (the OS user who runs the server then)."""
+    name = str(getattr(user, "username", "") or "")
+    if not name or re.fullmatch(r"[0-9a-f]{32}", name) or name.startswith("anonymous"):
+        return None
+    return name[:200]
 
 
 def _body(raw: bytes | None) -> dict[str, Any] | None:
@@ -134,7 +156,7 @@ def install(serverapp: Any) -> None:
     serverapp.web_app.add_handlers(
         ".*$",
         [
-            (url_path_join(base, r"(stop|force)"), RunActionHandler),
+            (url_path_join(base, r"(stop|force|approve|reject)"), RunActionHandler),
             (url_path_join(base, "status"), StatusHandler),
         ],
     )
