@@ -1,0 +1,101 @@
+"""What a person clicks in the demo notebooks, as cells a headless run inserts.
+
+Run with Run All, a demo notebook presses none of its own buttons: a markdown cell asks the
+person to click Stop, Resume, a decision or Restart in the run's panel. nbclient has nobody
+to click, so the tests insert these cells where the person would click. Each one presses the
+panel's own button (``button.click()`` runs the handler a click that reaches the kernel
+runs), waits for what the click started, and prints what the tests read. The inserted cells
+are tagged ``drive``; the notebooks' own cells are untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import nbformat
+
+__all__ = ["CLICKS", "Click", "with_clicks"]
+
+DRIVE_TAG = "drive"
+
+
+@dataclass(frozen=True)
+class Click:
+    """A click the person makes after the cell ``after``; ``cell_id`` names the inserted cell."""
+
+    after: str
+    cell_id: str
+    source: str
+
+
+# -- Stop ---------------------------------------------------------------------------------
+STOP_AT_ONCE = """
+from kernelext.widgets import panel_for
+
+panel = panel_for(h)
+if h.status == "running":
+    panel.stop_button.click()
+# No stop pending: the run already ended or waits; the answer says what to do instead.
+print(panel.view.stop_text() or h.stop().notice or panel.view.status)
+"""
+
+
+def stop_after(done: int) -> str:
+    """Stop once ``done`` steps (items) of ``h`` completed."""
+    return f"""
+import time
+from kernelext.widgets import panel_for
+
+panel = panel_for(h)
+while h.status == "running" and h.info()["completed_steps"] < {done}:
+    time.sleep(0.05)  # let the first items complete
+if h.status == "running":
+    panel.stop_button.click()
+print(h.status_text)
+"""
+
+
+# -- Resume --------------------------------------------------------------
+RESUME = """
+from kernelext.widgets import panel_for
+
+panel = panel_for(h)
+if not panel.handle.alive and panel.handle.status == "suspended":
+    panel.resume_button.click()  # the same as kx.resume(RUN_ID)
+elif panel.handle.status == "completed":  # nothing to resume: the plan says what to do
+    print(*kx.plan(panel.handle.run_id).blockers, sep="\\n")
+print(repr(panel.handle.wait()))
+"""
+
+CLICKS: dict[str, tuple[Click, ...]] = {
+    "quickstart": (
+        Click("start", "click-stop", STOP_AT_ONCE),
+        Click("panel", "click-resume", RESUME),
+    ),
+    "batch": (Click("start", "click-stop", stop_after(32)), Click("panel", "click-resume", RESUME)),
+    "llm_agent": (
+        Click("start", "click-stop", STOP_AT_ONCE),
+        Click("panel", "click-resume", RESUME),
+    ),
+    "dask_batch": (
+        Click("start", "click-stop", stop_after(4)),
+        Click("panel", "click-resume", RESUME),
+    ),
+}
+
+
+def with_clicks(nb: Any, name: str) -> Any:
+    """A copy of notebook ``nb`` (``notebooks/<name>.ipynb``) with the person's clicks
+    inserted; a click after a cell the copy does not hold is left out."""
+    clicked = copy.deepcopy(nb)
+    for click in CLICKS.get(name, ()):
+        ids = [c.get("id") for c in clicked.cells]
+        if click.after not in ids:
+            continue
+        made = nbformat.v4.new_code_cell(click.source.strip("\n"))
+        made["id"] = click.cell_id
+        made.metadata["tags"] = [DRIVE_TAG]
+        clicked.cells.insert(ids.index(click.after) + 1, made)
+    return clicked
