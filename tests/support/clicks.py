@@ -57,7 +57,22 @@ print(h.status_text)
 """
 
 
-# -- Resume --------------------------------------------------------------
+FORCE_STOP_IN_THE_SECOND_CALL = """
+import time
+from kernelext.widgets import panel_for
+
+
+def calls_begun():
+    \"\"\"The calls of this run in the ledger: each intent is recorded before its call.\"\"\"
+    return int(kx.sql("SELECT count(*) AS n FROM effects WHERE run_id = ?", [RUN_ID])["n"][0])
+
+
+while calls_begun() < 2 and h.alive:  # the second call has begun: its intent is recorded
+    time.sleep(0.02)
+panel_for(h).force_button.click()  # cancels the step in the middle of the call
+"""
+
+# -- Resume, decisions, Restart --------------------------------------------------------------
 RESUME = """
 from kernelext.widgets import panel_for
 
@@ -67,6 +82,45 @@ if not panel.handle.alive and panel.handle.status == "suspended":
 elif panel.handle.status == "completed":  # nothing to resume: the plan says what to do
     print(*kx.plan(panel.handle.run_id).blockers, sep="\\n")
 print(repr(panel.handle.wait()))
+"""
+
+ACCEPT = """
+from kernelext.widgets import decision_widget
+
+widget = decision_widget(panel)  # the revalidation widget inside the panel
+if widget is not None and not widget.accept_button.disabled:
+    widget.note.value = "flour is dearer; still within the approved budget"
+    widget.accept_button.click()
+print(panel.handle.wait())  # the panel follows the resumed run
+"""
+
+DECIDE_WITH_THE_CARRIER = """
+import json
+from kernelext.widgets import decision_widget
+
+widget = decision_widget(panel)  # the reconciliation widget inside the panel
+if widget is not None:
+    for index, item in enumerate(widget.rec):
+        widget.picker.value = index
+        record = carrier_received(str(item.key))
+        if record is not None:  # the carrier has it: it happened
+            receipt = {"order": record["body"]["order"], "receipt": record["seq"]}
+            widget.result.value = json.dumps(receipt)
+            widget.note.value = f"carrier receipt {record['seq']}"
+            widget.happened_button.click()
+        else:
+            widget.note.value = "the carrier has no parcel under this key"
+            widget.retry_button.click()
+        print(f"{item.tool} {item.step_key}: {item.decision}")
+print(panel.handle.wait())  # after the last decision the panel resumed the run
+"""
+
+RESTART = """
+if banner.new_handle is None:
+    banner.restart_button.click()
+new = banner.new_handle
+assert panel.handle is new  # the panel now shows the restarted run
+print(new.run_id, "parent:", new.info()["parent_id"], "->", new.wait(), "result:", new.result)
 """
 
 CLICKS: dict[str, tuple[Click, ...]] = {
@@ -83,6 +137,12 @@ CLICKS: dict[str, tuple[Click, ...]] = {
         Click("start", "click-stop", stop_after(4)),
         Click("panel", "click-resume", RESUME),
     ),
+    "reconcile_unknowns": (
+        Click("start", "click-force-stop", FORCE_STOP_IN_THE_SECOND_CALL),
+        Click("carrier-says", "decide", DECIDE_WITH_THE_CARRIER),
+    ),
+    "revalidation": (Click("side-by-side", "click-accept", ACCEPT),),
+    "expiry_and_restart": (Click("about-restart", "click-restart", RESTART),),
 }
 
 
