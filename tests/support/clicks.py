@@ -23,10 +23,12 @@ DRIVE_TAG = "drive"
 
 @dataclass(frozen=True)
 class Click:
-    """A click the person makes after the cell ``after``; ``cell_id`` names the inserted cell."""
+    """The person clicks ``button`` after the cell ``after`` (where a markdown cell asks for
+    it); ``source`` does the same in the kernel, in an inserted cell named ``cell_id``."""
 
     after: str
     cell_id: str
+    button: str
     source: str
 
 
@@ -125,24 +127,27 @@ print(new.run_id, "parent:", new.info()["parent_id"], "->", new.wait(), "result:
 
 CLICKS: dict[str, tuple[Click, ...]] = {
     "quickstart": (
-        Click("start", "click-stop", STOP_AT_ONCE),
-        Click("panel", "click-resume", RESUME),
+        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
+        Click("panel", "click-resume", "Resume", RESUME),
     ),
-    "batch": (Click("start", "click-stop", stop_after(32)), Click("panel", "click-resume", RESUME)),
+    "batch": (
+        Click("start", "click-stop", "Stop", stop_after(32)),
+        Click("panel", "click-resume", "Resume", RESUME),
+    ),
     "llm_agent": (
-        Click("start", "click-stop", STOP_AT_ONCE),
-        Click("panel", "click-resume", RESUME),
+        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
+        Click("panel", "click-resume", "Resume", RESUME),
     ),
     "dask_batch": (
-        Click("start", "click-stop", stop_after(4)),
-        Click("panel", "click-resume", RESUME),
+        Click("start", "click-stop", "Stop", stop_after(4)),
+        Click("panel", "click-resume", "Resume", RESUME),
     ),
     "reconcile_unknowns": (
-        Click("start", "click-force-stop", FORCE_STOP_IN_THE_SECOND_CALL),
-        Click("carrier-says", "decide", DECIDE_WITH_THE_CARRIER),
+        Click("start", "click-force-stop", "Force stop", FORCE_STOP_IN_THE_SECOND_CALL),
+        Click("carrier-says", "decide", "It happened", DECIDE_WITH_THE_CARRIER),
     ),
-    "revalidation": (Click("side-by-side", "click-accept", ACCEPT),),
-    "expiry_and_restart": (Click("about-restart", "click-restart", RESTART),),
+    "revalidation": (Click("side-by-side", "click-accept", "Accept and continue", ACCEPT),),
+    "expiry_and_restart": (Click("about-restart", "click-restart", "Restart", RESTART),),
 }
 
 
