@@ -131,7 +131,7 @@ CLICKS: dict[str, tuple[Click, ...]] = {
         Click("panel", "click-resume", "Resume", RESUME),
     ),
     "batch": (
-        Click("start", "click-stop", "Stop", stop_after(32)),
+        Click("start", "click-stop", "Stop", stop_after(1)),
         Click("panel", "click-resume", "Resume", RESUME),
     ),
     "llm_agent": (
