@@ -3,8 +3,8 @@
 The notebook starts an agent and leaves Stop and Resume to the person reading it. Here
 nobody reads it, so this script presses them: it runs the notebook in a fresh kernel with
 a throwaway store, with two cells of its own inserted where a person would click (Stop
-in the run's panel after the start, Resume after the plan). Then it reads that store and
-prints the run, its events and the ledger.
+in the run's panel after the start, Resume in the panel shown again after the plan). Then
+it reads that store and prints the run, its events and the ledger.
 
     python notebooks/run_demo.py [--step-seconds 0.2] [--keep DIR]
 
