@@ -1,8 +1,10 @@
 """Run ``quickstart.ipynb`` headless (as ``make demo`` does) and print what happened.
 
-The notebook starts an agent, presses its panel's Stop button, resumes it and checks
-the ledger, in a fresh kernel with a throwaway store. Then this script reads that
-store and prints the run, its steps, its events and the ledger.
+The notebook starts an agent and leaves Stop and Resume to the person reading it. Here
+nobody reads it, so this script presses them: it runs the notebook in a fresh kernel with
+a throwaway store, with two cells of its own inserted where a person would click (Stop
+in the run's panel after the start, Resume in the panel shown again after the plan). Then
+it reads that store and prints the run, its events and the ledger.
 
     python notebooks/run_demo.py [--step-seconds 0.2] [--keep DIR]
 
@@ -26,6 +28,19 @@ from nbclient.exceptions import CellExecutionError
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "quickstart.ipynb"
 
+# The person's clicks: (the notebook cell they follow, the inserted cell's id, its code).
+PRESS_STOP = """\
+from kernelext.widgets import panel_for
+
+time.sleep(2 * STEP_SECONDS)  # two tickets go out before the click
+panel_for(h).stop_button.click()
+print(panel_for(h).view.stop_text() or panel_for(h).view.status)"""
+PRESS_RESUME = """\
+if panel.handle.status == "suspended":
+    panel.resume_button.click()
+print(panel.handle.wait())"""
+CLICKS = (("start", "click-stop", PRESS_STOP), ("panel", "click-resume", PRESS_RESUME))
+
 
 def cell_text(cell: nbformat.NotebookNode) -> str:
     parts = []
@@ -37,8 +52,19 @@ def cell_text(cell: nbformat.NotebookNode) -> str:
     return "".join(parts).rstrip()
 
 
+def with_clicks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with the person's clicks inserted as cells (tagged ``drive``)."""
+    for after, cell_id, source in CLICKS:
+        index = next(i for i, c in enumerate(nb.cells) if c.get("id") == after)
+        cell = nbformat.v4.new_code_cell(source)
+        cell["id"] = cell_id
+        cell.metadata["tags"] = ["drive"]
+        nb.cells.insert(index + 1, cell)
+    return nb
+
+
 def execute(folder: str, step_seconds: float) -> nbformat.NotebookNode:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = with_clicks(nbformat.read(NOTEBOOK, as_version=4))
     env = {
         **os.environ,
         "KERNELEXT_STORE": os.path.join(folder, "demo.duckdb"),
@@ -66,7 +92,8 @@ def report(nb: nbformat.NotebookNode, store: str) -> None:
 
     for cell_id, title in (
         ("click-stop", "Stop pressed"),
-        ("click-resume", "Resumed"),
+        ("wait", "After the safe point"),
+        ("click-resume", "Resume pressed"),
         ("summary", "Summary"),
     ):
         cell = next(c for c in nb.cells if c.get("id") == cell_id)

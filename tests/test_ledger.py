@@ -407,8 +407,8 @@ def test_effect_outside_a_run_is_a_plain_call(
     assert answer["delivery"] == 1
     assert delivery_server.deliveries[0]["idempotency_key"] is None  # no run, no key
     assert store.read("SELECT count(*) FROM effects") == [(0,)]
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert re.search(r"outside a run is a plain call", readme), "document the pass-through"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "agents.md").read_text()
+    assert re.search(r"outside a run is a plain call", page), "document the pass-through"
 
 
 @pytest.mark.duckdb_only

@@ -20,6 +20,7 @@ from typing import Any
 import nbformat
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from support.clicks import with_clicks
 from support.http_server import DeliveryServer
 from support.kernels import KernelDied, KernelSession
 from support.notebooks import execute, text_of
@@ -291,7 +292,7 @@ def store_texts(store_path: Path) -> Iterator[tuple[str, str, str]]:
 def test_revalidation_notebook(
     store_path: Path, tmp_path: Path, delivery_server: DeliveryServer
 ) -> None:
-    nb = nbformat.read(NOTEBOOKS / "revalidation.ipynb", as_version=4)
+    nb = with_clicks(nbformat.read(NOTEBOOKS / "revalidation.ipynb", as_version=4), "revalidation")
     env = {
         "KERNELEXT_STORE": str(store_path),
         "KERNELEXT_DEMO_OUTBOX": delivery_server.url + "/outbox",
@@ -397,6 +398,7 @@ def test_reconcile_notebook_after_a_kernel_death(
 
     fresh = copy.deepcopy(nb)
     fresh.cells = cells_tagged(fresh, "setup", "reconcile")
+    fresh = with_clicks(fresh, "reconcile_unknowns")  # the person's decisions in the panel
     execute(fresh, env, tmp_path)
 
     assert "needs_decision" in text_of(fresh, "resume")

@@ -1,8 +1,9 @@
 """notebooks/expiry_and_restart.ipynb in a real kernel through nbclient.
 
 The run suspends for an approval, the sweeper expires it, its panel says expired,
-and the Restart button on the expired banner starts a new run that sends only the
-emails the old run had not sent (counted on the local delivery server).
+and the Restart button on the expired banner (clicked where the notebook asks the person
+to, ``support.clicks``) starts a new run that sends only the emails the old run had not
+sent (counted on the local delivery server).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from support.clicks import with_clicks
 from support.http_server import DeliveryServer
 from support.notebooks import execute, text_of
 
@@ -24,7 +26,7 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 def test_expired_panel_and_restart_button(
     store_path: Path, tmp_path: Path, delivery_server: DeliveryServer
 ) -> None:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = with_clicks(nbformat.read(NOTEBOOK, as_version=4), NOTEBOOK.stem)
     env = {"KERNELEXT_STORE": str(store_path), "KERNELEXT_DEMO_OUTBOX": delivery_server.url}
     execute(nb, env, tmp_path)
 
@@ -38,7 +40,9 @@ def test_expired_panel_and_restart_button(
     assert "kx.restart(" in text_of(nb, "resume-refused")
     restarted = text_of(nb, "click-restart")
     assert "-restart1 parent: approvals-" in restarted and "-> completed" in restarted
-    assert "restarted as approvals-" in text_of(nb, "summary")
+    assert "result: 6" in restarted  # six tickets handled: three carried, three sent anew
+    summary = text_of(nb, "summary")
+    assert "restarted as approvals-" in summary and "completed, 6/6 steps" in summary
 
     # The widgets were really drawn: the banner with its Restart button, and the panel.
     state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"])

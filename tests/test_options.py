@@ -1,8 +1,8 @@
 """Options are declared once (``kernelext/_core/options.py``): ``kx.configure``,
-``%config Kernelext.<option>``, the command line and the README table all follow the
-declaration. Each test runs over every declared option, so a new one is covered by itself;
-an option of a new kind fails until ``SAMPLES`` says what a good and a bad value of that
-kind are."""
+``%config Kernelext.<option>``, the command line and the documentation's options table
+(``docs/notebooks.md``) all follow the declaration. Each test runs over every declared
+option, so a new one is covered by itself; an option of a new kind fails until ``SAMPLES``
+says what a good and a bad value of that kind are."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from traitlets.config import Config
 
 import kernelext as kx
 from kernelext._cli.main import main as cli
-from kernelext._core.options import OPTIONS, Option, OptionValues, readme_table
+from kernelext._core.options import OPTIONS, Option, OptionValues, options_table
 from kernelext._core.runtime import Runtime, runtime, use_runtime
 from kernelext._ipython.magics import Kernelext
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+OPTIONS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "notebooks.md"
 
 
 def samples(option: Option[Any], tmp_path: Path) -> tuple[Any, Any]:
@@ -60,15 +60,15 @@ def ids(option: Option[Any]) -> str:
 
 
 # -- one declaration -----------------------------------------------------------------------
-def test_the_readme_options_table_is_the_declaration() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_documented_options_table_is_the_declaration() -> None:
+    text = OPTIONS_PAGE.read_text(encoding="utf-8")
     start = text.index("| option | default | meaning |")
     table = re.match(r"(?:\|[^\n]*\n)+", text[start:])
     assert table is not None
-    assert table.group(0).rstrip("\n") == readme_table(), (
-        "README.md's options table differs from kernelext/_core/options.py; paste the "
-        "output of: python -c 'from kernelext._core.options import readme_table; "
-        "print(readme_table())'"
+    assert table.group(0).rstrip("\n") == options_table(), (
+        "docs/notebooks.md's options table differs from kernelext/_core/options.py; paste the "
+        "output of: python -c 'from kernelext._core.options import options_table; "
+        "print(options_table())'"
     )
 
 

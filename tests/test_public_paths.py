@@ -1,12 +1,14 @@
-"""README.md, the notebooks and binder/ send users to public paths only.
+"""README.md, the documentation, the notebooks and binder/ send users to public paths only.
 
 A path into the engine (``kernelext._core...``, ``kernelext.widgets._panel``, ``kx._x``) or
 to a name a public module does not list in ``__all__`` (``kx.core.approvals``) breaks the
-day the engine moves. Scanned: README's fenced blocks and inline code (not its changelog,
-which names the paths that moved), every cell of every notebook (code, and the code in
-markdown), every file of binder/. A dotted path is followed from ``kernelext`` through the
-public modules; once it reaches a public object (``kx.secrets``, a class), what follows is
-that object's own attributes.
+day the engine moves. Scanned: the fenced blocks and inline code of README (not its
+changelog, which names the paths that moved) and of every page of docs/ (not the overview,
+which names the engine's packages to say they are not API), every cell of every notebook
+(code, and the code in markdown), every file of binder/. A dotted path is followed from
+``kernelext`` through the public modules; once it reaches a public object (``kx.secrets``,
+a class), what follows is that object's own attributes. Names users meet in Jupyter's
+configuration rather than import (the server extension) are public as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ PUBLIC_MODULES = (
     "kernelext.widgets",
 )
 
+# Not imported: the name of kernelext's Jupyter Server extension, as `jupyter server
+# extension list` shows it and a `jpserver_extensions` setting enables or disables it.
+CONFIGURATION_NAMES = {"kernelext._server"}
+# Pages that name the engine's packages on purpose, to say they are not API.
+NAMES_THE_ENGINE = {"docs/index.md"}
+
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _INLINE = re.compile(r"`([^`\n]+)`")
 _FROM = re.compile(r"\bfrom\s+(kernelext(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n#;]+)")
@@ -45,6 +53,8 @@ def _public(module: str) -> ModuleType:
 
 def path_problem(path: str) -> str | None:
     """Why the dotted ``path`` (``kernelext.x.y``) is not a public path, or None."""
+    if path in CONFIGURATION_NAMES:
+        return None
     parts = path.split(".")
     module, obj = "kernelext", _public("kernelext")
     for i, part in enumerate(parts[1:], start=1):
@@ -107,6 +117,11 @@ def notebook_code(path: Path) -> list[str]:
 SOURCES = {
     "README.md": lambda: readme_code((REPO_ROOT / "README.md").read_text()),
     **{
+        f"docs/{p.name}": (lambda p=p: readme_code(p.read_text()))
+        for p in sorted((REPO_ROOT / "docs").glob("*.md"))
+        if f"docs/{p.name}" not in NAMES_THE_ENGINE
+    },
+    **{
         f"notebooks/{p.name}": (lambda p=p: notebook_code(p))
         for p in sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
     },
@@ -146,4 +161,9 @@ def test_the_scan_sees_every_kind_of_private_path() -> None:
     assert problems_in("kx.secrets.log_filter(); kx.__version__; panel.view.stop_text()") == []
     assert problems_in("import kernelext as k\nk._core.run") == [
         "kernelext._core: kernelext does not list '_core' in __all__"
+    ]
+    # the server extension's name is configuration, not a way into its modules
+    assert problems_in("jupyter server extension disable kernelext._server") == []
+    assert problems_in("from kernelext._server.handlers import install") == [
+        "kernelext._server: kernelext does not list '_server' in __all__"
     ]

@@ -21,7 +21,7 @@ from kernelext._store import Store, open_store
 from kernelext._store.schema import TABLES
 from kernelext.errors import ReadOnlyError
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+STORE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "store.md"
 WAIT = 60
 
 
@@ -161,10 +161,10 @@ def test_plain_explain_and_trailing_semicolon_are_fine(store: Store) -> None:
     assert kx.sql("SELECT count(*) AS n FROM runs;", store=store)["n"].tolist() == [2]
 
 
-def readme_queries() -> dict[str, str]:
-    """``kx.sql("...")  # what it shows`` examples from the README, by their comment."""
+def documented_queries() -> dict[str, str]:
+    """``kx.sql("...")  # what it shows`` examples from docs/store.md, by their comment."""
     found: dict[str, str] = {}
-    text = README.read_text()
+    text = STORE_PAGE.read_text()
     for block in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL):
         lines = block.splitlines()
         for node in ast.walk(ast.parse(block)):
@@ -181,8 +181,8 @@ def readme_queries() -> dict[str, str]:
     return found
 
 
-def test_readme_examples_work(store: Store) -> None:
-    queries = readme_queries()
+def test_documented_examples_work(store: Store) -> None:
+    queries = documented_queries()
     assert {"all unknown effects", "effects per tool and status"} <= set(queries), queries
     unknown = kx.sql(queries["all unknown effects"], store=store)
     assert unknown["tool"].tolist() == ["book"] and unknown["run_id"].tolist() == ["booking"]

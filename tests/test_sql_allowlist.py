@@ -117,7 +117,7 @@ def test_the_third_layer_stays_quiet_for_ordinary_queries(duck: Store) -> None:
         "PIVOT effects ON status IN ('applied') USING count(*)",
         "SELECT id.upper() AS u, system.main.lower(id) AS l FROM runs",
         "SELECT run_id, sum((result->>'$.usage.total_tokens')::BIGINT) FROM effects WHERE tool"
-        " LIKE 'openai:%' GROUP BY run_id",  # README, "Tokens so far"
+        " LIKE 'openai:%' GROUP BY run_id",  # docs/frameworks.md, "Tokens so far"
         "SELECT status, count(*) FROM runs GROUP BY ALL",
         "SELECT list_aggregate([1, 2], 'sum') AS s, histogram(status) AS h FROM runs",
     ):

@@ -99,8 +99,8 @@ def executor_for(engine: RunEngine, executor: Any) -> Dispatch:
             f"effects in the run's store itself; run {engine.id!r} is in the DuckDB store "
             f"{engine.store.location}, which one process at a time can write. Nothing was "
             "dispatched. Use a PostgreSQL store for batches on other processes or machines "
-            "(kx.configure(store='postgresql://host/db'), or KERNELEXT_STORE; README: Beyond "
-            "one machine), or leave out executor= to run the items in threads here."
+            "(kx.configure(store='postgresql://host/db'), or KERNELEXT_STORE; docs/batches.md: "
+            "Beyond one machine), or leave out executor= to run the items in threads here."
         )
     if engine.epoch is None:
         raise KernelextError(

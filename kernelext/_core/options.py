@@ -10,8 +10,8 @@
   with ``help`` as its help text, that takes any value and hands it to ``kx.configure``
   (the option's ``check`` is the only check) and reads the runtime's current value;
 - the command-line flag of an option that has ``cli`` (``kernelext/_cli/main.py``);
-- the options table of the README (:func:`readme_table`; ``tests/test_options.py`` fails
-  when the README's table differs).
+- the options table of the documentation (:func:`options_table`, in ``docs/notebooks.md``;
+  ``tests/test_options.py`` fails when that table differs).
 
 An option whose value is ``None`` in a call is left as it is. Adding an option is one
 entry here (and, for one the runtime keeps, reading it where it acts).
@@ -24,12 +24,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from .._expiry_policy import DEFAULT_EXPIRY, ExpiryPolicy
+from .._formatting import duration_text
 from .._validate import check_duration, check_flag, check_store_location
 
 if TYPE_CHECKING:
     from .runtime import Settings
 
-__all__ = ["OPTIONS", "Option", "OptionValues", "option_named", "readme_table"]
+__all__ = ["OPTIONS", "Option", "OptionValues", "option_named", "options_table"]
 
 T = TypeVar("T")
 Kind = Literal["location", "durations", "seconds", "flag"]
@@ -45,9 +46,10 @@ class Option(Generic[T]):
     - ``check(where, value)`` refuses a bad value (``TypeError`` for a wrong type,
       ``ValueError`` for a bad value) and returns the value as kept; ``where`` is how the
       user set it (``"kx.configure(store=...)"``, ``"--store"``).
-    - ``meaning``: one line (the README table, the command-line help); ``details`` adds to
+    - ``meaning``: one line (the options table, the command-line help); ``details`` adds to
       it in the ``%config`` help.
-    - ``default_text``: the default as the README shows it (else derived from ``default``).
+    - ``default_text``: the default as the options table shows it (else derived from
+      ``default``).
     - ``notebook``: read only in a notebook (the extension puts it back when unloaded).
     - ``cli``: the command-line flag that sets it for one command.
     - ``apply`` / ``read``: how ``kx.configure`` sets it and how its value is read, for
@@ -115,7 +117,7 @@ class Option(Generic[T]):
 
     @property
     def default_text(self) -> str:
-        """The default as the README shows it (Markdown)."""
+        """The default as the options table shows it (Markdown)."""
         if self._default_text:
             return self._default_text
         value: object = self.default
@@ -267,7 +269,8 @@ EXPIRY = Option[dict[str, Any]](
     "{'user_stop': 7 * 86400, 'rate_limit': 3600}; reasons left out keep theirs. Reasons: "
     + ", ".join(DEFAULT_EXPIRY)
     + " (decision: a run waiting in needs_decision; other: any reason not listed).",
-    default_text="see below",
+    default_text="per reason: "
+    + ", ".join(f"`{reason}` {duration_text(span)}" for reason, span in DEFAULT_EXPIRY.items()),
     apply=_update_expiry,
     read=lambda settings: dict(settings.expiry.durations),
 )
@@ -277,7 +280,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     EXPIRY,
     *(value for value in vars(OptionValues).values() if isinstance(value, Option)),
 )
-"""Every option, in the order the README lists them."""
+"""Every option, in the order the options table lists them."""
 
 
 def option_named(name: str) -> Option[Any] | None:
@@ -285,8 +288,8 @@ def option_named(name: str) -> Option[Any] | None:
     return next((option for option in OPTIONS if option.name == name), None)
 
 
-def readme_table() -> str:
-    """The README's options table (Markdown), as the declaration says it."""
+def options_table() -> str:
+    """The options table of the documentation (Markdown), as the declaration says it."""
     lines = ["| option | default | meaning |", "|---|---|---|"]
     lines += [
         f"| `Kernelext.{option.name}` | {option.default_text} | {option.meaning} |"

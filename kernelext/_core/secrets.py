@@ -283,10 +283,10 @@ _MIN_ENCODED = 8
 def _forms(value: str | bytes) -> tuple[set[str], set[bytes]]:
     """Every form a registered value takes in stored text, and as raw bytes.
 
-    One list, so that what is covered is read in one place (README "What is stored, and
-    what is redacted"). Each form costs one more alternative of the one compiled pattern
-    (and one ``bytes.find`` in the byte-level refusal). Not covered: a secret split in two,
-    a change of case, other encodings (UTF-16, gzip, ...)."""
+    One list, so that what is covered is read in one place (docs/security.md, "What is
+    stored, and what is redacted"). Each form costs one more alternative of the one compiled
+    pattern (and one ``bytes.find`` in the byte-level refusal). Not covered: a secret split
+    in two, a change of case, other encodings (UTF-16, gzip, ...)."""
     if isinstance(value, str):
         text: str | None = value
         raw = value.encode("utf-8", errors="surrogatepass")

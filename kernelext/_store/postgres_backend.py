@@ -56,7 +56,7 @@ READ_POOL_SIZE = 4
 # psycopg exceptions whose transaction can simply be run again.
 TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 # Queries from kx.sql run as this role when the login may take it and it can read the
-# store (README, "Security"); set_config(..., true) is SET LOCAL ROLE, for the transaction.
+# store (docs/security.md); set_config(..., true) is SET LOCAL ROLE, for the transaction.
 READER_ROLE = "kernelext_reader"
 _TAKE_READER_ROLE = (
     "SELECT set_config('role', r.rolname, true) FROM pg_roles r WHERE r.rolname = %s"

@@ -1,4 +1,4 @@
-"""The README's "Batches" example runs as it is, and prints what the README says."""
+"""The "Batches" page's example (docs/batches.md) runs as it is, and prints what it says."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+BATCHES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "batches.md"
 
 
 @pytest.mark.usefixtures("store")
-def test_the_readme_batch_example_runs_and_delivers_each_row_once() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_documented_batch_example_runs_and_delivers_each_row_once() -> None:
+    text = BATCHES_PAGE.read_text(encoding="utf-8")
     match = re.search(
         r"<!-- batch-example -->\n```python\n(.*?)```\n<!-- /batch-example -->", text, re.S
     )
-    assert match, "README.md lost its Batches example (between the batch-example markers)"
+    assert match, "docs/batches.md lost its example (between the batch-example markers)"
     out = io.StringIO()
     namespace: dict[str, object] = {"__name__": "readme_batch"}
     with contextlib.redirect_stdout(out):
-        exec(compile(match.group(1), "README.md", "exec"), namespace)
+        exec(compile(match.group(1), "docs/batches.md", "exec"), namespace)
     first, second = out.getvalue().splitlines()
     assert first.startswith("suspended ") and first.endswith(" items done")
     done = int(first.split()[1])
