@@ -22,9 +22,11 @@ import datetime as dt
 OUTSIDE_STEPS = "__run__"
 
 __all__ = [
+    "cell_title",
     "counted",
     "duration_text",
     "moment_text",
+    "name_cell",
     "rate_text",
     "reason_text",
     "step_label",
@@ -82,7 +84,36 @@ def step_label(ordinal: int | None, key: str | None = None, total: int | None = 
     text = f"step {number}" + (f" of {total}" if total else "")
     if key is None or key in (str(ordinal), str(number)):
         return text
-    return f"{text} ({key})"
+    return f"{text} ({cell_title(key) or key})"
+
+
+# A %%agent cell's step key is its notebook cell id (``cell:<id>``) or a hash of its source
+# (``src:<hash>``); people know the cell by its first line. This process's magic tells
+# them here (``name_cell``); another process shows the key's first eight characters.
+_CELL_KEYS = ("cell:", "src:")
+_CELL_TITLES: dict[str, str] = {}
+TITLE_CHARS = 40
+
+
+def name_cell(key: str, source: str) -> None:
+    """Remember the first line of the ``%%agent`` cell whose step key is ``key``."""
+    if not key.startswith(_CELL_KEYS):
+        return  # --step NAME: the name says it
+    first = next((line.strip() for line in source.splitlines() if line.strip()), "")
+    first = first.lstrip("#").strip() or "an empty cell"
+    if len(first) > TITLE_CHARS:
+        first = first[: TITLE_CHARS - 1].rstrip() + "…"
+    _CELL_TITLES[key] = first
+
+
+def cell_title(key: str) -> str | None:
+    """``cell "fetch(url)"``, or ``cell be474f7e`` for a cell this process never ran; None
+    for a key that is not a cell's."""
+    for prefix in _CELL_KEYS:
+        if key.startswith(prefix):
+            title = _CELL_TITLES.get(key)
+            return f'cell "{title}"' if title else f"cell {key[len(prefix) :][:8]}"
+    return None
 
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:

@@ -287,3 +287,22 @@ def test_the_retention_period_reads_as_a_duration(
     )
     assert reasons == [("retention period of 30 d ended",)]
     assert any("retention period of 30 d ended" in ln for ln in shown(store, run_id, capsys))
+
+
+def test_a_cell_step_is_named_by_its_first_line_never_by_its_id() -> None:
+    from kernelext._formatting import name_cell, reason_text
+
+    key = "cell:be474f7e-0000-4000-8000-000000000001"
+    assert step_label(1, key) == "step 2 (cell be474f7e)"  # a cell this process never ran
+    name_cell(key, "\n# fetch every page\nfor url in urls:\n    fetch(url)\n")
+    assert step_label(1, key) == 'step 2 (cell "fetch every page")'
+    name_cell("src:0123456789abcdef", "x = compute_a_really_long_name_for_something(arg, other)")
+    assert step_label(0, "src:0123456789abcdef") == (
+        'step 1 (cell "x = compute_a_really_long_name_for_some…")'
+    )
+    name_cell("load-data", "irrelevant")  # --step NAME: the name is the title
+    assert step_label(0, "load-data") == "step 1 (load-data)"
+    assert reason_text("user_stop", "panel") == "stopped by you (panel)"
+    assert reason_text("user_stop", "interrupt") == "stopped by you (■)"
+    assert reason_text("approval") == "waiting for an approval"
+    assert reason_text("something_new") == "something_new"

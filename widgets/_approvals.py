@@ -352,6 +352,10 @@ class ApprovalsBox(w.VBox):
         self.add_class("kernelext-approvals")
         self._marker: tuple[Any, ...] | None = None
         self.waiting = 0  # requests shown that wait for a person
+        # One badge and one line for good: children that stay the same models keep their
+        # views in the browser, so a redraw never re-creates a card a person is typing in.
+        self.badge = w.HTML()
+        self.elsewhere = w.HTML()
         self.refresh()
 
     @property
@@ -385,7 +389,8 @@ class ApprovalsBox(w.VBox):
         waiting = [*approvals(run_id, store=store), *questions(run_id, store=store)]
         self.waiting = len(waiting)
         if not waiting:  # decided elsewhere (a terminal, another notebook): say so
-            line: tuple[Any, ...] = (w.HTML(decided_elsewhere_html(store.events(run_id))),)
+            self.elsewhere.value = decided_elsewhere_html(store.events(run_id))
+            line: tuple[Any, ...] = (self.elsewhere,)
             self.children = line
             return
         # A card still waiting is kept, with what the person typed in it so far.
@@ -403,7 +408,10 @@ class ApprovalsBox(w.VBox):
                 card.item = item
                 card.draw()
                 kept.append(card)
-        self.children = (w.HTML(badge_html(waiting)), *kept)
+        self.badge.value = badge_html(waiting)
+        shown_now: tuple[Any, ...] = (self.badge, *kept)
+        if shown_now != tuple(self.children):
+            self.children = shown_now
 
     def _decided(self, handle: Any) -> None:
         if handle is not None:

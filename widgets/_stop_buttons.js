@@ -111,6 +111,8 @@ function renderApproval(model, el) {
   input.placeholder = "note for the record (optional)";
   input.className = "widget-input";
   input.style.width = "22em";
+  input.value = model.get("note") || ""; // what was typed survives a redraw of the card
+  input.addEventListener("input", () => model.set("note", input.value));
   noteBox.appendChild(input);
   const row = document.createElement("div");
   row.style.display = "flex";

@@ -116,6 +116,7 @@ class DecisionButtons(OutOfBand):
     actions = ("approve", "reject", "resume")
     request = traitlets.Unicode("").tag(sync=True)  # the approval request's id
     decided = traitlets.Bool(False).tag(sync=True)
+    note = traitlets.Unicode("").tag(sync=True)  # typed so far (kept in the browser's model)
 
     def __init__(self, on_action: Callable[..., str | None], **kwargs: Any) -> None:
         super().__init__(on_action, kind="approval", **kwargs)

@@ -21,7 +21,7 @@ from .._core.cell_runs import (
 )
 from .._core.plan_code import remember_cell_source
 from .._core.waiting import waiting_text
-from .._formatting import reason_text, step_label
+from .._formatting import name_cell, reason_text, step_label
 from ..errors import AgentCellStopped, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
 from .interrupt import CellInterrupt, cell_interrupts
@@ -98,6 +98,7 @@ def _run_agent_cell(
         raise AgentCellStopped(str(lost), run_id=run_id, status=Status.RUNNING) from None
     key = cell_identity(shell, source, step)
     remember_cell_source(run_id, key, source)  # kx.plan shows a diff once the cell changes
+    name_cell(key, source)  # the panel and messages name the cell by its first line
     digest = source_hash(source)
     seen = cell.lookup(key, digest)
     ordinal = cell.run.completed.get(key)
