@@ -148,6 +148,7 @@ _REASONS = {
 }
 _SOURCES = {
     "panel": "panel",
+    "overview": "runs overview",
     "interrupt": "■",
     "cli": "terminal",
     "api": "code",

@@ -84,7 +84,9 @@ def test_a_row_s_stop_lands_while_the_kernel_sleeps(
         lab.wait_cell_done(sleeper, 60_000)
         lab.button(overview, "Panel").click()  # a kernel message: the kernel is free now
         panel = overview.locator(PANEL)
-        panel.get_by_text(re.compile(r"suspended \(user_stop\)")).first.wait_for()
+        panel.get_by_text(
+            re.compile(r"suspended: stopped by you \(runs overview\)")
+        ).first.wait_for()
         shot("the-run-s-panel-opened-from-its-row")
         stops, _steps = store_report(page, "background")
         assert [s for s, _ in stops] == ["overview"]
