@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from support.live import name, wait_until
+from test_panel_live import Reads
 
 import kernelext as kx
 from kernelext._core.cell_runs import CELL_AGENT
@@ -290,21 +291,6 @@ def test_changes_made_by_other_processes_show_up_without_a_cell_running(
     assert made.stdout.strip() == "completed", made.stdout + made.stderr
     wait_until(lambda: status_of(view, other) == "completed", "the new run's row", 10.0)
     assert row_text(view, other).startswith(f"{other} [elsewhere] | completed | 2/2 steps")
-
-
-class Reads:
-    """Counts the queries the store runs."""
-
-    def __init__(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        for method in ("read", "_read_with_names", "read_arrow"):
-            original = getattr(store, method)
-
-            def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-                self.count += 1
-                return _original(*args, **kwargs)
-
-            monkeypatch.setattr(store, method, counted)
 
 
 def test_nothing_is_read_while_nothing_changes(
