@@ -7,6 +7,8 @@
 - A background agent stopped from its panel while the kernel sleeps in the user's cell.
 - The notebook's ■ on a ``%%agent`` cell: once lets the cell finish and skips the next
   ``%%agent`` cells; twice cancels the cell.
+- Force stop pressed while a recorded call blocks: the panel says it waits for the call,
+  and the call that returns keeps its real outcome (``applied``).
 
 Each test prints the measured times (click → request in the store, click → "stop
 pending" on screen); screenshots go to tests/artifacts/browser/<test name>/.
@@ -307,4 +309,85 @@ def test_notebook_7_stop_lands_while_the_kernel_sleeps(
         shot("notebook-7-suspended-while-the-kernel-sleeps")
     print(
         f"\nNotebook 7, kernel in time.sleep: suspended shown {suspended_s:.3f} s after the click"
+    )
+
+
+FORCE_CELLS = [
+    "%load_ext kernelext\nimport json, time, urllib.request\nimport kernelext as kx",
+    """@kx.effect
+def pay(amount):
+    request = urllib.request.Request(
+        "{url}/pay", data=json.dumps({{"amount": amount}}).encode(),
+        headers={{"Content-Type": "application/json"}},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.status
+
+@kx.agent(name="payer")
+def payer(run):
+    with run.step("pay"):
+        pay(120)
+    for i in run.steps(range(40), key=str):
+        time.sleep(0.5)""",
+    'h = payer.start(run_id="forced")\nh',
+    "print('sleeping', flush=True)\ntime.sleep(20)\nprint('slept')",
+]
+EFFECTS = """import json
+import kernelext as kx
+rows = kx.sql("SELECT tool, status, result FROM effects WHERE run_id = 'forced'")
+print("EFFECTS", json.dumps(list(zip(rows.tool, rows.status, rows.result))))"""
+
+
+def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    """Force stop pressed while ``pay`` blocks on a slow answer: the panel says it waits for
+    the call, the call returns, and the ledger records it ``applied`` (not ``unknown``)."""
+    from support.http_server import DeliveryServer
+
+    root = tmp_path / "root"
+    root.mkdir()
+    with DeliveryServer() as server_of_payments:
+        server_of_payments.slow_next(1, 6.0)
+        cells = [
+            FORCE_CELLS[0],
+            FORCE_CELLS[1].format(url=server_of_payments.url),
+            *FORCE_CELLS[2:],
+        ]
+        name = write_notebook(root, "force.ipynb", cells)
+        env = {"KERNELEXT_STORE": str(store_path)}
+        with (
+            lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+            Shots(page, shots_folder, server) as shot,
+        ):
+            lab.open_notebook(page, server, name)
+            for index in range(3):
+                lab.run_cell(page, index)
+            panel = lab.cell(page, 2).locator(PANEL)
+            sleeper = lab.select_cell(page, 3)
+            page.keyboard.press("Control+Enter")
+            output(sleeper).get_by_text("sleeping").wait_for()
+            deadline = time.monotonic() + 30
+            while not server_of_payments.deliveries and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server_of_payments.deliveries, "the payment never reached the server"
+            time.sleep(1.0)  # the call now blocks on its answer
+            _clicked, click_t = click(lab.button(panel, "Force stop"))
+            panel.get_by_text(
+                re.compile(r"Force stop is waiting for pay to return")
+            ).first.wait_for(timeout=5_000)
+            waiting_s = time.monotonic() - click_t
+            shot("force-stop-waits-for-the-call")
+            panel.get_by_text(re.compile(r"suspended: ")).first.wait_for(timeout=20_000)
+            suspended_s = time.monotonic() - click_t
+            shot("suspended-after-the-call-returned")
+            lab.wait_cell_done(sleeper, 60_000)
+            out = lab.output_text(lab.add_cell_at_end(page, EFFECTS))
+            line = next(row for row in out.splitlines() if row.startswith("EFFECTS "))
+            effects = json.loads(line[len("EFFECTS ") :])
+        assert len(server_of_payments.deliveries) == 1
+    assert effects == [["pay", "applied", "200"]]
+    print(
+        f"\nForce stop during a 6 s call: 'waiting for pay' shown {waiting_s:.3f} s after the "
+        f"click; suspended {suspended_s:.3f} s after it (the call returned), recorded applied"
     )
