@@ -410,3 +410,24 @@ def _approval(store: Any, row: dict[str, Any]) -> Any:
     from kernelext._core.approvals import Approval
 
     return Approval(store, row)
+
+
+def test_the_fence_is_checked_in_the_transaction_that_records_the_stop(store_path: Any) -> None:
+    """A panel's epoch is a fencing token: the store refuses a stop whose epoch is not the
+    run's own in the same transaction that would write it (no window between the check and
+    the write), and leaves the run as it was."""
+    import kernelext as kx
+    from kernelext._store import actor
+    from kernelext.errors import OwnershipLost
+
+    store = kx.open_store(str(store_path))
+    try:
+        assert store.create_run("fenced-tx", "agent", owner=actor())
+        epoch = int(store.get_run("fenced-tx")["owner_epoch"])
+        before = store.get_run("fenced-tx")["status"]
+        with pytest.raises(OwnershipLost):
+            store.request_stop("fenced-tx", source="panel", epoch=epoch + 1)
+        assert store.get_run("fenced-tx")["status"] == before
+        assert store.request_stop("fenced-tx", source="panel", epoch=epoch).ok
+    finally:
+        store.close()

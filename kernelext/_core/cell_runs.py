@@ -302,7 +302,9 @@ def cell_handle(run_id: str, *, store: Store | None = None) -> Handle:
     return Handle(cell.run, cell.store)
 
 
-def stop_cell_run(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
+def stop_cell_run(
+    run_id: str, *, source: str = "api", store: Store | None = None, epoch: int | None = None
+) -> str:
     """Stop a cell run: the request is recorded; between two cells is a safe point, so a
     run whose cells execute in this process suspends at once.
 
@@ -311,7 +313,7 @@ def stop_cell_run(run_id: str, *, source: str = "api", store: Store | None = Non
     ran here) stays ``stopping`` until its kernel reaches the boundary before its next
     cell, or is suspended already."""
     store = get_store(store)
-    result = store.request_stop(run_id, source=source)
+    result = store.request_stop(run_id, source=source, epoch=epoch)
     cell = _cached_cell_run(store, run_id)
     if cell is None:
         return str(result.after or result.before)

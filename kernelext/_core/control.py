@@ -23,13 +23,14 @@ from .._validate import (
     validated,
 )
 from .._validate import check_plan as plan_type
-from ..errors import RunStateError
+from ..errors import OwnershipLost, RunStateError
 from ..status import LIVE, Reason, Status
 from . import cell_runs
 from .handle import Handle, request_stop
 from .names import check_stored_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
+from .run import engine_of
 from .run_engine import RunEngine
 from .runtime import get_store, runtime
 
@@ -42,26 +43,35 @@ def is_cell_run(row: dict[str, Any]) -> bool:
 
 
 @validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE)
-def stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
+def stop(
+    run_id: str, *, source: str = "api", store: Store | None = None, epoch: int | None = None
+) -> str:
     """Ask run ``run_id`` to stop at its next safe point; the request is recorded at once.
 
     A run live in this process is stopped in its own store; any other run is looked up in
     ``store`` (default: the current store), and its owner sees the request at its next
     safe point, whichever process that is. A ``%%agent`` run between two cells is at a safe
     point already: it suspends at once. Returns the run's status after the request.
+    ``epoch``: the owner epoch the person saw; a run resumed or taken over since raises
+    ``OwnershipLost`` and nothing is recorded (checked in the transaction that writes).
     """
     live = runtime().live_handle(run_id)
     if live is not None:
+        held = engine_of(live.run).epoch
+        if epoch is not None and held not in (None, epoch):
+            raise OwnershipLost(run_id, owner=None, epoch=held, held=epoch, what="stop")
         return request_stop(live.store, run_id, source=source, handle=live)
     store = get_store(store)
     row = store.get_run(run_id)
     if is_cell_run(row):
-        return cell_runs.stop_cell_run(run_id, source=source, store=store)
-    return request_stop(store, run_id, source=source)
+        return cell_runs.stop_cell_run(run_id, source=source, store=store, epoch=epoch)
+    return request_stop(store, run_id, source=source, epoch=epoch)
 
 
 @validated("kx.core.control.force_stop", run_id=RUN_ID, source=SOURCE, store=STORE)
-def force_stop(run_id: str, *, source: str = "api", store: Store | None = None) -> str:
+def force_stop(
+    run_id: str, *, source: str = "api", store: Store | None = None, epoch: int | None = None
+) -> str:
     """Ask run ``run_id`` to stop now: its step is cancelled (see ``Handle.force_stop``).
 
     A run live in this process is forced here. For any other run the stop is recorded and
@@ -75,7 +85,7 @@ def force_stop(run_id: str, *, source: str = "api", store: Store | None = None) 
         live.force_stop(source=source)
         return str(Status.STOPPING)
     store = get_store(store)
-    status = stop(run_id, source=source, store=store)
+    status = stop(run_id, source=source, store=store, epoch=epoch)
     if status in LIVE and not is_cell_run(store.get_run(run_id)):
         store.record_event(run_id, FORCE_REQUESTED, source=source)
     return status

@@ -30,6 +30,7 @@ from .._store import Store, open_store
 from .._validate import RUN_ID
 from ..errors import (
     KernelextError,
+    OwnershipLost,
     RunNotFound,
     RunStateError,
     StoreError,
@@ -124,11 +125,7 @@ def act(
         row = store.get_run(run_id)
         before = str(row["status"])
         if epoch is not None and row.get("owner_epoch") is not None and row["owner_epoch"] != epoch:
-            raise RunStateError(
-                f"Run {run_id} was resumed or taken over since this panel drew it (its owner "
-                f"epoch is {row['owner_epoch']}, the panel showed {epoch}); nothing was done. "
-                "Look at the panel again and press the button there."
-            )
+            raise RunStateError(_stale(run_id, row["owner_epoch"], epoch))
         if action in DECISIONS:
             decided = decide(store, action, run_id, request, note=note, who=who, source=source)
             return {
@@ -140,10 +137,11 @@ def act(
                 **decided,
                 "seconds": round(time.perf_counter() - started, 4),
             }
-        if action == "force":
-            status = control.force_stop(run_id, source=source, store=store)
-        else:
-            status = control.stop(run_id, source=source, store=store)
+        door = control.force_stop if action == "force" else control.stop
+        try:  # the fence is checked again in the transaction that writes the request
+            status = door(run_id, source=source, store=store, epoch=epoch)
+        except OwnershipLost as exc:
+            raise RunStateError(_stale(run_id, exc.epoch, epoch)) from None
         row = store.get_run(run_id)
     finally:
         store.close()
@@ -158,6 +156,14 @@ def act(
         "message": _message(action, run_id, before, status, cell, SOURCES[source]),
         "seconds": round(time.perf_counter() - started, 4),
     }
+
+
+def _stale(run_id: str, now: object, shown: object) -> str:
+    return (
+        f"Run {run_id} was resumed or taken over since this panel drew it (its owner epoch "
+        f"is {now}, the panel showed {shown}); nothing was done. Look at the panel again and "
+        "press the button there."
+    )
 
 
 def _message(

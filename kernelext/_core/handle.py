@@ -140,7 +140,13 @@ class Handle:
 
 
 def request_stop(
-    store: Store, run_id: str, *, source: str, who: str | None = None, handle: Handle | None = None
+    store: Store,
+    run_id: str,
+    *,
+    source: str,
+    who: str | None = None,
+    handle: Handle | None = None,
+    epoch: int | None = None,
 ) -> StopAnswer:
     """Ask run ``run_id`` to stop; return its status after the request.
 
@@ -152,7 +158,7 @@ def request_stop(
     """
     handle = handle or runtime().live_handle(run_id)
     if handle is None or not handle.alive:
-        result = store.request_stop(run_id, source=source, who=who)
+        result = store.request_stop(run_id, source=source, who=who, epoch=epoch)
         if result.ok:
             return StopAnswer(str(result.after))
         return StopAnswer(str(result.before), nothing_to_stop(run_id, str(result.before)))

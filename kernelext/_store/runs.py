@@ -192,12 +192,20 @@ class RunsMixin(StoreBase):
         return self.write(lambda tx: self.transition_tx(tx, run_id, to_status, allowed, **kwargs))
 
     def request_stop(
-        self, run_id: str, *, source: str, who: str | None = None, reason: str | None = None
+        self,
+        run_id: str,
+        *,
+        source: str,
+        who: str | None = None,
+        reason: str | None = None,
+        epoch: int | None = None,
     ) -> Transition:
         """Record a stop request. Only the first one moves ``running`` to ``stopping``.
 
         Waits for the store (and on DuckDB for the file). For a run live in this process
-        use ``queue_stop_request``, which never does.
+        use ``queue_stop_request``, which never does. ``epoch``: the owner epoch the person
+        saw (a fencing token); a run resumed or taken over since raises ``OwnershipLost``,
+        checked in the same transaction as the write, and nothing is recorded.
         """
 
         def job(tx: Tx) -> Transition:
@@ -212,6 +220,7 @@ class RunsMixin(StoreBase):
                 who=who,
                 reason=reason,
                 fields={"stop_requested_at": now, "stop_source": source},
+                epoch=epoch,
             )
             if not moved.ok:
                 self.event(
