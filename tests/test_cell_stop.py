@@ -149,3 +149,21 @@ def test_the_command_lines_stop_wait_reads_the_status_and_opens_nothing(
     assert (row["status"], row["owner"]) == ("stopping", other_live_process())
     assert kinds(store, run_id)[len(before) :] == ["stop_requested"]
     assert CHECKED == []
+
+
+def test_a_stop_that_lands_after_a_cell_is_attributed_to_whoever_asked(store: Store) -> None:
+    """A stop pressed in the panel while a ``%%agent`` cell runs: the suspension at the
+    boundary after the cell names the panel, as the request did (never ``api``)."""
+    run_id = "cells-stopped-from-the-panel"
+    cell = open_cell_run(run_id, store=store)
+    try:
+
+        def body() -> None:  # the panel's click arrives while the cell runs
+            store.request_stop(run_id, source="panel")
+
+        assert cell.run_step("long", source_hash("long"), body).kind == "completed"
+        assert store.get_run(run_id)["status"] == "suspended"
+        events = [(str(e["kind"]), e["source"]) for e in store.events(run_id)]
+        assert events[-2:] == [("stop_requested", "panel"), ("suspended", "panel")]
+    finally:
+        forget_cell_runs(run_id)

@@ -205,6 +205,7 @@ class CellRun:
                 return self._suspended(info, error, Status.SUSPENDED)
             row = store.get_run(run.id)
             if row["status"] == Status.STOPPING:  # the boundary after the cell
+                run.stop_source = row.get("stop_source") or run.stop_source or "api"
                 return self._suspended(
                     info, StopRequested(row.get("stop_source") or "api"), StepStatus.COMPLETED
                 )
