@@ -135,7 +135,9 @@ def test_a_stop_lands_at_once_on_calls_waiting_for_their_slot(
     assert [e["status"] for e in effects] == ["applied"]
     steps = store.steps(handle.run_id)
     assert sum(s["status"] == "completed" for s in steps) == 1
-    assert sum(s["status"] == "cancelled" for s in steps) == 7
+    # Items handed out before the stop landed wait for the slot and are cancelled; how many
+    # were handed out depends on scheduling, not on the promise: none of them ran.
+    assert all(s["status"] in ("completed", "cancelled") for s in steps)
 
     again = kx.resume(handle.run_id)
     assert again.wait(WAIT) == "completed", again.error
