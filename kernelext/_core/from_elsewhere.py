@@ -22,11 +22,11 @@ overview of the runs (``kx.runs()`` in a notebook).
 from __future__ import annotations
 
 import os
-import re
 import time
+import urllib.parse
 from typing import Any
 
-from .._store import Store, open_store
+from .._store import Store
 from .._validate import RUN_ID
 from ..errors import (
     KernelextError,
@@ -38,6 +38,7 @@ from ..errors import (
 )
 from ..status import LIVE, Status
 from . import control
+from .click_stores import is_postgres, open_for_click, passwords_in
 from .decide_elsewhere import DECISIONS, decide
 
 __all__ = ["ACTIONS", "SOURCES", "act", "describe_error", "store_address"]
@@ -52,13 +53,12 @@ SOURCES: dict[str, str] = {  # where a click may come from -> how its answer nam
     "panel": "panel",
     "overview": "runs overview",
 }
-POSTGRES = ("postgresql://", "postgres://")
 
 
 def store_address(store: Store) -> str:
     """Where another process finds ``store``: an absolute path, or a URL without password."""
     location = str(store.location)
-    if location.startswith(POSTGRES):
+    if is_postgres(location):
         from .._store.postgres_backend import url_without_password  # psycopg: PostgreSQL only
 
         url = getattr(store.backend, "url", location)
@@ -66,30 +66,8 @@ def store_address(store: Store) -> str:
     return os.path.abspath(location)
 
 
-STORE_WAIT = 5.0  # seconds a click waits for another process to hand the DuckDB file over
-CONNECT_TIMEOUT = 5  # seconds a click waits for a PostgreSQL server to answer
-
-
 def _open(address: str) -> Store:
-    if not isinstance(address, str) or not address.strip():
-        raise ValueError("No store was named: the panel sends the address of its run's store.")
-    if address.startswith(POSTGRES):
-        if "connect_timeout=" not in address:  # an unreachable host must not hold the click
-            address += ("&" if "?" in address else "?") + f"connect_timeout={CONNECT_TIMEOUT}"
-        return open_store(address)
-    if not os.path.isabs(address):
-        raise ValueError(f"The store path must be absolute, not {address!r}.")
-    if not os.path.isfile(address):
-        raise ValueError(
-            f"No kernelext store at {address!r} (the file does not exist): the run's kernel "
-            "may have moved or deleted it."
-        )
-    if not os.path.exists(address + ".want"):  # every kernelext open leaves it beside the file
-        raise ValueError(
-            f"{address!r} is not a kernelext store (no kernelext process ever opened it): "
-            "nothing was changed."
-        )
-    return open_store(address, wait_timeout=STORE_WAIT)
+    return open_for_click(address)
 
 
 def act(
@@ -201,7 +179,7 @@ def describe_error(exc: BaseException, address: str = "") -> tuple[int, str]:
         status, text = 400, str(exc)
     elif isinstance(exc, StoreLockedError):
         status, text = 503, f"The store is busy in another process: {exc}"
-    elif isinstance(exc, StoreError) and str(address).startswith(POSTGRES):
+    elif isinstance(exc, StoreError) and is_postgres(str(address)):
         status, text = (
             503,
             (
@@ -218,7 +196,8 @@ def describe_error(exc: BaseException, address: str = "") -> tuple[int, str]:
 
 
 def _without_password(text: str, address: str) -> str:
-    match = re.match(r"^[a-z]+://[^:/@]*:([^@/]*)@", address)
-    if match and match.group(1):
-        text = text.replace(match.group(1), "***")
+    for secret in passwords_in(address):
+        for form in {secret, urllib.parse.quote(secret, safe=""), urllib.parse.unquote(secret)}:
+            if form:
+                text = text.replace(form, "***")
     return text

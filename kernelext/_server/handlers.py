@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +30,27 @@ ANSWER_SECONDS = 10.0  # a click is answered within this, recorded or not
 # Clicks on different stores never wait for each other; two on one DuckDB store take
 # turns at its file lock. A store that hangs holds one thread, not the route.
 _EXECUTOR = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kernelext-server")
+PER_STORE = 2  # clicks that may hold a thread for one store (file or database host) at once
+_TURNS: dict[str, asyncio.Semaphore] = {}
+
+
+async def _in_turn(key: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``work`` on a thread once fewer than ``PER_STORE`` clicks hold one for ``key``.
+
+    The turn ends when the thread is done, not when the click stops waiting for it: a
+    store that hangs keeps its own turns, never every thread of the route."""
+    if len(_TURNS) > 1024:  # addresses seen once: forget those nobody waits on
+        for name in [name for name, turn in _TURNS.items() if not turn.locked()]:
+            del _TURNS[name]
+    turn = _TURNS.setdefault(key, asyncio.Semaphore(PER_STORE))
+    await turn.acquire()
+    try:
+        job = asyncio.get_running_loop().run_in_executor(_EXECUTOR, work)
+    except BaseException:
+        turn.release()
+        raise
+    job.add_done_callback(lambda _done: turn.release())
+    return await asyncio.shield(job)
 
 
 def _warm() -> None:
@@ -52,6 +74,7 @@ class RunActionHandler(_Handler):
     @web.authenticated
     @authorized
     async def post(self, action: str) -> None:
+        from kernelext._core.click_stores import busy_key
         from kernelext._core.from_elsewhere import act, describe_error
 
         started = time.perf_counter()
@@ -66,9 +89,8 @@ class RunActionHandler(_Handler):
         run_id, address, epoch = body["run_id"], body["store"], body.get("epoch")
         source = body.get("source", "panel")
         who = _user_name(self.current_user)
-        loop = asyncio.get_running_loop()
-        job = loop.run_in_executor(
-            _EXECUTOR,
+        job = _in_turn(
+            busy_key(address),
             lambda: act(
                 action,
                 run_id,
@@ -84,8 +106,9 @@ class RunActionHandler(_Handler):
             result: dict[str, Any] = await asyncio.wait_for(job, ANSWER_SECONDS)
         except asyncio.TimeoutError:
             message = (
-                f"The store did not answer within {ANSWER_SECONDS:g} s; nothing is known to "
-                f"be recorded. Press ■, or run `kernelext stop {run_id}` in a terminal."
+                f"The store did not answer within {ANSWER_SECONDS:g} s (it is busy, or other "
+                "clicks on it still wait); nothing is known to be recorded. Press ■, or run "
+                f"`kernelext stop {run_id}` in a terminal."
             )
             self._answer(504, {"message": message})
             return
