@@ -367,3 +367,71 @@ def test_kx_runs_is_still_the_table_and_shows_live_only_with_the_extension(
     bundle = runs_mimebundle(kx.runs(store=store))
     assert WIDGET in bundle and "table-1" in bundle["text/html"]
     close_open_overviews()
+
+
+def test_a_run_waiting_for_you_is_shown_however_many_newer_runs_ended(store: Any) -> None:
+    """One run waits for an approval, then more runs than the overview shows complete:
+    the waiting run keeps its row (its wait and its buttons), the oldest completed go."""
+    from kernelext._core.overview import SHOWN, read_overview
+
+    waiting = payer.start(run_id=name("waits-for-you"))
+    assert waiting.wait(WAIT) == "suspended"
+    for _ in range(SHOWN + 5):
+        assert quick.start(run_id=name("ended")).wait(WAIT) == "completed"
+    found = read_overview(store)
+    shown = [row.run_id for row in found.rows]
+    assert waiting.run_id in shown and len(shown) == SHOWN
+    row = next(r for r in found.rows if r.run_id == waiting.run_id)
+    assert "approval" in row.waits_for
+    assert "live or waiting for you" in found.summary()
+
+
+def test_a_row_carries_the_owner_epoch_so_a_stale_overview_stops_nothing(
+    store: Any, views: list[RunsOverview]
+) -> None:
+    gate = threading.Event()
+    handle = gated("fenced-row", gate).start(run_id=name("fenced-row"))
+    try:
+        view = overview(store, views)
+        wait_until(lambda: handle.run_id in view.rows, WAIT)
+        buttons = view.rows[handle.run_id].buttons
+        epoch = int(store.get_run(handle.run_id)["owner_epoch"])
+        assert buttons.epoch == epoch
+        note = view.on_action(handle.run_id, "stop", epoch + 1)  # drawn before a take-over
+        assert note is not None and "OwnershipLost" in note
+        assert store.get_run(handle.run_id)["status"] == "running"
+    finally:
+        gate.set()
+        handle.wait(WAIT)
+
+
+def test_a_run_of_the_same_id_in_another_store_is_not_the_one_stopped(
+    store: Any, tmp_path: Any
+) -> None:
+    """A run executing here and a run of the same id in another store: a stop addressed to
+    the other store is recorded there and leaves this one running."""
+    from kernelext._store import actor, open_store
+
+    gate = threading.Event()
+    run_id = name("twin")
+    handle = gated("twin", gate).start(run_id=run_id)
+    other = open_store(str(tmp_path / "other.duckdb"))  # not made the current store
+    try:
+        assert other.create_run(run_id, "elsewhere", owner=actor())
+        assert kx.stop(run_id, store=other, source="test") == "stopping"
+        assert other.get_run(run_id)["status"] == "stopping"
+        assert handle.alive and store.get_run(run_id)["status"] == "running"
+    finally:
+        other.close()
+        gate.set()
+        handle.wait(WAIT)
+
+
+def test_a_stop_records_who_asked(store: Any) -> None:
+    from kernelext._store import actor
+
+    run_id = name("who-asked")
+    assert store.create_run(run_id, "elsewhere", owner=actor())
+    kx.stop(run_id, store=store, source="panel", who="alice")
+    (event,) = [e for e in store.events(run_id) if e["kind"] == "stop_requested"]
+    assert event["actor"] == "alice"

@@ -139,7 +139,7 @@ class _Row:
         self.run_id = run_id
         self.cells = [w.HTML() for _ in COLUMNS]
         self.buttons = StopButtons(
-            lambda action: owner.on_action(run_id, action),
+            lambda action: owner.on_action(run_id, action, self.buttons.epoch),
             run_id=run_id,
             store=owner.address,
             source=SOURCE,
@@ -161,7 +161,7 @@ class _Row:
     def show(self, row: RunRow, opened: bool) -> None:
         for cell, value in zip(self.cells, cells(row), strict=True):
             cell.value = value
-        draw_stop_buttons(self.buttons, row.status, bool(row.stop_pending), row.cell, None)
+        draw_stop_buttons(self.buttons, row.status, bool(row.stop_pending), row.cell, row.epoch)
         self.open_button.description = "Hide panel" if opened else "Panel"
 
 
@@ -231,14 +231,14 @@ class RunsOverview(w.VBox):
                 widget.close()
 
     # -- actions (in the kernel) ----------------------------------------------------------
-    def on_action(self, run_id: str, action: str) -> str | None:
-        """A Stop or Force stop the notebook server could not take: recorded from here."""
+    def on_action(self, run_id: str, action: str, epoch: int = -1) -> str | None:
+        """A Stop or Force stop the notebook server could not take: recorded from here,
+        fenced by the owner epoch the row showed (``-1``: none known)."""
         try:
             before = str(self.store.get_run(run_id)["status"])
-            if action == "force":
-                status = control.force_stop(run_id, source=SOURCE, store=self.store)
-            else:
-                status = control.stop(run_id, source=SOURCE, store=self.store)
+            door = control.force_stop if action == "force" else control.stop
+            fence = None if epoch < 0 else epoch
+            status = door(run_id, source=SOURCE, store=self.store, epoch=fence)
             note = (
                 f"{'Force stop' if action == 'force' else 'Stop'} recorded (runs overview): "
                 f"run {run_id} is {status}."

@@ -304,7 +304,12 @@ def cell_handle(run_id: str, *, store: Store | None = None) -> Handle:
 
 
 def stop_cell_run(
-    run_id: str, *, source: str = "api", store: Store | None = None, epoch: int | None = None
+    run_id: str,
+    *,
+    source: str = "api",
+    store: Store | None = None,
+    epoch: int | None = None,
+    who: str | None = None,
 ) -> str:
     """Stop a cell run: the request is recorded; between two cells is a safe point, so a
     run whose cells execute in this process suspends at once.
@@ -314,7 +319,7 @@ def stop_cell_run(
     ran here) stays ``stopping`` until its kernel reaches the boundary before its next
     cell, or is suspended already."""
     store = get_store(store)
-    result = store.request_stop(run_id, source=source, epoch=epoch)
+    result = store.request_stop(run_id, source=source, epoch=epoch, who=who)
     cell = _cached_cell_run(store, run_id)
     if cell is None:
         return str(result.after or result.before)

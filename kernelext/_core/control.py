@@ -44,7 +44,12 @@ def is_cell_run(row: dict[str, Any]) -> bool:
 
 @validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE)
 def stop(
-    run_id: str, *, source: str = "api", store: Store | None = None, epoch: int | None = None
+    run_id: str,
+    *,
+    source: str = "api",
+    store: Store | None = None,
+    epoch: int | None = None,
+    who: str | None = None,
 ) -> str:
     """Ask run ``run_id`` to stop at its next safe point; the request is recorded at once.
 
@@ -54,23 +59,29 @@ def stop(
     point already: it suspends at once. Returns the run's status after the request.
     ``epoch``: the owner epoch the person saw; a run resumed or taken over since raises
     ``OwnershipLost`` and nothing is recorded (checked in the transaction that writes).
+    ``who``: who asked, for the record (default: the user this process runs as).
     """
-    live = runtime().live_handle(run_id)
+    live = runtime().live_handle(run_id, store)
     if live is not None:
         held = engine_of(live.run).epoch
         if epoch is not None and held not in (None, epoch):
             raise OwnershipLost(run_id, owner=None, epoch=held, held=epoch, what="stop")
-        return request_stop(live.store, run_id, source=source, handle=live)
+        return request_stop(live.store, run_id, source=source, handle=live, who=who)
     store = get_store(store)
     row = store.get_run(run_id)
     if is_cell_run(row):
-        return cell_runs.stop_cell_run(run_id, source=source, store=store, epoch=epoch)
-    return request_stop(store, run_id, source=source, epoch=epoch)
+        return cell_runs.stop_cell_run(run_id, source=source, store=store, epoch=epoch, who=who)
+    return request_stop(store, run_id, source=source, epoch=epoch, who=who)
 
 
 @validated("kx.core.control.force_stop", run_id=RUN_ID, source=SOURCE, store=STORE)
 def force_stop(
-    run_id: str, *, source: str = "api", store: Store | None = None, epoch: int | None = None
+    run_id: str,
+    *,
+    source: str = "api",
+    store: Store | None = None,
+    epoch: int | None = None,
+    who: str | None = None,
 ) -> str:
     """Ask run ``run_id`` to stop now: its step is cancelled (see ``Handle.force_stop``).
 
@@ -80,14 +91,14 @@ def force_stop(
     forced from another process: its stop lands when the cell ends (press the notebook's
     interrupt button twice to cancel the cell). Returns the run's status after the request.
     """
-    live = runtime().live_handle(run_id)
+    live = runtime().live_handle(run_id, store)
     if live is not None:
         live.force_stop(source=source)
         return str(Status.STOPPING)
     store = get_store(store)
-    status = stop(run_id, source=source, store=store, epoch=epoch)
+    status = stop(run_id, source=source, store=store, epoch=epoch, who=who)
     if status in LIVE and not is_cell_run(store.get_run(run_id)):
-        store.record_event(run_id, FORCE_REQUESTED, source=source)
+        store.record_event(run_id, FORCE_REQUESTED, source=source, who=who)
     return status
 
 
@@ -165,7 +176,7 @@ def resume(
 def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
     """The handle that shows run ``run_id``: the live one, a cell run's, or a detached one
     (for a run another process executes, or one that ended)."""
-    live = runtime().live_handle(run_id)
+    live = runtime().live_handle(run_id, store)
     if live is not None:
         return live
     store = get_store(store)

@@ -117,7 +117,7 @@ def act(
             }
         door = control.force_stop if action == "force" else control.stop
         try:  # the fence is checked again in the transaction that writes the request
-            status = door(run_id, source=source, store=store, epoch=epoch)
+            status = door(run_id, source=source, store=store, epoch=epoch, who=who)
         except OwnershipLost as exc:
             raise RunStateError(_stale(run_id, exc.epoch, epoch)) from None
         row = store.get_run(run_id)

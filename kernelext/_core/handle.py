@@ -156,7 +156,7 @@ def request_stop(
     answer is ``stopping``, known without reading the store. Any other run: the request
     is written to its row, where its owner's monitor sees it.
     """
-    handle = handle or runtime().live_handle(run_id)
+    handle = handle or runtime().live_handle(run_id, store)
     if handle is None or not handle.alive:
         result = store.request_stop(run_id, source=source, who=who, epoch=epoch)
         if result.ok:

@@ -58,6 +58,7 @@ class RunRow:
     stop_pending: str  # "stop pending since 2026-12-06 12:00:05 UTC (cli)", ""
     cell: bool  # %%agent notebook cells (a forced stop is the notebook's ■ there)
     here: bool  # executes in this process
+    epoch: int | None = None  # the run's owner_epoch as read: a click carries it (a fence)
 
     @property
     def live(self) -> bool:
@@ -74,7 +75,8 @@ class RunRow:
 
 @dataclass(frozen=True)
 class Overview:
-    """The rows shown (the latest ``SHOWN`` runs, oldest first) and what was left out."""
+    """The rows shown (every run that is live or waits for a person, then the latest
+    others, ``SHOWN`` at most, oldest first) and how many were left out."""
 
     rows: list[RunRow]
     now: dt.datetime  # the store's clock when read (naive UTC)
@@ -97,7 +99,11 @@ class Overview:
             for status, n in sorted(self.counts.items(), key=lambda kv: order.index(kv[0]))
         )
         head = counted(self.total, f"{scope.strip()} run".strip())
-        shown = f" (the latest {len(self.rows)} shown)" if self.hidden else ""
+        shown = (
+            f" ({len(self.rows)} shown: those live or waiting for you, then the latest)"
+            if self.hidden
+            else ""
+        )
         return f"{head}: {parts}{shown}" if not self.status else f"{head}{shown}"
 
     def text(self) -> str:
@@ -118,7 +124,7 @@ def read_overview(
     counts: dict[str, int] = {}
     for row in found:
         counts[str(row["status"])] = counts.get(str(row["status"]), 0) + 1
-    shown = found[-limit:] if limit else []
+    shown = _shown(found, limit)
     reader = _Reader(store, shown, now)
     return Overview(
         rows=[reader.row(r) for r in shown],
@@ -127,6 +133,26 @@ def read_overview(
         hidden=len(found) - len(shown),
         counts=counts,
     )
+
+
+def _needs_someone(run: Mapping[str, Any]) -> bool:
+    """Live, or waiting for a person (an approval, an answer, a decision on unknowns)."""
+    status = run["status"]
+    if status in LIVE or status == Status.NEEDS_DECISION:
+        return True
+    return status == Status.SUSPENDED and run.get("reason") in (Reason.APPROVAL, Reason.INPUT)
+
+
+def _shown(found: Sequence[Mapping[str, Any]], limit: int) -> list[Mapping[str, Any]]:
+    """At most ``limit`` runs: those that need someone first, then the latest others."""
+    if limit <= 0:
+        return []
+    urgent = {i for i, run in enumerate(found) if _needs_someone(run)}
+    urgent = set(sorted(urgent)[-limit:])
+    others = [i for i in range(len(found)) if i not in urgent]
+    room = limit - len(urgent)
+    keep = urgent | set(others[len(others) - room :] if room > 0 else [])
+    return [run for i, run in enumerate(found) if i in keep]
 
 
 class _Reader:
@@ -151,7 +177,7 @@ class _Reader:
 
     def row(self, run: Mapping[str, Any]) -> RunRow:
         run_id, status = str(run["id"]), str(run["status"])
-        handle = runtime().live_handle(run_id) if status in LIVE else None
+        handle = runtime().live_handle(run_id, self.store) if status in LIVE else None
         engine = engine_of(handle.run) if handle is not None else None
         completed, total = int(run.get("completed_steps") or 0), run.get("total_steps")
         total = int(total) if total and completed <= int(total) else None
@@ -190,6 +216,7 @@ class _Reader:
             stop_pending=stop,
             cell=is_cell_run(dict(run)),
             here=handle is not None,
+            epoch=int(run["owner_epoch"]) if run.get("owner_epoch") is not None else None,
         )
 
     def _time_left(self, run_id: str, remaining: int) -> str:

@@ -189,11 +189,14 @@ class Runtime:
             self.limits.update(limits)  # the same limits: their slots are the process's
 
     # -- runs of this runtime -------------------------------------------------------------
-    def live_handle(self, run_id: str) -> Handle | None:
-        """The handle of run ``run_id`` if it executes in a worker thread of this runtime."""
+    def live_handle(self, run_id: str, store: Store | None = None) -> Handle | None:
+        """The handle of run ``run_id`` if it executes in a worker thread of this runtime
+        (with ``store``: in that store; a run of the same id in another store is not it)."""
         with self.live_lock:
             handle = self.live_runs.get(run_id)
-        if handle is not None and not handle.alive:
+        if handle is None or not handle.alive:
+            return None
+        if store is not None and handle.store.location != store.location:
             return None
         return handle
 
