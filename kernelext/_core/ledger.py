@@ -204,6 +204,28 @@ class Effect(CallArguments):
                 )
         step_key, step_ordinal, call_ordinal = slot or run.next_call()
         key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
+        if gated:  # what its approval request stores: every value of its data arguments
+            _SEEN[key] = self._redacted_args(
+                args, kwargs, 1 if digest == old else 2, bound, full=True
+            )
+        try:
+            return self._intent_or_replay(
+                run, key, (step_key, step_ordinal, call_ordinal), hashes, shown, gated
+            )
+        finally:
+            _SEEN.pop(key, None)
+
+    def _intent_or_replay(
+        self,
+        run: RunEngine,
+        key: uuid.UUID,
+        slot: tuple[str, int | None, int],
+        hashes: tuple[str, str | None],
+        shown: str,
+        gated: bool,
+    ) -> tuple[uuid.UUID, bool, Any]:
+        step_key, step_ordinal, call_ordinal = slot
+        digest, old = hashes
         row = run.effects.get(key)
         if row is not None:
             replay = self._replay(run, key, row, hash_for(row["args_hash"], digest, old), gated)
@@ -284,7 +306,9 @@ class Effect(CallArguments):
     def _approval(self, run: RunEngine, row: dict[str, Any]) -> Any:
         """The id of the approved request for this call; else the run suspends for one
         (``approvals.approval_for_call``)."""
-        return approval_for_call(run, self.tool, row)
+        return approval_for_call(
+            run, self.tool, {**row, "args": _SEEN.get(row["key"], row["args"])}
+        )
 
     # -- the call itself -----------------------------------------------------------
     @staticmethod
@@ -462,6 +486,9 @@ class Effect(CallArguments):
 
 
 _PERFORM = object()
+# A gated call's arguments with every value of its data arguments, by effect key, while the
+# call is prepared: what its approval request stores (``effects.args`` keeps a summary).
+_SEEN: dict[uuid.UUID, str] = {}
 
 
 def _describe(exc: BaseException) -> str:

@@ -126,6 +126,24 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
         )
         return rows[0] if rows else None
 
+    def approval(self, ident: uuid.UUID) -> dict[str, Any] | None:
+        """Request ``ident`` (its id, or the newest request of an effect key)."""
+        rows = self.read_dicts(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ? OR key = ?"
+            " ORDER BY id = ? DESC, requested_at DESC LIMIT 1",
+            (ident, ident, ident),
+        )
+        return rows[0] if rows else None
+
+    def previous_approval(self, tool: str, before: dt.datetime) -> dict[str, Any] | None:
+        """The newest approved request of ``tool`` requested before ``before`` (any run)."""
+        rows = self.read_dicts(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tool = ? AND decision = ?"
+            " AND requested_at < ? ORDER BY requested_at DESC, id DESC LIMIT 1",
+            (tool, APPROVED, before),
+        )
+        return rows[0] if rows else None
+
     def approval_rows(
         self, *, run_id: str | None = None, key: uuid.UUID | None = None
     ) -> list[dict[str, Any]]:
@@ -159,11 +177,13 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
         who: str,
         note: str | None,
         source: str = "api",
+        detail: dict[str, Any] | None = None,
     ) -> Decision:
         """Approve or reject request ``ident`` (its id, or the key of the effect call:
         then its current request, while that key has had one request). Exactly one
         decision wins; any other attempt (a second decision, a consumed, superseded or
-        expired request, an unknown id) changes nothing and is refused in the result."""
+        expired request, an unknown id) changes nothing and is refused in the result.
+        ``detail``: more for the decision's event (an approval of data nobody saw)."""
         if decision not in (APPROVED, REJECTED):
             raise ValueError(f"decision must be {APPROVED!r} or {REJECTED!r}, not {decision!r}")
 
@@ -206,6 +226,7 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
                     "tool": row["tool"],
                     "decision": decision,
                     "args_hash": row["args_hash"],
+                    **(detail or {}),
                 },
             )
             return Decision(row)
