@@ -30,9 +30,9 @@ __all__ = ["register"]
 def approvals_command(args: argparse.Namespace, store: Store) -> int:
     """The ``approvals`` command: ``args.run`` (optional), ``args.json``, ``args.show`` (one
     request with every value of its data arguments) and ``args.out``."""
-    if args.show is not None:
+    if getattr(args, "show", None) is not None:
         return show_command(args, store)
-    if args.out is not None:
+    if getattr(args, "out", None) is not None:
         raise CommandUsageError("--out FILE writes a request's data: pass --show ID with it.")
     requests = approvals.approvals(args.run, store=store)
     asked = questions.questions(args.run, store=store)
