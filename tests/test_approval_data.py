@@ -176,3 +176,61 @@ def test_the_changes_since_the_previously_approved_call_are_shown(
     assert code == 0
     assert f"since the approved request {first.id}" in shown
     assert "rows: 1 changed, 0 added, 0 removed: (user0500, 10) -> (user0500, 250000)" in shown
+
+
+# -- approve with edits ----------------------------------------------------------------------
+def single_payer(server: DeliveryServer) -> kx.Agent:
+    @kx.effect(needs_approval=True)
+    def pay(to: str, amount: int, *, idempotency_key: str | None = None) -> Any:
+        body = {"to": to, "amount": amount}
+        return post_json(server.url + "/pay", body, idempotency_key=idempotency_key).body
+
+    @kx.agent(name=name("edit-payer"))
+    def agent(run: kx.Run, to: str, amount: int) -> Any:
+        with run.step("pay"):  # the second call waits: the step runs again, the first replays
+            return [pay(to, amount)["delivery"], pay("carol", 50)["delivery"]]
+
+    return agent
+
+
+@pytest.mark.parametrize("where", ["api", "cli"])
+def test_a_call_approved_with_edits_is_made_once_with_them_and_both_are_kept(
+    where: str,
+    store: Store,
+    delivery_server: DeliveryServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run_id = name("edit-" + where)
+    agent = single_payer(delivery_server)
+    assert agent.start("bob", 500, run_id=run_id).wait(WAIT) == "suspended"
+    [request] = kx.approvals(run_id)
+    with pytest.raises(LedgerError, match=r"no argument 'amonut' to edit"):
+        request.approve(edit={"amonut": 100})
+    if where == "api":
+        handle = request.approve(note="capped", edit={"amount": 100})
+    else:
+        code, said = command(
+            store, capsys, "approve", str(request.id), "--edit", "amount=100", "--note", "capped"
+        )
+        assert code == 0 and 'edited arguments {"to": "bob", "amount": 100}' in said, said
+        handle = kx.resume(run_id)
+    assert handle.wait(WAIT) == "suspended"  # carol's call waits
+    [carol] = kx.approvals(run_id)
+    assert carol.approve().wait(WAIT) == "completed"  # bob's edited call replayed, not made
+    assert [d["body"] for d in delivery_server.deliveries] == [
+        {"to": "bob", "amount": 100},
+        {"to": "carol", "amount": 50},
+    ]
+    # the ledger: the call made; the request: the original and the edited call, bound
+    effect = store.effect(request.key)
+    assert effect is not None and json.loads(effect["args"]) == {"to": "bob", "amount": 100}
+    row, _carol = store.approval_rows(run_id=run_id)
+    assert json.loads(row["args"]) == {"to": "bob", "amount": 500}
+    assert json.loads(row["edited_args"]) == {"to": "bob", "amount": 100}
+    assert row["edited_args_hash"] == effect["args_hash"] != row["args_hash"]
+    decided, _ = [e for e in store.events(run_id) if e["kind"] == "approval_decided"]
+    assert json.loads(decided["detail"])["edit"] == {"amount": {"from": 500, "to": 100}}
+    # a restart from the step replays the edited call it carries: nothing is sent again
+    again = kx.restart(run_id, from_step=0, new_run_id=run_id + "-again")
+    assert again.wait(WAIT) == "completed"
+    assert delivery_server.count() == 2

@@ -15,6 +15,7 @@ run goes on at its next resume, where its agent is defined.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +136,11 @@ def _write_data(data: dict[str, DataArgument], out: Path) -> list[Path]:
 
 
 def _decide(args: argparse.Namespace, store: Store, decide: Any) -> int:
-    unseen = {"unseen": True} if getattr(args, "unseen_data", False) else {}
+    extras: dict[str, Any] = {"unseen": True} if getattr(args, "unseen_data", False) else {}
+    if getattr(args, "edit", None):
+        extras["edit"] = dict(args.edit)
     try:
-        item = decide(args.key, note=args.note, store=store, source="cli", **unseen)
+        item = decide(args.key, note=args.note, store=store, source="cli", **extras)
     except LedgerError as exc:
         raise CommandUsageError(str(exc)) from None
     if args.json:
@@ -145,7 +148,13 @@ def _decide(args: argparse.Namespace, store: Store, decide: Any) -> int:
     else:
         print(
             f"{item.tool} of run {item.run_id} (request {item.id}): {item.decision}, with "
-            f"arguments {compact_text(item.args) or '{}'}. The run "
+            + (
+                f"edited arguments {compact_text(item.edited_args)} (requested: "
+                f"{compact_text(item.args)})"
+                if item.edited_args
+                else f"arguments {compact_text(item.args) or '{}'}"
+            )
+            + ". The run "
             f"goes on at its next resume: kx.resume({item.run_id!r}) where its agent is "
             f"defined, or %agent resume {item.run_id}."
         )
@@ -181,6 +190,19 @@ def answer_command(args: argparse.Namespace, store: Store) -> int:
     return Exit.DONE
 
 
+def edit_pair(text: str) -> tuple[str, Any]:
+    """``amount=100`` -> ``("amount", 100)``; a VALUE that is not JSON is text."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(
+            f"--edit takes NAME=VALUE (e.g. --edit amount=100), not {text!r}"
+        )
+    try:
+        return name.strip(), json.loads(value)
+    except ValueError:
+        return name.strip(), value
+
+
 def register(add: AddCommand) -> None:
     """Add ``approvals``, ``approve``, ``reject`` and ``answer`` to the command line."""
     sub = add("approvals", approvals_command, "List approval requests and questions that wait.")
@@ -207,6 +229,14 @@ def register(add: AddCommand) -> None:
         )
         sub.add_argument("--note", help="why (kept with the decision)")
         if verb == "approve":
+            sub.add_argument(
+                "--edit",
+                metavar="NAME=VALUE",
+                action="append",
+                type=edit_pair,
+                help="make the call with this argument changed (VALUE read as JSON, else "
+                "as text); repeat for several; the request keeps the original",
+            )
             sub.add_argument(
                 "--unseen-data",
                 action="store_true",

@@ -31,6 +31,7 @@ from .._validate import (
 from ..errors import EffectRejected, LedgerError
 from ..status import Reason
 from . import data_args
+from .approval_extras import check_edit, decision_extras
 from .control import resume_if_here
 from .data_args import DataArgument, DataDiff, compact_text
 from .runtime import get_store, runtime
@@ -129,14 +130,16 @@ def decide_request(
     note: str | None,
     source: str = "api",
     unseen: bool = False,
+    edit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Approve or reject request ``ident`` (its id, or an effect key with one request);
     returns the decided row. Any decision that cannot be made raises ``LedgerError``
     saying why and what to do instead; nothing changes then. A request with data too large
-    to show is approved only with ``unseen=True``, which its event records."""
-    detail = _unseen_detail(store, ident, unseen) if decision == APPROVED else None
+    to show is approved only with ``unseen=True``, which its event records; ``edit``: the
+    call is made with these arguments changed (``approval_extras``)."""
+    detail, edited = decision_extras(store, ident, decision, unseen, edit)
     result = store.decide_approval(
-        ident, decision, who=who, note=note, source=source, detail=detail
+        ident, decision, who=who, note=note, source=source, detail=detail, edit=edited
     )
     if result.refused is None and result.row is not None:
         return result.row
@@ -149,20 +152,6 @@ def decide_request(
     if result.refused == SEVERAL_REQUESTS:
         raise LedgerError(several_requests(result.row, list(result.ids)))
     raise LedgerError(refusal(result.row, store.now()))
-
-
-def _unseen_detail(store: Store, ident: uuid.UUID, unseen: bool) -> dict[str, Any] | None:
-    """The event's record of an approval of data nobody saw (refused without ``unseen``)."""
-    row = store.approval(ident)
-    if row is None or row["decision"] is not None or row["consumed_at"] is not None:
-        return None  # the decision says why it is refused
-    blind = data_args.unseen_data(json.loads(row["args"]) if row["args"] else {})
-    if not blind:
-        return None
-    if not unseen:
-        what = f"Approval {row['id']} ({row['tool']} in run {row['run_id']!r})"
-        raise LedgerError(data_args.unseen_refusal(what, blind, row["id"]))
-    return {"unseen_data": {data.name: data.row_count for data in blind}}
 
 
 def several_requests(row: dict[str, Any], ids: list[Any]) -> str:
@@ -223,6 +212,7 @@ class Approval:
         self.requested_at: dt.datetime = row["requested_at"]
         self.expires_at: dt.datetime | None = row["expires_at"]
         self.decision: str | None = row["decision"]
+        self.edited_args: str | None = row.get("edited_args")  # approved with edits: the call
         self.handle: Any = None  # the run's new handle once a decision resumed it
 
     @property
@@ -252,7 +242,9 @@ class Approval:
     def time_left(self) -> str:
         return time_left_text(self.expires_at, self.store.now())
 
-    @validated("Approval.approve", note=NOTE, source=SOURCE, resume=FLAG, unseen=FLAG)
+    @validated(
+        "Approval.approve", note=NOTE, source=SOURCE, resume=FLAG, unseen=FLAG, edit=check_edit
+    )
     def approve(
         self,
         note: str | None = None,
@@ -260,11 +252,13 @@ class Approval:
         source: str = "api",
         resume: bool = True,
         unseen: bool = False,
+        edit: dict[str, Any] | None = None,
     ) -> Any:
         """Allow this one call, with these arguments, once. Resumes the run when this
         process runs it (returns its new handle); else its next ``kx.resume`` goes on.
-        ``unseen=True``: approve data too large to show, knowingly (recorded)."""
-        return self._decide(APPROVED, note, source, resume, unseen)
+        ``unseen=True``: approve data too large to show, knowingly (recorded);
+        ``edit={"amount": 100}``: the call is made with these arguments changed."""
+        return self._decide(APPROVED, note, source, resume, unseen=unseen, edit=edit)
 
     @validated("Approval.reject", note=NOTE, source=SOURCE, resume=FLAG)
     def reject(self, note: str | None = None, *, source: str = "api", resume: bool = True) -> Any:
@@ -272,11 +266,11 @@ class Approval:
         return self._decide(REJECTED, note, source, resume)
 
     def _decide(
-        self, decision: str, note: str | None, source: str, resume: bool, unseen: bool = False
+        self, decision: str, note: str | None, source: str, resume: bool, **extras: Any
     ) -> Any:
         note = (note or "").strip() or None
         self.row = decide_request(
-            self.store, self.id, decision, who=actor(), note=note, source=source, unseen=unseen
+            self.store, self.id, decision, who=actor(), note=note, source=source, **extras
         )
         self.decision = decision
         if resume:
@@ -296,9 +290,10 @@ class Approval:
 
     def __repr__(self) -> str:
         if self.decision is not None:  # what was decided: these very arguments
+            edited = " with edits" if self.edited_args else ""
             return (
-                f"<approval request {self.id} {self.decision}: {self.tool}"
-                f"({compact_text(self.args)}) "
+                f"<approval request {self.id} {self.decision}{edited}: {self.tool}"
+                f"({compact_text(self.edited_args or self.args)}) "
                 f"run={self.run_id} {self.step_text}>"
             )
         return f"<approval request {self.describe()} open>"
@@ -374,6 +369,7 @@ def _named(row: dict[str, Any], prefix: str) -> bool:
     source=SOURCE,
     resume=FLAG,
     unseen=FLAG,
+    edit=check_edit,
 )
 def approve(
     ident: str | uuid.UUID,
@@ -383,14 +379,17 @@ def approve(
     source: str = "api",
     resume: bool = True,
     unseen: bool = False,
+    edit: dict[str, Any] | None = None,
 ) -> Approval:
     """``kx.approve(ident)``: approve the request ``ident``, a request id or an effect key
     (whole, or a unique prefix of an open one; by key only while that key has had one
     request), as ``kernelext approve ID`` does. Records who, when and ``note``, resumes the
     run when this process runs it (``resume=False``: not), and returns the decided
     :class:`Approval`. ``unseen=True``: approve data too large to show (more than
-    ``CELL_LIMIT`` cells), knowingly; its event records it (refused without)."""
-    return _decide(ident, APPROVED, note, store, source, resume, unseen)
+    ``CELL_LIMIT`` cells), knowingly; its event records it (refused without).
+    ``edit={"amount": 100}``: the call is made with these arguments changed; the request
+    keeps the original and the edited call, its event both."""
+    return _decide(ident, APPROVED, note, store, source, resume, unseen=unseen, edit=edit)
 
 
 @validated(
@@ -421,7 +420,7 @@ def _decide(
     store: Store | None,
     source: str,
     resume: bool,
-    unseen: bool = False,
+    **extras: Any,
 ) -> Approval:
     store = get_store(store)
     row = decide_request(
@@ -431,7 +430,7 @@ def _decide(
         who=actor(),
         note=(note or "").strip() or None,
         source=source,
-        unseen=unseen,
+        **extras,
     )
     item = Approval(store, row)
     if resume:
