@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.http_server import DeliveryServer, post_json
 from support.live import name
 
@@ -234,3 +236,60 @@ def test_a_call_approved_with_edits_is_made_once_with_them_and_both_are_kept(
     again = kx.restart(run_id, from_step=0, new_run_id=run_id + "-again")
     assert again.wait(WAIT) == "completed"
     assert delivery_server.count() == 2
+
+
+# -- the model: every row stored, and the changes found, for generated tables ----------------
+numbers = st.one_of(st.integers(-(2**40), 2**40), st.none())
+texts = st.one_of(st.text(max_size=6), st.none())
+floats = st.one_of(st.floats(allow_nan=False), st.none())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(numbers, texts, floats), max_size=40))
+def test_every_row_of_a_generated_table_is_stored_as_it_is(rows: list[tuple[Any, ...]]) -> None:
+    from kernelext._core.data_args import data_arguments
+    from kernelext._core.keys import display_args
+
+    columns = {"n": pa.int64(), "t": pa.string(), "x": pa.float64()}
+    table = pa.table(
+        {
+            name: pa.array([r[i] for r in rows], kind)
+            for i, (name, kind) in enumerate(columns.items())
+        }
+    )
+    stored = data_arguments(json.loads(display_args({"rows": table}, full=True)))["rows"]
+    assert stored.rows == [list(r.values()) for r in table.to_pylist()]
+    assert stored.row_count == table.num_rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 10**6), max_size=30),
+    st.sets(st.integers(0, 29)),
+    st.sets(st.integers(0, 29)),
+    st.integers(0, 5),
+)
+def test_the_changes_found_are_the_changes_made(
+    amounts: list[int], dropped: set[int], changed: set[int], added: int
+) -> None:
+    from kernelext._core.data_args import data_arguments, data_diff
+    from kernelext._core.keys import display_args
+
+    before = pd.DataFrame({"id": [f"p{i}" for i in range(len(amounts))], "amount": amounts})
+    after = before.copy()
+    changed = {i for i in changed if i < len(amounts)} - dropped
+    for i in changed:
+        after.loc[i, "amount"] = amounts[i] + 1
+    after = after.drop(index=[i for i in dropped if i < len(amounts)])
+    extra = pd.DataFrame({"id": [f"new{i}" for i in range(added)], "amount": [1] * added})
+    after = pd.concat([after, extra], ignore_index=True) if added else after
+
+    def stored(frame: pd.DataFrame) -> Any:
+        return data_arguments(json.loads(display_args({"rows": frame}, full=True)))["rows"]
+
+    diff = data_diff(stored(before), stored(after))
+    assert sorted(old[0] for old, _new in diff.changed) == sorted(f"p{i}" for i in changed)
+    assert sorted(row[0] for row in diff.removed) == sorted(
+        f"p{i}" for i in dropped if i < len(amounts)
+    )
+    assert sorted(row[0] for row in diff.added) == [f"new{i}" for i in range(added)]

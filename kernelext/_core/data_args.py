@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -240,15 +241,17 @@ def _row_text(row: list[str]) -> str:
 def data_diff(old: DataArgument, new: DataArgument) -> DataDiff:
     """Rows added, removed and changed from ``old`` to ``new``: rows are matched by their
     first column when it is unique in both tables of the same columns (by position for two
-    arrays of one shape), else compared as a multiset (added and removed only)."""
+    arrays of one shape), else compared as a multiset (added and removed only). A pandas
+    index that only one of them has as a column (rows were dropped) is left out."""
     diff = DataDiff(new.name)
     if old.unseen or new.unseen:
         diff.note = "not compared: the values of one of them were not stored"
         return diff
-    if old.header != new.header:
-        diff.note = f"columns changed from ({', '.join(old.header)}) to ({', '.join(new.header)})"
-    before, after = list(old.table_rows()), list(new.table_rows())
-    keyed = _keys(old, before) if not diff.note else None
+    (head, before), (head_after, after) = _comparable(old, new)
+    if head != head_after:
+        diff.note = f"columns changed from ({', '.join(head)}) to ({', '.join(head_after)})"
+        return diff
+    keyed = _keys(old, before)
     keys_after = _keys(new, after) if keyed is not None else None
     if keyed is None or keys_after is None:
         extra, missing = Counter(map(tuple, after)), Counter(map(tuple, before))
@@ -264,6 +267,23 @@ def data_diff(old: DataArgument, new: DataArgument) -> DataDiff:
             diff.changed.append((was, row))
     diff.removed = list(by_key.values())
     return diff
+
+
+_INDEX = re.compile(r"__index_level_\d+__")
+
+
+def _comparable(
+    old: DataArgument, new: DataArgument
+) -> tuple[tuple[list[str], list[list[str]]], tuple[list[str], list[list[str]]]]:
+    """Each side's header and rows, without the index columns when they are the only
+    difference between the headers."""
+    sides = [(data.header, list(data.table_rows())) for data in (old, new)]
+    plain = [[i for i, name in enumerate(head) if not _INDEX.fullmatch(name)] for head, _ in sides]
+    named = [[sides[s][0][i] for i in plain[s]] for s in (0, 1)]
+    if sides[0][0] == sides[1][0] or named[0] != named[1]:
+        return sides[0], sides[1]
+    kept = [(named[s], [[row[i] for i in plain[s]] for row in sides[s][1]]) for s in (0, 1)]
+    return kept[0], kept[1]
 
 
 def _keys(data: DataArgument, rows: list[list[str]]) -> list[str] | None:
