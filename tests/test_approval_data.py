@@ -249,6 +249,7 @@ floats = st.one_of(st.floats(allow_nan=False), st.none())
 def test_every_row_of_a_generated_table_is_stored_as_it_is(rows: list[tuple[Any, ...]]) -> None:
     from kernelext._core.data_args import data_arguments
     from kernelext._core.keys import display_args
+    from kernelext._core.tagged import untag
 
     columns = {"n": pa.int64(), "t": pa.string(), "x": pa.float64()}
     table = pa.table(
@@ -258,7 +259,7 @@ def test_every_row_of_a_generated_table_is_stored_as_it_is(rows: list[tuple[Any,
         }
     )
     stored = data_arguments(json.loads(display_args({"rows": table}, full=True)))["rows"]
-    assert stored.rows == [list(r.values()) for r in table.to_pylist()]
+    assert untag(stored.rows) == [list(r.values()) for r in table.to_pylist()]  # inf: tagged
     assert stored.row_count == table.num_rows
 
 

@@ -140,7 +140,8 @@ def _decide(args: argparse.Namespace, store: Store, decide: Any) -> int:
     if getattr(args, "edit", None):
         extras["edit"] = dict(args.edit)
     try:
-        item = decide(args.key, note=args.note, store=store, source="cli", **extras)
+        # never resumes: the run goes on where its agent is defined (see the module text)
+        item = decide(args.key, note=args.note, store=store, source="cli", resume=False, **extras)
     except LedgerError as exc:
         raise CommandUsageError(str(exc)) from None
     if args.json:
