@@ -29,11 +29,13 @@ from kernelext._core.approvals import Approval, approvals
 from kernelext._core.asking import parse_answer
 from kernelext._core.colours import BAD, REQUEST_COLOURS
 from kernelext._core.control import resume_if_here
+from kernelext._core.data_args import argument_text
 from kernelext._core.from_elsewhere import store_address
 from kernelext._core.questions import Question, questions
 from kernelext._formatting import moment_text
 from kernelext.status import Reason, Status
 
+from ._data_view import data_box
 from ._stop_buttons import DecisionButtons
 
 __all__ = [
@@ -67,8 +69,8 @@ def _resumed_text(handle: Any, done: str) -> str:
 def args_html(arguments: dict[str, Any]) -> str:
     rows = "".join(
         f"<tr><td><code>{html.escape(str(k))}</code></td>"
-        f"<td><code>{html.escape(json.dumps(v, default=str))}</code></td></tr>"
-        for k, v in arguments.items()
+        f"<td><code>{html.escape(argument_text(v))}</code></td></tr>"
+        for k, v in arguments.items()  # a data argument: its summary; every row below
     )
     return f'<table class="kernelext-approval-args">{rows}</table>'
 
@@ -82,6 +84,7 @@ class ApprovalCard(w.VBox):
         self.handle: Any = None
         self.header = w.HTML()
         self.args = w.HTML(args_html(item.arguments))
+        self.data = data_box(item)  # every row of its data arguments, a page at a time
         self.note = w.Text(placeholder="note for the record (optional)")
         self.note.add_class("kernelext-approval-note")
         self.approve_button = w.Button(
@@ -115,7 +118,11 @@ class ApprovalCard(w.VBox):
             ),
         )
         super().__init__(
-            children=[self.header, self.args, self.buttons, self.message],
+            children=[
+                part
+                for part in (self.header, self.args, self.data, self.buttons, self.message)
+                if part is not None
+            ],
             layout=w.Layout(
                 border=f"1px solid {REQUEST_COLOURS['approval']}", padding="2px 8px", margin="4px 0"
             ),

@@ -212,6 +212,8 @@ class ToolCall(Effect):
     effect; the call itself is awaited, then its outcome is recorded by ``Effect``'s own
     code (``applied`` with the result as JSON, ``failed``, or ``unknown`` if cancelled)."""
 
+    editable = False  # sent by ``send`` as the agent made it: an edit cannot reach it
+
     def __init__(
         self,
         tool: str,

@@ -342,8 +342,10 @@ class ModelCall(Effect):
         kwargs: dict[str, Any],
         scheme: int,
         bound: dict[str, Any] | None = None,
+        *,
+        full: bool = False,
     ) -> str:
-        return display_args(kwargs, scheme, tool=self.tool)
+        return display_args(kwargs, scheme, tool=self.tool, full=full)
 
     # -- the call: the ledger's, deferred for streams and coroutines ------------------------
     def _replay(self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:

@@ -30,7 +30,10 @@ from .._validate import (
 )
 from ..errors import EffectRejected, LedgerError
 from ..status import Reason
+from . import data_args
+from .approval_extras import check_edit, decision_extras
 from .control import resume_if_here
+from .data_args import DataArgument, DataDiff, compact_text
 from .runtime import get_store, runtime
 from .waiting import Waiting, wait_for_person
 
@@ -126,11 +129,18 @@ def decide_request(
     who: str,
     note: str | None,
     source: str = "api",
+    unseen: bool = False,
+    edit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Approve or reject request ``ident`` (its id, or an effect key with one request);
     returns the decided row. Any decision that cannot be made raises ``LedgerError``
-    saying why and what to do instead; nothing changes then."""
-    result = store.decide_approval(ident, decision, who=who, note=note, source=source)
+    saying why and what to do instead; nothing changes then. A request with data too large
+    to show is approved only with ``unseen=True``, which its event records; ``edit``: the
+    call is made with these arguments changed (``approval_extras``)."""
+    detail, edited = decision_extras(store, ident, decision, unseen, edit)
+    result = store.decide_approval(
+        ident, decision, who=who, note=note, source=source, detail=detail, edit=edited
+    )
     if result.refused is None and result.row is not None:
         return result.row
     if result.refused == NO_SUCH_REQUEST or result.row is None:
@@ -150,7 +160,7 @@ def several_requests(row: dict[str, Any], ids: list[Any]) -> str:
         f"Effect key {row['key']} ({row['tool']} in run {row['run_id']!r}) has had "
         f"{len(ids)} approval requests ({', '.join(str(i) for i in ids)}): its arguments "
         "changed between them, so the key does not say which call you saw. Decide by request "
-        f"id (the newest, {ids[-1]}, has arguments {row['args']}); see "
+        f"id (the newest, {ids[-1]}, has arguments {compact_text(row['args'])}); see "
         f"kx.approvals({row['run_id']!r}) or `kernelext approvals`."
     )
 
@@ -197,11 +207,12 @@ class Approval:
         self.step: str = row["step"]
         self.step_ordinal: int | None = row.get("step_ordinal")
         self.tool: str = row["tool"]
-        self.args: str | None = row["args"]  # redacted, as JSON text
+        self.args: str | None = row["args"]  # redacted, as JSON text, data with every value
         self.args_hash: str = row["args_hash"]
         self.requested_at: dt.datetime = row["requested_at"]
         self.expires_at: dt.datetime | None = row["expires_at"]
         self.decision: str | None = row["decision"]
+        self.edited_args: str | None = row.get("edited_args")  # approved with edits: the call
         self.handle: Any = None  # the run's new handle once a decision resumed it
 
     @property
@@ -211,24 +222,55 @@ class Approval:
         return decoded if isinstance(decoded, dict) else {"args": decoded}
 
     @property
+    def data(self) -> dict[str, DataArgument]:
+        """Its data arguments (arrays, tables) by name, each with every row as stored."""
+        return data_args.data_arguments(self.arguments)
+
+    @property
+    def previous(self) -> Approval | None:
+        """The previously approved request of the same tool (any run), if any."""
+        row = self.store.previous_approval(self.tool, self.requested_at)
+        return Approval(self.store, row) if row is not None else None
+
+    @property
+    def changes(self) -> list[DataDiff]:
+        """How each data argument differs from the previously approved call of the tool."""
+        previous = self.previous
+        return data_args.changes(previous.args, self.args) if previous is not None else []
+
+    @property
     def time_left(self) -> str:
         return time_left_text(self.expires_at, self.store.now())
 
-    @validated("Approval.approve", note=NOTE, source=SOURCE, resume=FLAG)
-    def approve(self, note: str | None = None, *, source: str = "api", resume: bool = True) -> Any:
+    @validated(
+        "Approval.approve", note=NOTE, source=SOURCE, resume=FLAG, unseen=FLAG, edit=check_edit
+    )
+    def approve(
+        self,
+        note: str | None = None,
+        *,
+        source: str = "api",
+        resume: bool = True,
+        unseen: bool = False,
+        edit: dict[str, Any] | None = None,
+    ) -> Any:
         """Allow this one call, with these arguments, once. Resumes the run when this
-        process runs it (returns its new handle); else its next ``kx.resume`` goes on."""
-        return self._decide(APPROVED, note, source, resume)
+        process runs it (returns its new handle); else its next ``kx.resume`` goes on.
+        ``unseen=True``: approve data too large to show, knowingly (recorded);
+        ``edit={"amount": 100}``: the call is made with these arguments changed."""
+        return self._decide(APPROVED, note, source, resume, unseen=unseen, edit=edit)
 
     @validated("Approval.reject", note=NOTE, source=SOURCE, resume=FLAG)
     def reject(self, note: str | None = None, *, source: str = "api", resume: bool = True) -> Any:
         """Refuse the call: on resume the agent gets ``kx.EffectRejected`` at it."""
         return self._decide(REJECTED, note, source, resume)
 
-    def _decide(self, decision: str, note: str | None, source: str, resume: bool) -> Any:
+    def _decide(
+        self, decision: str, note: str | None, source: str, resume: bool, **extras: Any
+    ) -> Any:
         note = (note or "").strip() or None
         self.row = decide_request(
-            self.store, self.id, decision, who=actor(), note=note, source=source
+            self.store, self.id, decision, who=actor(), note=note, source=source, **extras
         )
         self.decision = decision
         if resume:
@@ -242,14 +284,16 @@ class Approval:
 
     def describe(self) -> str:
         return (
-            f"{self.tool}({self.args or ''}) run={self.run_id} {self.step_text} "
+            f"{self.tool}({compact_text(self.args)}) run={self.run_id} {self.step_text} "
             f"id={self.id} {self.time_left}"
         )
 
     def __repr__(self) -> str:
         if self.decision is not None:  # what was decided: these very arguments
+            edited = " with edits" if self.edited_args else ""
             return (
-                f"<approval request {self.id} {self.decision}: {self.tool}({self.args or ''}) "
+                f"<approval request {self.id} {self.decision}{edited}: {self.tool}"
+                f"({compact_text(self.edited_args or self.args)}) "
                 f"run={self.run_id} {self.step_text}>"
             )
         return f"<approval request {self.describe()} open>"
@@ -324,6 +368,8 @@ def _named(row: dict[str, Any], prefix: str) -> bool:
     store=STORE,
     source=SOURCE,
     resume=FLAG,
+    unseen=FLAG,
+    edit=check_edit,
 )
 def approve(
     ident: str | uuid.UUID,
@@ -332,13 +378,18 @@ def approve(
     store: Store | None = None,
     source: str = "api",
     resume: bool = True,
+    unseen: bool = False,
+    edit: dict[str, Any] | None = None,
 ) -> Approval:
     """``kx.approve(ident)``: approve the request ``ident``, a request id or an effect key
     (whole, or a unique prefix of an open one; by key only while that key has had one
     request), as ``kernelext approve ID`` does. Records who, when and ``note``, resumes the
     run when this process runs it (``resume=False``: not), and returns the decided
-    :class:`Approval`."""
-    return _decide(ident, APPROVED, note, store, source, resume)
+    :class:`Approval`. ``unseen=True``: approve data too large to show (more than
+    ``CELL_LIMIT`` cells), knowingly; its event records it (refused without).
+    ``edit={"amount": 100}``: the call is made with these arguments changed; the request
+    keeps the original and the edited call, its event both."""
+    return _decide(ident, APPROVED, note, store, source, resume, unseen=unseen, edit=edit)
 
 
 @validated(
@@ -369,6 +420,7 @@ def _decide(
     store: Store | None,
     source: str,
     resume: bool,
+    **extras: Any,
 ) -> Approval:
     store = get_store(store)
     row = decide_request(
@@ -378,6 +430,7 @@ def _decide(
         who=actor(),
         note=(note or "").strip() or None,
         source=source,
+        **extras,
     )
     item = Approval(store, row)
     if resume:

@@ -42,7 +42,11 @@ class CallArguments:
         kwargs: dict[str, Any],
         scheme: int,
         bound: dict[str, Any] | None = None,
+        *,
+        full: bool = False,
     ) -> str:
+        """The call's arguments as shown (``full``: with every value of its data arguments,
+        for an approval request)."""
         named: dict[str, Any]
         if bound is not None:
             named = bound
@@ -53,7 +57,7 @@ class CallArguments:
                 named = {"args": list(args), **kwargs}
         else:
             named = {"args": list(args), **kwargs}
-        return display_args(named, scheme, tool=self.tool)
+        return display_args(named, scheme, tool=self.tool, full=full)
 
     @functools.cached_property
     def _positional(self) -> tuple[str, ...]:

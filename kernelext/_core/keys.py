@@ -161,14 +161,17 @@ def hash_for(row_hash: str, new: str, old: str | None) -> str:
 
 
 # -- what a person sees ----------------------------------------------------------------------
-def redact(value: Any, name: str = "") -> Any:
+def redact(value: Any, name: str = "", *, full: bool = False) -> Any:
     """An argument as stored and shown: secrets by name become ``***redacted***``, secrets
     inside text ``***`` (see ``kernelext._core.secrets``), values JSON has no type for tagged
     (``{"$kx": "decimal", "v": "10"}``, see ``kernelext._core.canonical``). Raises
-    ``canonical.Unencodable`` for a value that has no faithful encoding."""
+    ``canonical.Unencodable`` for a value that has no faithful encoding. ``full``: data values
+    (arrays, tables) with every value, as an approval request stores them."""
     if name and is_secret_name(name):
         return REDACTED
-    return tagged(value, secret=is_secret_name, text=scrub_text, redacted=REDACTED, path=name)
+    return tagged(
+        value, secret=is_secret_name, text=scrub_text, redacted=REDACTED, path=name, full=full
+    )
 
 
 def _redact_v1(value: Any, name: str = "") -> Any:
@@ -185,12 +188,15 @@ def _redact_v1(value: Any, name: str = "") -> Any:
     return _type_name(value)
 
 
-def display_args(named: dict[str, Any], scheme: int = KEY_SCHEME, *, tool: str = "") -> str:
-    """``effects.args`` (and ``approvals.args``): the call's arguments by name, redacted."""
+def display_args(
+    named: dict[str, Any], scheme: int = KEY_SCHEME, *, tool: str = "", full: bool = False
+) -> str:
+    """``effects.args``: the call's arguments by name, redacted, data values summarised;
+    ``full=True``: ``approvals.args``, data values with every value (``data_args``)."""
     if scheme == 1:
         return json.dumps({k: _redact_v1(v, k) for k, v in named.items()}, default=_type_name)
     try:
-        return dumps_json({k: redact(v, k) for k, v in named.items()}).decode()
+        return dumps_json({k: redact(v, k, full=full) for k, v in named.items()}).decode()
     except Unencodable as exc:
         raise unencodable(tool or "the effect", exc) from None
 

@@ -34,6 +34,7 @@ from ..errors import (
     ResultNotStorable,
 )
 from ..status import EffectStatus
+from .approval_extras import apply_edit, edited_call, refuse_edit
 from .approvals import approval_for_call
 from .batch import current_item
 from .canonical import Unencodable
@@ -161,6 +162,7 @@ class Effect(CallArguments):
         key, call, replayed = self._prepare(run, args, kwargs)
         if not call:
             return replayed
+        args, kwargs = self._made_with(key, args, kwargs)
         return self._perform(run, key, args, kwargs)
 
     def _prepare(
@@ -204,9 +206,31 @@ class Effect(CallArguments):
                 )
         step_key, step_ordinal, call_ordinal = slot or run.next_call()
         key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
+        if gated:  # what its approval request stores: every value of its data arguments
+            full = self._redacted_args(args, kwargs, 1 if digest == old else 2, bound, full=True)
+            _SEEN[key] = (full, bound)
+        try:
+            return self._intent_or_replay(
+                run, key, (step_key, step_ordinal, call_ordinal), hashes, shown, gated
+            )
+        finally:
+            _SEEN.pop(key, None)
+
+    def _intent_or_replay(
+        self,
+        run: RunEngine,
+        key: uuid.UUID,
+        slot: tuple[str, int | None, int],
+        hashes: tuple[str, str | None],
+        shown: str,
+        gated: bool,
+    ) -> tuple[uuid.UUID, bool, Any]:
+        step_key, step_ordinal, call_ordinal = slot
+        digest, old = hashes
         row = run.effects.get(key)
         if row is not None:
-            replay = self._replay(run, key, row, hash_for(row["args_hash"], digest, old), gated)
+            expected = self._expected(run, key, row, hash_for(row["args_hash"], digest, old), gated)
+            replay = self._replay(run, key, row, expected, gated)
             if replay is not _PERFORM:
                 return key, False, replay
         else:
@@ -225,6 +249,7 @@ class Effect(CallArguments):
             if existing is not None:
                 known = {**row, **existing}
                 expected = hash_for(known["args_hash"], digest, old)
+                expected = self._expected(run, key, known, expected, gated)
                 replay = self._replay(run, key, known, expected, gated)
                 if replay is not _PERFORM:
                     return key, False, replay
@@ -247,8 +272,13 @@ class Effect(CallArguments):
                 return run.store.write_intent(row)
         for _ in range(2):  # an approval that lapsed meanwhile: the second look asks again
             grant = self._approval(run, row)
+            made = self._edited(run, row, grant)  # approved with edits: the edited call
             with run.force.critical():
-                consumed, existing = run.store.write_intent_consuming_approval(row, grant)
+                consumed, existing = run.store.write_intent_consuming_approval(made, grant)
+            if consumed:
+                row.update(args_hash=made["args_hash"], args=made["args"])
+            else:
+                _EDITED.pop(row["key"], None)
             if existing is not None or consumed:
                 return existing
         raise LedgerError(f"The approval of {self.tool} (key {row['key']}) could not be used.")
@@ -260,6 +290,8 @@ class Effect(CallArguments):
         if gated:
             for _ in range(2):
                 grant = self._approval(run, row)
+                if (run.store.approval(grant) or {}).get("edit") is not None:
+                    raise refuse_edit(self.tool, grant, again=True)
                 with run.force.critical():
                     if run.store.consume_approval(grant, run.id):
                         break
@@ -284,7 +316,43 @@ class Effect(CallArguments):
     def _approval(self, run: RunEngine, row: dict[str, Any]) -> Any:
         """The id of the approved request for this call; else the run suspends for one
         (``approvals.approval_for_call``)."""
-        return approval_for_call(run, self.tool, row)
+        seen = _SEEN.get(row["key"])
+        return approval_for_call(run, self.tool, {**row, "args": seen[0] if seen else row["args"]})
+
+    # -- approved with edits (``approval_extras``) -----------------------------------------
+    editable = True  # calls made from their bound arguments (an MCP tool's are not)
+
+    def _edited(self, run: RunEngine, row: dict[str, Any], grant: Any) -> dict[str, Any]:
+        """The intent of the call approval ``grant`` allows: ``row``, or with edits the
+        edited call (its arguments kept for the call, ``_made_with``)."""
+        request = run.store.approval(grant)
+        if request is None or request["edit"] is None:
+            return row
+        bound = (_SEEN.get(row["key"]) or ("", None))[1]
+        if bound is None or self.signature is None or not self.editable:
+            raise refuse_edit(self.tool, grant)
+        edited = apply_edit(bound, request["edit"])
+        args, kwargs, digest, shown = edited_call(self.signature, self.tool, edited)
+        _EDITED[row["key"]] = (args, kwargs)
+        return {**row, "args_hash": digest, "args": shown}
+
+    def _expected(
+        self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], digest: str, gated: bool
+    ) -> str:
+        """The hash a recorded call is compared with: the edited call's when this call
+        (``digest``) was approved with edits and made as such (here, or in the run a
+        restart carried it from)."""
+        if not gated or row["args_hash"] == digest:
+            return digest
+        recorded = str(row["args_hash"])
+        return recorded if run.store.approved_edit(self.tool, digest, recorded) else digest
+
+    @staticmethod
+    def _made_with(
+        key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments the call is made with: a person's edits, if approved with them."""
+        return _EDITED.pop(key, (args, kwargs))
 
     # -- the call itself -----------------------------------------------------------
     @staticmethod
@@ -462,6 +530,11 @@ class Effect(CallArguments):
 
 
 _PERFORM = object()
+# A gated call's arguments with every value of its data arguments, by effect key, while the
+# call is prepared: what its approval request stores (``effects.args`` keeps a summary).
+_SEEN: dict[uuid.UUID, tuple[str, dict[str, Any] | None]] = {}  # with the call by name
+# A call approved with edits: the arguments it is made with, from its intent to the call.
+_EDITED: dict[uuid.UUID, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
 
 def _describe(exc: BaseException) -> str:

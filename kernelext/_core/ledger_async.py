@@ -65,6 +65,7 @@ async def call_async(
         raise
     if not call:
         return replayed
+    args, kwargs = effect._made_with(key, args, kwargs)
     call_kwargs = effect._call_kwargs(run, key, kwargs)
     try:
         result = await effect.fn(*args, **call_kwargs)

@@ -38,6 +38,7 @@ from .canonical import (
     subclass_why,
     zone_name,
 )
+from .data_args import CELL_LIMIT, table_parts
 
 __all__ = ["tagged", "untag"]
 
@@ -54,16 +55,22 @@ def tagged(
     text: TextRule | None = None,
     redacted: str = "***",
     path: str = "",
+    full: bool = False,
 ) -> Any:
     """``value`` as JSON, tagged where JSON has no such type. ``result=True``: only types
     ``untag`` gives back (anything else is ``Unencodable``); otherwise (what a person sees)
-    also enums, dataclasses, models, numpy/pandas/arrow values, the large ones summarised.
-    ``secret(name)`` redacts values by dict key or field name, ``text`` scrubs strings."""
+    also enums, dataclasses, models, numpy/pandas/arrow values, summarised (kind, shape,
+    columns, hash), or with ``full=True`` (an approval request) with every value up to
+    ``data_args.CELL_LIMIT`` cells. ``secret(name)`` redacts values by dict key, field or
+    column name, ``text`` scrubs strings."""
     walk = _Tagger(result, secret, text, redacted)
+    walk.full = full
     return walk(value, path, 0)
 
 
 class _Tagger:
+    full = False  # data values with every row (see ``kernelext._core.data_args``)
+
     def __init__(
         self, result: bool, secret: NameRule | None, text: TextRule | None, redacted: str
     ) -> None:
@@ -216,21 +223,29 @@ class _Tagger:
         if np is not None and isinstance(value, np.ndarray):
             out: dict[str, Any] = {TAG: "ndarray", "dtype": _dtype(value.dtype)}
             out["shape"] = list(value.shape)
-            if value.size <= 100:
+            if value.size <= (CELL_LIMIT if self.full else 100):
                 out["v"] = self(value.tolist(), path, depth + 1)
             else:
-                out["sha256"] = digest(value)
+                out.update(sha256=digest(value), **({"unseen": True} if self.full else {}))
             return out
         kind = _qualname(type(value))
         if kind.startswith("pandas") and ("Timestamp" in kind or "Timedelta" in kind):
             return {TAG: kind.rsplit(".", 1)[-1].lower(), "v": str(value)}
-        shape = getattr(value, "shape", None)
-        return {
-            TAG: kind,
-            "v": self.text(str(value))[:200] if self.text is not None else str(value)[:200],
-            "shape": list(shape or ()),
-            "sha256": digest(value),
-        }
+        parts = table_parts(value, rows=self.full)
+        if parts is None:  # pd.NA, pd.NaT: their text
+            shown = self.text(str(value)) if self.text is not None else str(value)
+            return {TAG: kind, "v": shown[:200], "shape": [], "sha256": digest(value)}
+        columns, rows, count = parts
+        table: dict[str, Any] = {TAG: kind, "shape": [count, len(columns)], "columns": columns}
+        if rows is None:
+            table.update(sha256=digest(value), **({"unseen": True} if self.full else {}))
+            return table
+        hidden = [i for i, c in enumerate(columns) if self.secret is not None and self.secret(c)]
+        for row in rows:  # a column named like a secret: its values redacted
+            for i in hidden:
+                row[i] = self.redacted
+        table["rows"] = self(rows, path, depth + 1)
+        return table
 
 
 _EXACT = frozenset({int, float, str, bytes, bytearray, Decimal, list, tuple, dict, set, frozenset})

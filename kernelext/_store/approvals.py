@@ -36,7 +36,8 @@ APPROVED = "approved"
 REJECTED = "rejected"
 APPROVAL_COLUMNS = (
     "id, key, run_id, step, step_ordinal, call_ordinal, tool, args_hash, args, requested_at,"
-    " expires_at, decided_at, decision, actor, note, consumed_at, superseded_at"
+    " expires_at, decided_at, decision, actor, note, consumed_at, superseded_at, edit,"
+    " edited_args, edited_args_hash"
 )
 _APPROVAL_NAMES = tuple(name.strip() for name in APPROVAL_COLUMNS.split(","))
 _LIVE = "consumed_at IS NULL AND superseded_at IS NULL"
@@ -126,6 +127,34 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
         )
         return rows[0] if rows else None
 
+    def approval(self, ident: uuid.UUID) -> dict[str, Any] | None:
+        """Request ``ident`` (its id, or the newest request of an effect key)."""
+        rows = self.read_dicts(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ? OR key = ?"
+            " ORDER BY id = ? DESC, requested_at DESC LIMIT 1",
+            (ident, ident, ident),
+        )
+        return rows[0] if rows else None
+
+    def previous_approval(self, tool: str, before: dt.datetime) -> dict[str, Any] | None:
+        """The newest approved request of ``tool`` requested before ``before`` (any run)."""
+        rows = self.read_dicts(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tool = ? AND decision = ?"
+            " AND requested_at < ? ORDER BY requested_at DESC, id DESC LIMIT 1",
+            (tool, APPROVED, before),
+        )
+        return rows[0] if rows else None
+
+    def approved_edit(self, tool: str, args_hash: str, edited_hash: str) -> bool:
+        """Whether a person approved call ``args_hash`` of ``tool`` with edits, and the call
+        made was ``edited_hash`` (in any run: a restart carries the call it became)."""
+        found = self.read_dicts(
+            "SELECT id FROM approvals WHERE tool = ? AND args_hash = ? AND edited_args_hash = ?"
+            " LIMIT 1",
+            (tool, args_hash, edited_hash),
+        )
+        return bool(found)
+
     def approval_rows(
         self, *, run_id: str | None = None, key: uuid.UUID | None = None
     ) -> list[dict[str, Any]]:
@@ -159,11 +188,15 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
         who: str,
         note: str | None,
         source: str = "api",
+        detail: dict[str, Any] | None = None,
+        edit: dict[str, Any] | None = None,
     ) -> Decision:
         """Approve or reject request ``ident`` (its id, or the key of the effect call:
         then its current request, while that key has had one request). Exactly one
         decision wins; any other attempt (a second decision, a consumed, superseded or
-        expired request, an unknown id) changes nothing and is refused in the result."""
+        expired request, an unknown id) changes nothing and is refused in the result.
+        ``detail``: more for the decision's event (an approval of data nobody saw, an edit);
+        ``edit``: the columns of an approval with edits (``edit``, ``edited_args``)."""
         if decision not in (APPROVED, REJECTED):
             raise ValueError(f"decision must be {APPROVED!r} or {REJECTED!r}, not {decision!r}")
 
@@ -184,15 +217,17 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
                         return Decision(row, SEVERAL_REQUESTS, ids)
             if row is None:
                 return Decision(None, NO_SUCH_REQUEST)
+            edited = edit or {"edit": None, "edited_args": None}
             won = tx.fetchone(
-                "UPDATE approvals SET decision = ?, decided_at = ?, actor = ?, note = ?"
+                "UPDATE approvals SET decision = ?, decided_at = ?, actor = ?, note = ?,"
+                " edit = ?, edited_args = ?"
                 f" WHERE id = ? AND decision IS NULL AND {_LIVE} AND {_NOT_EXPIRED}"
                 " RETURNING id",
-                (decision, now, who, note, row["id"], now),
+                (decision, now, who, note, edited["edit"], edited["edited_args"], row["id"], now),
             )
             if won is None:  # decided meanwhile (another process), consumed, expired, ...
                 return Decision(_approval_tx(tx, "id = ?", row["id"]) or row, NOT_OPEN)
-            row.update(decision=decision, decided_at=now, actor=who, note=note)
+            row.update(decision=decision, decided_at=now, actor=who, note=note, **edited)
             self.event(
                 tx,
                 row["run_id"],
@@ -206,18 +241,23 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
                     "tool": row["tool"],
                     "decision": decision,
                     "args_hash": row["args_hash"],
+                    **(detail or {}),
                 },
             )
             return Decision(row)
 
         return self.write(job)
 
-    def _consume_tx(self, tx: Tx, approval_id: uuid.UUID, run_id: str) -> bool:
+    def _consume_tx(
+        self, tx: Tx, approval_id: uuid.UUID, run_id: str, args_hash: str | None = None
+    ) -> bool:
+        """Use the approval (``args_hash``: the call's, recorded when it was edited)."""
         now = self.now()
         used = tx.fetchone(
-            "UPDATE approvals SET consumed_at = ? WHERE id = ? AND decision = ?"
-            f" AND {_LIVE} AND {_NOT_EXPIRED} RETURNING key, tool",
-            (now, approval_id, APPROVED, now),
+            "UPDATE approvals SET consumed_at = ?,"
+            " edited_args_hash = CASE WHEN edit IS NULL THEN NULL ELSE ? END"
+            f" WHERE id = ? AND decision = ? AND {_LIVE} AND {_NOT_EXPIRED} RETURNING key, tool",
+            (now, args_hash, approval_id, APPROVED, now),
         )
         if used is None:
             return False
@@ -259,7 +299,7 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
                 existing = _intent_tx(tx, key, "")
                 if existing is not None:
                     return False, existing
-                return self._consume_tx(tx, approval_id, row["run_id"]), None
+                return self._consume_tx(tx, approval_id, row["run_id"], row["args_hash"]), None
 
             consumed, existing = self.write(consume)
             if existing is not None or not consumed:
@@ -278,7 +318,7 @@ class ApprovalsMixin(EffectsMixin, RunsMixin):
             existing = _intent_tx(tx, key, self.for_update)
             if existing is not None:
                 return False, existing
-            if not self._consume_tx(tx, approval_id, row["run_id"]):
+            if not self._consume_tx(tx, approval_id, row["run_id"], row["args_hash"]):
                 return False, None
             data["at"] = self.now()
             if not insert_intent(tx, data):  # written meanwhile: nothing is consumed

@@ -159,6 +159,9 @@ SCRUBBED: dict[tuple[str, str], Column] = {
     ("approvals", "decision"): _ENUM,
     ("approvals", "actor"): _WHO,
     ("approvals", "note"): _NOTE,
+    ("approvals", "edit"): Column("result", "a person's edited argument values, given to the call"),
+    ("approvals", "edited_args"): _ARGS,
+    ("approvals", "edited_args_hash"): _HASH,
     # questions (run.ask)
     ("questions", "run_id"): _RUN,
     ("questions", "step"): _ID,

@@ -283,6 +283,15 @@ _V10_HEARTBEATS = (
     "ALTER TABLE steps ADD COLUMN IF NOT EXISTS heartbeat_at TIMESTAMP",
 )
 
+_V11_APPROVAL_EDITS = (
+    # An approval with edits (``approve(edit={...})``): the edited values, stored as results
+    # are (the call gets them back), the edited call as shown, and the edited call's hash,
+    # recorded when the call uses the approval. ``args``/``args_hash`` keep the original call.
+    "ALTER TABLE approvals ADD COLUMN IF NOT EXISTS edit TEXT",
+    "ALTER TABLE approvals ADD COLUMN IF NOT EXISTS edited_args TEXT",
+    "ALTER TABLE approvals ADD COLUMN IF NOT EXISTS edited_args_hash TEXT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1),
     Migration(2, "facts.compare_name", _V2_FACT_COMPARATOR),
@@ -294,6 +303,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "questions: the table inputs renamed, inputs kept as a view", _V8_QUESTIONS),
     Migration(9, "batches: item results, effect attempts", _V9_BATCHES),
     Migration(10, "steps.heartbeat_at: item attempts in other processes", _V10_HEARTBEATS),
+    Migration(11, "approvals with edits: edit, edited_args, edited_args_hash", _V11_APPROVAL_EDITS),
 )
 
 TABLES = (
