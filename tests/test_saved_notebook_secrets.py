@@ -106,3 +106,31 @@ def test_a_saved_and_exported_notebook_holds_no_registered_secret(tmp_path: Path
         assert CANARY in _outputs_of(reread, cell_id), cell_id  # each path was shown
     assert "boom" in _outputs_of(reread, "failed")  # the error itself is shown, scrubbed
     assert "failed" in _outputs_of(reread, "state")  # run.state refused the secret
+
+
+HELD = "held-" + "R3G1STER3D" * 2
+
+
+def test_the_panel_shows_the_error_as_stored_and_h_error_keeps_the_exception(store: Any) -> None:
+    """In this process: the panel's text and HTML, the handle's repr and status text show
+    the failed run's error as stored (masked); ``h.error`` is still the exception the
+    agent raised, for code."""
+    import kernelext as kx
+    from kernelext._core.secrets import SECRETS
+    from kernelext.widgets._render import to_html, to_text, view_of
+
+    @kx.agent(name="fails-held")
+    def fails(run: kx.Run) -> None:
+        raise RuntimeError(f"boom {CANARY} {HELD}")
+
+    SECRETS.register(HELD)
+    try:
+        h = fails.start(run_id="held-secret")
+        assert h.wait(30) == "failed"
+        view = view_of(h)
+        for shown in (to_text(view), to_html(view), repr(h), h.status_text):
+            assert HELD not in shown, shown
+        assert CANARY in to_text(view) and "boom" in to_html(view)
+        assert isinstance(h.error, RuntimeError) and HELD in str(h.error)  # for code
+    finally:
+        SECRETS.forget(HELD)
