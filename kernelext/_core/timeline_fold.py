@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COLUMNS", "MAX_SHAPES", "fold", "fold_note", "folds"]
 
-MAX_SHAPES = 2000  # steps + effects + marks drawn one by one; past it they are folded
+MAX_SHAPES = 4000  # steps + effects + marks drawn one by one; past it they are folded
 COLUMNS = 200  # the columns a folded picture groups its shapes into
 # The rows of a folded picture, top to bottom (a status not listed goes under them).
 STATUS_ROWS = (
