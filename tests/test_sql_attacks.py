@@ -459,7 +459,13 @@ def test_postgres_calls_name_no_other_schema_and_no_method() -> None:
     ):
         with pytest.raises(ReadOnlyError, match=r"^Refused (a call to|the method call)"):
             sql_guard.check_query(query, postgres=True)
-    for query in ("SELECT pg_catalog.lower('X')", "SELECT lower(id), count(*) OVER () FROM runs"):
+    for query in (
+        "SELECT pg_catalog.lower('X')",
+        "SELECT lower(id), count(*) OVER () FROM runs",
+        # infix operators: their left operand comes first, and they are no method call
+        "SELECT id FROM runs WHERE agent LIKE 'tri%' OR agent NOT ILIKE '%x'",
+        "SELECT args ->> 'to', id || '-' || agent FROM runs, effects",
+    ):
         sql_guard.check_query(query, postgres=True)
     sql_guard.check_query("SELECT id.upper() AS u, 'X'.lower() AS l FROM runs")  # DuckDB
 

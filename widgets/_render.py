@@ -175,7 +175,6 @@ def view_of(
     info = handle.info()
     run = engine_of(handle.run)
     current = run.current
-    error = handle.error
     live = run.batch if handle.alive else None
     if live is not None:
         stopping = run.stop_event.is_set() or info["status"] == Status.STOPPING
@@ -198,7 +197,7 @@ def view_of(
             effects if effects is not None else _effects_of(store, handle.run_id, replayed)
         ),
         effect_counts=store.effect_counts(handle.run_id),
-        error=f"{type(error).__name__}: {error}" if error is not None else None,
+        error=_error_text(handle, info),
         notice=notice,
         batch=batch,
     )
@@ -220,6 +219,13 @@ def view_of(
             view.step_key, view.step_ordinal = str(step["key"]), step["ordinal"]
             view.step_elapsed = max(0.0, (view.now - step["started_at"]).total_seconds())
     return view
+
+
+def _error_text(handle: Any, info: dict[str, Any]) -> str | None:
+    """The error a panel shows: as stored and scrubbed (``Handle.error_text``), never the
+    exception in memory; a handle without that door (a stand-in) shows the stored reason."""
+    door = getattr(handle, "error_text", None)
+    return door(info) if callable(door) else None
 
 
 def _effects_of(

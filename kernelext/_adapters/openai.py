@@ -13,16 +13,15 @@ methods passes through unrecorded.
 - Each recorded model call is a safe point (``safe_points=True``): a pending Stop takes
   hold just before the next call, so a plain ``while`` loop of model and tool calls can be
   stopped and resumed as it is.
-- A call whose outcome is unknown (the kernel died while waiting for the model) waits for
-  a decision in ``kx.reconcile`` like any effect: "did not happen" asks the model again.
-  A failed call (an HTTP error, a timeout) is asked again on resume (``retry=True``).
-- The ledger key goes to the server as ``Idempotency-Key`` (``key_header``), so a proxy
-  that honours it answers a repeated call once; it also ties the server's logs to the
-  ledger.
-- Not stored: the client's configuration (``api_key``, ``default_headers``, ``base_url``),
-  a call's ``extra_headers`` and ``timeout``. An ``api_key`` (and
-  secret-named default headers) of 16 characters or more is registered with
-  ``kx.secrets``, so it is masked in stored error texts too.
+- A call whose outcome is unknown (the kernel died waiting) waits for a decision in
+  ``kx.reconcile``: "did not happen" asks the model again. A failed call (an HTTP error, a
+  timeout) is asked again on resume (``retry=True``).
+- The ledger key goes to the server as ``Idempotency-Key`` (``key_header``): a proxy that
+  honours it answers a repeated call once; it ties the server's logs to the ledger.
+- Not stored: the client's configuration, a call's ``extra_headers``, ``timeout`` and
+  ``extra_query`` values (its names are, each value ``***redacted***``). An ``api_key``, a
+  secret-named default header or a query value of 16 characters or more is registered
+  with ``kx.secrets``: masked in stored error texts too.
 - The recorded result is the response as JSON (``to_dict()``), usage included; a streamed
   call is stored as ``{"stream": [chunks...], "usage": ...}`` (usage from the last chunk:
   pass ``stream_options={"include_usage": True}`` to chat streams to get it).
@@ -45,7 +44,7 @@ from .._core.conversation import PRICES
 from .._core.keys import display_args
 from .._core.ledger import Effect
 from .._core.limits import call_limited_async, sent
-from .._core.secrets import SECRETS, is_secret_name
+from .._core.secrets import REDACTED, SECRETS, is_secret_name
 from .._validate import check_name
 from ..errors import LedgerError
 from ..status import EffectStatus
@@ -92,9 +91,8 @@ def wrap_openai(
 ) -> C:
     """``kx.openai(OpenAI(...))``: the client, with its model calls recorded inside runs.
 
-    Works with ``openai.OpenAI`` and ``openai.AsyncOpenAI`` (and their Azure subclasses),
-    pointed at any server that speaks the OpenAI API through ``base_url``. See the module
-    documentation for what is recorded and what a resume does.
+    ``openai.OpenAI`` / ``AsyncOpenAI`` (and Azure subclasses), at any ``base_url`` that
+    speaks the OpenAI API. The module documentation says what is recorded and resumed.
 
     ``safe_points``: a pending Stop takes hold just before each recorded model call.
     ``key_header``: the header that carries the ledger's key to the server (None: none).
@@ -148,9 +146,12 @@ def _checked_prices(prices: Any) -> dict[str, tuple[float, float]]:
 
 def _register_secrets(client: Any) -> None:
     """The api key and secret-named default headers are masked wherever kernelext writes."""
-    values = [getattr(client, "api_key", None)]
     headers = getattr(client, "default_headers", None) or {}
-    values += [v for k, v in headers.items() if is_secret_name(str(k))]
+    secret_headers = [v for k, v in headers.items() if is_secret_name(str(k))]
+    _register([getattr(client, "api_key", None), *secret_headers])
+
+
+def _register(values: Iterable[Any]) -> None:
     for value in values:
         if isinstance(value, str):
             for part in {value, value.split(" ", 1)[-1]}:  # "Bearer sk-…": the token too
@@ -296,6 +297,8 @@ class ModelCall(Effect):
             if k not in NOT_RECORDED and (plain := self.plain(v)) is not _DROP
         }
         self.stream = bool(self.request.get("stream"))
+        if isinstance(query := self.kwargs.get("extra_query"), Mapping):
+            _register(query.values())
         self.live: Any = _DROP  # the response object of a call made now
 
         def send(*, idempotency_key: str | None = None, **_request: Any) -> Any:
@@ -345,6 +348,8 @@ class ModelCall(Effect):
         *,
         full: bool = False,
     ) -> str:
+        if isinstance(query := kwargs.get("extra_query"), Mapping):  # names only, no values
+            kwargs = {**kwargs, "extra_query": dict.fromkeys(map(str, query), REDACTED)}
         return display_args(kwargs, scheme, tool=self.tool, full=full)
 
     # -- the call: the ledger's, deferred for streams and coroutines ------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,8 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
         print("decide with: kernelext approve ID [--note TEXT]  |  kernelext reject ID")
     for q in asked:
         print(f"question of run {q.run_id} ({q.step_text}): {q.prompt}  [{q.time_left}]")
-        print(f"  answer with: kernelext answer {q.run_id} VALUE")
+        # Its key always: a run in a batch (run.map) can wait on several questions at once.
+        print(f"  answer with: kernelext answer {shlex.quote(q.run_id)} VALUE --key {q.key}")
     if not rows and not asked:
         print("nothing waits for a person")
     return Exit.DONE  # a listing: 0, also when some wait or none do

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import traceback
 from typing import Any
 
 from .._formatting import moment_text
 from .._store import Store
+from .._store.columns import scrubbed_excerpt
 from .._store.records import FORCE_REQUESTED
 from .._validate import FLAG, NOTE, SOURCE, check_wait, optional, validated
 from ..errors import StoreWriteError
@@ -19,7 +21,9 @@ from .runtime import runtime
 from .stop_answer import StopAnswer, nothing_to_stop
 from .stop_estimate import estimate_stop
 
-__all__ = ["Handle", "request_stop"]
+__all__ = ["ERROR_SHOWN", "Handle", "request_stop"]
+
+ERROR_SHOWN = 500  # characters of an error a display shows: as many as runs.reason keeps
 
 
 class Handle:
@@ -121,6 +125,18 @@ class Handle:
         current = engine.current if self.alive else None
         estimate = estimate_stop(self.run_id, self.store, run=info, current=current)
         return line if estimate is None else f"{line}; {estimate.text}"
+
+    def error_text(self, info: dict[str, Any] | None = None) -> str | None:
+        """The run's error as every display shows it (panel, its saved copy, reprs): the
+        text the store holds for a failed run, passed through the store's scrubbing door
+        again (a secret registered since is masked too). ``h.error`` keeps the exception
+        itself for code; no display reads it raw. ``None`` when the run raised nothing here."""
+        if self.error is None:
+            return None
+        info = info if info is not None else self.info()
+        stored = info.get("reason") if info.get("status") == Status.FAILED else None
+        text = stored or "".join(traceback.format_exception_only(type(self.error), self.error))
+        return scrubbed_excerpt(str(text).strip(), ERROR_SHOWN)  # the store's one door
 
     def text_summary(self, info: dict[str, Any] | None = None) -> str:
         """``run r [agent]: running, 3/5 steps`` (``info``: the run row, if already read)."""

@@ -24,6 +24,10 @@ a slot of it. Its invariants:
    (a notebook cell run twice): the calls in flight and those of the current window go on
    counting. A name no limit was declared under is refused when a call is made, before
    anything is recorded, with the declared names it may have meant.
+5. **A limit counts the calls of one process, so an item on a worker is refused one.**
+   ``run.map(executor=...)`` runs items in other processes, each with limits of its own:
+   ``rate="50/s"`` there would let 50/s through per worker. Such a call raises
+   ``KernelextError`` before anything is recorded, with the reason and what to do instead.
 
 ``pyrate-limiter`` (its in-memory sliding-window log, tried first) and ``limits`` (its
 moving window, read) both count a call when its slot is taken; here the intent's
@@ -48,7 +52,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from .._did_you_mean import did_you_mean
 from .._validate import check_name
-from ..errors import ForcedStop
+from ..errors import ForcedStop, KernelextError
 from ..status import EffectStatus
 from .keys import effect_key
 from .runtime import runtime
@@ -242,6 +246,20 @@ def limit(name: str, *, rate: str | None = None, concurrency: int | None = None)
     return found
 
 
+def _counted_here(run: RunEngine | None, name: str, where: str) -> None:
+    """Refuse a limit for a call of an item on another process (see invariant 5)."""
+    if run is None or run.one_process:
+        return
+    raise KernelextError(
+        f"{where}: kx.limit {name!r} counts the calls of one process, and this call runs "
+        f"in a worker of run.map(executor=...) of run {run.id!r}: each worker would count "
+        "alone, letting the rate through once per worker. Nothing was recorded for this "
+        "call. Bound the workers' calls by the batch instead (run.map(concurrency=...), "
+        "the cluster's number of workers), or make limited calls in the notebook's process "
+        "(run.map without executor=)."
+    )
+
+
 def limit_named(name: str, where: str) -> Limit:
     """The limit declared as ``name``; else a ``ValueError`` that names the declared ones."""
     rt = runtime()
@@ -338,6 +356,7 @@ def call_limited(
     """``call()`` once it has a slot of the limit ``name`` (if it will be made now), the
     slot given back when it returns or raises. Outside a run the call is sent at once;
     inside one, when the ledger makes it (``sent``), after its intent is durable."""
+    _counted_here(run, name, where)
     found = limit_named(name, where)
     slot = Slot()
     token = HELD.set(slot)
@@ -356,6 +375,7 @@ async def call_limited_async(
     run: RunEngine | None, name: str, tool: str, call: Callable[[], Awaitable[T]], where: str
 ) -> T:
     """``call_limited`` for a call awaited: the slot is held until the answer came."""
+    _counted_here(run, name, where)
     found = limit_named(name, where)
     slot = Slot()
     token = HELD.set(slot)

@@ -169,6 +169,8 @@ class WorkerEngine(RunEngine):
     """The run as one item attempt in a worker sees it: the owner's epoch, and a look at
     the run's row at every effect call and safe point (a stop ends the item there)."""
 
+    one_process = False  # its calls are counted by no process that sees all of them
+
     def __init__(self, store: Store, task: RemoteTask) -> None:
         super().__init__(
             store,

@@ -64,6 +64,10 @@ chain_roots: weakref.WeakKeyDictionary[RunEngine, str] = weakref.WeakKeyDictiona
 class RunEngine:
     """One run as kernelext executes it; the agent sees it through ``facade``."""
 
+    # Whether the calls made here are the calls of every process of the run: not for an
+    # item on a worker of ``run.map(executor=...)`` (``kx.limit`` refuses to count there).
+    one_process = True
+
     def __init__(
         self,
         store: Store,

@@ -32,6 +32,7 @@ from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
 from .names import OUTSIDE_STEPS
 from .runtime import get_store
+from .timeline_fold import fold, fold_note
 from .timeline_svg import TimeAxis, clock, draw, esc
 
 __all__ = [
@@ -327,6 +328,11 @@ class Timeline:
         at = [t0 + dt.timedelta(seconds=s) for gap in self.axis().gaps for s in gap]
         return [Gap(a, b) for a, b in zip(at[::2], at[1::2], strict=True)]
 
+    def folded_on(self, axis: TimeAxis) -> Timeline:
+        """This timeline as drawn on ``axis``: itself, or folded when it has too many
+        shapes to draw one by one (``timeline_fold``)."""
+        return fold(self, axis)
+
     @property
     def svg(self) -> str:
         """The full picture as an ``<svg>`` element (text)."""
@@ -366,7 +372,8 @@ class Timeline:
                 line += f" ({self.folded} more folded into those rows)"
         line += "".join(f"; {n} {kind}" for kind, n in sorted(counts.items()))
         cut = ", ".join(duration_text(g.seconds) for g in self.gaps)
-        return line + (f"; idle stretches cut from the axis: {cut}" if cut else "")
+        line += f"; idle stretches cut from the axis: {cut}" if cut else ""
+        return line + (f"; {note}" if (note := fold_note(self)) else "")
 
     def __repr__(self) -> str:
         return self.text()

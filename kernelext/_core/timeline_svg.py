@@ -192,20 +192,22 @@ def _glyph(shape: str, x: float, y: float, r: float, colour: str) -> str:
 
 def draw(tl: Timeline, width: int, compact: bool) -> str:
     """``tl`` as an ``<svg>`` element ``width`` px wide; ``compact``: no labels or legend."""
-    lay, row_h = _with_lanes(COMPACT if compact else FULL, tl.lanes, compact)
-    summary, t0 = tl.text(), tl.start or tl.now
-    left, right = lay.label_w, width - 10.0
+    base = COMPACT if compact else FULL
+    left, right = base.label_w, width - 10.0
     axis = tl.axis(left, right - left, 24.0 if compact else 36.0)
+    full, tl = tl, tl.folded_on(axis)  # the totals from full, the shapes from tl
+    lay, row_h = _with_lanes(base, tl.lanes, compact)
+    summary, t0 = full.text(), full.start or full.now
 
     def x(moment: dt.datetime) -> float:
         return axis.x((moment - t0).total_seconds())
 
     stepless = not tl.bars and bool(tl.ticks)  # a run of model and tool calls
-    counts = counted(len(tl.bars), "step attempt")  # a step run again counts again
-    counts = counted(len(tl.ticks), "call") if stepless else counts
+    counts = counted(len(full.bars), "step attempt")  # a step run again counts again
+    counts = counted(len(full.ticks), "call") if stepless else counts
     head = f"run {tl.run_id} · {tl.agent} · {tl.status} · {counts}"
     if not compact:
-        head += ("" if stepless else f" · {counted(len(tl.ticks), 'effect')}") + (
+        head += ("" if stepless else f" · {counted(len(full.ticks), 'effect')}") + (
             f" · from {moment_text(t0)}"
         )
     out = [
@@ -236,6 +238,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
     ]
     if tl.lanes > 1 and not compact:
         rows = f"{tl.lanes} rows" + (f", +{tl.folded}" if tl.folded else "")
+        rows = "folded" if full is not tl else rows
         out.append(
             _el(
                 "text",
@@ -249,7 +252,7 @@ def draw(tl: Timeline, width: int, compact: bool) -> str:
         )
     taken: list[tuple[float, float]] = []  # extents of the axis labels drawn
     top, bottom = lay.steps[0], lay.axis_y
-    for (a, b), gap in zip(axis.gaps, tl.gaps, strict=True):
+    for (a, b), gap in zip(axis.gaps, full.gaps, strict=True):
         x1, x2 = axis.x(a), axis.x(b)
         mid, z, label = (x1 + x2) / 2, (x2 - x1) / 4, duration_text(gap.seconds)
         title = f"idle {duration_text(gap.seconds)}, not to scale: {clock(gap.start)} to "

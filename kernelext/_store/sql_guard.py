@@ -106,7 +106,7 @@ REASONS: dict[str, tuple[str, str]] = {
         "Call a table function in a query instead, e.g. SELECT * FROM pragma_version().",
     ),
     "multiple": ("runs exactly one statement", "Run them one at a time."),
-    "empty": ("needs one query", "For example: SELECT status, count(*) FROM runs GROUP BY ALL."),
+    "empty": ("needs one query", "For example: SELECT status, count(*) FROM runs GROUP BY status."),
     "unlisted": (
         "calls only the functions it lists as harmless (kernelext._store.sql_allowed)",
         "Use a listed function, or compute it in Python on the result of kx.sql(...).",

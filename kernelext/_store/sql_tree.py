@@ -200,6 +200,8 @@ def _check_postgres_call(node: dict[str, Any]) -> None:
         )
     where = node.get("query_location")
     arguments = node.get("arguments", node.get("children", []))
+    if node.get("is_operator"):  # x LIKE y, x ->> 'k', a + b: infix, not a method call
+        return
     if isinstance(where, int) and where != _UNKNOWN and arguments:
         first = _first_location(arguments[0])
         if first is not None and first < where:
