@@ -77,9 +77,11 @@ def test_a_link_planted_beside_the_store_is_never_opened(
     planted.parent.mkdir(exist_ok=True)
     planted.unlink(missing_ok=True)
     planted.symlink_to(victim)
-    with pytest.raises(StoreError, match="symbolic link") as caught:
-        with open_store(str(store_path)) as store:
-            one_step_agent().start(run_id="r2", store=store).wait(timeout=60)
+    with (
+        pytest.raises(StoreError, match="symbolic link") as caught,
+        open_store(str(store_path)) as store,
+    ):
+        one_step_agent().start(run_id="r2", store=store).wait(timeout=60)
     assert str(planted) in str(caught.value)
     assert f"rm {planted}" in str(caught.value)
     assert victim.read_bytes() == VICTIM_TEXT
