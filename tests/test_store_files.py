@@ -115,6 +115,29 @@ def test_a_store_folder_another_user_owns_or_may_write_is_refused(
     assert not store_path.exists()  # nothing was created
 
 
+def test_a_store_directly_in_a_shared_folder_like_tmp_is_refused_with_a_folder_of_ones_own(
+    tmp_path: Path,
+) -> None:
+    """A folder every user may write with the sticky bit (/tmp): a `chmod` of it is not the
+    fix, a private folder inside it is (kernelext creates it 0700)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(StoreError, match="like /tmp") as caught:
+        open_store(str(shared / "store.duckdb")).close()
+    suggested = str(caught.value).split("KERNELEXT_STORE=")[1].split(" ")[0]
+    assert not list(shared.iterdir())  # nothing was created
+    with open_store(suggested) as store:
+        assert store.read("SELECT count(*) FROM runs") == [(0,)]
+    assert stat.S_IMODE(Path(suggested).parent.stat().st_mode) == 0o700
+
+
+def test_a_folder_writable_by_ones_own_private_group_is_accepted(store_path: Path) -> None:
+    """A umask of 002 with user private groups (root:root here): as private as 0755."""
+    store_path.parent.chmod(0o775)
+    start_a_run(store_path)
+
+
 @pytest.mark.parametrize("mode, owner", [(0o666, NOBODY), (0o666, 0), (0o600, NOBODY)])
 def test_a_store_file_another_user_owns_or_may_write_is_refused(
     store_path: Path, mode: int, owner: int

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import grp
 import os
-import pwd
 import shlex
 import stat
 from typing import BinaryIO
@@ -46,7 +44,11 @@ __all__ = [
     "store_file_reader",
 ]
 
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# POSIX only, like the embedded store (``platform.py``): ``getattr`` keeps the import working.
+_NOFOLLOW = 0
+for _flag in ("O_NOFOLLOW", "O_CLOEXEC", "O_NONBLOCK"):
+    _NOFOLLOW |= getattr(os, _flag, 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _KINDS = (
     (stat.S_ISFIFO, "a named pipe (FIFO)"),
     (stat.S_ISSOCK, "a socket"),
@@ -74,6 +76,8 @@ def refuse_special(path: str, st: os.stat_result, *, folder: bool = False) -> No
 
 
 def _user_name(uid: int) -> str:
+    import pwd
+
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -81,15 +85,19 @@ def _user_name(uid: int) -> str:
 
 
 def _private_group(gid: int) -> bool:
-    """The group is this user's own (their primary group, with no other member listed):
-    group-writable is then as private as owner-writable (a umask of 002)."""
+    """The group is this user's private group (their primary group, named after them,
+    with no other member listed): group-writable is then as private as owner-writable
+    (user private groups with a umask of 002). A shared primary group (``users``) is not."""
+    import grp
+
     if gid != os.getegid():
         return False
     try:
-        members = grp.getgrgid(gid).gr_mem
+        group = grp.getgrgid(gid)
     except KeyError:
         return False
-    return all(member == _user_name(os.geteuid()) for member in members)
+    me = _user_name(os.geteuid())
+    return group.gr_name == me and all(member == me for member in group.gr_mem)
 
 
 def check_owner(path: str, st: os.stat_result, *, mode_fixed: bool = False) -> None:
@@ -108,6 +116,14 @@ def check_owner(path: str, st: os.stat_result, *, mode_fixed: bool = False) -> N
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if mode_fixed or (writable == stat.S_IWGRP and _private_group(st.st_gid)):
         return
+    if writable and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
+        own = os.path.join(path, f"kernelext-{_user_name(me)}", "store.duckdb")
+        raise StoreError(
+            f"The kernelext store cannot live directly in {path!r}: every user may create "
+            "files there (like /tmp), and could plant links where the store's files go. "
+            f"Use a folder of your own in it, e.g. KERNELEXT_STORE={shlex.quote(own)} "
+            "(kernelext creates the folder, private to you)."
+        )
     if writable:
         who = "every user" if st.st_mode & stat.S_IWOTH else "its group"
         raise StoreError(
@@ -195,7 +211,7 @@ def open_folder(path: str) -> int:
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | _DIRECTORY | _NOFOLLOW)
     except OSError as exc:
         refused = _refuse_link(path, exc)
         if refused is not None:
