@@ -6,6 +6,7 @@ once. Tests run as root: "another user" is uid 65534 (nobody)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -23,6 +24,7 @@ from kernelext.errors import StoreError
 
 NOBODY = 65534
 VICTIM_TEXT = b"a file of the person who opens the store\n"
+BIG = bytes(range(256)) * 1024  # over the inline limit: stored as a side file
 
 
 def one_step_agent() -> kx.Agent:
@@ -30,6 +32,7 @@ def one_step_agent() -> kx.Agent:
     def agent(run: kx.Run) -> int:
         for i in run.steps(range(1)):
             run.state["i"] = i
+            run.state["big"] = BIG  # a side file under <store>.blobs/
         return 1
 
     return agent
@@ -56,35 +59,51 @@ def fence_file(path: Path, run_id: str) -> Path:
     return Path(FenceFiles(str(path)).path(run_id))
 
 
-# Each name kernelext creates or opens beside the store (the journal has a random name
-# and is created exclusively; the fence folder's files are opened inside its descriptor).
-PLANTED: dict[str, Callable[[Path], Path]] = {
-    ".lock": lambda p: Path(f"{p}.lock"),
-    ".want": lambda p: Path(f"{p}.want"),
-    ".wal": lambda p: Path(f"{p}.wal"),
-    ".fence/<hash of the run id>": lambda p: fence_file(p, "r2"),
+# Each name kernelext creates or opens beside the store, and whether a folder belongs there
+# (a new journal has a random name and is created exclusively; a dead process's journal is
+# opened by name; the fence folder's files are opened inside its descriptor).
+PLANTED: dict[str, tuple[Callable[[Path], Path], bool]] = {
+    ".lock": (lambda p: Path(f"{p}.lock"), False),
+    ".want": (lambda p: Path(f"{p}.want"), False),
+    ".wal": (lambda p: Path(f"{p}.wal"), False),
+    ".journal.<a dead process>": (lambda p: Path(f"{p}.journal.1.dead"), False),
+    ".fence/<hash of the run id>": (lambda p: fence_file(p, "r2"), False),
+    ".fence/": (lambda p: Path(f"{p}.fence"), True),
+    ".blobs/": (lambda p: Path(f"{p}.blobs"), True),
 }
+
+
+def error_of_a_second_run(path: Path) -> BaseException | None:
+    """Open the store again and run an agent: the error it meets, raised or the run's."""
+    try:
+        with open_store(str(path)) as store:
+            handle = one_step_agent().start(run_id="r2", store=store)
+            handle.wait(timeout=60)
+            return handle.error
+    except StoreError as exc:
+        return exc
 
 
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_a_link_planted_beside_the_store_is_never_opened(
     store_path: Path, victim: Path, name: str
 ) -> None:
-    """A link at any name beside the store, pointing at a file of the victim's, is
-    refused by name; the victim's file is neither truncated nor written."""
+    """A link at any name beside the store, pointing at a file (or folder) of the
+    victim's, is refused by name; the victim's file is neither truncated nor written, and
+    nothing is created in the victim's folder."""
     start_a_run(store_path)  # a store that exists, as the one a user opens again
-    planted = PLANTED[name](store_path)
+    where, folder = PLANTED[name]
+    planted = where(store_path)
+    if planted.is_dir() and not planted.is_symlink():
+        shutil.rmtree(planted)
     planted.parent.mkdir(exist_ok=True)
     planted.unlink(missing_ok=True)
-    planted.symlink_to(victim)
-    with (
-        pytest.raises(StoreError, match="symbolic link") as caught,
-        open_store(str(store_path)) as store,
-    ):
-        one_step_agent().start(run_id="r2", store=store).wait(timeout=60)
-    assert str(planted) in str(caught.value)
-    assert f"rm {planted}" in str(caught.value)
+    planted.symlink_to(victim.parent if folder else victim)
+    error = error_of_a_second_run(store_path)
+    assert isinstance(error, StoreError), error
+    assert "symbolic link" in str(error) and f"rm {planted}" in str(error)
     assert victim.read_bytes() == VICTIM_TEXT
+    assert os.listdir(victim.parent) == [victim.name]
 
 
 @pytest.mark.parametrize(
