@@ -1,10 +1,9 @@
 """The run lifecycle in one place: statuses, their groups, reasons, and the transition table.
 
-Every status change goes through ``Store.transition_tx`` (``kernelext/_store/runs.py``),
-which checks ``TRANSITIONS``, writes the ``events`` row, and sets the deadline of a
-waiting status from the expiry policy. No other module spells a status as a string
-(``tests/test_lifecycle_literals.py`` pins it): they use these members, which are ``str``
-(``Status.RUNNING == "running"``), so rows read back from SQL compare equal to them.
+Every status change is checked against ``TRANSITIONS``, writes an ``events`` row, and
+sets the deadline of a waiting status from the expiry policy. The members are ``str``
+(``Status.RUNNING == "running"``), so rows read back from SQL (``kx.sql``) compare equal
+to them.
 
 ::
 

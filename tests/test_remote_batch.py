@@ -406,10 +406,53 @@ def test_an_executor_that_was_shut_down_is_named_and_no_step_is_left_running(
 
     handle = uses_closed.start()
     assert handle.wait(WAIT) == "failed"
-    assert "could not dispatch item '0'" in str(handle.error)
-    assert "ProcessPoolExecutor" in str(handle.error)
-    rows = store.read("SELECT status FROM steps WHERE run_id = ?", (handle.run_id,))
-    assert rows == [("failed",)]
+    assert "executor=ProcessPoolExecutor): the executor was shut down" in str(handle.error)
+    assert "Nothing was dispatched" in str(handle.error)
+    assert store.read("SELECT count(*) FROM steps WHERE run_id = ?", (handle.run_id,)) == [(0,)]
+
+
+@pytest.mark.parametrize(
+    "kind", [concurrent.futures.ThreadPoolExecutor, concurrent.futures.ProcessPoolExecutor]
+)
+def test_an_executor_shut_down_before_the_map_is_refused_with_what_to_pass_instead(
+    store: Store, kind: type[concurrent.futures.Executor]
+) -> None:
+    """On DuckDB too: a shut-down executor is named before the store kind is looked at,
+    not concurrent.futures' bare RuntimeError from the middle of the batch."""
+    closed = kind(1)
+    closed.shutdown()
+
+    @kx.agent(name=name("shut"))
+    def uses_closed(run: kx.Run) -> list[int]:
+        return run.map(abs, [1, 2], executor=closed)
+
+    handle = uses_closed.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.KernelextError), handle.error
+    message = str(handle.error)
+    assert f"run.map(executor={kind.__name__}): the executor was shut down" in message
+    assert "leave out executor=" in message and "Nothing was dispatched" in message
+    assert store.read("SELECT count(*) FROM steps WHERE run_id = ?", (handle.run_id,)) == [(0,)]
+
+
+def test_a_thread_pool_shut_down_during_the_map_is_named(store: Store) -> None:
+    """Shut down by another thread while the batch dispatches: the next item is refused
+    with the same words; the items already started end."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def first_shuts_the_pool(i: int) -> int:
+        if i == 0:
+            pool.shutdown(wait=False)
+        return i
+
+    @kx.agent(name=name("shut-later"))
+    def uses_pool(run: kx.Run) -> list[int]:
+        return run.map(first_shuts_the_pool, [0, 1], executor=pool, concurrency=1)
+
+    handle = uses_pool.start()
+    assert handle.wait(WAIT) == "failed"
+    assert isinstance(handle.error, kx.KernelextError), handle.error
+    assert "the executor was shut down" in str(handle.error)
 
 
 @pytest.mark.postgres

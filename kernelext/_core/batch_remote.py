@@ -84,6 +84,7 @@ def executor_for(engine: RunEngine, executor: Any) -> Dispatch:
         pool, here = executor.get_executor(pure=False), False
         label = "a distributed.Client"
     elif isinstance(executor, concurrent.futures.ThreadPoolExecutor):
+        refuse_shut_down(executor, label)
         return Dispatch(executor, True, label)
     elif isinstance(executor, concurrent.futures.Executor):
         pool, here = executor, False
@@ -93,6 +94,7 @@ def executor_for(engine: RunEngine, executor: Any) -> Dispatch:
             "ProcessPoolExecutor, a Dask client's get_executor()) or a distributed.Client, "
             f"not {label}. Nothing ran."
         )
+    refuse_shut_down(pool, label)
     if getattr(engine.store.backend, "dialect", None) != "postgres":
         raise KernelextError(
             f"run.map(executor={label}) runs items in other processes, and each records its "
@@ -108,6 +110,28 @@ def executor_for(engine: RunEngine, executor: Any) -> Dispatch:
             "writes could not be fenced; nothing was dispatched. Resume the run here first."
         )
     return Dispatch(pool, here, label)
+
+
+# Set by ``shutdown()``: ThreadPoolExecutor and a Dask client's executor (``_shutdown``),
+# ProcessPoolExecutor (``_shutdown_thread``).
+_SHUT_DOWN_FLAGS = ("_shutdown", "_shutdown_thread")
+
+
+def refuse_shut_down(pool: concurrent.futures.Executor, label: str) -> None:
+    """Refuse an executor that was shut down, before anything is dispatched (its
+    ``submit`` would raise a bare ``RuntimeError`` in the middle of the batch)."""
+    if any(getattr(pool, flag, False) is True for flag in _SHUT_DOWN_FLAGS):
+        raise KernelextError(shut_down_message(label) + " Nothing was dispatched.")
+
+
+def shut_down_message(label: str) -> str:
+    return (
+        f"run.map(executor={label}): the executor was shut down (ex.shutdown() was called, "
+        "or the `with` block that made it ended), so it takes no more work. Pass an "
+        "executor that is still open (create it again, e.g. "
+        "concurrent.futures.ProcessPoolExecutor(), or client.get_executor() of a connected "
+        "Dask client), or leave out executor= to run the items in threads here."
+    )
 
 
 def _is_dask_client(executor: Any) -> bool:

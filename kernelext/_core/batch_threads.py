@@ -15,10 +15,10 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StopRequested
+from ..errors import KernelextError, StopRequested
 from .batch import MapPlan, police_overruns, prepare_map
 from .batch_items import Ended, ItemRun, Tally, look, startable
-from .batch_remote import dispatch_remote, executor_for
+from .batch_remote import dispatch_remote, executor_for, shut_down_message
 from .forced_stop import ForceGate
 from .step_info import StepInfo
 
@@ -75,7 +75,7 @@ def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
             for info in startable(tally, pending, flight):
                 context = contextvars.copy_context()
                 value = plan.values[info.index]
-                flight.add(pool.submit(context.run, _run_item, engine, batch, info, plan.fn, value))
+                flight.add(_submit(pool, context, engine, batch, info, plan.fn, value))
             if not flight:
                 break
             finished = look(tally, flight)
@@ -94,6 +94,14 @@ def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
         else:  # the caller's pool: wait for this batch's items only
             concurrent.futures.wait(flight)
     tally.finish()
+
+
+def _submit(pool: concurrent.futures.Executor, context: Any, *args: Any) -> Any:
+    """Start one item in ``pool``; the caller's pool shut down meanwhile is named."""
+    try:
+        return pool.submit(context.run, _run_item, *args)
+    except RuntimeError as exc:  # concurrent.futures: "cannot schedule new futures after ..."
+        raise KernelextError(shut_down_message(type(pool).__name__)) from exc
 
 
 def _run_item(

@@ -151,8 +151,8 @@ def on_expire(callback: ExpireCallback) -> ExpireCallback:
 
     ``expired_run`` has ``run_id``, ``reason``, ``deadline`` and ``suspend_reason``.
     Usable as a decorator; a callback that raises is recorded as an
-    ``expire_callback_failed`` event and never stops the sweep. Remove it with
-    ``kernelext._core.expiry.remove_on_expire(callback)``.
+    ``expire_callback_failed`` event and never stops the sweep. A callback stays
+    registered for the life of the process (registering it again does nothing).
     """
     if not callable(callback):
         raise TypeError(f"kx.on_expire() takes a callable, not {callback!r}.")

@@ -586,7 +586,9 @@ def effect(
     and suspends the run (reason ``approval``) before anything is sent; after
     ``kx.approvals(run_id)[0].approve()`` the resumed call consumes the approval, once.
     A rejection raises ``kx.EffectRejected`` at the call. ``probe`` registers a function
-    that tells whether a call with an unknown outcome happened (see ``kernelext._core.probes``).
+    that tells whether a call with an unknown outcome happened: ``probe(key, args)``
+    returns ``"applied"`` (or ``("applied", result)``), ``"not_applied"`` or ``None``
+    (cannot tell); a resume asks it before anything waits for ``kx.reconcile``.
 
     ``limit="crm"``: each call waits for a slot of the limit declared with
     ``kx.limit("crm", rate="50/s", concurrency=8)``, shared by every run of the process. A

@@ -74,9 +74,12 @@ def worker_url(url: str) -> str:
     from .._store.postgres_backend import url_without_password
 
     given = os.environ.get("KERNELEXT_STORE", "")
-    if given.startswith(("postgresql://", "postgres://")) and url_without_password(given) == url:
-        return given
-    return url
+    if not given.startswith(("postgresql://", "postgres://")):
+        return url
+    try:
+        return given if url_without_password(given) == url else url
+    except StoreError:  # not a connection string libpq reads: not the same store
+        return url
 
 
 @contextlib.contextmanager

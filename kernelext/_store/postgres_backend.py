@@ -30,6 +30,7 @@ from psycopg import errors as pg_errors
 
 from ..errors import StoreError
 from .base import Backend
+from .conninfo import url_without_password
 from .sql_guard import (
     Params,
     breach,
@@ -133,29 +134,6 @@ def mask_password(url: str) -> str:
         parts = parts._replace(netloc=netloc)
     if "password=" in parts.query:
         parts = parts._replace(query=re.sub(r"(^|&)password=[^&]*", r"\1password=***", parts.query))
-    return urllib.parse.urlunsplit(parts)
-
-
-def url_without_password(url: str) -> str:
-    """The URL with its password (in the authority or ``?password=``) left out: what may
-    travel to other processes, which connect with their own credentials."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is not None:
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = (
-            f"{urllib.parse.quote(parts.username or '', safe='')}@{host}"
-            if parts.username
-            else host
-        )
-        if parts.port:
-            netloc += f":{parts.port}"
-        parts = parts._replace(netloc=netloc)
-    if "password=" in parts.query:
-        pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        query = [(k, v) for k, v in pairs if k != "password"]
-        parts = parts._replace(query=urllib.parse.urlencode(query))
     return urllib.parse.urlunsplit(parts)
 
 

@@ -33,7 +33,8 @@ from ..errors import RunStateError, StoreError
 from ..status import FINAL, WAITING, EffectStatus, Reason, Status, StepStatus
 from .base import in_list
 from .claims import ClaimsMixin
-from .duckdb.side_files import private_dirs
+from .duckdb.side_files import blob_folder
+from .duckdb.store_files import open_store_file, store_file_reader
 from .expiry import ExpiryMixin
 from .runs import RunsMixin
 from .steps import StepsMixin
@@ -352,7 +353,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             return location
         source = self.payload_path(location)  # relative, absolute, or of a moved folder
         folder = self.blob_dir(new_id)
-        private_dirs(folder)  # the blob folder too, if it is new: 0700
+        blob_folder(folder)  # the blob folder too, if it is new: 0700, never a link
         target = os.path.join(folder, new_blob.hex)
         taken = RunStateError(
             f"The payload file {target} for run {new_id!r} already exists with other "
@@ -371,13 +372,13 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             ) from None
         except OSError:
             try:  # created exclusively: an existing file is never overwritten
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = open_store_file(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             except FileExistsError:
                 if not _same_payload(source, target):
                     raise taken from None
                 return self.side_file_location(new_id, new_blob)
             copied.append(target)  # ours from here on: removed if the restart fails
-            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            with os.fdopen(fd, "wb") as out, store_file_reader(source) as src:
                 shutil.copyfileobj(src, out)
                 out.flush()
                 os.fsync(out.fileno())
@@ -395,7 +396,7 @@ def _same_payload(source: str, target: str) -> bool:
             return True
         if os.path.getsize(source) != os.path.getsize(target):
             return False
-        with open(source, "rb") as a, open(target, "rb") as b:
+        with store_file_reader(source) as a, store_file_reader(target) as b:
             while True:
                 chunk = a.read(1 << 20)
                 if chunk != b.read(1 << 20):

@@ -36,7 +36,8 @@ from .fence import FenceFiles, foreign_records
 from .handoff import HandoffLock
 from .hot_path import JournalHotPath
 from .recovery import fold_orphaned_journals
-from .side_files import SideFiles, private_dirs
+from .side_files import SideFiles
+from .store_files import check_store_owner, check_store_path, open_store_file, private_dirs
 
 __all__ = ["DuckDBConnection", "duckdb_config", "open_duckdb"]
 
@@ -129,7 +130,7 @@ class DuckDBConnection(Backend):
         self.linger = linger
         self.read_only = read_only
         self.lock = HandoffLock(path, read_only=read_only)
-        self.side_files = SideFiles(path)
+        self.side_files = SideFiles(path, read_only=read_only)
         self.fence = None if read_only else FenceFiles(path)
         self.con: duckdb.DuckDBPyConnection | None = None
         self.opens = 0
@@ -665,7 +666,7 @@ DUCKDB_HEADERS = 3 * 4096  # its main header and two database headers: no file i
 def _open_header(path: str) -> int | None:
     """A read descriptor of the store file, held while connected (see ``_header_fd``)."""
     try:
-        return os.open(path, os.O_RDONLY)
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never waits on a FIFO
     except OSError:
         return None
 
@@ -693,6 +694,9 @@ def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.Du
     """
     from ..compat import check_store
 
+    if not read_only:  # DuckDB opens (and rewrites) the WAL by name: never a link
+        with contextlib.suppress(FileNotFoundError):
+            os.close(open_store_file(path + ".wal", os.O_RDONLY, make_private=True))
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -727,9 +731,8 @@ def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.Du
         _lock_down(con)
         if read_only:
             return con
-        for suffix in ("", ".wal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(path + suffix, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path, 0o600)  # the store file (through a link to it the user made)
         _private_wal(path)
         return con
 
@@ -760,7 +763,7 @@ def _private_wal(path: str) -> None:
     An empty WAL that DuckDB finds is used as it is (and removed on open).
     """
     with contextlib.suppress(FileExistsError):
-        os.close(os.open(path + ".wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(open_store_file(path + ".wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
 
 
 def open_duckdb(
@@ -776,12 +779,7 @@ def open_duckdb(
     if problem:
         raise StoreError(f"The kernelext store path is refused: {problem}")
     path = os.path.abspath(path)
-    if os.path.isdir(path):  # before anything is created beside it (.lock, .want)
-        raise StoreError(
-            f"The kernelext store {path!r} is a folder; the store is a file. Point "
-            f"KERNELEXT_STORE (or kx.open_store) at a file in it, e.g. "
-            f"{os.path.join(path, 'store.duckdb')!r}."
-        )
+    check_store_path(path)  # a folder, a FIFO: before anything is created beside it
     parent = os.path.dirname(path)
     writable = _writable(path)
     if read_only is None:
@@ -799,6 +797,7 @@ def open_duckdb(
             raise StoreError(
                 f"Cannot create the folder for the kernelext store {path!r}: {exc}"
             ) from None
+        check_store_owner(path)  # nobody else can plant links or change it
     elif not os.path.exists(path):
         raise StoreError(f"There is no kernelext store at {path!r} to open read-only.")
     if wait_timeout is None:
@@ -819,8 +818,8 @@ def remove_created_coordination_files(before: list[str]) -> None:
 
     for name in before:
         try:
-            fd = os.open(name, os.O_RDWR)
-        except OSError:
+            fd = open_store_file(name, os.O_RDWR)
+        except (OSError, StoreError):
             continue
         try:
             if try_lock_file(fd):  # nobody waits on it or holds it

@@ -39,6 +39,7 @@ from ..._formatting import duration_text
 from ...errors import RunStateError
 from ..records import FENCED
 from .journal import Record, scan_journal
+from .store_files import open_folder, open_store_file
 
 __all__ = ["FenceFiles", "foreign_records"]
 
@@ -69,8 +70,15 @@ class FenceFiles:
         return path
 
     def _open(self, run_id: str) -> int:
-        os.makedirs(self.folder, exist_ok=True)
-        return os.open(self.path(run_id), os.O_RDWR | os.O_CREAT, 0o600)
+        """The run's fence file, opened inside the folder's descriptor (a folder made 0700,
+        never a link; the file never through one)."""
+        folder = open_folder(self.folder)
+        try:
+            path = self.path(run_id)
+            name = os.path.basename(path)
+            return open_store_file(name, os.O_RDWR | os.O_CREAT, dir_fd=folder, shown=path)
+        finally:
+            os.close(folder)
 
     def _take(self, run_id: str) -> int:
         """The run's descriptor, marked in use (kept open for the next record; at most
@@ -89,7 +97,7 @@ class FenceFiles:
         recreated since: a kept descriptor of a removed file would read an old epoch and
         lock a file no take-over locks)."""
         try:
-            named = os.stat(self.path(run_id))
+            named = os.stat(self.path(run_id), follow_symlinks=False)
         except FileNotFoundError:
             return False
         return (named.st_dev, named.st_ino) == self._ids.get(fd)

@@ -20,8 +20,9 @@ import socket
 import time
 
 from ..._formatting import duration_text
-from ...errors import StoreLockedError
+from ...errors import StoreError, StoreLockedError
 from .platform import lock_file, try_lock_file, unlock_file
+from .store_files import open_store_file, read_store_file
 
 __all__ = ["HandoffLock"]
 
@@ -37,7 +38,7 @@ class HandoffLock:
         self._courtesy_until = 0.0
         if not read_only:  # so that a read-only opener, who cannot create it, can signal
             with contextlib.suppress(OSError):
-                os.close(os.open(self.want_path, os.O_RDWR | os.O_CREAT, 0o600))
+                os.close(open_store_file(self.want_path, os.O_RDWR | os.O_CREAT))
 
     @property
     def held(self) -> bool:
@@ -132,17 +133,16 @@ class HandoffLock:
     def _open(self, path: str) -> int | None:
         """Open (creating) a coordination file; read-only: only an existing one, or None."""
         if not self.read_only:
-            return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            return open_store_file(path, os.O_RDWR | os.O_CREAT)
         try:
-            return os.open(path, os.O_RDONLY)
+            return open_store_file(path, os.O_RDONLY, shared=True)
         except FileNotFoundError:
             return None
 
     def holder(self) -> dict[str, object] | None:
         try:
-            with open(self.lock_path, encoding="utf-8") as handle:
-                text = handle.read()
+            text = read_store_file(self.lock_path, shared=True).decode()
             data = json.loads(text) if text else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, StoreError):
             return None
         return data if isinstance(data, dict) else None

@@ -36,6 +36,7 @@ from typing import Any
 
 from ...errors import StoreWriteError
 from .platform import lock_file, sync_data, try_lock_file, unlock_file
+from .store_files import open_store_file, read_store_file
 
 __all__ = ["Journal", "Record", "Scan", "orphaned_journals", "scan_journal", "write_all"]
 
@@ -148,8 +149,7 @@ def _parse(payload: bytes) -> Record | None:
 
 def scan_journal(path: str) -> Scan:
     """Read every intact record of a journal; note damage instead of stopping at it."""
-    with open(path, "rb") as handle:
-        blob = handle.read()
+    blob = read_store_file(path)
     scan = Scan()
     offset = 0
     while offset < len(blob):
@@ -184,7 +184,7 @@ class Journal:
         self.id = f"{os.getpid()}.{secrets.token_hex(4)}"
         self.path = f"{store_path}.journal.{self.id}"
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            self._fd = open_store_file(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
         except OSError as exc:
             raise StoreWriteError(
                 f"Cannot create the kernelext journal {self.path!r}: {exc.strerror}. The folder "
@@ -337,7 +337,7 @@ def orphaned_journals(store_path: str, own: str | None) -> Iterator[tuple[str, s
         if path == own:
             continue
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = open_store_file(path, os.O_RDWR)
         except (FileNotFoundError, IsADirectoryError):
             continue
         if not try_lock_file(fd):

@@ -23,6 +23,7 @@ from ..writer import Tx
 from .bulk import apply_records
 from .fold import known_and_unknown, quarantine_tx, record_payload, refuse_tx, set_journal_state
 from .journal import Record, Scan, orphaned_journals, scan_journal
+from .store_files import own_folder
 
 __all__ = ["fold_orphaned_journals"]
 
@@ -179,7 +180,7 @@ def _note_damage(
     if not scan.damage and not scan.unreadable:
         return False
     folder = store_path + ".quarantine"
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    own_folder(folder)  # 0700, never a link
     kept = os.path.join(folder, f"journal.{journal_id}")
     for offset, end, why in scan.damage:
         error = f"{end - offset} damaged byte(s) at offset {offset}: {why}"

@@ -18,13 +18,14 @@ from typing import Any
 from ...errors import IntegrityError, StoreWriteError
 from ..columns import refuse_secret
 from .journal import write_all
+from .store_files import open_store_file, own_folder, read_store_file
 
 __all__ = [
     "SideFiles",
     "StagedPayload",
+    "blob_folder",
     "inside",
     "locate_side_file",
-    "private_dirs",
     "read_side_file",
     "side_file_candidates",
     "side_file_error",
@@ -45,21 +46,16 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
-def private_dirs(path: str) -> None:
-    """Create folder ``path`` and each missing parent with mode 0700 (``os.makedirs`` gives
-    the parents the umask's mode, often 0755: other users could list the store's files)."""
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(path)
-    if parent and parent != path:
-        private_dirs(parent)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
+def blob_folder(folder: str) -> None:
+    """Make (0700) or check a run's side-file folder and the blob folder above it."""
+    own_folder(os.path.dirname(folder))
+    own_folder(folder)
 
 
 def write_durably(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` (created 0600) and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write ``data`` to the new file ``path`` (created 0600, never through a link) and
+    fsync it."""
+    fd = open_store_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         write_all(fd, data)
         os.fsync(fd)
@@ -98,7 +94,7 @@ class StagedPayload:
 def stage(folder: str, data: bytes) -> StagedPayload:
     refuse_secret(data, "a snapshot value (side file)")  # the door for side files
     try:
-        private_dirs(folder)
+        blob_folder(folder)
     except OSError as exc:
         raise side_file_error(folder, exc) from None
     return StagedPayload(folder, data)
@@ -160,13 +156,13 @@ def locate_side_file(location: str, root: str) -> str:
     return next((p for p in candidates if os.path.exists(p)), candidates[0])
 
 
-def read_side_file(location: str, root: str) -> tuple[str, bytes | None]:
-    """(path, bytes) of a side file; when it is nowhere, (where it belongs, ``None``)."""
+def read_side_file(location: str, root: str, *, shared: bool = False) -> tuple[str, bytes | None]:
+    """(path, bytes) of a side file; when it is nowhere, (where it belongs, ``None``).
+    ``shared``: a read-only store's files may be another user's."""
     candidates = side_file_candidates(location, root)
     for path in candidates:
         try:
-            with open(path, "rb") as handle:
-                return path, handle.read()
+            return path, read_store_file(path, shared=shared)
         except FileNotFoundError:
             continue
     return candidates[0], None
@@ -175,8 +171,9 @@ def read_side_file(location: str, root: str) -> tuple[str, bytes | None]:
 class SideFiles:
     """The side-file folder of one store, ``<store>.blobs/<run folder>/<blob id>``."""
 
-    def __init__(self, store_path: str) -> None:
+    def __init__(self, store_path: str, *, read_only: bool = False) -> None:
         self.root = store_path + ".blobs"
+        self.read_only = read_only
 
     def run_dir(self, run_id: str) -> str:
         return os.path.join(self.root, run_folder(run_id))
@@ -196,13 +193,14 @@ class SideFiles:
             staged.commit(path)
         else:
             refuse_secret(data, "a snapshot value (side file)")
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
             try:
-                private_dirs(folder)
-                write_durably(path + ".tmp", data)
-                os.replace(path + ".tmp", path)
+                blob_folder(folder)
+                write_durably(tmp, data)
+                os.replace(tmp, path)
             except OSError as exc:
                 with contextlib.suppress(OSError):
-                    os.remove(path + ".tmp")
+                    os.remove(tmp)
                 raise side_file_error(path, exc) from None
         return self.location(run_id, blob_id)
 
@@ -210,7 +208,7 @@ class SideFiles:
         return locate_side_file(location, self.root)
 
     def read(self, location: str) -> tuple[str, bytes | None]:
-        return read_side_file(location, self.root)
+        return read_side_file(location, self.root, shared=self.read_only)
 
     def contains(self, path: str) -> bool:
         return inside(path, self.root)
