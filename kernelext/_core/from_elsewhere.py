@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..status import LIVE, Status
 from . import control
-from .decide_elsewhere import DECISIONS, decide
+from .decide_elsewhere import DECISIONS, answer, decide
 
 __all__ = ["ACTIONS", "SOURCES", "act", "describe_error", "store_address"]
 
@@ -46,6 +46,7 @@ ACTIONS: dict[str, str] = {
     "force": "stop now: cancel the current step",
     "approve": "approve one waiting call (decide_elsewhere)",
     "reject": "reject one waiting call (decide_elsewhere)",
+    "answer": "answer one open question (decide_elsewhere)",
 }
 SOURCES: dict[str, str] = {  # where a click may come from -> how its answer names it
     "panel": "panel",
@@ -101,6 +102,9 @@ def act(
     request: object = None,
     note: object = None,
     who: str | None = None,
+    key: object = None,
+    value: object = None,
+    typed: bool = False,
 ) -> dict[str, Any]:
     """Record ``action`` for run ``run_id`` in the store at ``address``; say what happened.
 
@@ -111,7 +115,8 @@ def act(
     run), ``message`` (a sentence for the person who clicked) and ``seconds``.
 
     ``approve`` / ``reject`` decide approval ``request`` of the run (``note``, ``who``:
-    for the record; ``decide_elsewhere``).
+    for the record; ``decide_elsewhere``). ``answer`` answers question ``key`` with
+    ``value`` (``typed``: text read as its schema asks), one answer wins.
     """
     if action not in ACTIONS:
         raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
@@ -129,8 +134,13 @@ def act(
                 f"epoch is {row['owner_epoch']}, the panel showed {epoch}); nothing was done. "
                 "Look at the panel again and press the button there."
             )
-        if action in DECISIONS:
-            decided = decide(store, action, run_id, request, note=note, who=who, source=source)
+        if action in DECISIONS or action == "answer":
+            if action == "answer":
+                decided = answer(
+                    store, run_id, key, value, typed=typed, note=note, who=who, source=source
+                )
+            else:
+                decided = decide(store, action, run_id, request, note=note, who=who, source=source)
             return {
                 "run_id": run_id,
                 "action": action,
