@@ -8,7 +8,8 @@ and its axis, the command line, messages and status texts):
 - a wall-clock time: ``2026-12-06 12:00:05 UTC``, in the reader's zone with the zone
   named (``13:00:05 CET`` where TZ says Paris; the store keeps UTC); ``precise`` adds
   milliseconds where steps are told apart by them;
-- a step: people count from 1, so the step stored with ordinal 0 reads ``step 1``,
+- a step: people count from 1, so the step stored with ordinal 0 reads ``step 1``, and
+  by what ran (a cell, an item), not by attempt (``step_numbers``),
   ``step 3 of 12`` when the total is known, ``step 3 (fetch-page)`` when its key says
   more than its number. Keys are shown as they are;
 - a count: ``1 item``, ``12 items``; a pace: ``35 items/s``, ``2.5 items/s``, ``40 items/min``.
@@ -17,6 +18,8 @@ and its axis, the command line, messages and status texts):
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 # The step key of effects made outside any step (never shown to a person; the core's
 # kernelext._core.names re-exports it, and this leaf module is where it is defined).
@@ -32,6 +35,7 @@ __all__ = [
     "reason_text",
     "step_label",
     "step_number",
+    "step_numbers",
     "zone_text",
 ]
 
@@ -88,6 +92,19 @@ def zone_text(moment: dt.datetime) -> str:
 def step_number(ordinal: int) -> int:
     """The number a person reads for the step stored with ``ordinal`` (counted from 0)."""
     return ordinal + 1
+
+
+def step_numbers(steps: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """Stored ordinal -> the ordinal a person counts, for a run's ``steps`` rows (``ordinal``,
+    ``key``): steps are counted by what they run (a cell, an item: their key), never by
+    attempt, so a cell run three times is one step, and the cell after it is the next.
+    Pass the result's values to :func:`step_label` / :func:`step_number` as ordinals."""
+    numbers: dict[str, int] = {}
+    shown: dict[int, int] = {}
+    for row in sorted(steps, key=lambda row: int(row["ordinal"])):
+        key = str(row["key"])
+        shown[int(row["ordinal"])] = numbers.setdefault(key, len(numbers))
+    return shown
 
 
 def step_label(ordinal: int | None, key: str | None = None, total: int | None = None) -> str:

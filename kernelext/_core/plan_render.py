@@ -143,7 +143,7 @@ def _sections(plan: PlanData) -> list[tuple[str, list[str]]]:
     """(label, lines) in the order both renderings use; a row with no lines is left out
     (a person reads what is there, never a row of "none")."""
     done = [
-        step_label(s.ordinal, s.key) + (f" ({s.note})" if s.note != "skipped" else "")
+        step_label(s.shown, s.key) + (f" ({s.note})" if s.note != "skipped" else "")
         for s in plan.completed
     ]
     creds = [
@@ -158,7 +158,7 @@ def _sections(plan: PlanData) -> list[tuple[str, list[str]]]:
     sections = [
         ("skipped (completed steps)", [steps] if steps else []),
         ("batch", _batch_line(plan)),
-        ("runs again", [f"{step_label(s.ordinal, s.key)} ({s.note})" for s in plan.rerun]),
+        ("runs again", [f"{step_label(s.shown, s.key)} ({s.note})" for s in plan.rerun]),
         ("next step", [plan.next_step.note] if plan.next_step else []),
         ("replayed from the ledger", _counted(plan.replayed)),
         ("called again (decided not applied)", _counted(plan.called_again)),
