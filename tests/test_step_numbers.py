@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from support.live import finish_live_runs
 from test_formatting import step_rows
 
 from kernelext._cli.runs import cmd_show
@@ -18,7 +19,6 @@ from kernelext._core.cell_runs import forget_cell_runs
 from kernelext._core.plan import plan
 from kernelext._core.runtime import get_store, runtime
 from kernelext._core.timeline import timeline
-from support.live import finish_live_runs
 
 
 @pytest.fixture

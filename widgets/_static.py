@@ -7,8 +7,9 @@ its own ``text/html`` output, with a display id, updated to the panel's last sta
 every status change. While the live widget is shown next to it, a style in the output
 hides the copy; when the widget is gone or disconnected (kernel restarted), the copy is
 what the notebook shows (and what nbconvert exports), stamped "as of" the time it was
-read (in the reader's zone, named), with the command that brings the live panel back. The overview of the runs (``kx.runs()``, ``_runs.py``) keeps a saved copy
-the same way (``show_html`` / ``update_html``, its own live selector: ``hide_style``).
+read (in the reader's zone, named), with the command that brings the live panel back.
+The overview of the runs (``kx.runs()``, ``_runs.py``) keeps a saved copy the same way
+(``show_html`` / ``update_html``, its own live selector: ``hide_style``).
 """
 
 from __future__ import annotations
