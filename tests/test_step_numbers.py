@@ -1,6 +1,6 @@
 """Steps are numbered as a person counts them: by cell (or item), not by attempt. A cell
 that failed and ran again is still step 2, and the cell after it is step 3, in the cell's
-message, ``kernelext show``, the timeline and the resume plan."""
+message, the panel, ``kernelext show``, the timeline and the resume plan."""
 
 from __future__ import annotations
 
@@ -57,8 +57,14 @@ def test_a_cell_run_again_keeps_its_number_on_every_surface(
         shell.run_cell(f"%%agent {run_id} --step load\nraise ValueError('not yet')\n")
         assert f"step 2 of run {run_id!r} failed" in capsys.readouterr().out
     shell.run_cell(f"%%agent {run_id} --step load\nrun.state['loaded'] = True\n")
-    shell.run_cell(f"%%agent {run_id} --step report\nrun.state['done'] = True\n")
+    shell.run_cell(  # the panel, read while the third cell runs
+        f"%%agent {run_id} --step report\n"
+        "from kernelext._core.cell_runs import cell_handle\n"
+        "from kernelext.widgets._render import view_of\n"
+        f"panel_step = view_of(cell_handle({run_id!r})).step_text()\n"
+    )
     capsys.readouterr()
+    assert shell.user_ns["panel_step"].startswith("step 3 (report): ")
     store = get_store(None)
     assert [s["ordinal"] for s in store.steps(run_id)] == [0, 1, 2, 3, 4]  # attempts, stored
 

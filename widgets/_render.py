@@ -20,7 +20,13 @@ from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
 from kernelext._core.conversation import Conversation, conversation_of
 from kernelext._core.names import OUTSIDE_STEPS
 from kernelext._core.run import engine_of
-from kernelext._formatting import duration_text, moment_text, reason_text, step_label
+from kernelext._formatting import (
+    duration_text,
+    moment_text,
+    reason_text,
+    step_label,
+    step_numbers,
+)
 from kernelext.status import FINAL, LIVE, EffectStatus, Status
 
 from ._batch import batch_html
@@ -58,7 +64,7 @@ class PanelView:
     reason: str | None = None
     alive: bool = False
     step_key: str | None = None
-    step_ordinal: int | None = None
+    step_ordinal: int | None = None  # as a person counts it (``step_numbers``)
     step_elapsed: float | None = None
     max_step_seconds: float | None = None
     completed: int = 0
@@ -219,6 +225,11 @@ def view_of(
         if step is not None and view.now is not None:
             view.step_key, view.step_ordinal = str(step["key"]), step["ordinal"]
             view.step_elapsed = max(0.0, (view.now - step["started_at"]).total_seconds())
+    if view.step_ordinal is not None and view.step_ordinal > view.completed:
+        # attempts before it that did not complete (a cell run again): count by cell or
+        # item, as every surface does (one read, only then)
+        numbers = step_numbers(store.steps(handle.run_id))
+        view.step_ordinal = numbers.get(view.step_ordinal, view.step_ordinal)
     return view
 
 
