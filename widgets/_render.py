@@ -226,11 +226,24 @@ def view_of(
             view.step_key, view.step_ordinal = str(step["key"]), step["ordinal"]
             view.step_elapsed = max(0.0, (view.now - step["started_at"]).total_seconds())
     if view.step_ordinal is not None and view.step_ordinal > view.completed:
-        # attempts before it that did not complete (a cell run again): count by cell or
-        # item, as every surface does (one read, only then)
-        numbers = step_numbers(store.steps(handle.run_id))
-        view.step_ordinal = numbers.get(view.step_ordinal, view.step_ordinal)
+        view.step_ordinal = counted_ordinal(store, handle.run_id, view.step_ordinal)
     return view
+
+
+_COUNTED: dict[tuple[int, str, int], int] = {}  # (store, run, ordinal) -> as counted
+_COUNTED_KEPT = 512
+
+
+def counted_ordinal(store: Any, run_id: str, ordinal: int) -> int:
+    """The running step's ordinal as a person counts it, by cell or item (``step_numbers``),
+    when attempts before it did not complete (a cell run again). What a step's number is
+    never changes once it started: the store is read once a step, not once a redraw."""
+    key = (id(store), run_id, ordinal)
+    if key not in _COUNTED:
+        if len(_COUNTED) >= _COUNTED_KEPT:
+            _COUNTED.clear()
+        _COUNTED[key] = step_numbers(store.steps(run_id)).get(ordinal, ordinal)
+    return _COUNTED[key]
 
 
 def _effects_of(
