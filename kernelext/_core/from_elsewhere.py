@@ -135,12 +135,11 @@ def act(
                 "Look at the panel again and press the button there."
             )
         if action in DECISIONS or action == "answer":
-            if action == "answer":
-                decided = answer(
-                    store, run_id, key, value, typed=typed, note=note, who=who, source=source
-                )
-            else:
-                decided = decide(store, action, run_id, request, note=note, who=who, source=source)
+            decided = (
+                answer(store, run_id, key, value, typed=typed, note=note, who=who, source=source)
+                if action == "answer"
+                else decide(store, action, run_id, request, note=note, who=who, source=source)
+            )
             return {
                 "run_id": run_id,
                 "action": action,
