@@ -5,9 +5,11 @@ and its axis, the command line, messages and status texts):
 
 - a duration: ``<1 ms``, ``250 ms``, ``0.4 s``, ``4.2 s``, ``42 s``, ``3 min 5 s``,
   ``2 h 5 min``, ``6 d 23 h`` (two units at most, a zero tail left out);
-- a wall-clock time: ``2026-12-06 12:00:05 UTC`` (store clock, naive UTC; ``precise``
-  adds milliseconds where steps are told apart by them);
-- a step: people count from 1, so the step stored with ordinal 0 reads ``step 1``,
+- a wall-clock time: ``2026-12-06 12:00:05 UTC``, in the reader's zone with the zone
+  named (``13:00:05 CET`` where TZ says Paris; the store keeps UTC); ``precise`` adds
+  milliseconds where steps are told apart by them;
+- a step: people count from 1, so the step stored with ordinal 0 reads ``step 1``, and
+  by what ran (a cell, an item), not by attempt (``step_numbers``),
   ``step 3 of 12`` when the total is known, ``step 3 (fetch-page)`` when its key says
   more than its number. Keys are shown as they are;
 - a count: ``1 item``, ``12 items``; a pace: ``35 items/s``, ``2.5 items/s``, ``40 items/min``.
@@ -16,6 +18,8 @@ and its axis, the command line, messages and status texts):
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 # The step key of effects made outside any step (never shown to a person; the core's
 # kernelext._core.names re-exports it, and this leaf module is where it is defined).
@@ -31,6 +35,8 @@ __all__ = [
     "reason_text",
     "step_label",
     "step_number",
+    "step_numbers",
+    "zone_text",
 ]
 
 _UNITS = ((86400, "d", 3600, "h"), (3600, "h", 60, "min"))
@@ -59,18 +65,46 @@ def duration_text(seconds: float | dt.timedelta) -> str:
 
 
 def moment_text(moment: dt.datetime, *, precise: bool = False) -> str:
-    """``2026-12-06 12:00:05 UTC`` (``precise``: ``2026-12-06 12:00:05.250 UTC``).
+    """``2026-12-06 12:00:05 UTC``, ``2026-12-06 13:00:05 CET``: in the reader's zone (this
+    process's local zone, ``TZ``), always with the zone named (``precise``: with
+    milliseconds, ``12:00:05.250 UTC``).
 
-    ``moment`` is a store time (naive UTC); an aware time is turned to UTC first."""
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    millis = f".{moment.microsecond // 1000:03d}" if precise else ""
-    return f"{moment:%Y-%m-%d %H:%M:%S}{millis} UTC"
+    ``moment`` is a store time (naive UTC); an aware time is read as the instant it names."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    local = moment.astimezone()  # the local zone as it is now (a changed TZ is followed)
+    millis = f".{local.microsecond // 1000:03d}" if precise else ""
+    return f"{local:%Y-%m-%d %H:%M:%S}{millis} {zone_text(local)}"
+
+
+def zone_text(moment: dt.datetime) -> str:
+    """The zone an aware time is shown in: its abbreviation (``UTC``, ``CET``, ``EDT``), or
+    its offset (``UTC+05:30``) where the zone has no letters for it."""
+    name = moment.tzname() or ""
+    if name.isalpha():
+        return name
+    offset = moment.utcoffset() or dt.timedelta(0)
+    minutes = int(offset.total_seconds() // 60)
+    sign = "+" if minutes >= 0 else "-"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
 def step_number(ordinal: int) -> int:
     """The number a person reads for the step stored with ``ordinal`` (counted from 0)."""
     return ordinal + 1
+
+
+def step_numbers(steps: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """Stored ordinal -> the ordinal a person counts, for a run's ``steps`` rows (``ordinal``,
+    ``key``): steps are counted by what they run (a cell, an item: their key), never by
+    attempt, so a cell run three times is one step, and the cell after it is the next.
+    Pass the result's values to :func:`step_label` / :func:`step_number` as ordinals."""
+    numbers: dict[str, int] = {}
+    shown: dict[int, int] = {}
+    for row in sorted(steps, key=lambda row: int(row["ordinal"])):
+        key = str(row["key"])
+        shown[int(row["ordinal"])] = numbers.setdefault(key, len(numbers))
+    return shown
 
 
 def step_label(ordinal: int | None, key: str | None = None, total: int | None = None) -> str:

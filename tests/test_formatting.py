@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from support.live import finish_live_runs, name
+from support.zones import in_zone
 
 import kernelext as kx
 from kernelext._cli.runs import cmd_show
@@ -44,10 +45,32 @@ def test_a_duration_reads_in_one_style() -> None:
 
 def test_a_time_reads_with_its_date_and_zone() -> None:
     moment = dt.datetime(2026, 12, 6, 12, 0, 5, 250_000)
-    assert moment_text(moment) == "2026-12-06 12:00:05 UTC"
-    assert moment_text(moment, precise=True) == "2026-12-06 12:00:05.250 UTC"
     aware = dt.datetime(2026, 12, 6, 13, 0, 5, tzinfo=dt.timezone(dt.timedelta(hours=1)))
-    assert moment_text(aware) == "2026-12-06 12:00:05 UTC"
+    with in_zone("UTC"):
+        assert moment_text(moment) == "2026-12-06 12:00:05 UTC"
+        assert moment_text(moment, precise=True) == "2026-12-06 12:00:05.250 UTC"
+        assert moment_text(aware) == "2026-12-06 12:00:05 UTC"
+
+
+@pytest.mark.parametrize(
+    ("zone", "winter", "summer"),
+    [
+        ("UTC", "2026-12-06 03:01:05 UTC", "2026-07-06 03:01:05 UTC"),
+        ("Europe/Paris", "2026-12-06 04:01:05 CET", "2026-07-06 05:01:05 CEST"),
+        ("America/New_York", "2026-12-05 22:01:05 EST", "2026-07-05 23:01:05 EDT"),
+        ("Asia/Kolkata", "2026-12-06 08:31:05 IST", "2026-07-06 08:31:05 IST"),
+        ("America/Sao_Paulo", "2026-12-06 00:01:05 UTC-03:00", "2026-07-06 00:01:05 UTC-03:00"),
+    ],
+)
+def test_a_time_reads_in_the_readers_zone_with_the_zone_named(
+    zone: str, winter: str, summer: str
+) -> None:
+    """The store keeps UTC; a person reads their own zone, and which zone it is."""
+    with in_zone(zone):
+        assert moment_text(dt.datetime(2026, 12, 6, 3, 1, 5)) == winter
+        assert moment_text(dt.datetime(2026, 7, 6, 3, 1, 5)) == summer
+        aware = dt.datetime(2026, 12, 6, 4, 1, 5, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+        assert moment_text(aware) == winter  # the instant it names, in the reader's zone
 
 
 def test_steps_are_counted_from_one() -> None:
@@ -119,11 +142,19 @@ def table_rows(lines: list[str], section: str, names: list[str]) -> list[dict[st
     return rows
 
 
+@pytest.fixture
+def in_paris() -> Iterator[None]:
+    """The reader is in Paris (CET, CEST in summer): a zone other than the store's UTC."""
+    with in_zone("Europe/Paris"):
+        yield
+
+
 def test_a_deadline_and_a_step_duration_read_the_same_everywhere(
-    store: Store, clock: HeldClock, capsys: Any
+    store: Store, clock: HeldClock, capsys: Any, in_paris: None
 ) -> None:
     from kernelext.widgets._approvals import ApprovalCard
     from kernelext.widgets._render import view_of
+    from kernelext.widgets._static import saved_html
 
     transfer = kx.effect(name=name("transfer"), needs_approval=True)(lambda to: {"to": to})
 
@@ -142,10 +173,16 @@ def test_a_deadline_and_a_step_duration_read_the_same_everywhere(
     clock.held = deadline - dt.timedelta(days=2, hours=23, minutes=30, seconds=10)
     left, when = duration_text(deadline - clock.held), moment_text(deadline)
     assert left == "2 d 23 h"  # two units at most, the smaller one cut
+    local = deadline.replace(tzinfo=dt.timezone.utc).astimezone()
+    assert when == f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"  # the reader's zone, named
+    assert when.endswith((" CET", " CEST"))
 
-    # the panel
+    # the panel, and its saved copy stamped with the time it was read
     view = view_of(handle)
     assert f"; expires in {left} ({when})" in (view.outcome_text() or "")
+    assert view.now is not None
+    assert f"as of {moment_text(view.now)}" in saved_html(view)
+    assert moment_text(view.now).endswith((" CET", " CEST"))
     # the resume plan
     previewed = plan(run_id, store)
     assert f"  deadline: {when}, in {left}" in previewed.text().splitlines()

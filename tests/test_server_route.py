@@ -202,7 +202,7 @@ def test_bad_requests_are_refused_with_what_to_do_and_change_nothing(
 def test_the_route_says_it_is_there(server: lab.LabServer) -> None:
     assert server.api("/kernelext/api/status") == {
         "route": "kernelext",
-        "actions": ["approve", "force", "reject", "stop"],
+        "actions": ["answer", "approve", "force", "reject", "stop"],
     }
 
 

@@ -3,31 +3,29 @@
 * :class:`ApprovalCard`: one request — tool, arguments (redacted), step, time left, a
   note, and **Approve** / **Reject** (CSS classes ``kernelext-approval``,
   ``kernelext-approve``, ``kernelext-reject``, ``kernelext-approval-note``).
-* :class:`QuestionCard`: one ``run.ask`` question — the prompt, an input that fits its
-  schema (text box, number, checkbox, dropdown, or a small form), a note, and **Answer**
-  (``kernelext-question``, ``kernelext-answer``, ``kernelext-answer-input``).
+* :class:`QuestionCard` (``_questions.py``): one ``run.ask`` question — the prompt, an
+  answer box, a note, and **Answer**, sent through the notebook server as Approve is.
 * :class:`ApprovalsBox`: the panel add-on showing the cards of the panel's run while it
   waits for a person; a decision that resumes the run makes the panel follow it.
   :func:`approvals_addon` is its control-panel add-on (installed by
   ``widgets/_addons.py``).
 * :func:`approvals_mimebundle`: how ``kx.approvals()`` / ``kx.questions()`` display.
 
-Clicks run in the kernel's main thread; the agent runs in its worker thread, so they
-work while no cell runs and while another one does. Imports the core only.
+Approve, Reject and Answer are recorded by the notebook server (``_stop_buttons.js``),
+so they land while the kernel is busy; a click the server could not take runs in the
+kernel's main thread, while the agent runs in its worker thread. Imports the core only.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
 
 from kernelext._core.approvals import Approval, approvals
-from kernelext._core.asking import parse_answer
-from kernelext._core.colours import BAD, REQUEST_COLOURS
+from kernelext._core.colours import REQUEST_COLOURS
 from kernelext._core.control import resume_if_here
 from kernelext._core.data_args import argument_text
 from kernelext._core.from_elsewhere import store_address
@@ -36,6 +34,14 @@ from kernelext._formatting import moment_text
 from kernelext.status import Reason, Status
 
 from ._data_view import data_box
+from ._questions import (
+    SOURCE,
+    Decided,
+    QuestionCard,
+    error_html,
+    input_for,
+    resumed_text,
+)
 from ._stop_buttons import DecisionButtons
 
 __all__ = [
@@ -51,19 +57,7 @@ __all__ = [
     "input_for",
 ]
 
-SOURCE = "widget"
 WAITING_FOR_PERSON = (Reason.APPROVAL, Reason.INPUT)
-Decided = Callable[[Any], None]
-
-
-def _error(exc: Exception) -> str:
-    return f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
-
-
-def _resumed_text(handle: Any, done: str) -> str:
-    if handle is None:
-        return f"<div>{done}; the run goes on at its next resume.</div>"
-    return f"<div>{done}; the run resumed.</div>"
 
 
 def args_html(arguments: dict[str, Any]) -> str:
@@ -165,117 +159,9 @@ class ApprovalCard(w.VBox):
             else:
                 self.handle = self.item.reject(note, source=SOURCE)
         except Exception as exc:  # the card says why (decided elsewhere, expired, ...)
-            self.message.value = _error(exc)
+            self.message.value = error_html(exc)
             return
-        self.message.value = _resumed_text(self.handle, "approved" if approve else "rejected")
-        self.draw()
-        if self.on_decided is not None:
-            self.on_decided(self.handle)
-
-
-def input_for(spec: dict[str, Any], default: Any = None) -> tuple[Any, Callable[[], Any]]:
-    """An input widget that fits ``spec`` and a function reading its value."""
-    if "enum" in spec:
-        choices = list(spec["enum"])
-        options = [(c if isinstance(c, str) else json.dumps(c), i) for i, c in enumerate(choices)]
-        start = choices.index(default) if default in choices else 0
-        box: Any = w.Dropdown(options=options, value=start)
-        return box, lambda: choices[box.value]
-    kind = spec.get("type")
-    if kind in ("integer", "number"):
-        bounded = "minimum" in spec or "maximum" in spec
-        if kind == "integer":
-            cls: Any = w.BoundedIntText if bounded else w.IntText
-        else:
-            cls = w.BoundedFloatText if bounded else w.FloatText
-        limits = {k: spec[m] for k, m in (("min", "minimum"), ("max", "maximum")) if m in spec}
-        if bounded:
-            limits.setdefault("min", -(10**12))
-            limits.setdefault("max", 10**12)
-        value = default if isinstance(default, (int, float)) else limits.get("min", 0)
-        box = cls(value=value, **limits)
-        return box, lambda: box.value
-    if kind == "boolean":
-        box = w.Checkbox(value=bool(default), description="yes", indent=False)
-        return box, lambda: bool(box.value)
-    if kind == "string":
-        box = w.Text(value=default if isinstance(default, str) else "")
-        return box, lambda: str(box.value)
-    if kind == "object" and isinstance(spec.get("properties"), dict):
-        return _form(spec, default if isinstance(default, dict) else {})
-    text = "" if default is None else json.dumps(default)
-    box = w.Textarea(value=text, placeholder="your answer (JSON or text)")
-    return box, lambda: parse_answer(spec, str(box.value))
-
-
-def _form(spec: dict[str, Any], default: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
-    required = set(spec.get("required") or ())
-    rows, readers = [], {}
-    for field, sub in spec["properties"].items():
-        widget, read = input_for(sub if isinstance(sub, dict) else {}, default.get(field))
-        mark = " *" if field in required else ""
-        rows.append(w.HBox([w.HTML(f"<code>{html.escape(field)}</code>{mark}"), widget]))
-        readers[field] = read
-
-    def read_all() -> dict[str, Any]:
-        values = {field: read() for field, read in readers.items()}
-        return {k: v for k, v in values.items() if k in required or v not in ("", None)}
-
-    return w.VBox(rows), read_all
-
-
-class QuestionCard(w.VBox):
-    """One open question; ``answer_button.click()`` works from code too."""
-
-    def __init__(self, item: Question, *, on_decided: Decided | None = None) -> None:
-        self.item = item
-        self.on_decided = on_decided
-        self.handle: Any = None
-        self.header = w.HTML()
-        self.input, self._read = input_for(item.schema, item.default)
-        self.input.add_class("kernelext-answer-input")
-        self.note = w.Text(placeholder="note for the record (optional)")
-        self.answer_button = w.Button(
-            description="Answer",
-            icon="reply",
-            button_style="primary",
-            tooltip="Store the answer; the run goes on and gets it back from run.ask",
-            layout=w.Layout(width="auto"),
-        )
-        self.answer_button.add_class("kernelext-answer")
-        self.message = w.HTML()
-        super().__init__(
-            children=[self.header, self.input, self.note, self.answer_button, self.message],
-            layout=w.Layout(
-                border=f"1px solid {REQUEST_COLOURS['question']}", padding="2px 8px", margin="4px 0"
-            ),
-        )
-        self.add_class("kernelext-question")
-        self.answer_button.on_click(self._on_answer)
-        self.draw()
-
-    def draw(self) -> None:
-        item = self.item
-        state = "answered" if item.answered else item.time_left
-        self.header.value = (
-            f"<div><b>{html.escape(item.prompt)}</b> · run <code>{html.escape(item.run_id)}"
-            f"</code> · {html.escape(item.step_text)} · {html.escape(state)}</div>"
-        )
-        for control in (self.input, self.note, self.answer_button):
-            control.disabled = item.answered
-
-    def value(self) -> Any:
-        return self._read()
-
-    def _on_answer(self, _button: Any = None) -> None:
-        try:
-            self.handle = self.item.answer(
-                self.value(), note=str(self.note.value).strip() or None, source=SOURCE
-            )
-        except Exception as exc:  # refused (does not fit, answered elsewhere, expired)
-            self.message.value = _error(exc)
-            return
-        self.message.value = _resumed_text(self.handle, "answered")
+        self.message.value = resumed_text(self.handle, "approved" if approve else "rejected")
         self.draw()
         if self.on_decided is not None:
             self.on_decided(self.handle)

@@ -20,7 +20,13 @@ from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
 from kernelext._core.conversation import Conversation, conversation_of
 from kernelext._core.names import OUTSIDE_STEPS
 from kernelext._core.run import engine_of
-from kernelext._formatting import duration_text, moment_text, reason_text, step_label
+from kernelext._formatting import (
+    duration_text,
+    moment_text,
+    reason_text,
+    step_label,
+    step_numbers,
+)
 from kernelext.status import FINAL, LIVE, EffectStatus, Status
 
 from ._batch import batch_html
@@ -58,7 +64,7 @@ class PanelView:
     reason: str | None = None
     alive: bool = False
     step_key: str | None = None
-    step_ordinal: int | None = None
+    step_ordinal: int | None = None  # as a person counts it (``step_numbers``)
     step_elapsed: float | None = None
     max_step_seconds: float | None = None
     completed: int = 0
@@ -218,6 +224,8 @@ def view_of(
         if step is not None and view.now is not None:
             view.step_key, view.step_ordinal = str(step["key"]), step["ordinal"]
             view.step_elapsed = max(0.0, (view.now - step["started_at"]).total_seconds())
+    if view.step_ordinal is not None and view.step_ordinal > view.completed:
+        view.step_ordinal = counted_ordinal(store, handle.run_id, view.step_ordinal)
     return view
 
 
@@ -226,6 +234,22 @@ def _error_text(handle: Any, info: dict[str, Any]) -> str | None:
     exception in memory; a handle without that door (a stand-in) shows the stored reason."""
     door = getattr(handle, "error_text", None)
     return door(info) if callable(door) else None
+
+
+_COUNTED: dict[tuple[int, str, int], int] = {}  # (store, run, ordinal) -> as counted
+_COUNTED_KEPT = 512
+
+
+def counted_ordinal(store: Any, run_id: str, ordinal: int) -> int:
+    """The running step's ordinal as a person counts it, by cell or item (``step_numbers``),
+    when attempts before it did not complete (a cell run again). What a step's number is
+    never changes once it started: the store is read once a step, not once a redraw."""
+    key = (id(store), run_id, ordinal)
+    if key not in _COUNTED:
+        if len(_COUNTED) >= _COUNTED_KEPT:
+            _COUNTED.clear()
+        _COUNTED[key] = step_numbers(store.steps(run_id)).get(ordinal, ordinal)
+    return _COUNTED[key]
 
 
 def _effects_of(

@@ -6,17 +6,21 @@ displaying widget: model not found" or hides itself. So a displayed panel also e
 its own ``text/html`` output, with a display id, updated to the panel's last state on
 every status change. While the live widget is shown next to it, a style in the output
 hides the copy; when the widget is gone or disconnected (kernel restarted), the copy is
-what the notebook shows (and what nbconvert exports), with the command that brings the
-live panel back. The overview of the runs (``kx.runs()``, ``_runs.py``) keeps a saved copy
-the same way (``show_html`` / ``update_html``, its own live selector: ``hide_style``).
+what the notebook shows (and what nbconvert exports), stamped "as of" the time it was
+read (in the reader's zone, named), with the command that brings the live panel back.
+The overview of the runs (``kx.runs()``, ``_runs.py``) keeps a saved copy the same way
+(``show_html`` / ``update_html``, its own live selector: ``hide_style``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import html
 import uuid
 from collections.abc import Callable, Hashable
+
+from kernelext._formatting import moment_text
 
 from ._render import PanelView, to_html
 
@@ -48,9 +52,12 @@ STYLE = hide_style(LIVE)
 
 def saved_html(view: PanelView) -> str:
     run = html.escape(repr(view.run_id))
+    read = view.now or dt.datetime.now(dt.timezone.utc)  # the store's clock when read
     return (
         f'<div class="kernelext-saved">{STYLE}{to_html(view, static=False)}'
-        '<div style="font-size:smaller">saved panel, not connected to a kernel; '
+        '<div style="font-size:smaller">saved panel, '
+        f'<span class="kernelext-as-of">as of {html.escape(moment_text(read))}</span>, '
+        "not connected to a kernel; "
         f"for the live panel run <code>kx.panel({run})</code> "
         "(with <code>%load_ext kernelext</code> loaded)</div></div>"
     )

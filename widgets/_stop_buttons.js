@@ -1,8 +1,9 @@
-// Stop and Force stop of a kernelext panel, sent to the notebook server, not the kernel.
+// Stop and Force stop of a kernelext panel (and an approval's or a question's card), sent
+// to the notebook server, not the kernel.
 //
 // A click on an ipywidgets button waits in the kernel's queue behind every queued cell
 // (Run All) and behind the user's long cell. These buttons POST to kernelext's Jupyter
-// Server extension (kernelext/api/stop|force), which records the request in the store at
+// Server extension (kernelext/api/<action>), which records the request in the store at
 // once. Without that route (an older server, the extension disabled) the click goes to
 // the kernel as a widget message; if the kernel does not answer within a second the
 // button says so and what to do instead, never nothing.
@@ -31,8 +32,14 @@ function xsrfToken() {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
+// A time in the reader's zone, with the zone named: "03:01:05 CET".
 function clock(date) {
-  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  return date.toLocaleTimeString([], {
+    hour: "2-digit",
+    minute: "2-digit",
+    second: "2-digit",
+    timeZoneName: "short",
+  });
 }
 
 function makeButton(label, icon, style) {
@@ -165,8 +172,87 @@ function renderApproval(model, el) {
   draw();
 }
 
+// A question's answer box, note and Answer: the answer is stored through the server at
+// once, as typed (read as the question's schema asks); then the kernel resumes the run.
+function answerInput(model) {
+  const choices = model.get("choices") || [];
+  let input;
+  if (choices.length) {
+    input = document.createElement("select");
+    for (const choice of choices) {
+      const option = document.createElement("option");
+      option.value = option.textContent = choice;
+      input.appendChild(option);
+    }
+    if (choices.includes(model.get("typed"))) input.value = model.get("typed");
+  } else {
+    input = document.createElement(model.get("multiline") ? "textarea" : "input");
+    input.placeholder = "your answer";
+    input.value = model.get("typed") || "";
+  }
+  input.className = "widget-input kernelext-answer-input";
+  input.style.width = "22em";
+  input.addEventListener("input", () => model.set("typed", input.value));
+  return input;
+}
+
+function renderQuestion(model, el) {
+  el.classList.add("kernelext-answer-buttons");
+  const input = answerInput(model);
+  const noteInput = document.createElement("input");
+  noteInput.type = "text";
+  noteInput.placeholder = "note for the record (optional)";
+  noteInput.className = "widget-input";
+  noteInput.style.width = "22em";
+  noteInput.value = model.get("note") || "";
+  noteInput.addEventListener("input", () => model.set("note", noteInput.value));
+  const send = makeButton("Answer", "reply", "primary");
+  send.classList.add("kernelext-answer");
+  send.title = "Store the answer; the run goes on and gets it back from run.ask";
+  const note = document.createElement("div");
+  note.className = "kernelext-click-note";
+  el.append(input, noteInput, send, note);
+  const draw = () => {
+    const decided = model.get("decided");
+    send.disabled = input.disabled = noteInput.disabled = decided;
+    if (decided && model.get("answered_text")) note.textContent = model.get("answered_text");
+  };
+  send.addEventListener("click", async () => {
+    send.disabled = true;
+    note.textContent = "Answer: sending…";
+    const typed = input.value;
+    const extra = { key: model.get("key"), answer: typed, typed: true, note: noteInput.value };
+    let answer = null;
+    try {
+      answer = await sendToServer("answer", model, extra);
+    } catch (_err) {
+      answer = null;
+    }
+    if (answer && answer.ours && answer.status === 200) {
+      note.textContent = `${answer.body.message} (${clock(new Date())})`;
+      model.send({ action: "resume" }); // the kernel resumes the run when it is free
+      return;
+    }
+    if (answer && answer.ours && answer.status < 500) {
+      note.textContent = `Answer refused: ${answer.body.message || `HTTP ${answer.status}`}`;
+      draw();
+      return;
+    }
+    const answered = await sendToKernel("answer", model, { answer: typed, note: noteInput.value });
+    if (!answered) note.textContent = model.get("busy_hint");
+    draw();
+  });
+  model.on("change:decided", draw);
+  model.on("change:answered_text", draw);
+  model.on("change:kernel_note", () => {
+    note.textContent = model.get("kernel_note");
+  });
+  draw();
+}
+
 function render({ model, el }) {
   if (model.get("kind") === "approval") return renderApproval(model, el);
+  if (model.get("kind") === "question") return renderQuestion(model, el);
   el.classList.add("kernelext-stop-buttons");
   el.dataset.kernelextRun = model.get("run_id"); // which run's buttons (a row of the overview)
   el.style.display = "inline-flex";

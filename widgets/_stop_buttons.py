@@ -28,6 +28,7 @@ from kernelext.status import LIVE
 __all__ = [
     "FORCE_TIPS",
     "STOP_TIPS",
+    "AnswerButtons",
     "DecisionButtons",
     "OutOfBand",
     "StopButtons",
@@ -124,6 +125,33 @@ class DecisionButtons(OutOfBand):
     def _call(self, action: str, content: dict[str, Any]) -> str | None:
         note = content.get("note")
         return self._on_action(action, note if isinstance(note, str) else None)
+
+
+class AnswerButtons(OutOfBand):
+    """A question card's answer box, note and Answer (``_stop_buttons.js``): the answer is
+    sent as typed, and read as the question's schema asks (as ``kernelext answer`` reads
+    it). ``on_action(action, answer, note)`` runs ``answer`` in the kernel (a click the
+    server could not take), or ``resume`` once the server stored the answer."""
+
+    actions = ("answer", "resume")
+    key = traitlets.Unicode("").tag(sync=True)  # the question's key
+    choices = traitlets.List(traitlets.Unicode()).tag(sync=True)  # typed forms of its choices
+    multiline = traitlets.Bool(False).tag(sync=True)  # a JSON object or list
+    typed = traitlets.Unicode("").tag(sync=True)  # the answer typed so far (or the default)
+    note = traitlets.Unicode("").tag(sync=True)
+    decided = traitlets.Bool(False).tag(sync=True)
+    answered_text = traitlets.Unicode("").tag(sync=True)  # "answered elsewhere by ... at ..."
+
+    def __init__(self, on_action: Callable[..., str | None], **kwargs: Any) -> None:
+        super().__init__(on_action, kind="question", **kwargs)
+
+    def _call(self, action: str, content: dict[str, Any]) -> str | None:
+        typed, note = content.get("answer"), content.get("note")
+        return self._on_action(
+            action,
+            typed if isinstance(typed, str) else None,
+            note if isinstance(note, str) else None,
+        )
 
 
 def draw_stop_buttons(

@@ -12,7 +12,7 @@ from .._core import control, expiry
 from .._core.batch_view import stored_batch
 from .._core.conversation import conversation_of, step_text
 from .._core.stop_estimate import estimate_stop
-from .._formatting import duration_text, step_number
+from .._formatting import duration_text, step_number, step_numbers
 from .._store import Store
 from ..status import LIVE, Status, StepStatus
 from .common import (
@@ -125,8 +125,9 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         ("facts", ("name", "kind", "value", "check_name", "check_status", "recorded_at")),
         ("events", ("occurred_at", "kind", "from_status", "to_status", "source", "reason")),
     ]
+    numbers = step_numbers(details["steps"])  # by cell or item, not by attempt
     for step in details["steps"]:  # numbered as people count (and as the panel and plan do)
-        step["step"] = step_number(int(step["ordinal"]))
+        step["step"] = step_number(numbers[int(step["ordinal"])])
         took = step.get("duration_s")
         step["took"] = duration_text(float(took)) if took is not None else None
     for step in reversed(details["steps"]):  # the latest attempt is the one that waits
@@ -135,7 +136,8 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         step["note"] = waits or step.get("error")
     for effect in details["effects"]:
         ordinal = effect.get("step_ordinal")
-        effect["step"] = step_number(int(ordinal)) if ordinal is not None else None
+        shown = numbers.get(int(ordinal), int(ordinal)) if ordinal is not None else None
+        effect["step"] = step_number(shown) if shown is not None else None
         effect["step_key"] = step_text(str(effect.get("step_key")))
     for name, columns in sections:
         rows = details[name]

@@ -39,7 +39,7 @@ from ..errors import (
 from ..status import LIVE, Status
 from . import control
 from .click_stores import is_postgres, open_for_click, passwords_in
-from .decide_elsewhere import DECISIONS, decide
+from .decide_elsewhere import DECISIONS, answer, decide
 
 __all__ = ["ACTIONS", "SOURCES", "act", "describe_error", "store_address"]
 
@@ -48,6 +48,7 @@ ACTIONS: dict[str, str] = {
     "force": "stop now: cancel the current step",
     "approve": "approve one waiting call (decide_elsewhere)",
     "reject": "reject one waiting call (decide_elsewhere)",
+    "answer": "answer one open question (decide_elsewhere)",
 }
 SOURCES: dict[str, str] = {  # where a click may come from -> how its answer names it
     "panel": "panel",
@@ -80,6 +81,9 @@ def act(
     request: object = None,
     note: object = None,
     who: str | None = None,
+    key: object = None,
+    value: object = None,
+    typed: bool = False,
 ) -> dict[str, Any]:
     """Record ``action`` for run ``run_id`` in the store at ``address``; say what happened.
 
@@ -90,7 +94,8 @@ def act(
     run), ``message`` (a sentence for the person who clicked) and ``seconds``.
 
     ``approve`` / ``reject`` decide approval ``request`` of the run (``note``, ``who``:
-    for the record; ``decide_elsewhere``).
+    for the record; ``decide_elsewhere``). ``answer`` answers question ``key`` with
+    ``value`` (``typed``: text read as its schema asks), one answer wins.
     """
     if action not in ACTIONS:
         raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
@@ -104,8 +109,12 @@ def act(
         before = str(row["status"])
         if epoch is not None and row.get("owner_epoch") is not None and row["owner_epoch"] != epoch:
             raise RunStateError(_stale(run_id, row["owner_epoch"], epoch))
-        if action in DECISIONS:
-            decided = decide(store, action, run_id, request, note=note, who=who, source=source)
+        if action in DECISIONS or action == "answer":
+            decided = (
+                answer(store, run_id, key, value, typed=typed, note=note, who=who, source=source)
+                if action == "answer"
+                else decide(store, action, run_id, request, note=note, who=who, source=source)
+            )
             return {
                 "run_id": run_id,
                 "action": action,

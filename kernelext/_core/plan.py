@@ -17,11 +17,12 @@ steps completed. ``kx.resume(run_id, plan=p)`` calls it before taking the run ov
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from .._formatting import counted, moment_text, step_label
+from .._formatting import counted, moment_text, step_label, step_numbers
 from .._store import Store
 from .._validate import (
     RUN_ID,
@@ -153,11 +154,12 @@ def plan(
         with rt.lock:
             sources = {k: v for (r, k), v in rt.cell_sources.items() if r == run_id}
     steps = store.steps(run_id)
-    _steps(result, steps, cell_run, sources)
+    numbers = step_numbers(steps)  # by cell or item, not by attempt
+    _steps(result, steps, cell_run, sources, numbers)
     batch = stored_batch(steps, store.events(run_id), now)
     result.batch = batch if batch is not None and batch.not_completed != 0 else None
     live = _liveness(result, row, now)
-    _effects(result, store, live)
+    _effects(result, store, live, numbers)
     _conversation(result, store)
     result.approvals, result.questions = open_requests(store, run_id, now)
     _facts(result, store, now, stale_after)
@@ -176,11 +178,22 @@ def plan(
 
 
 def _steps(
-    result: ResumePlan, steps: list[dict[str, Any]], cell_run: bool, sources: Mapping[str, str]
+    result: ResumePlan,
+    steps: list[dict[str, Any]],
+    cell_run: bool,
+    sources: Mapping[str, str],
+    numbers: Mapping[int, int],
 ) -> None:
     done_keys = {s["key"] for s in steps if s["status"] == StepStatus.COMPLETED}
     for s in steps:
-        item = StepItem(s["ordinal"], s["key"], s.get("name"), s["status"], s.get("duration_s"))
+        item = StepItem(
+            s["ordinal"],
+            s["key"],
+            s.get("name"),
+            s["status"],
+            s.get("duration_s"),
+            number=numbers.get(int(s["ordinal"])),
+        )
         if s["status"] == StepStatus.COMPLETED:
             note = "skipped"
             if cell_run:
@@ -192,6 +205,7 @@ def _steps(
     result.completed.sort(key=lambda item: item.ordinal)
     result.rerun.sort(key=lambda item: item.ordinal)
     top = max((item.ordinal for item in result.completed), default=-1)
+    counted_top = max((item.shown for item in result.completed), default=-1)
     if cell_run:
         waiting = [k for k in sources if k not in done_keys]
         note = (
@@ -203,12 +217,12 @@ def _steps(
     elif result.rerun:
         first = result.rerun[0]
         result.next_step = NextStep(
-            first.ordinal, first.key, f"{step_label(first.ordinal, first.key)} again"
+            first.ordinal, first.key, f"{step_label(first.shown, first.key)} again"
         )
     elif result.total_steps is not None and len(result.completed) >= result.total_steps:
         result.next_step = NextStep(None, None, "no step left: the agent function finishes")
     else:
-        label = step_label(top + 1, total=result.total_steps)
+        label = step_label(counted_top + 1, total=result.total_steps)
         result.next_step = NextStep(top + 1, None, f"{label}: {FIRST_ITEM}")
 
 
@@ -233,8 +247,12 @@ def _conversation(result: ResumePlan, store: Store) -> None:
         result.next_step = NextStep(step.ordinal, step.key, note)
 
 
+def _shown(numbers: Mapping[int, int], ordinal: Any) -> int | None:
+    return None if ordinal is None else numbers.get(int(ordinal), int(ordinal))
+
+
 def _with_note(item: StepItem, note: str) -> StepItem:
-    return StepItem(item.ordinal, item.key, item.name, item.status, item.duration_s, note)
+    return dataclasses.replace(item, note=note)
 
 
 def _liveness(result: ResumePlan, row: dict[str, Any], now: dt.datetime) -> str | None:
@@ -250,7 +268,9 @@ def _liveness(result: ResumePlan, row: dict[str, Any], now: dt.datetime) -> str 
     return None  # its owner is gone: a resume takes it over
 
 
-def _effects(result: ResumePlan, store: Store, live: str | None) -> None:
+def _effects(
+    result: ResumePlan, store: Store, live: str | None, numbers: Mapping[int, int]
+) -> None:
     done = {item.key for item in result.completed}
     rows = sorted(
         store.load_effects(result.run_id).values(),
@@ -275,6 +295,7 @@ def _effects(result: ResumePlan, store: Store, live: str | None) -> None:
             e.get("intent_at"),
             probe_for(tool) is not None,
             e.get("step_ordinal"),
+            _shown(numbers, e.get("step_ordinal")),
         )
         # An intent without an outcome of a run nobody executes becomes unknown on take-over.
         if status == EffectStatus.PENDING and live is not None:

@@ -39,6 +39,12 @@ class StepItem:
     status: str
     duration_s: float | None
     note: str = ""  # "skipped", "cancelled: runs again", "source changed: ..."
+    number: int | None = None  # the ordinal as a person counts it (by cell or item)
+
+    @property
+    def shown(self) -> int:
+        """The ordinal a person reads (``step_label``): by cell or item, not by attempt."""
+        return self.ordinal if self.number is None else self.number
 
 
 @dataclass(frozen=True)
@@ -58,11 +64,13 @@ class EffectItem:
     intent_at: dt.datetime | None
     probe: bool  # a probe is registered for its tool in this process
     step_ordinal: int | None = None
+    step_number: int | None = None  # its step's ordinal as a person counts it
 
     @property
     def step_text(self) -> str:
         """``step 2 (fetch)``: its step, as every surface shows it."""
-        return step_label(self.step_ordinal, self.step_key)
+        shown = self.step_ordinal if self.step_number is None else self.step_number
+        return step_label(shown, self.step_key)
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,9 @@ def plan_json(plan: PlanData, indent: int | None = 2) -> str:
 
 
 # -- words ----------------------------------------------------------------------------------
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{tool} ×{n}" for tool, n in sorted(counts.items())) or "none"
-
-
 def _counted(counts: dict[str, int]) -> list[str]:
-    return [_counts(counts)] if counts else []
+    """``["post ×2, send ×1"]``; nothing for no calls (the row is left out)."""
+    return [", ".join(f"{tool} ×{n}" for tool, n in sorted(counts.items()))] if counts else []
 
 
 def _listed(names: list[str]) -> str:
@@ -71,14 +68,16 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:LISTED]) + more
 
 
-def _deadline(plan: PlanData) -> str:
+def _deadline(plan: PlanData) -> list[str]:
     left = plan.time_left
     if plan.deadline is None or left is None:
-        return "none"
+        return []
     when = moment_text(plan.deadline)
     if left.total_seconds() < 0:
-        return f"{when}, overdue by {duration_text(left.total_seconds())} (the sweeper expires it)"
-    return f"{when}, in {duration_text(left.total_seconds())}"
+        return [
+            f"{when}, overdue by {duration_text(left.total_seconds())} (the sweeper expires it)"
+        ]
+    return [f"{when}, in {duration_text(left.total_seconds())}"]
 
 
 def _verdict(plan: PlanData) -> str:
@@ -140,10 +139,11 @@ def _batch_line(plan: PlanData) -> list[str]:
     return [head + (f" ({'; '.join(told)})" if told else "")]
 
 
-def _sections(plan: PlanData) -> list[tuple[str, list[str], bool]]:
-    """(label, lines, shown even when empty) in the order both renderings use."""
+def _sections(plan: PlanData) -> list[tuple[str, list[str]]]:
+    """(label, lines) in the order both renderings use; a row with no lines is left out
+    (a person reads what is there, never a row of "none")."""
     done = [
-        step_label(s.ordinal, s.key) + (f" ({s.note})" if s.note != "skipped" else "")
+        step_label(s.shown, s.key) + (f" ({s.note})" if s.note != "skipped" else "")
         for s in plan.completed
     ]
     creds = [
@@ -155,24 +155,25 @@ def _sections(plan: PlanData) -> list[tuple[str, list[str], bool]]:
     ]
     code = [_code_line(c) for c in plan.code if c.kind == "agent" or c.state != "same"]
     steps = f"{len(done)}: {_listed(done)}" if done else ""
-    return [
-        ("skipped (completed steps)", [steps] if steps else [], True),
-        ("batch", _batch_line(plan), False),
-        ("runs again", [f"{step_label(s.ordinal, s.key)} ({s.note})" for s in plan.rerun], False),
-        ("next step", [plan.next_step.note if plan.next_step else "-"], True),
-        ("replayed from the ledger", _counted(plan.replayed), True),
-        ("called again (decided not applied)", _counted(plan.called_again), False),
-        ("skipped with their steps", _counted(plan.skipped_effects), False),
-        ("unknown effects", [_effect_line(e) for e in plan.unknown], True),
-        ("in flight", [_effect_line(e) for e in plan.in_flight], False),
-        ("open approvals", [r.summary for r in plan.approvals], True),
-        ("open questions", [r.summary for r in plan.questions], True),
-        ("facts re-checked", [_fact_line(f) for f in plan.facts], True),
-        ("credentials refreshed", creds, True),
-        ("code", code or ["not known in this process"], True),
-        ("claims held", claims, True),
-        ("deadline", [_deadline(plan)], True),
+    sections = [
+        ("skipped (completed steps)", [steps] if steps else []),
+        ("batch", _batch_line(plan)),
+        ("runs again", [f"{step_label(s.shown, s.key)} ({s.note})" for s in plan.rerun]),
+        ("next step", [plan.next_step.note] if plan.next_step else []),
+        ("replayed from the ledger", _counted(plan.replayed)),
+        ("called again (decided not applied)", _counted(plan.called_again)),
+        ("skipped with their steps", _counted(plan.skipped_effects)),
+        ("unknown effects", [_effect_line(e) for e in plan.unknown]),
+        ("in flight", [_effect_line(e) for e in plan.in_flight]),
+        ("open approvals", [r.summary for r in plan.approvals]),
+        ("open questions", [r.summary for r in plan.questions]),
+        ("facts re-checked", [_fact_line(f) for f in plan.facts]),
+        ("credentials refreshed", creds),
+        ("code", code or ["not known in this process"]),
+        ("claims held", claims),
+        ("deadline", _deadline(plan)),
     ]
+    return [(label, lines) for label, lines in sections if lines]
 
 
 def _header(plan: PlanData) -> str:
@@ -186,11 +187,9 @@ def plan_text(plan: PlanData) -> str:
         _header(plan) + f", computed {moment_text(plan.computed_at)}",
         "  " + _verdict(plan),
     ]
-    for label, items, always in _sections(plan):
-        if not items and not always:
-            continue
-        if len(items) <= 1:
-            lines.append(f"  {label}: {items[0] if items else 'none'}")
+    for label, items in _sections(plan):
+        if len(items) == 1:
+            lines.append(f"  {label}: {items[0]}")
             continue
         lines.append(f"  {label} ({len(items)}):")
         lines.extend(f"    - {item}" for item in items)
@@ -216,13 +215,10 @@ def _item_html(item: str) -> str:
 def plan_html(plan: PlanData) -> str:
     colour = OK if plan.ready else BAD
     rows = []
-    for label, items, always in _sections(plan):
-        if not items and not always:
-            continue
-        bad = label.startswith(("unknown effects", "open ")) and items
+    for label, items in _sections(plan):
+        bad = label.startswith(("unknown effects", "open "))
         style = f"color:{BAD};" if bad else ""
         cell = "<br>".join(_item_html(item) for item in items)
-        cell = cell or f"<span style='color:{MUTED}'>none</span>"
         rows.append(
             f"<tr><th style='text-align:left;vertical-align:top;padding:2px 10px 2px 0;"
             f"font-weight:600;white-space:nowrap;{style}'>{_e(label)}</th>"

@@ -51,6 +51,7 @@ __all__ = [
     "Questions",
     "answer",
     "answer_refusal",
+    "pick_question",
     "question_key",
     "questions",
     "store_answer",
@@ -117,14 +118,17 @@ class Question:
                 f"list or dict of those; not {type(value).__name__} ({exc}). Nothing was "
                 "stored; answer again with such a value (e.g. str(value))."
             ) from None
-        note = (note or "").strip() or None
-        self.row = store_answer(
-            self.store, self.key, encoded, who=actor(), note=note, source=source
-        )
-        self.answered = True
+        self.record(encoded, who=actor(), note=note, source=source)
         if resume:
             self.handle = resume_if_here(self.store, self.run_id, source)
         return self.handle
+
+    def record(self, encoded: str, *, who: str, note: str | None, source: str) -> None:
+        """Store the checked answer (JSON) once, as ``who``: the one door of every answer
+        (``kx.answer``, ``kernelext answer``, the panel's card, the notebook server)."""
+        note = (note or "").strip() or None
+        self.row = store_answer(self.store, self.key, encoded, who=who, note=note, source=source)
+        self.answered = True
 
     def answer_text(self, text: str, **kwargs: Any) -> Any:
         """Answer with typed text, read as the schema asks (a number, true/false, JSON)."""
@@ -195,7 +199,17 @@ def answer(
     is stored). ``text=True``: ``value`` is typed text, read as the schema asks. Resumes
     the run when this process runs it and returns its new handle; else None.
     """
-    store = get_store(store)
+    question = pick_question(get_store(store), run_id, key)
+    if text:
+        if value is _UNSET:
+            raise ValueError("answer(..., text=True) needs the typed text as value.")
+        return question.answer_text(str(value), note=note, source=source, resume=resume)
+    return question.answer(value, note=note, source=source, resume=resume)
+
+
+def pick_question(store: Store, run_id: str, key: str | uuid.UUID | None = None) -> Question:
+    """The one open question of run ``run_id`` (``key``, or its start, picks one when several
+    wait); else ``LedgerError`` lists the open ones."""
     open_ones = questions(run_id, store=store)
     if key is not None:
         wanted = str(key).strip().lower()
@@ -210,12 +224,7 @@ def answer(
             + f"({listing}); "
             + ("pass key=... to pick one." if open_ones else "nothing to answer.")
         )
-    question = open_ones[0]
-    if text:
-        if value is _UNSET:
-            raise ValueError("answer(..., text=True) needs the typed text as value.")
-        return question.answer_text(str(value), note=note, source=source, resume=resume)
-    return question.answer(value, note=note, source=source, resume=resume)
+    return open_ones[0]
 
 
 def store_answer(

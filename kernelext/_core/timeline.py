@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .._formatting import counted, duration_text, step_label
+from .._formatting import counted, duration_text, step_label, step_numbers
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
@@ -200,7 +200,12 @@ def mark_of(event: Mapping[str, Any]) -> Mark:
     return Mark(mark, label, event["occurred_at"], title)
 
 
-def _bar(row: Mapping[str, Any], effects: Sequence[Mapping[str, Any]], live: dt.datetime) -> Bar:
+def _bar(
+    row: Mapping[str, Any],
+    effects: Sequence[Mapping[str, Any]],
+    live: dt.datetime,
+    numbers: Mapping[int, int],
+) -> Bar:
     start, status, duration = row["started_at"], str(row["status"]), row.get("duration_s")
     ended, is_open = row.get("ended_at"), False
     if duration is not None:
@@ -218,7 +223,8 @@ def _bar(row: Mapping[str, Any], effects: Sequence[Mapping[str, Any]], live: dt.
     forced, ordinal, key = bool(row.get("forced")), int(row["ordinal"]), str(row["key"])
     took = duration_text((end - start).total_seconds())
     title = _lines(
-        f"{step_label(ordinal, key)}: {status}" + (", forced" if forced else ""),
+        f"{step_label(numbers.get(ordinal, ordinal), key)}: {status}"
+        + (", forced" if forced else ""),
         took + (" so far" if status == StepStatus.RUNNING else " (end not known)" * is_open),
         f"started {clock(start)}",
         str(row.get("error") or ""),
@@ -226,9 +232,10 @@ def _bar(row: Mapping[str, Any], effects: Sequence[Mapping[str, Any]], live: dt.
     return Bar(ordinal, key, status, start, end, forced, is_open, title)
 
 
-def _tick(row: Mapping[str, Any]) -> EffectTick:
-    key = row.get("step_key")
-    where = "outside steps" if key == OUTSIDE_STEPS else step_label(row.get("step_ordinal"), key)
+def _tick(row: Mapping[str, Any], numbers: Mapping[int, int]) -> EffectTick:
+    key, ordinal = row.get("step_key"), row.get("step_ordinal")
+    shown = numbers.get(int(ordinal), int(ordinal)) if ordinal is not None else None
+    where = "outside steps" if key == OUTSIDE_STEPS else step_label(shown, key)
     title = _lines(
         f"{row['tool']} [{where}] call {row['call_ordinal']}: {row['status']}",
         f"intent {clock(row['intent_at'])}",
@@ -271,7 +278,8 @@ class Timeline:
         ``store.load_effects``, ``store.events``); ``now`` ends a step still running."""
         lease = run.get("lease_until")  # a live run's owner renews it: no news after it
         live = min(now, lease) if lease is not None else now
-        ticks = sorted((_tick(row) for row in effects), key=lambda tick: tick.time)
+        numbers = step_numbers(steps)  # by cell or item, not by attempt
+        ticks = sorted((_tick(row, numbers) for row in effects), key=lambda tick: tick.time)
         spans: list[Span] = []
         for event in events:
             if event.get("to_status") is not None:
@@ -288,7 +296,7 @@ class Timeline:
             str(run["agent"]),
             str(run["status"]),
             now,
-            assign_lanes([_bar(row, effects, live) for row in steps]),
+            assign_lanes([_bar(row, effects, live, numbers) for row in steps]),
             ticks,
             [mark_of(event) for event in events],
             spans,

@@ -21,7 +21,7 @@ from .._core.cell_runs import (
 )
 from .._core.plan_code import remember_cell_source
 from .._core.waiting import waiting_text
-from .._formatting import name_cell, reason_text, step_label
+from .._formatting import name_cell, reason_text, step_label, step_numbers
 from ..errors import AgentCellStopped, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus
 from .interrupt import CellInterrupt, cell_interrupts
@@ -104,13 +104,13 @@ def _run_agent_cell(
     ordinal = cell.run.completed.get(key)
     if seen == "done" and not rerun:
         print(
-            f"kernelext: skipped — this cell already completed as {step_label(ordinal)} of run "
+            f"kernelext: skipped — this cell already completed as {_step(cell, ordinal)} of run "
             f"{run_id!r} (status {row['status']}). Pass --rerun to run it again."
         )
         return
     if seen == "changed" and not rerun:
         raise AgentCellStopped(
-            f"this cell changed since it completed as {step_label(ordinal)} of run {run_id!r}; "
+            f"this cell changed since it completed as {_step(cell, ordinal)} of run {run_id!r}; "
             "it was not run. Restore its source, or run the new source with %%agent "
             f"{run_id} --rerun (recorded effects with the same arguments are not repeated).",
             run_id=run_id,
@@ -126,6 +126,14 @@ def _run_agent_cell(
     message = _report(cell, outcome)
     if message is not None:
         raise AgentCellStopped(message, run_id=run_id, status=cell.store.get_run(run_id)["status"])
+
+
+def _step(cell: CellRun, ordinal: int | None) -> str:
+    """``step 2``: a cell's step as a person counts it, by cell, not by attempt (a cell run
+    again after it failed keeps its number)."""
+    if ordinal is not None:
+        ordinal = step_numbers(cell.store.steps(cell.run_id)).get(ordinal, ordinal)
+    return step_label(ordinal)
 
 
 def _blocked(cell: CellRun, row: dict[str, Any]) -> AgentCellStopped:
@@ -145,13 +153,13 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
         status = cell.store.get_run(rid)["status"]
         if status == Status.SUSPENDED:
             print(
-                f"kernelext: {step_label(outcome.ordinal)} completed; run {rid!r} is now "
+                f"kernelext: {_step(cell, outcome.ordinal)} completed; run {rid!r} is now "
                 f"suspended (stop requested). Resume with %agent resume {rid}."
             )
         return None
     if outcome.kind == Status.SUSPENDED:
         return (
-            f"{step_label(outcome.ordinal)} completed and run {rid!r} suspended itself "
+            f"{_step(cell, outcome.ordinal)} completed and run {rid!r} suspended itself "
             f"({outcome.reason}). Resume with %agent resume {rid}."
         )
     waiting = waiting_text(rid, outcome.reason)  # waits for an approval or an answer
@@ -159,7 +167,7 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
         return waiting
     if outcome.kind == INTERRUPTED:
         return (
-            f"interrupted: {step_label(outcome.ordinal)} of run {rid!r} was cancelled and the "
+            f"interrupted: {_step(cell, outcome.ordinal)} of run {rid!r} was cancelled and the "
             f"run is suspended. Effects in flight are marked unknown. Resume with "
             f"%agent resume {rid}, then run this cell again."
         )
@@ -171,7 +179,7 @@ def _report(cell: CellRun, outcome: StepOutcome) -> str | None:
             f"kx.reconcile({rid!r}), then %agent resume {rid}."
         )
     return (
-        f"{step_label(outcome.ordinal)} of run {rid!r} failed ({outcome.reason}); the run goes "
+        f"{_step(cell, outcome.ordinal)} of run {rid!r} failed ({outcome.reason}); the run goes "
         "on from the last completed cell. Fix the cell and run it again: effects it already "
         "applied with the same arguments are not repeated."
     )

@@ -1,5 +1,5 @@
-"""The server's routes: ``{action}`` (POST: ``stop``, ``force``, ``approve``, ``reject``)
-and ``status`` (GET).
+"""The server's routes: ``{action}`` (POST: ``stop``, ``force``, ``approve``, ``reject``,
+``answer``) and ``status`` (GET).
 
 One worker thread records every request: the store is opened, written and closed there
 (the server never keeps a DuckDB file open between clicks), and the event loop only
@@ -69,7 +69,9 @@ class RunActionHandler(_Handler):
     tells a refusal from a server without the extension. A click never waits longer than
     ``ANSWER_SECONDS``; the store's own waits are shorter (``from_elsewhere``). An
     optional ``"source"`` names the buttons clicked (``from_elsewhere.SOURCES``: ``panel``,
-    the default, or ``overview``)."""
+    the default, or ``overview``). ``approve`` / ``reject`` name the ``"request"``;
+    ``answer`` names the question's ``"key"`` and carries the ``"answer"`` (a JSON value,
+    or the text typed when ``"typed": true``)."""
 
     @web.authenticated
     @authorized
@@ -100,6 +102,9 @@ class RunActionHandler(_Handler):
                 request=body.get("request"),
                 note=body.get("note"),
                 who=who,
+                key=body.get("key", body.get("question")),
+                value=body.get("answer"),
+                typed=body.get("typed") is True,
             ),
         )
         try:
@@ -179,7 +184,7 @@ def install(serverapp: Any) -> None:
     serverapp.web_app.add_handlers(
         ".*$",
         [
-            (url_path_join(base, r"(stop|force|approve|reject)"), RunActionHandler),
+            (url_path_join(base, r"(stop|force|approve|reject|answer)"), RunActionHandler),
             (url_path_join(base, "status"), StatusHandler),
         ],
     )
