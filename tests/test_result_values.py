@@ -115,6 +115,37 @@ def test_an_effect_result_replayed_from_the_ledger_is_the_result_it_returned(
     assert load_result(effect["result"]) == expected
 
 
+def login_state() -> dict[str, Any]:
+    """A fact's check (module level: found by name on resume)."""
+    return {"session_id": "s-1", "auth_method": "basic", "credential_type": "user"}
+
+
+def test_a_fact_with_secret_looking_keys_is_rechecked_against_its_real_value(
+    store: Store,
+) -> None:
+    gate = threading.Event()
+    reached: list[str] = []
+
+    @kx.agent(name=name("fact-values"))
+    def facts(run: kx.Run) -> Any:
+        for step in run.steps(["login", "work"]):
+            if step == "login":
+                run.state["login"] = run.fact("login", login_state(), check=login_state)
+            else:
+                reached.append(step)
+                gate.wait(WAIT)
+        return run.state["login"]
+
+    handle = facts.start()
+    wait_until(lambda: reached == ["work"], "step work running")
+    handle.stop()
+    gate.set()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    again = kx.resume(handle.run_id)  # the recorded value is the real one: no contradiction
+    assert again.wait(WAIT) == "completed", again.error
+    assert again.result == login_state()
+
+
 def test_registered_secrets_are_still_masked_in_stored_results(store: Store) -> None:
     secret = SECRETS.register("sk-live-0123456789")
     SECRETS.register(name="x_sig")
