@@ -95,6 +95,7 @@ def test_an_endless_generator_is_read_as_its_items_run(store: Store) -> None:
 
     handle = endless.start()
     assert done.wait(20), "the endless generator was read before the first item"
+    assert "+ done" in handle.status_text  # the items read so far, more to come
     handle.stop()
     assert handle.wait(WAIT) == "suspended", handle.error
     assert pulled_at_first[0] <= 2  # the first item started after at most `concurrency` reads
@@ -160,3 +161,31 @@ def test_amap_reads_a_generator_as_its_items_run(store: Store) -> None:
     assert handle.wait(WAIT) == "completed", handle.error
     assert handle.result == [i + 1 for i in range(50)]
     assert pulled_at_first[0] <= 4
+
+
+def test_a_generator_that_raises_ends_the_batch_with_its_error_after_the_items_before_it(
+    store: Store,
+) -> None:
+    ran: list[int] = []
+
+    def pages() -> Iterator[int]:
+        yield 0
+        yield 1
+        raise ConnectionError("page 3 could not be fetched")
+
+    def one(i: int) -> int:
+        ran.append(i)
+        return i
+
+    @kx.agent(name=name("broken-pages"))
+    def broken(run: kx.Run) -> list[int]:
+        return run.map(one, pages(), concurrency=2)
+
+    handle = broken.start()
+    assert handle.wait(WAIT) == "failed"
+    assert "page 3 could not be fetched" in str(handle.error)
+    assert sorted(ran) == [0, 1]
+    assert sorted(s["key"] for s in store.steps(handle.run_id) if s["status"] == "completed") == [
+        "0",
+        "1",
+    ]
