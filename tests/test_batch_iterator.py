@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.http_server import DeliveryServer, post_json
 from support.live import name, wait_until
 
@@ -189,3 +191,40 @@ def test_a_generator_that_raises_ends_the_batch_with_its_error_after_the_items_b
         "0",
         "1",
     ]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    keys=st.lists(st.sampled_from("abcdefghij"), min_size=1, max_size=12),
+    concurrency=st.integers(1, 4),
+)
+def test_keys_read_from_a_generator_are_checked_as_they_appear(
+    store: Store, keys: list[str], concurrency: int
+) -> None:
+    """Whatever the keys and the concurrency: without a duplicate every item runs once, in
+    input order; with one, the items before the first repeat ran once and none after it."""
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def one(k: str) -> str:
+        with lock:
+            ran.append(k)
+        return k.upper()
+
+    @kx.agent(name=name("keys"))
+    def keyed(run: kx.Run) -> list[str]:
+        return run.map(one, (k for k in keys), key=lambda k: k, concurrency=concurrency)
+
+    handle = keyed.start()
+    repeat = next((j for j, k in enumerate(keys) if k in keys[:j]), None)
+    if repeat is None:
+        assert handle.wait(WAIT) == "completed", handle.error
+        assert handle.result == [k.upper() for k in keys]
+        assert sorted(ran) == sorted(keys)
+    else:
+        assert handle.wait(WAIT) == "failed"
+        first = keys.index(keys[repeat])
+        assert f"items {first} and {repeat} have the same key {keys[repeat]!r}" in str(handle.error)
+        assert sorted(ran) == sorted(keys[:repeat])  # each once, none after the repeat
