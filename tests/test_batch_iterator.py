@@ -146,6 +146,34 @@ def test_a_generator_already_read_to_its_end_is_refused(store: Store) -> None:
     assert "Make the generator inside the agent" in str(handle.error)
 
 
+def test_a_resume_refuses_a_generator_made_before_it_that_positions_would_mismatch(
+    store: Store,
+) -> None:
+    gate = threading.Event()
+    ran: list[int] = []
+    made_once = (i for i in range(6))  # outlives the run: not made again on resume
+
+    def one(i: int) -> int:
+        ran.append(i)
+        if i == 1:
+            gate.wait(WAIT)
+        return i
+
+    @kx.agent(name=name("made-before"))
+    def made_before(run: kx.Run) -> list[int]:
+        return run.map(one, made_once, concurrency=1)
+
+    handle = made_before.start()
+    wait_until(lambda: ran == [0, 1], "item 1 running")
+    handle.stop()
+    gate.set()
+    assert handle.wait(WAIT) == "suspended", handle.error
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "failed"
+    assert "already partly read" in str(again.error)
+    assert ran == [0, 1]  # item 2 (read before, its key '0' completed) was not run as '0'
+
+
 def test_amap_reads_a_generator_as_its_items_run(store: Store) -> None:
     pages = Pages(50)
     pulled_at_first: list[int] = []

@@ -16,7 +16,8 @@ generator or any other iterator), keyed and checked as they are read.
   ``run.map`` reads it again from its start, returns the stored values of the items whose
   key completed and runs the rest. So it must give the same items in the same order (the
   default key is an item's position), or pass ``key=``. A generator already read to its end
-  is refused (it would give no item), and on resume so is one already partly read.
+  is refused (it would give no item), and so is one partly read before when a resume finds
+  its positional keys completed (its items would take the stored values of others).
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ class ItemSource:
     ) -> None:
         self.engine, self.where, self.key, self.batch = engine, where, key, batch
         self.lazy = not isinstance(items, Collection)
+        # a generator partly read before: with positional keys, a resume would pair the
+        # items with the keys of others (refused in _check_key)
+        self._partly_read = False
         if self.lazy:
-            _check_readable(engine, where, items)
+            self._partly_read = _check_readable(where, items)
         self._items: Iterator[Any] = iter(items)
         self.values: list[Any] = []
         self.keys: list[str] = []
@@ -175,6 +179,9 @@ class ItemSource:
             else "Nothing ran. "
         )
         check_stored_name(k, "step key", hint=hint)
+        if self._partly_read and not given and k in self.engine.completed:
+            # a resume, and the generator does not start at the start: positions are off
+            raise ValueError(_readable_text(where, "partly read") + " Nothing ran from it.")
         if k == OUTSIDE_STEPS:
             raise ValueError(
                 f"{where}: the key of item {index} is {k!r}, the key kernelext gives effects "
@@ -195,19 +202,22 @@ class ItemSource:
             )
 
 
-def _check_readable(engine: RunEngine, where: str, items: Iterable[Any]) -> None:
-    """A generator read to its end gives no item (a resume would return none of the
-    batch); on resume, one already partly read would give the items from the middle."""
+def _readable_text(where: str, what: str) -> str:
+    return (
+        f"{where}(items=...) got a generator that was already {what}: {where} reads the "
+        "items of a generator as they run, and again from its start on resume (the items "
+        "of completed keys give their stored values). Make the generator inside the agent "
+        f"({where}(fn, pages()), not a generator made before), pass key=... (a key of the "
+        "item's own, not its position), or pass a list."
+    )
+
+
+def _check_readable(where: str, items: Iterable[Any]) -> bool:
+    """Refuse a generator read to its end (it gives no item: the batch would return
+    nothing, silently); whether the generator was partly read before."""
     if not inspect.isgenerator(items):
-        return
+        return False
     state = inspect.getgeneratorstate(items)
-    resumed = bool(engine.completed)
-    if state == inspect.GEN_CLOSED or (resumed and state != inspect.GEN_CREATED):
-        raise ValueError(
-            f"{where}(items=...) got a generator that was already "
-            + ("read to its end" if state == inspect.GEN_CLOSED else "partly read")
-            + f": {where} reads the items of a generator as they run, and again from its "
-            "start on resume (the items of completed keys give their stored values). "
-            f"Make the generator inside the agent ({where}(fn, pages()), not a generator "
-            "made before), or pass a list. Nothing ran."
-        )
+    if state == inspect.GEN_CLOSED:
+        raise ValueError(_readable_text(where, "read to its end") + " Nothing ran.")
+    return state != inspect.GEN_CREATED
