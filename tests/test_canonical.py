@@ -309,7 +309,8 @@ def test_results_are_scrubbed_of_secrets() -> None:
     )
     assert "s3cr3t" not in stored and "Hello" in stored
     back = untag(__import__("json").loads(stored))
-    assert back["api_key"] == "***redacted***" and back["note"] == ("see ***",)
+    assert back["api_key"] == "k"  # no name guessed: a resume returns what the run computed
+    assert back["note"] == ("see ***",)
     assert back["b"] == b"***"
 
 

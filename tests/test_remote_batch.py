@@ -117,6 +117,28 @@ def test_items_run_in_other_processes_with_the_keys_of_an_item_here(
 
 
 @pytest.mark.postgres
+def test_items_from_a_generator_run_in_other_processes_in_input_order(
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    delivery_server: DeliveryServer,
+    pool: concurrent.futures.ProcessPoolExecutor,
+) -> None:
+    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
+    kx.open_store(postgres_url)
+    url = delivery_server.url + "/items"
+
+    @kx.agent(name=name("remote-gen"))
+    def remote(run: kx.Run) -> list[dict[str, int]]:
+        jobs = ((url, i) for i in range(6))  # read whole before the first dispatch
+        return run.map(deliver, jobs, key=lambda job: f"row-{job[1]}", executor=pool)
+
+    far = remote.start()
+    assert far.wait(WAIT) == "completed", far.error
+    assert [r["item"] for r in far.result] == list(range(6))
+    assert delivery_server.count() == 12  # two calls per item, each once
+
+
+@pytest.mark.postgres
 def test_an_item_that_raises_elsewhere_fails_the_run_with_its_error_and_a_resume_runs_the_rest(
     postgres_url: str,
     monkeypatch: pytest.MonkeyPatch,

@@ -211,10 +211,10 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
         ("runs", "stop_source"), ("steps", "error"),
     ]:  # fmt: skip
         assert where in seen, where
-    # the kept bare token and the redacted access_token of a decided result
+    # a decided result: no name guessed (a resume returns it), the registered secret masked
     decided = [json.loads(v) for t, c, v in rows if (t, c) == ("effects", "result") and
                '"n"' in v]  # fmt: skip
-    assert decided == [{"access_token": "***redacted***", "token": CANARY, "n": [
+    assert decided == [{"access_token": "***", "token": CANARY, "n": [
         f"{CANARY} *** ***"]}]  # fmt: skip
     text = log_file.read_text() + caplog.text
     assert CANARY in text and SECRET not in text and CRED not in text

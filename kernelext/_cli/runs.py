@@ -11,6 +11,7 @@ from typing import Any
 from .._core import control, expiry
 from .._core.batch_view import stored_batch
 from .._core.conversation import conversation_of, step_text
+from .._core.secrets import shown_json
 from .._core.stop_estimate import estimate_stop
 from .._formatting import duration_text, step_number, step_numbers
 from .._store import Store
@@ -134,7 +135,10 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         cancelled = step["status"] == StepStatus.CANCELLED  # the status as stored
         waits = waiting.pop(int(step["ordinal"]), None) if cancelled else None
         step["note"] = waits or step.get("error")
+    for fact in details["facts"]:
+        fact["value"] = shown_json(fact.get("value"))  # stored exact; shown masked by name
     for effect in details["effects"]:
+        effect["result"] = shown_json(effect.get("result"))
         ordinal = effect.get("step_ordinal")
         shown = numbers.get(int(ordinal), int(ordinal)) if ordinal is not None else None
         effect["step"] = step_number(shown) if shown is not None else None

@@ -10,7 +10,8 @@ what the items ended with through ``batch_items`` (``ItemRun``, ``Tally``).
 How items, keys, fsyncs and stops fit together:
 
 1. **Keys never depend on scheduling.** Every item's step key is ``key(item)`` (default:
-   its position), computed for all items before any runs; duplicates are refused then.
+   its position), computed for all items of a list before any runs (duplicates are refused
+   then), and for an iterator as its items are read (``batch_source``).
    An effect called inside an item is keyed under the item's step with the call ordinal
    counted within the item (``RunEngine.next_call`` reads the item from a context
    variable, ``ITEM``), so which item finished first changes no key.
@@ -48,9 +49,8 @@ from ..errors import (
     KernelextError,
     StateNotWritable,
 )
+from .batch_source import ItemSource
 from .batch_view import BATCH_STARTED, drain_line
-from .keys import load_result
-from .names import OUTSIDE_STEPS, check_stored_name, step_key_of
 from .step_info import StepInfo
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ class Batch:
         self.asynchronous = asynchronous  # run.amap: items are tasks
         # run.amap: the threads its items' durable writes wait in (batch_async)
         self.executor: concurrent.futures.Executor | None = None
-        self.total = total
+        self.total = total  # of an iterator: the items read so far
+        self.reading = False  # an iterator's items are still being read (more may come)
         self.done = 0
         self.done_before = 0  # items completed before this call (a resume): their stored values
         self.failed = 0
@@ -143,6 +144,7 @@ class Batch:
             longest_left = max(max(typical - item.elapsed, 0.0) for item in flight)
         return {
             "total": self.total,
+            "reading": self.reading,
             "done": self.done,
             "raised": self.failed,
             "waiting": self.waiting,
@@ -166,30 +168,27 @@ class Batch:
 
 
 class MapPlan:
-    """One ``run.map`` / ``run.amap`` call, checked and keyed, before any item runs."""
+    """One ``run.map`` / ``run.amap`` call, checked (and, for a collection, keyed) before
+    any item runs; an iterator's items are read and keyed as they run (``batch_source``)."""
 
     def __init__(
         self,
         engine: RunEngine,
         fn: Callable[[Any], Any],
-        values: list[Any],
-        keys: list[str],
+        source: ItemSource,
         concurrency: int,
         return_exceptions: bool,
-        name: str | None,
         *,
-        asynchronous: bool,
+        batch: Batch,
     ) -> None:
         self.engine = engine
         self.fn = fn
-        self.values = values
-        self.keys = keys
+        self.source = source
+        # the source's own lists, which grow as an iterator's items are read
+        self.values, self.keys, self.results = source.values, source.keys, source.results
         self.concurrency = concurrency
         self.return_exceptions = return_exceptions
-        self.results: list[Any] = [None] * len(values)
-        self.todo = [i for i, k in enumerate(keys) if k not in engine.completed]
-        self.batch = Batch(engine, name, len(values), asynchronous=asynchronous)
-        self.batch.done = self.batch.done_before = len(values) - len(self.todo)
+        self.batch = batch
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -199,6 +198,8 @@ class MapPlan:
         engine.notify("batch", self.batch)
         try:
             yield
+            if self.source.lazy and self.source.exhausted:  # now the batch's size is known
+                count_total(engine, self.keys)
         finally:
             engine.batch = None
             engine.notify("batch_end", self.batch)
@@ -215,9 +216,10 @@ def prepare_map(
     return_exceptions: bool,
     name: str | None,
 ) -> MapPlan:
-    """Check a batch's arguments and key its items, refusing before any item runs; then
-    end the open step, honour a stop asked before the batch, and load the values of
-    items completed before (a resume). ``where``: ``run.map`` or ``run.amap``."""
+    """Check a batch's arguments, refusing before any item runs; key a collection's items
+    and load the values of items completed before (a resume), an iterator's as they are
+    read (``batch_source``); honour a stop asked before the batch. ``where``: ``run.map``
+    or ``run.amap``."""
     asynchronous = where == "run.amap"
     check_callable(f"{where}(fn=...)", fn, what="the function to call for each item")
     if not asynchronous and is_async_function(fn):
@@ -258,32 +260,17 @@ def prepare_map(
             f"{where} cannot be called inside a run.map item: items are steps, and steps do "
             f"not nest. Call {where} from the agent, or make the inner work part of the item."
         )
-    values = list(items)
-    keys = [
-        step_key_of(key(item), where) if key is not None else str(i)
-        for i, item in enumerate(values)
-    ]
     _check_no_open_step(engine, where)
-    _check_keys(engine, where, keys, given=key is not None)
+    batch = Batch(engine, name, 0, asynchronous=asynchronous)
+    source = ItemSource(engine, where, items, key, batch)
+    batch.reading = source.lazy
+    if not source.lazy:
+        source.read_all()  # every key checked, and stored values loaded, before any item runs
     engine.safe_point()  # a stop asked before the batch starts no item
-    engine._seen.update(keys)
-    plan = MapPlan(
-        engine, fn, values, keys, concurrency, return_exceptions, name, asynchronous=asynchronous
-    )
-    done_before = [i for i, k in enumerate(keys) if k in engine.completed]
-    if done_before:
-        stored = engine.store.item_results(engine.id, [keys[i] for i in done_before])
-        for i in done_before:
-            text = stored.get(keys[i])
-            if text is None:
-                raise KernelextError(
-                    f"Step {keys[i]!r} of run {engine.id!r} completed before without a stored "
-                    f"value (a run.steps or run.step step with this key?), so {where} cannot "
-                    f"return it. Give {where} keys of its own (key=...)."
-                )
-            plan.results[i] = load_result(text)
-    _count_total(engine, keys)
-    _record_start(engine, plan.batch)
+    plan = MapPlan(engine, fn, source, concurrency, return_exceptions, batch=batch)
+    if not source.lazy:
+        count_total(engine, plan.keys)
+    _record_start(engine, batch, source.lazy)
     return plan
 
 
@@ -337,45 +324,20 @@ def police_overruns(engine: RunEngine, batch: Batch) -> None:
             )
 
 
-def _record_start(engine: RunEngine, batch: Batch) -> None:
-    """The ``batch_started`` event (queued, never waited for): its name, size and items
-    done before, which ``kernelext show`` and ``kx.plan`` read in any process."""
-    detail = {"name": batch.name, "items": batch.total, "done": batch.done_before}
+def _record_start(engine: RunEngine, batch: Batch, lazy: bool) -> None:
+    """The ``batch_started`` event (queued, never waited for): its name, size (None: an
+    iterator, read as its items run) and items done before, which ``kernelext show`` and
+    ``kx.plan`` read in any process."""
+    items = None if lazy else batch.total
+    detail = {"name": batch.name, "items": items, "done": batch.done_before}
     with contextlib.suppress(Exception):  # a store hiccup must not hold the batch back
         engine.store.record_event(
             engine.id, BATCH_STARTED, wait=False, source="engine", detail=detail
         )
 
 
-def _check_keys(engine: RunEngine, where: str, keys: list[str], *, given: bool) -> None:
-    hint = (
-        f"Give {where}(key=...) a function that returns a short printable text (or int) "
-        "unique to each item."
-    )
-    first: dict[str, int] = {}
-    for index, k in enumerate(keys):
-        check_stored_name(k, "step key", hint=hint)
-        if k == OUTSIDE_STEPS:
-            raise ValueError(
-                f"{where}: the key of item {index} is {k!r}, the key kernelext gives effects "
-                "called outside any step: an item with it would have its calls keyed like "
-                "those. Nothing ran; use another key. " + hint
-            )
-        if k in first:
-            raise ValueError(
-                f"{where}: items {first[k]} and {index} have the same key {k!r}. Each item is "
-                "one step of the run and its key must be unique: nothing ran. " + hint
-            )
-        first[k] = index
-        if k in engine._seen:
-            raise ValueError(
-                f"{where}: the key {k!r} of item {index} is the key of a step this run already "
-                "went through (step keys are unique within a run): nothing ran. "
-                + (hint if given else "Pass key=... (the default key is the item's position).")
-            )
-
-
-def _count_total(engine: RunEngine, keys: list[str]) -> None:
+def count_total(engine: RunEngine, keys: list[str]) -> None:
+    """The run's total of steps, once a batch's keys are all known."""
     if engine.total_steps is not None:
         return
     mine = set(keys)

@@ -89,11 +89,11 @@ def run_amap(
 
 async def _amap(plan: MapPlan) -> list[Any]:
     with plan.running():
-        if plan.todo:
+        if plan.source.may_have_todo():
             # Items' durable writes (an intent, an item's completion) wait in these
             # threads, one per item in flight: writes made at once share one fsync.
             plan.batch.executor = executor = concurrent.futures.ThreadPoolExecutor(
-                min(plan.concurrency, len(plan.todo)),
+                plan.source.pool_size(plan.concurrency),
                 thread_name_prefix=f"kernelext-durable[{plan.engine.id}]",
             )
             try:
@@ -107,10 +107,9 @@ async def _amap(plan: MapPlan) -> list[Any]:
 async def _dispatch(plan: MapPlan) -> None:
     engine, batch = plan.engine, plan.batch
     tally = Tally(plan)
-    pending = iter(plan.todo)
     flight: dict[asyncio.Future[Ended], int] = {}  # the item tasks, and their items
     while True:
-        for info in startable(tally, pending, flight):
+        for info in startable(tally, flight):
             item = _run_item(engine, batch, info, plan.fn, plan.values[info.index])
             flight[asyncio.ensure_future(item)] = info.index
         if not flight:

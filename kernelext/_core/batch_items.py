@@ -121,7 +121,9 @@ class Tally:
             raise StopRequested(engine.suspend_request[0])
         if self.waiting:
             _suspend_for_people(engine, self.waiting)
-        if self.ended < len(self.plan.todo) or self.halted:  # a stop: the rest on resume
+        if self.plan.source.error is not None:  # the items' iterator or a key: after the drain
+            raise self.plan.source.error
+        if self.plan.source.unfinished(self.ended) or self.halted:  # a stop: the rest on resume
             engine.safe_point()
             engine._deliver(StopRequested)
 
@@ -147,13 +149,20 @@ def _suspend_for_people(engine: RunEngine, waiting: list[StepInfo]) -> None:
     raise StopRequested(engine.suspend_request[0])
 
 
-def startable(tally: Tally, pending: Iterator[int], in_flight: Sized) -> Iterator[StepInfo]:
+def startable(tally: Tally, in_flight: Sized) -> Iterator[StepInfo]:
     """The next items a dispatcher starts now, each with its ordinal claimed: while the
     tally allows a start (no stop, failure or suspension) and fewer than ``concurrency``
-    are in flight (``in_flight`` is read again before each)."""
+    are in flight (``in_flight`` is read again before each). An iterator's items are read
+    here, one at a time (``batch_source``): a stop lands at the next item it yields."""
     plan = tally.plan
     while tally.may_start() and len(in_flight) < plan.concurrency:
-        index = next(pending, None)
+        try:
+            index = plan.source.next_todo(tally.may_start)
+        except StopRequested as exc:  # raised into the dispatching thread while it read
+            tally.halted = True
+            if isinstance(exc, ForcedStop):
+                tally.forced = tally.forced or exc
+            return
         if index is None:
             return
         yield new_item(plan.engine, plan.batch, plan.keys[index], index)

@@ -148,9 +148,11 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
     ended with (``Tally.finish``)."""
     engine, batch = plan.engine, plan.batch
     fn_blob = pack(plan.fn, f"fn ({getattr(plan.fn, '__name__', plan.fn)!r})", dispatch.label)
+    tally = Tally(plan, decisions_halt=False)
+    todo = plan.source.read_all(tally.may_start)  # an iterator: read whole (a stop ends it)
     blobs = {
         index: pack(plan.values[index], f"item {plan.keys[index]!r}", dispatch.label)
-        for index in plan.todo
+        for index in todo
     }  # every item checked before the first is dispatched
     base = _task_fields(engine)
     # Durable before the first dispatch: a take-over of this run knows that workers may
@@ -158,12 +160,10 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
     engine.store.record_event(
         engine.id, ITEMS_DISPATCHED, source="engine", detail={"executor": dispatch.label}
     )
-    tally = Tally(plan, decisions_halt=False)
-    pending = iter(plan.todo)
     flight: dict[Future[bytes], StepInfo] = {}
     try:
         while True:
-            for info in startable(tally, pending, flight):
+            for info in startable(tally, flight):
                 engine.store.begin_step(
                     engine.id, info.id, info.ordinal, info.key, info.name, wait=True
                 )

@@ -53,9 +53,9 @@ def run_map(
         name=name,
     )
     with plan.running():
-        if plan.todo and dispatch is not None and not dispatch.here:
+        if plan.source.may_have_todo() and dispatch is not None and not dispatch.here:
             dispatch_remote(plan, dispatch)
-        elif plan.todo:
+        elif plan.source.may_have_todo():
             _dispatch(plan, dispatch.pool if dispatch is not None else None)
     return plan.results
 
@@ -65,14 +65,14 @@ def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
     ``ThreadPoolExecutor`` passed as ``executor=``, left running afterwards)."""
     engine, batch = plan.engine, plan.batch
     tally = Tally(plan)
-    pending = iter(plan.todo)
     flight: set[concurrent.futures.Future[Ended]] = set()
     pool = given or concurrent.futures.ThreadPoolExecutor(
-        min(plan.concurrency, len(plan.todo)), thread_name_prefix=f"kernelext-item[{engine.id}]"
+        plan.source.pool_size(plan.concurrency),
+        thread_name_prefix=f"kernelext-item[{engine.id}]",
     )
     try:
         while True:
-            for info in startable(tally, pending, flight):
+            for info in startable(tally, flight):
                 context = contextvars.copy_context()
                 value = plan.values[info.index]
                 flight.add(_submit(pool, context, engine, batch, info, plan.fn, value))

@@ -74,6 +74,7 @@ class BatchCounts:
     drain_s: float | None  # after a stop: when the longest item in flight should end
     stopping: bool = False  # a stop (or a wait for a person) is draining the batch
     ended: bool = False  # run.map has returned or raised: the counts are its last ones
+    reading: bool = False  # an iterator's items: more than ``total`` may come
 
     @property
     def queued(self) -> int:
@@ -82,7 +83,7 @@ class BatchCounts:
 
     def counts_text(self, *, in_flight: bool = True) -> str:
         """``120/400 done, 16 in flight, 2 failed, 3 waiting for a person`` (zeros left out)."""
-        parts = [f"{self.done}/{self.total} done"]
+        parts = [f"{self.done}/{self.total}{'+' if self.reading else ''} done"]
         if in_flight and self.in_flight:
             parts.append(f"{self.in_flight} in flight")
         if self.failed:
@@ -134,10 +135,11 @@ def batch_counts(batch: Batch, *, stopping: bool = False, ended: bool = False) -
         failed=failed,
         waiting=int(snap["waiting"]),
         per_second=rate,
-        seconds_left=rest / rate if rate else None,
+        seconds_left=rest / rate if rate and not snap.get("reading") else None,  # (unknown size)
         drain_s=snap["drain_s"],
         stopping=stopping,
         ended=ended,
+        reading=bool(snap.get("reading")),
     )
 
 

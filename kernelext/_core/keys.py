@@ -23,7 +23,7 @@ from .._store.runs import KEY_SCHEME
 from ..errors import UnencodableArgument
 from .canonical import Unencodable, canonical, frame
 from .codec import dumps_json, loads_json
-from .secrets import REDACTED, is_secret_name, scrub, scrub_text
+from .secrets import REDACTED, is_registered_name, is_secret_name, registered_only, scrub_text
 from .tagged import _BIG_INT_BITS, tagged, untag
 
 __all__ = [
@@ -203,19 +203,15 @@ def display_args(
 
 # -- results ---------------------------------------------------------------------------------
 def _result_secret(name: str) -> bool:
-    # scrub() knows which names are secrets in a result (not a bare "token").
-    return bool(scrub(None, name, heuristics=False, result=True) == REDACTED)
-
-
-def _result_text(text: str) -> str:
-    return scrub_text(text, heuristics=False)
+    return is_registered_name(name)  # never a guess: a resume returns what the run computed
 
 
 def stored_result(result: Any) -> str:
     """The JSON a result is stored (and replayed on resume) as: plain JSON as it is, other
-    types tagged so that a resume gives them back (datetime, Decimal, bytes, tuple, set, …);
-    keys named like a secret redacted (not a bare ``token``: model answers have those),
-    registered secrets and URL passwords masked. The caller gets the result unchanged.
+    types tagged so that a resume gives them back (datetime, Decimal, bytes, tuple, set, …).
+    Only registered secrets are masked (values ``***``, keys registered with
+    ``kx.secrets.register(name=...)`` ``***redacted***``); no name is guessed, so a resume
+    returns what the run computed. The caller gets the result unchanged.
     Raises ``canonical.Unencodable`` for a result that cannot be stored faithfully."""
     kind = type(result)
     if (  # what tagging leaves as it is (a run.map item's count or flag): no walk
@@ -226,7 +222,7 @@ def stored_result(result: Any) -> str:
     ):
         return dumps_json(result).decode()
     encoded = tagged(
-        result, result=True, secret=_result_secret, text=_result_text, redacted=REDACTED
+        result, result=True, secret=_result_secret, text=registered_only, redacted=REDACTED
     )
     return dumps_json(encoded).decode()
 

@@ -16,6 +16,12 @@ text, events, kernelext's log lines):
 - In free text (error messages, events, log lines, string arguments) also
   ``name=value`` / ``name: value`` pairs with such a name, and ``Bearer <token>``.
 
+Values a run gets back (item and effect results, facts, answers: ``result=True``) are
+never changed by a name or pattern guess: only registered values (``***``) and keys of a
+name registered with ``register(name=...)`` (``***redacted***``) are masked in them, so
+that what a resume returns is what the run computed (:func:`scrub_result`). The guesses
+above are for what is shown: arguments, errors, events, log lines, displays.
+
 The hot path stays cheap: with nothing registered no value search runs at all, the
 patterns are compiled once, and the pattern scans run only on text that contains
 their anchor (``://``; for pairs and tokens one of the secret words, then ``=``/``:``).
@@ -46,8 +52,10 @@ __all__ = [
     "SecretRegistry",
     "is_secret_name",
     "scrub",
+    "scrub_result",
     "scrub_text",
     "scrubbed_excerpt",
+    "shown_json",
 ]
 
 S = TypeVar("S", str, bytes)
@@ -103,6 +111,13 @@ def is_secret_name(name: str) -> bool:
     """Whether an argument or key called ``name`` holds a secret (see the module doc)."""
     builtin, normal = _classify(name)
     return builtin or normal in SECRETS.name_set
+
+
+def is_registered_name(name: str) -> bool:
+    """Whether ``name`` was registered with ``kx.secrets.register(name=...)`` (any case or
+    separator): the only names that mask a value a run gets back."""
+    names = SECRETS.name_set
+    return bool(names) and _classify(name)[1] in names
 
 
 class SecretRegistry:
@@ -373,34 +388,63 @@ def _mask_pair(match: re.Match[str]) -> str:
     return f"{match['q']}{match['name']}{match['q']}{match['sep']}{MASK}"
 
 
-# Words that name a secret in an argument list but often name plain data in a result
-# (``{"token": "Hello", "logprob": -0.1}`` in a model's answer): a result keeps them.
-AMBIGUOUS_IN_RESULTS = frozenset({"token", "tokens", "session", "auth", "key", "pass"})
-
-
 def scrub(value: Any, name: str = "", *, heuristics: bool = True, result: bool = False) -> Any:
     """A copy of ``value`` with secrets replaced: by name (dict keys), then by content.
 
     Dicts, lists and tuples are walked (keys kept; tuples come back as lists, as JSON has
     them); strings are scrubbed with :func:`scrub_text`; anything else is returned as is.
-    ``result=True`` (an effect's result, replayed on resume) keeps keys named only by an
-    ambiguous word such as ``token``; ``access_token``, ``password`` … are still redacted.
+    ``result=True`` (a value the run gets back): see :func:`scrub_result`.
     """
-    ambiguous = result and _classify(name)[1] in AMBIGUOUS_IN_RESULTS  # (cached _normalise)
-    if name and not ambiguous and is_secret_name(name):
+    if result:
+        return scrub_result(value, name)
+    if name and is_secret_name(name):
         return REDACTED
     if isinstance(value, str):
         return scrub_text(value, heuristics=heuristics)
     if isinstance(value, Mapping):
         return {
-            _scrub_key(k): scrub(
-                v, k if isinstance(k, str) else "", heuristics=heuristics, result=result
+            _scrub_key(k): scrub(v, k if isinstance(k, str) else "", heuristics=heuristics)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [scrub(v, heuristics=heuristics) for v in value]
+    return value
+
+
+def registered_only(text: str) -> str:
+    """``text`` with registered values replaced by ``***``, and nothing else changed."""
+    pattern = SECRETS.pattern
+    return text if pattern is None else pattern.sub(MASK, text)
+
+
+def scrub_result(value: Any, name: str = "") -> Any:
+    """A value the run gets back (an item's or an effect's result, a fact, an answer) as
+    it may be stored: registered values become ``***`` and a key registered with
+    ``register(name=...)`` ``***redacted***``; no name or pattern is guessed, so with
+    nothing registered the value comes back exactly as it was."""
+    if name and is_registered_name(name):
+        return REDACTED
+    if isinstance(value, str):
+        return registered_only(value)
+    if isinstance(value, Mapping):
+        return {
+            (registered_only(k) if isinstance(k, str) else k): scrub_result(
+                v, k if isinstance(k, str) else ""
             )
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return [scrub(v, heuristics=heuristics, result=result) for v in value]
+        return [scrub_result(v) for v in value]
     return value
+
+
+def shown_json(value: Any) -> Any:
+    """A stored value (JSON text, as in ``effects.result``) as it is shown to people: keys
+    named like a secret and ``name=value`` pairs masked as arguments are. Only for display:
+    the stored value itself is what the run gets back."""
+    if not isinstance(value, str):
+        return value
+    return StoreScrubber().json(value, result=False)
 
 
 def _scrub_key(key: Any) -> Any:
@@ -415,9 +459,7 @@ _JSON_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:')  # the keys of a JSON text (a
 
 
 def _secret_key(name: str, result: bool) -> bool:
-    if result and _classify(name)[1] in AMBIGUOUS_IN_RESULTS:
-        return False
-    return is_secret_name(name)
+    return is_registered_name(name) if result else is_secret_name(name)
 
 
 def _mask_numbers(value: Any, pattern: re.Pattern[str]) -> Any:
@@ -461,11 +503,14 @@ class StoreScrubber:
         """JSON text scrubbed by name and by value; unchanged text when nothing changed.
 
         Text holding no registered value (in any escaped form), no URL password and no
-        key named like a secret is returned at once, without a parse."""
+        key named like a secret is returned at once, without a parse. A ``result`` (a value
+        the run gets back) is changed only by registered values and names (``scrub_result``)."""
         pattern = SECRETS.pattern  # it knows the JSON-escaped forms: the raw text is enough
         if not (pattern is not None and pattern.search(value)) and not (
-            "://" in value and _URL_PASSWORD.search(value)
+            not result and "://" in value and _URL_PASSWORD.search(value)
         ):
+            if result and not SECRETS.name_set:
+                return value
             names = _JSON_KEY.findall(value)
             if not any(_secret_key(name, result) for name in names) and (
                 result or not _has_hint(value)  # arguments: also name=value pairs in text
@@ -474,8 +519,10 @@ class StoreScrubber:
         try:
             decoded = json.loads(value)
         except ValueError:
-            return _no_secret_left(scrub_text(value, heuristics=not result))
-        clean = scrub(decoded, heuristics=not result, result=result)
+            if result:
+                return _no_secret_left(registered_only(value))
+            return _no_secret_left(scrub_text(value))
+        clean = scrub(decoded, result=result)
         out = value if clean == decoded else json.dumps(clean, ensure_ascii=False, default=str)
         if pattern is None or pattern.search(out) is None:
             return out

@@ -10,8 +10,8 @@ each column is declared in :data:`SCRUBBED`:
 - ``text``: registered values, credentials and URL passwords become ``***``, and
   ``password=…`` / ``Bearer …`` pairs are masked (text that is only shown).
 - ``args``: JSON; keys named like a secret become ``***redacted***``, strings as ``text``.
-- ``result``: JSON replayed on resume: as ``args``, but a bare ``token``/``session``/…
-  key is kept and free text is not pattern-masked (only registered values, URL passwords).
+- ``result``: JSON a run gets back (replayed on resume): never changed by a name or a
+  pattern, only registered values (``***``) and registered names (``***redacted***``).
 - ``key``: an id or lookup key (run id, step key, tool, fact name): scrubbing would break
   lookups, so a value holding a registered secret is refused (:class:`SecretRefused`).
 - ``exact``: data that must round-trip byte for byte (``run.state`` snapshots, LangGraph
@@ -68,7 +68,9 @@ _STATE = Column(
 _NOTE = Column(_T, "free text a person or the engine wrote (note, reason, error)")
 _WHO = Column(_T, "who: user@host:pid, or a name a person gave")
 _ARGS = Column("args", "JSON arguments, only shown: names and values scrubbed")
-_RESULT = Column("result", "JSON replayed on resume: names (not a bare token) and values scrubbed")
+_RESULT = Column(
+    "result", "JSON a run gets back on resume: only registered secrets masked, no name guessed"
+)
 
 # Every TEXT, JSON or BLOB column of the schema (store/schema.py, all migrations).
 # tests/test_store_columns.py fails when a live schema has one that is not declared here.
