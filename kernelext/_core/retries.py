@@ -89,7 +89,7 @@ MAX_DELAY = 30.0  # the longest wait between two attempts, unless the server ask
 MAX_RETRY_AFTER = 300.0  # a server asking for a longer wait gets the failure instead
 # The verdicts of ``judge``: made again, unknown (not made again), failed, or failed after
 # the request may have reached its target (kx.restart carries it as unknown).
-RETRY, UNKNOWN, FAILED, REACHED = "retry", "unknown", "failed", "reached"
+RETRY, UNKNOWN, FAILED, REACHED = "make again", "outcome unknown", "no retry", "may have reached"
 REACHED_EVENT = "effect_reached"  # a failed key-less call that may have reached its target
 DEDUPED_STATUSES = frozenset({429, 500, 502, 503, 504})  # retried when the target dedupes
 UNKNOWN_STATUSES = frozenset({429, 502, 503, 504})  # a proxy's answer: the upstream may have it
