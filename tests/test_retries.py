@@ -121,6 +121,29 @@ def test_a_503_after_the_target_received_the_request_is_unknown_not_sent_again(
     assert "@kx.effect(retries=3, retry_on=(503,))" in unknown.row["error"]
 
 
+@pytest.mark.parametrize("delivery_server", [{"dedupe": True}], indirect=True)
+def test_a_503_after_delivery_is_retried_under_the_same_key_for_a_target_that_dedupes(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.fail_next(1, status=503, retry_after=0, delivered=True)
+
+    @kx.effect(name="charge_keyed", retries=3)
+    def charge_keyed(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key)
+
+    @kx.agent(name=name("keyed"))
+    def agent(run: kx.Run) -> int:
+        return charge_keyed(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert handle.result == 1  # the first delivery's answer, replayed under its key
+    assert delivery_server.count() == 1 and delivery_server.count_replays() == 1
+    (replay,) = delivery_server.replays
+    assert replay["idempotency_key"] == delivery_server.deliveries[0]["idempotency_key"]
+    assert attempts_of(handle.run_id) == [("applied", 2)]
+
+
 def test_retry_on_declares_a_status_safe_and_retries_that_run_out_leave_the_call_failed(
     store: Store, delivery_server: DeliveryServer
 ) -> None:

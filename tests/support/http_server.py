@@ -357,16 +357,16 @@ class DeliveryServer:
             record["seq"] = len(self.deliveries) + 1
             self._write_log(record)
             self.deliveries.append(record)
-            if delivered_then_failed:
-                status, headers, _ = self._fail_queue.pop(0)
-                self.refusals.append({**record, "status": status})
-                self._changed.notify_all()
-                return status, json.dumps({"error": "upstream reset"}).encode(), headers
             response = json.dumps(
                 {"ok": True, "delivery": record["seq"], "path": path, "idempotency_key": key}
             ).encode()
             if key is not None:
                 self._first_response.setdefault(key, response)
+            if delivered_then_failed:  # applied upstream; the answer lost on the way back
+                status, headers, _ = self._fail_queue.pop(0)
+                self.refusals.append({**record, "status": status})
+                self._changed.notify_all()
+                return status, json.dumps({"error": "upstream reset"}).encode(), headers
             self._changed.notify_all()
         if slow:
             time.sleep(slow)
