@@ -348,6 +348,26 @@ def test_bad_retries_are_refused_before_anything_is_recorded(
     assert store.load_effects(handle.run_id) == {}
 
 
+@pytest.mark.parametrize(
+    ("options", "error", "text"),
+    [
+        ({"retries": 3, "retry_on": "503"}, TypeError, "'503' is neither"),
+        ({"retries": 3, "retry_on": (99,)}, TypeError, "whole numbers 100-599"),
+        ({"retries": 3, "retry_on": (True,)}, TypeError, "True is neither"),
+        ({"retries": 3, "retry_on": (ValueError, "x")}, TypeError, "'x' is neither"),
+        ({"retry_on": (503,)}, ValueError, "retries=0 makes the call once"),
+    ],
+)
+def test_bad_retry_on_is_refused_saying_what_to_give(
+    options: dict[str, Any], error: type, text: str
+) -> None:
+    with pytest.raises(error, match=r"retry_on=") as caught:
+        kx.effect(**options)(lambda item: item)
+    assert text in str(caught.value)
+    declared = kx.effect(retries=2, retry_on=(503, ConnectionResetError))(lambda item: item)
+    assert declared.retry_on == (503, ConnectionResetError)
+
+
 # -- which failures are transient: real exceptions of the clients ---------------------------
 def test_http_statuses_are_classified_with_the_wait_the_server_asked_for(
     delivery_server: DeliveryServer,
