@@ -258,6 +258,48 @@ def test_a_failed_model_call_is_asked_again_on_resume(store: Any, llm: LLMServer
     assert list(llm.per_turn().values()) == [1, 1, 1, 1] and llm.count() == 5
 
 
+def test_a_model_call_timed_out_after_sending_is_sent_once_and_unknown(
+    store: Any, llm: LLMServer
+) -> None:
+    # The client's own retries (max_retries=2 by default) are the ledger's: counted, and
+    # never made for a request that left.
+    client = wrap_openai(OpenAI(base_url=llm.base_url, api_key=API_KEY, timeout=0.5))
+    llm.delay = 2.0
+
+    @kx.agent(name="openai-timeout")
+    def agent(run: kx.Run) -> str:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "refund A-1001"}]
+        )
+        return str(reply.choices[0].message.content)
+
+    handle = agent.start(run_id="timeout")
+    assert handle.wait(30) == Status.NEEDS_DECISION, handle.error
+    time.sleep(1.0)  # an SDK retry would have been sent by now
+    assert llm.count() == 1
+    row = kx.sql("SELECT status, attempts, error FROM effects WHERE run_id = 'timeout'")
+    assert (row["status"][0], int(row["attempts"][0])) == (EffectStatus.UNKNOWN, 1)
+    assert "no answer came" in row["error"][0]
+
+
+def test_a_model_call_never_sent_is_asked_again_and_counted(store: Any, llm: LLMServer) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on, then the model server
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    down = wrap_openai(OpenAI(base_url=closed, api_key=API_KEY, max_retries=2))
+
+    @kx.agent(name="openai-down")
+    def agent(run: kx.Run) -> str:
+        return str(down.chat.completions.create(model=MODEL, messages=[]).id)
+
+    handle = agent.start(run_id="down")
+    assert handle.wait(30) == Status.FAILED
+    row = kx.sql("SELECT status, attempts FROM effects WHERE run_id = 'down'")
+    assert (row["status"][0], int(row["attempts"][0])) == (EffectStatus.FAILED, 3)
+
+
 class Speed(Enum):
     SLOW, FAST = "slow", "fast"
 

@@ -463,7 +463,7 @@ def test_non_resumable_effect_not_applied_needs_reconciliation(
         calls.append(payload)
         response = post_json(delivery_server.url + "/legacy", payload)
         if len(calls) == 1:
-            raise TimeoutError("no answer; the legacy API may or may not have done it")
+            raise RuntimeError("garbled answer; the legacy API may or may not have done it")
         return response.body
 
     @kx.agent(name="ledger-legacy")

@@ -1,5 +1,6 @@
-"""``@kx.effect(retries=N)``: transient failures made again under the same key, waits that
-honour ``Retry-After`` and that a stop interrupts, each attempt counted in the ledger.
+"""``@kx.effect(retries=N, retry_on=...)``: a call made again only when that cannot repeat it
+(never sent, a target that dedupes on ``idempotency_key``, or a failure the effect declares
+safe), waits that honour ``Retry-After`` and that a stop interrupts, each attempt counted.
 
 Against a real local HTTP server (127.0.0.1) that refuses, delays or dedupes requests as
 told and records when each arrived.
@@ -20,7 +21,7 @@ from support.http_server import DeliveryServer
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core.retries import ANSWERED, NO_ANSWER, REFUSED, backoff, classify
+from kernelext._core.retries import ANSWERED, NO_ANSWER, NOT_SENT, Failure, backoff, classify
 from kernelext._store import Store
 
 WAIT = 60.0
@@ -97,12 +98,58 @@ def test_a_failure_that_is_not_transient_is_not_retried(
     assert attempts_of(handle.run_id) == [("failed", 1)]
 
 
-def test_retries_that_run_out_leave_the_call_failed_with_every_attempt_counted(
+def test_a_503_after_the_target_received_the_request_is_unknown_not_sent_again(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    # A proxy (Envoy, Istio) answers 503 on an upstream reset: its upstream has the request.
+    delivery_server.fail_next(3, status=503, retry_after=0, delivered=True)
+
+    @kx.effect(name="charge_card", retries=3)
+    def charge_card(item: int) -> int:
+        return post(delivery_server, item, None)
+
+    @kx.agent(name=name("charger"))
+    def agent(run: kx.Run) -> int:
+        return charge_card(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "needs_decision", handle.error
+    assert delivery_server.count() == 1  # charged once, never again by a retry
+    assert attempts_of(handle.run_id) == [("unknown", 1)]
+    (unknown,) = kx.reconcile(handle.run_id)
+    assert "HTTP 503 came back" in unknown.row["error"]
+    assert "@kx.effect(retries=3, retry_on=(503,))" in unknown.row["error"]
+
+
+@pytest.mark.parametrize("delivery_server", [{"dedupe": True}], indirect=True)
+def test_a_503_after_delivery_is_retried_under_the_same_key_for_a_target_that_dedupes(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    delivery_server.fail_next(1, status=503, retry_after=0, delivered=True)
+
+    @kx.effect(name="charge_keyed", retries=3)
+    def charge_keyed(item: int, *, idempotency_key: str | None = None) -> int:
+        return post(delivery_server, item, idempotency_key)
+
+    @kx.agent(name=name("keyed"))
+    def agent(run: kx.Run) -> int:
+        return charge_keyed(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert handle.result == 1  # the first delivery's answer, replayed under its key
+    assert delivery_server.count() == 1 and delivery_server.count_replays() == 1
+    (replay,) = delivery_server.replays
+    assert replay["idempotency_key"] == delivery_server.deliveries[0]["idempotency_key"]
+    assert attempts_of(handle.run_id) == [("applied", 2)]
+
+
+def test_retry_on_declares_a_status_safe_and_retries_that_run_out_leave_the_call_failed(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
     delivery_server.fail_next(5, status=503, retry_after=0)
 
-    @kx.effect(name="flaky", retries=2)
+    @kx.effect(name="flaky", retries=2, retry_on=(503,))
     def flaky(item: int) -> int:
         return post(delivery_server, item, None)
 
@@ -112,9 +159,36 @@ def test_retries_that_run_out_leave_the_call_failed_with_every_attempt_counted(
 
     handle = agent.start()
     assert handle.wait(WAIT) == "failed"
-    assert len(delivery_server.refusals) == 3  # a 503 is retried for any tool
+    assert len(delivery_server.refusals) == 3  # declared safe: retried without a key
     assert delivery_server.count() == 0
     assert attempts_of(handle.run_id) == [("failed", 3)]
+    events = [e["kind"] for e in store.events(handle.run_id)]
+    assert "effect_reached" not in events  # declared: answered before the target acted
+
+
+def test_a_request_never_sent_is_retried_for_any_tool_until_the_server_is_up(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    targets = ["http://kernelext-test.invalid", closed, delivery_server.url]
+
+    @kx.effect(name="notify", retries=3)
+    def notify(item: int) -> int:
+        url = targets.pop(0)  # a name that does not resolve, a closed port, the server
+        request = urllib.request.Request(url + "/r", data=b'{"item": 1}', method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(json.loads(response.read())["delivery"])
+
+    @kx.agent(name=name("notify"))
+    def agent(run: kx.Run) -> int:
+        return notify(1)
+
+    handle = agent.start()
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert delivery_server.count() == 1
+    assert attempts_of(handle.run_id) == [("applied", 3)]
 
 
 @pytest.mark.parametrize("delivery_server", [{"dedupe": True}], indirect=True)
@@ -274,6 +348,26 @@ def test_bad_retries_are_refused_before_anything_is_recorded(
     assert store.load_effects(handle.run_id) == {}
 
 
+@pytest.mark.parametrize(
+    ("options", "error", "text"),
+    [
+        ({"retries": 3, "retry_on": "503"}, TypeError, "'503' is neither"),
+        ({"retries": 3, "retry_on": (99,)}, TypeError, "whole numbers 100-599"),
+        ({"retries": 3, "retry_on": (True,)}, TypeError, "True is neither"),
+        ({"retries": 3, "retry_on": (ValueError, "x")}, TypeError, "'x' is neither"),
+        ({"retry_on": (503,)}, ValueError, "retries=0 makes the call once"),
+    ],
+)
+def test_bad_retry_on_is_refused_saying_what_to_give(
+    options: dict[str, Any], error: type, text: str
+) -> None:
+    with pytest.raises(error, match=r"retry_on=") as caught:
+        kx.effect(**options)(lambda item: item)
+    assert text in str(caught.value)
+    declared = kx.effect(retries=2, retry_on=(503, ConnectionResetError))(lambda item: item)
+    assert declared.retry_on == (503, ConnectionResetError)
+
+
 # -- which failures are transient: real exceptions of the clients ---------------------------
 def test_http_statuses_are_classified_with_the_wait_the_server_asked_for(
     delivery_server: DeliveryServer,
@@ -282,21 +376,17 @@ def test_http_statuses_are_classified_with_the_wait_the_server_asked_for(
     with pytest.raises(urllib.error.HTTPError) as caught:
         post(delivery_server, 1, None)
     found = classify(caught.value)
-    assert found is not None and (found.kind, found.retry_after) == (REFUSED, 2.0)
+    assert found == Failure(ANSWERED, 2.0, 429)
 
     request = httpx.Request("POST", delivery_server.url)
-    for status, kind in ((503, REFUSED), (500, ANSWERED), (502, ANSWERED), (504, ANSWERED)):
+    for status in (503, 500, 502, 504, 404):  # every status is an answer: the request left
         response = httpx.Response(status, headers={"Retry-After": "0.5"}, request=request)
         error = httpx.HTTPStatusError("status", request=request, response=response)
-        found = classify(error)
-        assert found is not None and (found.kind, found.retry_after) == (kind, 0.5)
-    response = httpx.Response(404, request=request)
-    assert classify(httpx.HTTPStatusError("missing", request=request, response=response)) is None
+        assert classify(error) == Failure(ANSWERED, 0.5, status)
 
     response = httpx.Response(429, headers={"retry-after-ms": "1500"}, request=request)
     limited = openai.RateLimitError("slow down", response=response, body=None)
-    found = classify(limited)
-    assert found is not None and (found.kind, found.retry_after) == (REFUSED, 1.5)
+    assert classify(limited) == Failure(ANSWERED, 1.5, 429)
     dated = httpx.Response(503, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})
     found = classify(httpx.HTTPStatusError("s", request=request, response=dated))
     assert found is not None and found.retry_after == 0.0  # a date in the past: at once
@@ -311,12 +401,13 @@ def test_transport_failures_tell_a_request_never_sent_from_one_without_an_answer
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
     with pytest.raises(urllib.error.URLError) as refused:
         urllib.request.urlopen(closed, timeout=5)
-    found = classify(refused.value)
-    assert found is not None and found.kind == REFUSED
+    assert classify(refused.value) == Failure(NOT_SENT)
     with pytest.raises(httpx.ConnectError) as connect:
         httpx.post(closed, timeout=5)
-    found = classify(connect.value)
-    assert found is not None and found.kind == REFUSED
+    assert classify(connect.value) == Failure(NOT_SENT)
+    with pytest.raises(urllib.error.URLError) as unresolved:
+        urllib.request.urlopen("http://kernelext-test.invalid/", timeout=5)
+    assert classify(unresolved.value) == Failure(NOT_SENT)  # a DNS failure: never sent
 
     delivery_server.slow_next(2, 2.0)
     with pytest.raises(TimeoutError) as timed_out:
@@ -334,14 +425,14 @@ def test_transport_failures_tell_a_request_never_sent_from_one_without_an_answer
 
 
 def test_backoff_grows_with_jitter_and_never_waits_past_a_long_retry_after() -> None:
-    from kernelext._core.retries import MAX_DELAY, Failure
+    from kernelext._core.retries import MAX_DELAY
 
-    plain = Failure(REFUSED)
+    plain = Failure(NOT_SENT)
     waits = [backoff(n, plain) for n in range(1, 12)]
     assert all(w is not None for w in waits)
     assert 0.25 <= (waits[0] or 0) <= 0.5
     assert 2.0 <= (waits[3] or 0) <= 4.0
     assert all((w or 0) <= MAX_DELAY for w in waits)
-    asked = backoff(1, Failure(REFUSED, retry_after=3.0))
+    asked = backoff(1, Failure(NOT_SENT, retry_after=3.0))
     assert asked is not None and 3.0 <= asked <= 3.3
-    assert backoff(1, Failure(REFUSED, retry_after=3600.0)) is None
+    assert backoff(1, Failure(NOT_SENT, retry_after=3600.0)) is None

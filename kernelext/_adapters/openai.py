@@ -13,15 +13,24 @@ methods passes through unrecorded.
 - Each recorded model call is a safe point (``safe_points=True``): a pending Stop takes
   hold just before the next call, so a plain ``while`` loop of model and tool calls can be
   stopped and resumed as it is.
-- A call whose outcome is unknown (the kernel died waiting) waits for a decision in
-  ``kx.reconcile``: "did not happen" asks the model again. A failed call (an HTTP error, a
-  timeout) is asked again on resume (``retry=True``).
-- The ledger key goes to the server as ``Idempotency-Key`` (``key_header``): a proxy that
-  honours it answers a repeated call once; it ties the server's logs to the ledger.
-- Not stored: the client's configuration, a call's ``extra_headers``, ``timeout`` and
-  ``extra_query`` values (its names are, each value ``***redacted***``). An ``api_key``, a
-  secret-named default header or a query value of 16 characters or more is registered
-  with ``kx.secrets``: masked in stored error texts too.
+- A call whose outcome is unknown (the kernel died while waiting for the model) waits for
+  a decision in ``kx.reconcile`` like any effect: "did not happen" asks the model again.
+  A failed call (an HTTP error) is asked again on resume (``retry=True``).
+- Retries are the ledger's, counted as attempts: the client's ``max_retries`` is the
+  effect's ``retries`` and the client sends each request once (its own retries off), so
+  the retry rule (``kernelext._core.retries``) decides. A model API is not known to dedupe
+  on ``Idempotency-Key``, so only a request never sent (connection refused, DNS failure,
+  connect timeout) is asked again, and a timeout after the request left is ``unknown``,
+  as is HTTP 429/502/503/504; ``kx.openai(client, retry_on=(429,))`` declares statuses
+  the server answers before it acts. Streamed and async calls are sent once.
+- The ledger key goes to the server as ``Idempotency-Key`` (``key_header``), so a proxy
+  that honours it answers a repeated call once; it also ties the server's logs to the
+  ledger.
+- Not stored: the client's configuration (``api_key``, ``default_headers``, ``base_url``),
+  a call's ``extra_headers``, ``timeout`` and ``extra_query`` values (its names are, each
+  value ``***redacted***``). An ``api_key``, a secret-named default header or a query value
+  of 16 characters or more is registered with ``kx.secrets``: masked in stored error texts
+  too.
 - The recorded result is the response as JSON (``to_dict()``), usage included; a streamed
   call is stored as ``{"stream": [chunks...], "usage": ...}`` (usage from the last chunk:
   pass ``stream_options={"include_usage": True}`` to chat streams to get it).
@@ -31,12 +40,9 @@ methods passes through unrecorded.
 
 from __future__ import annotations
 
-import importlib
-import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._core.context import current_run
@@ -44,10 +50,12 @@ from .._core.conversation import PRICES
 from .._core.keys import display_args
 from .._core.ledger import Effect
 from .._core.limits import call_limited_async, sent
-from .._core.secrets import REDACTED, SECRETS, is_secret_name
+from .._core.retries import RetryOn, check_retry_on
+from .._core.secrets import REDACTED
 from .._validate import check_name
 from ..errors import LedgerError
 from ..status import EffectStatus
+from .openai_client import checked_prices, register_secrets, register_values, require_openai
 from .openai_replay import (
     CHAT_TOOL,
     RESPONSES_TOOL,
@@ -65,20 +73,8 @@ __all__ = ["CHAT_TOOL", "KEY_HEADER", "RESPONSES_TOOL", "OpenAIRecorder", "wrap_
 
 KEY_HEADER = "Idempotency-Key"
 NOT_RECORDED = frozenset({"extra_headers", "timeout"})  # transport, not the request
-MIN_SECRET = 16  # shorter api keys ("EMPTY", "ollama") are placeholders, not secrets
 
 C = TypeVar("C")
-
-
-def require_openai() -> ModuleType:
-    """The ``openai`` package, or an ImportError that says how to install it."""
-    try:
-        return importlib.import_module("openai")
-    except ImportError as exc:
-        raise ImportError(
-            "kx.openai needs the openai package, which is not installed. Install it with: "
-            "pip install 'kernelext[openai]'"
-        ) from exc
 
 
 def wrap_openai(
@@ -88,6 +84,7 @@ def wrap_openai(
     key_header: str | None = KEY_HEADER,
     limit: str | None = None,
     prices: Mapping[str, tuple[float, float]] | None = None,
+    retry_on: RetryOn = (),
 ) -> C:
     """``kx.openai(OpenAI(...))``: the client, with its model calls recorded inside runs.
 
@@ -98,12 +95,15 @@ def wrap_openai(
     ``key_header``: the header that carries the ledger's key to the server (None: none).
     ``limit``: the name of a ``kx.limit`` each model call made now waits for a slot of
     (``kx.limit("llm", rate="3000/min", concurrency=16)``), shared by every run of the
-    process; a stop lands while a call waits, with nothing of it recorded. Retries are
-    the client's own (``max_retries``, which honours ``Retry-After``).
+    process; a stop lands while a call waits, with nothing of it recorded. Retries: the
+    client's ``max_retries``, made by the ledger and counted (see the module text).
+    ``retry_on``: HTTP statuses and exception classes this server answers before it acts
+    (``(429,)``), asked again like a request never sent.
     ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
     (prompt, completion); the run's text and panel then show the cost of its tokens.
     """
-    checked = _checked_prices(prices) if prices is not None else {}
+    checked = checked_prices(prices) if prices is not None else {}
+    declared = check_retry_on("kx.openai(retry_on=...)", retry_on, retries=1)
     if limit is not None:
         check_name("kx.openai(limit=...)", limit)
     openai = require_openai()
@@ -116,47 +116,10 @@ def wrap_openai(
             f"{type(client).__name__}. Create one with OpenAI(base_url=..., api_key=...)."
         )
     PRICES.update(checked)  # only once the call is known to succeed
-    _register_secrets(client)
-    options = _Options(safe_points, key_header, isinstance(client, openai.AsyncOpenAI), limit)
+    register_secrets(client)
+    is_async = isinstance(client, openai.AsyncOpenAI)
+    options = _Options(safe_points, key_header, is_async, limit, declared)
     return cast(C, OpenAIRecorder(client, options))
-
-
-def _checked_prices(prices: Any) -> dict[str, tuple[float, float]]:
-    if not isinstance(prices, Mapping):
-        raise TypeError(
-            "kx.openai(prices=...) takes a dict of model -> (prompt, completion) dollars per "
-            'million tokens, e.g. {"gpt-4o-mini": (0.15, 0.60)}.'
-        )
-    out: dict[str, tuple[float, float]] = {}
-    for model, pair in prices.items():
-        ok = isinstance(pair, (tuple, list)) and len(pair) == 2
-        numbers = ok and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf
-            for x in pair
-        )
-        if not numbers:
-            raise TypeError(
-                f"kx.openai(prices=...): the price of {model!r} must be (prompt, completion) "
-                "dollars per million tokens, two finite numbers >= 0, e.g. (0.15, 0.60); "
-                f"got {pair!r}."
-            )
-        out[str(model)] = (float(pair[0]), float(pair[1]))
-    return out
-
-
-def _register_secrets(client: Any) -> None:
-    """The api key and secret-named default headers are masked wherever kernelext writes."""
-    headers = getattr(client, "default_headers", None) or {}
-    secret_headers = [v for k, v in headers.items() if is_secret_name(str(k))]
-    _register([getattr(client, "api_key", None), *secret_headers])
-
-
-def _register(values: Iterable[Any]) -> None:
-    for value in values:
-        if isinstance(value, str):
-            for part in {value, value.split(" ", 1)[-1]}:  # "Bearer sk-…": the token too
-                if len(part) >= MIN_SECRET:
-                    SECRETS.register(part)
 
 
 @dataclass(frozen=True)
@@ -165,6 +128,7 @@ class _Options:
     key_header: str | None
     is_async: bool
     limit: str | None = None
+    retry_on: RetryOn = ()
 
 
 class OpenAIRecorder:
@@ -174,20 +138,24 @@ class OpenAIRecorder:
     def __init__(self, client: Any, options: _Options) -> None:
         self.wrapped = client
         self._kx_options = options
+        # Calls inside a run: sent once each, the ledger making (and counting) the retries.
+        self._kx_sender = client.with_options(max_retries=0)
         self._kx_chat: _ChatRecorder | None = None
         self._kx_responses: _CreateRecorder | None = None
 
     @property
     def chat(self) -> Any:
         if self._kx_chat is None:
-            self._kx_chat = _ChatRecorder(self.wrapped.chat, self._kx_options)
+            self._kx_chat = _ChatRecorder(self.wrapped, self._kx_sender, self._kx_options)
         return self._kx_chat
 
     @property
     def responses(self) -> Any:
         if self._kx_responses is None:
             self._kx_responses = _CreateRecorder(
-                self.wrapped.responses, RESPONSES_TOOL, self._kx_options
+                _Sides(self.wrapped.responses, self._kx_sender.responses, self.wrapped),
+                RESPONSES_TOOL,
+                self._kx_options,
             )
         return self._kx_responses
 
@@ -222,10 +190,21 @@ class OpenAIRecorder:
         return f"<kx.openai recording {type(self.wrapped).__name__} at {self.wrapped.base_url}>"
 
 
+@dataclass(frozen=True)
+class _Sides:
+    """A resource as the caller's client has it (plain calls) and as the sender has it
+    (calls inside a run, sent once), and the caller's client (its ``max_retries``)."""
+
+    plain: Any
+    sending: Any
+    client: Any
+
+
 class _ChatRecorder:
-    def __init__(self, chat: Any, options: _Options) -> None:
-        self.wrapped = chat
-        self.completions = _CreateRecorder(chat.completions, CHAT_TOOL, options)
+    def __init__(self, client: Any, sender: Any, options: _Options) -> None:
+        self.wrapped = client.chat
+        sides = _Sides(client.chat.completions, sender.chat.completions, client)
+        self.completions = _CreateRecorder(sides, CHAT_TOOL, options)
 
     def __getattr__(self, name: str) -> Any:
         if name == "wrapped":  # not set yet (a copy being made): no endless lookup
@@ -236,8 +215,10 @@ class _ChatRecorder:
 class _CreateRecorder:
     """One resource (``chat.completions`` or ``responses``) with ``create`` recorded."""
 
-    def __init__(self, resource: Any, tool: str, options: _Options) -> None:
-        self.wrapped = resource
+    def __init__(self, sides: _Sides, tool: str, options: _Options) -> None:
+        self.wrapped = sides.plain
+        self.sending = sides.sending
+        self.retries = int(sides.client.max_retries)
         self.tool = tool
         self.options = options
         self.create: Callable[..., Any] = self._acreate if options.is_async else self._create
@@ -298,16 +279,24 @@ class ModelCall(Effect):
         }
         self.stream = bool(self.request.get("stream"))
         if isinstance(query := self.kwargs.get("extra_query"), Mapping):
-            _register(query.values())
+            register_values(query.values())
         self.live: Any = _DROP  # the response object of a call made now
 
         def send(*, idempotency_key: str | None = None, **_request: Any) -> Any:
-            self.live = owner.wrapped.create(**self.outgoing(idempotency_key))
+            self.live = owner.sending.create(**self.outgoing(idempotency_key))
             return to_json(self.live)
 
+        once = self.stream or owner.options.is_async  # settled after the fact: sent once
         super().__init__(
-            send, name=owner.tool, resumable=True, retry=True, limit=owner.options.limit
+            send,
+            name=owner.tool,
+            resumable=True,
+            retry=True,
+            limit=owner.options.limit,
+            retries=0 if once else owner.retries,
         )
+        self.retry_on = owner.options.retry_on
+        self.dedupes = False  # the key header goes along; a model API is not known to dedupe
 
     # -- the request -----------------------------------------------------------------
     def plain(self, value: Any) -> Any:
@@ -373,7 +362,7 @@ class ModelCall(Effect):
             return super()._perform(run, key, args, kwargs)
         try:
             sent()  # a kx.limit's window counts the request from now
-            source = self.owner.wrapped.create(**self.outgoing(self.idempotency_key(run, key)))
+            source = self.owner.sending.create(**self.outgoing(self.idempotency_key(run, key)))
         except BaseException as exc:
             return self._settle(run, key, args, kwargs, error=exc)
         return RecordedStream(
@@ -385,7 +374,7 @@ class ModelCall(Effect):
     ) -> Any:
         try:
             sent()
-            self.live = await self.owner.wrapped.create(
+            self.live = await self.owner.sending.create(
                 **self.outgoing(self.idempotency_key(run, key))
             )
         except BaseException as exc:

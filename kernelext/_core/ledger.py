@@ -52,7 +52,7 @@ from .keys import (
 from .ledger_async import call_async
 from .limits import call_limited
 from .names import check_stored_name
-from .retries import check_retries, made_with_retries, settled
+from .retries import RetryOn, check_retries, check_retry_on, made_with_retries, settled
 from .run_engine import RunEngine, chain_roots
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
 
@@ -103,6 +103,7 @@ class Effect(CallArguments):
         probe: Callable[..., Any] | None = None,
         limit: str | None = None,
         retries: int = 0,
+        retry_on: RetryOn = (),
     ) -> None:
         check_effect_function(fn)
         if name is not None:
@@ -118,6 +119,7 @@ class Effect(CallArguments):
         self.retry = check_flag("@kx.effect(retry=...)", retry)
         self.limit = check_name("@kx.effect(limit=...)", limit) if limit is not None else None
         self.retries = check_retries("@kx.effect(retries=...)", retries)
+        self.retry_on = check_retry_on("@kx.effect(retry_on=...)", retry_on, self.retries)
         if self.is_async and (self.limit is not None or self.retries):
             raise TypeError(
                 f"@kx.effect(limit=..., retries=...) applies to plain functions for now; "
@@ -139,6 +141,7 @@ class Effect(CallArguments):
             self.signature = None
         params = self.signature.parameters if self.signature else {}
         self.takes_key = resumable and "idempotency_key" in params
+        self.dedupes = self.takes_key  # its target dedupes on the key (kernelext._core.retries)
         self._where = f"a call of effect {self.tool}"  # where a swallowed stop is raised again
         functools.update_wrapper(self, fn)
 
@@ -559,6 +562,7 @@ def effect(
     probe: Callable[..., Any] | None = None,
     limit: str | None = None,
     retries: int = 0,
+    retry_on: RetryOn = (),
 ) -> Callable[[Callable[..., Any]], Effect]: ...
 
 
@@ -573,6 +577,7 @@ def effect(
     probe: Callable[..., Any] | None = None,
     limit: str | None = None,
     retries: int = 0,
+    retry_on: RetryOn = (),
 ) -> Effect | Callable[[Callable[..., Any]], Effect]:
     """Declare an external effect: ``@kx.effect`` or ``@kx.effect(resumable=False)``.
 
@@ -598,17 +603,16 @@ def effect(
     refused then, before anything is recorded (the limit may be declared after the
     decorator runs).
 
-    ``retries=3``: a transient failure is made again, up to 3 more times, under the same
-    key and ``idempotency_key``, with exponential backoff and jitter, honouring a
-    ``Retry-After`` the exception carries (``exc.headers`` or ``exc.response.headers``:
-    urllib, httpx, requests, the OpenAI SDK). Transient: HTTP 429 and 503 and a connection
-    refused (retried for every tool); HTTP 500, 502 and 504, and a timeout or reset after
-    the request left (retried only for a tool that takes ``idempotency_key``; without it
-    an answered 5xx is ``failed``, and a request with no answer is ``unknown``, to decide
-    with ``kx.reconcile``). ``effects.attempts`` counts how many times the call was made.
-    A stop during the wait between two attempts lands at once: the call is recorded
-    ``not_applied`` (its last attempt failed, nothing is pending) and the resume makes it
-    again. ``retries=0`` (the default): made once, any exception is ``failed``.
+    ``retries=3``: a call that provably did not reach its target (connection refused, DNS
+    failure, connect timeout) is made again, up to 3 more times, under the same key and
+    ``idempotency_key``, with exponential backoff and jitter, honouring ``Retry-After``; so
+    is a tool that takes ``idempotency_key`` after HTTP 429/500/502/503/504 or no answer.
+    Without that parameter a call whose request left is never made again: HTTP 429, 502,
+    503, 504 or no answer make it ``unknown`` (decide it with ``kx.reconcile``), other
+    answers ``failed``. ``retry_on=(429, 503)``: statuses (and exception classes) this
+    target answers before it acts, made again for any tool. ``effects.attempts`` counts
+    the attempts; a stop during a wait records the call ``not_applied`` (the resume makes
+    it). The rule: ``kernelext._core.retries``.
     """
 
     if name is not None:  # the options first, so that a bad one is named before any def
@@ -620,7 +624,8 @@ def effect(
     check_approval_rule(needs_approval)
     if limit is not None:
         check_name("@kx.effect(limit=...)", limit)
-    check_retries("@kx.effect(retries=...)", retries)
+    counted = check_retries("@kx.effect(retries=...)", retries)
+    check_retry_on("@kx.effect(retry_on=...)", retry_on, counted)
 
     def wrap(func: Callable[..., Any]) -> Effect:
         return Effect(
@@ -632,6 +637,7 @@ def effect(
             probe=probe,
             limit=limit,
             retries=retries,
+            retry_on=retry_on,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -33,6 +33,7 @@ import contextvars
 from typing import TYPE_CHECKING, Any
 
 from .._validate import refuse_unrun_result
+from .retries import judged_once
 
 if TYPE_CHECKING:
     from .ledger import Effect
@@ -71,6 +72,9 @@ async def call_async(
         result = await effect.fn(*args, **call_kwargs)
         refuse_unrun_result(effect.tool, result)
     except Exception as exc:
+        decided = judged_once(effect, run, key, exc)  # the retry rule: unknown, or reached
+        if decided is not None:
+            raise decided from exc
         effect._failed(run, key, exc)
         raise
     except BaseException:  # cancelled (a forced stop), or the process going down

@@ -23,7 +23,11 @@ its own parent are in its ledger, so a restart of a restart carries them on.
 Effects that did not happen are not carried and are called again: ``failed`` ones
 (a resumable effect that failed: restarting is the deliberate retry) and ``not_applied``
 ones (a person said it did not happen); the ``created`` event of the new run lists them
-(``called_again``). The ``idempotency_key`` handed to the tool is the same in every run
+(``called_again``). A ``failed`` call that may have reached its target is not among
+them: a tool without ``idempotency_key`` answered with an error after its request left
+(the retry rule's ``effect_reached`` event, ``kernelext._core.retries``) is carried as
+``unknown``, like a ``given_up`` one below, so it waits for a decision instead of being
+sent again. The ``idempotency_key`` handed to the tool is the same in every run
 of the restart chain (``ledger.idempotency_key_for``: the key of the call in the chain's
 root run), so an API that dedupes by key dedupes such a call. A ``given_up`` effect (a
 person gave up on the old run without saying whether it happened) is carried as
@@ -37,8 +41,9 @@ any applied effect. Answered ``run.ask`` questions are carried too (re-keyed thr
 
 Facts recorded before the restart point are copied and revalidated by the ordinary
 resume path, which the new run goes through. Claims the old run held are taken again
-by the new run. Also refused when the old run is still executing, or when the needed
-snapshot was removed after the retention period. **A restarted run is superseded**:
+by the new run. Also refused when the old run is still executing, or when a needed
+snapshot was removed after the retention period (``run.map`` items take none: the state
+after an item is the one of the step before the batch). **A restarted run is superseded**:
 restarting it again, or resuming it (a ``failed`` run stays ``failed`` but can no longer
 be resumed), is refused with the child's id and what to do (``kx.resume('<child>')`` /
 ``kx.restart('<child>')``), decided in the restart transaction (two racing restarts:
@@ -56,6 +61,7 @@ cell that was in progress replays what the old run applied.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from typing import Any
 
@@ -82,6 +88,7 @@ from .handle import Handle
 from .keys import effect_key, question_key
 from .names import check_stored_name
 from .resume import agent_for
+from .retries import REACHED_EVENT
 from .runtime import get_store, runtime
 
 __all__ = ["restart"]
@@ -123,6 +130,11 @@ def restart(
     _check_snapshots(run_id, carried)
     cutoff: dt.datetime | None = max((s["ended_at"] for s in carried), default=None)
     effects = list(store.load_effects(run_id).values())
+    reached = {
+        str(json.loads(e["detail"] or "{}").get("key"))
+        for e in store.events(run_id)
+        if e["kind"] == REACHED_EVENT
+    }
     new_id = check_stored_name(new_run_id or _next_child_id(store, run_id), "new run id")
     scheme = row.get("key_scheme") or 1
     if store.find_run(new_id):  # before any payload file is linked for it
@@ -135,13 +147,13 @@ def restart(
         new_id=new_id,
         start_ordinal=start,
         steps=carried,
-        effects=_carried_effects(effects, run_id, new_id, scheme),
+        effects=_carried_effects(effects, run_id, new_id, scheme, reached),
         facts=[f for f in store.fact_rows(run_id) if _before(f, start, cutoff)],
         questions=_carried_questions(store.question_rows(run_id), new_id, scheme),
         deadline=runtime().settings.expiry.deadline("restart", store.now()),
         source=source,
         who=who,
-        detail={"old_status": row["status"], "called_again": _called_again(effects)},
+        detail={"old_status": row["status"], "called_again": _called_again(effects, reached)},
     )
     store.write_restart(plan)
     args_cache = runtime().args_cache
@@ -220,19 +232,23 @@ def _start_ordinal(run_id: str, steps: list[dict[str, Any]], from_step: int | st
 
 
 def _check_snapshots(run_id: str, carried: list[dict[str, Any]]) -> None:
-    if not carried:
-        return
-    last = carried[-1]
+    """Refused when a carried snapshot was removed (retention). A ``run.map`` item takes
+    none (its stored result marks it), so a carried item needs no snapshot."""
     removed = [s["removed_at"] for s in carried if s["removed_at"] is not None]
-    if removed or last["snapshot_id"] is None:
-        when = f" on {moment_text(max(removed))}" if removed else ""
-        raise RunStateError(
-            f"The snapshot of run {run_id!r} was removed{when} after its retention period "
-            f"(kx.configure(retention_seconds=...)), so it cannot be restarted from step "
-            f"{last['ordinal'] + 1}. Its run row and ledger remain for the audit "
-            f"(kx.sql(\"select * from effects where run_id = '{run_id}'\")); "
-            "start a new run instead, or restart with from_step=0."
-        )
+    missing = [s for s in carried if s["snapshot_id"] is None and s.get("result") is None]
+    if not removed and not missing:
+        return
+    if removed:
+        reason = f"was removed on {moment_text(max(removed))} after its retention period "
+        reason += "(kx.configure(retention_seconds=...))"
+    else:
+        reason = f"of step {missing[-1]['ordinal']} ({missing[-1]['key']!r}) is not in the store"
+    raise RunStateError(
+        f"A snapshot of run {run_id!r} {reason}, so it cannot be restarted from step "
+        f"{carried[-1]['ordinal'] + 1}. Its run row and ledger remain for the audit "
+        f"(kx.sql(\"select * from effects where run_id = '{run_id}'\")); "
+        "start a new run instead, or restart with from_step=0."
+    )
 
 
 def _before(row: dict[str, Any], start: int, cutoff: dt.datetime | None) -> bool:
@@ -251,17 +267,19 @@ def child_key(new_id: str, row: dict[str, Any], scheme: int) -> uuid.UUID:
 
 
 def _carried_effects(
-    effects: list[dict[str, Any]], old_id: str, new_id: str, scheme: int
+    effects: list[dict[str, Any]], old_id: str, new_id: str, scheme: int, reached: set[str]
 ) -> list[dict[str, Any]]:
     """Every applied effect of the old run, keyed for the new run (see the module doc),
-    and every ``given_up`` one as ``unknown``: giving up did not say whether it happened,
-    so the new run stops at its take-over in ``needs_decision`` and a person decides it
-    there (``kx.reconcile`` of the new run) instead of it being made again."""
+    and as ``unknown`` every ``given_up`` one and every ``failed`` one that may have
+    reached its target (``reached``: their keys): nobody said whether it happened, so the
+    new run stops at its take-over in ``needs_decision`` and a person decides it there
+    (``kx.reconcile`` of the new run) instead of it being made again."""
     out: list[dict[str, Any]] = []
     for old in effects:
         note = f"carried over from run {old_id} (key {old['key']})"
-        if old["status"] == EffectStatus.GIVEN_UP:
-            note = f"given up in run {old_id} (key {old['key']}); outcome unknown"
+        why = _unknown_why(old, old_id, reached)
+        if why is not None:
+            note = f"{why}; outcome unknown"
             out.append(
                 {
                     **old,
@@ -284,6 +302,18 @@ def _carried_effects(
     return out
 
 
+def _unknown_why(old: dict[str, Any], old_id: str, reached: set[str]) -> str | None:
+    """Why the old run's effect is carried as unknown, or None."""
+    if old["status"] == EffectStatus.GIVEN_UP:
+        return f"given up in run {old_id} (key {old['key']})"
+    if old["status"] == EffectStatus.FAILED and str(old["key"]) in reached:
+        return (
+            f"failed in run {old_id} (key {old['key']}) after its request may have reached "
+            "the target (an error answered after it left; the tool takes no idempotency_key)"
+        )
+    return None
+
+
 def _carried_questions(
     rows: list[dict[str, Any]], new_id: str, scheme: int
 ) -> list[dict[str, Any]]:
@@ -300,13 +330,12 @@ def _carried_questions(
     ]
 
 
-def _called_again(effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _called_again(effects: list[dict[str, Any]], reached: set[str]) -> list[dict[str, Any]]:
     """The effects of the old run that did not happen, which the new run calls again."""
-    again = (EffectStatus.APPLIED, EffectStatus.GIVEN_UP)
     return [
         {"key": str(e["key"]), "tool": e["tool"], "step": e["step_key"], "status": e["status"]}
         for e in effects
-        if e["status"] not in again
+        if e["status"] != EffectStatus.APPLIED and _unknown_why(e, "", reached) is None
     ]
 
 

@@ -1,18 +1,23 @@
-"""``@kx.effect(retries=N)``: transient failures made again, under the same key.
+"""``@kx.effect(retries=N, retry_on=...)``: a call made again only when that cannot repeat it.
 
 The attempts of one call run inside the ledger's ``_perform``, between its intent (written
 once) and its outcome (written once, with ``attempts``: how many times the call was made
 under its key, across resumes too). Its invariants:
 
-1. **Only what did not happen, or what cannot happen twice, is made again.** A failure is
-   classified by :func:`classify` (see ``KINDS``): a request refused before the server
-   acted (HTTP 429 or 503, a connection refused, a connect timeout) is retried for every
-   tool; one the server may have acted on (HTTP 500, 502 or 504; a timeout or a reset
-   after the request left) only for a tool that takes ``idempotency_key`` (the same key
-   every attempt, so an API that dedupes applies it once). Without that parameter an
-   answered 5xx is ``failed`` as without retries, and a request that got no answer is
-   ``unknown``: kernelext cannot know whether it happened (``NeedsDecision``; decide it
-   with ``kx.reconcile``). Any other exception is ``failed`` at once.
+1. **Retries never guess.** A failure is classified by :func:`classify` (``KINDS``) and
+   judged by :func:`judge`. A call is made again only when it provably did not reach its
+   target (``not sent``: the connection was never established: refused, a DNS failure, a
+   connect timeout), when the tool takes ``idempotency_key`` (the same key every attempt,
+   so a target that dedupes on it applies the call once: HTTP 429, 500, 502, 503, 504 and
+   a request with no answer are retried), or when the effect says the failure is safe
+   (``retry_on=(429, 503)``: statuses and exception classes the user knows the target
+   answers before it acts). Without a key, any other failure after the request left is
+   not made again: HTTP 429, 502, 503 or 504 (a proxy answers so after its upstream may
+   have received the request) and a timeout, a reset or a truncated answer make the call
+   ``unknown`` (``NeedsDecision``: a person or a probe decides it with ``kx.reconcile``);
+   any other answer (a 500, a 4xx) is ``failed`` and marked as having reached its target
+   (the ``effect_reached`` event), so ``kx.restart`` carries it as ``unknown`` instead of
+   making it again. This holds with ``retries=0`` too: the call is then made once.
 2. **Waits are exponential, jittered, and honour the server.** Attempt ``n`` fails, then
    the call waits ``0.5 s × 2^(n-1)`` (at most 30 s) times a random factor in [0.5, 1];
    a ``Retry-After`` (or ``retry-after-ms``) header on the exception (``exc.headers``,
@@ -24,8 +29,6 @@ under its key, across resumes too). Its invariants:
    the row is recorded ``not_applied`` (its error says which failure and that a stop came
    during the wait), so nothing is pending and a resume makes the call again under the
    same key and idempotency key. A forced stop lands there the same way.
-4. **``retries=0`` changes nothing**: the call is made once and any exception is
-   ``failed``, as before.
 
 ``tenacity`` was looked at for the loop: its hooks (``retry=``, ``wait=``, ``sleep=``)
 would each be custom here (the ledger's classification, ``Retry-After``, a wait that a
@@ -34,19 +37,26 @@ stop interrupts and that records the row), so the loop is written out below.
 
 from __future__ import annotations
 
-import email.utils
-import http.client
 import math
 import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import NeedsDecision, StopRequested
 from ..status import EffectStatus
 from . import limits
+from .failures import (
+    ANSWERED,
+    KINDS,
+    NO_ANSWER,
+    NOT_SENT,
+    Failure,
+    classify,
+    retry_after,
+    wrapped_chain,
+)
 from .secrets import scrubbed_excerpt
 
 if TYPE_CHECKING:
@@ -54,55 +64,35 @@ if TYPE_CHECKING:
     from .run_engine import RunEngine
 
 __all__ = [
+    "ANSWERED",
     "KINDS",
     "MAX_RETRY_AFTER",
+    "NOT_SENT",
+    "NO_ANSWER",
+    "REACHED_EVENT",
     "Failure",
     "backoff",
     "check_retries",
+    "check_retry_on",
     "classify",
+    "judge",
+    "judged_once",
     "made_with_retries",
     "settled",
 ]
 
 T = TypeVar("T")
+RetryOn = tuple[int | type[BaseException], ...]  # retry_on: statuses, exception classes
 
 BASE_DELAY = 0.5  # seconds before the first retry (before jitter)
 MAX_DELAY = 30.0  # the longest wait between two attempts, unless the server asks for more
 MAX_RETRY_AFTER = 300.0  # a server asking for a longer wait gets the failure instead
-REFUSED, ANSWERED, NO_ANSWER = "refused", "answered", "no answer"
-KINDS = {
-    REFUSED: "the request was refused before the server acted: retried for every tool",
-    ANSWERED: "the server answered with an error after it may have acted: retried only for "
-    "a tool that takes idempotency_key, else failed",
-    NO_ANSWER: "the request left and no answer came: retried only for a tool that takes "
-    "idempotency_key, else unknown",
-}
-STATUSES = {429: REFUSED, 503: REFUSED, 500: ANSWERED, 502: ANSWERED, 504: ANSWERED}
-# Clients' exception classes by name (and their bases), from these packages only.
-CLIENTS = frozenset({"httpx", "httpcore", "openai", "requests", "urllib3", "aiohttp"})
-NOT_SENT_NAMES = frozenset({"ConnectError", "ConnectTimeout", "PoolTimeout", "NewConnectionError"})
-NO_ANSWER_NAMES = frozenset(
-    {
-        "ReadTimeout",
-        "WriteTimeout",
-        "ReadError",
-        "WriteError",
-        "RemoteProtocolError",
-        "ProtocolError",
-        "APITimeoutError",
-        "APIConnectionError",
-        "TimeoutException",
-        "Timeout",
-        "ServerDisconnectedError",
-    }
-)
-_NO_ANSWER_TYPES = (
-    TimeoutError,
-    ConnectionResetError,
-    ConnectionAbortedError,
-    BrokenPipeError,
-    http.client.IncompleteRead,
-)
+# The verdicts of ``judge``: made again, unknown (not made again), failed, or failed after
+# the request may have reached its target (kx.restart carries it as unknown).
+RETRY, UNKNOWN, FAILED, REACHED = "make again", "outcome unknown", "no retry", "may have reached"
+REACHED_EVENT = "effect_reached"  # a failed key-less call that may have reached its target
+DEDUPED_STATUSES = frozenset({429, 500, 502, 503, 504})  # retried when the target dedupes
+UNKNOWN_STATUSES = frozenset({429, 502, 503, 504})  # a proxy's answer: the upstream may have it
 
 
 def check_retries(where: str, value: object) -> int:
@@ -120,109 +110,54 @@ def check_retries(where: str, value: object) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class Failure:
-    """A transient failure: its kind (``KINDS``) and the wait the server asked for."""
-
-    kind: str
-    retry_after: float | None = None
-    status: int | None = None
-
-
-def _attr(holder: object, name: str) -> object:
-    """``holder.name``, or None: a client's property may raise when unset (httpx's
-    ``request``), and classifying must never fail the call a second time."""
-    try:
-        return getattr(holder, name, None)
-    except Exception:
-        return None
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and what it wraps (its cause, a ``reason``, an exception as first argument)."""
-    seen: list[BaseException] = []
-    todo: list[BaseException] = [exc]
-    while todo and len(seen) < 8:
-        item = todo.pop(0)
-        if any(item is s for s in seen):
-            continue
-        seen.append(item)
-        for inner in (item.__cause__, _attr(item, "reason"), *item.args[:1]):
-            if isinstance(inner, BaseException):
-                todo.append(inner)
-    return seen
+def check_retry_on(where: str, value: object, retries: int) -> RetryOn:
+    """HTTP statuses (100-599) and exception classes, as a tuple (one alone is accepted)."""
+    items = tuple(value) if isinstance(value, (tuple, list, set, frozenset)) else (value,)
+    for item in items:
+        status = isinstance(item, int) and not isinstance(item, bool) and 100 <= item <= 599
+        if not status and not (isinstance(item, type) and issubclass(item, Exception)):
+            raise TypeError(
+                f"{where} takes HTTP statuses and exception classes that the target answers "
+                "before it acts, e.g. retry_on=(429, 503) or retry_on=(MyApiBusy,); "
+                f"{item!r} is neither (statuses are whole numbers 100-599)."
+            )
+    if items and not retries:
+        raise ValueError(
+            f"{where}={items!r} names failures to make again, but retries=0 makes the call "
+            "once. Give retries too: @kx.effect(retries=3, retry_on=...)."
+        )
+    return items
 
 
-def _status(exc: BaseException) -> int | None:
-    for holder in (exc, _attr(exc, "response")):
-        for name in ("status_code", "status", "code"):
-            value = _attr(holder, name)
-            if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
-                return value
-    return None
+def _declared(retry_on: RetryOn, chain: list[BaseException], failure: Failure | None) -> bool:
+    """The effect's ``retry_on`` names this failure (its status or one of its exceptions)."""
+    status = failure.status if failure is not None else None
+    for item in retry_on:
+        if isinstance(item, int):
+            if item == status:
+                return True
+        elif any(isinstance(exc, item) for exc in chain):
+            return True
+    return False
 
 
-def retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked to wait (``Retry-After``: seconds or an HTTP date;
-    ``retry-after-ms``), from the exception's headers or its response's."""
-    for holder in (exc, _attr(exc, "response")):
-        getter = _attr(_attr(holder, "headers"), "get")
-        if not callable(getter):
-            continue
-        millis = getter("retry-after-ms") or getter("Retry-After-Ms")
-        if millis is not None:
-            try:
-                return max(float(millis) / 1000, 0.0)
-            except (TypeError, ValueError):
-                pass
-        value = getter("Retry-After") or getter("retry-after")
-        if value is None:
-            continue
-        try:
-            return max(float(value), 0.0)
-        except (TypeError, ValueError):
-            pass
-        try:
-            when = email.utils.parsedate_to_datetime(str(value))
-        except (TypeError, ValueError):
-            continue
-        return max(when.timestamp() - time.time(), 0.0)
-    return None
-
-
-def _transport(exc: BaseException) -> str | None:
-    if isinstance(exc, ConnectionRefusedError):
-        return REFUSED
-    if type(exc).__module__.split(".")[0] in CLIENTS:
-        names = {cls.__name__ for cls in type(exc).__mro__}
-        if names & NOT_SENT_NAMES:
-            return REFUSED
-        if names & NO_ANSWER_NAMES:
-            return NO_ANSWER
-    if isinstance(exc, _NO_ANSWER_TYPES):
-        return NO_ANSWER
-    return None
-
-
-def classify(exc: BaseException) -> Failure | None:
-    """The transient failure ``exc`` is, or ``None`` (not transient: not retried).
-
-    HTTP statuses (``exc.status_code``, ``exc.code``, ``exc.response.status_code``): 429 and
-    503 refused, 500, 502 and 504 answered. Transport errors, the innermost one wrapped
-    deciding: a connection refused and a connect timeout refused; a timeout, a reset, a
-    broken pipe or a truncated answer after the request left, no answer.
-    """
-    chain = _chain(exc)
-    for item in chain:
-        status = _status(item)
-        if status is not None:
-            kind = STATUSES.get(status)
-            return Failure(kind, retry_after(item), status) if kind is not None else None
-    for item in reversed(chain):
-        kind = _transport(item)
-        if kind is not None:
-            return Failure(kind)
-    return None
+def judge(effect: Effect, exc: BaseException) -> tuple[str, Failure]:
+    """What the rule (the module's invariant 1) makes of ``exc``: ``RETRY``, ``UNKNOWN``,
+    ``FAILED`` or ``REACHED``, with the failure (its wait, its status)."""
+    failure = classify(exc)
+    found = failure or Failure("other", retry_after(exc))
+    if _declared(effect.retry_on, wrapped_chain(exc), failure):
+        return RETRY, found
+    if failure is None:
+        return FAILED, found
+    if failure.kind == NOT_SENT:
+        return RETRY, failure
+    if effect.dedupes:
+        again = failure.kind == NO_ANSWER or failure.status in DEDUPED_STATUSES
+        return (RETRY if again else FAILED), failure
+    if failure.kind == NO_ANSWER or failure.status in UNKNOWN_STATUSES:
+        return UNKNOWN, failure
+    return REACHED, failure
 
 
 def backoff(attempt: int, failure: Failure) -> float | None:
@@ -243,7 +178,7 @@ def settled(run: RunEngine, key: uuid.UUID) -> bool:
 
 
 def made_with_retries(effect: Effect, run: RunEngine, key: uuid.UUID, call: Callable[[], T]) -> T:
-    """``call()``, made again after transient failures as the module says."""
+    """``call()``, made again as the module says."""
     row = run.effects[key]
     before = int(row.get("attempts") or 0)
     attempt = 0
@@ -254,15 +189,13 @@ def made_with_retries(effect: Effect, run: RunEngine, key: uuid.UUID, call: Call
             limits.sent()  # the rate window counts the call from now (kx.limit)
             return call()
         except Exception as exc:
-            failure = classify(exc) if effect.retries else None
-            if failure is None:
-                raise
-            if failure.kind == NO_ANSWER and not effect.takes_key:
-                raise _unknown(effect, run, key, exc) from exc
-            if failure.kind == ANSWERED and not effect.takes_key:
-                raise
-            delay = backoff(attempt, failure)
-            if attempt > effect.retries or delay is None:
+            verdict, failure = judge(effect, exc)
+            if verdict == UNKNOWN:
+                raise _unknown(effect, run, key, exc, failure) from exc
+            delay = backoff(attempt, failure) if verdict == RETRY else None
+            if delay is None or attempt > effect.retries:
+                if verdict == REACHED:
+                    _reached(effect, run, key, failure)
                 raise
             try:
                 _pause(run, delay)
@@ -270,6 +203,19 @@ def made_with_retries(effect: Effect, run: RunEngine, key: uuid.UUID, call: Call
             except StopRequested:
                 _not_applied(effect, run, key, exc, attempt)
                 raise
+
+
+def judged_once(
+    effect: Effect, run: RunEngine, key: uuid.UUID, exc: BaseException
+) -> NeedsDecision | None:
+    """The rule for a call that is made once (an ``async def`` tool): ``unknown`` recorded
+    and its ``NeedsDecision`` returned, or ``None`` (the ledger records ``failed``)."""
+    verdict, failure = judge(effect, exc)
+    if verdict == UNKNOWN:
+        return _unknown(effect, run, key, exc, failure)
+    if verdict == REACHED:
+        _reached(effect, run, key, failure)
+    return None
 
 
 def _pause(run: RunEngine, seconds: float) -> None:
@@ -309,11 +255,43 @@ def _not_applied(
     run.notify("effect", (effect.tool, key, EffectStatus.NOT_APPLIED))
 
 
-def _unknown(effect: Effect, run: RunEngine, key: uuid.UUID, exc: BaseException) -> NeedsDecision:
-    """The request left and no answer came, for a tool without ``idempotency_key``."""
+def _reached(effect: Effect, run: RunEngine, key: uuid.UUID, failure: Failure) -> None:
+    """A key-less call answered with an error after the request left: it is ``failed``
+    (the ledger writes that next), and it may have reached its target, which
+    ``kx.restart`` reads here (``REACHED_EVENT``) to carry it as unknown."""
+    with run.force.critical():
+        run.store.record_event(
+            run.id,
+            REACHED_EVENT,
+            wait=True,
+            source="engine",
+            reason=f"answered HTTP {failure.status} after the request left",
+            detail={"key": str(key), "tool": effect.tool, "status": failure.status},
+        )
+
+
+def _after_sending(failure: Failure) -> str:
+    if failure.status is not None:
+        return (
+            f"the request left and HTTP {failure.status} came back (a proxy answers so "
+            "after its upstream may have received the request)"
+        )
+    return "the request left and no answer came"
+
+
+def _unknown(
+    effect: Effect, run: RunEngine, key: uuid.UUID, exc: BaseException, failure: Failure
+) -> NeedsDecision:
+    """A call without ``idempotency_key`` that may have been applied: ``unknown``."""
+    why = _after_sending(failure)
+    declare = f"retry_on=({failure.status},)" if failure.status else "retry_on=(TheError,)"
+    hint = (
+        "if this target answers so only before it acts, say so: "
+        f"@kx.effect(retries={effect.retries or 3}, {declare})"
+    )
     note = scrubbed_excerpt(
-        f"{_text(exc)}: the request may have been applied (it left, no answer came); not "
-        "made again, the tool takes no idempotency_key",
+        f"{_text(exc)}: the request may have been applied ({why}); not made again, the "
+        f"tool takes no idempotency_key ({hint})",
         2000,
     )
     with run.force.critical():
@@ -321,7 +299,7 @@ def _unknown(effect: Effect, run: RunEngine, key: uuid.UUID, exc: BaseException)
             key,
             EffectStatus.UNKNOWN,
             error=note,
-            attempts=int(run.effects[key]["attempts"]),
+            attempts=run.effects[key].get("attempts"),
             wait=True,
         )
         run.effects[key]["status"] = EffectStatus.UNKNOWN
@@ -335,9 +313,9 @@ def _unknown(effect: Effect, run: RunEngine, key: uuid.UUID, exc: BaseException)
         )
     run.notify("effect", (effect.tool, key, EffectStatus.UNKNOWN))
     return NeedsDecision(
-        f"Effect {effect.tool} (key {key}) may have happened: {_text(exc)} after the request "
-        "left, and no answer came. It is recorded as unknown and not made again, since the "
-        "tool takes no idempotency_key (an API that dedupes by it would apply a retry once). "
-        f"Decide it with kx.reconcile({run.id!r}): mark_applied(result=...) if it happened, "
-        "mark_not_applied() to make it again on resume."
+        f"Effect {effect.tool} (key {key}) may have happened: {_text(exc)}; {why}. It is "
+        "recorded as unknown and not made again, since the tool takes no idempotency_key "
+        "(a target that dedupes by it would apply a retry once). Decide it with "
+        f"kx.reconcile({run.id!r}): mark_applied(result=...) if it happened, "
+        f"mark_not_applied() to make it again on resume; {hint}."
     )

@@ -79,7 +79,8 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         """Completed steps of a run with their snapshot (manifest, removed_at), by ordinal."""
         return self.read_dicts(
             "SELECT t.ordinal, t.key, t.name, t.started_at, t.ended_at, t.duration_s, t.forced,"
-            " t.snapshot_id, s.manifest, s.bytes, s.created_at AS snapshot_at, s.removed_at"
+            " t.snapshot_id, t.result, s.manifest, s.bytes, s.created_at AS snapshot_at,"
+            " s.removed_at"
             " FROM steps t LEFT JOIN snapshots s ON s.id = t.snapshot_id"
             " WHERE t.run_id = ? AND t.status = ? ORDER BY t.ordinal",
             (run_id, StepStatus.COMPLETED),
@@ -288,6 +289,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
                     step["duration_s"],
                     snapshot_id,
                     bool(step["forced"]),
+                    step.get("result"),  # a run.map item's stored value: replayed, not run
                 )
             )
         tx.executemany(
@@ -297,7 +299,8 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         )
         tx.executemany(
             "INSERT INTO steps (id, run_id, ordinal, key, name, status, started_at, ended_at,"
-            " duration_s, snapshot_id, forced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " duration_s, snapshot_id, forced, result)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             step_rows,
         )
 

@@ -160,7 +160,7 @@ class DeliveryServer:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._first_response: dict[str, bytes] = {}
-        self._fail_queue: list[tuple[int, dict[str, str]]] = []
+        self._fail_queue: list[tuple[int, dict[str, str], bool]] = []
         self._slow_queue: list[float] = []
         self._posts = 0  # POSTs being handled now
         self._server: _Server | None = None
@@ -281,13 +281,20 @@ class DeliveryServer:
             return self._changed.wait_for(lambda: self._active <= 1, timeout)
 
     def fail_next(
-        self, n: int = 1, status: int = 503, *, retry_after: float | str | None = None
+        self,
+        n: int = 1,
+        status: int = 503,
+        *,
+        retry_after: float | str | None = None,
+        delivered: bool = False,
     ) -> None:
         """The next ``n`` POSTs get ``status`` (with ``Retry-After: retry_after``), and are
-        kept in ``refusals``, not recorded as deliveries."""
+        kept in ``refusals``, not recorded as deliveries. ``delivered``: recorded as
+        deliveries first, then answered ``status``, as a proxy answers after its upstream
+        received the request (Envoy's 503 on an upstream reset)."""
         headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
         with self._lock:
-            self._fail_queue.extend([(status, headers)] * n)
+            self._fail_queue.extend([(status, headers, delivered)] * n)
 
     def slow_next(self, n: int, seconds: float) -> None:
         """The next ``n`` POSTs are recorded at once and answered ``seconds`` later."""
@@ -321,8 +328,9 @@ class DeliveryServer:
         self, path: str, body: Any, key: str | None
     ) -> tuple[int, bytes, dict[str, str]]:
         with self._changed:
-            if self._fail_queue:
-                status, headers = self._fail_queue.pop(0)
+            delivered_then_failed = bool(self._fail_queue) and self._fail_queue[0][2]
+            if self._fail_queue and not delivered_then_failed:
+                status, headers, _ = self._fail_queue.pop(0)
                 self.refusals.append(
                     {"path": path, "idempotency_key": key, "status": status, "time": time.time()}
                 )
@@ -354,6 +362,11 @@ class DeliveryServer:
             ).encode()
             if key is not None:
                 self._first_response.setdefault(key, response)
+            if delivered_then_failed:  # applied upstream; the answer lost on the way back
+                status, headers, _ = self._fail_queue.pop(0)
+                self.refusals.append({**record, "status": status})
+                self._changed.notify_all()
+                return status, json.dumps({"error": "upstream reset"}).encode(), headers
             self._changed.notify_all()
         if slow:
             time.sleep(slow)
