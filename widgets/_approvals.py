@@ -18,7 +18,6 @@ work while no cell runs and while another one does. Imports the core only.
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from kernelext._core.control import resume_if_here
 from kernelext._core.from_elsewhere import store_address
 from kernelext._core.questions import Question, questions
 from kernelext._formatting import moment_text
+from kernelext._shown import shown_html
 from kernelext.status import Reason, Status
 
 from ._stop_buttons import DecisionButtons
@@ -55,7 +55,7 @@ Decided = Callable[[Any], None]
 
 
 def _error(exc: Exception) -> str:
-    return f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
+    return f'<div style="color:{BAD}">{shown_html(str(exc))}</div>'
 
 
 def _resumed_text(handle: Any, done: str) -> str:
@@ -66,8 +66,8 @@ def _resumed_text(handle: Any, done: str) -> str:
 
 def args_html(arguments: dict[str, Any]) -> str:
     rows = "".join(
-        f"<tr><td><code>{html.escape(str(k))}</code></td>"
-        f"<td><code>{html.escape(json.dumps(v, default=str))}</code></td></tr>"
+        f"<tr><td><code>{shown_html(str(k))}</code></td>"
+        f"<td><code>{shown_html(json.dumps(v, default=str))}</code></td></tr>"
         for k, v in arguments.items()
     )
     return f'<table class="kernelext-approval-args">{rows}</table>'
@@ -129,9 +129,9 @@ class ApprovalCard(w.VBox):
         item = self.item
         state = item.decision or f"waiting, {item.time_left}"
         self.header.value = (
-            f"<div><b>{html.escape(item.tool)}</b> needs approval · run "
-            f"<code>{html.escape(item.run_id)}</code> · {html.escape(item.step_text)}"
-            f" · {html.escape(state)}</div>"
+            f"<div><b>{shown_html(item.tool)}</b> needs approval · run "
+            f"<code>{shown_html(item.run_id)}</code> · {shown_html(item.step_text)}"
+            f" · {shown_html(state)}</div>"
         )
         for control in (self.note, self.approve_button, self.reject_button):
             control.disabled = item.decision is not None
@@ -207,7 +207,7 @@ def _form(spec: dict[str, Any], default: dict[str, Any]) -> tuple[Any, Callable[
     for field, sub in spec["properties"].items():
         widget, read = input_for(sub if isinstance(sub, dict) else {}, default.get(field))
         mark = " *" if field in required else ""
-        rows.append(w.HBox([w.HTML(f"<code>{html.escape(field)}</code>{mark}"), widget]))
+        rows.append(w.HBox([w.HTML(f"<code>{shown_html(field)}</code>{mark}"), widget]))
         readers[field] = read
 
     def read_all() -> dict[str, Any]:
@@ -251,8 +251,8 @@ class QuestionCard(w.VBox):
         item = self.item
         state = "answered" if item.answered else item.time_left
         self.header.value = (
-            f"<div><b>{html.escape(item.prompt)}</b> · run <code>{html.escape(item.run_id)}"
-            f"</code> · {html.escape(item.step_text)} · {html.escape(state)}</div>"
+            f"<div><b>{shown_html(item.prompt)}</b> · run <code>{shown_html(item.run_id)}"
+            f"</code> · {shown_html(item.step_text)} · {shown_html(state)}</div>"
         )
         for control in (self.input, self.note, self.answer_button):
             control.disabled = item.answered
@@ -297,7 +297,7 @@ def cards(items: list[Any], on_decided: Decided | None = None) -> list[Any]:
 def approvals_mimebundle(items: Any) -> dict[str, Any]:
     """For ``runtime().settings.approvals_renderer``: ``kx.approvals()`` / ``kx.questions()`` as
     cards, with their text as the fallback."""
-    body = cards(list(items)) or [w.HTML(f"<div>{html.escape(items.text())}</div>")]
+    body = cards(list(items)) or [w.HTML(f"<div>{shown_html(items.text())}</div>")]
     box = w.VBox(body)
     box.add_class("kernelext-approvals")
     bundle: dict[str, Any] = dict(box._repr_mimebundle_() or {})
@@ -336,7 +336,7 @@ def decided_elsewhere_html(events: list[dict[str, Any]]) -> str:
         f"The {what} was {decision} {where}{who} at {when}. Press Resume to go on: the run "
         "continues from where it waited."
     )
-    return f'<div class="kernelext-decided-elsewhere">{html.escape(text)}</div>'
+    return f'<div class="kernelext-decided-elsewhere">{shown_html(text)}</div>'
 
 
 class ApprovalsBox(w.VBox):

@@ -14,9 +14,10 @@ the same way (``show_html`` / ``update_html``, its own live selector: ``hide_sty
 from __future__ import annotations
 
 import contextlib
-import html
 import uuid
 from collections.abc import Callable, Hashable
+
+from kernelext._shown import shown_html, shows
 
 from ._render import PanelView, to_html
 
@@ -47,7 +48,7 @@ STYLE = hide_style(LIVE)
 
 
 def saved_html(view: PanelView) -> str:
-    run = html.escape(repr(view.run_id))
+    run = shown_html(repr(view.run_id))
     return (
         f'<div class="kernelext-saved">{STYLE}{to_html(view, static=False)}'
         '<div style="font-size:smaller">saved panel, not connected to a kernel; '
@@ -100,5 +101,6 @@ class SavedCopy:
             bundle = {"text/html": text()}
             update_display(bundle, raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
 
+    @shows
     def __repr__(self) -> str:
         return f"SavedCopy({self.display_id})"

@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 from .._formatting import moment_text
+from .._shown import shows
 from .._store import Store
 from .._store.records import FORCE_REQUESTED
 from .._validate import FLAG, NOTE, SOURCE, check_wait, optional, validated
@@ -94,6 +95,7 @@ class Handle:
     def events(self) -> list[dict[str, Any]]:
         return self.store.events(self.run_id)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kernelext run {self.run_id!r} status={self.status}>"
 
@@ -106,6 +108,7 @@ class Handle:
         return renderer(self)
 
     @property
+    @shows
     def status_text(self) -> str:
         """``text_summary()``, plus, while a stop is pending, when it should land
         ("stops after step 7, in about 3.0 s"; "overrunning by 12 s"). During a
@@ -122,6 +125,7 @@ class Handle:
         estimate = estimate_stop(self.run_id, self.store, run=info, current=current)
         return line if estimate is None else f"{line}; {estimate.text}"
 
+    @shows
     def text_summary(self, info: dict[str, Any] | None = None) -> str:
         """``run r [agent]: running, 3/5 steps`` (``info``: the run row, if already read)."""
         info = info if info is not None else self.info()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._formatting import counted, duration_text, step_label
+from .._shown import shows
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
@@ -347,6 +348,7 @@ class Timeline:
     def _repr_svg_(self) -> str:
         return self.svg
 
+    @shows
     def text(self) -> str:
         """What the picture shows, in one line."""
         counts: dict[str, int] = {}
@@ -368,6 +370,7 @@ class Timeline:
         cut = ", ".join(duration_text(g.seconds) for g in self.gaps)
         return line + (f"; idle stretches cut from the axis: {cut}" if cut else "")
 
+    @shows
     def __repr__(self) -> str:
         return self.text()
 
