@@ -44,11 +44,8 @@ def unsafe(text: str) -> list[str]:
     before = "\n"
     for char in text:
         category = unicodedata.category(char)
-        if char != "\n" and (category[0] == "C" or category in ("Zl", "Zp")):
-            found.append(char)
-        elif category == "Zs" and char != " ":
-            found.append(char)
-        elif category[0] == "M" and before in " \n":
+        invisible = category[0] == "C" or category in ("Zl", "Zp") or category == "Zs"
+        if (invisible and char not in " \n") or (category[0] == "M" and before in " \n"):
             found.append(char)
         before = char
     return found
@@ -83,7 +80,7 @@ def test_the_door_leaves_nothing_invisible_and_is_idempotent(text: str, lines: b
         ("bob\u200b@bank.com", "bob\\u200b@bank.com"),
         ("p\u0430ypal.com", f"p\u0430ypal.com {MIXED}"),
         ("\uff50aypal.com", "\uff50aypal.com [look-alike characters]"),
-        ("\u05e9\u05dc\u05d5\u05dd 1987 6543", "\u05e9\u05dc\u05d5\u05dd 1987 6543 [right-to-left text]"),
+        ("\u05e9\u05dc\u05d5\u05dd 1987", "\u05e9\u05dc\u05d5\u05dd 1987 [right-to-left text]"),
         ("ok\x1b[31m red", "ok\\x1b[31m red"),
         ("a\xa0b", "a\\xa0b"),
         ("\u0301x", "\\u0301x"),
@@ -132,7 +129,7 @@ def python_surfaces(handle: kx.Handle) -> dict[str, str]:
     return {
         "kx.approvals().text()": waiting.text(),
         "repr(kx.approvals())": repr(waiting),
-        "repr(approval)": repr(list(waiting)[0]),
+        "repr(approval)": repr(next(iter(waiting))),
         "repr(handle)": repr(handle),
         "handle.text_summary()": handle.text_summary(),
         "handle.status_text": handle.status_text,
@@ -156,7 +153,7 @@ def test_no_surface_prints_a_hostile_character_raw(tmp_path: Path, text: str) ->
         handle = payer.run(f"k{text}", to, account, run_id=run_id)
         assert handle.status == "suspended", handle.error
         surfaces = python_surfaces(handle)
-        request = str(list(kx.approvals())[0].id)
+        request = str(next(iter(kx.approvals())).id)
     surfaces["kernelext approvals"] = cli("approvals", store=store)
     surfaces["kernelext show"] = cli("show", run_id, store=store)
     surfaces["kernelext runs"] = cli("runs", store=store)
@@ -195,7 +192,7 @@ def test_every_command_prints_through_the_door(tmp_path: Path) -> None:
     with a_store(tmp_path) as store:
         handle = payer.run(HOSTILE, f"to {HOSTILE}", HOSTILE, run_id=run_id)
         assert handle.status == "suspended", handle.error
-        request = str(list(kx.approvals())[0].id)
+        request = str(next(iter(kx.approvals())).id)
     commands = every_command(run_id, request, tmp_path)
     assert set(commands) == set(build_parser().command_names), (
         "a new command: add it here with arguments that reach its output"
@@ -283,4 +280,3 @@ def test_a_pin_does_not_hide_an_amount_that_holds_its_digits(tmp_path: Path) -> 
     assert "amount = 142420" in shown_there, shown_there
     with pytest.raises(ValueError, match=r"at least 8 characters.*name='pin'"):
         kx.secrets.register("1424")
-

@@ -179,7 +179,7 @@ class ShownStream(io.TextIOBase):
 def shown_output() -> Iterator[None]:
     """stdout and stderr through the display door while a command runs (``main``)."""
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = ShownStream(out), ShownStream(err)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = ShownStream(out), ShownStream(err)
     try:
         yield
     finally:

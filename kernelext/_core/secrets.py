@@ -40,8 +40,8 @@ from .._store.columns import scrubbed_excerpt
 from .._validate import check_name, check_secret, optional, validated
 
 __all__ = [
-    "MASK",
     "CREDENTIAL_MIN_LENGTH",
+    "MASK",
     "MIN_LENGTH",
     "REDACTED",
     "SECRETS",
