@@ -180,10 +180,19 @@ def _cell(value: Any) -> Any:
 
 
 def shown_frame(frame: Any) -> Any:
-    """A copy of a pandas DataFrame whose text cells and column names passed the door (its
-    ``repr`` and HTML then show what :func:`shown` shows); other cells as they are."""
-    copy = frame.apply(lambda column: column.map(_cell)) if len(frame.columns) else frame
-    return copy.rename(columns=_cell)
+    """``frame`` (a pandas DataFrame) as it may be read: a copy whose text cells and column
+    names passed the door, columns holding no such text left as they are (dtype and all);
+    ``frame`` itself when nothing changes."""
+    copy = frame
+    for index in range(frame.shape[1]):
+        column = frame.iloc[:, index]
+        if any(isinstance(v, str) and shown(v) != v for v in column):
+            copy = frame.copy() if copy is frame else copy
+            copy.isetitem(index, column.map(_cell))
+    if any(isinstance(name, str) and shown(name) != name for name in frame.columns):
+        copy = frame.copy() if copy is frame else copy
+        copy.columns = [_cell(name) for name in frame.columns]
+    return copy
 
 
 F = TypeVar("F", bound=Callable[..., str])

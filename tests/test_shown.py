@@ -17,6 +17,7 @@ import ast
 import contextlib
 import io
 import tempfile
+import threading
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,7 +111,10 @@ def a_store(where: Path) -> Iterator[str]:
     kx.open_store(path)
     try:
         yield path
-    finally:
+    finally:  # a run's helper threads may still renew its lease: let them end first
+        for thread in threading.enumerate():
+            if thread.name.startswith(("kernelext-monitor[", "kernelext-stop-watch[")):
+                thread.join(30)
         runtime().close()
 
 
