@@ -523,3 +523,21 @@ def test_an_exception_name_is_not_read_as_a_secret_pair() -> None:
     text = "SecretRefused: kernelext refuses to store runs.id"
     assert scrub_text(text) == text
     assert scrub_text("password: hunter22") == f"password: {MASK}"
+
+
+def test_a_secret_is_masked_as_a_whole_token_not_inside_a_longer_number_or_word() -> None:
+    from kernelext._core.secrets import StoreScrubber
+
+    assert SECRETS.add("1424")  # a credential (a PIN): scrubbed from 4 characters on
+    try:
+        assert scrub_text("pin 1424, amount 142420, ref A1424", heuristics=False) == (
+            f"pin {MASK}, amount 142420, ref A1424"
+        )
+        stored = StoreScrubber().json(json.dumps({"amount": 142420, "pin": 1424}), result=False)
+        assert json.loads(stored) == {"amount": 142420, "pin": MASK}
+    finally:
+        SECRETS.forget("1424")
+    secret = f"tok-{uuid.uuid4().hex[:12]}"
+    with registered(secret):  # an encoded form is still found inside longer encoded text
+        encoded = base64.b64encode(b"prefix:" + secret.encode()).decode()
+        assert secret not in scrub_text(f"({secret})") and MASK in scrub_text(encoded)
