@@ -16,6 +16,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import os
+import subprocess
+import sys
 import tempfile
 import threading
 import unicodedata
@@ -119,10 +122,23 @@ def a_store(where: Path) -> Iterator[str]:
 
 
 def cli(*args: str, store: str) -> str:
+    """A read of the command line, in this process (its ``main``)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         main([*args, "--store", store])
     return out.getvalue() + err.getvalue()
+
+
+def cli_process(*args: str, store: str) -> str:
+    """A command in a process of its own, as from a terminal: a decision made there does
+    not run the agent (this process would, as the run's owner)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelext", *args, "--store", store],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
+    return (done.stdout + done.stderr).decode("utf-8", errors="surrogateescape")
 
 
 def python_surfaces(handle: kx.Handle) -> dict[str, str]:
@@ -161,7 +177,7 @@ def test_no_surface_prints_a_hostile_character_raw(tmp_path: Path, text: str) ->
     surfaces["kernelext approvals"] = cli("approvals", store=store)
     surfaces["kernelext show"] = cli("show", run_id, store=store)
     surfaces["kernelext runs"] = cli("runs", store=store)
-    surfaces["kernelext approve"] = cli("approve", request, store=store)
+    surfaces["kernelext approve"] = cli_process("approve", request, store=store)
     for surface, output in surfaces.items():
         assert unsafe(output) == [], (surface, output)
     for surface in ("kernelext approvals", "kx.approvals().text()", "kernelext approve"):
@@ -202,7 +218,7 @@ def test_every_command_prints_through_the_door(tmp_path: Path) -> None:
         "a new command: add it here with arguments that reach its output"
     )
     for name, args in commands.items():
-        output = cli(name, *args, store=store)
+        output = cli_process(name, *args, store=store)
         assert output.strip(), name
         assert unsafe(output) == [], (name, output)
 
