@@ -35,7 +35,6 @@ from typing import Any, TypeVar
 __all__ = ["MARKS_IN_A_ROW", "shown", "shown_frame", "shown_html", "shows"]
 
 MARKS_IN_A_ROW = 3  # combining marks after one base character (vowel signs, accents)
-_BASES = frozenset("LNPS")  # the major categories a mark may follow
 _RAW = frozenset("LNPS")  # the major categories shown as they are (and the space)
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _WORD = re.compile(r"[^ \n\t]+")
@@ -47,6 +46,7 @@ _MIXES = (
 )
 _SCRIPT_WORDS = {"CJK": "Han", "KANGXI": "Han", "IDEOGRAPHIC": "Han"}
 _RTL = frozenset({"R", "AL"})
+_LOOK_ALIKE_FORMS = ("<wide>", "<font>")  # fullwidth ``ｐ``, mathematical ``𝐩``
 
 
 @functools.lru_cache(maxsize=8192)
@@ -71,7 +71,7 @@ def _escaped(text: str, lines: bool) -> str:
     for char in text:
         if _raw(char):
             out.append(char)
-            marks = 0 if unicodedata.category(char)[0] in _BASES else MARKS_IN_A_ROW
+            marks = 0 if char != " " else MARKS_IN_A_ROW  # a mark may follow a base
         elif lines and char == "\n":
             out.append(char)
             marks = MARKS_IN_A_ROW
@@ -86,15 +86,16 @@ def _escaped(text: str, lines: bool) -> str:
 
 @functools.lru_cache(maxsize=8192)
 def _script(char: str) -> str | None:
-    """The script of a letter, from its Unicode name (``CYRILLIC SMALL LETTER A``)."""
-    if not unicodedata.category(char).startswith("L"):
-        return None  # digits, punctuation, marks: common to every script
+    """The script of a letter, from its Unicode name (``CYRILLIC SMALL LETTER A``); that of
+    its plain form for a compatibility letter (fullwidth ``ｐ`` is Latin)."""
+    category = unicodedata.category(char)
+    if category[0] != "L" or category == "Lm":
+        return None  # digits, punctuation, marks, modifier letters: common to scripts
+    plain = unicodedata.normalize("NFKC", char)
+    if plain != char and len(plain) == 1:
+        return _script(plain)
     name = unicodedata.name(char, "")
-    if not name:
-        return "Unknown"
-    first = name.split(" ", 1)[0]
-    if first in ("FULLWIDTH", "HALFWIDTH", "MATHEMATICAL"):
-        first = name.split(" ")[1] if " " in name else first
+    first = name.split(" ", 1)[0] if name else "Unknown"
     return _SCRIPT_WORDS.get(first, first.capitalize())
 
 
@@ -114,11 +115,12 @@ def _script_order(script: str) -> tuple[int, str]:
 
 @functools.lru_cache(maxsize=8192)
 def _look_alike(char: str) -> bool:
-    """A compatibility form of a plain letter or digit (fullwidth, mathematical, ...)."""
-    if not (char.isalpha() or unicodedata.category(char) == "Nd") or char.isascii():
+    """A fullwidth or mathematical form of a plain letter or digit (not a superscript
+    ``ª`` or ``²``, which read as what they are)."""
+    if char.isascii() or not unicodedata.decomposition(char).startswith(_LOOK_ALIKE_FORMS):
         return False
     plain = unicodedata.normalize("NFKC", char)
-    return plain != char and plain.isascii() and plain.isalnum()
+    return plain.isascii() and plain.isalnum()
 
 
 def _flagged(text: str) -> str:

@@ -88,7 +88,10 @@ def test_the_door_leaves_nothing_invisible_and_is_idempotent(text: str, lines: b
         ("ok\x1b[31m red", "ok\\x1b[31m red"),
         ("a\xa0b", "a\\xa0b"),
         ("\u0301x", "\\u0301x"),
+        ("\U0001d429aypal", "\U0001d429aypal [look-alike characters]"),
         ("caf\u00e9, cafe\u0301, \u6771\u4eactokyo, \u043c\u043e\u0441\u043a\u0432\u0430", None),
+        ("\u30e9\u30fc\u30e1\u30f3, don\u02bct, 1\u00aa, 5 m\u00b2", None),
+        ("\u0928\u092e\u0938\u094d\u0924\u0947", None),
     ],
 )  # fmt: skip
 def test_the_door_shows_each_trick_and_leaves_plain_text_alone(raw: str, seen: str | None) -> None:
