@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._did_you_mean import did_you_mean
 from ._formatting import moment_text as _moment_text
+from ._shown import shows as _shows
 
 if TYPE_CHECKING:  # private: not a name of this module
     from ._core import plan as _plan
@@ -106,6 +107,10 @@ __all__ = [
 
 class KernelextError(Exception):
     """Base class of every error kernelext raises on purpose."""
+
+    @_shows  # its text names runs, steps and tools as stored: through the display door
+    def __str__(self) -> str:
+        return super().__str__()
 
 
 def _rebuild(cls: type[BaseException], args: tuple[Any, ...], keywords: dict[str, Any]) -> Any:

@@ -299,7 +299,7 @@ def test_a_failing_callbacks_error_is_scrubbed_before_it_is_cut(
     suspend_run(store, "rate_limit", "cut-1")
 
     def broken(info: expiry.ExpiredRun) -> None:  # the secret straddles character 1000
-        raise RuntimeError("x" * (1000 - len("RuntimeError: ") - 10) + secret)
+        raise RuntimeError("x" * (1000 - len("RuntimeError: ") - 11) + " " + secret)
 
     kx.on_expire(broken)
     try:

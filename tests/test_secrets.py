@@ -213,8 +213,8 @@ def test_registered_values_are_masked_and_never_shown() -> None:
         assert scrub_text(f"key={value}; again {value}!", heuristics=False) == (
             f"key={MASK}; again {MASK}!"
         )
-        assert kx.secrets.scrub({"a": [f"x{value}y"], "token": "t"}) == {
-            "a": [f"x{MASK}y"],
+        assert kx.secrets.scrub({"a": [f"x-{value}."], "token": "t"}) == {
+            "a": [f"x-{MASK}."],
             "token": REDACTED,
         }
         assert value not in repr(kx.secrets)
@@ -225,9 +225,14 @@ def test_registered_values_are_masked_and_never_shown() -> None:
 
 
 def test_register_refuses_what_it_cannot_scrub_safely() -> None:
-    with pytest.raises(ValueError, match="at least 4 characters"):
+    with pytest.raises(ValueError, match="at least 8 characters"):
         kx.secrets.register("abc")
-    with pytest.raises(ValueError, match="at least 4 characters"):
+    with pytest.raises(ValueError, match=r"at least 8 characters.*register\(name='pin'\)"):
+        kx.secrets.register("1424")  # a PIN: told apart from data only by its name
+    with pytest.raises(ValueError, match="at least 8 characters"):
+        kx.secrets.register("hunter2")
+    assert "1424" not in kx.secrets and "hunter2" not in kx.secrets
+    with pytest.raises(ValueError, match="at least 8 characters"):
         kx.secrets.register(1234)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match=r"a value .* or a name"):
         kx.secrets.register()  # type: ignore[call-overload]
@@ -499,7 +504,7 @@ def test_register_refuses_a_value_of_this_processes_own_identity() -> None:
     from kernelext._store import actor
 
     with pytest.raises(ValueError, match="own identity"):
-        kx.secrets.register(actor().rsplit(":", 1)[0])  # user@host
+        kx.secrets.register(actor())  # user@host:pid (user@host may be under 8 characters)
 
 
 def test_a_cut_error_text_keeps_no_start_of_a_secret() -> None:
@@ -507,7 +512,7 @@ def test_a_cut_error_text_keeps_no_start_of_a_secret() -> None:
 
     secret = f"EXPsecret-{uuid.uuid4().hex}"
     with registered(secret):
-        text = "x" * 990 + secret
+        text = "x" * 989 + " " + secret  # a whole token (a secret is matched as one)
         assert secret[:10] not in scrubbed_excerpt(text, 1000)
         assert secret[:10] in text[:1000]  # what cutting first would have kept
 
@@ -516,3 +521,21 @@ def test_an_exception_name_is_not_read_as_a_secret_pair() -> None:
     text = "SecretRefused: kernelext refuses to store runs.id"
     assert scrub_text(text) == text
     assert scrub_text("password: hunter22") == f"password: {MASK}"
+
+
+def test_a_secret_is_masked_as_a_whole_token_not_inside_a_longer_number_or_word() -> None:
+    from kernelext._core.secrets import StoreScrubber
+
+    assert SECRETS.add("1424")  # a credential (a PIN): scrubbed from 4 characters on
+    try:
+        assert scrub_text("pin 1424, amount 142420, ref A1424", heuristics=False) == (
+            f"pin {MASK}, amount 142420, ref A1424"
+        )
+        stored = StoreScrubber().json(json.dumps({"amount": 142420, "pin": 1424}), result=False)
+        assert json.loads(stored) == {"amount": 142420, "pin": MASK}
+    finally:
+        SECRETS.forget("1424")
+    secret = f"tok-{uuid.uuid4().hex[:12]}"
+    with registered(secret):  # an encoded form is still found inside longer encoded text
+        encoded = base64.b64encode(b"prefix:" + secret.encode()).decode()
+        assert secret not in scrub_text(f"({secret})") and MASK in scrub_text(encoded)

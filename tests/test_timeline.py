@@ -226,7 +226,7 @@ def test_every_event_kind_becomes_a_mark_with_safe_text() -> None:
     assert bar.get("data-key") == "k<1>" and bar.get("stroke-dasharray") == "3 2"  # open
     assert "4.0 s so far" in title_of(bar)
     (mark,) = shapes(root, "g", "kx-mark")
-    assert "<b>&'\"" in title_of(mark)
+    assert "<b>&\\x01'\"" in title_of(mark)  # a control character shown as its escape
 
 
 def test_the_panel_shows_the_live_timeline_and_the_estimate(store: Store) -> None:

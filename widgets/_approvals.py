@@ -18,7 +18,6 @@ kernel's main thread, while the agent runs in its worker thread. Imports the cor
 
 from __future__ import annotations
 
-import html
 import json
 from typing import Any
 
@@ -31,6 +30,7 @@ from kernelext._core.data_args import argument_text
 from kernelext._core.from_elsewhere import store_address
 from kernelext._core.questions import Question, questions
 from kernelext._formatting import moment_text
+from kernelext._shown import shown_html
 from kernelext.status import Reason, Status
 
 from ._data_view import data_box
@@ -62,8 +62,8 @@ WAITING_FOR_PERSON = (Reason.APPROVAL, Reason.INPUT)
 
 def args_html(arguments: dict[str, Any]) -> str:
     rows = "".join(
-        f"<tr><td><code>{html.escape(str(k))}</code></td>"
-        f"<td><code>{html.escape(argument_text(v))}</code></td></tr>"
+        f"<tr><td><code>{shown_html(str(k))}</code></td>"
+        f"<td><code>{shown_html(argument_text(v))}</code></td></tr>"
         for k, v in arguments.items()  # a data argument: its summary; every row below
     )
     return f'<table class="kernelext-approval-args">{rows}</table>'
@@ -130,9 +130,9 @@ class ApprovalCard(w.VBox):
         item = self.item
         state = item.decision or f"waiting, {item.time_left}"
         self.header.value = (
-            f"<div><b>{html.escape(item.tool)}</b> needs approval · run "
-            f"<code>{html.escape(item.run_id)}</code> · {html.escape(item.step_text)}"
-            f" · {html.escape(state)}</div>"
+            f"<div><b>{shown_html(item.tool)}</b> needs approval · run "
+            f"<code>{shown_html(item.run_id)}</code> · {shown_html(item.step_text)}"
+            f" · {shown_html(state)}</div>"
         )
         for control in (self.note, self.approve_button, self.reject_button):
             control.disabled = item.decision is not None
@@ -190,7 +190,7 @@ def cards(items: list[Any], on_decided: Decided | None = None) -> list[Any]:
 def approvals_mimebundle(items: Any) -> dict[str, Any]:
     """For ``runtime().settings.approvals_renderer``: ``kx.approvals()`` / ``kx.questions()`` as
     cards, with their text as the fallback."""
-    body = cards(list(items)) or [w.HTML(f"<div>{html.escape(items.text())}</div>")]
+    body = cards(list(items)) or [w.HTML(f"<div>{shown_html(items.text())}</div>")]
     box = w.VBox(body)
     box.add_class("kernelext-approvals")
     bundle: dict[str, Any] = dict(box._repr_mimebundle_() or {})
@@ -229,7 +229,7 @@ def decided_elsewhere_html(events: list[dict[str, Any]]) -> str:
         f"The {what} was {decision} {where}{who} at {when}. Press Resume to go on: the run "
         "continues from where it waited."
     )
-    return f'<div class="kernelext-decided-elsewhere">{html.escape(text)}</div>'
+    return f'<div class="kernelext-decided-elsewhere">{shown_html(text)}</div>'
 
 
 class ApprovalsBox(w.VBox):

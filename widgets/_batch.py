@@ -15,10 +15,9 @@ flight, about 3 s") is its own line. Elements carry classes a page can find:
 
 from __future__ import annotations
 
-import html
-
 from kernelext._core.batch_view import BatchCounts
 from kernelext._core.colours import BATCH_COLOURS, BORDER, MUTED, RUN_COLOURS
+from kernelext._shown import shown_html
 from kernelext.status import Status, StepStatus
 
 __all__ = ["BATCH_PARTS", "batch_html", "batch_state"]
@@ -50,25 +49,25 @@ def batch_html(counts: BatchCounts | None, *, width: str = "60%") -> str:
         colour = BATCH_COLOURS[name]
         segments.append(
             f'<div class="kx-batch-{suffix}" data-count="{count}" title="{count} '
-            f'{html.escape(suffix.replace("-", " "))}" style="width:{100 * count / total:.2f}%;'
+            f'{shown_html(suffix.replace("-", " "))}" style="width:{100 * count / total:.2f}%;'
             f'background:{colour};height:100%"></div>'
         )
     state = batch_state(counts)
     bar = (
         f'<div class="kx-batch-progress" role="progressbar" aria-valuemin="0" '
         f'aria-valuemax="{counts.total}" aria-valuenow="{counts.done}" '
-        f'aria-label="{html.escape(counts.counts_text())}" style="display:flex;width:{width};'
+        f'aria-label="{shown_html(counts.counts_text())}" style="display:flex;width:{width};'
         f'height:10px;background:{BORDER};border-radius:4px;overflow:hidden;margin:3px 0">'
         f"{''.join(segments)}</div>"
     )
     if counts.stopping and not counts.ended:
-        line = html.escape(counts.progress_text(in_flight=False))
+        line = shown_html(counts.progress_text(in_flight=False))
         drain = (
             f'<div class="kx-batch-drain" style="color:{RUN_COLOURS[Status.STOPPING]};'
-            f'font-weight:600">{html.escape(counts.drain_text())}</div>'
+            f'font-weight:600">{shown_html(counts.drain_text())}</div>'
         )
     else:
-        line, drain = html.escape(counts.text), ""
+        line, drain = shown_html(counts.text), ""
     colour = MUTED if counts.ended else "inherit"
     return (
         f'<div class="kx-batch" data-state="{state}" data-total="{counts.total}" '

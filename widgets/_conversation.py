@@ -6,9 +6,8 @@ The counts (turns, tool calls, tokens, cost) are the panel's progress text
 
 from __future__ import annotations
 
-import html
-
 from kernelext._core.colours import MUTED
+from kernelext._shown import shown_html
 
 from ._render import PanelView
 
@@ -22,5 +21,5 @@ def conversation_html(view: PanelView) -> str:
         return ""
     return (
         f'<div class="kernelext-conversation"><span style="color:{MUTED}">last:</span> '
-        f"{html.escape(talk.last)}</div>"
+        f"{shown_html(talk.last)}</div>"
     )

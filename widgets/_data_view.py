@@ -9,13 +9,13 @@ previously approved call of the tool, or None when it has none.
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import ipywidgets as w
 
 from kernelext._core.approvals import Approval
 from kernelext._core.data_args import DataArgument, DataDiff, changes
+from kernelext._shown import shown_html
 
 __all__ = ["PAGE", "DataView", "data_box"]
 
@@ -31,7 +31,7 @@ class DataView(w.VBox):
         self.pages = max(1, -(-len(self.rows) // PAGE))
         self.page = 0
         self.title = w.HTML(
-            f"<div><code>{html.escape(data.name)}</code>: {html.escape(data.summary())}</div>"
+            f"<div><code>{shown_html(data.name)}</code>: {shown_html(data.summary())}</div>"
         )
         self.table = w.HTML(layout=w.Layout(max_height="320px", overflow="auto"))
         self.previous_button = w.Button(description="Previous", layout=w.Layout(width="auto"))
@@ -60,10 +60,10 @@ class DataView(w.VBox):
         self.page = page
         first = page * PAGE
         shown = self.page_rows(page)
-        head = "".join(f"<th>{html.escape(name)}</th>" for name in ["#", *self.data.header])
+        head = "".join(f"<th>{shown_html(name)}</th>" for name in ["#", *self.data.header])
         body = "".join(
             f"<tr><td>{first + i + 1}</td>"
-            + "".join(f"<td>{html.escape(cell)}</td>" for cell in row)
+            + "".join(f"<td>{shown_html(cell)}</td>" for cell in row)
             + "</tr>"
             for i, row in enumerate(shown)
         )
@@ -82,11 +82,11 @@ class DataView(w.VBox):
 def changes_html(diffs: list[DataDiff], previous: Approval | None) -> str:
     if previous is None or not diffs:
         return ""
-    lines = "".join(f"<li>{html.escape(diff.text())}</li>" for diff in diffs)
+    lines = "".join(f"<li>{shown_html(diff.text())}</li>" for diff in diffs)
     return (
         f'<div class="kernelext-data-changes">Since the approved request '
-        f"<code>{html.escape(str(previous.id))}</code> (run "
-        f"<code>{html.escape(previous.run_id)}</code>):<ul>{lines}</ul></div>"
+        f"<code>{shown_html(str(previous.id))}</code> (run "
+        f"<code>{shown_html(previous.run_id)}</code>):<ul>{lines}</ul></div>"
     )
 
 

@@ -14,7 +14,6 @@ restarted run).
 from __future__ import annotations
 
 from collections.abc import Callable
-from html import escape
 from typing import Any
 
 import ipywidgets as w
@@ -23,6 +22,7 @@ from kernelext._core.colours import RUN_COLOURS
 from kernelext._core.expiry import expiry_info
 from kernelext._core.restart import restart
 from kernelext._formatting import moment_text
+from kernelext._shown import shown_html, shows
 from kernelext.status import Status
 
 __all__ = ["ExpiredBanner", "banner_text", "expired_addon"]
@@ -92,7 +92,7 @@ class ExpiredBanner(w.VBox):
         self.layout.display = None if expired else "none"
         self.message.value = (
             f'<div style="color:{RUN_COLOURS[Status.EXPIRED]}"><b>expired</b> · '
-            f"{escape(banner_text(self.info))}</div>"
+            f"{shown_html(banner_text(self.info))}</div>"
             if expired
             else ""
         )
@@ -108,17 +108,20 @@ class ExpiredBanner(w.VBox):
                 self.run_id, store=self.handle.store, source=SOURCE, **self.restart_kwargs
             )
         except Exception as exc:  # the banner says what went wrong, e.g. reconcile first
-            self.notice.value = f"<div>{escape(type(exc).__name__)}: {escape(str(exc))}</div>"
+            self.notice.value = (
+                f"<div>{shown_html(type(exc).__name__)}: {shown_html(str(exc))}</div>"
+            )
             self.refresh()
             return
         self.new_handle = new
         self.notice.value = (
-            f"<div>restarted as <code>{escape(new.run_id)}</code> from the kept snapshot</div>"
+            f"<div>restarted as <code>{shown_html(new.run_id)}</code> from the kept snapshot</div>"
         )
         if self.on_restart is not None:
             self.on_restart(new)
         self.refresh()
 
+    @shows
     def __repr__(self) -> str:
         if self.info.get("status") == Status.EXPIRED:
             return banner_text(self.info)

@@ -17,7 +17,6 @@ executing is refused with a notice.
 from __future__ import annotations
 
 import contextlib
-import html
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from kernelext._core.plan import ResumePlan
 from kernelext._core.run import engine_of
 from kernelext._core.runtime import runtime
 from kernelext._formatting import duration_text
+from kernelext._shown import shown_html, shows
 from kernelext.status import LIVE, RESUMABLE, Status
 
 from ._batch import batch_html
@@ -300,7 +300,7 @@ class ControlPanel(w.VBox):
         text = self.force_wait_text() or self.overrun_text()
         if text is None:
             return ""
-        return f'<div class="kernelext-overrunning" style="color:{BAD}">{html.escape(text)}</div>'
+        return f'<div class="kernelext-overrunning" style="color:{BAD}">{shown_html(text)}</div>'
 
     @property
     def is_cell_run(self) -> bool:
@@ -446,6 +446,7 @@ class ControlPanel(w.VBox):
         bundle["text/html"] = to_html(view)
         return bundle
 
+    @shows
     def __repr__(self) -> str:
         return to_text(self.view) if self.view is not None else "<kernelext panel>"
 

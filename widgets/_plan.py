@@ -14,13 +14,13 @@ redraws stay cheap. ``preview.plan`` is the plan on screen: the panel's Resume p
 from __future__ import annotations
 
 from collections.abc import Hashable
-from html import escape
 from typing import Any
 
 import ipywidgets as w
 
 from kernelext._core.colours import WARN
 from kernelext._core.plan import ResumePlan, plan
+from kernelext._shown import shown_html
 from kernelext.status import WAITING
 
 __all__ = ["PlanPreview", "plan_addon", "previewed_plan"]
@@ -66,7 +66,7 @@ class PlanPreview(w.VBox):
                 self.plan = None
                 self.body.value = (
                     f"<div style='color:{WARN}'>resume plan unavailable: "
-                    f"{escape(type(exc).__name__)}: {escape(str(exc))}</div>"
+                    f"{shown_html(type(exc).__name__)}: {shown_html(str(exc))}</div>"
                 )
             else:
                 self.body.value = self.plan._repr_html_()

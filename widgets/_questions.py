@@ -7,7 +7,6 @@ not take use. Classes: ``kernelext-question``, ``kernelext-answer``, ``kernelext
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ from kernelext._core.control import resume_if_here
 from kernelext._core.from_elsewhere import store_address
 from kernelext._core.questions import Question
 from kernelext._formatting import moment_text
+from kernelext._shown import shown_html
 
 from ._stop_buttons import AnswerButtons
 
@@ -30,7 +30,7 @@ Decided = Callable[[Any], None]
 
 
 def error_html(exc: Exception) -> str:
-    return f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
+    return f'<div style="color:{BAD}">{shown_html(str(exc))}</div>'
 
 
 def resumed_text(handle: Any, done: str) -> str:
@@ -80,7 +80,7 @@ def _form(spec: dict[str, Any], default: dict[str, Any]) -> tuple[Any, Callable[
     for field, sub in spec["properties"].items():
         widget, read = input_for(sub if isinstance(sub, dict) else {}, default.get(field))
         mark = " *" if field in required else ""
-        rows.append(w.HBox([w.HTML(f"<code>{html.escape(field)}</code>{mark}"), widget]))
+        rows.append(w.HBox([w.HTML(f"<code>{shown_html(field)}</code>{mark}"), widget]))
         readers[field] = read
 
     def read_all() -> dict[str, Any]:
@@ -129,8 +129,8 @@ class QuestionCard(w.VBox):
         item = self.item
         state = self.answered_text() or item.time_left
         self.header.value = (
-            f"<div><b>{html.escape(item.prompt)}</b> · run <code>{html.escape(item.run_id)}"
-            f"</code> · {html.escape(item.step_text)} · {html.escape(state)}</div>"
+            f"<div><b>{shown_html(item.prompt)}</b> · run <code>{shown_html(item.run_id)}"
+            f"</code> · {shown_html(item.step_text)} · {shown_html(state)}</div>"
         )
         for control in (self.input, self.note, self.answer_button):
             control.disabled = item.answered

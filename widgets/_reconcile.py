@@ -10,7 +10,6 @@ core only.
 
 from __future__ import annotations
 
-import html
 import json
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ import ipywidgets as w
 from kernelext._core.colours import BAD
 from kernelext._core.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
 from kernelext._formatting import moment_text
+from kernelext._shown import shown_html, shows
 from kernelext.status import EffectStatus
 
 __all__ = [
@@ -112,7 +112,7 @@ class ReconcileWidget(w.VBox):
                 if rec
                 else "no effect with an unknown outcome"
             )
-        self.summary.value = f"<b>Run {html.escape(rec.run_id)}</b>: {state}"
+        self.summary.value = f"<b>Run {shown_html(rec.run_id)}</b>: {state}"
         self.table.value = effects_table_html(rec)
         options = [
             (_label(index, item), index) for index, item in enumerate(rec) if item.decision is None
@@ -147,14 +147,14 @@ class ReconcileWidget(w.VBox):
         try:
             decide(item, note)
         except Exception as exc:  # the widget says what went wrong and stays usable
-            self.message.value = f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
+            self.message.value = f'<div style="color:{BAD}">{shown_html(str(exc))}</div>'
             return
         self.result.value = ""
         self.note.value = ""
         self.message.value = (
-            f"<div>{html.escape(item.tool)} "
-            f"<code>{html.escape(str(item.key))}</code>: "
-            f"{html.escape(done)}.</div>"
+            f"<div>{shown_html(item.tool)} "
+            f"<code>{shown_html(str(item.key))}</code>: "
+            f"{shown_html(done)}.</div>"
         )
         self.draw()
         if self.on_decided is not None:
@@ -179,6 +179,7 @@ class ReconcileWidget(w.VBox):
             "gave up; the run is cancelled",
         )
 
+    @shows
     def __repr__(self) -> str:
         return self.rec.text()
 
@@ -206,11 +207,11 @@ def effects_table_html(rec: Reconciliation) -> str:
             args = args[:77] + "..."
         step = item.step_text
         rows.append(
-            f"<tr><td>{index + 1}</td><td>{html.escape(item.tool)}</td>"
-            f"<td><code>{html.escape(args)}</code></td>"
-            f"<td><code>{html.escape(str(item.key))}</code></td>"
-            f"<td>{moment_text(item.intent_at)}</td><td>{html.escape(step)}</td>"
-            f"<td>{html.escape(DECISION_TEXT.get(item.decision, str(item.decision)))}</td></tr>"
+            f"<tr><td>{index + 1}</td><td>{shown_html(item.tool)}</td>"
+            f"<td><code>{shown_html(args)}</code></td>"
+            f"<td><code>{shown_html(str(item.key))}</code></td>"
+            f"<td>{moment_text(item.intent_at)}</td><td>{shown_html(step)}</td>"
+            f"<td>{shown_html(DECISION_TEXT.get(item.decision, str(item.decision)))}</td></tr>"
         )
     return (
         f'<div style="max-height:{TABLE_HEIGHT};overflow-y:auto">'

@@ -10,7 +10,6 @@ and the plain-text repr are all drawn from that one view.
 from __future__ import annotations
 
 import datetime as dt
-import html
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from kernelext._formatting import (
     step_label,
     step_numbers,
 )
+from kernelext._shown import shown_html
 from kernelext.status import FINAL, LIVE, EffectStatus, Status
 
 from ._batch import batch_html
@@ -281,17 +281,17 @@ def status_badge(status: str) -> str:
     colour = colour_of(RUN_COLOURS, status)
     return (
         f'<span class="kernelext-status" style="background:{colour};color:white;'
-        f'border-radius:8px;padding:1px 8px;font-weight:600">{html.escape(status)}</span>'
+        f'border-radius:8px;padding:1px 8px;font-weight:600">{shown_html(status)}</span>'
     )
 
 
 def header_html(view: PanelView) -> str:
     muted = THEME["muted"]
     return (
-        f"<div><b>run</b> <code>{html.escape(view.run_id)}</code> "
-        f'<span style="color:{muted}">[{html.escape(view.agent)}]</span> '
+        f"<div><b>run</b> <code>{shown_html(view.run_id)}</code> "
+        f'<span style="color:{muted}">[{shown_html(view.agent)}]</span> '
         f"{status_badge(view.status)} "
-        f'<span style="color:{muted}">{html.escape(view.progress_text())}</span></div>'
+        f'<span style="color:{muted}">{shown_html(view.progress_text())}</span></div>'
     )
 
 
@@ -303,7 +303,7 @@ def stop_html(view: PanelView) -> str:
         '<div class="kernelext-stop-pending" style="display:inline-block;'
         f"background:{THEME['warn_paper']};color:{THEME['text']};"
         f'border:1px solid {THEME["warn_border"]};border-radius:6px;padding:1px 8px">'
-        f"{html.escape(text)}</div>"
+        f"{shown_html(text)}</div>"
     )
 
 
@@ -312,13 +312,13 @@ def effects_html(view: PanelView) -> str:
     muted = THEME["muted"]
     counts = (
         f'<span class="kernelext-effect-counts" style="color:{muted}">'
-        f"{html.escape(view.effects_text())}</span>"
+        f"{shown_html(view.effects_text())}</span>"
     )
     if not view.effects:
         return f"<div>{counts}</div>"
     items = "".join(
-        f"<li><code>{html.escape(tool)}</code> {EFFECT_ICONS.get(status, '')} "
-        f"{html.escape(status)}</li>"
+        f"<li><code>{shown_html(tool)}</code> {EFFECT_ICONS.get(status, '')} "
+        f"{shown_html(status)}</li>"
         for tool, status in view.effects
     )
     return (
@@ -331,7 +331,7 @@ def outcome_html(view: PanelView) -> str:
     if text is None:
         return ""
     colour = colour_of(RUN_COLOURS, view.status)
-    return f'<div class="kernelext-outcome" style="color:{colour}">{html.escape(text)}</div>'
+    return f'<div class="kernelext-outcome" style="color:{colour}">{shown_html(text)}</div>'
 
 
 def to_html(view: PanelView, *, static: bool = True) -> str:
@@ -345,7 +345,7 @@ def to_html(view: PanelView, *, static: bool = True) -> str:
         )
     parts.append(batch_html(view.batch))
     if not view.final and not view.batching:
-        parts.append(f"<div>{html.escape(view.step_text())}</div>")
+        parts.append(f"<div>{shown_html(view.step_text())}</div>")
     parts += [stop_html(view), effects_html(view), outcome_html(view)]
     if static:
         parts.append(

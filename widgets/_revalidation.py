@@ -9,7 +9,6 @@ Imports the core only.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ import ipywidgets as w
 from kernelext._core.colours import BAD, CHECK_COLOURS, THEME, colour_of
 from kernelext._core.revalidation import FactCheck, Revalidation, revalidation
 from kernelext._formatting import duration_text, step_label
+from kernelext._shown import shown_html, shows
 from kernelext.status import Status
 
 __all__ = [
@@ -93,7 +93,7 @@ class RevalidationWidget(w.VBox):
         rev = self.rev
         bad = rev.contradictions
         self.summary.value = (
-            f"<b>Run {html.escape(rev.run_id)}</b>: {html.escape(rev.status)} — "
+            f"<b>Run {shown_html(rev.run_id)}</b>: {shown_html(rev.status)} — "
             f"{len(bad)} of {len(rev.facts)} fact(s) no longer hold"
             + (
                 f"; first decide {len(rev.unknown_effects)} effect(s) with an unknown outcome "
@@ -134,10 +134,10 @@ class RevalidationWidget(w.VBox):
             self.replayed.value = "<div>No effect was recorded from that step on.</div>"
             return
         rows = "".join(
-            f"<tr><td>{html.escape(str(e['tool']))}</td><td>"
-            f"{html.escape(step_label(e.get('step_ordinal'), e.get('step_key')))}</td>"
-            f"<td>{html.escape(str(e['status']))}</td>"
-            f"<td><code>{html.escape(str(e['key']))}</code></td></tr>"
+            f"<tr><td>{shown_html(str(e['tool']))}</td><td>"
+            f"{shown_html(step_label(e.get('step_ordinal'), e.get('step_key')))}</td>"
+            f"<td>{shown_html(str(e['status']))}</td>"
+            f"<td><code>{shown_html(str(e['key']))}</code></td></tr>"
             for e in effects
         )
         self.replayed.value = (
@@ -161,12 +161,12 @@ class RevalidationWidget(w.VBox):
         except Exception as exc:  # the widget says what went wrong and stays usable
             self.rev.reload()
             self.draw()
-            self.message.value = f'<div style="color:{BAD}">{html.escape(str(exc))}</div>'
+            self.message.value = f'<div style="color:{BAD}">{shown_html(str(exc))}</div>'
             return
         self.decided = True
         self.draw()
         status = handle.status if handle is not None else self.rev.status
-        self.message.value = f"<div>{html.escape(done)} — run is now {html.escape(status)}.</div>"
+        self.message.value = f"<div>{shown_html(done)} — run is now {shown_html(status)}.</div>"
         if self.on_decided is not None:
             self.on_decided(handle)
 
@@ -186,6 +186,7 @@ class RevalidationWidget(w.VBox):
     def _on_step_picked(self, _change: Any = None) -> None:
         self._show_replayed()
 
+    @shows
     def __repr__(self) -> str:
         return self.rev.text()
 
@@ -198,12 +199,12 @@ def facts_table_html(facts: list[FactCheck]) -> str:
         colour = colour_of(CHECK_COLOURS, fact.status)
         outside = fact.step_key is None and fact.step_ordinal is None
         step = "" if outside else step_label(fact.step_ordinal, fact.step_key)
-        title = html.escape(fact.detail, quote=True)
+        title = shown_html(fact.detail)
         rows.append(
-            f"<tr><td>{html.escape(fact.name)}</td><td>{_cell(fact, False)}</td>"
+            f"<tr><td>{shown_html(fact.name)}</td><td>{_cell(fact, False)}</td>"
             f"<td>{_cell(fact, True)}</td><td>{duration_text(fact.age)}</td>"
             f'<td style="color:{colour}" title="{title}">{_check_html(fact)}</td>'
-            f"<td>{html.escape(step)}</td></tr>"
+            f"<td>{shown_html(step)}</td></tr>"
         )
     return (
         f'<div style="max-height:{TABLE_HEIGHT};overflow-y:auto">'
@@ -216,25 +217,25 @@ def facts_table_html(facts: list[FactCheck]) -> str:
 def _check_html(fact: FactCheck) -> str:
     """The check's status and, as the text says it, why (``unresolved`` alone says little)."""
     if not fact.detail:
-        return html.escape(fact.status)
+        return shown_html(fact.status)
     return (
-        f"{html.escape(fact.status)}: "
+        f"{shown_html(fact.status)}: "
         f'<span class="kernelext-check-detail" style="color:{THEME["text"]}">'
-        f"{html.escape(fact.detail)}</span>"
+        f"{shown_html(fact.detail)}</span>"
     )
 
 
 def _cell(fact: FactCheck, current: bool) -> str:
     if fact.kind == "credential":
         return (
-            "<i>credential, not stored</i>" if not current else html.escape(fact.fingerprint or "")
+            "<i>credential, not stored</i>" if not current else shown_html(fact.fingerprint or "")
         )
     if current and fact.row["current_value"] is None:
         return "—"
     text = repr(fact.current if current else fact.recorded)
     if len(text) > 60:
         text = text[:57] + "..."
-    return f"<code>{html.escape(text)}</code>"
+    return f"<code>{shown_html(text)}</code>"
 
 
 def render_revalidation(

@@ -33,6 +33,7 @@ from kernelext._core import control
 from kernelext._core.from_elsewhere import store_address
 from kernelext._core.overview import Overview, RunRow, read_overview
 from kernelext._core.runtime import get_store
+from kernelext._shown import shows
 from kernelext.status import LIVE
 
 from ._panel import _PANELS, panel_for
@@ -291,6 +292,7 @@ class RunsOverview(w.VBox):
         bundle["text/html"] = overview_html(overview, self.address)
         return bundle
 
+    @shows
     def __repr__(self) -> str:
         return self.overview.text() if self.overview is not None else "<kernelext runs>"
 

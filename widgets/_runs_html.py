@@ -8,11 +8,10 @@ Colours come from ``colours.RUN_COLOURS`` (the badge the panel shows).
 
 from __future__ import annotations
 
-import html
-
 from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
 from kernelext._core.overview import Overview, RunRow
 from kernelext._formatting import moment_text
+from kernelext._shown import shown_html
 from kernelext.status import Status
 
 from ._render import status_badge
@@ -26,12 +25,12 @@ SAVED = ".kernelext-runs-saved"
 
 
 def _muted(text: str, *, title: str | None = None) -> str:
-    tip = f' title="{html.escape(title)}"' if title else ""
-    return f'<span style="color:{THEME["muted"]}"{tip}>{html.escape(text)}</span>'
+    tip = f' title="{shown_html(title)}"' if title else ""
+    return f'<span style="color:{THEME["muted"]}"{tip}>{shown_html(text)}</span>'
 
 
 def run_html(row: RunRow) -> str:
-    return f"<code>{html.escape(row.run_id)}</code> {_muted(f'[{row.agent}]')}"
+    return f"<code>{shown_html(row.run_id)}</code> {_muted(f'[{row.agent}]')}"
 
 
 def status_html(row: RunRow) -> str:
@@ -41,15 +40,15 @@ def status_html(row: RunRow) -> str:
         source = row.stop_pending.rsplit("(", 1)[-1].rstrip(")")
         pending = (
             f'<div class="kernelext-row-stop" style="font-size:11px;color:'
-            f'{RUN_COLOURS[Status.STOPPING]}" title="{html.escape(row.stop_pending)}">'
-            f"stop pending ({html.escape(source)})</div>"
+            f'{RUN_COLOURS[Status.STOPPING]}" title="{shown_html(row.stop_pending)}">'
+            f"stop pending ({shown_html(source)})</div>"
         )
-        return f'<span title="{html.escape(tip)}">{badge}</span>{pending}'
-    return f'<span title="{html.escape(tip)}">{badge}</span>'
+        return f'<span title="{shown_html(tip)}">{badge}</span>{pending}'
+    return f'<span title="{shown_html(tip)}">{badge}</span>'
 
 
 def progress_html(row: RunRow) -> str:
-    text = html.escape(row.progress)
+    text = shown_html(row.progress)
     if row.fraction is None:
         return f"<div>{text}</div>"
     width = max(0.0, min(1.0, row.fraction)) * 100
@@ -63,14 +62,14 @@ def progress_html(row: RunRow) -> str:
 
 
 def left_html(row: RunRow) -> str:
-    return f"<div>{html.escape(row.time_left)}</div>" if row.time_left else _muted("—")
+    return f"<div>{shown_html(row.time_left)}</div>" if row.time_left else _muted("—")
 
 
 def waits_html(row: RunRow) -> str:
     if not row.waits_for:
         return _muted("—")
     colour = colour_of(RUN_COLOURS, row.status)
-    text = html.escape(row.waits_for)
+    text = shown_html(row.waits_for)
     return f'<div class="kernelext-row-waits" style="color:{colour}">{text}</div>'
 
 
@@ -82,7 +81,7 @@ def cells(row: RunRow) -> tuple[str, str, str, str, str]:
 def header_html(overview: Overview, where: str) -> str:
     """``runs in <store> · 7 runs: 2 running, ... · read 12:00:05 UTC``."""
     return (
-        f"<div><b>runs</b> in <code>{html.escape(where)}</code> "
+        f"<div><b>runs</b> in <code>{shown_html(where)}</code> "
         f"{_muted('· ' + overview.summary())} "
         f"{_muted('· read ' + moment_text(overview.now))}</div>"
     )
@@ -90,7 +89,7 @@ def header_html(overview: Overview, where: str) -> str:
 
 def overview_html(overview: Overview, where: str, *, static: bool = True) -> str:
     """The overview as one table (no buttons): the static fallback."""
-    head = "".join(f"<th>{html.escape(name)}</th>" for name in COLUMNS)
+    head = "".join(f"<th>{shown_html(name)}</th>" for name in COLUMNS)
     body = "".join(
         "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells(row)) + "</tr>"
         for row in overview.rows

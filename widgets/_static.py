@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import html
 import uuid
 from collections.abc import Callable, Hashable
 
 from kernelext._formatting import moment_text
+from kernelext._shown import shown_html, shows
 
 from ._render import PanelView, to_html
 
@@ -51,12 +51,12 @@ STYLE = hide_style(LIVE)
 
 
 def saved_html(view: PanelView) -> str:
-    run = html.escape(repr(view.run_id))
+    run = shown_html(repr(view.run_id))
     read = view.now or dt.datetime.now(dt.timezone.utc)  # the store's clock when read
     return (
         f'<div class="kernelext-saved">{STYLE}{to_html(view, static=False)}'
         '<div style="font-size:smaller">saved panel, '
-        f'<span class="kernelext-as-of">as of {html.escape(moment_text(read))}</span>, '
+        f'<span class="kernelext-as-of">as of {shown_html(moment_text(read))}</span>, '
         "not connected to a kernel; "
         f"for the live panel run <code>kx.panel({run})</code> "
         "(with <code>%load_ext kernelext</code> loaded)</div></div>"
@@ -107,5 +107,6 @@ class SavedCopy:
             bundle = {"text/html": text()}
             update_display(bundle, raw=True, display_id=self.display_id)  # type: ignore[no-untyped-call]
 
+    @shows
     def __repr__(self) -> str:
         return f"SavedCopy({self.display_id})"

@@ -9,9 +9,8 @@ variable falls back to the light colour outside JupyterLab). :data:`PANEL_STYLE`
 
 from __future__ import annotations
 
-import html
-
 from kernelext._core.colours import THEME
+from kernelext._shown import shown_html
 
 __all__ = ["FRAME", "PANEL_STYLE", "RUNS_STYLE", "muted_html"]
 
@@ -74,4 +73,4 @@ RUNS_STYLE = f"""<style>
 
 def muted_html(text: str) -> str:
     """One line of secondary text (escaped)."""
-    return f'<div class="kernelext-muted" style="color:{THEME["muted"]}">{html.escape(text)}</div>'
+    return f'<div class="kernelext-muted" style="color:{THEME["muted"]}">{shown_html(text)}</div>'

@@ -14,7 +14,6 @@ add-on (installed by ``widgets/_addons.py``).
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import ipywidgets as w
@@ -23,6 +22,7 @@ from kernelext._core.colours import BAD, WARN
 from kernelext._core.run import engine_of
 from kernelext._core.stop_estimate import StopEstimate, estimate_stop
 from kernelext._core.timeline import Timeline, timeline
+from kernelext._shown import shown_html
 from kernelext.status import Status
 
 from ._throttle import Throttle
@@ -37,7 +37,7 @@ def estimate_html(estimate: StopEstimate | None) -> str:
     colour = BAD if estimate.overrunning else WARN
     return (
         f'<div class="kernelext-stop-estimate" style="color:{colour}">'
-        f"{html.escape(estimate.text)}</div>"
+        f"{shown_html(estimate.text)}</div>"
     )
 
 

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from .._core.context import current_run
 from .._core.ledger import Effect
 from .._core.run_engine import RunEngine
+from .._shown import shows
 from ..errors import KernelextError
 
 __all__ = [
@@ -182,6 +183,7 @@ class McpSession:
             raise AttributeError(name)
         return getattr(self.session, name)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kernelext mcp session {self.server or self._server_info_name()!r}>"
 

@@ -52,6 +52,7 @@ from .._core.ledger import Effect
 from .._core.limits import call_limited_async, sent
 from .._core.retries import RetryOn, check_retry_on
 from .._core.secrets import REDACTED
+from .._shown import shows
 from .._validate import check_name
 from ..errors import LedgerError
 from ..status import EffectStatus
@@ -186,6 +187,7 @@ class OpenAIRecorder:
     async def __aexit__(self, *exc: Any) -> None:
         await self.wrapped.__aexit__(*exc)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kx.openai recording {type(self.wrapped).__name__} at {self.wrapped.base_url}>"
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union
 
 from .._core.ledger import Effect
+from .._shown import shows
 from .._validate import check_flag
 
 __all__ = ["ToolArgumentError", "Tools", "json_schema", "tool_schema", "type_hints"]
@@ -166,6 +167,7 @@ class Tools(list[dict[str, Any]]):
             return result
         return json.dumps(result, ensure_ascii=False, default=str)
 
+    @shows
     def __repr__(self) -> str:
         return f"kx.tools({', '.join(self._tools)})"
 

@@ -4,17 +4,20 @@ output, messages on stderr, opening the store, and did-you-mean suggestions."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import decimal
 import enum
+import io
 import json
 import sys
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TextIO
 
 from .._did_you_mean import did_you_mean
 from .._formatting import moment_text
+from .._shown import shown
 from .._store import Store, default_store_path, open_store
 from ..status import Status
 
@@ -32,6 +35,7 @@ __all__ = [
     "open_cli_store",
     "require_run",
     "say",
+    "shown_output",
     "status_exit_code",
     "store_location",
     "table",
@@ -133,7 +137,8 @@ def cell_text(value: Any, width: int = 40) -> str:
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".") if abs(value) < 1e12 else f"{value:g}"
     text = str(jsonable(value)).replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    # cut first, then through the door: its escapes and flags are never cut off
+    return shown(text if len(text) <= width else text[: width - 1] + "…")
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], width: int = 40) -> str:
@@ -143,6 +148,42 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], width: int = 4
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     return "\n".join(lines)
+
+
+class ShownStream(io.TextIOBase):
+    """A terminal stream whose every write passes the display door (``kernelext._shown``):
+    what a command prints cannot draw something other than what is stored."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(shown(text, lines=True))
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.raw, "encoding", "utf-8"))
+
+
+@contextlib.contextmanager
+def shown_output() -> Iterator[None]:
+    """stdout and stderr through the display door while a command runs (``main``)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = ShownStream(out), ShownStream(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 def say(message: str) -> None:

@@ -35,6 +35,7 @@ from .common import (
     nonblank,
     open_cli_store,
     say,
+    shown_output,
     store_location,
 )
 
@@ -138,13 +139,15 @@ def option_flag(option: Option[Any]) -> Callable[[str], Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code (see ``kernelext --help``).
 
+    All it prints on stdout and stderr passes the display door (``kernelext._shown``).
     A reader that closes the pipe early (``kernelext show X | head -1``) ends the
     command quietly with exit 0: stdout is pointed at devnull so the interpreter's
     final flush raises nothing (as Python's documentation of SIGPIPE recommends).
     """
     try:
         try:
-            code = _main(argv)
+            with shown_output():  # every text printed passes the display door
+                code = _main(argv)
         finally:  # also after --help (SystemExit): the output is written here or fails here
             sys.stdout.flush()
     except BrokenPipeError:

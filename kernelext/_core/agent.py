@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, overload
 
+from .._shown import shows
 from .._store import Store
 from .._validate import (
     check_agent_function,
@@ -71,6 +72,7 @@ class Agent:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kernelext agent {self.name!r}>"
 

@@ -17,6 +17,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .._formatting import duration_text, moment_text, step_label
+from .._shown import shows
 from .._store import Store, actor
 from .._store.approvals import APPROVED, NO_SUCH_REQUEST, REJECTED, SEVERAL_REQUESTS
 from .._validate import (
@@ -288,6 +289,7 @@ class Approval:
             f"id={self.id} {self.time_left}"
         )
 
+    @shows
     def __repr__(self) -> str:
         if self.decision is not None:  # what was decided: these very arguments
             edited = " with edits" if self.edited_args else ""
@@ -306,6 +308,7 @@ class Approvals(Waiting[Approval]):
     def open(self) -> list[Approval]:
         return [item for item in self if item.decision is None]
 
+    @shows
     def text(self) -> str:
         scope = f"Run {self.run_id}" if self.run_id else "All runs"
         if not self:

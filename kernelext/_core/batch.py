@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._formatting import duration_text, step_label
+from .._shown import shows
 from .._validate import check_callable, is_async_function
 from ..errors import (
     KernelextError,
@@ -91,6 +92,7 @@ class ItemState(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._state)
 
+    @shows
     def __repr__(self) -> str:
         return f"<run.state, read-only inside item {self._key!r}: {self._state!r}>"
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._formatting import counted, duration_text, rate_text
+from .._shown import shows
 from ..status import StepStatus
 from .stop_estimate import percentile
 
@@ -112,6 +113,7 @@ class BatchCounts:
         return f"{_label(self.name)}: {counts}" + (f", {pace}" if pace else "")
 
     @property
+    @shows
     def text(self) -> str:
         """The one line: progress while it runs, the drain after a stop."""
         if self.stopping and not self.ended:

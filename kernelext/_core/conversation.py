@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._shown import shows
 from .names import OUTSIDE_STEPS
 from .secrets import scrub_text
 
@@ -49,6 +50,7 @@ class Conversation:
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @shows
     def text(self) -> str:
         """``7 turns · 3 tool calls · 1,234 tokens (1,000 prompt + 234 completion) · $0.0012``;
         ``2 tool calls`` when no model was asked (a LangGraph run's tools)."""

@@ -31,7 +31,7 @@ from .checks import call_bounded, resolve
 from .codec import dumps_json
 from .registries import CredentialRegistry
 from .runtime import runtime
-from .secrets import MIN_LENGTH, SECRETS
+from .secrets import CREDENTIAL_MIN_LENGTH, SECRETS
 
 if TYPE_CHECKING:
     from .._store import Store
@@ -76,7 +76,7 @@ def remember(run_id: str, name: str, value: Any) -> None:
             "it is not scrubbed from what is stored (it would erase ordinary text)",
             name,
             run_id,
-            MIN_LENGTH,
+            CREDENTIAL_MIN_LENGTH,
         )
 
 
@@ -91,7 +91,7 @@ def _scrub_from_now_on(value: Any) -> bool:
             # as its text, which is how it is stored (a PIN, an account number)
             form = bytes(item) if isinstance(item, bytearray) else item
             form = str(form) if isinstance(form, (int, float)) else form
-            if not SECRETS.add(form) and 0 < len(form) < MIN_LENGTH:
+            if not SECRETS.add(form) and 0 < len(form) < CREDENTIAL_MIN_LENGTH:
                 short = True
         elif isinstance(item, dict):
             stack.extend(item.values())

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._formatting import moment_text
+from .._shown import shows
 from .._store import Store
 from .._store.expiry import Expiry, PayloadRemoval
 from .._validate import FUNCTION, SOURCE, STORE, check_datetime, optional, validated
@@ -101,6 +102,7 @@ class SweepResult:
     def removed_ids(self) -> list[str]:
         return [r.run_id for r in self.removed]
 
+    @shows
     def text(self) -> str:
         lines = [
             f"sweep at {moment_text(self.now)}: {len(self.expired)} run(s) "
@@ -127,6 +129,7 @@ class SweepResult:
         ]
         return "\n".join(lines)
 
+    @shows
     def __repr__(self) -> str:
         return self.text()
 

@@ -7,6 +7,7 @@ import traceback
 from typing import Any
 
 from .._formatting import moment_text
+from .._shown import shows
 from .._store import Store
 from .._store.columns import scrubbed_excerpt
 from .._store.records import FORCE_REQUESTED
@@ -98,6 +99,7 @@ class Handle:
     def events(self) -> list[dict[str, Any]]:
         return self.store.events(self.run_id)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kernelext run {self.run_id!r} status={self.status}>"
 
@@ -110,6 +112,7 @@ class Handle:
         return renderer(self)
 
     @property
+    @shows
     def status_text(self) -> str:
         """``text_summary()``, plus, while a stop is pending, when it should land
         ("stops after step 7, in about 3.0 s"; "overrunning by 12 s"). During a
@@ -138,6 +141,7 @@ class Handle:
         text = stored or "".join(traceback.format_exception_only(type(self.error), self.error))
         return scrubbed_excerpt(str(text).strip(), ERROR_SHOWN)  # the store's one door
 
+    @shows
     def text_summary(self, info: dict[str, Any] | None = None) -> str:
         """``run r [agent]: running, 3/5 steps`` (``info``: the run row, if already read)."""
         info = info if info is not None else self.info()

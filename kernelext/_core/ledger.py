@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from .._formatting import step_label
+from .._shown import shows
 from .._validate import (
     check_approval_rule,
     check_callable,
@@ -145,6 +146,7 @@ class Effect(CallArguments):
         self._where = f"a call of effect {self.tool}"  # where a swallowed stop is raised again
         functools.update_wrapper(self, fn)
 
+    @shows
     def __repr__(self) -> str:
         approval = ", needs approval" if self.needs_approval is not False else ""
         return f"<kernelext effect {self.tool!r} resumable={self.resumable}{approval}>"

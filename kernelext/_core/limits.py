@@ -51,6 +51,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from .._did_you_mean import did_you_mean
+from .._shown import shows
 from .._validate import check_name
 from ..errors import ForcedStop, KernelextError
 from ..status import EffectStatus
@@ -203,6 +204,7 @@ class Limit:
         with self._cond:
             self._cond.wait(min(seconds, TICK))
 
+    @shows
     def __repr__(self) -> str:
         parts = [self.rate] if self.rate else []
         if self.concurrency is not None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from .._expiry_policy import DEFAULT_EXPIRY, ExpiryPolicy
 from .._formatting import duration_text
+from .._shown import shows
 from .._validate import check_duration, check_flag, check_store_location
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ class Option(Generic[T]):
             parts.append(f"Default: {self.default_text}.")
         return " ".join(part for part in parts if part).replace("`", "")
 
+    @shows
     def __repr__(self) -> str:
         return f"<Option {self.name} ({self.kind}, default {self.default_text})>"
 

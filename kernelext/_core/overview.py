@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._formatting import counted, duration_text, moment_text
+from .._shown import shows
 from .._store import Store
 from ..status import LIVE, Reason, Status
 from .batch_view import batch_counts
@@ -64,6 +65,7 @@ class RunRow:
     def live(self) -> bool:
         return self.status in LIVE
 
+    @shows
     def text(self) -> str:
         """One line of plain text."""
         parts = [f"{self.run_id} [{self.agent}] {self.status}", self.progress]
@@ -106,6 +108,7 @@ class Overview:
         )
         return f"{head}: {parts}{shown}" if not self.status else f"{head}{shown}"
 
+    @shows
     def text(self) -> str:
         return "\n".join([self.summary(), *(f"  {row.text()}" for row in self.rows)])
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._formatting import counted, moment_text, step_label, step_numbers
+from .._shown import shows
 from .._store import Store
 from .._validate import (
     RUN_ID,
@@ -99,12 +100,15 @@ class ResumePlan(PlanData):
     def to_json(self, indent: int | None = 2) -> str:
         return plan_json(self, indent)
 
+    @shows
     def text(self) -> str:
         return plan_text(self)
 
+    @shows
     def __str__(self) -> str:
         return plan_text(self)
 
+    @shows
     def __repr__(self) -> str:
         return plan_text(self)
 

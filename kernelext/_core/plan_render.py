@@ -11,13 +11,13 @@ colours are the shared ones (``kernelext._core.colours``).
 from __future__ import annotations
 
 import datetime as dt
-import html
 import json
 import uuid
 from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
 from .._formatting import counted, duration_text, moment_text, step_label
+from .._shown import shown_html
 from ..status import StepStatus
 from .colours import BAD, BORDER, MUTED, OK, PAPER, WARN
 from .plan_items import UNSEEN, CodeChange, EffectItem, FactItem, PlanData
@@ -203,7 +203,7 @@ def plan_text(plan: PlanData) -> str:
 
 # -- HTML -----------------------------------------------------------------------------------
 def _e(text: Any) -> str:
-    return html.escape(str(text))
+    return shown_html(text)
 
 
 def _item_html(item: str) -> str:

@@ -19,6 +19,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .._formatting import step_label
+from .._shown import shows
 from .._store import Store, actor
 from .._store.questions import NO_SUCH_QUESTION
 from .._validate import (
@@ -145,6 +146,7 @@ class Question:
             f"schema={json.dumps(self.schema)} {self.time_left}"
         )
 
+    @shows
     def __repr__(self) -> str:
         return f"<question {self.describe()} {'answered' if self.answered else 'open'}>"
 
@@ -152,6 +154,7 @@ class Question:
 class Questions(Waiting[Question]):
     """Open questions. In a notebook it displays as the questions widget."""
 
+    @shows
     def text(self) -> str:
         scope = f"Run {self.run_id}" if self.run_id else "All runs"
         if not self:

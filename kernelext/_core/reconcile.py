@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from .._formatting import moment_text, step_label
+from .._shown import shows
 from .._store import Store, actor
 from .._store.effects import GIVE_UP
 from .._validate import NOTE, RUN_ID, SOURCE, STORE, validated
@@ -91,6 +92,7 @@ class UnknownEffect:
             "call: decide once it ended (a call marked not applied is made again on resume)"
         )
 
+    @shows
     def __repr__(self) -> str:
         state = self.decision or EffectStatus.UNKNOWN
         return (
@@ -111,6 +113,7 @@ class Reconciliation(list[UnknownEffect]):
     def open(self) -> list[UnknownEffect]:
         return [item for item in self if item.decision is None]
 
+    @shows
     def text(self) -> str:
         if not self:
             return f"Run {self.run_id}: no effects with an unknown outcome."
@@ -125,6 +128,7 @@ class Reconciliation(list[UnknownEffect]):
         lines.append("Decide each: .mark_applied(result=...), .mark_not_applied(), .give_up()")
         return "\n".join(lines)
 
+    @shows
     def __repr__(self) -> str:
         return self.text()
 

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from .._shown import shows
 from .._validate import FUNCTION, check_name, optional, validated
 
 __all__ = ["CheckRegistry", "CredentialRegistry"]
@@ -103,6 +104,7 @@ class CheckRegistry:
         with self._lock:
             self._checks.update(items)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kx.checks: {', '.join(self.names()) or 'nothing registered'}>"
 
@@ -159,5 +161,6 @@ class CredentialRegistry:
         with self._lock:
             self._refresh.update(items)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kx.credentials: {', '.join(self.names()) or 'nothing registered'}>"

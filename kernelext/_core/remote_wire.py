@@ -18,6 +18,7 @@ import pickle
 import traceback
 from typing import Any
 
+from .._shown import shows
 from ..errors import RemoteItemError, SerializationError
 from .secrets import scrub_text, scrubbed_excerpt
 
@@ -109,6 +110,7 @@ class WorkerCall:
         entry = importlib.import_module(self.ENTRY).execute_item
         return bytes(entry(blob))
 
+    @shows
     def __repr__(self) -> str:
         return "kernelext.run_map_item"
 

@@ -28,6 +28,7 @@ import datetime as dt
 from typing import Any
 
 from .._formatting import duration_text, step_label
+from .._shown import shows
 from .._store import Store, actor
 from .._validate import NOTE, RUN_ID, SOURCE, STORE, check_step, validated
 from ..errors import RunStateError
@@ -68,6 +69,7 @@ class FactCheck:
     def contradicted(self) -> bool:
         return self.kind == "value" and self.status in CONTRADICTIONS
 
+    @shows
     def __repr__(self) -> str:
         return (
             f"<fact {self.name} recorded={_show(self)} current={_show(self, True)} {self.status}>"
@@ -265,6 +267,7 @@ class Revalidation:
         return self.handle
 
     # -- display ------------------------------------------------------------------------
+    @shows
     def text(self) -> str:
         bad = self.contradictions
         lines = [
@@ -294,6 +297,7 @@ class Revalidation:
             )
         return "\n".join(lines)
 
+    @shows
     def __repr__(self) -> str:
         return self.text()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._shown import shows
 from .._validate import (
     FUNCTION,
     NOTE,
@@ -72,6 +73,7 @@ class Run:
     def __init__(self, engine: RunEngine) -> None:
         self._engine = engine
 
+    @shows
     def __repr__(self) -> str:
         return f"<kernelext run {self._engine.id!r}>"
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._shown import shown_frame
 from .runtime import runtime
 
 __all__ = ["RunsFrame", "runs_frame"]
@@ -49,6 +50,12 @@ class RunsFrame(pd.DataFrame):  # type: ignore[misc]  # pandas ships no types
         if renderer is None:
             return None  # IPython shows the table as any DataFrame
         return renderer(self)
+
+    def __repr__(self) -> str:  # the table through the display door (kernelext._shown)
+        return repr(shown_frame(pd.DataFrame(self)))
+
+    def _repr_html_(self) -> str | None:
+        return shown_frame(pd.DataFrame(self))._repr_html_()  # type: ignore[no-any-return]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return pd.DataFrame, (pd.DataFrame(self),)  # unpickled: a plain DataFrame

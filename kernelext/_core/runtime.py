@@ -44,6 +44,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._expiry_policy import ExpiryPolicy
+from .._shown import shows
 from .._store import Store, default_store_path, open_store
 from ..errors import RunStateError
 from ..status import FINAL
@@ -261,6 +262,7 @@ class Runtime:
         opens it again."""
         self.settings.close()
 
+    @shows
     def __repr__(self) -> str:
         where = self.settings.store_location or "default location"
         state = "open" if self.settings.store_open else "closed"

@@ -3,9 +3,11 @@
 What is scrubbed, before anything is written (effect arguments and results, error
 text, events, kernelext's log lines):
 
-- **Values registered here** (``kx.secrets.register(value)``) and every credential
-  recorded with ``run.fact(name, value, kind="credential")`` or refreshed on resume:
-  each occurrence (substring) becomes ``***``.
+- **Values registered here** (``kx.secrets.register(value)``, at least ``MIN_LENGTH``
+  characters) and every credential recorded with ``run.fact(name, value,
+  kind="credential")`` or refreshed on resume: each occurrence as a whole token becomes
+  ``***`` (not glued to a letter or digit: a PIN ``1424`` is not masked inside the amount
+  ``142420``). Its hex and base64 forms are masked wherever they occur.
 - **Passwords inside URLs and DSNs**: ``postgresql://app:PW@host/db`` is stored as
   ``postgresql://app:***@host/db``.
 - **Arguments and keys named like a secret** (password, passwd, pwd, secret, token,
@@ -39,10 +41,12 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
+from .._shown import shows
 from .._store.columns import scrubbed_excerpt
 from .._validate import check_name, check_secret, optional, validated
 
 __all__ = [
+    "CREDENTIAL_MIN_LENGTH",
     "MASK",
     "MIN_LENGTH",
     "REDACTED",
@@ -61,7 +65,8 @@ __all__ = [
 S = TypeVar("S", str, bytes)
 MASK = "***"  # what a secret value inside text becomes
 REDACTED = "***redacted***"  # what the value of an argument named like a secret becomes
-MIN_LENGTH = 4  # shorter values would scrub ordinary text
+MIN_LENGTH = 8  # kx.secrets.register: a shorter value cannot be told apart from data
+CREDENTIAL_MIN_LENGTH = 4  # a credential's text: still scrubbed (as a whole token) from 4
 
 # Applied to a normalised name (camelCase split, lower case, separators turned into "_").
 # Unambiguous stems count anywhere; short ones (token, auth, session, pass) only as a whole
@@ -134,6 +139,7 @@ class SecretRegistry:
         # Every form (variant) of every registered value, with the values it came from:
         # forgetting one value drops a form only when no other registered value has it.
         self._owners: dict[str, set[str | bytes]] = {}
+        self._anywhere: set[str] = set()  # encoded forms (hex, base64): not whole tokens
         self._byte_owners: dict[bytes, set[str | bytes]] = {}
         self._counts: dict[str | bytes, int] = {}  # a value registered twice: forgotten twice
         self._names: set[str] = set()
@@ -167,7 +173,10 @@ class SecretRegistry:
                 f"kx.secrets.register needs a str (or bytes) of at least {MIN_LENGTH} "
                 f"characters, not a {type(value).__name__}"
                 + (f" of {len(value)}" if isinstance(value, (str, bytes, bytearray)) else "")
-                + ": a shorter value would be scrubbed out of ordinary text."
+                + ": a shorter value cannot be told apart from data (a PIN 1424 would hide "
+                "the amount 1424). For a short secret such as a PIN, register the name of "
+                "the argument that carries it instead: kx.secrets.register(name='pin') "
+                "redacts that argument's whole value wherever it is passed."
             )
         if _in_own_identity(value):
             raise ValueError(
@@ -184,7 +193,7 @@ class SecretRegistry:
         """Scrub ``text`` (str or bytes) from now on; False when it is too short to scrub
         or occurs in this process's own identity (then it is not registered)."""
         owner: str | bytes = text if isinstance(text, str) else bytes(text)
-        if len(owner) < MIN_LENGTH:
+        if len(owner) < CREDENTIAL_MIN_LENGTH:
             return False
         if _in_own_identity(owner):
             _log.warning(
@@ -198,8 +207,9 @@ class SecretRegistry:
     def _add(self, owner: str | bytes, *, count: bool) -> None:
         """Register ``owner``'s forms. ``count``: one more registration (``register``; one
         ``forget`` undoes one); else (a credential recorded again) once is enough."""
-        forms, byte_forms = _forms(owner)
+        forms, anywhere, byte_forms = _forms(owner)
         with self._lock:
+            self._anywhere |= anywhere
             if count or owner not in self._counts:
                 self._counts[owner] = self._counts.get(owner, 0) + 1
             changed = False
@@ -246,7 +256,11 @@ class SecretRegistry:
         ordered = sorted(self._owners, key=len, reverse=True)  # the longest wins
         raw = {v.encode() for v in ordered} | set(self._byte_owners)
         self.byte_values = tuple(sorted(raw, key=len, reverse=True))
-        self.pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        self._anywhere &= self._owners.keys()
+        alternatives = [
+            re.escape(form) if form in self._anywhere else _whole_token(form) for form in ordered
+        ]
+        self.pattern = re.compile("|".join(alternatives)) if ordered else None
 
     def names(self) -> list[str]:
         """The registered argument names (normalised); the values are never listed."""
@@ -275,6 +289,7 @@ class SecretRegistry:
         (or on a handler, for every logger it serves)."""
         return ScrubFilter()
 
+    @shows
     def __repr__(self) -> str:
         names = ", ".join(self.names()) or "none"
         return f"<kx.secrets: {len(self)} value(s) (never shown); names: {names}>"
@@ -295,13 +310,23 @@ def _disown(table: dict[F, set[str | bytes]], owner: str | bytes) -> None:
 _MIN_ENCODED = 8
 
 
-def _forms(value: str | bytes) -> tuple[set[str], set[bytes]]:
+def _whole_token(form: str) -> str:
+    """A pattern for ``form`` as a whole token: not glued to a letter or digit on a side
+    where it begins or ends with one (``1424`` is not found in ``142420`` or ``A1424``)."""
+    head = r"(?<![^\W_])" if form[0].isalnum() else ""
+    tail = r"(?![^\W_])" if form[-1].isalnum() else ""
+    return f"{head}{re.escape(form)}{tail}"
+
+
+def _forms(value: str | bytes) -> tuple[set[str], set[str], set[bytes]]:
     """Every form a registered value takes in stored text, and as raw bytes.
 
     One list, so that what is covered is read in one place (docs/security.md, "What is
     stored, and what is redacted"). Each form costs one more alternative of the one compiled
-    pattern (and one ``bytes.find`` in the byte-level refusal). Not covered: a secret split
-    in two, a change of case, other encodings (UTF-16, gzip, ...)."""
+    pattern (and one ``bytes.find`` in the byte-level refusal). Returned: the text forms
+    (matched as whole tokens), those of them matched anywhere (hex and base64: inside a
+    longer encoded text by construction), the byte forms. Not covered: a secret split in
+    two, glued to letters or digits, a change of case, other encodings (UTF-16, gzip...)."""
     if isinstance(value, str):
         text: str | None = value
         raw = value.encode("utf-8", errors="surrogatepass")
@@ -333,10 +358,10 @@ def _forms(value: str | bytes) -> tuple[set[str], set[bytes]]:
         full = (k + len(raw)) // 3  # complete groups of three bytes
         middle = whole[(4 if k else 0) : 4 * full]
         encoded |= {middle, middle.replace("+", "-").replace("/", "_")}
-    forms |= {form for form in encoded if len(form) >= _MIN_ENCODED}
-    text_forms = {form for form in forms if len(form) >= MIN_LENGTH}
-    byte_forms = {raw} if len(raw) >= MIN_LENGTH else set()
-    return text_forms, byte_forms
+    anywhere = {form for form in encoded if len(form) >= _MIN_ENCODED}
+    text_forms = {f for f in forms | anywhere if len(f) >= CREDENTIAL_MIN_LENGTH}
+    byte_forms = {raw} if len(raw) >= CREDENTIAL_MIN_LENGTH else set()
+    return text_forms, anywhere, byte_forms
 
 
 def _in_own_identity(value: str | bytes) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._shown import shown
 from ..status import Status
 
 __all__ = ["StopAnswer", "nothing_to_stop"]
@@ -27,7 +28,7 @@ class StopAnswer(str):
         return answer
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython's display
-        printer.text(self.notice or repr(str(self)))
+        printer.text(shown(self.notice or repr(str(self)), lines=True))
 
 
 def nothing_to_stop(run_id: str, status: str) -> str | None:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from .._formatting import duration_text, step_label
+from .._shown import shows
 from .._store import Store
 from ..status import Status, StepStatus
 from .runtime import get_store
@@ -71,6 +72,7 @@ class StopEstimate:
         return self.overrunning_by is not None
 
     @property
+    @shows
     def text(self) -> str:
         """One line: ``stops after step 7, in about 3.0 s (up to 5.5 s)``, or
         ``stops after step 7; overrunning by 12 s; max_step_seconds forces it in 18 s``."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._formatting import counted, duration_text, step_label, step_numbers
+from .._shown import shows
 from .._store import Store
 from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
@@ -361,6 +362,7 @@ class Timeline:
     def _repr_svg_(self) -> str:
         return self.svg
 
+    @shows
     def text(self) -> str:
         """What the picture shows, in one line."""
         counts: dict[str, int] = {}
@@ -383,6 +385,7 @@ class Timeline:
         line += f"; idle stretches cut from the axis: {cut}" if cut else ""
         return line + (f"; {note}" if (note := fold_note(self)) else "")
 
+    @shows
     def __repr__(self) -> str:
         return self.text()
 

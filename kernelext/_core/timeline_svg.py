@@ -10,12 +10,11 @@ table here.
 from __future__ import annotations
 
 import datetime as dt
-import html
 import math
-import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._formatting import counted, duration_text, moment_text
+from .._shown import shown_html
 from ..status import EffectStatus, Status, StepStatus
 from .colours import (
     BAD,
@@ -68,12 +67,12 @@ TEXT_STYLE = f"fill:{THEME['text']}"
 INK_STYLE = f"fill:{THEME['muted']}"
 FONT = 11.0  # px: no text in the picture is smaller
 CHAR = 0.6 * FONT  # the width of a character, about
-_BAD_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 def esc(value: Any) -> str:
-    """``value`` as text safe in XML and HTML (escaped, control characters dropped)."""
-    return html.escape(_BAD_XML.sub("", str(value)), quote=True)
+    """``value`` as text safe in XML and HTML: through the display door (control and
+    invisible characters shown as escapes), then escaped for markup."""
+    return shown_html(value)
 
 
 def _el(tag: str, title: str | None = None, body: str = "", **attrs: Any) -> str:

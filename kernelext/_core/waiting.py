@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from .._shown import shows
 from .._store import Store
 from ..errors import StopRequested
 from ..status import Reason
@@ -72,9 +73,11 @@ class Waiting(list[T]):
         self.run_id = run_id
         self.store = store
 
+    @shows
     def text(self) -> str:
         raise NotImplementedError
 
+    @shows
     def __repr__(self) -> str:
         return self.text()
 

@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any
 
 from .._core.runtime import runtime
+from .._shown import shows
 from .options import notebook_option
 
 __all__ = [
@@ -165,6 +166,7 @@ class InterruptHandler:
             return
         original(signum, frame)
 
+    @shows
     def __repr__(self) -> str:
         return f"<kernelext interrupt handler window={self.current_window}s>"
 

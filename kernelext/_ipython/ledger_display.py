@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from .._shown import shown_frame
+
 __all__ = ["for_display", "shown"]
 
 
@@ -56,11 +58,11 @@ def _ledger_frame_class() -> type:
         def _constructor(self) -> Any:  # frames computed from it are plain DataFrames
             return pd.DataFrame
 
-        def __repr__(self) -> str:
-            return repr(shown(self))
+        def __repr__(self) -> str:  # cells through the display door (kernelext._shown)
+            return repr(shown_frame(shown(self)))
 
         def _repr_html_(self) -> str | None:
-            return shown(self)._repr_html_()  # type: ignore[no-any-return]
+            return shown_frame(shown(self))._repr_html_()  # type: ignore[no-any-return]
 
         def __reduce_ex__(self, protocol: Any) -> Any:  # pickle, df.to_pickle(...)
             return (_ledger_frame, (pd.DataFrame(self),))

@@ -1,0 +1,210 @@
+"""What a person reads: the one door for every text kernelext shows.
+
+Every surface passes its text through :func:`shown` (the command line: all it prints; the
+``repr`` and ``text()`` of public objects; the widgets and the saved copy, through
+:func:`shown_html`; error messages). Stored text was written by code and by the outside
+world, so it may hold characters that draw something other than what is there:
+
+- **Escaped** (an allow-list): letters, digits, punctuation, symbols and the plain space
+  pass as they are; a combining mark passes after a letter, digit, punctuation or symbol
+  (up to ``MARKS_IN_A_ROW`` in a row). Everything else is shown as its escape: control
+  characters (``\\x1b``, ``\\x07``; ``\\n``, ``\\r``, ``\\t`` in a one-line value), format
+  characters such as the zero-width space ``\\u200b`` and the bidi overrides and isolates
+  (``\\u202e``), other spaces (``\\xa0``), line and paragraph separators, private-use,
+  unassigned and surrogate code points.
+- **Flagged in place**: a word (text between spaces) that mixes scripts the way no real
+  word does (UTS 39, "highly restrictive": Latin with Han, Hiragana, Katakana, Bopomofo
+  or Hangul is allowed) reads ``pаypal.com [mixed scripts: Latin + Cyrillic]``; one with
+  look-alike forms of plain letters or digits (fullwidth ``ｐ``, mathematical ``𝐩``) reads
+  ``[look-alike characters]``; a line with right-to-left letters and digits, whose order
+  a display may turn around, ends with ``[right-to-left text]``.
+
+:func:`shown` is idempotent: text that went through it once comes back the same, so a
+text made of shown parts can pass the door again (the command line's streams do).
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import re
+import unicodedata
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["MARKS_IN_A_ROW", "shown", "shown_frame", "shown_html", "shows"]
+
+MARKS_IN_A_ROW = 3  # combining marks after one base character (vowel signs, accents)
+_RAW = frozenset("LNPS")  # the major categories shown as they are (and the space)
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_WORD = re.compile(r"[^ \n\t]+")
+# Scripts that mix in ordinary words (UTS 39 "highly restrictive"), besides a single one.
+_MIXES = (
+    frozenset({"Latin", "Han", "Hiragana", "Katakana"}),
+    frozenset({"Latin", "Han", "Bopomofo"}),
+    frozenset({"Latin", "Han", "Hangul"}),
+)
+_SCRIPT_WORDS = {"CJK": "Han", "KANGXI": "Han", "IDEOGRAPHIC": "Han"}
+_RTL = frozenset({"R", "AL"})
+_LOOK_ALIKE_FORMS = ("<wide>", "<font>")  # fullwidth ``ｐ``, mathematical ``𝐩``
+
+
+@functools.lru_cache(maxsize=8192)
+def _escape(char: str) -> str:
+    if char in _NAMED:
+        return _NAMED[char]
+    point = ord(char)
+    if point < 0x100:
+        return f"\\x{point:02x}"
+    return f"\\u{point:04x}" if point < 0x10000 else f"\\U{point:08x}"
+
+
+@functools.lru_cache(maxsize=8192)
+def _raw(char: str) -> bool:
+    """Shown as it is wherever it stands (not a mark: see :func:`_escaped`)."""
+    return char == " " or unicodedata.category(char)[0] in _RAW
+
+
+def _escaped(text: str, lines: bool) -> str:
+    out: list[str] = []
+    marks = MARKS_IN_A_ROW  # none may follow the start of the text
+    for char in text:
+        if _raw(char):
+            out.append(char)
+            marks = 0 if char != " " else MARKS_IN_A_ROW  # a mark may follow a base
+        elif lines and char == "\n":
+            out.append(char)
+            marks = MARKS_IN_A_ROW
+        elif unicodedata.category(char)[0] == "M" and marks < MARKS_IN_A_ROW:
+            out.append(char)
+            marks += 1
+        else:
+            out.append(_escape(char))
+            marks = MARKS_IN_A_ROW
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def _script(char: str) -> str | None:
+    """The script of a letter, from its Unicode name (``CYRILLIC SMALL LETTER A``); that of
+    its plain form for a compatibility letter (fullwidth ``ｐ`` is Latin)."""
+    category = unicodedata.category(char)
+    if category[0] != "L" or category == "Lm":
+        return None  # digits, punctuation, marks, modifier letters: common to scripts
+    plain = unicodedata.normalize("NFKC", char)
+    if plain != char and len(plain) == 1:
+        return _script(plain)
+    name = unicodedata.name(char, "")
+    first = name.split(" ", 1)[0] if name else "Unknown"
+    return _SCRIPT_WORDS.get(first, first.capitalize())
+
+
+def _flags(word: str) -> list[str]:
+    scripts = {s for s in map(_script, word) if s is not None}
+    flags = []
+    if len(scripts) > 1 and not any(scripts <= mix for mix in _MIXES):
+        flags.append("mixed scripts: " + " + ".join(sorted(scripts, key=_script_order)))
+    if any(_look_alike(char) for char in word):
+        flags.append("look-alike characters")
+    return flags
+
+
+def _script_order(script: str) -> tuple[int, str]:
+    return (script != "Latin", script)  # Latin first: "Latin + Cyrillic"
+
+
+@functools.lru_cache(maxsize=8192)
+def _look_alike(char: str) -> bool:
+    """A fullwidth or mathematical form of a plain letter or digit (not a superscript
+    ``ª`` or ``²``, which read as what they are)."""
+    if char.isascii() or not unicodedata.decomposition(char).startswith(_LOOK_ALIKE_FORMS):
+        return False
+    plain = unicodedata.normalize("NFKC", char)
+    return plain.isascii() and plain.isalnum()
+
+
+def _flagged(text: str) -> str:
+    """``text`` with a flag after each suspicious word (not twice: see the module doc)."""
+    if text.isascii():
+        return text
+    out: list[str] = []
+    end = 0
+    for match in _WORD.finditer(text):
+        flags = _flags(match[0])
+        if not flags:
+            continue
+        out.append(text[end : match.end()])
+        end = match.end()
+        for flag in flags:
+            label = f" [{flag}]"
+            if not text.startswith(label, end):
+                out.append(label)
+            else:  # already flagged (the text passed the door before)
+                out.append(label)
+                end += len(label)
+    out.append(text[end:])
+    return "\n".join(map(_rtl_flagged, "".join(out).split("\n")))
+
+
+_RTL_FLAG = " [right-to-left text]"
+
+
+def _rtl_flagged(line: str) -> str:
+    """A line whose right-to-left letters may turn the order of its digits around."""
+    if line.endswith(_RTL_FLAG) or not any(c.isdigit() for c in line):
+        return line
+    if not any(unicodedata.bidirectional(c) in _RTL for c in line):
+        return line
+    return line + _RTL_FLAG
+
+
+def shown(value: Any, *, lines: bool = False) -> str:
+    """``value`` (``str()`` of it) as a person may read it: what could draw something else
+    escaped, suspicious words flagged (see the module doc). ``lines``: newlines stay (a
+    text of several lines); else a one-line value shows them as ``\\n``."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isascii() and (text.isprintable() or _ascii_lines(text, lines)):
+        return text  # the usual case, at the cost of two scans
+    return _flagged(_escaped(text, lines))
+
+
+def _ascii_lines(text: str, lines: bool) -> bool:
+    return lines and text.replace("\n", "").isprintable()
+
+
+def shown_html(value: Any, *, lines: bool = True) -> str:
+    """:func:`shown`, then escaped for HTML (text of an element or of an attribute)."""
+    return html.escape(shown(value, lines=lines))
+
+
+def _cell(value: Any) -> Any:
+    return shown(value) if isinstance(value, str) else value
+
+
+def shown_frame(frame: Any) -> Any:
+    """``frame`` (a pandas DataFrame) as it may be read: a copy whose text cells and column
+    names passed the door, columns holding no such text left as they are (dtype and all);
+    ``frame`` itself when nothing changes."""
+    copy = frame
+    for index in range(frame.shape[1]):
+        column = frame.iloc[:, index]
+        if any(isinstance(v, str) and shown(v) != v for v in column):
+            copy = frame.copy() if copy is frame else copy
+            copy.isetitem(index, column.map(_cell))
+    if any(isinstance(name, str) and shown(name) != name for name in frame.columns):
+        copy = frame.copy() if copy is frame else copy
+        copy.columns = [_cell(name) for name in frame.columns]
+    return copy
+
+
+F = TypeVar("F", bound=Callable[..., str])
+
+
+def shows(method: F) -> F:
+    """A ``repr``/``text()``/``__str__`` whose text passes the door (several lines kept)."""
+
+    @functools.wraps(method)
+    def door(*args: Any, **kwargs: Any) -> str:
+        return shown(method(*args, **kwargs), lines=True)
+
+    return door  # type: ignore[return-value]
