@@ -539,3 +539,13 @@ def test_a_secret_is_masked_as_a_whole_token_not_inside_a_longer_number_or_word(
     with registered(secret):  # an encoded form is still found inside longer encoded text
         encoded = base64.b64encode(b"prefix:" + secret.encode()).decode()
         assert secret not in scrub_text(f"({secret})") and MASK in scrub_text(encoded)
+
+
+def test_a_long_secret_is_masked_even_glued_to_other_letters() -> None:
+    """Whole tokens are for short secrets (a PIN inside an amount is data); a long key glued
+    to other text is still the key."""
+    key = f"sk-live-{uuid.uuid4().hex[:20]}"
+    short = f"t{uuid.uuid4().hex[:9]}"  # 10 characters: a whole token only
+    with registered(key), registered(short):
+        assert key not in scrub_text(f"sig=abc{key}xyz")
+        assert scrub_text(f"x{short}9") == f"x{short}9"

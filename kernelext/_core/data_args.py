@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._shown import shows
 from .canonical import TAG
 
 __all__ = [
@@ -144,6 +145,7 @@ class DataArgument:
         width = self.shape[1] if len(self.shape) == 2 else 1
         return [str(i) for i in range(width)] if width > 1 else ["value"]
 
+    @shows
     def summary(self) -> str:
         """``pandas.DataFrame: 1,000 rows × 2 columns (name, amount)``."""
         if self.columns is not None:
@@ -217,6 +219,7 @@ class DataDiff:
     def same(self) -> bool:
         return not (self.added or self.removed or self.changed or self.note)
 
+    @shows
     def text(self, examples: int = 5) -> str:
         """``rows: 1 row changed (row 501: amount 10 -> 250000), 0 added, 0 removed``."""
         if self.note:

@@ -310,9 +310,16 @@ def _disown(table: dict[F, set[str | bytes]], owner: str | bytes) -> None:
 _MIN_ENCODED = 8
 
 
+GLUED_FROM = 16  # a form this long is masked even glued to letters or digits
+
+
 def _whole_token(form: str) -> str:
     """A pattern for ``form`` as a whole token: not glued to a letter or digit on a side
-    where it begins or ends with one (``1424`` is not found in ``142420`` or ``A1424``)."""
+    where it begins or ends with one (``1424`` is not found in ``142420`` or ``A1424``).
+    A form of ``GLUED_FROM`` characters or more is found anywhere: text that holds a whole
+    API key glued to other letters holds the key, not data that happens to look like it."""
+    if len(form) >= GLUED_FROM:
+        return re.escape(form)
     head = r"(?<![^\W_])" if form[0].isalnum() else ""
     tail = r"(?![^\W_])" if form[-1].isalnum() else ""
     return f"{head}{re.escape(form)}{tail}"
@@ -326,7 +333,7 @@ def _forms(value: str | bytes) -> tuple[set[str], set[str], set[bytes]]:
     pattern (and one ``bytes.find`` in the byte-level refusal). Returned: the text forms
     (matched as whole tokens), those of them matched anywhere (hex and base64: inside a
     longer encoded text by construction), the byte forms. Not covered: a secret split in
-    two, glued to letters or digits, a change of case, other encodings (UTF-16, gzip...)."""
+    two, a form shorter than ``GLUED_FROM`` glued to letters or digits, a change of case, other encodings (UTF-16, gzip...)."""
     if isinstance(value, str):
         text: str | None = value
         raw = value.encode("utf-8", errors="surrogatepass")
