@@ -333,7 +333,8 @@ def _forms(value: str | bytes) -> tuple[set[str], set[str], set[bytes]]:
     pattern (and one ``bytes.find`` in the byte-level refusal). Returned: the text forms
     (matched as whole tokens), those of them matched anywhere (hex and base64: inside a
     longer encoded text by construction), the byte forms. Not covered: a secret split in
-    two, a form shorter than ``GLUED_FROM`` glued to letters or digits, a change of case, other encodings (UTF-16, gzip...)."""
+    two, a form shorter than ``GLUED_FROM`` glued to letters or digits, a change of case,
+    other encodings (UTF-16, gzip...)."""
     if isinstance(value, str):
         text: str | None = value
         raw = value.encode("utf-8", errors="surrogatepass")
