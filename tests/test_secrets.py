@@ -549,3 +549,31 @@ def test_a_long_secret_is_masked_even_glued_to_other_letters() -> None:
     with registered(key), registered(short):
         assert key not in scrub_text(f"sig=abc{key}xyz")
         assert scrub_text(f"x{short}9") == f"x{short}9"
+
+
+def test_a_value_redacted_by_its_argument_name_never_reaches_a_stored_text(store: Any) -> None:
+    """``api_key=...`` is shown ``***redacted***``; the call's error quoting it is stored, and
+    shown in the runs overview, with the key masked too."""
+    from kernelext._core.overview import read_overview
+
+    key = f"sk-EFF-{uuid.uuid4().hex[:12]}"
+
+    @kx.effect(name=f"charge_{uuid.uuid4().hex[:6]}")
+    def charge(amount: int, api_key: str) -> None:
+        raise RuntimeError(f"401 for key {api_key}")
+
+    @kx.agent(name=f"charger-{uuid.uuid4().hex[:6]}")
+    def charger(run: kx.Run) -> None:
+        with run.step("charge"):
+            charge(10, api_key=key)
+
+    try:
+        handle = charger.start()
+        assert handle.wait(60) == "failed"
+        (effect,) = store.load_effects(handle.run_id).values()
+        texts = [str(effect["args"]), str(effect["error"]), str(store.get_run(handle.run_id))]
+        texts += [row.text() for row in read_overview(store).rows]
+        assert all(key not in text for text in texts), texts
+        assert any("401 for key" in text for text in texts)  # the canary: the error is there
+    finally:
+        SECRETS.forget(key)

@@ -23,7 +23,15 @@ from .._store.runs import KEY_SCHEME
 from ..errors import UnencodableArgument
 from .canonical import Unencodable, canonical, frame
 from .codec import dumps_json, loads_json
-from .secrets import REDACTED, is_registered_name, is_secret_name, registered_only, scrub_text
+from .secrets import (
+    MIN_LENGTH,
+    REDACTED,
+    SECRETS,
+    is_registered_name,
+    is_secret_name,
+    registered_only,
+    scrub_text,
+)
 from .tagged import _BIG_INT_BITS, tagged, untag
 
 __all__ = [
@@ -166,8 +174,12 @@ def redact(value: Any, name: str = "", *, full: bool = False) -> Any:
     inside text ``***`` (see ``kernelext._core.secrets``), values JSON has no type for tagged
     (``{"$kx": "decimal", "v": "10"}``, see ``kernelext._core.canonical``). Raises
     ``canonical.Unencodable`` for a value that has no faithful encoding. ``full``: data values
-    (arrays, tables) with every value, as an approval request stores them."""
+    (arrays, tables) with every value, as an approval request stores them. A text value
+    redacted by its name is scrubbed from every text written from now on too (the call's
+    error message, a log line), as a registered secret is."""
     if name and is_secret_name(name):
+        if isinstance(value, str) and len(value) >= MIN_LENGTH:
+            SECRETS.add(value)
         return REDACTED
     return tagged(
         value, secret=is_secret_name, text=scrub_text, redacted=REDACTED, path=name, full=full
