@@ -9,6 +9,7 @@ the real local HTTP server, which counts every delivery.
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +295,32 @@ def test_the_changes_found_are_the_changes_made(
         f"p{i}" for i in dropped if i < len(amounts)
     )
     assert sorted(row[0] for row in diff.added) == [f"new{i}" for i in range(added)]
+
+
+def test_an_edit_of_a_variable_argument_is_never_made(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    """``**extra`` holds arguments that are not the tool's own names: an edit of it could
+    stand for another argument or the ledger's key. Approved with such an edit, the call is
+    not made (nothing reaches the server) and the run says why."""
+    url = delivery_server.url
+
+    @kx.effect(name=name("pay_extra"), needs_approval=True)
+    def pay(to: str, amount: int, **extra: Any) -> int:
+        body = json.dumps({"to": to, "amount": amount, **extra}).encode()
+        request = urllib.request.Request(f"{url}/pay", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status)
+
+    @kx.agent(name=name("extra-payer"))
+    def agent(run: kx.Run) -> None:
+        with run.step("pay"):
+            pay("bob", 500, memo="rent")
+
+    run_id = name("edit-extra")
+    assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
+    [request] = kx.approvals(run_id)
+    handle = request.approve(edit={"extra": {"idempotency_key": "attacker-key"}})
+    assert handle.wait(WAIT) == "failed"
+    assert "variable argument" in str(handle.error)
+    assert delivery_server.count() == 0

@@ -144,12 +144,18 @@ def edited_call(
     return bound.args, bound.kwargs, bound_hash(edited, tool=tool), display_args(edited, tool=tool)
 
 
-def refuse_edit(tool: str, approval_id: Any, *, again: bool = False) -> LedgerError:
+def refuse_edit(
+    tool: str, approval_id: Any, *, again: bool = False, variadic: bool = False
+) -> LedgerError:
     """An approval with edits of a call that cannot be made with them; nothing is sent."""
     why = (
         "a call made again under its key (after it failed or was not applied) is made as it "
         "was recorded"
         if again
+        else "an edit names a variable argument (*args or **kwargs), whose parts are not "
+        "arguments of their own (one could stand for another argument, or for the ledger's "
+        "idempotency key)"
+        if variadic
         else f"{tool}'s calls are sent as the agent made them (an MCP tool or a model request)"
     )
     return LedgerError(

@@ -336,6 +336,10 @@ class Effect(CallArguments):
         bound = (_SEEN.get(row["key"]) or ("", None))[1]
         if bound is None or self.signature is None or not self.editable:
             raise refuse_edit(self.tool, grant)
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        params = self.signature.parameters
+        if any(params[n].kind in variadic for n in load_result(request["edit"]) if n in params):
+            raise refuse_edit(self.tool, grant, variadic=True)
         edited = apply_edit(bound, request["edit"])
         args, kwargs, digest, shown = edited_call(self.signature, self.tool, edited)
         _EDITED[row["key"]] = (args, kwargs)
