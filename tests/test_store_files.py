@@ -157,6 +157,40 @@ def test_a_folder_writable_by_ones_own_private_group_is_accepted(store_path: Pat
     start_a_run(store_path)
 
 
+def test_a_store_link_into_a_folder_another_user_may_write_is_refused(tmp_path: Path) -> None:
+    """The store path is a link of yours to a file in a folder 'nobody' may write; they
+    point that file, a link of theirs, at a place only you may write: refused before
+    DuckDB creates anything there."""
+    mine, shared, private = tmp_path / "mine", tmp_path / "shared", tmp_path / "root-only"
+    for folder in (mine, shared, private):
+        folder.mkdir(mode=0o700)
+    os.chown(shared, NOBODY, NOBODY)
+    shared.chmod(0o777)
+    planted = shared / "real.duckdb"
+    planted.symlink_to(private / "planted.duckdb")
+    os.lchown(planted, NOBODY, NOBODY)
+    store = mine / "store.duckdb"
+    store.symlink_to(planted)
+    with pytest.raises(StoreError, match=str(shared)):
+        open_store(str(store)).close()
+    assert not (private / "planted.duckdb").exists()
+
+
+def test_duckdbs_spill_folder_of_another_user_is_refused(store_path: Path) -> None:
+    """DuckDB spills big queries to ``<store>.tmp``: a folder there that another user owns
+    (or a link) is refused like any file beside the store."""
+    start_a_run(store_path)
+    spill = Path(f"{store_path}.tmp")
+    spill.mkdir(mode=0o777)
+    os.chown(spill, NOBODY, NOBODY)
+    with pytest.raises(StoreError, match=str(spill)):
+        open_store(str(store_path)).close()
+    shutil.rmtree(spill)
+    spill.symlink_to(store_path.parent)
+    with pytest.raises(StoreError, match="link"):
+        open_store(str(store_path)).close()
+
+
 @pytest.mark.parametrize("mode, owner", [(0o666, NOBODY), (0o666, 0), (0o600, NOBODY)])
 def test_a_store_file_another_user_owns_or_may_write_is_refused(
     store_path: Path, mode: int, owner: int

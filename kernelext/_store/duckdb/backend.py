@@ -37,7 +37,13 @@ from .handoff import HandoffLock
 from .hot_path import JournalHotPath
 from .recovery import fold_orphaned_journals
 from .side_files import SideFiles
-from .store_files import check_store_owner, check_store_path, open_store_file, private_dirs
+from .store_files import (
+    check_store_owner,
+    check_store_path,
+    open_store_file,
+    own_folder,
+    private_dirs,
+)
 
 __all__ = ["DuckDBConnection", "duckdb_config", "open_duckdb"]
 
@@ -697,6 +703,8 @@ def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.Du
     if not read_only:  # DuckDB opens (and rewrites) the WAL by name: never a link
         with contextlib.suppress(FileNotFoundError):
             os.close(open_store_file(path + ".wal", os.O_RDONLY, make_private=True))
+        if os.path.lexists(path + ".tmp"):  # DuckDB spills there: a folder of this user's
+            own_folder(path + ".tmp")
     deadline = time.monotonic() + timeout
     while True:
         try:

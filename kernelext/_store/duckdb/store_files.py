@@ -266,13 +266,24 @@ def check_store_path(path: str) -> None:
         )
 
 
+LINK_HOPS = 40  # as the kernel's own limit on links followed in one path (ELOOP)
+
+
 def check_store_owner(path: str) -> None:
     """Refuse a store (to be written) whose folder or file another user owns or may write:
-    they could plant links to files of yours, or change what it records."""
-    folder = os.path.dirname(path)
-    check_owner(folder, os.stat(folder))
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    check_owner(path, st)
+    they could plant links to files of yours, or change what it records. A store path that
+    is a link is followed hop by hop, and the folder of every hop is checked too (a link of
+    yours into a folder another user may write lets them point it anywhere)."""
+    current = os.path.abspath(path)
+    for _hop in range(LINK_HOPS):
+        folder = os.path.dirname(current)
+        check_owner(folder, os.stat(folder))
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISLNK(st.st_mode):
+            check_owner(current, os.stat(current))
+            return
+        current = os.path.join(folder, os.readlink(current))
+    raise StoreError(f"The store path {path!r} goes through more than {LINK_HOPS} links.")
