@@ -78,4 +78,3 @@ def test_an_unknown_client_is_refused_before_its_body_counts(server: lab.LabServ
     finally:
         sock.close()
     assert answer.split(b"\r\n", 1)[0].split()[1] == b"403", answer[:300]
-

@@ -211,7 +211,7 @@ def view_of(
         notice=notice,
         batch=batch,
     )
-    if not handle.alive and view.status in LIVE and owner_gone(info, view.now):
+    if not handle.alive and view.status in LIVE and view.now and owner_gone(info, view.now):
         view.gone = gone_text(info)
     if not view.total:
         talk = conversation_of(handle.store.load_effects(handle.run_id).values())

@@ -81,7 +81,7 @@ class RunActionHandler(_Handler):
     _chunks: list[bytes]
     _size: int = 0
 
-    async def prepare(self) -> None:
+    async def prepare(self) -> None:  # type: ignore[override]  # as APIHandler.prepare
         self._chunks, self._size = [], 0
         self.request.connection.set_max_body_size(MAX_BODY)  # type: ignore[union-attr]
         await super().prepare()  # who is asking: an unknown client gets 403 here
