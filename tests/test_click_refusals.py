@@ -84,6 +84,16 @@ def test_a_text_no_store_keeps_is_refused_in_every_field(
     assert store.get_run(run_id)["status"] == "suspended"
 
 
+def test_an_answer_nested_too_deep_is_refused(store: Any, waiting: dict[str, Any]) -> None:
+    value: Any = "blue"
+    for _ in range(100):
+        value = [value]
+    click = {"action": "answer", "run_id": "to-answer", "store": waiting["store"]}
+    status, message = refusal(**click, key=waiting["key"], value=value)
+    assert status == 400 and "nested more than 64 levels" in message, message
+    assert [r["answered_at"] for r in store.question_rows("to-answer")] == [None]
+
+
 @pytest.mark.parametrize("action", ["approve", "reject", "answer"])
 def test_the_overview_cannot_send_what_it_has_no_button_for(
     store: Any, waiting: dict[str, Any], action: str

@@ -56,6 +56,7 @@ SOURCES: dict[str, str] = {  # where a click may come from -> how its answer nam
     "panel": "panel",
     "overview": "runs overview",
 }
+MAX_DEPTH = 64  # levels of lists and objects in an answer
 BUTTONS: dict[str, frozenset[str]] = {  # action -> the sources that have its button
     "stop": frozenset({"panel", "overview"}),
     "force": frozenset({"panel", "overview"}),
@@ -189,8 +190,11 @@ def check_texts(fields: dict[str, object]) -> None:
 def _texts(value: object, depth: int = 0) -> list[str]:
     if isinstance(value, str):
         return [value]
-    if depth > 64:
-        return []
+    if depth > MAX_DEPTH:
+        raise ValueError(
+            f"A value of the click is nested more than {MAX_DEPTH} levels deep: send a "
+            "flatter one; nothing was recorded."
+        )
     if isinstance(value, dict):
         return [t for k, v in value.items() for t in (*_texts(k, depth + 1), *_texts(v, depth + 1))]
     if isinstance(value, (list, tuple)):
