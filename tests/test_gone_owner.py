@@ -1,9 +1,9 @@
 """A run whose process was killed (SIGKILL): the overview, the panel and the notebook
 server's route say its process is gone, and a stop of it lands at once.
 
-A real owner process executes a long agent run in a real DuckDB store; it is killed with
-SIGKILL inside a step (or inside a recorded call), and its lease lapses (1.5 s in that
-process). A real Jupyter server with kernelext's extension takes the stop.
+A real owner process executes a long agent run in a real store (DuckDB, PostgreSQL); it
+is killed with SIGKILL inside a step (or inside a recorded call), and its lease lapses
+(1.5 s in that process). A real Jupyter server with kernelext's extension takes the stop.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from kernelext._core import control
 from kernelext._core.lease import owner_gone
 from kernelext._core.overview import read_overview
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
 OWNER = textwrap.dedent(
     """
@@ -67,11 +66,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
 
 
 @pytest.fixture
-def killed(tmp_path: Path) -> Iterator[Callable[[str, str], str]]:
+def killed(store_path: Any) -> Iterator[Callable[[str, str], str]]:
     """Start the run in another process, SIGKILL it inside step 29 (``where``: ``step``,
-    or ``call``: inside a recorded call) and wait until its owner is gone; the store path."""
+    or ``call``: inside a recorded call) and wait until its owner is gone; the store's
+    address."""
     processes: list[subprocess.Popen[str]] = []
-    path = str(tmp_path / "runs.duckdb")
+    path = str(store_path)
 
     def kill(run_id: str, where: str) -> str:
         process = subprocess.Popen(
