@@ -17,6 +17,7 @@ from typing import Any
 from kernelext._core.batch_view import BatchCounts, batch_counts
 from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
 from kernelext._core.conversation import Conversation, conversation_of
+from kernelext._core.lease import gone_text, owner_gone
 from kernelext._core.names import OUTSIDE_STEPS
 from kernelext._core.run import engine_of
 from kernelext._formatting import (
@@ -81,6 +82,7 @@ class PanelView:
     conversation: Conversation | None = None  # a run of model and tool calls, no run.steps
     stop_seen: bool = False  # this process raised the run's stop flag (the row may lag)
     owner_epoch: int | None = None  # the run's ownership epoch: a click's fencing token
+    gone: str | None = None  # live in the store, but its process is gone (lease.gone_text)
 
     @property
     def stop_pending(self) -> bool:
@@ -149,6 +151,8 @@ class PanelView:
         return f"; expires in {duration_text(left)} ({when})"
 
     def outcome_text(self) -> str | None:
+        if self.gone and self.status in LIVE:
+            return self.gone
         if self.status == Status.COMPLETED:
             return f"completed: {self.progress_text(done='')}"
         if self.status == Status.FAILED:
@@ -207,6 +211,8 @@ def view_of(
         notice=notice,
         batch=batch,
     )
+    if not handle.alive and view.status in LIVE and view.now and owner_gone(info, view.now):
+        view.gone = gone_text(info)
     if not view.total:
         talk = conversation_of(handle.store.load_effects(handle.run_id).values())
         view.conversation = talk if (talk.turns or talk.tool_calls) else None

@@ -67,11 +67,27 @@ def feed_of(store: Any, status: str | None) -> Feed:
         return found
 
 
+def _forget(feed: Feed) -> None:
+    """``feed`` has no view left: it leaves the registry (the next overview makes anew)."""
+    with _FEEDS_LOCK:
+        store = feed.store_ref()
+        feeds = _FEEDS.get(store) if store is not None else None
+        if feeds is not None and feeds.get(feed.status) is feed:
+            del feeds[feed.status]
+            if not feeds:
+                del _FEEDS[store]
+
+
 class Feed:
-    """Reads the overview of a store's runs when the store changed; every view shows it."""
+    """Reads the overview of a store's runs when the store changed; every view shows it.
+
+    The store is held weakly (the registry's key is the store: a strong hold would keep
+    both forever); its views hold it. A feed whose last view is closed leaves the registry
+    and stops its thread."""
 
     def __init__(self, store: Any, status: str | None) -> None:
-        self.store, self.status = store, status
+        self.store_ref = weakref.ref(store)
+        self.status = status
         self.overview: Overview | None = None
         self.views: weakref.WeakSet[RunsOverview] = weakref.WeakSet()
         self.changes = 0  # times the store watch said the store changed
@@ -84,13 +100,29 @@ class Feed:
         self.throttle = Throttle(self._read, interval=0.25, tick=1.0, active=self._active)
 
     def attach(self, view: RunsOverview) -> None:
+        if not self.views:  # again after its last view left (a close meanwhile)
+            with _FEEDS_LOCK:
+                _FEEDS.setdefault(self.store, {}).setdefault(self.status, self)
+            if self.throttle.closed:
+                self.throttle = Throttle(self._read, interval=0.25, tick=1.0, active=self._active)
         self.views.add(view)
         watch_of(self.store).watch_store(self._on_change)
+
+    @property
+    def store(self) -> Any:
+        store = self.store_ref()
+        if store is None:
+            raise RuntimeError("the store of this overview was closed and let go")
+        return store
 
     def detach(self, view: RunsOverview) -> None:
         self.views.discard(view)
         if not self.views:
-            watch_of(self.store).unwatch_store(self._on_change)
+            store = self.store_ref()
+            if store is not None:
+                watch_of(store).unwatch_store(self._on_change)
+            _forget(self)
+            self.throttle.close()
 
     def _on_change(self) -> None:
         """From the store watch's thread: something was committed."""
@@ -300,6 +332,18 @@ class RunsOverview(w.VBox):
         """Stop following the store (the widgets stay as last drawn)."""
         self._close_panel()
         self.feed.detach(self)
+
+    def close(self) -> None:
+        """Close the overview's widgets; it stops following the store (its feed, once no
+        other overview shows it, is let go)."""
+        self.detach()
+        for row in list(self.rows.values()):
+            self._drop(row)
+        self.rows.clear()
+        for widget in (*self.head, *self.children):
+            with contextlib.suppress(Exception):
+                widget.close()
+        super().close()
 
 
 def runs_mimebundle(frame: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Colours come from ``colours.RUN_COLOURS`` (the badge the panel shows).
 
 from __future__ import annotations
 
-from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
+from kernelext._core.colours import BAD, RUN_COLOURS, THEME, colour_of
 from kernelext._core.overview import Overview, RunRow
 from kernelext._formatting import moment_text
 from kernelext._shown import shown_html
@@ -66,6 +66,9 @@ def left_html(row: RunRow) -> str:
 
 
 def waits_html(row: RunRow) -> str:
+    if row.gone:  # its process is gone: what to do about it
+        text = shown_html(row.gone)
+        return f'<div class="kernelext-row-gone" style="color:{BAD}">{text}</div>'
     if not row.waits_for:
         return _muted("—")
     colour = colour_of(RUN_COLOURS, row.status)

@@ -68,7 +68,10 @@ class OutOfBand(anywidget.AnyWidget):
     server could not take comes here as a message: ``on_action(action, content)`` runs it
     in the kernel, and ``ack_seq`` tells the browser it was handled."""
 
-    _esm = Path(__file__).with_name("_stop_buttons.js")
+    # The text, not the path: anywidget ties every instance made from a path to the file's
+    # change signal (to reload it), which holds each instance, and what its callbacks hold,
+    # for as long as the process lives.
+    _esm = Path(__file__).with_name("_stop_buttons.js").read_text(encoding="utf-8")
     actions: tuple[str, ...] = ()
     kind = traitlets.Unicode("stop").tag(sync=True)
     run_id = traitlets.Unicode("").tag(sync=True)

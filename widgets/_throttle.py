@@ -65,6 +65,10 @@ class Throttle:
             thread.join(2.0)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def running(self) -> bool:
         thread = self._thread
         return thread is not None and thread.is_alive()

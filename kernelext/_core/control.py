@@ -27,12 +27,14 @@ from ..errors import OwnershipLost, RunStateError
 from ..status import LIVE, Reason, Status
 from . import cell_runs
 from .handle import Handle, request_stop
+from .lease import owner_gone
 from .names import check_stored_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
 from .run import engine_of
 from .run_engine import RunEngine
 from .runtime import get_store, runtime
+from .takeover import stop_gone_owner
 
 __all__ = ["force_stop", "handle_for", "is_cell_run", "resume", "stop"]
 
@@ -69,6 +71,10 @@ def stop(
         return request_stop(live.store, run_id, source=source, handle=live, who=who)
     store = get_store(store)
     row = store.get_run(run_id)
+    if owner_gone(row, store.now()):  # nobody would reach a safe point: stopped here
+        stopped = stop_gone_owner(store, run_id, source=source, who=who, epoch=epoch)
+        if stopped is not None:
+            return stopped
     if is_cell_run(row):
         return cell_runs.stop_cell_run(run_id, source=source, store=store, epoch=epoch, who=who)
     return request_stop(store, run_id, source=source, epoch=epoch, who=who)

@@ -26,6 +26,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from .._formatting import moment_text
 from .._store import Store
 from .._validate import RUN_ID
 from ..errors import (
@@ -36,12 +37,13 @@ from ..errors import (
     StoreError,
     StoreLockedError,
 )
-from ..status import LIVE, Status
+from ..status import FINAL, LIVE, Status
 from . import control
 from .click_stores import is_postgres, open_for_click, passwords_in
 from .decide_elsewhere import DECISIONS, answer, decide
+from .lease import last_heard, owner_gone
 
-__all__ = ["ACTIONS", "SOURCES", "act", "describe_error", "store_address"]
+__all__ = ["ACTIONS", "BUTTONS", "SOURCES", "act", "check_texts", "describe_error", "store_address"]
 
 ACTIONS: dict[str, str] = {
     "stop": "stop at the next safe point",
@@ -53,6 +55,14 @@ ACTIONS: dict[str, str] = {
 SOURCES: dict[str, str] = {  # where a click may come from -> how its answer names it
     "panel": "panel",
     "overview": "runs overview",
+}
+MAX_DEPTH = 64  # levels of lists and objects in an answer
+BUTTONS: dict[str, frozenset[str]] = {  # action -> the sources that have its button
+    "stop": frozenset({"panel", "overview"}),
+    "force": frozenset({"panel", "overview"}),
+    "approve": frozenset({"panel"}),
+    "reject": frozenset({"panel"}),
+    "answer": frozenset({"panel"}),
 }
 
 
@@ -101,6 +111,13 @@ def act(
         raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
     if source not in SOURCES:
         raise ValueError(f"Unknown source {source!r}: one of {', '.join(sorted(SOURCES))}.")
+    if source not in BUTTONS[action]:
+        raise ValueError(
+            f"The {SOURCES[source]} has no {action} button: a click from it cannot {action} "
+            f"(sent from: {', '.join(sorted(BUTTONS[action]))})."
+        )
+    fields = {"run_id": run_id, "store": address, "request": request, "note": note}
+    check_texts({**fields, "key": key, "answer": value})
     RUN_ID("run_id", run_id)
     started = time.perf_counter()
     store = _open(address)
@@ -108,7 +125,8 @@ def act(
         row = store.get_run(run_id)
         before = str(row["status"])
         if epoch is not None and row.get("owner_epoch") is not None and row["owner_epoch"] != epoch:
-            raise RunStateError(_stale(run_id, row["owner_epoch"], epoch))
+            raise RunStateError(_stale(run_id, row["owner_epoch"], epoch, before))
+        gone = action in ("stop", "force") and owner_gone(row, store.now())
         if action in DECISIONS or action == "answer":
             decided = (
                 answer(store, run_id, key, value, typed=typed, note=note, who=who, source=source)
@@ -128,24 +146,83 @@ def act(
         try:  # the fence is checked again in the transaction that writes the request
             status = door(run_id, source=source, store=store, epoch=epoch, who=who)
         except OwnershipLost as exc:
-            raise RunStateError(_stale(run_id, exc.epoch, epoch)) from None
+            raise RunStateError(_stale(run_id, exc.epoch, epoch, before)) from None
         row = store.get_run(run_id)
     finally:
         store.close()
     cell = control.is_cell_run(row)
-    recorded = before in LIVE and status in LIVE | {Status.SUSPENDED}
+    recorded = before in LIVE and status in LIVE | {Status.SUSPENDED, Status.NEEDS_DECISION}
+    where = SOURCES[source]
     return {
         "run_id": run_id,
         "action": action,
         "status": status,
         "source": source,
         "recorded": recorded,
-        "message": _message(action, run_id, before, status, cell, SOURCES[source]),
+        "message": (
+            _gone_message(run_id, row, status, where)
+            if gone and status not in LIVE
+            else _message(action, run_id, before, status, cell, where)
+        ),
         "seconds": round(time.perf_counter() - started, 4),
     }
 
 
-def _stale(run_id: str, now: object, shown: object) -> str:
+def check_texts(fields: dict[str, object]) -> None:
+    """Refuse a text no store keeps (a NUL character, a lone surrogate: not UTF-8), in
+    any field of a click, before anything is opened; nested values (an answer) too."""
+    for name, value in fields.items():
+        for text in _texts(value):
+            if "\x00" in text:
+                raise ValueError(
+                    f"The {name} holds a NUL character (\\x00), which no store keeps: "
+                    "remove it and send again; nothing was recorded."
+                )
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"The {name} holds a lone surrogate (half of a UTF-16 pair), which is "
+                    "not text a store keeps: send it as valid Unicode; nothing was recorded."
+                ) from None
+
+
+def _texts(value: object, depth: int = 0) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if depth > MAX_DEPTH:
+        raise ValueError(
+            f"A value of the click is nested more than {MAX_DEPTH} levels deep: send a "
+            "flatter one; nothing was recorded."
+        )
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_texts(k, depth + 1), *_texts(v, depth + 1))]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _texts(item, depth + 1)]
+    return []
+
+
+def _gone_message(run_id: str, row: dict[str, Any], status: str, where: str) -> str:
+    heard = last_heard(row)
+    when = f" (last heard {moment_text(heard)})" if heard is not None else ""
+    if status == Status.NEEDS_DECISION:
+        return (
+            f"Stopped by you ({where}): the process that ran {run_id} is gone{when}, so the "
+            "run was stopped here at once. Calls it left in flight have an unknown outcome: "
+            f"decide them (kx.reconcile({run_id!r})) before it goes on."
+        )
+    return (
+        f"Stopped by you ({where}): the process that ran {run_id} is gone{when}, so the run "
+        f"was stopped here at once and is {status}; resume it with kx.resume({run_id!r})."
+    )
+
+
+def _stale(run_id: str, now: object, shown: object, status: str = "") -> str:
+    if status in FINAL:
+        return (
+            f"Run {run_id} has ended ({status}) since this panel drew it; nothing was done. "
+            "Look at the panel again."
+        )
     return (
         f"Run {run_id} was resumed or taken over since this panel drew it (its owner epoch "
         f"is {now}, the panel showed {shown}); nothing was done. Look at the panel again and "

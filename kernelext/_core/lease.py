@@ -21,6 +21,10 @@ that kernel, or stop the run there. A cell run owned on another host, whose live
 cannot be told from here, is taken over once its lease lapses, like an agent run; such a
 take-over never asks probes (``takeover.py``): the old owner may still be inside a call.
 
+A live run whose owner is gone (:func:`owner_gone`: its lease lapsed, and its PID is gone
+where this host can tell) is shown as such by the overview and the panel, and a stop of it
+is honoured at once (``takeover.stop_gone_owner``): nobody is left to reach a safe point.
+
 A run in ``needs_decision`` is not live: it is taken over without a lease check, even
 while the process that moved it there is alive. The epoch keeps that ordered: the earlier
 owner's writes are refused from the take-over's commit on.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from .._formatting import moment_text
@@ -43,8 +48,11 @@ __all__ = [
     "LEASE_SECONDS",
     "RENEW_SECONDS",
     "check_takeover",
+    "gone_text",
+    "last_heard",
     "lease_until",
     "owner_alive",
+    "owner_gone",
     "parse_owner",
 ]
 
@@ -94,6 +102,41 @@ def owner_alive(owner: str | None) -> bool | None:
         if now_start is not None and now_start != start:
             return False  # the PID was reused
     return True
+
+
+def owner_gone(row: Mapping[str, Any], now: dt.datetime) -> bool:
+    """Is ``row`` a live run nobody executes any more? Its owner is another process, the
+    run could be taken over (``check_takeover``), its lease lapsed, and its owner is not a
+    live process of this host (its PID is gone, or it runs on a host this one cannot ask)."""
+    owner = row.get("owner")
+    if row.get("status") not in LIVE or not owner or owner == actor():
+        return False
+    lease = row.get("lease_until")
+    if not isinstance(lease, dt.datetime) or lease > now or owner_alive(str(owner)) is True:
+        return False
+    try:
+        check_takeover(dict(row), now)
+    except RunStateError:
+        return False
+    return True
+
+
+def last_heard(row: Mapping[str, Any]) -> dt.datetime | None:
+    """When the run's owner last renewed its lease (the lease runs ``LEASE_SECONDS``)."""
+    lease = row.get("lease_until")
+    if not isinstance(lease, dt.datetime):
+        return None
+    return lease - dt.timedelta(seconds=LEASE_SECONDS)
+
+
+def gone_text(row: Mapping[str, Any]) -> str:
+    """``running, but its process is gone (last heard 12:03:05 CET): resume it with ...``."""
+    heard = last_heard(row)
+    when = f" (last heard {moment_text(heard)})" if heard is not None else ""
+    return (
+        f"{row['status']}, but its process is gone{when}: resume it with "
+        f"kx.resume({str(row['id'])!r}) or stop it here"
+    )
 
 
 def check_takeover(row: dict[str, Any], now: dt.datetime) -> None:

@@ -6,7 +6,8 @@ and only when some run needs them the open approvals and questions (runs suspend
 person), the unknown effects (runs in ``needs_decision``), the pace of the live runs'
 latest steps (``Store.step_pace``) and, for a run whose stop is pending in another
 process, its steps (``stop_estimate``). What only this process knows of a run it executes
-(the step running now, a ``run.map`` in progress) comes from the run's engine.
+(the step running now, a ``run.map`` in progress) comes from the run's engine. A live run
+whose owner is gone (``lease.owner_gone``) says so, with no time left.
 
 A :class:`RunRow` holds texts, not widgets: the live overview (``widgets/_runs.py``), its
 saved HTML copy and the plain text are drawn from the same rows. Every duration and time
@@ -26,6 +27,7 @@ from .._store import Store
 from ..status import LIVE, Reason, Status
 from .batch_view import batch_counts
 from .control import is_cell_run
+from .lease import gone_text, owner_gone
 from .run import engine_of
 from .runtime import runtime
 from .stop_estimate import estimate_stop
@@ -60,6 +62,7 @@ class RunRow:
     cell: bool  # %%agent notebook cells (a forced stop is the notebook's ■ there)
     here: bool  # executes in this process
     epoch: int | None = None  # the run's owner_epoch as read: a click carries it (a fence)
+    gone: str = ""  # "running, but its process is gone (last heard ...): resume it with ..."
 
     @property
     def live(self) -> bool:
@@ -69,7 +72,7 @@ class RunRow:
     def text(self) -> str:
         """One line of plain text."""
         parts = [f"{self.run_id} [{self.agent}] {self.status}", self.progress]
-        parts += [t for t in (self.stop_pending, self.time_left) if t]
+        parts += [t for t in (self.gone, self.stop_pending, self.time_left) if t]
         if self.waits_for:
             parts.append(f"waits for {self.waits_for}")
         return ", ".join(parts)
@@ -200,6 +203,9 @@ class _Reader:
             time_left = estimate.text if estimate is not None else ""
         elif status == Status.RUNNING and total:
             time_left = self._time_left(run_id, total - completed)
+        gone = gone_text(run) if handle is None and owner_gone(run, self.now) else ""
+        if gone:  # nobody executes it: no estimate of a time left
+            time_left = ""
         stop = ""
         if status == Status.STOPPING:
             since = run.get("stop_requested_at")
@@ -220,6 +226,7 @@ class _Reader:
             cell=is_cell_run(dict(run)),
             here=handle is not None,
             epoch=int(run["owner_epoch"]) if run.get("owner_epoch") is not None else None,
+            gone=gone,
         )
 
     def _time_left(self, run_id: str, remaining: int) -> str:

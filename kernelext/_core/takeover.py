@@ -22,6 +22,12 @@ take-over (the keys are in its ``needs_decision`` event, ``probes_deferred``).
 for as long as a call takes. No probe is asked for an unknown call of an item whose worker
 still renews its heartbeat (``_store/heartbeats.py``), whatever the grace period says; the
 probe is asked by the first resume after that attempt ended (its heartbeat lapsed).
+
+A stop of a live run whose owner is gone (``lease.owner_gone``) is honoured at once by
+:func:`stop_gone_owner`: nobody is left to reach a safe point, so the run is fenced and
+cleaned as a take-over does it (the epoch goes up, steps left running are abandoned,
+pending effects become unknown), and it moves to ``suspended`` (a user's stop, with who
+and where), or to ``needs_decision`` when an effect's outcome is unknown.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from typing import Any, NamedTuple
 from .._formatting import duration_text
 from .._store import Store, actor
 from .._store.restart import superseded_error
-from ..status import LIVE, RESUMABLE, Status
-from .lease import check_takeover, lease_until, owner_alive
+from ..errors import OwnershipLost
+from ..status import LIVE, RESUMABLE, Reason, Status
+from .lease import check_takeover, lease_until, owner_alive, owner_gone
 from .probes import settle_unknowns
 
-__all__ = ["PROBE_GRACE_SECONDS", "TakeOver", "take_over"]
+__all__ = ["PROBE_GRACE_SECONDS", "TakeOver", "stop_gone_owner", "take_over"]
 
 PROBE_GRACE_SECONDS = 60.0  # an unknown effect is probed only once this old (see above)
 
@@ -164,6 +171,85 @@ def take_over(
         result = store.write(job)
         if result.epoch is not None:
             store.hold_epoch(run_id, result.epoch)
+    return result
+
+
+def stop_gone_owner(
+    store: Store,
+    run_id: str,
+    *,
+    source: str,
+    who: str | None = None,
+    epoch: int | None = None,
+) -> str | None:
+    """Stop run ``run_id`` at once if its owner is gone (``lease.owner_gone``, checked with
+    the row locked); the status after, or None when its owner is not gone (an ordinary
+    stop request is then the way). ``epoch``: the owner epoch the person saw; a run taken
+    over since raises ``OwnershipLost`` and nothing changes.
+
+    The previous owner is fenced as a take-over fences it: what it journaled is folded
+    under its epoch, the epoch goes up, its steps left running become ``abandoned`` and
+    its ``pending`` effects ``unknown``. Nothing is probed: a person decides the unknowns
+    (``needs_decision``; their keys wait ``PROBE_GRACE_SECONDS`` when the owner is on a
+    host that cannot be asked), and a run with none is ``suspended`` by the stop."""
+
+    def job(tx: Any) -> str | None:
+        current = store.lease_tx(tx, run_id)
+        if current is None or not owner_gone(current, store.now()):
+            return None
+        if epoch is not None and current["owner_epoch"] not in (None, epoch):
+            raise OwnershipLost(
+                run_id,
+                owner=current["owner"],
+                epoch=current["owner_epoch"],
+                held=epoch,
+                what="stop",
+            )
+        previous = str(current["owner"])
+        store.advance_epoch_tx(tx, run_id)
+        store.abandon_running_steps(tx, run_id)
+        fresh = store.mark_pending_unknown(tx, run_id)
+        unknown = list(store.unknown_keys_tx(tx, run_id))
+        doubtful = owner_alive(previous) is None or workers_maybe_in_calls(tx, run_id)
+        detail: dict[str, Any] = {"previous_owner": previous, "owner_gone": True}
+        fields = {"stop_requested_at": store.now(), "stop_source": source}
+        if not unknown:
+            store.transition_tx(
+                tx,
+                run_id,
+                Status.SUSPENDED,
+                LIVE,
+                kind=Status.SUSPENDED,
+                source=source,
+                who=who,
+                reason=Reason.USER_STOP,
+                detail=detail,
+                fields=fields,
+            )
+            return str(Status.SUSPENDED)
+        why = (
+            f"stopped while its process ({previous}) was gone; "
+            f"{len(unknown)} effect(s) with unknown outcome"
+        )
+        detail.update(
+            new_unknowns=len(fresh),
+            probes_deferred=[str(k) for k in fresh] if doubtful else [],  # as take_over
+        )
+        store.transition_tx(
+            tx,
+            run_id,
+            Status.NEEDS_DECISION,
+            LIVE,
+            kind=Status.NEEDS_DECISION,
+            source=source,
+            who=who,
+            reason=why,
+            detail=detail,
+            fields=fields,
+        )
+        return str(Status.NEEDS_DECISION)
+
+    result: str | None = store.write(job)
     return result
 
 

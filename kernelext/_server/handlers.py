@@ -61,6 +61,7 @@ class _Handler(APIHandler):
     auth_resource = "kernels"  # stopping a run is as much as acting on a kernel
 
 
+@web.stream_request_body
 class RunActionHandler(_Handler):
     """``POST {action}`` with ``{"run_id": RUN_ID, "store": ADDRESS, "epoch": N}``.
 
@@ -71,7 +72,33 @@ class RunActionHandler(_Handler):
     optional ``"source"`` names the buttons clicked (``from_elsewhere.SOURCES``: ``panel``,
     the default, or ``overview``). ``approve`` / ``reject`` name the ``"request"``;
     ``answer`` names the question's ``"key"`` and carries the ``"answer"`` (a JSON value,
-    or the text typed when ``"typed": true``)."""
+    or the text typed when ``"typed": true``).
+
+    The body is read as it arrives, never more than ``MAX_BODY`` bytes of it: a body
+    announced larger (``Content-Length``) is refused (413) before any of it is read, and
+    tornado stops reading one sent in chunks once it passes the limit."""
+
+    _chunks: list[bytes]
+    _size: int = 0
+
+    async def prepare(self) -> None:  # type: ignore[override]  # as APIHandler.prepare
+        self._chunks, self._size = [], 0
+        self.request.connection.set_max_body_size(MAX_BODY)  # type: ignore[union-attr]
+        await super().prepare()  # who is asking: an unknown client gets 403 here
+        if self._finished:
+            return
+        length = self.request.headers.get("Content-Length", "0")
+        if not length.isdigit() or int(length) > MAX_BODY:
+            message = (
+                f"The body is larger than {MAX_BODY // 1024} KiB (Content-Length: "
+                f"{length[:20]}); a click is a few hundred bytes of JSON. Nothing was read."
+            )
+            self._answer(413, {"message": message})
+
+    def data_received(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size <= MAX_BODY:
+            self._chunks.append(chunk)
 
     @web.authenticated
     @authorized
@@ -80,7 +107,7 @@ class RunActionHandler(_Handler):
         from kernelext._core.from_elsewhere import act, describe_error
 
         started = time.perf_counter()
-        body = _body(self.request.body)
+        body = _body(b"".join(self._chunks) if self._size <= MAX_BODY else None)
         if body is None:
             message = (
                 'The body must be {"run_id": "<the run>", "store": "<its store>"} '
@@ -149,7 +176,7 @@ def _user_name(user: Any) -> str | None:
 
 def _body(raw: bytes | None) -> dict[str, Any] | None:
     """The request's JSON body when it is well formed and small, else None."""
-    if raw is not None and len(raw) > MAX_BODY:
+    if raw is None or len(raw) > MAX_BODY:
         return None
     try:
         body = json.loads(raw or b"{}")

@@ -30,7 +30,8 @@ __all__ = ["ChangesMixin"]
 # What the overview of the runs shows of each run's row (never its arguments)
 OVERVIEW_COLUMNS = (
     "id, agent, status, reason, created_at, updated_at, deadline, stop_requested_at,"
-    " stop_source, total_steps, completed_steps, error, max_step_seconds, owner_epoch"
+    " stop_source, total_steps, completed_steps, error, max_step_seconds, owner_epoch, owner,"
+    " lease_until"
 )
 PACE_OF = 64  # the latest completed steps of a run its pace is taken from
 
