@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from browser import jupyterlab as lab
+from support.shown import shown_by_a_panel
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
@@ -55,7 +56,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
         yield running
 
 
-def post(server: lab.LabServer, path: str, body: Any, *, token: bool = True) -> tuple[int, Any]:
+def post(
+    server: lab.LabServer, path: str, body: Any, *, token: bool = True, shown: bool = True
+) -> tuple[int, Any]:
+    """POST ``body`` as a panel's buttons do; ``shown``: a panel of the server's user drew
+    buttons for the store the body names first (the route opens no other store)."""
+    if shown and isinstance(body, dict) and isinstance(body.get("store"), str):
+        shown_by_a_panel(server.runtime_dir, body["store"])
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     if token:

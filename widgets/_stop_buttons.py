@@ -11,11 +11,13 @@ the kernel is free; the button tells the person at once if the kernel does not a
 overview): the request is recorded with it. The owner keeps the state: it sets
 ``stop_disabled``, ``force_disabled`` and their tooltips at every redraw (from any thread:
 a widget's state travels on the kernel's IOPub channel, which a busy main thread does not
-hold up).
+hold up). Every store the buttons name is noted for the notebook server
+(:func:`show_store`): the server opens no store a notebook of this user did not show.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,10 @@ from typing import Any
 import anywidget
 import traitlets
 
+from kernelext._core.shown_stores import record
 from kernelext.status import LIVE
+
+_LOG = logging.getLogger("kernelext")
 
 __all__ = [
     "FORCE_TIPS",
@@ -34,6 +39,7 @@ __all__ = [
     "StopButtons",
     "busy_hint",
     "draw_stop_buttons",
+    "show_store",
 ]
 
 ACTIONS = ("stop", "force")
@@ -52,6 +58,20 @@ FORCE_TIPS = {
     "cell": "A %%agent cell runs in the kernel's main thread: press the notebook's ■ "
     "(interrupt) twice to cancel it. Stop ends the run after the cell.",
 }
+
+
+def show_store(address: str) -> None:
+    """Note in Jupyter's runtime folder (private to this user) that this kernel shows
+    buttons for the store at ``address``: the notebook server's route opens only such
+    stores. Where the folder cannot be written, a click says how to go on."""
+    if not address:
+        return
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    try:
+        record(jupyter_runtime_dir(), address)
+    except OSError as exc:
+        _LOG.warning("kernelext: could not note the store shown by a panel: %s", exc)
 
 
 def busy_hint(run_id: str) -> str:
@@ -86,6 +106,12 @@ class OutOfBand(anywidget.AnyWidget):
         super().__init__(**kwargs)
         self._on_action = on_action
         self.on_msg(self._handle_message)
+
+    @traitlets.observe("store")
+    def _show_store(self, change: Any) -> None:
+        """Every store these buttons click on is noted for the notebook server, which
+        opens no other (``shown_stores``)."""
+        show_store(change["new"])
 
     def _handle_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
         action = content.get("action") if isinstance(content, dict) else None

@@ -1,8 +1,11 @@
 """Which stores a click from a notebook may open, and how: the one door of the server route.
 
 A click names its run's store by address (``from_elsewhere``). The notebook server opens
-only what is already a kernelext store, with bounded waits, and never through an option
-that would make it read or write a file of its choosing:
+only a store that a notebook of the same user showed (``shown_stores``: checked before any
+file is opened or connection made, so a click crafted to name another host never makes the
+server connect there with its own credentials) and that is already a kernelext store, with
+bounded waits, and never through an option that would make it read or write a file of its
+choosing:
 
 - a DuckDB path: absolute, an existing regular file with kernelext's ``.want`` beside it,
   opened with a short wait for the file (``STORE_WAIT``);
@@ -62,18 +65,30 @@ def busy_key(address: object) -> str:
     return os.path.abspath(address) if address else ""
 
 
-def open_for_click(address: object) -> Store:
-    """Open the kernelext store at ``address`` for one click; refuse anything else."""
+def open_for_click(address: object, *, shown_in: str | os.PathLike[str]) -> Store:
+    """Open the kernelext store at ``address`` for one click; refuse anything else.
+
+    ``shown_in``: the folder where this user's kernels recorded the stores their panels
+    showed (``shown_stores``); any other address is refused before a file is opened or a
+    connection made."""
+    from .shown_stores import NOT_SHOWN, was_shown
+
     if not isinstance(address, str) or not address.strip():
         raise ValueError("No store was named: the panel sends the address of its run's store.")
-    if is_postgres(address):
-        return _open_postgres(address)
-    return _open_duckdb(address)
+    postgres = is_postgres(address)
+    if postgres and not address.startswith(_SCHEMES):
+        raise ValueError(
+            "Write the store's scheme in lower case (postgresql://...): the panel sends the "
+            "address as kernelext wrote it."
+        )
+    if not postgres and not os.path.isabs(address):
+        raise ValueError(f"The store path must be absolute, not {address!r}.")
+    if not was_shown(shown_in, address):
+        raise ValueError(NOT_SHOWN)
+    return _open_postgres(address) if postgres else _open_duckdb(address)
 
 
 def _open_duckdb(address: str) -> Store:
-    if not os.path.isabs(address):
-        raise ValueError(f"The store path must be absolute, not {address!r}.")
     if not os.path.isfile(address):
         raise ValueError(
             f"No kernelext store at {address!r} (no such file): the run's kernel may have "
@@ -88,11 +103,6 @@ def _open_duckdb(address: str) -> Store:
 
 
 def _open_postgres(address: str) -> Store:
-    if not address.startswith(_SCHEMES):
-        raise ValueError(
-            "Write the store's scheme in lower case (postgresql://...): the panel sends the "
-            "address as kernelext wrote it."
-        )
     options = _conninfo(address)
     url = _url(options)
     _require_kernelext_tables(url)

@@ -12,7 +12,8 @@ the running cell, so the queued ``%%agent`` cells are skipped.
 
 What travels from the kernel to the browser and back is :func:`store_address`: a
 DuckDB store's absolute path, or a PostgreSQL URL without its password (the server
-connects with its own credentials, as a worker process does). :func:`act` admits only
+connects with its own credentials, as a worker process does), and only to a store a
+notebook of the same user showed (``shown_stores``). :func:`act` admits only
 the actions in ``ACTIONS`` and never creates a store: a path with no store file is
 refused, so a click can only ever reach a store that exists. The request is recorded
 with the source of the buttons clicked, one of ``SOURCES``: a run's panel, or the
@@ -77,15 +78,12 @@ def store_address(store: Store) -> str:
     return os.path.abspath(location)
 
 
-def _open(address: str) -> Store:
-    return open_for_click(address)
-
-
 def act(
     action: str,
     run_id: str,
     address: str,
     *,
+    shown_in: str | os.PathLike[str],
     source: str = "panel",
     epoch: int | None = None,
     request: object = None,
@@ -96,6 +94,9 @@ def act(
     typed: bool = False,
 ) -> dict[str, Any]:
     """Record ``action`` for run ``run_id`` in the store at ``address``; say what happened.
+
+    ``shown_in``: the folder of the stores this user's notebooks showed (``shown_stores``);
+    an address none of them showed is refused before anything is opened.
 
     ``epoch``: the run's ``owner_epoch`` the clicked panel showed (a fencing token); a click
     that arrives after the run was resumed or taken over is refused (``RunStateError``), never
@@ -120,7 +121,7 @@ def act(
     check_texts({**fields, "key": key, "answer": value})
     RUN_ID("run_id", run_id)
     started = time.perf_counter()
-    store = _open(address)
+    store = open_for_click(address, shown_in=shown_in)
     try:
         row = store.get_run(run_id)
         before = str(row["status"])

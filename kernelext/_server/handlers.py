@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
@@ -67,12 +68,14 @@ class RunActionHandler(_Handler):
 
     Everything travels in the JSON body, never in the path, so any run id arrives as it
     is. Every answer is JSON naming this route (``"route": "kernelext"``), so the panel
-    tells a refusal from a server without the extension. A click never waits longer than
-    ``ANSWER_SECONDS``; the store's own waits are shorter (``from_elsewhere``). An
-    optional ``"source"`` names the buttons clicked (``from_elsewhere.SOURCES``: ``panel``,
-    the default, or ``overview``). ``approve`` / ``reject`` name the ``"request"``;
-    ``answer`` names the question's ``"key"`` and carries the ``"answer"`` (a JSON value,
-    or the text typed when ``"typed": true``).
+    tells a refusal from a server without the extension. Only a store that a notebook of
+    this user showed is opened (``shown_stores``, in Jupyter's runtime folder): a body
+    naming any other is refused before a file is opened or a connection made. A click
+    never waits longer than ``ANSWER_SECONDS``; the store's own waits are shorter
+    (``from_elsewhere``). An optional ``"source"`` names the buttons clicked
+    (``from_elsewhere.SOURCES``: ``panel``, the default, or ``overview``). ``approve`` /
+    ``reject`` name the ``"request"``; ``answer`` names the question's ``"key"`` and
+    carries the ``"answer"`` (a JSON value, or the text typed when ``"typed": true``).
 
     The body is read as it arrives, never more than ``MAX_BODY`` bytes of it: a body
     announced larger (``Content-Length``) is refused (413) before any of it is read, and
@@ -118,12 +121,14 @@ class RunActionHandler(_Handler):
         run_id, address, epoch = body["run_id"], body["store"], body.get("epoch")
         source = body.get("source", "panel")
         who = _user_name(self.current_user)
+        shown_in = jupyter_runtime_dir()  # where this user's kernels note the stores shown
         job = _in_turn(
             busy_key(address),
             lambda: act(
                 action,
                 run_id,
                 address,
+                shown_in=shown_in,
                 source=source,
                 epoch=epoch,
                 request=body.get("request"),

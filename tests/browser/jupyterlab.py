@@ -72,6 +72,7 @@ class LabServer:
     root_dir: Path
     process: subprocess.Popen[bytes]
     log_path: Path
+    runtime_dir: Path  # JUPYTER_RUNTIME_DIR of the server and of every kernel it starts
 
     def notebook_url(self, name: str) -> str:
         return f"{self.url}/lab/tree/{quote(name)}?token={self.token}"
@@ -156,7 +157,8 @@ def _start_once(root_dir: Path, home: Path, env: Mapping[str, str], attempt: int
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=root_dir
         )
-    return LabServer(f"http://127.0.0.1:{port}", token, root_dir, process, log_path)
+    runtime_dir = Path(full_env["JUPYTER_RUNTIME_DIR"])
+    return LabServer(f"http://127.0.0.1:{port}", token, root_dir, process, log_path, runtime_dir)
 
 
 def _wait_ready(server: LabServer, timeout: float) -> None:
