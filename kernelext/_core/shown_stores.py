@@ -106,9 +106,8 @@ def was_shown(folder: str | os.PathLike[str], address: str) -> bool:
         return False
     now = time.time()
     for _path, content in _files(Path(folder)):
-        alive = _alive(content)
-        for entry in content.get("stores", []):
-            if entry.get("key") == key and (alive or now - _at(entry) < KEEP_AFTER_EXIT):
+        for entry in content["stores"]:
+            if entry.get("key") == key and (now - _at(entry) < KEEP_AFTER_EXIT or _alive(content)):
                 return True
     return False
 
