@@ -324,3 +324,24 @@ def test_an_edit_of_a_variable_argument_is_never_made(
     assert handle.wait(WAIT) == "failed"
     assert "variable argument" in str(handle.error)
     assert delivery_server.count() == 0
+
+
+def test_a_long_plain_argument_is_listed_whole(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A list of 3,001 amounts whose last one is large: ``kernelext approvals`` shows it (no
+    cut that hides what the approval lets through)."""
+
+    @kx.effect(name=name("pay_many"), needs_approval=True)
+    def pay_many(amounts: list[int]) -> int:
+        return len(amounts)
+
+    @kx.agent(name=name("many-payer"))
+    def agent(run: kx.Run) -> None:
+        with run.step("pay"):
+            pay_many([1] * 3000 + [999999999])
+
+    run_id = name("long-list")
+    assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
+    code, listed = command(store, capsys, "approvals", "--run", run_id)
+    assert code == 0 and "999999999" in listed, listed[-300:]

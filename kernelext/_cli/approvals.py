@@ -62,22 +62,13 @@ def approvals_command(args: argparse.Namespace, store: Store) -> int:
     return Exit.DONE  # a listing: 0, also when some wait or none do
 
 
-ARGUMENT_LIMIT = 4000  # characters of one argument's JSON shown; --json shows all
-
-
 def argument_lines(arguments: dict[str, Any]) -> list[str]:
-    """``name = value`` for each argument (its JSON as stored), nothing cut short below
-    ``ARGUMENT_LIMIT`` characters, so that an amount or a recipient is never hidden."""
+    """``name = value`` for each argument, its JSON as stored and never cut short: a cut
+    could hide an amount or a recipient the approval lets through (data arguments are shown
+    as kind, rows and columns; ``--show ID`` prints every row)."""
     if not arguments:
         return ["(none)"]
-    out = []
-    for name, value in arguments.items():
-        text = argument_text(value)  # a data argument: kind, rows, columns (--show: all)
-        if len(text) > ARGUMENT_LIMIT:
-            more = len(text) - ARGUMENT_LIMIT
-            text = f"{text[:ARGUMENT_LIMIT]}... ({more} more characters: --json shows all)"
-        out.append(f"{name} = {text}")
-    return out
+    return [f"{name} = {argument_text(value)}" for name, value in arguments.items()]
 
 
 def show_command(args: argparse.Namespace, store: Store) -> int:
