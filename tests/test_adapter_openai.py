@@ -242,9 +242,7 @@ def test_outside_a_run_it_is_the_plain_client(store: Any, llm: LLMServer) -> Non
     assert len(kx.sql("SELECT * FROM effects")) == 0
 
 
-def test_a_model_call_answered_500_waits_for_a_person_on_resume(
-    store: Any, llm: LLMServer
-) -> None:
+def test_a_model_call_answered_500_waits_for_a_person_on_resume(store: Any, llm: LLMServer) -> None:
     """The server may have processed it (and billed it): a resume does not ask it again
     until a person decided it did not happen (kx.reconcile)."""
     client, tools = client_for(llm), support_tools(Gate(open=True))
