@@ -23,6 +23,7 @@ from support.http_server import DeliveryServer
 from support.live import name
 
 import kernelext as kx
+from kernelext._core.evidence import Evidence, proves_not_sent
 from kernelext._store import Store
 
 WAIT = 60.0
@@ -202,3 +203,47 @@ def test_a_resume_makes_again_a_failed_call_that_never_left(store: Store) -> Non
     resumed = kx.resume(handle.run_id)
     assert resumed.wait(WAIT) == "failed", resumed.error
     assert rows_of(handle.run_id) == [("failed", 2)]  # made again on resume, counted
+
+
+def test_a_connection_error_with_no_connection_seen_is_not_proven_unsent(store: Store) -> None:
+    """A tool that reports a refused connection it was not seen making (its own thread, a
+    C extension, or a plain raise) proves nothing: made once, and unknown."""
+
+    @kx.effect(name="pay", retries=3)
+    def pay() -> Any:
+        raise ConnectionRefusedError("connection refused")
+
+    @kx.agent(name=name("unseen"))
+    def unseen(run: kx.Run) -> Any:
+        return pay()
+
+    handle = unseen.start()
+    assert handle.wait(WAIT) == "needs_decision", handle.error
+    assert rows_of(handle.run_id) == [("unknown", 1)]
+
+
+# The rule of kernelext._core.evidence, case by case: (what the call did, proven unsent?).
+LOCAL, OTHER = ("127.0.0.1", 8001), ("127.0.0.1", 8002)
+EVIDENCE_CASES = [
+    (Evidence(connects=[LOCAL]), True),  # its one connection, refused
+    (Evidence(lookups=["api.example"]), True),  # its one lookup, failed
+    (Evidence(lookups=["api.example"], connects=[("::1", 8001), LOCAL]), True),  # one name
+    (Evidence(connects=[LOCAL, LOCAL]), True),  # the same address twice (a connect retry)
+    (Evidence(), False),  # nothing seen
+    (Evidence(sent=True, connects=[LOCAL]), False),  # a request went out first
+    (Evidence(connects=[LOCAL, OTHER]), False),  # a redirect to another port
+    (Evidence(connects=[LOCAL, ("10.0.0.9", 8001)]), False),  # two addresses, no lookup
+    (Evidence(lookups=["a.example", "b.example"]), False),  # two names
+]
+
+
+@pytest.mark.parametrize(("evidence", "proven"), EVIDENCE_CASES)
+def test_what_proves_a_refused_connection_never_sent(evidence: Evidence, proven: bool) -> None:
+    refused: list[BaseException] = [ConnectionRefusedError("refused")]
+    assert proves_not_sent(evidence, refused) is proven
+
+
+def test_a_dns_failure_after_a_connection_is_not_proven_unsent() -> None:
+    failed_lookup: list[BaseException] = [socket.gaierror(-2, "Name or service not known")]
+    assert proves_not_sent(Evidence(lookups=["api.example"]), failed_lookup)
+    assert not proves_not_sent(Evidence(connects=[LOCAL]), failed_lookup)  # after a connect
