@@ -242,7 +242,9 @@ def test_outside_a_run_it_is_the_plain_client(store: Any, llm: LLMServer) -> Non
     assert len(kx.sql("SELECT * FROM effects")) == 0
 
 
-def test_a_failed_model_call_is_asked_again_on_resume(store: Any, llm: LLMServer) -> None:
+def test_a_model_call_answered_500_waits_for_a_person_on_resume(store: Any, llm: LLMServer) -> None:
+    """The server may have processed it (and billed it): a resume does not ask it again
+    until a person decided it did not happen (kx.reconcile)."""
     client, tools = client_for(llm), support_tools(Gate(open=True))
 
     @kx.agent(name="openai-retry")
@@ -253,6 +255,11 @@ def test_a_failed_model_call_is_asked_again_on_resume(store: Any, llm: LLMServer
     handle = agent.start("refund A-1001", run_id="retry")
     assert handle.wait(30) == Status.FAILED and "500" in str(handle.error)
     assert model_rows("retry")["status"][0] == EffectStatus.FAILED
+    handle = kx.resume("retry")
+    assert handle.wait(30) == Status.NEEDS_DECISION, handle.error
+    assert llm.count() == 1
+    (unknown,) = kx.reconcile("retry")
+    unknown.mark_not_applied()
     handle = kx.resume("retry")
     assert handle.wait(30) == Status.COMPLETED, handle.error
     assert list(llm.per_turn().values()) == [1, 1, 1, 1] and llm.count() == 5

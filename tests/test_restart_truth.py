@@ -9,6 +9,7 @@ Deliveries are counted on the real local HTTP server (tests/support/http_server.
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -79,8 +80,11 @@ def test_a_call_never_sent_is_made_again_by_a_restart(
 
     @kx.effect(name="charge_when_up")
     def charge_when_up(amount: int) -> Any:
-        if down["on"]:
-            raise ConnectionRefusedError("connection refused")  # never left
+        if down["on"]:  # nothing listens there: refused, the call's only connection
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                closed = probe.getsockname()
+            socket.create_connection(closed, timeout=10).close()
         return charge_card.fn(amount)
 
     @kx.agent(name=name("retry-later"))

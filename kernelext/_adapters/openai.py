@@ -1,21 +1,24 @@
 """``kx.openai(client)``: an OpenAI-compatible client whose model calls go into the ledger.
 
-``client.chat.completions.create`` and ``client.responses.create`` made inside a run are
-effects (tools ``openai:chat.completions`` and ``openai:responses``) under the run's
-deterministic key: the request is recorded before it is sent, the response when it
-arrived. On resume a recorded call returns its recorded response, rebuilt as the same
-``openai`` type, without a request: completed turns cost no tokens and the agent goes
-through the same conversation again up to where it stopped. ``stream=True`` passes the
-chunks through as they arrive and records all of them; a replay yields the recorded
-chunks. Outside a run the client is the plain client, and everything but these two
-methods passes through unrecorded.
+``client.chat.completions.create``, ``client.responses.create``,
+``client.embeddings.create`` and ``client.completions.create`` made inside a run are
+effects (tools ``openai:chat.completions``, ``openai:responses``, ``openai:embeddings``,
+``openai:completions``) under the run's deterministic key: the request is recorded before
+it is sent, the response when it arrived. On resume a recorded call returns its recorded
+response, rebuilt as the same ``openai`` type, without a request: completed turns cost no
+tokens. ``stream=True`` passes the chunks through and records them; a replay yields them.
+Inside a run every other method that sends (``with_raw_response``, ``client.post``,
+``client.models`` ...) is refused, naming these: it would go unrecorded and be sent again
+by the client's own retries; make it in your own ``@kx.effect`` (on ``client.wrapped``).
 
 - Each recorded model call is a safe point (``safe_points=True``): a pending Stop takes
   hold just before the next call, so a plain ``while`` loop of model and tool calls can be
   stopped and resumed as it is.
 - A call whose outcome is unknown (the kernel died while waiting for the model) waits for
   a decision in ``kx.reconcile`` like any effect: "did not happen" asks the model again.
-  A failed call (an HTTP error) is asked again on resume (``retry=True``).
+  A failed call is asked again on resume (``retry=True``) only when it never reached the
+  server: one answered with an HTTP error may have been processed (and billed), so on
+  resume it waits in ``kx.reconcile`` as unknown, as the retry rule says.
 - Retries are the ledger's, counted as attempts: the client's ``max_retries`` is the
   effect's ``retries`` and the client sends each request once (its own retries off), so
   the retry rule (``kernelext._core.retries``) decides. A model API is not known to dedupe
@@ -29,8 +32,7 @@ methods passes through unrecorded.
 - Not stored: the client's configuration (``api_key``, ``default_headers``, ``base_url``),
   a call's ``extra_headers``, ``timeout`` and ``extra_query`` values (its names are, each
   value ``***redacted***``). An ``api_key``, a secret-named default header or a query value
-  of 16 characters or more is registered with ``kx.secrets``: masked in stored error texts
-  too.
+  of 16 characters or more is registered with ``kx.secrets`` (masked in stored errors).
 - The recorded result is the response as JSON (``to_dict()``), usage included; a streamed
   call is stored as ``{"stream": [chunks...], "usage": ...}`` (usage from the last chunk:
   pass ``stream_options={"include_usage": True}`` to chat streams to get it).
@@ -41,12 +43,12 @@ methods passes through unrecorded.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._core.context import current_run
 from .._core.conversation import PRICES
+from .._core.evidence import Evidence, absorb, watching
 from .._core.keys import display_args
 from .._core.ledger import Effect
 from .._core.limits import call_limited_async, sent
@@ -56,9 +58,21 @@ from .._shown import shows
 from .._validate import check_name
 from ..errors import LedgerError
 from ..status import EffectStatus
-from .openai_client import checked_prices, register_secrets, register_values, require_openai
+from .openai_client import (
+    Options,
+    Pending,
+    Sides,
+    checked_prices,
+    materialise,
+    passed_through,
+    register_secrets,
+    register_values,
+    require_openai,
+)
 from .openai_replay import (
     CHAT_TOOL,
+    COMPLETIONS_TOOL,
+    EMBEDDINGS_TOOL,
     RESPONSES_TOOL,
     AsyncRecordedStream,
     RecordedStream,
@@ -70,7 +84,15 @@ from .openai_replay import (
 if TYPE_CHECKING:
     from .._core.run_engine import RunEngine
 
-__all__ = ["CHAT_TOOL", "KEY_HEADER", "RESPONSES_TOOL", "OpenAIRecorder", "wrap_openai"]
+__all__ = [
+    "CHAT_TOOL",
+    "COMPLETIONS_TOOL",
+    "EMBEDDINGS_TOOL",
+    "KEY_HEADER",
+    "RESPONSES_TOOL",
+    "OpenAIRecorder",
+    "wrap_openai",
+]
 
 KEY_HEADER = "Idempotency-Key"
 NOT_RECORDED = frozenset({"extra_headers", "timeout"})  # transport, not the request
@@ -119,24 +141,15 @@ def wrap_openai(
     PRICES.update(checked)  # only once the call is known to succeed
     register_secrets(client)
     is_async = isinstance(client, openai.AsyncOpenAI)
-    options = _Options(safe_points, key_header, is_async, limit, declared)
+    options = Options(safe_points, key_header, is_async, limit, declared)
     return cast(C, OpenAIRecorder(client, options))
 
 
-@dataclass(frozen=True)
-class _Options:
-    safe_points: bool
-    key_header: str | None
-    is_async: bool
-    limit: str | None = None
-    retry_on: RetryOn = ()
-
-
 class OpenAIRecorder:
-    """The wrapped client: ``chat.completions.create`` and ``responses.create`` recorded,
-    everything else the client's own. ``.wrapped`` is the client itself."""
+    """The wrapped client: its model calls recorded, its other requests refused inside a
+    run (``passed_through``). ``.wrapped`` is the client itself."""
 
-    def __init__(self, client: Any, options: _Options) -> None:
+    def __init__(self, client: Any, options: Options) -> None:
         self.wrapped = client
         self._kx_options = options
         # Calls inside a run: sent once each, the ledger making (and counting) the retries.
@@ -154,11 +167,23 @@ class OpenAIRecorder:
     def responses(self) -> Any:
         if self._kx_responses is None:
             self._kx_responses = _CreateRecorder(
-                _Sides(self.wrapped.responses, self._kx_sender.responses, self.wrapped),
+                Sides(self.wrapped.responses, self._kx_sender.responses, self.wrapped),
                 RESPONSES_TOOL,
                 self._kx_options,
             )
         return self._kx_responses
+
+    @property
+    def embeddings(self) -> Any:
+        return self._kx_resource("embeddings", EMBEDDINGS_TOOL)
+
+    @property
+    def completions(self) -> Any:
+        return self._kx_resource("completions", COMPLETIONS_TOOL)
+
+    def _kx_resource(self, name: str, tool: str) -> Any:
+        sides = Sides(getattr(self.wrapped, name), getattr(self._kx_sender, name), self.wrapped)
+        return _CreateRecorder(sides, tool, self._kx_options)
 
     def with_options(self, **options: Any) -> Any:
         """The client's ``with_options``, still recorded."""
@@ -171,7 +196,7 @@ class OpenAIRecorder:
     def __getattr__(self, name: str) -> Any:
         if name == "wrapped":  # not set yet (a copy being made): no endless lookup
             raise AttributeError(name)
-        return getattr(self.wrapped, name)
+        return passed_through(self.wrapped, name, "client", configuration=True)
 
     def __enter__(self) -> OpenAIRecorder:
         self.wrapped.__enter__()
@@ -192,43 +217,36 @@ class OpenAIRecorder:
         return f"<kx.openai recording {type(self.wrapped).__name__} at {self.wrapped.base_url}>"
 
 
-@dataclass(frozen=True)
-class _Sides:
-    """A resource as the caller's client has it (plain calls) and as the sender has it
-    (calls inside a run, sent once), and the caller's client (its ``max_retries``)."""
-
-    plain: Any
-    sending: Any
-    client: Any
-
-
 class _ChatRecorder:
-    def __init__(self, client: Any, sender: Any, options: _Options) -> None:
+    where = "client.chat"
+
+    def __init__(self, client: Any, sender: Any, options: Options) -> None:
         self.wrapped = client.chat
-        sides = _Sides(client.chat.completions, sender.chat.completions, client)
+        sides = Sides(client.chat.completions, sender.chat.completions, client)
         self.completions = _CreateRecorder(sides, CHAT_TOOL, options)
 
     def __getattr__(self, name: str) -> Any:
         if name == "wrapped":  # not set yet (a copy being made): no endless lookup
             raise AttributeError(name)
-        return getattr(self.wrapped, name)
+        return passed_through(self.wrapped, name, self.where, configuration=False)
 
 
 class _CreateRecorder:
-    """One resource (``chat.completions`` or ``responses``) with ``create`` recorded."""
+    """One resource (``chat.completions``, ``responses`` ...) with ``create`` recorded."""
 
-    def __init__(self, sides: _Sides, tool: str, options: _Options) -> None:
+    def __init__(self, sides: Sides, tool: str, options: Options) -> None:
         self.wrapped = sides.plain
         self.sending = sides.sending
         self.retries = int(sides.client.max_retries)
         self.tool = tool
+        self.where = "client." + tool.partition(":")[2]
         self.options = options
         self.create: Callable[..., Any] = self._acreate if options.is_async else self._create
 
     def __getattr__(self, name: str) -> Any:
         if name == "wrapped":  # not set yet (a copy being made): no endless lookup
             raise AttributeError(name)
-        return getattr(self.wrapped, name)
+        return passed_through(self.wrapped, name, self.where, configuration=False)
 
     def _create(self, *args: Any, **kwargs: Any) -> Any:
         run = current_run()
@@ -249,20 +267,13 @@ class _CreateRecorder:
 
         async def made() -> Any:
             out = call._call(**call.request)  # the slot (if any) is awaited below, not here
-            return await out.coroutine if isinstance(out, _Pending) else out
+            return await out.coroutine if isinstance(out, Pending) else out
 
         limit = self.options.limit
         if limit is None:
             return call.typed(await made())
         # The slot is held until the answer came; the loop runs other tasks meanwhile.
         return call.typed(await call_limited_async(run, limit, self.tool, made, call._where))
-
-
-class _Pending:
-    """What ``ModelCall._perform`` hands back for an async call: the request in flight."""
-
-    def __init__(self, coroutine: Any) -> None:
-        self.coroutine = coroutine
 
 
 class ModelCall(Effect):
@@ -273,7 +284,7 @@ class ModelCall(Effect):
         self.owner = owner
         self.openai = require_openai()
         # Iterables are read once: a generator of messages is kept as the list it gave.
-        self.kwargs = {k: _materialise(v) for k, v in kwargs.items()}
+        self.kwargs = {k: materialise(v) for k, v in kwargs.items()}
         self.request = {
             k: plain
             for k, v in self.kwargs.items()
@@ -283,6 +294,7 @@ class ModelCall(Effect):
         if isinstance(query := self.kwargs.get("extra_query"), Mapping):
             register_values(query.values())
         self.live: Any = _DROP  # the response object of a call made now
+        self.seen: Evidence | None = None  # what a request sent outside the ledger did
 
         def send(*, idempotency_key: str | None = None, **_request: Any) -> Any:
             self.live = owner.sending.create(**self.outgoing(idempotency_key))
@@ -359,12 +371,13 @@ class ModelCall(Effect):
         self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         if self.owner.options.is_async:
-            return _Pending(self._perform_async(run, key, args, kwargs))
+            return Pending(self._perform_async(run, key, args, kwargs))
         if not self.stream:
             return super()._perform(run, key, args, kwargs)
         try:
             sent()  # a kx.limit's window counts the request from now
-            source = self.owner.sending.create(**self.outgoing(self.idempotency_key(run, key)))
+            with watching() as self.seen:
+                source = self.owner.sending.create(**self.outgoing(self.idempotency_key(run, key)))
         except BaseException as exc:
             return self._settle(run, key, args, kwargs, error=exc)
         return RecordedStream(
@@ -376,9 +389,10 @@ class ModelCall(Effect):
     ) -> Any:
         try:
             sent()
-            self.live = await self.owner.sending.create(
-                **self.outgoing(self.idempotency_key(run, key))
-            )
+            with watching() as self.seen:
+                self.live = await self.owner.sending.create(
+                    **self.outgoing(self.idempotency_key(run, key))
+                )
         except BaseException as exc:
             return self._settle(run, key, args, kwargs, error=exc)
         if not self.stream:
@@ -403,6 +417,7 @@ class ModelCall(Effect):
 
         def settled(*_args: Any, **_kwargs: Any) -> Any:
             if error is not None:
+                absorb(self.seen)  # what the request did, for the retry rule
                 raise error
             return value
 
@@ -433,11 +448,3 @@ class ModelCall(Effect):
 
 
 _DROP: Any = object()
-
-
-def _materialise(value: Any) -> Any:
-    if isinstance(value, (str, bytes, Mapping, list, tuple)) or not isinstance(value, Iterable):
-        return value
-    if hasattr(value, "model_dump"):
-        return value
-    return list(value)

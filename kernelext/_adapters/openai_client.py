@@ -6,12 +6,26 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from .._core.context import current_run
+from .._core.evidence import inside_recorded_call
+from .._core.retries import RetryOn
 from .._core.secrets import SECRETS, is_secret_name
 
-__all__ = ["checked_prices", "register_secrets", "require_openai"]
+__all__ = [
+    "CONFIGURATION",
+    "Options",
+    "Pending",
+    "Sides",
+    "checked_prices",
+    "materialise",
+    "passed_through",
+    "register_secrets",
+    "require_openai",
+]
 
 MIN_SECRET = 16  # shorter api keys ("EMPTY", "ollama") are placeholders, not secrets
 
@@ -66,3 +80,86 @@ def register_values(values: Iterable[Any]) -> None:
             for part in {value, value.split(" ", 1)[-1]}:  # "Bearer sk-…": the token too
                 if len(part) >= MIN_SECRET:
                     SECRETS.register(part)
+
+
+# The client's attributes that send nothing (its configuration): the same inside a run.
+CONFIGURATION = frozenset(
+    {
+        "admin_api_key",
+        "api_key",
+        "auth_headers",
+        "base_url",
+        "close",
+        "custom_auth",
+        "default_headers",
+        "default_query",
+        "is_closed",
+        "max_retries",
+        "organization",
+        "platform_headers",
+        "project",
+        "qs",
+        "timeout",
+        "user_agent",
+        "webhook_secret",
+        "webhooks",
+        "websocket_base_url",
+    }
+)
+RECORDED = (
+    "client.chat.completions.create, client.responses.create, client.embeddings.create "
+    "and client.completions.create"
+)
+
+
+def passed_through(wrapped: Any, name: str, where: str, *, configuration: bool) -> Any:
+    """``wrapped.name`` for a ``kx.openai`` client: refused inside a run (outside a
+    recorded call's own tool) unless it sends nothing, since what it sends would be
+    neither recorded nor sent once (the client's own retries). ``configuration``: the
+    client's settings pass (``CONFIGURATION``); on a resource nothing public does."""
+    allowed = name.startswith("_") or (configuration and name in CONFIGURATION)
+    if not allowed and current_run() is not None and not inside_recorded_call():
+        raise AttributeError(
+            f"{where}.{name} is not recorded by kx.openai inside a run: its requests would "
+            "go unrecorded and be sent again by the client's own retries behind the ledger. "
+            f"The recorded model calls are {RECORDED}. For anything else, make the call "
+            "inside a tool of your own (@kx.effect), or outside the run, on client.wrapped."
+        )
+    return getattr(wrapped, name)
+
+
+@dataclass(frozen=True)
+class Options:
+    """``kx.openai``'s options, as the recorded calls read them."""
+
+    safe_points: bool
+    key_header: str | None
+    is_async: bool
+    limit: str | None = None
+    retry_on: RetryOn = ()
+
+
+@dataclass(frozen=True)
+class Sides:
+    """A resource as the caller's client has it (plain calls) and as the sender has it
+    (calls inside a run, sent once), and the caller's client (its ``max_retries``)."""
+
+    plain: Any
+    sending: Any
+    client: Any
+
+
+def materialise(value: Any) -> Any:
+    """An iterable argument read once: a generator of messages kept as the list it gave."""
+    if isinstance(value, (str, bytes, Mapping, list, tuple)) or not isinstance(value, Iterable):
+        return value
+    if hasattr(value, "model_dump"):
+        return value
+    return list(value)
+
+
+class Pending:
+    """What ``ModelCall._perform`` hands back for an async call: the request in flight."""
+
+    def __init__(self, coroutine: Any) -> None:
+        self.coroutine = coroutine

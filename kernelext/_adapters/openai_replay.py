@@ -18,6 +18,8 @@ from typing import Any
 
 __all__ = [
     "CHAT_TOOL",
+    "COMPLETIONS_TOOL",
+    "EMBEDDINGS_TOOL",
     "RESPONSES_TOOL",
     "AsyncRecordedStream",
     "AsyncReplayStream",
@@ -29,8 +31,10 @@ __all__ = [
     "to_json",
 ]
 
-CHAT_TOOL = "openai:chat.completions"  # the ledger's tool names of the two model calls
+CHAT_TOOL = "openai:chat.completions"  # the ledger's tool names of the model calls
 RESPONSES_TOOL = "openai:responses"
+EMBEDDINGS_TOOL = "openai:embeddings"
+COMPLETIONS_TOOL = "openai:completions"
 
 
 def rebuild(tool: str, recorded: Any, *, stream: bool, is_async: bool) -> Any:
@@ -38,6 +42,10 @@ def rebuild(tool: str, recorded: Any, *, stream: bool, is_async: bool) -> Any:
     if tool == CHAT_TOOL:
         types = importlib.import_module("openai.types.chat")
         whole, part = types.ChatCompletion, types.ChatCompletionChunk
+    elif tool in (EMBEDDINGS_TOOL, COMPLETIONS_TOOL):
+        types = importlib.import_module("openai.types")
+        whole = types.CreateEmbeddingResponse if tool == EMBEDDINGS_TOOL else types.Completion
+        part = types.Completion  # a completions stream's chunks (embeddings do not stream)
     else:
         types = importlib.import_module("openai.types.responses")
         whole, part = types.Response, types.ResponseStreamEvent

@@ -21,6 +21,7 @@ __all__ = [
     "KINDS",
     "NOT_SENT",
     "NO_ANSWER",
+    "UNPROVEN",
     "Failure",
     "classify",
     "retry_after",
@@ -28,9 +29,14 @@ __all__ = [
 ]
 
 NOT_SENT, ANSWERED, NO_ANSWER = "not sent", "answered", "no answer"
+UNPROVEN = "may have been sent"
 KINDS = {
     NOT_SENT: "the connection was never established (refused, DNS failure, connect "
-    "timeout): the target never saw the request; retried for every tool",
+    "timeout) and it was the call's only one (kernelext._core.evidence): the target "
+    "never saw the request; retried for every tool",
+    UNPROVEN: "a connection failed, but the call had made another before it (a redirect "
+    "followed, a second request) or nothing showed it was the only one: the request may "
+    "have reached its target",
     ANSWERED: "an HTTP status came back after the request left: the target (or a proxy "
     "before it) received it",
     NO_ANSWER: "the request left and no answer came (a timeout, a reset, a truncated "

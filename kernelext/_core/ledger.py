@@ -53,7 +53,14 @@ from .keys import (
 from .ledger_async import call_async
 from .limits import call_limited
 from .names import check_stored_name
-from .retries import RetryOn, check_retries, check_retry_on, made_with_retries, settled
+from .retries import (
+    RetryOn,
+    check_retries,
+    check_retry_on,
+    held_on_resume,
+    made_with_retries,
+    settled,
+)
 from .run_engine import RunEngine, chain_roots
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
 
@@ -501,6 +508,7 @@ class Effect(CallArguments):
                     f"kx.reconcile({run.id!r})."
                 )
             if self.retry:
+                held_on_resume(self, run, key, row)  # unknown if it may have reached its target
                 if self._retry(run, {**row, "key": key}, gated):
                     return _PERFORM
                 return self._replay_taken(run, key, digest, gated)

@@ -33,6 +33,7 @@ import contextvars
 from typing import TYPE_CHECKING, Any
 
 from .._validate import refuse_unrun_result
+from .evidence import Evidence, watching
 from .retries import judged_once
 
 if TYPE_CHECKING:
@@ -68,11 +69,15 @@ async def call_async(
         return replayed
     args, kwargs = effect._made_with(key, args, kwargs)
     call_kwargs = effect._call_kwargs(run, key, kwargs)
+    evidence: Evidence | None = None
     try:
-        result = await effect.fn(*args, **call_kwargs)
+        with watching() as evidence:  # what proves a failed call never left
+            result = await effect.fn(*args, **call_kwargs)
         refuse_unrun_result(effect.tool, result)
     except Exception as exc:
-        decided = judged_once(effect, run, key, exc)  # the retry rule: unknown, or reached
+        decided = judged_once(
+            effect, run, key, exc, evidence
+        )  # the retry rule: unknown, or reached
         if decided is not None:
             raise decided from exc
         effect._failed(run, key, exc)

@@ -7,13 +7,17 @@ under its key, across resumes too). Its invariants:
 1. **Retries never guess.** A failure is classified by :func:`classify` (``KINDS``) and
    judged by :func:`judge`. A call is made again only when it provably did not reach its
    target (``not sent``: the connection was never established: refused, a DNS failure, a
-   connect timeout), when the tool takes ``idempotency_key`` (the same key every attempt,
-   so a target that dedupes on it applies the call once: HTTP 429, 500, 502, 503, 504 and
-   a request with no answer are retried), or when the effect says the failure is safe
-   (``retry_on=(429, 503)``: statuses and exception classes the user knows the target
-   answers before it acts). Without a key, any other failure after the request left is
-   not made again: HTTP 429, 502, 503 or 504 (a proxy answers so after its upstream may
-   have received the request) and a timeout, a reset or a truncated answer make the call
+   connect timeout; and it was the call's only connection, as what the call did on the
+   network shows (``kernelext._core.evidence``): a redirect to a host that is down fails
+   the same way after the first request was received), when the tool takes
+   ``idempotency_key`` (the same key every attempt, so a target that dedupes on it applies
+   the call once: HTTP 429, 500, 502, 503, 504 and a request with no answer are retried),
+   or when the effect says the failure is safe (``retry_on=(429, 503)``: statuses and
+   exception classes the user knows the target answers before it acts). Without a key,
+   any other failure after the request left is not made again: HTTP 429, 502, 503 or 504
+   (a proxy answers so after its upstream may have received the request), a timeout, a
+   reset, a truncated answer and a failed connection not proven the call's only one
+   (``may have been sent``) make the call
    ``unknown`` (``NeedsDecision``: a person or a probe decides it with ``kx.reconcile``);
    any other answer (a 500, a 4xx) is ``failed`` and marked as having reached its target
    (the ``effect_reached`` event), so ``kx.restart`` carries it as ``unknown`` instead of
@@ -37,21 +41,24 @@ stop interrupts and that records the row), so the loop is written out below.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import NeedsDecision, StopRequested
 from ..status import EffectStatus
 from . import limits
+from .evidence import Evidence, proves_not_sent, watching
 from .failures import (
     ANSWERED,
     KINDS,
     NO_ANSWER,
     NOT_SENT,
+    UNPROVEN,
     Failure,
     classify,
     retry_after,
@@ -70,11 +77,13 @@ __all__ = [
     "NOT_SENT",
     "NO_ANSWER",
     "REACHED_EVENT",
+    "UNPROVEN",
     "Failure",
     "backoff",
     "check_retries",
     "check_retry_on",
     "classify",
+    "held_on_resume",
     "judge",
     "judged_once",
     "made_with_retries",
@@ -141,21 +150,25 @@ def _declared(retry_on: RetryOn, chain: list[BaseException], failure: Failure | 
     return False
 
 
-def judge(effect: Effect, exc: BaseException) -> tuple[str, Failure]:
+def judge(effect: Effect, exc: BaseException, evidence: Evidence | None) -> tuple[str, Failure]:
     """What the rule (the module's invariant 1) makes of ``exc``: ``RETRY``, ``UNKNOWN``,
-    ``FAILED`` or ``REACHED``, with the failure (its wait, its status)."""
+    ``FAILED`` or ``REACHED``, with the failure (its wait, its status). ``evidence``: what
+    the attempt did on the network (``None``: nothing seen, so never proven unsent)."""
     failure = classify(exc)
     found = failure or Failure("other", retry_after(exc))
-    if _declared(effect.retry_on, wrapped_chain(exc), failure):
+    chain = wrapped_chain(exc)
+    if _declared(effect.retry_on, chain, failure):
         return RETRY, found
     if failure is None:
         return FAILED, found
     if failure.kind == NOT_SENT:
-        return RETRY, failure
+        if proves_not_sent(evidence, chain):
+            return RETRY, failure
+        failure = Failure(UNPROVEN, failure.retry_after)
     if effect.dedupes:
-        again = failure.kind == NO_ANSWER or failure.status in DEDUPED_STATUSES
+        again = failure.kind in (NO_ANSWER, UNPROVEN) or failure.status in DEDUPED_STATUSES
         return (RETRY if again else FAILED), failure
-    if failure.kind == NO_ANSWER or failure.status in UNKNOWN_STATUSES:
+    if failure.kind in (NO_ANSWER, UNPROVEN) or failure.status in UNKNOWN_STATUSES:
         return UNKNOWN, failure
     return REACHED, failure
 
@@ -185,11 +198,13 @@ def made_with_retries(effect: Effect, run: RunEngine, key: uuid.UUID, call: Call
     while True:
         attempt += 1
         row["attempts"] = before + attempt
+        evidence: Evidence | None = None
         try:
             limits.sent()  # the rate window counts the call from now (kx.limit)
-            return call()
+            with watching() as evidence:  # what proves a failed attempt never left
+                return call()
         except Exception as exc:
-            verdict, failure = judge(effect, exc)
+            verdict, failure = judge(effect, exc, evidence)
             if verdict == UNKNOWN:
                 raise _unknown(effect, run, key, exc, failure) from exc
             delay = backoff(attempt, failure) if verdict == RETRY else None
@@ -206,16 +221,45 @@ def made_with_retries(effect: Effect, run: RunEngine, key: uuid.UUID, call: Call
 
 
 def judged_once(
-    effect: Effect, run: RunEngine, key: uuid.UUID, exc: BaseException
+    effect: Effect, run: RunEngine, key: uuid.UUID, exc: BaseException, evidence: Evidence | None
 ) -> NeedsDecision | None:
     """The rule for a call that is made once (an ``async def`` tool): ``unknown`` recorded
     and its ``NeedsDecision`` returned, or ``None`` (the ledger records ``failed``)."""
-    verdict, failure = judge(effect, exc)
+    verdict, failure = judge(effect, exc, evidence)
     if verdict == UNKNOWN:
         return _unknown(effect, run, key, exc, failure)
     if verdict == REACHED:
         _reached(effect, run, key, failure)
     return None
+
+
+def held_on_resume(effect: Effect, run: RunEngine, key: uuid.UUID, row: dict[str, Any]) -> None:
+    """A failed call that ``retry=True`` would make again on resume: refused when it may
+    have reached its target (no ``idempotency_key``, and answered after its request left:
+    ``REACHED_EVENT``). It becomes ``unknown`` and waits for a person (``kx.reconcile``),
+    as ``kx.restart`` carries it: ``retry=True`` makes again only a call provably never
+    sent, or one whose target dedupes on its key."""
+    if effect.dedupes or not _reached_before(run, key):
+        return
+    note = f"failed after its request may have reached the target ({row.get('error')})"
+    run.store.mark_failed_unknown(key, scrubbed_excerpt(note, 2000))
+    row["status"] = EffectStatus.UNKNOWN
+    raise NeedsDecision(
+        f"Effect {effect.tool} (key {key}) {note}; retry=True does not make it again, since "
+        "the tool takes no idempotency_key and the target may have applied it. It is now "
+        f"unknown: decide it with kx.reconcile({run.id!r}): mark_applied(result=...) if it "
+        "happened, mark_not_applied() to make it again on the next resume."
+    )
+
+
+def _reached_before(run: RunEngine, key: uuid.UUID) -> bool:
+    for event in run.store.events(run.id):
+        if event["kind"] == REACHED_EVENT:
+            detail = event.get("detail")
+            found = json.loads(detail) if isinstance(detail, str) else detail or {}
+            if str(found.get("key")) == str(key):
+                return True
+    return False
 
 
 def _pause(run: RunEngine, seconds: float) -> None:
@@ -271,6 +315,11 @@ def _reached(effect: Effect, run: RunEngine, key: uuid.UUID, failure: Failure) -
 
 
 def _after_sending(failure: Failure) -> str:
+    if failure.kind == UNPROVEN:
+        return (
+            "a connection failed after the call had made another (a redirect followed, "
+            "a second request), or nothing showed it was the only one"
+        )
     if failure.status is not None:
         return (
             f"the request left and HTTP {failure.status} came back (a proxy answers so "

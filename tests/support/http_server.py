@@ -287,12 +287,17 @@ class DeliveryServer:
         *,
         retry_after: float | str | None = None,
         delivered: bool = False,
+        location: str | None = None,
     ) -> None:
         """The next ``n`` POSTs get ``status`` (with ``Retry-After: retry_after``), and are
         kept in ``refusals``, not recorded as deliveries. ``delivered``: recorded as
         deliveries first, then answered ``status``, as a proxy answers after its upstream
-        received the request (Envoy's 503 on an upstream reset)."""
+        received the request (Envoy's 503 on an upstream reset). ``location``: a
+        ``Location`` header, e.g. ``fail_next(1, 303, delivered=True, location=...)``: the
+        POST applied and the client sent on (post/redirect/get)."""
         headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+        if location is not None:
+            headers["Location"] = location
         with self._lock:
             self._fail_queue.extend([(status, headers, delivered)] * n)
 
