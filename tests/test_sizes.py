@@ -23,7 +23,6 @@ MODULES_OVER: dict[str, str] = {
     "kernelext/_store/duckdb/backend.py": "split pending",
     "kernelext/_core/ledger.py": "split pending",
     "kernelext/_core/secrets.py": "split pending",
-    "kernelext/_store/base.py": "split pending",
     "kernelext/_store/postgres_backend.py": "split pending",
     "kernelext/_store/runs.py": "split pending",
     "kernelext/_store/sql_guard.py": "split pending",
