@@ -26,7 +26,6 @@ MODULES_OVER: dict[str, str] = {
     "kernelext/_store/postgres_backend.py": "split pending",
     "kernelext/_store/runs.py": "split pending",
     "kernelext/_store/sql_guard.py": "split pending",
-    "kernelext/_validate.py": "split pending",
     "widgets/_panel.py": "split pending",
 }
 

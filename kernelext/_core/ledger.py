@@ -17,12 +17,10 @@ from typing import Any, TypeVar, overload
 
 from .._formatting import step_label
 from .._shown import shows
-from .._validate import (
+from .._validate import check_callable, check_flag, check_name
+from .._validate_functions import (
     check_approval_rule,
-    check_callable,
     check_effect_function,
-    check_flag,
-    check_name,
     is_async_function,
     refuse_unrun_result,
 )
