@@ -33,7 +33,6 @@ MODULES_OVER: dict[str, str] = {
 FUNCTIONS_OVER: dict[str, str] = {
     "kernelext/_core/tagged.py::_Tagger.__call__": "split pending",
     "kernelext/_core/takeover.py::take_over": "split pending",
-    "kernelext/_core/timeline_svg.py::draw": "split pending",
     "kernelext/_store/restart.py::RestartMixin._restart_tx": "split pending",
     "kernelext/_store/transitions.py::move_tx": "split pending",
     "widgets/_panel.py::ControlPanel.__init__": "split pending",
