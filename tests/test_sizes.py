@@ -26,7 +26,6 @@ MODULES_OVER: dict[str, str] = {
     "kernelext/_core/secrets.py": "split pending",
     "kernelext/_store/runs.py": "split pending",
     "kernelext/_store/sql_guard.py": "split pending",
-    "widgets/_panel.py": "split pending",
 }
 
 # "path::Qualified.name" -> reason it may stay over FUNCTION_LINES
@@ -35,7 +34,6 @@ FUNCTIONS_OVER: dict[str, str] = {
     "kernelext/_core/takeover.py::take_over": "split pending",
     "kernelext/_store/restart.py::RestartMixin._restart_tx": "split pending",
     "kernelext/_store/transitions.py::move_tx": "split pending",
-    "widgets/_panel.py::ControlPanel.__init__": "split pending",
 }
 
 
