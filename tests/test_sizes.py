@@ -24,7 +24,6 @@ MODULES_OVER: dict[str, str] = {
     "kernelext/_store/duckdb/backend.py": "split pending",
     "kernelext/_core/ledger.py": "split pending",
     "kernelext/_core/secrets.py": "split pending",
-    "kernelext/_store/runs.py": "split pending",
 }
 
 # "path::Qualified.name" -> reason it may stay over FUNCTION_LINES

@@ -21,6 +21,7 @@ from .questions import QuestionsMixin
 from .restart import RestartMixin
 from .runs import RunsMixin, Transition
 from .steps import Blob, StepsMixin
+from .stop_requests import StopRequestsMixin
 
 __all__ = ["Blob", "Store", "Transition", "actor", "default_store_path", "open_store", "utcnow"]
 
@@ -40,6 +41,7 @@ class Store(
     HeartbeatsMixin,
     EffectsMixin,
     StepsMixin,
+    StopRequestsMixin,
     RunsMixin,
     StoreBase,
 ):
