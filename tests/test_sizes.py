@@ -32,7 +32,6 @@ FUNCTIONS_OVER: dict[str, str] = {
     "kernelext/_core/tagged.py::_Tagger.__call__": "split pending",
     "kernelext/_core/takeover.py::take_over": "split pending",
     "kernelext/_store/restart.py::RestartMixin._restart_tx": "split pending",
-    "kernelext/_store/transitions.py::move_tx": "split pending",
 }
 
 
