@@ -31,7 +31,6 @@ MODULES_OVER: dict[str, str] = {
 FUNCTIONS_OVER: dict[str, str] = {
     "kernelext/_core/tagged.py::_Tagger.__call__": "split pending",
     "kernelext/_core/takeover.py::take_over": "split pending",
-    "kernelext/_store/restart.py::RestartMixin._restart_tx": "split pending",
 }
 
 
