@@ -30,7 +30,6 @@ MODULES_OVER: dict[str, str] = {
 # "path::Qualified.name" -> reason it may stay over FUNCTION_LINES
 FUNCTIONS_OVER: dict[str, str] = {
     "kernelext/_core/tagged.py::_Tagger.__call__": "split pending",
-    "kernelext/_core/takeover.py::take_over": "split pending",
 }
 
 
