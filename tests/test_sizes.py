@@ -28,9 +28,7 @@ MODULES_OVER: dict[str, str] = {
 }
 
 # "path::Qualified.name" -> reason it may stay over FUNCTION_LINES
-FUNCTIONS_OVER: dict[str, str] = {
-    "kernelext/_core/tagged.py::_Tagger.__call__": "split pending",
-}
+FUNCTIONS_OVER: dict[str, str] = {}
 
 
 def _modules() -> list[Path]:
