@@ -6,9 +6,13 @@ server does not allow. The store is left as it was (``from_elsewhere.act``, the 
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
+from support.shown import shown_by_a_panel
 
 import kernelext as kx
 from kernelext._core.click_stores import open_for_click
@@ -45,9 +49,14 @@ def waiting(store: Any, store_path: Any) -> dict[str, Any]:
 
 
 def refusal(**click: Any) -> tuple[int, str]:
-    action = click.pop("action")
-    with pytest.raises(Exception) as caught:
-        act(action, click.pop("run_id"), click.pop("store"), **click)
+    """What a click gets, its store shown by a panel (refused for what it carries)."""
+    action, store = click.pop("action"), click.pop("store")
+    with tempfile.TemporaryDirectory() as shown_in:
+        if isinstance(store, str) and "\x00" not in store:
+            with contextlib.suppress(Exception):  # an address no panel could show
+                shown_by_a_panel(Path(shown_in), store)
+        with pytest.raises(Exception) as caught:
+            act(action, click.pop("run_id"), store, shown_in=shown_in, **click)
     return describe_error(caught.value, "")
 
 
@@ -123,8 +132,13 @@ def test_a_panel_drawn_before_the_run_ended_says_it_ended(store: Any, store_path
 
 
 @pytest.mark.parametrize("option", ["bogus=1", "sslkeylogfile=/tmp/x", "target_session_attrs=any"])
-def test_an_option_the_server_does_not_allow_is_refused(option: str) -> None:
+def test_an_option_the_server_does_not_allow_is_refused(option: str, tmp_path: Path) -> None:
+    """Even an address a panel showed is refused for an option the server does not allow."""
+    address = f"postgresql://kx@127.0.0.1:1/db?{option}"
+    with contextlib.suppress(Exception):  # libpq cannot read it: no panel could show it
+        shown_by_a_panel(tmp_path, address)
     with pytest.raises(ValueError) as caught:
-        open_for_click(f"postgresql://kx@127.0.0.1:1/db?{option}")
+        open_for_click(address, shown_in=tmp_path)
     assert describe_error(caught.value, "")[0] == 400
-    assert "libpq" in str(caught.value) or "only with the options" in str(caught.value)
+    said = str(caught.value)
+    assert any(why in said for why in ("libpq", "only with the options", "showed")), said

@@ -22,10 +22,13 @@ def _runtime_source(source: str) -> str:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for child in node.body:
-                for n in range(child.lineno - 1, (child.end_lineno or child.lineno)):
+                decorators = getattr(child, "decorator_list", [])
+                first = min([child.lineno, *(d.lineno for d in decorators)])
+                for n in range(first - 1, (child.end_lineno or child.lineno)):
                     lines[n] = ""
-            lines[node.lineno - 1] = "if False:"
-            lines[node.body[0].lineno - 1] = "    pass"
+            indent = " " * node.col_offset  # a block inside a class keeps its indentation
+            lines[node.lineno - 1] = f"{indent}if False:"
+            lines[node.lineno] = f"{indent}    pass"
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ import kernelext as kx
 from kernelext._core.ledger import effect_key, idempotency_key_for
 from kernelext._core.runtime import runtime
 from kernelext._store import Store, open_store
-from kernelext._store.restart import _new_blob_id
+from kernelext._store.restart_payloads import new_blob_id
 from kernelext._store.runs import KEY_SCHEME
 
 pytestmark = pytest.mark.both_backends
@@ -258,7 +258,7 @@ def test_a_refused_restart_leaves_other_files_alone(
     )
     folder = store.blob_dir("fresh")
     os.makedirs(folder, exist_ok=True)
-    stranger = os.path.join(folder, _new_blob_id("fresh", blob).hex)
+    stranger = os.path.join(folder, new_blob_id("fresh", blob).hex)
     with open(stranger, "wb") as f:
         f.write(b"someone else's bytes")
     with pytest.raises(kx.RunStateError, match="already exists with other content"):

@@ -26,7 +26,8 @@ from IPython.core.interactiveshell import InteractiveShell
 import kernelext as kx
 from kernelext._core.runtime import runtime
 from kernelext._store import Store, open_store
-from kernelext._store.sql_guard import REASONS, Checked
+from kernelext._store.sql_guard import Checked
+from kernelext._store.sql_refusals import REASONS
 from kernelext.errors import QueryError, ReadOnlyError
 
 WAIT = 60

@@ -30,7 +30,8 @@ import pytest
 
 import kernelext as kx
 from kernelext._core.secrets import SECRETS
-from kernelext._store.columns import SCRUBBED, param_columns, scrub_params
+from kernelext._store.columns import SCRUBBED, scrub_params
+from kernelext._store.param_columns import param_columns
 from kernelext._store.schema import VIEWS
 from kernelext.errors import AgentError, SecretRefused
 

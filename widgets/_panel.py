@@ -28,7 +28,6 @@ from kernelext._core import control
 from kernelext._core.batch_view import BatchCounts, batch_counts
 from kernelext._core.colours import BAD
 from kernelext._core.from_elsewhere import store_address
-from kernelext._core.plan import ResumePlan
 from kernelext._core.run import engine_of
 from kernelext._core.runtime import runtime
 from kernelext._formatting import duration_text
@@ -37,6 +36,7 @@ from kernelext.status import LIVE, RESUMABLE, Status
 
 from ._batch import batch_html
 from ._conversation import conversation_html
+from ._panel_buttons import PanelButtons, action_buttons
 from ._render import (
     PanelView,
     effect_label,
@@ -49,7 +49,7 @@ from ._render import (
     view_of,
 )
 from ._static import SavedCopy
-from ._stop_buttons import FORCE_TIPS, StopButtons, busy_hint, draw_stop_buttons
+from ._stop_buttons import StopButtons, busy_hint, draw_stop_buttons
 from ._style import FRAME, PANEL_STYLE, muted_html
 from ._throttle import Throttle
 from ._watch import watch_of
@@ -74,7 +74,6 @@ NEEDS_DECISION_WIDGETS: list[Callable[[ControlPanel], Any]] = []
 # every redraw. ``panel.follow(new_handle)`` makes the panel show another run.
 PANEL_ADDONS: list[Callable[[ControlPanel], Any]] = []
 
-SOURCE = "panel"
 EFFECTS_SHOWN = 5
 BATCH_INTERVAL = 0.2  # seconds between redraws at most while a batch runs
 OVERRUNNING = "overrunning, cannot be interrupted"
@@ -90,7 +89,7 @@ _PANELS: weakref.WeakKeyDictionary[Any, ControlPanel] = weakref.WeakKeyDictionar
 _OPEN: weakref.WeakSet[ControlPanel] = weakref.WeakSet()
 
 
-class ControlPanel(w.VBox):
+class ControlPanel(PanelButtons, w.VBox):
     """Live view and controls of one run. ``stop_button.click()`` etc. work from code."""
 
     def __init__(self, handle: Any, *, interval: float = 0.1, tick: float = 0.5) -> None:
@@ -105,27 +104,7 @@ class ControlPanel(w.VBox):
         self.decision_slot = w.VBox()  # filled when the run needs a decision
         self.addons = w.VBox()  # PANEL_ADDONS
         self.notice = w.HTML()
-        self.stop_button = w.Button(
-            description="Stop",
-            icon="stop",
-            button_style="warning",
-            tooltip="Stop at the next safe point (step boundary)",
-            layout=w.Layout(width="auto"),
-        )
-        self.resume_button = w.Button(
-            description="Resume",
-            icon="play",
-            button_style="success",
-            tooltip="Continue from the last completed step",
-            layout=w.Layout(width="auto"),
-        )
-        self.force_button = w.Button(
-            description="Force stop",
-            icon="bolt",
-            button_style="danger",
-            tooltip="Stop now: cancel the current step; effects in flight become unknown",
-            layout=w.Layout(width="auto"),
-        )
+        self.stop_button, self.resume_button, self.force_button = action_buttons()
         # Shown: Stop and Force stop sent through the notebook server (never stuck behind
         # queued cells), then Resume, which runs in this kernel. stop_button and
         # force_button stay for code (``panel.stop_button.click()``) and for a click the
@@ -371,71 +350,6 @@ class ControlPanel(w.VBox):
                 )
             )
         self.decision_slot.children = tuple(children)
-
-    # -- buttons ---------------------------------------------------------------------------
-    def _click(self, action: Callable[[], str | None]) -> None:
-        if not self._busy.acquire(blocking=False):
-            return  # a click while the previous one is still being handled
-        try:
-            self._notice = action()
-        except Exception as exc:  # the panel says what went wrong
-            self._notice = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._busy.release()
-        self.refresh()
-
-    def _on_stop(self, _button: Any = None) -> None:
-        def stop() -> str | None:
-            # Recorded in the store whoever executes the run: this kernel's agent thread,
-            # a cell run (between two cells it suspends at once), another process.
-            before = self.handle.info()["status"]
-            status = control.stop(self.handle.run_id, source=SOURCE, store=self.handle.store)
-            if before in LIVE or self.handle.alive:
-                return None
-            return f"the run is {status}: there was nothing to stop"
-
-        self._click(stop)
-
-    def _on_remote_action(self, action: str) -> str | None:
-        """A Stop or Force stop the server could not take: handled here, in the kernel."""
-        (self._on_force if action == "force" else self._on_stop)()
-        return self._notice
-
-    def _on_force(self, _button: Any = None) -> None:
-        def force() -> str | None:
-            if self.is_cell_run:
-                return FORCE_TIPS["cell"]
-            status = control.force_stop(self.handle.run_id, source=SOURCE, store=self.handle.store)
-            if status not in LIVE:
-                return f"the run is {status}: there is nothing to force"
-            return "force stop requested: the current step is cancelled"
-
-        self._click(force)
-
-    def shown_plan(self) -> ResumePlan | None:
-        """The resume plan an add-on shows: Resume resumes as previewed."""
-        addons = getattr(self, "addons", None)
-        for child in getattr(addons, "children", ()):
-            plan = getattr(child, "plan", None)
-            if isinstance(plan, ResumePlan):
-                return plan
-        return None
-
-    def _on_resume(self, _button: Any = None) -> None:
-        def resume() -> str | None:
-            if self.handle.alive:
-                return "the run is already executing"
-            new = control.resume(
-                self.handle.run_id, store=self.handle.store, source=SOURCE, plan=self.shown_plan()
-            )
-            self.follow(new)
-            if self.is_cell_run and new.status == Status.RUNNING:
-                return (
-                    "resumed: run the notebook's %%agent cells again (completed ones are skipped)"
-                )
-            return None
-
-        self._click(resume)
 
     # -- display ------------------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:

@@ -10,13 +10,8 @@ from typing import Any, overload
 
 from .._shown import shows
 from .._store import Store
-from .._validate import (
-    check_agent_function,
-    check_duration,
-    check_flag,
-    check_name,
-    check_store,
-)
+from .._validate import check_duration, check_flag, check_name, check_store
+from .._validate_functions import check_agent_function
 from .handle import Handle
 from .plan_code import remember_agent_source
 from .runtime import runtime

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._formatting import duration_text, step_label
 from .._shown import shows
-from .._validate import check_callable, is_async_function
+from .._validate import check_callable
+from .._validate_functions import is_async_function
 from ..errors import (
     KernelextError,
     StateNotWritable,

@@ -25,7 +25,7 @@ import os
 import urllib.parse
 from typing import Any
 
-from .._store import Store, open_store
+from .._store import Store, is_postgres, open_store
 from ..errors import StoreError
 
 __all__ = [
@@ -45,11 +45,6 @@ ALLOWED_OPTIONS = frozenset(
     {"host", "hostaddr", "port", "dbname", "user", "password", "sslmode", "application_name"}
 )
 _SCHEMES = ("postgresql://", "postgres://")
-
-
-def is_postgres(address: str) -> bool:
-    """Is ``address`` a PostgreSQL URL (the scheme in any case)?"""
-    return address[:13].lower().startswith(_SCHEMES)
 
 
 def busy_key(address: object) -> str:

@@ -28,7 +28,7 @@ import urllib.parse
 from typing import Any
 
 from .._formatting import moment_text
-from .._store import Store
+from .._store import Store, is_postgres
 from .._validate import RUN_ID
 from ..errors import (
     KernelextError,
@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..status import FINAL, LIVE, Status
 from . import control
-from .click_stores import is_postgres, open_for_click, passwords_in
+from .click_stores import open_for_click, passwords_in
 from .decide_elsewhere import DECISIONS, answer, decide
 from .lease import last_heard, owner_gone
 
@@ -108,15 +108,7 @@ def act(
     for the record; ``decide_elsewhere``). ``answer`` answers question ``key`` with
     ``value`` (``typed``: text read as its schema asks), one answer wins.
     """
-    if action not in ACTIONS:
-        raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
-    if source not in SOURCES:
-        raise ValueError(f"Unknown source {source!r}: one of {', '.join(sorted(SOURCES))}.")
-    if source not in BUTTONS[action]:
-        raise ValueError(
-            f"The {SOURCES[source]} has no {action} button: a click from it cannot {action} "
-            f"(sent from: {', '.join(sorted(BUTTONS[action]))})."
-        )
+    _check_button(action, source)
     fields = {"run_id": run_id, "store": address, "request": request, "note": note}
     check_texts({**fields, "key": key, "answer": value})
     RUN_ID("run_id", run_id)
@@ -134,15 +126,8 @@ def act(
                 if action == "answer"
                 else decide(store, action, run_id, request, note=note, who=who, source=source)
             )
-            return {
-                "run_id": run_id,
-                "action": action,
-                "status": before,
-                "source": source,
-                "recorded": True,
-                **decided,
-                "seconds": round(time.perf_counter() - started, 4),
-            }
+            said = {"run_id": run_id, "action": action, "status": before, "source": source}
+            return {**said, "recorded": True, **decided, "seconds": _since(started)}
         door = control.force_stop if action == "force" else control.stop
         try:  # the fence is checked again in the transaction that writes the request
             status = door(run_id, source=source, store=store, epoch=epoch, who=who)
@@ -165,8 +150,25 @@ def act(
             if gone and status not in LIVE
             else _message(action, run_id, before, status, cell, where)
         ),
-        "seconds": round(time.perf_counter() - started, 4),
+        "seconds": _since(started),
     }
+
+
+def _check_button(action: str, source: str) -> None:
+    """A known action, from a surface that has its button."""
+    if action not in ACTIONS:
+        raise ValueError(f"Unknown action {action!r}: one of {', '.join(sorted(ACTIONS))}.")
+    if source not in SOURCES:
+        raise ValueError(f"Unknown source {source!r}: one of {', '.join(sorted(SOURCES))}.")
+    if source not in BUTTONS[action]:
+        raise ValueError(
+            f"The {SOURCES[source]} has no {action} button: a click from it cannot {action} "
+            f"(sent from: {', '.join(sorted(BUTTONS[action]))})."
+        )
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 4)
 
 
 def check_texts(fields: dict[str, object]) -> None:

@@ -3,8 +3,9 @@
 A call goes through three parts, each a method that the sync path (``_perform``) and the
 async one (``ledger_async``, for an ``async def`` tool) share: before the call
 (``_prepare``: the stop check, the key, the replay of a recorded call or the durable
-intent of a new one, its approval), the call itself, and after it (``_applied``,
-``_failed``, ``_interrupted``).
+intent of a new one, its approval: ``effect_approval``), the call itself, and after it
+(``_applied``, ``_failed``, ``_interrupted``: ``effect_outcomes``, with the replay of a
+recorded call).
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from .._formatting import step_label
 from .._shown import shows
-from .._validate import (
+from .._validate import check_callable, check_flag, check_name
+from .._validate_functions import (
     check_approval_rule,
-    check_callable,
     check_effect_function,
-    check_flag,
-    check_name,
     is_async_function,
     refuse_unrun_result,
 )
@@ -30,23 +28,17 @@ from ..errors import (
     EffectArgumentsMismatch,
     EffectFailed,
     ForcedStop,
-    LedgerError,
-    NeedsDecision,
-    ResultNotStorable,
 )
 from ..status import EffectStatus
-from .approval_extras import apply_edit, edited_call, refuse_edit
-from .approvals import approval_for_call
 from .batch import current_item
-from .canonical import Unencodable
 from .context import current_run
-from .effect_args import CallArguments
+from .effect_approval import _SEEN
+from .effect_outcomes import _PERFORM, EffectOutcomes
 from .keys import (
     args_hash,
     call_hashes,
     effect_key,
     hash_for,
-    load_result,
     redact,
     stored_result,
 )
@@ -57,12 +49,11 @@ from .retries import (
     RetryOn,
     check_retries,
     check_retry_on,
-    held_on_resume,
     made_with_retries,
     settled,
 )
 from .run_engine import RunEngine, chain_roots
-from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
+from .secrets import REDACTED, SECRET_NAME
 
 T = TypeVar("T")
 
@@ -96,7 +87,7 @@ def idempotency_key_for(run: RunEngine, step_key: str, tool: str, call_ordinal: 
     return str(effect_key(root, step_key, tool, call_ordinal, run.key_scheme))
 
 
-class Effect(CallArguments):
+class Effect(EffectOutcomes):
     """A recorded external effect. Call it like the function it wraps; for an ``async
     def`` (``is_async``) a call returns a coroutine to await (``ledger_async``)."""
 
@@ -269,107 +260,6 @@ class Effect(CallArguments):
         run.notify("effect", (self.tool, key, EffectStatus.PENDING))
         return key, True, None
 
-    # -- approval: one approved request, bound to key and arguments, per call ---------------
-    def _gated(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        rule = self.needs_approval
-        return bool(rule(*args, **kwargs)) if callable(rule) else rule
-
-    def _record_intent(
-        self, run: RunEngine, row: dict[str, Any], gated: bool
-    ) -> dict[str, Any] | None:
-        """Record the intent (durable before the call); a gated call first consumes its
-        approval. Returns the ledger row when the call has an intent already."""
-        if not gated:
-            with run.force.critical():
-                return run.store.write_intent(row)
-        for _ in range(2):  # an approval that lapsed meanwhile: the second look asks again
-            grant = self._approval(run, row)
-            made = self._edited(run, row, grant)  # approved with edits: the edited call
-            with run.force.critical():
-                consumed, existing = run.store.write_intent_consuming_approval(made, grant)
-            if consumed:
-                row.update(args_hash=made["args_hash"], args=made["args"])
-            else:
-                _EDITED.pop(row["key"], None)
-            if existing is not None or consumed:
-                return existing
-        raise LedgerError(f"The approval of {self.tool} (key {row['key']}) could not be used.")
-
-    def _retry(self, run: RunEngine, row: dict[str, Any], gated: bool) -> bool:
-        """Make a decided call again under its key; a gated one needs a new approval.
-        False: another attempt of the step took the call again first (not made here)."""
-        key = row["key"]
-        if gated:
-            for _ in range(2):
-                grant = self._approval(run, row)
-                if (run.store.approval(grant) or {}).get("edit") is not None:
-                    raise refuse_edit(self.tool, grant, again=True)
-                with run.force.critical():
-                    if run.store.consume_approval(grant, run.id):
-                        break
-            else:
-                raise LedgerError(f"The approval of {self.tool} (key {key}) could not be used.")
-        return run.store.retry_intent(key, expected=str(row["status"]))
-
-    def _replay_taken(self, run: RunEngine, key: uuid.UUID, digest: str, gated: bool) -> Any:
-        """The call was taken again by another attempt of the same step (an executor ran
-        the item twice at once): what the ledger says now, never a second call."""
-        fresh = run.store.effect(key)
-        if fresh is None or fresh["status"] in (EffectStatus.PENDING, EffectStatus.UNKNOWN):
-            raise NeedsDecision(
-                f"Effect {self.tool} (key {key}) is being made again by another attempt of "
-                f"this step (the item ran twice at once); it is not made a second time. "
-                f"Resume the run once that attempt ended; an outcome nobody recorded is "
-                f"listed by kx.reconcile({run.id!r})."
-            )
-        run.effects[key] = fresh
-        return self._replay(run, key, fresh, digest, gated)
-
-    def _approval(self, run: RunEngine, row: dict[str, Any]) -> Any:
-        """The id of the approved request for this call; else the run suspends for one
-        (``approvals.approval_for_call``)."""
-        seen = _SEEN.get(row["key"])
-        return approval_for_call(run, self.tool, {**row, "args": seen[0] if seen else row["args"]})
-
-    # -- approved with edits (``approval_extras``) -----------------------------------------
-    editable = True  # calls made from their bound arguments (an MCP tool's are not)
-
-    def _edited(self, run: RunEngine, row: dict[str, Any], grant: Any) -> dict[str, Any]:
-        """The intent of the call approval ``grant`` allows: ``row``, or with edits the
-        edited call (its arguments kept for the call, ``_made_with``)."""
-        request = run.store.approval(grant)
-        if request is None or request["edit"] is None:
-            return row
-        bound = (_SEEN.get(row["key"]) or ("", None))[1]
-        if bound is None or self.signature is None or not self.editable:
-            raise refuse_edit(self.tool, grant)
-        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        params = self.signature.parameters
-        if any(params[n].kind in variadic for n in load_result(request["edit"]) if n in params):
-            raise refuse_edit(self.tool, grant, variadic=True)
-        edited = apply_edit(bound, request["edit"])
-        args, kwargs, digest, shown = edited_call(self.signature, self.tool, edited)
-        _EDITED[row["key"]] = (args, kwargs)
-        return {**row, "args_hash": digest, "args": shown}
-
-    def _expected(
-        self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], digest: str, gated: bool
-    ) -> str:
-        """The hash a recorded call is compared with: the edited call's when this call
-        (``digest``) was approved with edits and made as such (here, or in the run a
-        restart carried it from)."""
-        if not gated or row["args_hash"] == digest:
-            return digest
-        recorded = str(row["args_hash"])
-        return recorded if run.store.approved_edit(self.tool, digest, recorded) else digest
-
-    @staticmethod
-    def _made_with(
-        key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The arguments the call is made with: a person's edits, if approved with them."""
-        return _EDITED.pop(key, (args, kwargs))
-
     # -- the call itself -----------------------------------------------------------
     @staticmethod
     def idempotency_key(run: RunEngine, key: uuid.UUID) -> str:
@@ -415,149 +305,6 @@ class Effect(CallArguments):
         if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
             call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
         return call_kwargs
-
-    def _failed(self, run: RunEngine, key: uuid.UUID, exc: BaseException) -> None:
-        """The tool raised: ``failed``, with the error."""
-        attempts = run.effects[key].get("attempts")
-        run.store.write_outcome(key, EffectStatus.FAILED, error=_describe(exc), attempts=attempts)
-        run.effects[key]["status"] = EffectStatus.FAILED
-        run.notify("effect", (self.tool, key, EffectStatus.FAILED))
-
-    def _interrupted(self, run: RunEngine, key: uuid.UUID) -> None:
-        """A forced stop, a cancellation (or the process going down) mid-call: nobody
-        knows whether it happened, so ``unknown`` (durable before the stop goes on)."""
-        run.store.write_outcome(
-            key,
-            EffectStatus.UNKNOWN,
-            error="interrupted during the call",
-            attempts=run.effects[key].get("attempts"),
-            wait=True,
-        )
-        run.store.record_event(
-            run.id,
-            "effect_unknown",
-            wait=False,
-            source="engine",
-            reason="interrupted during the call",
-            detail={"key": str(key), "tool": self.tool},
-        )
-        run.effects[key]["status"] = EffectStatus.UNKNOWN
-        run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
-
-    def _applied(self, run: RunEngine, key: uuid.UUID, result: Any) -> Any:
-        """The tool returned ``result``: ``applied`` with it stored (else ``unknown``)."""
-        try:
-            encoded = stored_result(result)
-        except (Unencodable, TypeError, ValueError) as exc:
-            raise self._unstorable(run, key, result, exc) from None
-        run.store.write_outcome(
-            key, EffectStatus.APPLIED, result=encoded, attempts=run.effects[key].get("attempts")
-        )
-        run.effects[key].update(status=EffectStatus.APPLIED, result=encoded)
-        run.notify("effect", (self.tool, key, EffectStatus.APPLIED))
-        return result
-
-    def _replay(
-        self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], digest: str, gated: bool
-    ) -> Any:
-        if row["args_hash"] != digest:
-            raise EffectArgumentsMismatch(
-                f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of "
-                f"{step_label(row.get('step_ordinal'), row.get('step_key'))} in run {run.id!r}) "
-                "was first used with other "
-                "arguments. A key stands for one call; the same step must make the same calls "
-                'on resume. Restore the original arguments (the recorded call: kx.sql("select '
-                f"args from effects where key = '{key}'\")). kx.restart does not help: it "
-                "carries this applied call and stops here the same way. To make a different "
-                "call deliberately, make it in a new step (another step key) or a new run."
-            )
-        status = row["status"]
-        if status == EffectStatus.APPLIED:
-            run.notify("effect", (self.tool, key, "replayed"))
-            if row.get("result") is None and row.get("error"):
-                # An earlier release left such a call applied without its result: a dead
-                # end. Listed by kx.reconcile from now on, so that a person can decide it.
-                note = f"applied, but its result was not stored ({row['error']})"
-                run.store.mark_failed_unknown(key, note, status=EffectStatus.APPLIED)
-                row["status"] = EffectStatus.UNKNOWN
-                raise NeedsDecision(
-                    f"Effect {self.tool} (key {key}) was {note}, so a resume cannot return "
-                    f"it. Decide it with kx.reconcile({run.id!r}): mark_applied(result=...) "
-                    "with the value it returned, or mark_not_applied() to make it again."
-                )
-            return load_result(row["result"]) if row.get("result") is not None else None
-        if status in (EffectStatus.UNKNOWN, EffectStatus.PENDING):
-            raise NeedsDecision(
-                f"Effect {self.tool} (key {key}) has an unknown outcome. Decide it with "
-                f"kx.reconcile({run.id!r}) before the run goes on."
-            )
-        if status == EffectStatus.NOT_APPLIED:
-            if self._retry(run, {**row, "key": key}, gated):
-                return _PERFORM
-            return self._replay_taken(run, key, digest, gated)
-        if status == EffectStatus.FAILED:
-            if not self.resumable:
-                # Listed by kx.reconcile from now on, so that it can be decided.
-                run.store.mark_failed_unknown(
-                    key, f"resumable=False call failed ({row.get('error')}); may have happened"
-                )
-                row["status"] = EffectStatus.UNKNOWN
-                raise NeedsDecision(
-                    f"Effect {self.tool} (key {key}) is declared resumable=False and failed "
-                    f"before ({row.get('error')}); it may have half-happened. Decide it with "
-                    f"kx.reconcile({run.id!r})."
-                )
-            if self.retry:
-                held_on_resume(self, run, key, row)  # unknown if it may have reached its target
-                if self._retry(run, {**row, "key": key}, gated):
-                    return _PERFORM
-                return self._replay_taken(run, key, digest, gated)
-            raise EffectFailed(
-                f"Effect {self.tool} (key {key}) failed before: {row.get('error')}. It is not "
-                "retried silently. Declare @kx.effect(retry=True) to retry failed calls on resume."
-            )
-        raise LedgerError(f"Effect {self.tool} (key {key}) is {status}; the run cannot go on.")
-
-    def _unstorable(
-        self, run: RunEngine, key: uuid.UUID, result: Any, exc: Exception
-    ) -> ResultNotStorable:
-        """The call was made but its result cannot be stored: ``unknown`` (listed by
-        ``kx.reconcile``), never an applied row a resume could not return."""
-        kind = type(result).__name__
-        why = str(exc) if isinstance(exc, Unencodable) else f"{type(exc).__name__}: {exc}"
-        note = scrubbed_excerpt(f"applied, but its result (a {kind}) cannot be stored: {why}", 2000)
-        run.store.write_outcome(key, EffectStatus.UNKNOWN, error=note, wait=True)
-        run.store.record_event(
-            run.id,
-            "effect_unknown",
-            wait=False,
-            source="engine",
-            reason=note,
-            detail={"key": str(key), "tool": self.tool},
-        )
-        run.effects[key]["status"] = EffectStatus.UNKNOWN
-        run.notify("effect", (self.tool, key, EffectStatus.UNKNOWN))
-        return ResultNotStorable(
-            f"Effect {self.tool} (key {key}) was applied, but its result, a {kind}, cannot be "
-            f"stored ({why}), so a resume could not return it. The call is recorded as "
-            f"unknown: decide it with kx.reconcile({run.id!r}) (mark_applied(result=...) with "
-            "a value that can be stored). Make the tool return plain values (dict, list, str, "
-            "numbers, datetime, Decimal, bytes, tuples, sets)."
-        )
-
-
-_PERFORM = object()
-# A gated call's arguments with every value of its data arguments, by effect key, while the
-# call is prepared: what its approval request stores (``effects.args`` keeps a summary).
-_SEEN: dict[uuid.UUID, tuple[str, dict[str, Any] | None]] = {}  # with the call by name
-# A call approved with edits: the arguments it is made with, from its intent to the call.
-_EDITED: dict[uuid.UUID, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-
-
-def _describe(exc: BaseException) -> str:
-    """The error text stored for a failed call: scrubbed, then cut (never the other way
-    round, which could leave the start of a secret behind)."""
-    return scrubbed_excerpt(f"{type(exc).__name__}: {exc}", 2000)
 
 
 @overload
@@ -626,7 +373,7 @@ def effect(
     answers ``failed``. ``retry_on=(429, 503)``: statuses (and exception classes) this
     target answers before it acts, made again for any tool. ``effects.attempts`` counts
     the attempts; a stop during a wait records the call ``not_applied`` (the resume makes
-    it). The rule: ``kernelext._core.retries``.
+    it). The rule in full: docs/effects.md.
     """
 
     if name is not None:  # the options first, so that a bad one is named before any def

@@ -32,7 +32,7 @@ import contextlib
 import contextvars
 from typing import TYPE_CHECKING, Any
 
-from .._validate import refuse_unrun_result
+from .._validate_functions import refuse_unrun_result
 from .evidence import Evidence, watching
 from .retries import judged_once
 

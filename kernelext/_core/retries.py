@@ -47,7 +47,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..errors import NeedsDecision, StopRequested
 from ..status import EffectStatus
@@ -233,7 +233,14 @@ def judged_once(
     return None
 
 
-def held_on_resume(effect: Effect, run: RunEngine, key: uuid.UUID, row: dict[str, Any]) -> None:
+class Deduping(Protocol):
+    """What the rule reads of an effect: its tool, and whether its target dedupes."""
+
+    tool: str
+    dedupes: bool
+
+
+def held_on_resume(effect: Deduping, run: RunEngine, key: uuid.UUID, row: dict[str, Any]) -> None:
     """A failed call that ``retry=True`` would make again on resume: refused when it may
     have reached its target (no ``idempotency_key``, and answered after its request left:
     ``REACHED_EVENT``). It becomes ``unknown`` and waits for a person (``kx.reconcile``),

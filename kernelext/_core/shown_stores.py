@@ -31,8 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._store import actor
-from .click_stores import is_postgres
+from .._store import actor, is_postgres
 from .lease import owner_alive
 
 __all__ = [

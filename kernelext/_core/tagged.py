@@ -111,40 +111,13 @@ class _Tagger:
             x = value
             return x if math.isfinite(x) else {TAG: "float", "v": repr(x)}
         if type(value) is str:
-            s = self.text(value) if self.text is not None else value
-            try:
-                s.encode("utf-8")
-            except UnicodeEncodeError:  # a lone surrogate: JSON text in UTF-8 cannot hold it
-                raw = base64.b64encode(s.encode("utf-8", "surrogatepass")).decode()
-                return {TAG: "text", "v": raw}
-            return s
+            return self.string(value)
         if type(value) is Decimal:
             return {TAG: "decimal", "v": str(value)}
         if isinstance(value, (bytes, bytearray, memoryview)):
             return {TAG: "bytes", "v": base64.b64encode(self.scrub_bytes(bytes(value))).decode()}
-        if not self.result and is_namedtuple(value):
-            items = [tuple.__getitem__(value, i) for i in range(tuple.__len__(value))]
-            return {
-                TAG: "namedtuple",
-                "class": _qualname(type(value)),
-                "v": {
-                    f: self.named(f, v, f"{path}.{f}", depth + 1)
-                    for f, v in zip(type(value)._fields, items, strict=True)
-                },
-            }
-        if not self.result and type(value) is OrderedDict:
-            return {
-                TAG: "ordered_dict",
-                "v": [
-                    [
-                        self(k, f"{path}[{k!r}] (key)", depth + 1),
-                        self.named(k, v, f"{path}[{k!r}]", depth + 1)
-                        if isinstance(k, str)
-                        else self(v, f"{path}[{k!r}]", depth + 1),
-                    ]
-                    for k, v in value.items()
-                ],
-            }
+        if not self.result and (is_namedtuple(value) or type(value) is OrderedDict):
+            return self.ordered(value, path, depth)
         simple = _simple_tag(value, shown=not self.result)
         if simple is not None:
             return simple
@@ -161,6 +134,46 @@ class _Tagger:
             items = sorted(value, key=lambda v: canonical(v, path))
             kind = "frozenset" if isinstance(value, frozenset) else "set"
             return {TAG: kind, "v": [self(v, f"{path}{{...}}", depth + 1) for v in items]}
+        return self.instance(value, path, depth)
+
+    def string(self, value: str) -> Any:
+        """A ``str``: as text (through ``text`` if given); a lone surrogate as tagged bytes."""
+        s = self.text(value) if self.text is not None else value
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: JSON text in UTF-8 cannot hold it
+            raw = base64.b64encode(s.encode("utf-8", "surrogatepass")).decode()
+            return {TAG: "text", "v": raw}
+        return s
+
+    def ordered(self, value: Any, path: str, depth: int) -> Any:
+        """A named tuple or an ``OrderedDict`` (arguments only): its type kept."""
+        if is_namedtuple(value):
+            items = [tuple.__getitem__(value, i) for i in range(tuple.__len__(value))]
+            return {
+                TAG: "namedtuple",
+                "class": _qualname(type(value)),
+                "v": {
+                    f: self.named(f, v, f"{path}.{f}", depth + 1)
+                    for f, v in zip(type(value)._fields, items, strict=True)
+                },
+            }
+        return {
+            TAG: "ordered_dict",
+            "v": [
+                [
+                    self(k, f"{path}[{k!r}] (key)", depth + 1),
+                    self.named(k, v, f"{path}[{k!r}]", depth + 1)
+                    if isinstance(k, str)
+                    else self(v, f"{path}[{k!r}]", depth + 1),
+                ]
+                for k, v in value.items()
+            ],
+        }
+
+    def instance(self, value: Any, path: str, depth: int) -> Any:
+        """A dataclass or pydantic model (arguments only): its class and fields; anything
+        else cannot be encoded."""
         if not self.result:
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
                 fields = dataclass_fields(value, path)

@@ -81,20 +81,7 @@ def take_over(
     me = actor()
 
     def job(tx: Any) -> TakeOver:
-        current = store.lease_tx(tx, run_id)  # checked and taken in one transaction
-        doubtful: str | None = None  # an owner that may still be inside a call
-        if current is not None:
-            check_takeover(current, store.now())
-            owner = current.get("owner")
-            if (
-                current["status"] in LIVE
-                and owner
-                and owner != me
-                and owner_alive(owner) is not False
-            ):
-                doubtful = str(owner)
-            if doubtful is None and owner and workers_maybe_in_calls(tx, run_id):
-                doubtful = f"{owner} (its run.map items on other processes)"
+        doubtful = _doubtful_owner(store, tx, run_id, me)
         running_elsewhere = sorted(store.live_item_keys_tx(tx, run_id))
         # A run a restart superseded (a failed one stays failed) never goes on itself.
         superseded_error(run_id, store.children_tx(tx, run_id), "resume")
@@ -127,34 +114,9 @@ def take_over(
         unknown = list(store.unknown_keys_tx(tx, run_id))
         if not unknown:
             return TakeOver(Status.RUNNING, [], epoch)
-        why = f"{len(unknown)} effect(s) with unknown outcome"
-        if doubtful and fresh:
-            why += (
-                f"; the previous owner {doubtful} may still be making this call, so no probe "
-                f"was asked (a resume after {duration_text(PROBE_GRACE_SECONDS)} asks them)"
-            )
-        if running_elsewhere:
-            why += (
-                f"; {len(running_elsewhere)} run.map item(s) are still running in a worker "
-                "process (their heartbeat is fresh), so their calls are not probed until "
-                "those attempts end"
-            )
-        store.transition_tx(
-            tx,
-            run_id,
-            Status.NEEDS_DECISION,
-            (Status.RUNNING,),
-            kind=Status.NEEDS_DECISION,
-            source="ledger",
-            reason=why,
-            detail={
-                "new_unknowns": len(fresh),
-                "previous_owner": doubtful,
-                "probes_deferred": [str(k) for k in fresh] if doubtful else [],
-                "items_running_elsewhere": running_elsewhere,
-            },
+        return _needs_decision_tx(
+            store, tx, run_id, epoch, unknown, fresh, doubtful, running_elsewhere
         )
-        return TakeOver(Status.NEEDS_DECISION, unknown, epoch, doubtful)
 
     result: TakeOver = store.write(job)
     if result.epoch is not None:
@@ -251,6 +213,62 @@ def stop_gone_owner(
 
     result: str | None = store.write(job)
     return result
+
+
+def _doubtful_owner(store: Store, tx: Any, run_id: str, me: str) -> str | None:
+    """The run's owner when it may still be inside a call (None: it cannot be); raises
+    ``RunStateError`` while another live process holds the lease."""
+    current = store.lease_tx(tx, run_id)  # checked and taken in one transaction
+    doubtful: str | None = None  # an owner that may still be inside a call
+    if current is not None:
+        check_takeover(current, store.now())
+        owner = current.get("owner")
+        if current["status"] in LIVE and owner and owner != me and owner_alive(owner) is not False:
+            doubtful = str(owner)
+        if doubtful is None and owner and workers_maybe_in_calls(tx, run_id):
+            doubtful = f"{owner} (its run.map items on other processes)"
+    return doubtful
+
+
+def _needs_decision_tx(
+    store: Store,
+    tx: Any,
+    run_id: str,
+    epoch: int,
+    unknown: list[Any],
+    fresh: list[Any],
+    doubtful: str | None,
+    running_elsewhere: list[Any],
+) -> TakeOver:
+    """The taken-over run has unknown outcomes: ``needs_decision``, saying why."""
+    why = f"{len(unknown)} effect(s) with unknown outcome"
+    if doubtful and fresh:
+        why += (
+            f"; the previous owner {doubtful} may still be making this call, so no probe "
+            f"was asked (a resume after {duration_text(PROBE_GRACE_SECONDS)} asks them)"
+        )
+    if running_elsewhere:
+        why += (
+            f"; {len(running_elsewhere)} run.map item(s) are still running in a worker "
+            "process (their heartbeat is fresh), so their calls are not probed until "
+            "those attempts end"
+        )
+    store.transition_tx(
+        tx,
+        run_id,
+        Status.NEEDS_DECISION,
+        (Status.RUNNING,),
+        kind=Status.NEEDS_DECISION,
+        source="ledger",
+        reason=why,
+        detail={
+            "new_unknowns": len(fresh),
+            "previous_owner": doubtful,
+            "probes_deferred": [str(k) for k in fresh] if doubtful else [],
+            "items_running_elsewhere": running_elsewhere,
+        },
+    )
+    return TakeOver(Status.NEEDS_DECISION, unknown, epoch, doubtful)
 
 
 ITEMS_DISPATCHED = "items_dispatched"  # run.map(executor=...) sent items to other processes

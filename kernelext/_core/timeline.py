@@ -33,8 +33,9 @@ from .._validate import RUN_ID, STORE, check_duration, validated
 from ..status import FINAL, Reason, Status, StepStatus
 from .names import OUTSIDE_STEPS
 from .runtime import get_store
+from .timeline_draw import draw
 from .timeline_fold import fold, fold_note
-from .timeline_svg import TimeAxis, clock, draw, esc
+from .timeline_svg import TimeAxis, clock, esc
 
 __all__ = [
     "Bar",

@@ -21,8 +21,18 @@ from .questions import QuestionsMixin
 from .restart import RestartMixin
 from .runs import RunsMixin, Transition
 from .steps import Blob, StepsMixin
+from .stop_requests import StopRequestsMixin
 
-__all__ = ["Blob", "Store", "Transition", "actor", "default_store_path", "open_store", "utcnow"]
+__all__ = [
+    "Blob",
+    "Store",
+    "Transition",
+    "actor",
+    "default_store_path",
+    "is_postgres",
+    "open_store",
+    "utcnow",
+]
 
 DEFAULT_DIRNAME = ".kernelext"
 DEFAULT_FILENAME = "store.duckdb"
@@ -40,6 +50,7 @@ class Store(
     HeartbeatsMixin,
     EffectsMixin,
     StepsMixin,
+    StopRequestsMixin,
     RunsMixin,
     StoreBase,
 ):
@@ -66,6 +77,11 @@ def default_store_path(cwd: str | None = None) -> str:
             break
         folder = parent
     return os.path.join(folder, DEFAULT_DIRNAME, DEFAULT_FILENAME)
+
+
+def is_postgres(location: str) -> bool:
+    """Is ``location`` a PostgreSQL URL (its scheme in any case)?"""
+    return location[:13].lower().startswith(("postgresql://", "postgres://"))
 
 
 def open_store(

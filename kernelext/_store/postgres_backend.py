@@ -4,8 +4,8 @@ One long-lived write connection, driven by the store's writer thread; reads go
 through a small pool of autocommit connections, so they never see uncommitted
 work and never block the writer. The store's SQL uses ``?`` placeholders; they
 are translated to psycopg's ``%s`` outside string literals, quoted names and
-comments. DDL types that PostgreSQL spells differently (``BLOB``) are mapped
-here, so the migrations list stays one list.
+comments, and DDL types that PostgreSQL spells differently (``BLOB``) are mapped,
+so the migrations list stays one list (``postgres_sql``).
 
 Several processes (on several hosts) may open the same database at once: the
 first transaction of every connection, which is the store's migration job,
@@ -15,13 +15,10 @@ takes a transaction-scoped advisory lock, so migrations run one at a time.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import functools
 import hashlib
 import re
 import threading
 import urllib.parse
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,8 +26,10 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from ..errors import StoreError
-from .base import Backend
+from .backend import Backend
 from .conninfo import url_without_password
+from .postgres_arrow import to_arrow
+from .postgres_sql import placeholders, translate
 from .sql_guard import (
     Params,
     breach,
@@ -64,56 +63,6 @@ _TAKE_READER_ROLE = (
     " AND NOT r.rolsuper AND pg_has_role(current_user, r.oid, 'MEMBER')"
     " AND has_table_privilege(r.oid, 'runs', 'SELECT')"
 )
-
-# What a placeholder scan steps over: literals, quoted names and comments.
-_SKIPPED = r"""
-      (?P<str>'(?:[^']|'')*')              # 'string literal'
-    | (?P<ident>"(?:[^"]|"")*")            # "quoted name"
-    | (?P<dollar>\$(?P<tag>[A-Za-z_]*)\$.*?\$(?P=tag)\$)  # $tag$ body $tag$
-    | (?P<line>--[^\n]*)                   # -- comment
-    | (?P<block>/\*.*?\*/)                 # /* comment */
-"""
-_TOKEN = re.compile(
-    _SKIPPED
-    + r"""
-    | (?P<q>\?)                            # placeholder
-    | (?P<pct>%)                           # psycopg's escape character
-    | (?P<semi>;)
-    """,
-    re.VERBOSE | re.DOTALL,
-)
-_DDL = re.compile(r"^\s*(CREATE|ALTER)\b", re.IGNORECASE)
-_BLOB = re.compile(r"\bBLOB\b", re.IGNORECASE)
-
-
-def _scan(sql: str) -> tuple[str, int]:
-    """``?`` -> ``%s`` and ``%`` -> ``%%`` outside literals; also count top-level ``;``."""
-    out: list[str] = []
-    pos = 0
-    statements_ended = 0
-    for match in _TOKEN.finditer(sql):
-        out.append(sql[pos : match.start()])
-        kind = match.lastgroup
-        if kind == "q":
-            out.append("%s")
-        elif kind == "pct":
-            out.append("%%")
-        elif kind == "semi":
-            statements_ended += 1
-            out.append(";")
-        else:  # literals, quoted names and comments: only psycopg's escape matters
-            out.append(match.group(0).replace("%", "%%"))
-        pos = match.end()
-    out.append(sql[pos:])
-    return "".join(out), statements_ended
-
-
-@functools.lru_cache(maxsize=1024)
-def translate(sql: str) -> str:
-    """The store's SQL (``?`` placeholders, DuckDB type names) as psycopg expects it."""
-    if _DDL.match(sql):
-        sql = _BLOB.sub("BYTEA", sql)
-    return _scan(sql)[0]
 
 
 def advisory_key(name: str) -> int:
@@ -324,7 +273,7 @@ class PostgresConnection(Backend):
         checked = check_query(sql.strip(), allow_files=True, postgres=True)
         if checked.reads_files:  # DuckDB's file readers: whatever allow_files says
             raise refusal("reading files on a PostgreSQL store", "files_server")
-        text, bound = _placeholders(checked.sql, normalize_params(params))
+        text, bound = placeholders(checked.sql, normalize_params(params))
         for attempt in (1, 2):
             try:
                 columns, rows = self._read_only(text, bound, timeout)
@@ -332,7 +281,7 @@ class PostgresConnection(Backend):
             except psycopg.OperationalError as exc:
                 if attempt == 2 or not connection_lost(exc):
                     raise
-        return _to_arrow(columns, rows)
+        return to_arrow(columns, rows)
 
     def _read_only(
         self, query: str, params: list[Any] | dict[str, Any], timeout: float | None = None
@@ -418,130 +367,6 @@ def _no_transaction_id(con: Any, query: str) -> None:
 
 class _Rollback(Exception):
     """Leaves the read-only transaction block by rolling it back."""
-
-
-_PLACEHOLDER = re.compile(
-    _SKIPPED
-    + r"""
-    | (?P<q>\?)                            # ? placeholder
-    | \$(?P<num>[0-9]+)                     # $1 placeholder
-    | \$(?P<name>[A-Za-z_][A-Za-z0-9_]*)    # $name placeholder
-    | (?P<pct>%)                           # psycopg's escape character
-    """,
-    re.VERBOSE | re.DOTALL,
-)
-
-
-def _placeholders(
-    sql: str, params: list[Any] | dict[str, Any] | None
-) -> tuple[str, list[Any] | dict[str, Any]]:
-    """User SQL with DuckDB's placeholders (``?``, ``$1``, ``$name``) as psycopg's.
-
-    Only placeholders outside literals, quoted names and comments count; the values stay
-    parameters, sent apart from the text. A mapping binds ``$name``, a sequence ``?``/``$1``.
-    """
-    out: list[str] = []
-    positional: list[Any] = []
-    questions = 0
-    pos = 0
-    for match in _PLACEHOLDER.finditer(sql):
-        out.append(sql[pos : match.start()])
-        pos = match.end()
-        kind = match.lastgroup
-        if kind == "pct":
-            out.append("%%")
-        elif kind == "name":
-            out.append(f"%({match.group('name')})s")
-        elif kind == "q":
-            questions += 1
-            out.append("%s")
-            positional.append(_nth(params, questions, f"placeholder ? number {questions}"))
-        elif kind == "num":
-            out.append("%s")
-            number = int(match.group("num"))
-            positional.append(_nth(params, number, f"${number}"))
-        else:
-            out.append(match.group(0).replace("%", "%%"))
-    out.append(sql[pos:])
-    text = "".join(out).rstrip().rstrip(";")
-    return text, (dict(params) if isinstance(params, dict) else positional)
-
-
-def _nth(params: list[Any] | dict[str, Any] | None, number: int, label: str) -> Any:
-    if not isinstance(params, list) or not 1 <= number <= len(params):
-        raise ValueError(
-            f"The query's {label} has no value: pass params as a list of at least {number}."
-        )
-    return params[number - 1]
-
-
-# -- result -> Arrow ------------------------------------------------------------------------
-_OID_TYPES = {
-    16: "bool_",
-    17: "binary",
-    20: "int64",
-    21: "int16",
-    23: "int32",
-    26: "int64",
-    700: "float32",
-    701: "float64",
-    1082: "date32",
-    1114: "timestamp",
-    1184: "timestamptz",
-    1186: "duration",
-    19: "string",
-    25: "string",
-    1042: "string",
-    1043: "string",
-    114: "string",
-    3802: "string",
-    2950: "string",
-}
-
-
-def _arrow_type(pa: Any, oid: int) -> Any:
-    name = _OID_TYPES.get(oid)
-    if name is None:
-        return None
-    if name == "timestamp":
-        return pa.timestamp("us")
-    if name == "timestamptz":
-        return pa.timestamp("us", tz="UTC")
-    if name == "duration":
-        return pa.duration("us")
-    if name == "binary":
-        return pa.binary()
-    return getattr(pa, name)()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, (dict, list)):
-        import json
-
-        return json.dumps(value, default=str)
-    if isinstance(value, memoryview):
-        return bytes(value)
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.timezone.utc)
-    return value
-
-
-def _to_arrow(columns: list[Any], rows: list[tuple[Any, ...]]) -> Any:
-    import pyarrow as pa
-
-    arrays = []
-    names = []
-    for index, column in enumerate(columns):
-        values = [_plain(row[index]) for row in rows]
-        kind = _arrow_type(pa, column.type_code)
-        try:
-            arrays.append(pa.array(values, type=kind) if kind is not None else pa.array(values))
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            arrays.append(pa.array([None if v is None else str(v) for v in values], pa.string()))
-        names.append(column.name)
-    return pa.Table.from_arrays(arrays, names=names)
 
 
 def open_postgres(url: str) -> PostgresConnection:

@@ -213,7 +213,8 @@ _STOP_EVENT = (
 
 
 def stop_request(tx: Tx, d: dict[str, Any]) -> None:
-    """A stop asked of a run live in the journaling process (see ``RunsMixin.request_stop``).
+    """A stop asked of a run live in the journaling process (see
+    ``StopRequestsMixin.request_stop``).
 
     The first request moves ``running`` to ``stopping``; every request adds one
     ``stop_requested`` event. The event carries the request's id, and a request whose

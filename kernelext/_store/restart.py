@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ from .claims import ClaimsMixin
 from .duckdb.side_files import blob_folder
 from .duckdb.store_files import open_store_file, store_file_reader
 from .expiry import ExpiryMixin
+from .restart_payloads import needed_blobs, new_blob_id, same_payload
 from .runs import RunsMixin
 from .steps import StepsMixin
 from .writer import Tx
@@ -97,8 +97,8 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
     def write_restart(self, plan: RestartPlan) -> None:
         """Create the new run (status ``suspended``) with everything carried over."""
         chain = self.blob_chain_ids(plan.old_id)
-        needed = _needed_blobs(plan.steps, chain)
-        mapping = {bid: _new_blob_id(plan.new_id, bid) for bid in needed}
+        needed = needed_blobs(plan.steps, chain)
+        mapping = {bid: new_blob_id(plan.new_id, bid) for bid in needed}
         bases = {bid: (mapping[b] if (b := chain.get(bid)) is not None else None) for bid in needed}
         locations = self._blob_locations(plan.old_id, needed)
         copied_files: list[str] = []
@@ -154,18 +154,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
                 "try again once it has stopped."
             )
         self._check_ledger_tx(tx, plan)
-        snapshot_ids = [s["snapshot_id"] for s in plan.steps if s["snapshot_id"] is not None]
-        if snapshot_ids:
-            marks = ", ".join("?" for _ in snapshot_ids)
-            kept = tx.fetchone(
-                f"SELECT count(*) FROM snapshots WHERE id IN ({marks}) AND removed_at IS NULL",
-                snapshot_ids,
-            )
-            if kept is None or int(kept[0]) != len(snapshot_ids):
-                raise StoreError(
-                    f"The snapshots of run {plan.old_id!r} were removed (retention period "
-                    "ended) while the restart was prepared; it cannot be restarted."
-                )
+        self._check_snapshots_tx(tx, plan)
         now = self.now()
         tx.execute(
             "INSERT INTO runs (id, agent, status, reason, created_at, updated_at, deadline,"
@@ -203,6 +192,27 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         self._copy_rows_tx(tx, "questions", plan.new_id, plan.questions)
         for resource, amount in self.last_claims_tx(tx, plan.old_id):
             self.claim_tx(tx, plan.new_id, resource, amount, source="restart")
+        self._restart_events_tx(tx, plan)
+
+    @staticmethod
+    def _check_snapshots_tx(tx: Tx, plan: RestartPlan) -> None:
+        """The snapshots the new run starts from are still kept (retention did not remove
+        them while the restart was prepared)."""
+        snapshot_ids = [s["snapshot_id"] for s in plan.steps if s["snapshot_id"] is not None]
+        if snapshot_ids:
+            marks = ", ".join("?" for _ in snapshot_ids)
+            kept = tx.fetchone(
+                f"SELECT count(*) FROM snapshots WHERE id IN ({marks}) AND removed_at IS NULL",
+                snapshot_ids,
+            )
+            if kept is None or int(kept[0]) != len(snapshot_ids):
+                raise StoreError(
+                    f"The snapshots of run {plan.old_id!r} were removed (retention period "
+                    "ended) while the restart was prepared; it cannot be restarted."
+                )
+
+    def _restart_events_tx(self, tx: Tx, plan: RestartPlan) -> None:
+        """The new run's ``created`` event and the old run's ``restarted`` one."""
         detail = {
             **plan.detail,
             "parent": plan.old_id,
@@ -365,7 +375,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
         try:
             os.link(source, target)  # payload files are immutable: share them
         except FileExistsError:
-            if not _same_payload(source, target):
+            if not same_payload(source, target):
                 raise taken from None  # never overwritten, never removed: not ours
             return self.side_file_location(new_id, new_blob)  # identical: used, not ours
         except FileNotFoundError:
@@ -377,7 +387,7 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             try:  # created exclusively: an existing file is never overwritten
                 fd = open_store_file(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             except FileExistsError:
-                if not _same_payload(source, target):
+                if not same_payload(source, target):
                     raise taken from None
                 return self.side_file_location(new_id, new_blob)
             copied.append(target)  # ours from here on: removed if the restart fails
@@ -388,26 +398,6 @@ class RestartMixin(ExpiryMixin, ClaimsMixin, StepsMixin, RunsMixin):
             return self.side_file_location(new_id, new_blob)
         copied.append(target)
         return self.side_file_location(new_id, new_blob)
-
-
-def _same_payload(source: str, target: str) -> bool:
-    """Whether ``target`` already holds exactly the payload of ``source`` (the same file,
-    or a complete copy: a racing restart's, or a leftover of a killed one), so that it can
-    be used as it is. It is then not this restart's file: never removed by it."""
-    try:
-        if os.path.samefile(source, target):
-            return True
-        if os.path.getsize(source) != os.path.getsize(target):
-            return False
-        with store_file_reader(source) as a, store_file_reader(target) as b:
-            while True:
-                chunk = a.read(1 << 20)
-                if chunk != b.read(1 << 20):
-                    return False
-                if not chunk:
-                    return True
-    except OSError:
-        return False
 
 
 def superseded_error(run_id: str, children: list[str], verb: str) -> None:
@@ -423,23 +413,3 @@ def superseded_error(run_id: str, children: list[str], verb: str) -> None:
         f"on in {child!r}). Continue the new run: kx.resume({child!r}) if it is suspended or "
         f"stopped, or kx.restart({child!r}) to fork it in turn."
     )
-
-
-def _needed_blobs(
-    steps: list[dict[str, Any]], chain: dict[uuid.UUID, uuid.UUID | None]
-) -> set[uuid.UUID]:
-    needed: set[uuid.UUID] = set()
-    for step in steps:
-        if step.get("manifest") is None:
-            continue
-        for h in json.loads(step["manifest"]).values():
-            current: uuid.UUID | None = uuid.UUID(hex=h)
-            while current is not None and current not in needed:
-                needed.add(current)
-                current = chain.get(current)
-    return needed
-
-
-def _new_blob_id(new_run_id: str, old_blob: uuid.UUID) -> uuid.UUID:
-    digest = hashlib.sha256(b"restart\0" + new_run_id.encode() + b"\0" + old_blob.bytes)
-    return uuid.UUID(bytes=digest.digest()[:16])

@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from .._did_you_mean import did_you_mean
 from ..errors import RunNotFound, RunStateError
 from ..status import FINAL, LIVE, WAITING, Status, waiting_reason
 from .base import StoreBase, actor, in_list
-from .records import FORCE_REQUESTED, STOP_REQUESTED, apply_record, check_record
 from .run_end import apply_run_end
 from .transitions import Transition, move_tx
 from .writer import Tx
@@ -191,84 +190,6 @@ class RunsMixin(StoreBase):
         allowed = tuple(allowed_from)
         return self.write(lambda tx: self.transition_tx(tx, run_id, to_status, allowed, **kwargs))
 
-    def request_stop(
-        self,
-        run_id: str,
-        *,
-        source: str,
-        who: str | None = None,
-        reason: str | None = None,
-        epoch: int | None = None,
-    ) -> Transition:
-        """Record a stop request. Only the first one moves ``running`` to ``stopping``.
-
-        Waits for the store (and on DuckDB for the file). For a run live in this process
-        use ``queue_stop_request``, which never does. ``epoch``: the owner epoch the person
-        saw (a fencing token); a run resumed or taken over since raises ``OwnershipLost``,
-        checked in the same transaction as the write, and nothing is recorded.
-        """
-
-        def job(tx: Tx) -> Transition:
-            now = self.now()
-            moved = self.transition_tx(
-                tx,
-                run_id,
-                Status.STOPPING,
-                (Status.RUNNING,),
-                kind=STOP_REQUESTED,
-                source=source,
-                who=who,
-                reason=reason,
-                fields={"stop_requested_at": now, "stop_source": source},
-                epoch=epoch,
-            )
-            if not moved.ok:
-                self.event(
-                    tx,
-                    run_id,
-                    STOP_REQUESTED,
-                    source=source,
-                    who=who,
-                    reason=reason or f"run already {moved.before}",
-                )
-            return moved
-
-        return self.write(job)
-
-    def queue_stop_request(
-        self, run_id: str, *, source: str, who: str | None = None, reason: str | None = None
-    ) -> Callable[[], None]:
-        """Queue a stop request for a run live in this process; return what makes it durable.
-
-        Nothing here waits for the store file. On DuckDB the request is appended to this
-        process's journal, and its fold is queued in the writer's order, so it lands before
-        the suspension the run writes once it sees its stop flag; the returned call
-        ``fdatasync``s the journal. On PostgreSQL the request is queued for the writer and
-        the returned call waits for its commit. It is applied as ``request_stop`` does.
-        """
-        data = {
-            "run_id": run_id,
-            "source": source,
-            "who": who or actor(),
-            "reason": reason,
-            "at": self.now(),
-            "request": uuid.uuid4().hex,
-        }
-        hot_path = self.hot_path
-        if hot_path is not None:
-            self.record("stop_request", data, sync=False)
-            return hot_path.sync
-        check_record("stop_request", data)
-        queued = self.write_async(lambda tx: apply_record(tx, "stop_request", data))
-
-        def durable() -> None:
-            try:
-                queued.result()
-            except Exception:  # e.g. a deadlock victim: the record is idempotent, write again
-                self.record("stop_request", data, sync=True)
-
-        return durable
-
     def end_run(
         self,
         run_id: str,
@@ -415,23 +336,6 @@ class RunsMixin(StoreBase):
             f" updated_at, deadline, parent_id FROM runs{where} ORDER BY created_at"
         )
 
-    def stop_requested_at(self, run_id: str) -> dt.datetime | None:
-        rows = self.backend.read("SELECT stop_requested_at FROM runs WHERE id = ?", (run_id,))
-        return rows[0][0] if rows else None
-
-    def force_requests(self, run_id: str) -> tuple[int, str | None]:
-        """How many times, and first by whom, a forced stop was asked for since the run last
-        began executing (``force_requested`` events after its last ``created`` or
-        ``resumed`` event, in the order events were written, whatever each writer's clock
-        said): how another process's Force stop reaches the process that executes the run."""
-        rows = self.backend.read(
-            "SELECT source FROM events WHERE run_id = ? AND kind = ? AND id > ("
-            " SELECT coalesce(max(id), -1) FROM events WHERE run_id = ?"
-            " AND kind IN ('created', 'resumed')) ORDER BY id",
-            (run_id, FORCE_REQUESTED, run_id),
-        )
-        return len(rows), (str(rows[0][0] or "external") if rows else None)
-
     def run_liveness(self, run_id: str) -> tuple[Any, ...] | None:
         """(status, owner_epoch, stop_requested_at, stop_source) of a run, one indexed read:
         what an item running in another process checks at each effect call."""
@@ -440,17 +344,3 @@ class RunsMixin(StoreBase):
             (run_id,),
         )
         return tuple(rows[0]) if rows else None
-
-    def stop_request(self, run_id: str, *, wait: bool) -> tuple[Any, Any] | None:
-        """(stop_requested_at, stop_source) of a run; None if ``not wait`` and the store is busy.
-
-        Stop requests are written by jobs (never journaled), so no fold is waited for.
-        """
-        sql = "SELECT stop_requested_at, stop_source FROM runs WHERE id = ?"
-        if wait:
-            rows: list[tuple[Any, ...]] | None = self.backend.read(sql, (run_id,))
-        else:
-            rows = self.backend.try_read(sql, (run_id,))
-        if rows is None:
-            return None
-        return (rows[0][0], rows[0][1]) if rows else (None, None)

@@ -29,7 +29,7 @@ QUERY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NOD
 
 
 class _Refused(Exception):
-    """Inside the check: what is refused and the kind of refusal (``sql_guard.REASONS``)."""
+    """Inside the check: what is refused and the kind of refusal (``sql_refusals.REASONS``)."""
 
     def __init__(self, what: str, kind: str) -> None:
         super().__init__(what)

@@ -88,8 +88,41 @@ def move_tx(
         )
         if moved is not None:
             break
+    _record_move(
+        tx,
+        run_id,
+        before,
+        to_status,
+        now=now,
+        kind=kind,
+        source=source,
+        reason=reason,
+        who=who or actor,
+        detail=detail,
+        deadline_given="deadline" in (fields or {}),
+        updates=updates,
+    )
+    return Transition(True, before, Status(to_status))
+
+
+def _record_move(
+    tx: Tx,
+    run_id: str,
+    before: str,
+    to_status: Status,
+    *,
+    now: dt.datetime,
+    kind: str,
+    source: str | None,
+    reason: str | None,
+    who: str | None,
+    detail: dict[str, Any] | None,
+    deadline_given: bool,
+    updates: dict[str, Any],
+) -> None:
+    """The ``events`` row of a move (in the same transaction), and the observers told."""
     detail = dict(detail or {})
-    computed = "deadline" not in (fields or {}) and isinstance(updates.get("deadline"), dt.datetime)
+    computed = not deadline_given and isinstance(updates.get("deadline"), dt.datetime)
     if to_status == Status.SUSPENDED and computed:  # the policy chose it: say which
         detail.setdefault("deadline", updates["deadline"].isoformat())
     tx.execute(
@@ -102,7 +135,7 @@ def move_tx(
             before,
             Status(to_status).value,
             source,
-            who or actor,
+            who,
             reason,  # reason and detail: scrubbed by the write path (store/columns.py)
             json.dumps(detail, sort_keys=True, default=str) if detail else None,
         ),
@@ -120,7 +153,6 @@ def move_tx(
                 "at": now,
             },
         )
-    return Transition(True, before, Status(to_status))
 
 
 def _not_before(now: dt.datetime, last: Any) -> dt.datetime:
