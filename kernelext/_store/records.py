@@ -216,7 +216,8 @@ def stop_request(tx: Tx, d: dict[str, Any]) -> None:
     """A stop asked of a run live in the journaling process (see ``RunsMixin.request_stop``).
 
     The first request moves ``running`` to ``stopping``; every request adds one
-    ``stop_requested`` event. The event carries the request's id, and a request whose
+    ``stop_requested`` event, and a forced one (``force``) a ``force_requested`` event
+    while the run is live. The event carries the request's id, and a request whose
     event is already there is skipped: folding a journal again after a crash is harmless.
     (Not its time: a move is dated after the run's last one, see ``move_tx``.)
     """
@@ -242,13 +243,17 @@ def stop_request(tx: Tx, d: dict[str, Any]) -> None:
         )
     except RunNotFound:  # the run was deleted meanwhile: nothing left to stop
         return
-    if moved.ok:
-        return
-    reason = d.get("reason") or f"run already {moved.before}"
-    tx.execute(
-        _STOP_EVENT,
-        (d["run_id"], d["at"], STOP_REQUESTED, None, None, d["source"], d["who"], reason, detail),
-    )
+    if not moved.ok:
+        reason = d.get("reason") or f"run already {moved.before}"
+        tx.execute(
+            _STOP_EVENT,
+            (d["run_id"], d["at"], STOP_REQUESTED, None, None, d["source"], d["who"], reason, detail),
+        )
+    if d.get("force") and (moved.ok or moved.before == Status.STOPPING):
+        tx.execute(  # a forced stop (posted while the store was busy): as ``force_stop`` writes
+            _STOP_EVENT,
+            (d["run_id"], d["at"], FORCE_REQUESTED, None, None, d["source"], d["who"], None, detail),
+        )
 
 
 APPLY: dict[str, Callable[[Tx, dict[str, Any]], None]] = {
