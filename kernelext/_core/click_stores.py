@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._store import Store, open_store
+from .._store.posted_stops import post_stop_at
 from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from .._store.duckdb.mailbox import Posted
 
 __all__ = [
     "ALLOWED_OPTIONS",
@@ -32,6 +36,7 @@ __all__ = [
     "busy_key",
     "is_postgres",
     "open_for_click",
+    "post_click_stop",
 ]
 
 STORE_WAIT = 5.0  # seconds a click waits for another process to hand the DuckDB file over
@@ -71,7 +76,23 @@ def open_for_click(address: object) -> Store:
     return _open_duckdb(address)
 
 
+def post_click_stop(
+    address: object, run_id: str, *, source: str, who: str | None, epoch: int | None, force: bool
+) -> Posted | None:
+    """A click's Stop or Force stop recorded beside a DuckDB store whose file another
+    process keeps (a long query), without opening it; None: open it and record as usual."""
+    if not isinstance(address, str) or is_postgres(address):
+        return None
+    _check_duckdb(address)
+    return post_stop_at(address, run_id, source=source, who=who, epoch=epoch, force=force)
+
+
 def _open_duckdb(address: str) -> Store:
+    _check_duckdb(address)
+    return open_store(address, wait_timeout=STORE_WAIT)
+
+
+def _check_duckdb(address: str) -> None:
     if not os.path.isabs(address):
         raise ValueError(f"The store path must be absolute, not {address!r}.")
     if not os.path.isfile(address):
@@ -84,7 +105,6 @@ def _open_duckdb(address: str) -> Store:
             f"{address!r} is not a kernelext store (no kernelext process ever opened it): "
             "nothing was changed."
         )
-    return open_store(address, wait_timeout=STORE_WAIT)
 
 
 def _open_postgres(address: str) -> Store:

@@ -38,8 +38,9 @@ from ..errors import (
 )
 from ..status import LIVE, Status
 from . import control
-from .click_stores import is_postgres, open_for_click, passwords_in
+from .click_stores import is_postgres, open_for_click, passwords_in, post_click_stop
 from .decide_elsewhere import DECISIONS, answer, decide
+from .stop_answer import busy_answer
 
 __all__ = ["ACTIONS", "SOURCES", "act", "describe_error", "store_address"]
 
@@ -103,6 +104,10 @@ def act(
         raise ValueError(f"Unknown source {source!r}: one of {', '.join(sorted(SOURCES))}.")
     RUN_ID("run_id", run_id)
     started = time.perf_counter()
+    if action in ("stop", "force"):
+        busy = _recorded_while_busy(action, run_id, address, source, epoch, who)
+        if busy is not None:
+            return {**busy, "seconds": round(time.perf_counter() - started, 4)}
     store = _open(address)
     try:
         row = store.get_run(run_id)
@@ -142,6 +147,31 @@ def act(
         "recorded": recorded,
         "message": _message(action, run_id, before, status, cell, SOURCES[source]),
         "seconds": round(time.perf_counter() - started, 4),
+    }
+
+
+def _recorded_while_busy(
+    action: str, run_id: str, address: str, source: str, epoch: int | None, who: str | None
+) -> dict[str, Any] | None:
+    """A Stop or Force stop recorded beside a DuckDB store another process keeps busy (a
+    long query), without waiting for its file; None when the file is free."""
+    force = action == "force"
+    try:
+        posted = post_click_stop(
+            address, run_id, source=source, who=who, epoch=epoch, force=force
+        )
+    except OwnershipLost as exc:
+        raise RunStateError(_stale(run_id, exc.epoch, epoch)) from None
+    if posted is None:
+        return None
+    answer = busy_answer(run_id, posted, force=force)
+    return {
+        "run_id": run_id,
+        "action": action,
+        "status": str(answer),
+        "source": source,
+        "recorded": True,
+        "message": f"{answer.busy} ({SOURCES[source]})",
     }
 
 
