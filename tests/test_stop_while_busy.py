@@ -17,8 +17,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import kernelext as kx
 from support.store_holder import SUPPORT, Child, hold_store
+
+import kernelext as kx
 
 QUERY_SECONDS = "20"  # the owner's query: far longer than a stop needs to land
 

@@ -181,7 +181,7 @@ def cmd_stop(args: argparse.Namespace, store: Store) -> int:
     except RunNotFound:
         require_run(store, args.run_id)  # an unknown id: the usual answer, closest id named
         raise
-    if getattr(status, "busy", None) is not None:
+    if isinstance(status, StopAnswer) and status.busy is not None:
         return _stopped_while_busy(args, status)
     if args.wait:  # read the run's status from the store: waiting never opens the run
         deadline = time.monotonic() + args.timeout
@@ -213,9 +213,7 @@ def stop_while_busy(args: argparse.Namespace) -> int | None:
 
 def _stopped_while_busy(args: argparse.Namespace, answer: StopAnswer) -> int:
     if args.json:
-        emit_json(
-            {"run_id": args.run_id, "status": answer, "source": SOURCE, "busy": answer.busy}
-        )
+        emit_json({"run_id": args.run_id, "status": answer, "source": SOURCE, "busy": answer.busy})
     else:
         wait = " (--wait needs the store file: not waited for)" if args.wait else ""
         print(f"{answer.busy}{wait}")

@@ -25,8 +25,8 @@ from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import check_takeover, owner_alive
 from .names import check_stored_name
-from .resume_steps import before_first_action
 from .posted_stops import PostedStops
+from .resume_steps import before_first_action
 from .run_engine import RunEngine, StepInfo
 from .runtime import get_store, runtime
 from .secrets import scrubbed_excerpt

@@ -157,9 +157,7 @@ def _recorded_while_busy(
     long query), without waiting for its file; None when the file is free."""
     force = action == "force"
     try:
-        posted = post_click_stop(
-            address, run_id, source=source, who=who, epoch=epoch, force=force
-        )
+        posted = post_click_stop(address, run_id, source=source, who=who, epoch=epoch, force=force)
     except OwnershipLost as exc:
         raise RunStateError(_stale(run_id, exc.epoch, epoch)) from None
     if posted is None:

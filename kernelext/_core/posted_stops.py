@@ -11,6 +11,7 @@ forced one is forced as ``Handle.force_stop`` forces it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from .._store import Store
@@ -44,10 +45,9 @@ class PostedStops:
         run = self.run
         for data in found:
             source = str(data.get("source") or "external")
-            try:
+            # If it cannot be queued, its own file keeps it: folded at the store's next open.
+            with contextlib.suppress(Exception):
                 self.store.take_foreign_stop(data)
-            except Exception:  # its own file keeps it: folded when the store is opened next
-                pass
             if run.stop_source is None:
                 run.stop_source = source
             run.stop_event.set()

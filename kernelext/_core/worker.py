@@ -2,7 +2,8 @@
 
 ``launch`` starts three threads per run: the worker (the agent's code), the monitor
 (escalates a stop that overruns ``max_step_seconds``, renews the lease, takes the stops
-posted beside a busy store, see ``posted_stops``; never waits for the store) and the stop-watch (sees stops recorded by other processes).
+posted beside a busy store, see ``posted_stops``; never waits for the store) and the
+stop-watch (sees stops recorded by other processes).
 
 An ``async def`` agent runs on an event loop of its own, made in the worker thread for
 the run and closed after it (``asyncio.run``'s way: tasks left over are cancelled, async

@@ -91,7 +91,7 @@ class PostedStopsMixin(StoreBase):
     def foreign_stops(self) -> ForeignStops | None:
         """A reader of the stop requests other processes posted (None: nothing to read)."""
         make = getattr(self.backend, "foreign_stops", None)
-        return None if make is None else make()  # type: ignore[no-any-return]
+        return None if make is None else make()
 
     def take_foreign_stop(self, data: dict[str, Any]) -> None:
         """Queue a posted stop request into this process's own journal (never waits for the

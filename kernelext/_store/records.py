@@ -247,12 +247,32 @@ def stop_request(tx: Tx, d: dict[str, Any]) -> None:
         reason = d.get("reason") or f"run already {moved.before}"
         tx.execute(
             _STOP_EVENT,
-            (d["run_id"], d["at"], STOP_REQUESTED, None, None, d["source"], d["who"], reason, detail),
+            (
+                d["run_id"],
+                d["at"],
+                STOP_REQUESTED,
+                None,
+                None,
+                d["source"],
+                d["who"],
+                reason,
+                detail,
+            ),
         )
     if d.get("force") and (moved.ok or moved.before == Status.STOPPING):
         tx.execute(  # a forced stop (posted while the store was busy): as ``force_stop`` writes
             _STOP_EVENT,
-            (d["run_id"], d["at"], FORCE_REQUESTED, None, None, d["source"], d["who"], None, detail),
+            (
+                d["run_id"],
+                d["at"],
+                FORCE_REQUESTED,
+                None,
+                None,
+                d["source"],
+                d["who"],
+                None,
+                detail,
+            ),
         )
 
 

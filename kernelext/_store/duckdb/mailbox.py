@@ -237,4 +237,3 @@ def _stop_records(blob: bytes) -> tuple[int, list[dict[str, Any]]]:
                 records.append(record[2])
         offset = end
     return offset, records
-
