@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from support.store_holder import SUPPORT, Child, hold_store
@@ -24,8 +25,10 @@ import kernelext as kx
 QUERY_SECONDS = "20"  # the owner's query: far longer than a stop needs to land
 
 
-def owner(store: Path, run_id: str) -> Child:
-    child = Child(str(SUPPORT / "sql_owner.py"), str(store), run_id, QUERY_SECONDS)
+def owner(store: Path, run_id: str, step_seconds: float = 0.02) -> Child:
+    child = Child(
+        str(SUPPORT / "sql_owner.py"), str(store), run_id, QUERY_SECONDS, str(step_seconds)
+    )
     child.expect("querying")
     return child
 
@@ -100,7 +103,7 @@ def test_the_exit_code_and_words_of_a_stop_while_busy(tmp_path: Path) -> None:
         again = cli_stop(store, "q2")  # a second stop: recorded too, changes nothing more
         out, err = again.communicate(timeout=120)
         assert again.returncode == 0, err
-        assert "stop recorded for run q2" in first[0] and "stop recorded" in out
+        assert "stop recorded for run q2" in first[0] and "stop recorded" in out, (first, out)
         assert not run.printed("query ended")
         run.expect("suspended")
         run.expect("query ended")
@@ -127,7 +130,7 @@ FORCE = textwrap.dedent(
 
 def test_a_force_stop_through_the_server_route_while_busy(tmp_path: Path) -> None:
     store = tmp_path / "s.duckdb"
-    run = owner(store, "q3")
+    run = owner(store, "q3", step_seconds=8.0)  # a soft stop would wait for the step
     try:
         click = Child("-c", FORCE, str(store), "q3")
         answer = click.expect("answer")
@@ -181,3 +184,36 @@ def test_a_posted_stop_is_durable_and_folded_by_the_next_opener(tmp_path: Path) 
     rows = events(store, "q4")
     assert kinds(rows, "stop_requested", "cli") == 1
     assert rows[-1]["status"] == "stopping"
+
+
+def test_an_agent_cell_run_takes_the_posted_stop_at_its_next_boundary(tmp_path: Path) -> None:
+    """A ``%%agent`` run of this process: ``kernelext stop`` elsewhere while another process
+    keeps the file is taken at the next cell boundary, before the file is free again."""
+    from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, source_hash
+
+    store = kx.open_store(str(tmp_path / "s.duckdb"))
+    cell = open_cell_run("cells", store=store)
+    try:
+        assert cell.run_step("one", source_hash("one"), lambda: None).kind == "completed"
+        store.flush()
+        holder = hold_store(store.location)
+        try:
+            answer = answer_then_kill(tmp_path / "s.duckdb", "cells")
+            assert "stop recorded for run cells" in answer, answer
+            rows: list[dict[str, object]] = []
+            boundary = threading.Thread(target=lambda: rows.append(cell.boundary()))
+            boundary.start()
+            assert cell.run.stop_event.wait(60), "taken at the boundary, the file still held"
+            assert holder.running and boundary.is_alive()  # (its row read waits for the file)
+            holder.send("release")
+            holder.expect("released")
+            boundary.join(120)
+        finally:
+            holder.close()
+        assert rows and rows[0]["status"] == "suspended"
+    finally:
+        forget_cell_runs("cells")
+        store.close()
+    rows = events(tmp_path / "s.duckdb", "cells")
+    assert kinds(rows, "stop_requested", "cli") == 1
+    assert kinds(rows, "suspended", "cli") == 1

@@ -80,7 +80,7 @@ class CellRun:
         self.hashes: dict[str, str] = {}  # step key -> source hash of its last completion
         self.next_ordinal = 0
         self.owned = owned  # created or taken over by this process
-        self._posted: PostedStops | None = None  # stops posted beside a busy store
+        self._posted = PostedStops(run.store, run)  # stops posted beside a busy store
 
     @property
     def store(self) -> Store:
@@ -119,6 +119,7 @@ class CellRun:
         run.force.raised = False
         run.stop_source = None
         run.stop_event.clear()
+        self._posted = PostedStops(store, run)  # a stop posted before this is not for it
         ordinals = [s["ordinal"] for s in store.steps(run.id)]
         self.next_ordinal = max(ordinals, default=-1) + 1
 
@@ -153,9 +154,7 @@ class CellRun:
         Only the stop: nothing is taken over and no fact is checked. Raises
         ``OwnershipLost`` when another process took the run over from this one. A stop
         posted beside the store while another process kept it busy counts too."""
-        if self.owned and self._posted is None:
-            self._posted = PostedStops(self.store, self.run)
-        posted = self._posted is not None and self.owned and self._posted.take()
+        posted = self.owned and self._posted.take()
         row = self.store.get_run(self.run_id)
         if self.lost(row):
             self.owned = False

@@ -1,10 +1,11 @@
 """A process that executes an agent run, then keeps the store file busy with a long query.
 
-``python tests/support/sql_owner.py STORE RUN_ID QUERY_SECONDS`` starts run ``RUN_ID``
-(short steps, until stopped), lets it run a few steps, prints ``querying`` and runs a
-``kx.sql`` query that ends after ``QUERY_SECONDS`` (interrupted by its timeout). While it
-runs, a thread prints ``suspended <unix time>`` when the run's worker ends; after it,
-``query ended <unix time>``, then ``status <status> <stop source>`` once the run ended.
+``python tests/support/sql_owner.py STORE RUN_ID QUERY_SECONDS [STEP_SECONDS]`` starts run
+``RUN_ID`` (steps of ``STEP_SECONDS``, default 0.02, until stopped), lets it run a few
+steps and runs a ``kx.sql`` query that ends after ``QUERY_SECONDS`` (interrupted by its
+timeout); ``querying`` is printed once the query has held the store's connection for half
+a second. While it runs, a thread prints ``suspended <unix time>`` when the run's worker
+ends; after it, ``query ended <unix time>``, then ``status <status> <stop source>``.
 """
 
 from __future__ import annotations
@@ -13,20 +14,38 @@ import contextlib
 import sys
 import threading
 import time
+from typing import Any
 
 import kernelext as kx
 
 LONG_QUERY = "SELECT count(*) FROM range(0, 400000000000) t(x) WHERE x % 7 = 3"
 
 
+def announce(store: Any) -> None:
+    """Print ``querying`` once the query holds the store's connection (0.5 s on end)."""
+    backend: Any = store.backend
+    held = 0
+    while held < 10:
+        time.sleep(0.05)
+        if backend.con is not None and not backend._mutex.acquire(blocking=False):
+            held += 1
+        else:
+            if backend._mutex._is_owned():
+                backend._mutex.release()
+            held = 0
+    print("querying", flush=True)
+
+
 def main() -> int:
     store, run_id, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    step = float(sys.argv[4]) if len(sys.argv) > 4 else 0.02
     kx.configure(store=store)
 
     @kx.agent(name="ticker")
     def ticker(run: kx.Run) -> None:
         for _ in run.steps(range(1_000_000), key=str):
-            time.sleep(0.02)
+            for _ in range(max(1, round(step / 0.02))):  # Python code a force can cut
+                time.sleep(0.02)
 
     handle = ticker.start(run_id=run_id)
     time.sleep(1.0)
@@ -38,7 +57,7 @@ def main() -> int:
         print(f"suspended {time.time()}", flush=True)
 
     threading.Thread(target=watch, daemon=True).start()
-    print("querying", flush=True)
+    threading.Thread(target=announce, args=(handle.store,), daemon=True).start()
     with contextlib.suppress(kx.QueryTimeout):  # interrupted by its timeout, as meant
         kx.sql(LONG_QUERY, timeout=seconds)
     print(f"query ended {time.time()}", flush=True)
