@@ -14,25 +14,23 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Any
 
 import kernelext as kx
 
 LONG_QUERY = "SELECT count(*) FROM range(0, 400000000000) t(x) WHERE x % 7 = 3"
 
 
-def announce(store: Any) -> None:
-    """Print ``querying`` once the query holds the store's connection (0.5 s on end)."""
-    backend: Any = store.backend
-    held = 0
-    while held < 10:
+def announce() -> None:
+    """Print ``querying`` once the main thread has been inside the query for half a second
+    (it holds the store's connection there; before, a fold may still hand the file over)."""
+    main = threading.main_thread().ident
+    inside = 0
+    while inside < 10:
         time.sleep(0.05)
-        if backend.con is not None and not backend._mutex.acquire(blocking=False):
-            held += 1
-        else:
-            if backend._mutex._is_owned():
-                backend._mutex.release()
-            held = 0
+        frame = sys._current_frames().get(main or 0)
+        while frame is not None and frame.f_code.co_name != "_query_rolled_back":
+            frame = frame.f_back
+        inside = inside + 1 if frame is not None else 0
     print("querying", flush=True)
 
 
@@ -57,7 +55,7 @@ def main() -> int:
         print(f"suspended {time.time()}", flush=True)
 
     threading.Thread(target=watch, daemon=True).start()
-    threading.Thread(target=announce, args=(handle.store,), daemon=True).start()
+    threading.Thread(target=announce, daemon=True).start()
     with contextlib.suppress(kx.QueryTimeout):  # interrupted by its timeout, as meant
         kx.sql(LONG_QUERY, timeout=seconds)
     print(f"query ended {time.time()}", flush=True)
