@@ -217,3 +217,46 @@ def test_an_agent_cell_run_takes_the_posted_stop_at_its_next_boundary(tmp_path: 
     rows = events(tmp_path / "s.duckdb", "cells")
     assert kinds(rows, "stop_requested", "cli") == 1
     assert kinds(rows, "suspended", "cli") == 1
+
+
+def test_the_reader_takes_each_posted_stop_once_from_what_was_appended(tmp_path: Path) -> None:
+    """``ForeignStops`` reads other journals from the last offset: a frame cut short is
+    taken once it is whole, a journal truncated after a fold is read again from its start,
+    each request is taken once, and only for the runs asked about and made since."""
+    import datetime as dt
+
+    from kernelext._store.duckdb.journal import Journal, frame
+    from kernelext._store.duckdb.mailbox import ForeignStops
+
+    store = str(tmp_path / "s.duckdb")
+    now = dt.datetime(2026, 1, 1, 12, 0)
+
+    def stop(run_id: str, request: str, at: dt.datetime = now) -> dict[str, object]:
+        return {"run_id": run_id, "source": "cli", "who": "u", "at": at, "request": request}
+
+    own, other = Journal(store), Journal(store)
+    reader = ForeignStops(store, own.path)
+    try:
+        own.append("stop_request", stop("r1", "mine"), sync=True, enqueue=lambda: None)
+        other.append("fact", {"run_id": "r1", "name": "n"}, sync=True, enqueue=lambda: None)
+        other.append("stop_request", stop("r1", "a"), sync=True, enqueue=lambda: None)
+        other.append("stop_request", stop("r2", "b"), sync=True, enqueue=lambda: None)
+        old = stop("r1", "stale", now - dt.timedelta(seconds=1))
+        other.append("stop_request", old, sync=True, enqueue=lambda: None)
+        assert [d["request"] for d in reader.poll(("r1",), now)] == ["a"]
+        assert reader.poll(("r1",), now) == []  # nothing changed: nothing read
+        whole = frame(99, "stop_request", stop("r1", "torn"))
+        with open(other.path, "ab") as out:  # an append caught half-way
+            out.write(whole[:10])
+        assert reader.poll(("r1",), now) == []
+        with open(other.path, "ab") as out:
+            out.write(whole[10:])
+        assert [d["request"] for d in reader.poll(("r1",), now)] == ["torn"]
+        os.truncate(other.path, 0)  # folded and truncated, then appended again: longer
+        with open(other.path, "ab") as out:
+            out.write(frame(1, "stop_request", stop("r1", "after", now) | {"reason": "x" * 900}))
+            out.write(frame(2, "stop_request", stop("r1", "a")))  # taken before: not again
+        assert [d["request"] for d in reader.poll(("r1",), now)] == ["after"]
+    finally:
+        own.close()
+        other.close()

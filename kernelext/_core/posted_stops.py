@@ -40,7 +40,7 @@ class PostedStops:
         self._due = time.monotonic() + every
         try:
             found = self.reader.poll((self.run.id,), self.since)
-        except OSError:  # a file folded away while read: the next look sees the rest
+        except Exception:  # never break the monitor (it renews the lease): look again later
             return False
         run = self.run
         for data in found:

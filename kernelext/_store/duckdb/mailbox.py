@@ -23,7 +23,7 @@ import os
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ...errors import OwnershipLost, StoreLockedError
+from ...errors import OwnershipLost, StoreError, StoreLockedError
 from .fence import FenceFiles
 from .handoff import HandoffLock
 from .journal import Journal, _cut_short, _frame_at, _parse, _resync
@@ -37,6 +37,7 @@ __all__ = ["BUSY_WAIT", "ForeignStops", "Posted", "post", "post_when_busy", "pos
 BUSY_WAIT = 1.0  # seconds a stop from another process waits for the file before posting
 _MARK = b'"stop_request"'
 _SEEN_LIMIT = 4096
+_HEAD = 16  # bytes of a journal's start remembered (a frame's header and crc are 9)
 
 
 class Posted(NamedTuple):
@@ -160,7 +161,8 @@ class ForeignStops:
         self._prefix = f"{store_path}.journal."
         self._own = own
         self._signals: dict[str, tuple[int, int, int]] = {}  # path -> (inode, size, mtime)
-        self._offsets: dict[str, tuple[int, int]] = {}  # path -> (inode, bytes read)
+        # path -> (inode, the first bytes read, bytes read)
+        self._offsets: dict[str, tuple[int, bytes, int]] = {}
         self._seen: set[str] = set()
 
     def poll(self, run_ids: Collection[str], since: Any = None) -> list[dict[str, Any]]:
@@ -187,20 +189,21 @@ class ForeignStops:
     def _read(
         self, path: str, inode: int, run_ids: Collection[str], since: Any
     ) -> list[dict[str, Any]]:
-        held, offset = self._offsets.get(path, (inode, 0))
+        held, head, offset = self._offsets.get(path, (inode, b"", 0))
         try:
             fd = open_store_file(path, os.O_RDONLY)
-        except OSError:
+        except (OSError, StoreError):  # gone meanwhile, or not a file of ours: not read
             return []
         try:
             size = os.fstat(fd).st_size
-            if held != inode or size < offset:  # another file, or truncated after a fold
-                offset = 0
+            first = os.pread(fd, _HEAD, 0)  # its first frame's header: new after a truncation
+            if held != inode or size < offset or first[: len(head)] != head:
+                offset = 0  # another file, or truncated after a fold (and written again)
             blob = os.pread(fd, size - offset, offset) if size > offset else b""
         finally:
             os.close(fd)
         used, records = _stop_records(blob)
-        self._offsets[path] = (inode, offset + used)
+        self._offsets[path] = (inode, first[: min(_HEAD, offset + used)], offset + used)
         found = []
         for data in records:
             request = data.get("request")
