@@ -283,9 +283,11 @@ def test_a_duckdb_file_that_is_not_a_store_is_refused_and_left_as_it_was(
 
 
 @pytest.mark.duckdb_only
-def test_a_store_held_elsewhere_answers_busy_and_never_holds_up_a_click_on_another(
+def test_a_store_held_elsewhere_records_the_stop_beside_it_and_never_holds_up_another(
     server: lab.LabServer, owner: Any, store_path: Any, tmp_path: Path
 ) -> None:
+    """The click is recorded beside the held store (``mailbox``) and the run suspends while
+    the file is still held; a run the store does not know still answers busy."""
     from support.store_holder import hold_store
 
     import kernelext as kx
@@ -303,20 +305,27 @@ def test_a_store_held_elsewhere_answers_busy_and_never_holds_up_a_click_on_anoth
             )
         )
         slow.start()
-        time.sleep(0.3)  # the first click waits for the held file...
+        time.sleep(0.3)  # the first click waits a moment for the held file...
         quick = post(server, "stop", {"run_id": "nothing-here", "store": str(other)})
         assert quick[0] == 404  # ...and a click on another store is answered meanwhile
-        assert slow.is_alive()
         slow.join(60)
         status, answer = answers["held"]
+        assert status == 200 and answer["recorded"], answer
+        assert "the store is busy" in answer["message"] and "next safe point" in answer["message"]
+        assert process.stdout is not None
+        assert process.stdout.readline().split() == ["status", "suspended"]  # file still held
+        assert holder.running
+        status, answer = post(server, "stop", {"run_id": "unknown", "store": str(store_path)})
         assert status == 503 and "busy in another process" in answer["message"]
         assert answer["route"] == "kernelext"  # the panel then tries the kernel's own route
     finally:
         holder.send("release")
         holder.close()
     status, answer = post(server, "stop", {"run_id": "held", "store": str(store_path)})
-    assert status == 200
-    assert wait_status(process) == "suspended"
+    assert status == 200 and answer["status"] == "suspended"
+    process.communicate(timeout=120)
+    assert process.returncode == 0
+    assert events(store_path, "held").count(("stop_requested", "panel")) == 2  # each click
 
 
 def test_malformed_bodies_get_the_same_clear_refusal(server: lab.LabServer) -> None:

@@ -172,6 +172,15 @@ def _main(argv: Sequence[str] | None) -> int:
     problem = check(args) if check is not None else None
     if problem is not None:
         parser.error(problem)
+    before_open = getattr(args, "before_open", None)
+    if before_open is not None:  # a command that may answer without the store file
+        try:
+            answered = before_open(args)
+        except KernelextError as exc:
+            say(f"kernelext: {exc}")
+            return int(Exit.ERROR)
+        if answered is not None:
+            return int(answered)
     try:
         store = open_cli_store(args.store)
     except KernelextError as exc:

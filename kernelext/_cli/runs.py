@@ -12,9 +12,12 @@ from .._core import control, expiry
 from .._core.batch_view import stored_batch
 from .._core.conversation import conversation_of, step_text
 from .._core.secrets import shown_json
+from .._core.stop_answer import StopAnswer, busy_answer
 from .._core.stop_estimate import estimate_stop
 from .._formatting import duration_text, step_number, step_numbers
 from .._store import Store
+from .._store.posted_stops import post_stop_at
+from ..errors import RunNotFound
 from ..status import LIVE, Status, StepStatus
 from .common import (
     RUN_ID,
@@ -173,8 +176,13 @@ def waiting_notes(store: Store, run: dict[str, Any]) -> dict[int, str]:
 
 def cmd_stop(args: argparse.Namespace, store: Store) -> int:
     """``kernelext stop RUN_ID [--wait]``: ask a run to stop at its next safe point."""
-    require_run(store, args.run_id)
-    status = control.stop(args.run_id, source=SOURCE, store=store)
+    try:  # a store file kept busy elsewhere: recorded beside it, answered at once
+        status = control.stop(args.run_id, source=SOURCE, store=store)
+    except RunNotFound:
+        require_run(store, args.run_id)  # an unknown id: the usual answer, closest id named
+        raise
+    if isinstance(status, StopAnswer) and status.busy is not None:
+        return _stopped_while_busy(args, status)
     if args.wait:  # read the run's status from the store: waiting never opens the run
         deadline = time.monotonic() + args.timeout
         while status in LIVE and time.monotonic() < deadline:
@@ -191,6 +199,25 @@ def cmd_stop(args: argparse.Namespace, store: Store) -> int:
     else:
         print(f"stop recorded for run {args.run_id}; it is {status}.")
     return status_exit_code(status)
+
+
+def stop_while_busy(args: argparse.Namespace) -> int | None:
+    """``kernelext stop`` before the store is opened: while another process keeps the
+    DuckDB file (a long query) the request is recorded beside it and answered at once;
+    None when the file is free (the command opens the store as usual)."""
+    posted = post_stop_at(args.store, args.run_id, source=SOURCE)
+    if posted is None:
+        return None
+    return _stopped_while_busy(args, busy_answer(args.run_id, posted))
+
+
+def _stopped_while_busy(args: argparse.Namespace, answer: StopAnswer) -> int:
+    if args.json:
+        emit_json({"run_id": args.run_id, "status": answer, "source": SOURCE, "busy": answer.busy})
+    else:
+        wait = " (--wait needs the store file: not waited for)" if args.wait else ""
+        print(f"{answer.busy}{wait}")
+    return status_exit_code(answer)
 
 
 def cmd_sweep(args: argparse.Namespace, store: Store) -> int:
@@ -253,6 +280,7 @@ def register(add: AddCommand) -> None:
         "Ask a run to stop at its next safe point (recorded at once, source 'cli').",
     )
     sub.add_argument("run_id", metavar="RUN_ID", type=RUN_ID)
+    sub.set_defaults(before_open=stop_while_busy)
     sub.add_argument("--wait", action="store_true", help="wait until the run has stopped")
     sub.add_argument(
         "--timeout", type=float, default=60.0, help="seconds --wait waits (default 60)"

@@ -25,6 +25,7 @@ from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import check_takeover, owner_alive
 from .names import check_stored_name
+from .posted_stops import PostedStops
 from .resume_steps import before_first_action
 from .run_engine import RunEngine, StepInfo
 from .runtime import get_store, runtime
@@ -79,6 +80,7 @@ class CellRun:
         self.hashes: dict[str, str] = {}  # step key -> source hash of its last completion
         self.next_ordinal = 0
         self.owned = owned  # created or taken over by this process
+        self._posted = PostedStops(run.store, run)  # stops posted beside a busy store
 
     @property
     def store(self) -> Store:
@@ -117,6 +119,7 @@ class CellRun:
         run.force.raised = False
         run.stop_source = None
         run.stop_event.clear()
+        self._posted = PostedStops(store, run)  # a stop posted before this is not for it
         ordinals = [s["ordinal"] for s in store.steps(run.id)]
         self.next_ordinal = max(ordinals, default=-1) + 1
 
@@ -149,13 +152,15 @@ class CellRun:
         """Suspend the run if a stop is pending (this is a safe point); return the row.
 
         Only the stop: nothing is taken over and no fact is checked. Raises
-        ``OwnershipLost`` when another process took the run over from this one."""
+        ``OwnershipLost`` when another process took the run over from this one. A stop
+        posted beside the store while another process kept it busy counts too."""
+        posted = self.owned and self._posted.take()
         row = self.store.get_run(self.run_id)
         if self.lost(row):
             self.owned = False
             raise self.store.ownership_lost(self.run_id, self.epoch, "next cell")
-        if row["status"] == Status.STOPPING:
-            self.run.stop_source = row.get("stop_source") or "api"
+        if row["status"] == Status.STOPPING or (posted and row["status"] == Status.RUNNING):
+            self.run.stop_source = row.get("stop_source") or self.run.stop_source or "api"
             suspend_run(self.store, self.run, StopRequested(self.run.stop_source))
             self.run.notify("end", Status.SUSPENDED)
             row = self.store.get_run(self.run_id)

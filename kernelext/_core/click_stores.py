@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._store import Store, is_postgres, open_store
+from .._store.posted_stops import post_stop_at
 from ..errors import StoreError
+
+if TYPE_CHECKING:
+    from .._store.duckdb.mailbox import Posted
 
 __all__ = [
     "ALLOWED_OPTIONS",
@@ -35,6 +39,7 @@ __all__ = [
     "busy_key",
     "is_postgres",
     "open_for_click",
+    "post_click_stop",
 ]
 
 STORE_WAIT = 5.0  # seconds a click waits for another process to hand the DuckDB file over
@@ -66,6 +71,33 @@ def open_for_click(address: object, *, shown_in: str | os.PathLike[str]) -> Stor
     ``shown_in``: the folder where this user's kernels recorded the stores their panels
     showed (``shown_stores``); any other address is refused before a file is opened or a
     connection made."""
+    if _admitted(address, shown_in):
+        return _open_postgres(str(address))
+    _check_duckdb(str(address))
+    return open_store(str(address), wait_timeout=STORE_WAIT)
+
+
+def post_click_stop(
+    address: object,
+    run_id: str,
+    *,
+    shown_in: str | os.PathLike[str],
+    source: str,
+    who: str | None,
+    epoch: int | None,
+    force: bool,
+) -> Posted | None:
+    """A click's Stop or Force stop recorded beside a DuckDB store whose file another
+    process keeps (a long query), without opening it; None: open it and record as usual.
+    Only a store a panel showed (as ``open_for_click``)."""
+    if _admitted(address, shown_in):
+        return None
+    _check_duckdb(str(address))
+    return post_stop_at(str(address), run_id, source=source, who=who, epoch=epoch, force=force)
+
+
+def _admitted(address: object, shown_in: str | os.PathLike[str]) -> bool:
+    """Refuse an address no panel of this user showed (nothing opened); True: PostgreSQL."""
     from .shown_stores import NOT_SHOWN, was_shown
 
     if not isinstance(address, str) or not address.strip():
@@ -80,10 +112,10 @@ def open_for_click(address: object, *, shown_in: str | os.PathLike[str]) -> Stor
         raise ValueError(f"The store path must be absolute, not {address!r}.")
     if not was_shown(shown_in, address):
         raise ValueError(NOT_SHOWN)
-    return _open_postgres(address) if postgres else _open_duckdb(address)
+    return postgres
 
 
-def _open_duckdb(address: str) -> Store:
+def _check_duckdb(address: str) -> None:
     if not os.path.isfile(address):
         raise ValueError(
             f"No kernelext store at {address!r} (no such file): the run's kernel may have "
@@ -94,7 +126,6 @@ def _open_duckdb(address: str) -> Store:
             f"{address!r} is not a kernelext store (no kernelext process ever opened it): "
             "nothing was changed."
         )
-    return open_store(address, wait_timeout=STORE_WAIT)
 
 
 def _open_postgres(address: str) -> Store:

@@ -26,7 +26,7 @@ from .._validate import check_plan as plan_type
 from ..errors import OwnershipLost, RunStateError
 from ..status import LIVE, Reason, Status
 from . import cell_runs
-from .handle import Handle, request_stop
+from .handle import Handle, post_stop_if_busy, request_stop
 from .lease import owner_gone
 from .names import check_stored_name
 from .plan import ResumePlan, check_plan
@@ -70,6 +70,9 @@ def stop(
             raise OwnershipLost(run_id, owner=None, epoch=held, held=epoch, what="stop")
         return request_stop(live.store, run_id, source=source, handle=live, who=who)
     store = get_store(store)
+    posted = post_stop_if_busy(store, run_id, source=source, who=who, epoch=epoch)
+    if posted is not None:  # another process keeps the store file: recorded beside it
+        return posted
     row = store.get_run(run_id)
     if owner_gone(row, store.now()):  # nobody would reach a safe point: stopped here
         stopped = stop_gone_owner(store, run_id, source=source, who=who, epoch=epoch)
@@ -102,6 +105,9 @@ def force_stop(
         live.force_stop(source=source)
         return str(Status.STOPPING)
     store = get_store(store)
+    posted = post_stop_if_busy(store, run_id, source=source, who=who, epoch=epoch, force=True)
+    if posted is not None:  # another process keeps the store file: recorded beside it
+        return posted
     status = stop(run_id, source=source, store=store, epoch=epoch, who=who)
     if status in LIVE and not is_cell_run(store.get_run(run_id)):
         store.record_event(run_id, FORCE_REQUESTED, source=source, who=who)

@@ -40,9 +40,10 @@ from ..errors import (
 )
 from ..status import FINAL, LIVE, Status
 from . import control
-from .click_stores import open_for_click, passwords_in
+from .click_stores import open_for_click, passwords_in, post_click_stop
 from .decide_elsewhere import DECISIONS, answer, decide
 from .lease import last_heard, owner_gone
+from .stop_answer import busy_answer
 
 __all__ = ["ACTIONS", "BUTTONS", "SOURCES", "act", "check_texts", "describe_error", "store_address"]
 
@@ -113,6 +114,10 @@ def act(
     check_texts({**fields, "key": key, "answer": value})
     RUN_ID("run_id", run_id)
     started = time.perf_counter()
+    if action in ("stop", "force"):
+        busy = _recorded_while_busy(action, run_id, address, shown_in, source, epoch, who)
+        if busy is not None:
+            return {**busy, "seconds": _since(started)}
     store = open_for_click(address, shown_in=shown_in)
     try:
         row = store.get_run(run_id)
@@ -151,6 +156,37 @@ def act(
             else _message(action, run_id, before, status, cell, where)
         ),
         "seconds": _since(started),
+    }
+
+
+def _recorded_while_busy(
+    action: str,
+    run_id: str,
+    address: str,
+    shown_in: str | os.PathLike[str],
+    source: str,
+    epoch: int | None,
+    who: str | None,
+) -> dict[str, Any] | None:
+    """A Stop or Force stop recorded beside a DuckDB store another process keeps busy (a
+    long query), without waiting for its file; None when the file is free."""
+    force = action == "force"
+    try:
+        posted = post_click_stop(
+            address, run_id, shown_in=shown_in, source=source, who=who, epoch=epoch, force=force
+        )
+    except OwnershipLost as exc:
+        raise RunStateError(_stale(run_id, exc.epoch, epoch)) from None
+    if posted is None:
+        return None
+    answer = busy_answer(run_id, posted, force=force)
+    return {
+        "run_id": run_id,
+        "action": action,
+        "status": str(answer),
+        "source": source,
+        "recorded": True,
+        "message": f"{answer.busy} ({SOURCES[source]})",
     }
 
 

@@ -19,10 +19,10 @@ from .conversation import conversation_of
 from .run import engine_of
 from .run_engine import RunEngine
 from .runtime import runtime
-from .stop_answer import StopAnswer, nothing_to_stop
+from .stop_answer import StopAnswer, busy_answer, nothing_to_stop
 from .stop_estimate import estimate_stop
 
-__all__ = ["ERROR_SHOWN", "Handle", "request_stop"]
+__all__ = ["ERROR_SHOWN", "Handle", "post_stop_if_busy", "request_stop"]
 
 ERROR_SHOWN = 500  # characters of an error a display shows: as many as runs.reason keeps
 
@@ -190,6 +190,24 @@ def request_stop(
         _raise_stop_flag(engine_of(handle.run), source)  # even if the request could not be queued
     durable()
     return StopAnswer(Status.STOPPING)
+
+
+def post_stop_if_busy(
+    store: Store,
+    run_id: str,
+    *,
+    source: str,
+    who: str | None = None,
+    epoch: int | None = None,
+    force: bool = False,
+) -> StopAnswer | None:
+    """Record a stop of a run executing elsewhere without waiting for a busy store file.
+
+    When another process keeps the DuckDB file (a long query) past a second, the request is
+    made durable beside it (``Store.post_stop_if_busy``) and the run's process reads it
+    from there at once; the answer says so. None: write it in the tables as usual."""
+    posted = store.post_stop_if_busy(run_id, source=source, who=who, epoch=epoch, force=force)
+    return None if posted is None else busy_answer(run_id, posted, force=force)
 
 
 def _raise_stop_flag(run: RunEngine, source: str) -> None:

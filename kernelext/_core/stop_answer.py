@@ -8,27 +8,53 @@ notice as the cell's result.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._shown import shown
 from ..status import Status
 
-__all__ = ["StopAnswer", "nothing_to_stop"]
+if TYPE_CHECKING:
+    from .._store.duckdb.mailbox import Posted
+
+__all__ = ["StopAnswer", "busy_answer", "nothing_to_stop"]
 
 
 class StopAnswer(str):
     """The run's status after a stop request (equal to it), with ``notice``: ``None`` when
-    the request was taken, else a sentence saying why there was nothing to stop."""
+    the request was taken, else a sentence saying why there was nothing to stop.
+
+    ``busy``: set when another process kept the store file (a long query) and the request
+    was recorded beside it instead (``Store.post_stop_if_busy``): the sentence says so and
+    who holds the file. The status is then ``stopping``, as the run's process sees it."""
 
     notice: str | None
+    busy: str | None
 
-    def __new__(cls, status: str, notice: str | None = None) -> StopAnswer:
+    def __new__(cls, status: str, notice: str | None = None, busy: str | None = None) -> StopAnswer:
         answer = super().__new__(cls, str(status))
         answer.notice = notice
+        answer.busy = busy
         return answer
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython's display
-        printer.text(shown(self.notice or repr(str(self)), lines=True))
+        printer.text(shown(self.notice or self.busy or repr(str(self)), lines=True))
+
+
+def busy_answer(run_id: str, posted: Posted, *, force: bool = False) -> StopAnswer:
+    """The answer to a stop recorded beside a busy store (``Store.post_stop_if_busy``)."""
+    holder = f"process {posted.pid}" if posted.pid is not None else "another process"
+    since = f" since {posted.since}" if posted.since else ""
+    what = "force stop" if force else "stop"
+    return StopAnswer(
+        Status.STOPPING,
+        busy=(
+            f"{what} recorded for run {run_id}; the store is busy ({holder} holds it{since}, "
+            "e.g. for a long query), so the run's process reads the request beside it and the "
+            "run stops at its next safe point"
+            + (" (its current step is cancelled)" if force else "")
+            + ". A run that is no longer running keeps its status."
+        ),
+    )
 
 
 def nothing_to_stop(run_id: str, status: str) -> str | None:

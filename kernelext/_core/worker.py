@@ -1,8 +1,9 @@
 """The worker thread that executes a run, and how a run's end is recorded.
 
 ``launch`` starts three threads per run: the worker (the agent's code), the monitor
-(escalates a stop that overruns ``max_step_seconds``, renews the lease; never waits for
-the store) and the stop-watch (sees stops recorded by other processes).
+(escalates a stop that overruns ``max_step_seconds``, renews the lease, takes the stops
+posted beside a busy store, see ``posted_stops``; never waits for the store) and the
+stop-watch (sees stops recorded by other processes).
 
 An ``async def`` agent runs on an event loop of its own, made in the worker thread for
 the run and closed after it (``asyncio.run``'s way: tasks left over are cancelled, async
@@ -33,6 +34,7 @@ from .context import reset_current_run, set_current_run
 from .groups import unwrap_group
 from .handle import Handle
 from .lease import RENEW_SECONDS, lease_until
+from .posted_stops import POSTED_POLL_SECONDS, PostedStops
 from .run import engine_of
 from .run_engine import STOP_POLL_SECONDS, RunEngine
 from .runtime import Runtime, runtime
@@ -322,11 +324,13 @@ def _monitor(handle: Handle) -> None:
     """
     run = engine_of(handle.run)
     renewed = 0.0
+    posted = PostedStops(handle.store, run)  # stops journaled elsewhere while the file is busy
     while handle.thread is not None and handle.thread.is_alive():
         if time.monotonic() - renewed >= RENEW_SECONDS:
             renewed = time.monotonic()
             _renew_lease(handle.store, run.id)
         time.sleep(MONITOR_TICK)
+        posted.take(every=POSTED_POLL_SECONDS)
         info = run.current
         if not run.stop_event.is_set() or info is None:
             if (

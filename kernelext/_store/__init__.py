@@ -17,6 +17,7 @@ from .effects import EffectsMixin
 from .expiry import ExpiryMixin
 from .facts import FactsMixin
 from .heartbeats import HeartbeatsMixin
+from .posted_stops import PostedStopsMixin
 from .questions import QuestionsMixin
 from .restart import RestartMixin
 from .runs import RunsMixin, Transition
@@ -48,6 +49,7 @@ class Store(
     ClaimsMixin,
     FactsMixin,
     HeartbeatsMixin,
+    PostedStopsMixin,
     EffectsMixin,
     StepsMixin,
     StopRequestsMixin,

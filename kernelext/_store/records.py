@@ -12,21 +12,21 @@ are applied as before.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import OwnershipLost, RunNotFound
-from ..status import EffectStatus, Status, StepStatus
+from ..errors import OwnershipLost
+from ..status import EffectStatus, StepStatus
 from .run_end import END_STATUSES, fold_run_end
 from .run_end import REQUIRED_FIELDS as RUN_END_FIELDS
 from .run_end import already_applied as run_end_applied
-from .transitions import move_tx
+from .stop_record import FORCE_REQUESTED, STOP_REQUESTED, stop_request
 from .writer import Tx
 
 __all__ = [
     "APPLY",
     "FENCED",
+    "FORCE_REQUESTED",
     "STOP_REQUESTED",
     "WHAT",
     "apply_record",
@@ -201,54 +201,6 @@ def fact(tx: Tx, d: dict[str, Any]) -> None:
             d["at"],
             d["compare_name"],
         ),
-    )
-
-
-STOP_REQUESTED = "stop_requested"  # the event kind of every stop request
-FORCE_REQUESTED = "force_requested"  # a forced stop asked for (the stop is requested too)
-_STOP_EVENT = (
-    "INSERT INTO events (run_id, occurred_at, kind, from_status, to_status, source, actor,"
-    " reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-def stop_request(tx: Tx, d: dict[str, Any]) -> None:
-    """A stop asked of a run live in the journaling process (see
-    ``StopRequestsMixin.request_stop``).
-
-    The first request moves ``running`` to ``stopping``; every request adds one
-    ``stop_requested`` event. The event carries the request's id, and a request whose
-    event is already there is skipped: folding a journal again after a crash is harmless.
-    (Not its time: a move is dated after the run's last one, see ``move_tx``.)
-    """
-    detail = json.dumps({"request": d["request"]}, sort_keys=True)
-    if tx.fetchone(
-        "SELECT 1 FROM events WHERE run_id = ? AND kind = ? AND detail = ?",
-        (d["run_id"], STOP_REQUESTED, detail),
-    ):
-        return
-    try:
-        moved = move_tx(
-            tx,
-            d["run_id"],
-            Status.STOPPING,
-            (Status.RUNNING,),
-            now=d["at"],
-            kind=STOP_REQUESTED,
-            source=d["source"],
-            who=d["who"],
-            reason=d.get("reason"),
-            detail={"request": d["request"]},
-            fields={"stop_requested_at": d["at"], "stop_source": d["source"]},
-        )
-    except RunNotFound:  # the run was deleted meanwhile: nothing left to stop
-        return
-    if moved.ok:
-        return
-    reason = d.get("reason") or f"run already {moved.before}"
-    tx.execute(
-        _STOP_EVENT,
-        (d["run_id"], d["at"], STOP_REQUESTED, None, None, d["source"], d["who"], reason, detail),
     )
 
 

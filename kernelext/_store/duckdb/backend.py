@@ -35,6 +35,7 @@ from .bulk import apply_records
 from .fence import FenceFiles, foreign_records
 from .handoff import HandoffLock
 from .hot_path import JournalHotPath
+from .mailbox import ForeignStops, Posted, post_when_busy
 from .recovery import fold_orphaned_journals
 from .side_files import SideFiles
 from .store_files import (
@@ -242,6 +243,14 @@ class DuckDBConnection(Backend):
             waiting=self.waiting_for_file,
         )
         return self.hot_path
+
+    def post_stop_when_busy(self, data: dict[str, Any], *, epoch: int | None) -> Posted | None:
+        """A stop request journaled aside while another process keeps the file (``mailbox``)."""
+        return post_when_busy(self, data, epoch=epoch)
+
+    def foreign_stops(self) -> ForeignStops:
+        """A reader of the stop requests other processes posted beside the store."""
+        return ForeignStops(self.path, self.hot_path.path if self.hot_path is not None else None)
 
     def waiting_for_file(self) -> bool:
         """A thread of this process waits for its turn at the store file (another process
