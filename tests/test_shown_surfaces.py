@@ -1,0 +1,107 @@
+"""Surfaces that must pass the display door: kernelext's log lines and the server's,
+kernelext's own errors (registered secrets masked), ``kx.sql()`` output, the question
+card's and the reconcile and revalidation widgets' labels."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import kernelext as kx
+from kernelext.errors import KernelextError
+
+SECRET = "Zq9sEcretVal4567xyz"
+ESCAPES = "\x1b[2J\x1b[31m"
+FORGED = "\n[E 2026-12-06 kernelext] forged line"
+
+
+@pytest.fixture
+def kernelext_log() -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logger = logging.getLogger("kernelext")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield out
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_a_log_line_shows_no_escape_code_and_forges_no_line(
+    store: Any, kernelext_log: io.StringIO
+) -> None:
+    @kx.effect(name="probe_me" + ESCAPES + FORGED, probe=lambda key, args: None)
+    def flaky(x: int) -> None:
+        raise TimeoutError("slow")
+
+    @kx.agent(name="logged")
+    def logged(run: kx.Run) -> None:
+        with run.step("s"):
+            flaky(1)
+
+    logged.start(run_id="lg1").wait(60)
+    kx.resume("lg1").wait(60)
+    out = kernelext_log.getvalue()
+    assert "probe_me\\x1b[2J" in out, out  # the tool's name, escaped
+    assert "\x1b" not in out and FORGED not in out
+    assert all(line.startswith("kernelext") for line in out.splitlines()), out
+
+
+def test_the_servers_log_lines_pass_the_door() -> None:
+    """Each value a server log line holds is shown, or a number of seconds."""
+    import ast
+    import inspect
+
+    from kernelext._server import handlers
+
+    calls = [
+        node
+        for node in ast.walk(ast.parse(inspect.getsource(handlers)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and ast.unparse(node.func.value).endswith(".log")
+    ]
+    assert len(calls) >= 2
+    for call in calls:
+        for value in call.args[1:]:
+            text = ast.unparse(value)
+            assert text.startswith("shown(") or text.endswith("seconds']"), text
+
+
+@pytest.fixture
+def registered() -> Iterator[str]:
+    kx.secrets.register(SECRET)
+    try:
+        yield SECRET
+    finally:
+        kx.secrets.forget(SECRET)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: kx.resume("nope-" + SECRET),
+        lambda: kx.approve(SECRET),
+        lambda: kx.answer("x" + SECRET, "1"),
+    ],
+    ids=["resume", "approve", "answer"],
+)
+def test_kernelexts_errors_mask_a_registered_secret(store: Any, registered: str, call: Any) -> None:
+    with pytest.raises(KernelextError) as caught:
+        call()
+    assert registered not in str(caught.value)
+    assert "***" in str(caught.value)
+
+
+def test_every_shown_text_masks_a_registered_secret(registered: str) -> None:
+    from kernelext._shown import shown, shown_html
+
+    assert shown(f"token {registered}\u200b") == "token ***\\u200b"
+    assert registered not in shown_html(f"<b>{registered}</b>")
