@@ -105,3 +105,41 @@ def test_every_shown_text_masks_a_registered_secret(registered: str) -> None:
 
     assert shown(f"token {registered}\u200b") == "token ***\\u200b"
     assert registered not in shown_html(f"<b>{registered}</b>")
+
+
+# -- the question card ----------------------------------------------------------------------------
+LOOKS_SAME = ["paypal", "p\u0430ypal", "pay\u202e001"]  # Latin, Cyrillic а, a bidi override
+
+
+def test_the_question_cards_choices_and_default_are_shown_through_the_door(store: Any) -> None:
+    from kernelext._shown import shown
+    from kernelext.widgets._questions import QuestionCard, input_for
+
+    @kx.agent(name="chooser")
+    def chooser(run: kx.Run) -> None:
+        run.ask("Pay whom?", schema=LOOKS_SAME, default=LOOKS_SAME[2])
+
+    assert chooser.start(run_id="choose").wait(60) == "suspended"
+    (question,) = kx.questions("choose")
+    box = QuestionCard(question).buttons
+    assert list(box.choices) == LOOKS_SAME  # what is sent back: the choice itself
+    assert list(box.choice_labels) == [shown(c) for c in LOOKS_SAME]
+    assert len(set(box.choice_labels)) == 3 and "\u202e" not in "".join(box.choice_labels)
+    assert box.typed == LOOKS_SAME[2] and box.typed_label == "pay\\u202e001"
+    dropdown, read = input_for({"enum": LOOKS_SAME})
+    assert [label for label, _ in dropdown.options] == box.choice_labels
+    dropdown.value = 1
+    assert read() == LOOKS_SAME[1]
+
+
+def test_the_answer_box_script_shows_labels_and_sends_the_choice_by_index() -> None:
+    from pathlib import Path
+
+    import kernelext.widgets as widgets
+
+    script = (Path(widgets.__file__).parent / "_stop_buttons.js").read_text()
+    body = script[script.index("function answerInput") : script.index("function renderQuestion")]
+    assert "option.value = String(index)" in body
+    assert "option.textContent = labels[index]" in body
+    assert "choices[Number(input.value)]" in body
+    assert 'model.get("typed_label")' in body and 'input.value = model.get("typed")' not in body
