@@ -4,6 +4,7 @@ card's and the reconcile and revalidation widgets' labels."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 from collections.abc import Iterator
@@ -143,3 +144,41 @@ def test_the_answer_box_script_shows_labels_and_sends_the_choice_by_index() -> N
     assert "option.textContent = labels[index]" in body
     assert "choices[Number(input.value)]" in body
     assert 'model.get("typed_label")' in body and 'input.value = model.get("typed")' not in body
+
+
+# -- the reconcile and revalidation widgets' pickers ----------------------------------------------
+HIDDEN = "\u202e\u200b\x1b[31m"
+
+
+class Lost(BaseException):
+    """Stands for the process going away in the middle of a call."""
+
+
+@kx.effect(name="ship" + HIDDEN)
+def hidden_ship(order: int) -> None:
+    raise Lost
+
+
+@kx.agent(name="hidden-unknowns")
+def hidden_unknowns(run: kx.Run) -> None:
+    with run.step("ship" + HIDDEN), contextlib.suppress(Lost):
+        hidden_ship(1)
+    raise RuntimeError("the process went away")
+
+
+def test_the_reconcile_pickers_labels_pass_the_door(store: Any) -> None:
+    from kernelext.widgets._reconcile import reconcile_for_handle
+
+    assert hidden_unknowns.start(run_id="hidden").wait(60) == "failed"
+    widget = reconcile_for_handle(kx.resume("hidden"))
+    assert widget is not None
+    (label,) = [label for label, _ in widget.picker.options]
+    assert "ship\\u202e\\u200b\\x1b[31m" in label
+    assert not set("\u202e\u200b\x1b") & set(label)
+
+
+def test_the_revalidation_step_picker_shows_step_names_through_the_door() -> None:
+    from kernelext._formatting import step_label
+
+    assert step_label(2, "fetch" + HIDDEN) == "step 3 (fetch\\u202e\\u200b\\x1b[31m)"
+    assert not set("\u202e\u200b\x1b") & set(step_label(None, "fetch" + HIDDEN))
