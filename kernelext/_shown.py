@@ -273,19 +273,26 @@ def _cell(value: Any) -> Any:
     return shown(value) if isinstance(value, str) else value
 
 
+def _column_name(name: Any) -> str:
+    """A column's name as read: a name that is not text says its type (``0 (int)``), so
+    columns ``0`` and ``"0"`` do not look the same."""
+    return shown(name) if isinstance(name, str) else shown(f"{name!r} ({type(name).__name__})")
+
+
 def shown_frame(frame: Any) -> Any:
     """``frame`` (a pandas DataFrame) as it may be read: a copy whose text cells and column
-    names passed the door, columns holding no such text left as they are (dtype and all);
-    ``frame`` itself when nothing changes."""
+    names passed the door (a name that is not text marked with its type), columns holding
+    no such text left as they are (dtype and all); ``frame`` itself when nothing changes."""
     copy = frame
     for index in range(frame.shape[1]):
         column = frame.iloc[:, index]
         if any(isinstance(v, str) and shown(v) != v for v in column):
             copy = frame.copy() if copy is frame else copy
             copy.isetitem(index, column.map(_cell))
-    if any(isinstance(name, str) and shown(name) != name for name in frame.columns):
+    names = [_column_name(name) for name in frame.columns]
+    if getattr(frame.columns, "nlevels", 1) == 1 and names != list(frame.columns):
         copy = frame.copy() if copy is frame else copy
-        copy.columns = [_cell(name) for name in frame.columns]
+        copy.columns = names
     return copy
 
 

@@ -182,3 +182,29 @@ def test_the_revalidation_step_picker_shows_step_names_through_the_door() -> Non
 
     assert step_label(2, "fetch" + HIDDEN) == "step 3 (fetch\\u202e\\u200b\\x1b[31m)"
     assert not set("\u202e\u200b\x1b") & set(step_label(None, "fetch" + HIDDEN))
+
+
+# -- kx.sql() and column names ---------------------------------------------------------------------
+def test_kx_sql_displays_through_the_door_and_keeps_its_values(store: Any) -> None:
+    import pandas as pd
+
+    frame = kx.sql("select ? as name, 1 as n", ["bob\u202e\x1b[31m"])
+    assert frame["name"][0] == "bob\u202e\x1b[31m"  # for code: the value as stored
+    for shown_text in (repr(frame), frame._repr_html_()):
+        assert "bob\\u202e\\x1b[31m" in shown_text
+        assert "\u202e" not in shown_text and "\x1b" not in shown_text
+    derived = frame.head(1)
+    assert type(derived) is pd.DataFrame  # what it derives is a plain table
+
+
+def test_a_column_named_0_and_one_named_the_text_0_read_differently() -> None:
+    import pandas as pd
+
+    from kernelext._shown import shown_frame
+
+    frame = pd.DataFrame([[1, 2]], columns=pd.Index([0, "0"], dtype=object))
+    seen = shown_frame(frame)  # what kx.sql(), kx.runs() and %%ledger tables display
+    header = repr(seen).splitlines()[0]
+    assert "0 (int)" in header and header.count("0") == 2
+    assert "0 (int)" in seen._repr_html_()
+    assert list(frame.columns) == [0, "0"]
