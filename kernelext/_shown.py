@@ -18,12 +18,13 @@ world, so it may hold characters that draw something other than what is there:
   look-alike forms of plain letters or digits (fullwidth ``ｐ``, mathematical ``𝐩``) reads
   ``[look-alike characters]``, as does any word that is not plain ASCII but reads as
   plain ASCII (its UTS 39 skeleton, from Unicode's confusables, is ASCII: ``paypaⅼ.com``,
-  ``gıthub.com``, ``paypal․com``, ``a.com∕evil``; typographic quotes, dashes and the
-  ellipsis excepted); Latin mixes with Han, Kana or Hangul only where those letters do
-  not draw a plain letter or digit (``paypaㅣ.com``, ``gロogle.com`` are flagged); a
-  number with digits of several scripts (``12৪4``, which ``int()`` reads as 1244) reads
-  ``[digits of several scripts]``; a line with right-to-left letters and digits, whose
-  order a display may turn around, ends with ``[right-to-left text]``.
+  ``gıthub.com``, ``paypal․com``, ``a.com∕evil``; typographic quotes, dashes, primes,
+  ``×``, ``−`` and the ellipsis excepted); Latin mixes with Han, Kana or Hangul only
+  where those letters do not draw a plain letter or digit (``paypaㅣ.com`` and
+  ``gロogle.com`` are flagged); a number with digits of several scripts (``12৪4``,
+  which ``int()`` reads as 1244) reads ``[digits of several scripts]``; a line with
+  right-to-left letters and digits, whose order a display may turn around, ends with
+  ``[right-to-left text]``.
 - **Invisible wherever they stand**: every Default_Ignorable_Code_Point (variation
   selectors, the combining grapheme joiner, Hangul fillers, tag characters...) and the
   blank-looking Braille pattern U+2800 are escaped, even after a letter.
@@ -71,8 +72,9 @@ _LOOK_ALIKE_FORMS = ("<wide>", "<font>")  # fullwidth ``ｐ``, mathematical ``�
 # Blank-looking characters that are not Default_Ignorable: the Braille blank, the
 # musical null notehead.
 _BLANKS = frozenset("\u2800\U0001d159")
-# Typography that reads as what it is in prose (quotes, dashes, the ellipsis).
-_PROSE = frozenset("\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u02bc")
+# Typography that reads as what it is in prose (quotes, dashes, the ellipsis, primes, the
+# signs of multiplication and minus, the middle dot).
+_PROSE = frozenset("\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u02bc\u2032\u2033\u00d7\u2212\u00b7")
 # CJK letters drawn as a plain letter or digit, which confusables.txt maps to other CJK
 # letters only (one stroke: l, I, 1; a ring or a box: o; a bar: -).
 _CJK_TO_ASCII = {

@@ -208,3 +208,68 @@ def test_a_column_named_0_and_one_named_the_text_0_read_differently() -> None:
     assert "0 (int)" in header and header.count("0") == 2
     assert "0 (int)" in seen._repr_html_()
     assert list(frame.columns) == [0, "0"]
+
+
+# -- kernelext approvals --show / --out ------------------------------------------------------------
+@kx.effect(needs_approval=True)
+def upload(rows: Any) -> int:
+    return 1
+
+
+@kx.agent(name="uploader")
+def uploader(run: kx.Run, rows: Any) -> None:
+    with run.step("s"):
+        upload(rows)
+
+
+def test_approvals_show_aligns_shown_cells_and_out_writes_no_formula(
+    store: Any, store_path: Any, tmp_path: Any
+) -> None:
+    import contextlib
+    import csv
+
+    import pandas as pd
+
+    from kernelext._cli.main import main
+
+    rows = pd.DataFrame(
+        {
+            "payee": ['=HYPERLINK("http://evil","alice")', "bob\u202e\u200b", "\u6771\u4eac"],
+            "amount": ["=2*50", "-5", "@SUM(A1)"],
+            "note": ["+A1*2", "\tx", "ok"],
+        }
+    )
+    assert uploader.start(rows, run_id="up").wait(60) == "suspended"
+    (request,) = kx.approvals("up")
+    out = io.StringIO()
+    target = tmp_path / "rows.csv"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        main(["approvals", "--show", str(request.id), "--store", str(store_path)])
+        main(
+            [
+                "approvals",
+                "--show",
+                str(request.id),
+                "--out",
+                str(target),
+                "--store",
+                str(store_path),
+            ]
+        )
+    table = [
+        line
+        for line in out.getvalue().splitlines()
+        if line.lstrip().startswith(("#", "1 ", "2 ", "3 "))
+    ]
+    header, first, second = table[0], table[1], table[2]
+    assert "bob\\u202e\\u200b" in second
+    assert header.index("note") == second.index("\\tx"), out.getvalue()
+    assert header.index("note") == first.index("+A1*2")
+    third = table[3]  # 東京 takes four columns on a terminal
+    before_ok = third[: third.index(" ok")]
+    assert len(before_ok) + sum(c in "\u6771\u4eac" for c in before_ok) + 1 == header.index("note")
+    with target.open(encoding="utf-8", newline="") as written_file:
+        written = list(csv.reader(written_file))
+    assert written[1] == ['\'=HYPERLINK("http://evil","alice")', "'=2*50", "'+A1*2"]
+    assert written[2] == ["bob\u202e\u200b", "-5", "'\tx"]
+    assert written[3] == ["\u6771\u4eac", "'@SUM(A1)", "ok"]  # and a number stays one

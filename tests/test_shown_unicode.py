@@ -114,6 +114,7 @@ def test_a_look_alike_of_plain_text_is_flagged(raw: str, flags: list[str] | None
         "caf\u00e9 cafe\u0301 na\u00efve \u00c5ngstr\u00f6m",
         "\u6771\u4eactokyo \u30e9\u30fc\u30e1\u30f3bar \uc11c\uc6b8seoul \uc774 \uc624",
         "don\u2019t \u201cquote\u201d 2020\u20132021 \u2014 wait\u2026",
+        "3 rows \u00d7 3 columns, 3\u00d74, \u22125 \u00b0C, 5\u2032 2\u2033, a\u00b7b",
         "\u043c\u043e\u0441\u043a\u0432\u0430 \u0928\u092e\u0938\u094d\u0924\u0947 "
         "\u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627",
         "\u0967\u0968\u0969 \u0661\u0662 12",
