@@ -273,3 +273,12 @@ def test_approvals_show_aligns_shown_cells_and_out_writes_no_formula(
     assert written[1] == ['\'=HYPERLINK("http://evil","alice")', "'=2*50", "'+A1*2"]
     assert written[2] == ["bob\u202e\u200b", "-5", "'\tx"]
     assert written[3] == ["\u6771\u4eac", "'@SUM(A1)", "ok"]  # and a number stays one
+
+
+def test_a_kx_sql_table_pickles_as_one(store: Any) -> None:
+    import pickle
+
+    frame = kx.sql("select ? as name", ["bob\u202e"])
+    back = pickle.loads(pickle.dumps(frame))
+    assert type(back) is type(frame) and back.equals(frame)
+    assert "\u202e" not in repr(back)

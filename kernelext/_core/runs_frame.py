@@ -53,11 +53,14 @@ class ShownFrame(pd.DataFrame):  # type: ignore[misc]  # pandas ships no types
         return shown_frame(pd.DataFrame(self))._repr_html_()  # type: ignore[no-any-return]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return pd.DataFrame, (pd.DataFrame(self),)  # unpickled: a plain DataFrame
+        return shown_table, (pd.DataFrame(self),)  # unpickled: one again
 
 
 class RunsFrame(ShownFrame):
     """A DataFrame of ``kx.runs()``; displayed with the extension loaded, the live overview."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return pd.DataFrame, (pd.DataFrame(self),)  # unpickled: a plain DataFrame (no store)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
         renderer = runtime().settings.runs_renderer
