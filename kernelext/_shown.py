@@ -161,7 +161,8 @@ def _script(char: str) -> str | None:
     return _SCRIPT_WORDS.get(first, first.capitalize())
 
 
-def _flags(word: str) -> list[str]:
+@functools.lru_cache(maxsize=8192)
+def _flags(word: str) -> tuple[str, ...]:
     scripts = {s for s in map(_script, word) if s is not None}
     flags = []
     if len(scripts) > 1 and not _allowed_mix(word, scripts):
@@ -170,7 +171,7 @@ def _flags(word: str) -> list[str]:
         flags.append("look-alike characters")
     if len({_zero(char) for char in word if unicodedata.category(char) == "Nd"}) > 1:
         flags.append("digits of several scripts")
-    return flags
+    return tuple(flags)
 
 
 def _allowed_mix(word: str, scripts: set[str]) -> bool:
