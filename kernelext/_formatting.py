@@ -21,6 +21,8 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ._shown import shown
+
 # The step key of effects made outside any step (never shown to a person; the core's
 # kernelext._core.names re-exports it, and this leaf module is where it is defined).
 OUTSIDE_STEPS = "__run__"
@@ -109,16 +111,17 @@ def step_numbers(steps: Iterable[Mapping[str, Any]]) -> dict[int, int]:
 
 def step_label(ordinal: int | None, key: str | None = None, total: int | None = None) -> str:
     """``step 3``, ``step 3 of 12``, ``step 3 (fetch-page)``: the step stored with ordinal
-    2; its key is shown unless it is only the ordinal or the number again."""
+    2; its key is shown (through the display door) unless it is only the ordinal or the
+    number again."""
     if ordinal is None:
         if key == OUTSIDE_STEPS:  # an effect made outside steps: no step to name
             return "outside steps"
-        return f"step {key!r}" if key is not None else "no step"
+        return shown(f"step {key!r}") if key is not None else "no step"
     number = step_number(ordinal)
     text = f"step {number}" + (f" of {total}" if total else "")
     if key is None or key in (str(ordinal), str(number)):
         return text
-    return f"{text} ({cell_title(key) or key})"
+    return f"{text} ({shown(cell_title(key) or key)})"
 
 
 # A %%agent cell's step key is its notebook cell id (``cell:<id>``) or a hash of its source

@@ -40,15 +40,20 @@ LOOK_ALIKES = ("p\u0430ypal.com", "\uff50aypal", "b\u043eb@bank.com")  # Cyrilli
 MIXED = "[mixed scripts: Latin + Cyrillic]"
 
 
+# Invisible though not a control or a space: Hangul fillers (Lo), the Braille blank (So),
+# variation selectors, the combining grapheme joiner, Mongolian and Khmer ones (Mn).
+BLANK_LOOKING = "\u3164\u115f\u1160\uffa0\u2800\ufe0f\U000e0100\u034f\u180b\u17b4\u17b5"
+
+
 def unsafe(text: str) -> list[str]:
     """The characters of ``text`` a person could not see as they are: control, format
     (zero-width, bidi), separators other than the space and the newline, private-use or
-    unassigned ones, and a combining mark with nothing to combine with."""
+    unassigned ones, blank-looking ones, and a combining mark with nothing to combine with."""
     found = []
     before = "\n"
     for char in text:
         category = unicodedata.category(char)
-        invisible = category[0] == "C" or category in ("Zl", "Zp") or category == "Zs"
+        invisible = category[0] == "C" or category in ("Zl", "Zp", "Zs") or char in BLANK_LOOKING
         if (invisible and char not in " \n") or (category[0] == "M" and before in " \n"):
             found.append(char)
         before = char
@@ -59,9 +64,12 @@ def unsafe(text: str) -> list[str]:
 hostile_char = st.one_of(
     st.characters(categories=["Cc", "Cf", "Zl", "Zp", "Zs", "Co", "Cn", "Mn", "Me", "Mc"]),
     st.sampled_from(BIDI_CONTROLS),
+    st.sampled_from(BLANK_LOOKING),
 )
 hostile_text = st.lists(
-    st.one_of(hostile_char, st.sampled_from([*LOOK_ALIKES, "1987 6543", "a", " ", "\n"])),
+    st.one_of(
+        hostile_char, st.sampled_from([*LOOK_ALIKES, "1987 6543", "a", "a\ufe0f", " ", "\n"])
+    ),
     min_size=1,
     max_size=10,
 ).map("".join)
@@ -82,7 +90,7 @@ def test_the_door_leaves_nothing_invisible_and_is_idempotent(text: str, lines: b
     [
         ("\u20261987 \u202e6543", "\u20261987 \\u202e6543"),
         ("bob\u200b@bank.com", "bob\\u200b@bank.com"),
-        ("p\u0430ypal.com", f"p\u0430ypal.com {MIXED}"),
+        ("p\u0430ypal.com", f"p\u0430ypal.com {MIXED} [look-alike characters]"),
         ("\uff50aypal.com", "\uff50aypal.com [look-alike characters]"),
         ("\u05e9\u05dc\u05d5\u05dd 1987", "\u05e9\u05dc\u05d5\u05dd 1987 [right-to-left text]"),
         ("ok\x1b[31m red", "ok\\x1b[31m red"),

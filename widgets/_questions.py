@@ -19,7 +19,7 @@ from kernelext._core.control import resume_if_here
 from kernelext._core.from_elsewhere import store_address
 from kernelext._core.questions import Question
 from kernelext._formatting import moment_text
-from kernelext._shown import shown_html
+from kernelext._shown import shown, shown_html
 
 from ._stop_buttons import AnswerButtons
 
@@ -43,7 +43,9 @@ def input_for(spec: dict[str, Any], default: Any = None) -> tuple[Any, Callable[
     """An input widget that fits ``spec`` and a function reading its value."""
     if "enum" in spec:
         choices = list(spec["enum"])
-        options = [(c if isinstance(c, str) else json.dumps(c), i) for i, c in enumerate(choices)]
+        options = [
+            (shown(c if isinstance(c, str) else json.dumps(c)), i) for i, c in enumerate(choices)
+        ]
         start = choices.index(default) if default in choices else 0
         box: Any = w.Dropdown(options=options, value=start)
         return box, lambda: choices[box.value]
@@ -206,8 +208,10 @@ def answer_buttons(item: Question, on_action: Callable[..., str | None]) -> Answ
         store=store_address(item.store),
         key=str(item.key),
         choices=choices,
+        choice_labels=[shown(choice) for choice in choices],
         multiline=spec.get("type") in ("object", "array") or not spec,
         typed=typed,
+        typed_label=shown(typed, lines=True),
         busy_hint=(
             "The kernel is busy and this Jupyter server has no kernelext route: answer in a "
             f"terminal with `kernelext answer {item.run_id} VALUE`."

@@ -19,7 +19,7 @@ import ipywidgets as w
 from kernelext._core.colours import BAD
 from kernelext._core.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
 from kernelext._formatting import moment_text
-from kernelext._shown import shown_html, shows
+from kernelext._shown import shown, shown_html, shows
 from kernelext.status import EffectStatus
 
 __all__ = [
@@ -196,7 +196,7 @@ def parse_result(text: str) -> Any:
 
 
 def _label(index: int, item: UnknownEffect) -> str:
-    return f"{index + 1}. {item.tool} — {item.step_text} — {item.key}"
+    return shown(f"{index + 1}. {item.tool} — {item.step_text} — {item.key}")
 
 
 def effects_table_html(rec: Reconciliation) -> str:

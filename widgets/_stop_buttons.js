@@ -176,23 +176,37 @@ function renderApproval(model, el) {
 // once, as typed (read as the question's schema asks); then the kernel resumes the run.
 function answerInput(model) {
   const choices = model.get("choices") || [];
+  const labels = model.get("choice_labels") || [];
   let input;
   if (choices.length) {
+    // A person reads each choice as the display door shows it; the option's value is its
+    // index, and the choice sent is the kernel's own (two choices may read alike raw).
     input = document.createElement("select");
-    for (const choice of choices) {
+    choices.forEach((choice, index) => {
       const option = document.createElement("option");
-      option.value = option.textContent = choice;
+      option.value = String(index);
+      option.textContent = labels[index] ?? `choice ${index + 1}`;
       input.appendChild(option);
-    }
-    if (choices.includes(model.get("typed"))) input.value = model.get("typed");
+    });
+    const start = choices.indexOf(model.get("typed"));
+    if (start >= 0) input.value = String(start);
+    input.answer = () => choices[Number(input.value)] ?? "";
+    input.addEventListener("input", () => model.set("typed", input.answer()));
   } else {
+    // The default is shown through the door (typed_label); sent untouched, it is the
+    // default itself (typed). What a person types is both.
     input = document.createElement(model.get("multiline") ? "textarea" : "input");
     input.placeholder = "your answer";
-    input.value = model.get("typed") || "";
+    input.value = model.get("typed_label") || "";
+    input.answer = () =>
+      input.value === (model.get("typed_label") || "") ? model.get("typed") || "" : input.value;
+    input.addEventListener("input", () => {
+      model.set("typed_label", input.value);
+      model.set("typed", input.value);
+    });
   }
   input.className = "widget-input kernelext-answer-input";
   input.style.width = "22em";
-  input.addEventListener("input", () => model.set("typed", input.value));
   return input;
 }
 
@@ -220,7 +234,7 @@ function renderQuestion(model, el) {
   send.addEventListener("click", async () => {
     send.disabled = true;
     note.textContent = "Answer: sending…";
-    const typed = input.value;
+    const typed = input.answer();
     const extra = { key: model.get("key"), answer: typed, typed: true, note: noteInput.value };
     let answer = null;
     try {

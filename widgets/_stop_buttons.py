@@ -165,8 +165,11 @@ class AnswerButtons(OutOfBand):
     actions = ("answer", "resume")
     key = traitlets.Unicode("").tag(sync=True)  # the question's key
     choices = traitlets.List(traitlets.Unicode()).tag(sync=True)  # typed forms of its choices
+    # What a person reads (through the display door); a pick sends its choice, by index.
+    choice_labels = traitlets.List(traitlets.Unicode()).tag(sync=True)
     multiline = traitlets.Bool(False).tag(sync=True)  # a JSON object or list
     typed = traitlets.Unicode("").tag(sync=True)  # the answer typed so far (or the default)
+    typed_label = traitlets.Unicode("").tag(sync=True)  # the default as shown; sent as typed
     note = traitlets.Unicode("").tag(sync=True)
     decided = traitlets.Bool(False).tag(sync=True)
     answered_text = traitlets.Unicode("").tag(sync=True)  # "answered elsewhere by ... at ..."

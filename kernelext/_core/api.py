@@ -155,7 +155,12 @@ def sql(
     table = get_store(store).read_arrow(
         query, params, allow_files=allow_files, **({"timeout": timeout} if timeout else {})
     )
-    return _table(table)
+    frame = _table(table)
+    if type(frame).__module__.startswith("pandas"):
+        from .runs_frame import shown_table  # pandas is imported only where it is installed
+
+        return shown_table(frame)
+    return frame
 
 
 def runs(status: str | None = None, *, store: Store | None = None) -> Any:

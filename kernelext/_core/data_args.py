@@ -26,13 +26,14 @@ import json
 import math
 import re
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._shown import shows
+from .._shown import shown, shows
 from .canonical import TAG
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "compact_text",
     "data_arguments",
     "data_diff",
+    "no_formula",
     "table_parts",
     "unseen_data",
     "unseen_refusal",
@@ -170,19 +172,45 @@ class DataArgument:
             yield [cell_text(c) for c in cells] if cells is not None else [cell_text(row)]
 
     def lines(self) -> list[str]:
-        """Every row, numbered from 1, in aligned columns under the header."""
+        """Every row, numbered from 1, in aligned columns under the header: each cell as the
+        display door shows it, laid out by the columns it takes on a terminal."""
         body = [[str(i), *cells] for i, cells in enumerate(self.table_rows(), start=1)]
-        grid = [["#", *self.header], *body]
-        widths = [max(len(r[i]) if i < len(r) else 0 for r in grid) for i in range(len(grid[0]))]
+        grid = [[shown(c) for c in row] for row in [["#", *self.header], *body]]
+        widths = [
+            max(_columns(r[i]) if i < len(r) else 0 for r in grid) for i in range(len(grid[0]))
+        ]
         return [
-            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in grid
+            "  ".join(c + " " * (w - _columns(c)) for c, w in zip(r, widths, strict=False)).rstrip()
+            for r in grid
         ]
 
     def write_csv(self, path: Path) -> None:
+        """The rows as CSV, a cell a spreadsheet would run as a formula made text."""
         with path.open("w", newline="", encoding="utf-8") as out:
             writer = csv.writer(out)
-            writer.writerow(self.header)
-            writer.writerows(self.table_rows())
+            writer.writerow([no_formula(c) for c in self.header])
+            writer.writerows([no_formula(c) for c in row] for row in self.table_rows())
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def no_formula(cell: str) -> str:
+    """``cell`` as a spreadsheet reads it as text (OWASP, "CSV injection"): one starting
+    with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return gets a leading ``'``; a
+    plain number (``-5``, ``+1.5e3``) and every other cell stay as they are."""
+    if cell.startswith(_FORMULA_STARTS) and not _NUMBER.fullmatch(cell):
+        return "'" + cell
+    return cell
+
+
+def _columns(text: str) -> int:
+    """The terminal columns ``text`` takes: a wide (CJK) character two, a mark none."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
 
 
 def data_arguments(arguments: Any, path: str = "") -> dict[str, DataArgument]:

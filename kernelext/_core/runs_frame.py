@@ -31,11 +31,12 @@ import pandas as pd
 from .._shown import shown_frame
 from .runtime import runtime
 
-__all__ = ["RunsFrame", "runs_frame"]
+__all__ = ["RunsFrame", "ShownFrame", "runs_frame", "shown_table"]
 
 
-class RunsFrame(pd.DataFrame):  # type: ignore[misc]  # pandas ships no types
-    """A DataFrame of ``kx.runs()``; displayed with the extension loaded, the live overview."""
+class ShownFrame(pd.DataFrame):  # type: ignore[misc]  # pandas ships no types
+    """A DataFrame (``kx.sql()``'s, ``kx.runs()``'s) whose values are as stored, for code,
+    and whose ``repr`` and HTML pass the display door; what it derives is a plain table."""
 
     @property
     def _constructor(self) -> Any:
@@ -45,12 +46,6 @@ class RunsFrame(pd.DataFrame):  # type: ignore[misc]  # pandas ships no types
     def _from_arrays(cls, *args: Any, **kwargs: Any) -> Any:
         return pd.DataFrame._from_arrays(*args, **kwargs)  # transpose and the like: plain
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        renderer = runtime().settings.runs_renderer
-        if renderer is None:
-            return None  # IPython shows the table as any DataFrame
-        return renderer(self)
-
     def __repr__(self) -> str:  # the table through the display door (kernelext._shown)
         return repr(shown_frame(pd.DataFrame(self)))
 
@@ -58,7 +53,20 @@ class RunsFrame(pd.DataFrame):  # type: ignore[misc]  # pandas ships no types
         return shown_frame(pd.DataFrame(self))._repr_html_()  # type: ignore[no-any-return]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return pd.DataFrame, (pd.DataFrame(self),)  # unpickled: a plain DataFrame
+        return shown_table, (pd.DataFrame(self),)  # unpickled: one again
+
+
+class RunsFrame(ShownFrame):
+    """A DataFrame of ``kx.runs()``; displayed with the extension loaded, the live overview."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return pd.DataFrame, (pd.DataFrame(self),)  # unpickled: a plain DataFrame (no store)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
+        renderer = runtime().settings.runs_renderer
+        if renderer is None:
+            return None  # IPython shows the table as any DataFrame
+        return renderer(self)
 
     @property
     def overview_of(self) -> tuple[Any, str | None]:
@@ -75,3 +83,8 @@ def runs_frame(frame: Any, *, store: Any, status: str | None) -> Any:
     object.__setattr__(runs, "_kx_store", store)
     object.__setattr__(runs, "_kx_status", status)
     return runs
+
+
+def shown_table(frame: Any) -> Any:
+    """``frame`` (``kx.sql``'s table) as a :class:`ShownFrame` sharing its data."""
+    return ShownFrame(frame) if type(frame) is pd.DataFrame else frame

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
-from .._shown import shows
+from .._shown import install_scrubber, shown, shows
 from .._store.columns import scrubbed_excerpt
 from .._validate import check_name, check_secret, optional, validated
 from .secret_forms import (
@@ -508,15 +508,16 @@ class ScrubFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a broken format: keep what can be shown, scrubbed
             message = f"{record.msg} {record.args!r}"
-        clean = scrub_text(message)
+        clean = shown(scrub_text(message))  # one line: a newline may not forge another
         if clean != message or record.args:
             record.msg, record.args = clean, ()
         if record.exc_info and not record.exc_text:
-            record.exc_text = scrub_text(logging.Formatter().formatException(record.exc_info))
+            exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = shown(scrub_text(exc_text), lines=True)
         elif record.exc_text:
-            record.exc_text = scrub_text(record.exc_text)
+            record.exc_text = shown(scrub_text(record.exc_text), lines=True)
         if record.stack_info:
-            record.stack_info = scrub_text(record.stack_info)
+            record.stack_info = shown(scrub_text(record.stack_info), lines=True)
         return True
 
 
@@ -534,3 +535,4 @@ def _install_store_scrubber() -> None:
 
 _install_log_filter()
 _install_store_scrubber()
+install_scrubber(registered_only)  # every text the display door shows masks them

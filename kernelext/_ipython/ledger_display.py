@@ -51,8 +51,11 @@ def shown(frame: Any) -> Any:
 def _ledger_frame_class() -> type:
     import pandas as pd
 
-    class LedgerFrame(pd.DataFrame):  # type: ignore[misc]
-        """A ``%%ledger`` result: a DataFrame that displays NULLs empty."""
+    from .._core.runs_frame import ShownFrame
+
+    class LedgerFrame(ShownFrame):
+        """A ``%%ledger`` result: a DataFrame that displays NULLs empty (one of
+        ``kx.sql()``'s tables, so the two compare equal)."""
 
         @property
         def _constructor(self) -> Any:  # frames computed from it are plain DataFrames

@@ -23,6 +23,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from .._shown import shown
+
 __all__ = ["ROUTE", "install"]
 
 ROUTE = "kernelext/api"
@@ -151,17 +153,17 @@ class RunActionHandler(_Handler):
             return
         except Exception as exc:
             status, message = describe_error(exc, address)
-            self.log.warning("kernelext: %s refused: %s", action, message)
+            self.log.warning("kernelext: %s refused: %s", shown(action), shown(message))
             self._answer(status, {"message": message})
             return
         result["server_seconds"] = round(time.perf_counter() - started, 4)
         self.log.info(
             "kernelext: %s of run %s recorded in %.3f s (store %.3f s): %s",
-            action,
-            run_id,
+            shown(action),
+            shown(run_id),
             result["server_seconds"],
             result["seconds"],
-            result["status"],
+            shown(result["status"]),
         )
         self._answer(200, result)
 
@@ -221,4 +223,4 @@ def install(serverapp: Any) -> None:
         ],
     )
     _EXECUTOR.submit(_warm)
-    serverapp.log.info("kernelext: Stop and Force stop route at %s", base)
+    serverapp.log.info("kernelext: Stop and Force stop route at %s", shown(base))
