@@ -26,6 +26,7 @@ from .handle import Handle
 from .lease import check_takeover, owner_alive
 from .names import check_stored_name
 from .resume_steps import before_first_action
+from .run import Run
 from .run_engine import RunEngine, StepInfo
 from .runtime import get_store, runtime
 from .secrets import scrubbed_excerpt
@@ -264,9 +265,9 @@ def open_cell_run(
             store.create_run(
                 run_id, CELL_AGENT, max_step_seconds=max_step_seconds, owner=actor(), source="cell"
             )
-            cell = CellRun(
-                RunEngine(store, run_id, CELL_AGENT, max_step_seconds=max_step_seconds), owned=True
-            )
+            run = RunEngine(store, run_id, CELL_AGENT, max_step_seconds=max_step_seconds)
+            Run(run)  # what the cells' code calls run
+            cell = CellRun(run, owned=True)
         else:
             if row["agent"] != CELL_AGENT:
                 raise RunStateError(
@@ -281,6 +282,7 @@ def open_cell_run(
                 total_steps=row.get("total_steps"),
                 key_scheme=row.get("key_scheme"),
             )
+            Run(run)  # what the cells' code calls run
             cell = CellRun(run, owned=row.get("owner") == actor())
             if cell.owned and store.held_epoch(run_id) is None:  # this process's own run
                 store.hold_epoch(run_id, int(row.get("owner_epoch") or 0))

@@ -30,7 +30,7 @@ from .handle import Handle, request_stop
 from .names import check_stored_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
-from .run import engine_of
+from .run import Run, engine_of
 from .run_engine import RunEngine
 from .runtime import get_store, runtime
 
@@ -191,6 +191,7 @@ def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
         total_steps=row.get("total_steps"),
         key_scheme=row.get("key_scheme"),
     )
+    Run(run)  # what its handle shows (h.run)
     return Handle(run, store)
 
 

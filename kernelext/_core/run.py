@@ -72,6 +72,7 @@ class Run:
 
     def __init__(self, engine: RunEngine) -> None:
         self._engine = engine
+        engine.facade = self  # the façade attaches itself: the engine never imports it
 
     @shows
     def __repr__(self) -> str:

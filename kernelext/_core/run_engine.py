@@ -28,7 +28,6 @@ from ..status import StepStatus
 from .batch import current_item
 from .forced_stop import ForceGate
 from .names import OUTSIDE_STEPS, check_stored_name
-from .run import Run
 from .snapshot import Snapshotter
 from .step_info import StepInfo
 
@@ -108,7 +107,20 @@ class RunEngine:
         self._force = ForceGate(self._force_landed)
         self.listeners: list[Callable[[str, Any], None]] = []
         self.suspend_request: tuple[str, Any, str | None] | None = None
-        self.facade = Run(self)  # what the agent function receives
+        self._facade: Any = None  # the Run the agent function receives (see facade)
+
+    @property
+    def facade(self) -> Any:
+        """The ``Run`` the agent function receives. ``Run(engine)`` attaches itself, right
+        where kernelext makes the engine of a run it executes; an item of ``run.map`` in a
+        worker process has none (its ``fn`` receives the item)."""
+        if self._facade is None:
+            raise RuntimeError(f"run {self.id!r} has no façade here: nothing makes a Run of it")
+        return self._facade
+
+    @facade.setter
+    def facade(self, run: Any) -> None:
+        self._facade = run
 
     @property
     def run_id(self) -> str:
