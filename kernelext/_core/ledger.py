@@ -37,7 +37,6 @@ from ..errors import (
 from ..status import EffectStatus
 from .approval_extras import apply_edit, edited_call, refuse_edit
 from .approvals import approval_for_call
-from .batch import current_item
 from .canonical import Unencodable
 from .context import current_run
 from .effect_args import CallArguments
@@ -56,6 +55,7 @@ from .names import check_stored_name
 from .retries import RetryOn, check_retries, check_retry_on, made_with_retries, settled
 from .run_engine import RunEngine, chain_roots
 from .secrets import REDACTED, SECRET_NAME, scrubbed_excerpt
+from .step_info import current_item
 
 T = TypeVar("T")
 

@@ -18,21 +18,17 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from .._store import Store
 from .._store.runs import KEY_SCHEME
 from .._store.steps import StagedPayload
 from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..status import StepStatus
-from .batch import current_item
 from .forced_stop import ForceGate
 from .names import OUTSIDE_STEPS, check_stored_name
 from .snapshot import Snapshotter
-from .step_info import StepInfo
-
-if TYPE_CHECKING:
-    from .batch import Batch
+from .step_info import RunningBatch, StepInfo, current_item
 
 __all__ = ["OUTSIDE_STEPS", "STOP_POLL_SECONDS", "RunEngine", "StepInfo", "StopFlag", "chain_roots"]
 
@@ -91,7 +87,7 @@ class RunEngine:
         self.completed: dict[str, int] = {}
         self.effects: dict[uuid.UUID, dict[str, Any]] = {}
         self._current: StepInfo | None = None
-        self.batch: Batch | None = None  # the run.map in progress
+        self.batch: RunningBatch | None = None  # the run.map in progress (batch.Batch)
         self.loop: asyncio.AbstractEventLoop | None = None  # an async def agent's (worker)
         self.last_completed: StepInfo | None = None
         self._outside_calls = 0

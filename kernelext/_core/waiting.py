@@ -15,6 +15,7 @@ from .._store import Store
 from ..errors import StopRequested
 from ..status import Reason
 from .runtime import runtime
+from .step_info import current_item
 
 if TYPE_CHECKING:
     import datetime as dt
@@ -35,8 +36,6 @@ def wait_for_person(
     stop is delivered like any other, so an agent that swallows it meets it again at its
     next kernelext call.
     """
-    from .batch import current_item
-
     item = current_item(run)
     if item is not None:  # a run.map item: it ends here, the others go on (see batch)
         item.waiting = (reason, deadline, note)
