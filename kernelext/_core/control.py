@@ -33,6 +33,7 @@ from .resume import check_resumable, resume_agent_run
 from .run import Run, engine_of
 from .run_engine import RunEngine
 from .runtime import get_store, runtime
+from .waiting import install_go_on
 
 __all__ = ["force_stop", "handle_for", "is_cell_run", "resume", "stop"]
 
@@ -214,3 +215,6 @@ def resume_if_here(store: Store, run_id: str, source: str) -> Any:
     if live is not None:  # its worker is still recording the suspension
         live.wait(30)
     return resume(run_id, store=store, source=source)
+
+
+install_go_on(resume_if_here)  # a person's decision or answer goes on through it
