@@ -258,7 +258,7 @@ def open_cell_run(
     rt = runtime()
     with rt.cell_runs_lock:
         cached = rt.cell_runs.get((store.location, run_id))
-        if cached is not None and cached.store is store and not store.closed:
+        if isinstance(cached, CellRun) and cached.store is store and not store.closed:
             return cached
         row = store.find_run(run_id)
         if row is None:
@@ -337,7 +337,7 @@ def _cached_cell_run(store: Store, run_id: str) -> CellRun | None:
     rt = runtime()
     with rt.cell_runs_lock:
         cached = rt.cell_runs.get((store.location, run_id))
-    if cached is None or cached.store is not store or store.closed:
+    if not isinstance(cached, CellRun) or cached.store is not store or store.closed:
         return None
     return cached
 

@@ -178,7 +178,7 @@ def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
     """The handle that shows run ``run_id``: the live one, a cell run's, or a detached one
     (for a run another process executes, or one that ended)."""
     live = runtime().live_handle(run_id, store)
-    if live is not None:
+    if isinstance(live, Handle):  # the one kind of handle a runtime holds
         return live
     store = get_store(store)
     row = store.get_run(run_id)

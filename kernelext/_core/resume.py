@@ -75,7 +75,7 @@ def agent_for(run_id: str, row: dict[str, Any], allow_code_change: bool, verb: s
     ``verb`` is the call the user makes again once they fixed it: ``resume`` or ``restart``.
     """
     agent = runtime().agents.get(row["agent"])
-    if agent is None:
+    if not isinstance(agent, Agent):  # None: the runtime holds only Agents
         raise AgentError(
             f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
             f"process. Run the code (or notebook cell) that defines @kx.agent(name="
