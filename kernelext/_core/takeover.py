@@ -35,6 +35,7 @@ from .._formatting import duration_text
 from .._store import Store, actor
 from .._store.restart import superseded_error
 from ..status import LIVE, RESUMABLE, Status
+from .batch_remote import ITEMS_DISPATCHED
 from .lease import check_takeover, lease_until, owner_alive
 from .probes import settle_unknowns
 
@@ -165,9 +166,6 @@ def take_over(
         if result.epoch is not None:
             store.hold_epoch(run_id, result.epoch)
     return result
-
-
-ITEMS_DISPATCHED = "items_dispatched"  # run.map(executor=...) sent items to other processes
 
 
 def workers_maybe_in_calls(tx: Any, run_id: str) -> bool:
