@@ -9,7 +9,6 @@ a cell is a safe point: a pending stop suspends the run there.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import uuid
 from collections.abc import Callable
@@ -20,11 +19,10 @@ from .._formatting import duration_text, step_label
 from .._store import Store, actor
 from ..errors import NeedsDecision, OwnershipLost, RunStateError, StopRequested
 from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
-from . import lease
 from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import check_takeover, owner_alive
-from .names import check_stored_name
+from .names import CELL_AGENT, SOURCE_PREFIX, check_stored_name
 from .resume_steps import before_first_action
 from .run import Run
 from .run_engine import RunEngine, StepInfo
@@ -35,7 +33,6 @@ from .takeover import take_over
 from .worker import end_open_step, suspend_run
 
 __all__ = [
-    "CELL_AGENT",
     "INTERRUPTED",
     "LOST",
     "CellRun",
@@ -45,20 +42,11 @@ __all__ = [
     "forget_cell_runs",
     "open_cell_run",
     "resume_cell_run",
-    "source_hash",
     "stop_cell_run",
 ]
 
-CELL_AGENT = lease.CELL_AGENT  # the agent name of runs made of notebook cells
-SOURCE_PREFIX = "src:"
 INTERRUPTED = "interrupted"  # a cell's outcome when a stop or Ctrl-C cut it short
 LOST = "ownership_lost"  # a cell's outcome when another process took the run over meanwhile
-
-
-def source_hash(source: str) -> str:
-    """A hash of a cell's source that ignores trailing whitespace."""
-    text = "\n".join(line.rstrip() for line in source.strip().splitlines())
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass

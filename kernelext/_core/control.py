@@ -27,7 +27,7 @@ from ..errors import OwnershipLost, RunStateError
 from ..status import LIVE, Reason, Status
 from . import cell_runs
 from .handle import Handle, request_stop
-from .names import check_stored_name
+from .names import CELL_AGENT, check_stored_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
 from .run import Run, engine_of
@@ -40,7 +40,7 @@ __all__ = ["force_stop", "handle_for", "is_cell_run", "resume", "stop"]
 
 def is_cell_run(row: dict[str, Any]) -> bool:
     """Whether the run in ``row`` is made of ``%%agent`` notebook cells."""
-    return bool(row["agent"] == cell_runs.CELL_AGENT)
+    return bool(row["agent"] == CELL_AGENT)
 
 
 @validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE)

@@ -37,11 +37,11 @@ from .._validate import (
 from ..errors import PlanChanged, RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
 from .batch_view import stored_batch
-from .cell_runs import CELL_AGENT
 from .checks import resolve
 from .conversation import conversation_of
 from .facts import CONTRADICTIONS
 from .lease import check_takeover
+from .names import CELL_AGENT
 from .plan_code import agent_change, cell_changes, cell_state
 from .plan_items import (
     ClaimItem,
