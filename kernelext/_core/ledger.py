@@ -25,6 +25,7 @@ from .._validate import (
     check_name,
     is_async_function,
     refuse_unrun_result,
+    register,
 )
 from ..errors import (
     EffectArgumentsMismatch,
@@ -532,6 +533,9 @@ class Effect(CallArguments):
             "a value that can be stored). Make the tool return plain values (dict, list, str, "
             "numbers, datetime, Decimal, bytes, tuples, sets)."
         )
+
+
+register(Effect=Effect)  # what _validate refuses to wrap twice
 
 
 _PERFORM = object()

@@ -32,6 +32,7 @@ from .._validate import (
     check_duration,
     check_mapping,
     optional,
+    register,
     validated,
 )
 from ..errors import PlanChanged, RunStateError
@@ -114,6 +115,9 @@ class ResumePlan(PlanData):
 
     def _repr_html_(self) -> str:
         return plan_html(self)
+
+
+register(ResumePlan=ResumePlan)  # what kx.resume(plan=...) takes
 
 
 # -- computing the plan ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 from .._expiry_policy import POLICY, ExpiryPolicy
+from .._validate import register
 from ..errors import OwnershipLost, StoreWriteError
 from .columns import scrub_record
 from .observe import OBSERVERS, notify
@@ -575,3 +576,6 @@ class StoreBase:
             " ORDER BY id",
             (run_id, "resumed"),
         )
+
+
+register(StoreBase=StoreBase)  # what a store= argument takes
