@@ -14,7 +14,6 @@ import math
 import numbers
 import os
 import re
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -31,15 +30,30 @@ __all__ = [
     "check_store",
     "check_store_location",
     "check_text",
+    "register",
     "store_path_problem",
 ]
 
 
-def _loaded(module: str, name: str) -> Any:
-    """A kernelext class by name, if its module is loaded (no instance exists otherwise).
+# The kernelext classes the checks here recognise. This module imports nothing of
+# kernelext (the store and core layers both use it), so each is registered by the module
+# that defines it, right below its class: no instance can exist before its kind is known.
+KINDS = ("Effect", "ResumePlan", "StoreBase")
+_kinds: dict[str, type] = {}
 
-    This module imports nothing of kernelext: the store and core layers both use it."""
-    return getattr(sys.modules.get(module), name, None)
+
+def register(**kinds: type) -> None:
+    """Called at import by the module defining each kind: ``register(Effect=Effect)``."""
+    for name, cls in kinds.items():
+        if name not in KINDS or not isinstance(cls, type):
+            raise TypeError(f"_validate.register: {name}={cls!r} is none of {KINDS}")
+        _kinds[name] = cls
+
+
+def _kind(name: str) -> type | None:
+    """The registered class ``name`` (None: its module was never imported, so no value
+    passed here can be one)."""
+    return _kinds.get(name)
 
 
 def _shown(value: object) -> str:
@@ -234,7 +248,7 @@ def check_store(where: str, value: object) -> Any:
     """``None`` (the current store) or a store from ``kx.open_store``."""
     if value is None:
         return None
-    StoreBase = _loaded("kernelext._store.base", "StoreBase")
+    StoreBase = _kind("StoreBase")
     if StoreBase is None or not isinstance(value, StoreBase):
         raise TypeError(
             f"{where} takes a store from kx.open_store(...) (or None for the current one), "
@@ -318,7 +332,7 @@ def check_count(where: str, value: object) -> Any:
 
 
 def check_plan(where: str, value: object) -> Any:
-    ResumePlan = _loaded("kernelext._core.plan", "ResumePlan")
+    ResumePlan = _kind("ResumePlan")
     if ResumePlan is None or not isinstance(value, ResumePlan):
         raise TypeError(
             f"{where} takes the plan kx.plan(run_id) returned, not {type(value).__name__} "

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import inspect
 
-from ._validate import _loaded, _shown
+from ._validate import _kind, _shown
 
 __all__ = [
     "check_agent_function",
@@ -33,9 +33,9 @@ def _async_call(fn: object) -> bool:
 def is_async_function(fn: object) -> bool:
     """An ``async def`` (or a partial of one, a callable whose ``__call__`` is one, an
     async effect): calling it gives a coroutine to await."""
-    Effect = _loaded("kernelext._core.ledger", "Effect")
+    Effect = _kind("Effect")
     if Effect is not None and isinstance(fn, Effect):
-        return bool(fn.is_async)
+        return bool(getattr(fn, "is_async", False))
     if isinstance(fn, (staticmethod, classmethod)):
         fn = fn.__func__
     while isinstance(fn, functools.partial):
@@ -51,7 +51,7 @@ def check_effect_function(fn: object) -> None:
     by the effect itself (``ledger_async``): the intent is durable before the tool's first
     ``await``, the outcome recorded once it returned.
     """
-    Effect = _loaded("kernelext._core.ledger", "Effect")
+    Effect = _kind("Effect")
     if Effect is not None and isinstance(fn, Effect):
         raise TypeError(
             f"{fn!r} is already an effect: wrapping it again would record each call twice. "

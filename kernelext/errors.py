@@ -54,14 +54,11 @@ what to do. Each name is reachable as ``kernelext.errors.<Name>`` and as ``kx.<N
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._did_you_mean import did_you_mean
 from ._formatting import moment_text as _moment_text
 from ._shown import shows as _shows
-
-if TYPE_CHECKING:  # private: not a name of this module
-    from ._core import plan as _plan
 
 __all__ = [
     "AgentCellStopped",
@@ -250,9 +247,10 @@ class ClaimConflict(RunStateError):
 class PlanChanged(RunStateError):
     """The run changed since its plan was previewed; the resume did not happen.
 
-    ``differences``: what changed, one line each; ``plan``: the run's plan now."""
+    ``differences``: what changed, one line each; ``plan``: the run's plan now (a
+    ``kx.ResumePlan``)."""
 
-    def __init__(self, message: str, differences: list[str], current: _plan.ResumePlan) -> None:
+    def __init__(self, message: str, differences: list[str], current: Any) -> None:
         super().__init__(message)
         self.differences = differences
         self.plan = current

@@ -233,6 +233,22 @@ def test_a_decision_from_another_process_waits_for_the_next_resume(
     assert rows(store, run_id)[0]["note"] == "from a terminal"
 
 
+def test_a_decision_goes_on_through_the_hook_control_installs_at_import() -> None:
+    """approvals and questions never import control (the lifecycle above them): a decision
+    goes on through ``waiting.go_on``, which ``control`` fills as soon as kernelext loads,
+    whichever module a process imports first."""
+    script = (
+        "import kernelext._core.questions\n"
+        "from kernelext._core import control, waiting\n"
+        "print(waiting._GO_ON is control.resume_if_here)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
+
+
 def test_effect_declares_its_approval_rule_and_its_probe() -> None:
     probes = pytest.importorskip("kernelext._core.probes")
 

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, source_hash
+from kernelext._core.cell_runs import forget_cell_runs, open_cell_run
+from kernelext._core.names import source_hash
 from kernelext._core.runtime import runtime
 from kernelext._store import Store
 from kernelext._store.base import process_start

@@ -21,9 +21,12 @@ from typing import Any
 import pytest
 
 import kernelext as kx
+from kernelext import _validate
 from kernelext._cli.main import main as cli
 from kernelext._store import Store, open_store
+from kernelext._store.base import StoreBase
 from kernelext._store.duckdb.journal import scan_journal
+from kernelext._validate_functions import is_async_function
 from kernelext.errors import StoreWriteError
 
 
@@ -62,6 +65,28 @@ def test_a_generator_function_is_refused_as_an_effect_and_an_async_one_accepted(
     for fn in (coro, AsyncCallable()):  # awaited by the effect (tests/test_batch_async.py)
         assert kx.effect(fn).is_async
     assert kx.effect(retry=True)(coro).is_async
+
+
+def test_an_effect_is_never_wrapped_twice_and_the_checks_know_each_kernelext_kind() -> None:
+    """A second ``@kx.effect`` would record each call twice: refused, whatever module the
+    classes live in (each kind is registered by its own module, never looked up by path)."""
+
+    def tool(x: int) -> int:
+        return x
+
+    async def coro(x: int) -> int:
+        return x
+
+    for fn in (tool, coro):
+        once = kx.effect(fn)
+        for wrap in (kx.effect, kx.effect(name="again"), kx.effect(retry=True)):
+            with pytest.raises(TypeError, match="already an effect"):
+                wrap(once)
+    assert is_async_function(kx.effect(coro)) and not is_async_function(kx.effect(tool))
+    known = {name: _validate._kind(name) for name in _validate.KINDS}
+    assert known == {"Effect": kx.Effect, "ResumePlan": kx.ResumePlan, "StoreBase": StoreBase}
+    with pytest.raises(TypeError, match="none of"):
+        _validate.register(Effects=kx.Effect)  # a misspelt kind fails at import, loudly
 
 
 def test_an_effect_that_returns_a_coroutine_is_recorded_failed_not_applied(store: Store) -> None:

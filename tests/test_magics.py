@@ -22,7 +22,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 import kernelext as kx
-from kernelext._core.cell_runs import CELL_AGENT, forget_cell_runs
+from kernelext._core.cell_runs import forget_cell_runs
+from kernelext._core.names import CELL_AGENT
 from kernelext._core.run import AGENT_API
 from kernelext._core.runtime import runtime
 from kernelext._ipython import extension

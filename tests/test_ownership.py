@@ -388,7 +388,8 @@ def test_a_stale_kernel_cannot_complete_or_move_the_run(
     import types
 
     import kernelext._core.resume_steps as steps
-    from kernelext._core.cell_runs import CELL_AGENT, complete_cell_run
+    from kernelext._core.cell_runs import complete_cell_run
+    from kernelext._core.names import CELL_AGENT
     from kernelext.errors import NeedsDecision
 
     assert store.create_run("r", CELL_AGENT, owner=actor())

@@ -26,8 +26,9 @@ from support.live import finish_live_runs, name
 
 import kernelext as kx
 from kernelext._cli.plan import plan_command
-from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, source_hash, stop_cell_run
+from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, stop_cell_run
 from kernelext._core.ledger import effect_key
+from kernelext._core.names import source_hash
 from kernelext._core.plan import (
     STALE_AFTER,
     ResumePlan,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.postgres import PostgresServer
 
-from kernelext._core.cell_runs import CELL_AGENT
+from kernelext._core.names import CELL_AGENT
 from kernelext._store import open_store
 
 pytestmark = pytest.mark.slow

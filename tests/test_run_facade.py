@@ -133,6 +133,19 @@ def test_the_engine_is_had_from_a_facade_only() -> None:
         engine_of(object())  # type: ignore[arg-type]
 
 
+def test_the_facade_attaches_itself_and_an_engine_without_one_says_so(store: Store) -> None:
+    """The engine never makes its façade (run_engine imports no run.py): ``Run(engine)``
+    attaches itself; an engine nothing made a ``Run`` of (an item in a worker process)
+    refuses to hand one out instead of inventing it."""
+    run_id = name("bare")
+    assert store.create_run(run_id, "bare")
+    engine = RunEngine(store, run_id, "bare", max_step_seconds=None)
+    with pytest.raises(RuntimeError, match="no façade"):
+        _ = engine.facade
+    run = kx.Run(engine)
+    assert engine.facade is run and engine_of(run) is engine
+
+
 def test_a_skipped_step_block_exposes_no_engine(store: Store) -> None:
     blocks: list[Any] = []
     attempts: list[int] = []

@@ -26,7 +26,7 @@ from support.live import name, wait_until
 from test_panel_live import Reads
 
 import kernelext as kx
-from kernelext._core.cell_runs import CELL_AGENT
+from kernelext._core.names import CELL_AGENT
 from kernelext._core.runtime import runtime
 from kernelext._ipython import extension
 from kernelext.widgets._panel import ControlPanel

@@ -192,7 +192,8 @@ def test_a_posted_stop_is_durable_and_folded_by_the_next_opener(tmp_path: Path) 
 def test_an_agent_cell_run_takes_the_posted_stop_at_its_next_boundary(tmp_path: Path) -> None:
     """A ``%%agent`` run of this process: ``kernelext stop`` elsewhere while another process
     keeps the file is taken at the next cell boundary, before the file is free again."""
-    from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, source_hash
+    from kernelext._core.cell_runs import forget_cell_runs, open_cell_run
+    from kernelext._core.names import source_hash
 
     store = kx.open_store(str(tmp_path / "s.duckdb"))
     cell = open_cell_run("cells", store=store)

@@ -33,10 +33,9 @@ from ..errors import EffectRejected, LedgerError
 from ..status import Reason
 from . import data_args
 from .approval_extras import check_edit, decision_extras
-from .control import resume_if_here
 from .data_args import DataArgument, DataDiff, compact_text
 from .runtime import get_store, runtime
-from .waiting import Waiting, wait_for_person
+from .waiting import Waiting, go_on, wait_for_person
 
 if TYPE_CHECKING:
     from .run_engine import RunEngine
@@ -275,7 +274,7 @@ class Approval:
         )
         self.decision = decision
         if resume:
-            self.handle = resume_if_here(self.store, self.run_id, source)
+            self.handle = go_on(self.store, self.run_id, source)
         return self.handle
 
     @property
@@ -437,5 +436,5 @@ def _decide(
     )
     item = Approval(store, row)
     if resume:
-        item.handle = resume_if_here(store, item.run_id, source)
+        item.handle = go_on(store, item.run_id, source)
     return item

@@ -14,7 +14,7 @@ How items, keys, fsyncs and stops fit together:
    then), and for an iterator as its items are read (``batch_source``).
    An effect called inside an item is keyed under the item's step with the call ordinal
    counted within the item (``RunEngine.next_call`` reads the item from a context
-   variable, ``ITEM``), so which item finished first changes no key.
+   variable, ``step_info.ITEM``), so which item finished first changes no key.
 2. **An item is one step.** It begins (journaled), runs ``fn(item)``, and completes with
    its return value stored (``item_complete``, the encoding effect results use); a resume
    returns stored values and runs only what did not complete. Items never snapshot
@@ -36,7 +36,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import contextvars
 import inspect
 import threading
 import time
@@ -53,27 +52,15 @@ from ..errors import (
 )
 from .batch_source import ItemSource
 from .batch_view import BATCH_STARTED, drain_line
-from .step_info import StepInfo
+from .step_info import StepInfo, current_item
 
 if TYPE_CHECKING:
     from .run_engine import RunEngine
 
-__all__ = ["ITEM", "Batch", "ItemState", "MapPlan", "current_item", "prepare_map"]
+__all__ = ["Batch", "ItemState", "MapPlan", "prepare_map"]
 
-# The item the current thread (or asyncio task) executes, if any.
-ITEM: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
-    "kernelext_item", default=None
-)
 WAIT_TICK = 0.05  # how often the dispatching thread looks for a stop while items run
 FORCE_RETRY = 0.01  # a forced stop refused inside kernelext's bookkeeping: tried again
-
-
-def current_item(engine: RunEngine) -> StepInfo | None:
-    """The ``run.map`` item of ``engine`` this thread (or task) executes, else None."""
-    item = ITEM.get()
-    if item is not None and item.batch is not None and item.batch.engine is engine:
-        return item
-    return None
 
 
 class ItemState(Mapping[str, Any]):

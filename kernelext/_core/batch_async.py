@@ -10,7 +10,7 @@ runs, and nothing needs awaiting.
 - **Only in an async agent.** ``run.amap`` runs on the event loop that kernelext runs an
   ``async def`` agent on (``worker``); called elsewhere (a plain ``def`` agent, a loop of
   the agent's own), it says to use ``run.map``.
-- **Each item is a task** that sets ``batch.ITEM`` itself (a task runs in a copy of the
+- **Each item is a task** that sets ``step_info.ITEM`` itself (a task runs in a copy of the
   context it was made in, so the item is that task's and the tasks it makes'); its effects
   are keyed under its step and a sync or async ``@kx.effect`` records as anywhere (a sync
   one blocks the loop while it runs: prefer ``async def`` effects in items).

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ForcedStop, ItemFailed, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Reason, StepStatus
-from .batch import ITEM, WAIT_TICK, Batch, MapPlan
+from .batch import WAIT_TICK, Batch, MapPlan
 from .batch_view import WAITS_FOR_A_PERSON
 from .canonical import Unencodable
 from .context import reset_current_run, set_current_run
 from .groups import unwrap_group
 from .keys import stored_result
 from .secrets import scrub_text, scrubbed_excerpt
-from .step_info import StepInfo
+from .step_info import ITEM, StepInfo
 
 if TYPE_CHECKING:
     from .forced_stop import ForceGate

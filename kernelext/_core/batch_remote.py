@@ -46,9 +46,9 @@ from .batch import MapPlan, police_overruns
 from .batch_items import Ended, Tally, look, note_item_done, startable
 from .keys import load_result
 from .remote_ended import item_raised, settle_ended
+from .remote_item import WorkerCall
 from .remote_wire import (
     RemoteTask,
-    WorkerCall,
     dumps,
     error_from_wire,
     loads,
@@ -56,13 +56,14 @@ from .remote_wire import (
 )
 from .secrets import scrub_text, scrubbed_excerpt
 from .step_info import StepInfo
-from .takeover import ITEMS_DISPATCHED
 
 if TYPE_CHECKING:
     from .batch import Batch
     from .run_engine import RunEngine
 
-__all__ = ["Dispatch", "dispatch_remote", "executor_for"]
+__all__ = ["ITEMS_DISPATCHED", "Dispatch", "dispatch_remote", "executor_for"]
+
+ITEMS_DISPATCHED = "items_dispatched"  # run.map(executor=...) sent items to other processes
 
 Future = concurrent.futures.Future
 WORKER = WorkerCall()

@@ -29,7 +29,7 @@ from ..status import StepStatus
 from .stop_estimate import percentile
 
 if TYPE_CHECKING:
-    from .batch import Batch
+    from .step_info import RunningBatch
 
 __all__ = [
     "BATCH_STARTED",
@@ -121,7 +121,9 @@ class BatchCounts:
         return self.progress_text()
 
 
-def batch_counts(batch: Batch, *, stopping: bool = False, ended: bool = False) -> BatchCounts:
+def batch_counts(
+    batch: RunningBatch, *, stopping: bool = False, ended: bool = False
+) -> BatchCounts:
     """The counts of ``batch`` now (any thread; takes the batch's lock once)."""
     snap = batch.snapshot()
     done, total, elapsed = int(snap["done"]), int(snap["total"]), float(snap["elapsed"])

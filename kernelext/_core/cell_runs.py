@@ -9,7 +9,6 @@ a cell is a safe point: a pending stop suspends the run there.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import uuid
 from collections.abc import Callable
@@ -20,13 +19,13 @@ from .._formatting import duration_text, step_label
 from .._store import Store, actor
 from ..errors import NeedsDecision, OwnershipLost, RunStateError, StopRequested
 from ..status import LIVE, RESUMABLE, TERMINAL, Status, StepStatus
-from . import lease
 from .context import reset_current_run, set_current_run
 from .handle import Handle
 from .lease import check_takeover, owner_alive
-from .names import check_stored_name
+from .names import CELL_AGENT, SOURCE_PREFIX, check_stored_name
 from .posted_stops import PostedStops
 from .resume_steps import before_first_action
+from .run import Run
 from .run_engine import RunEngine, StepInfo
 from .runtime import get_store, runtime
 from .secrets import scrubbed_excerpt
@@ -35,7 +34,6 @@ from .takeover import take_over
 from .worker import end_open_step, suspend_run
 
 __all__ = [
-    "CELL_AGENT",
     "INTERRUPTED",
     "LOST",
     "CellRun",
@@ -45,20 +43,11 @@ __all__ = [
     "forget_cell_runs",
     "open_cell_run",
     "resume_cell_run",
-    "source_hash",
     "stop_cell_run",
 ]
 
-CELL_AGENT = lease.CELL_AGENT  # the agent name of runs made of notebook cells
-SOURCE_PREFIX = "src:"
 INTERRUPTED = "interrupted"  # a cell's outcome when a stop or Ctrl-C cut it short
 LOST = "ownership_lost"  # a cell's outcome when another process took the run over meanwhile
-
-
-def source_hash(source: str) -> str:
-    """A hash of a cell's source that ignores trailing whitespace."""
-    text = "\n".join(line.rstrip() for line in source.strip().splitlines())
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -262,16 +251,16 @@ def open_cell_run(
     rt = runtime()
     with rt.cell_runs_lock:
         cached = rt.cell_runs.get((store.location, run_id))
-        if cached is not None and cached.store is store and not store.closed:
+        if isinstance(cached, CellRun) and cached.store is store and not store.closed:
             return cached
         row = store.find_run(run_id)
         if row is None:
             store.create_run(
                 run_id, CELL_AGENT, max_step_seconds=max_step_seconds, owner=actor(), source="cell"
             )
-            cell = CellRun(
-                RunEngine(store, run_id, CELL_AGENT, max_step_seconds=max_step_seconds), owned=True
-            )
+            run = RunEngine(store, run_id, CELL_AGENT, max_step_seconds=max_step_seconds)
+            Run(run)  # what the cells' code calls run
+            cell = CellRun(run, owned=True)
         else:
             if row["agent"] != CELL_AGENT:
                 raise RunStateError(
@@ -286,6 +275,7 @@ def open_cell_run(
                 total_steps=row.get("total_steps"),
                 key_scheme=row.get("key_scheme"),
             )
+            Run(run)  # what the cells' code calls run
             cell = CellRun(run, owned=row.get("owner") == actor())
             if cell.owned and store.held_epoch(run_id) is None:  # this process's own run
                 store.hold_epoch(run_id, int(row.get("owner_epoch") or 0))
@@ -340,7 +330,7 @@ def _cached_cell_run(store: Store, run_id: str) -> CellRun | None:
     rt = runtime()
     with rt.cell_runs_lock:
         cached = rt.cell_runs.get((store.location, run_id))
-    if cached is None or cached.store is not store or store.closed:
+    if not isinstance(cached, CellRun) or cached.store is not store or store.closed:
         return None
     return cached
 

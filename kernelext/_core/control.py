@@ -28,20 +28,21 @@ from ..status import LIVE, Reason, Status
 from . import cell_runs
 from .handle import Handle, post_stop_if_busy, request_stop
 from .lease import owner_gone
-from .names import check_stored_name
+from .names import CELL_AGENT, check_stored_name
 from .plan import ResumePlan, check_plan
 from .resume import check_resumable, resume_agent_run
-from .run import engine_of
+from .run import Run, engine_of
 from .run_engine import RunEngine
 from .runtime import get_store, runtime
 from .takeover import stop_gone_owner
+from .waiting import install_go_on
 
 __all__ = ["force_stop", "handle_for", "is_cell_run", "resume", "stop"]
 
 
 def is_cell_run(row: dict[str, Any]) -> bool:
     """Whether the run in ``row`` is made of ``%%agent`` notebook cells."""
-    return bool(row["agent"] == cell_runs.CELL_AGENT)
+    return bool(row["agent"] == CELL_AGENT)
 
 
 @validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE)
@@ -189,7 +190,7 @@ def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
     """The handle that shows run ``run_id``: the live one, a cell run's, or a detached one
     (for a run another process executes, or one that ended)."""
     live = runtime().live_handle(run_id, store)
-    if live is not None:
+    if isinstance(live, Handle):  # the one kind of handle a runtime holds
         return live
     store = get_store(store)
     row = store.get_run(run_id)
@@ -203,6 +204,7 @@ def handle_for(run_id: str, *, store: Store | None = None) -> Handle:
         total_steps=row.get("total_steps"),
         key_scheme=row.get("key_scheme"),
     )
+    Run(run)  # what its handle shows (h.run)
     return Handle(run, store)
 
 
@@ -225,3 +227,6 @@ def resume_if_here(store: Store, run_id: str, source: str) -> Any:
     if live is not None:  # its worker is still recording the suspension
         live.wait(30)
     return resume(run_id, store=store, source=source)
+
+
+install_go_on(resume_if_here)  # a person's decision or answer goes on through it

@@ -18,7 +18,7 @@ from .batch_view import batch_counts
 from .conversation import conversation_of
 from .run import engine_of
 from .run_engine import RunEngine
-from .runtime import runtime
+from .runtime import LiveHandle, runtime
 from .stop_answer import StopAnswer, busy_answer, nothing_to_stop
 from .stop_estimate import estimate_stop
 
@@ -165,7 +165,7 @@ def request_stop(
     *,
     source: str,
     who: str | None = None,
-    handle: Handle | None = None,
+    handle: LiveHandle | None = None,
     epoch: int | None = None,
 ) -> StopAnswer:
     """Ask run ``run_id`` to stop; return its status after the request.

@@ -43,6 +43,7 @@ from .._store import actor
 from .._store.base import process_start
 from ..errors import RunStateError
 from ..status import LIVE
+from .names import CELL_AGENT  # the agent name of cell runs
 
 __all__ = [
     "LEASE_SECONDS",
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 LEASE_SECONDS = 30.0
-CELL_AGENT = "%%agent"  # the agent name of cell runs (``cell_runs.CELL_AGENT``)
 RENEW_SECONDS = 10.0
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from .._shown import shows
-from .._validate import check_callable, check_flag, check_name
+from .._validate import check_callable, check_flag, check_name, register
 from .._validate_functions import (
     check_approval_rule,
     check_effect_function,
@@ -30,7 +30,6 @@ from ..errors import (
     ForcedStop,
 )
 from ..status import EffectStatus
-from .batch import current_item
 from .context import current_run
 from .effect_approval import _SEEN
 from .effect_outcomes import _PERFORM, EffectOutcomes
@@ -54,6 +53,7 @@ from .retries import (
 )
 from .run_engine import RunEngine, chain_roots
 from .secrets import REDACTED, SECRET_NAME
+from .step_info import current_item
 
 T = TypeVar("T")
 
@@ -305,6 +305,9 @@ class Effect(EffectOutcomes):
         if self.takes_key:  # the same in every run of a restart chain (idempotency_key_for)
             call_kwargs["idempotency_key"] = self.idempotency_key(run, key)
         return call_kwargs
+
+
+register(Effect=Effect)  # what _validate refuses to wrap twice
 
 
 @overload

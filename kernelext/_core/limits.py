@@ -241,7 +241,7 @@ def limit(name: str, *, rate: str | None = None, concurrency: int | None = None)
     rt = runtime()
     with rt.lock:
         found = rt.limits.get(name)
-        if found is None:
+        if not isinstance(found, Limit):  # None: the runtime holds only Limits
             found = rt.limits[name] = Limit(name, rate, checked)
             return found
     found.configure(rate, checked)
@@ -268,7 +268,7 @@ def limit_named(name: str, where: str) -> Limit:
     with rt.lock:
         found = rt.limits.get(name)
         names = sorted(rt.limits)
-    if found is not None:
+    if isinstance(found, Limit):  # else None: the runtime holds only Limits
         return found
     known = f" The limits declared are {', '.join(map(repr, names))}." if names else ""
     raise ValueError(

@@ -1,4 +1,6 @@
-"""Run ids, step keys and tool names: checked at the API, before anything is recorded.
+"""Run ids, step keys and tool names: checked at the API, before anything is recorded;
+and the names kernelext itself records for ``%%agent`` cell runs (their agent name, the
+step name that carries a cell's source hash).
 
 A name is part of every key derived from it and is stored as text in both stores, so it
 must be text that both keep exactly: not empty, at most ``MAX_NAME`` characters, no NUL
@@ -8,13 +10,31 @@ file name that is not UTF-8, e.g. ``"caf\\udce9"``; UTF-8 cannot hold it).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from .._formatting import OUTSIDE_STEPS  # the step key of effects called outside any step
 from .._validate import MAX_NAME, name_problem
 from ..errors import InvalidName, NameNotText
 
-__all__ = ["MAX_NAME", "OUTSIDE_STEPS", "check_stored_name", "step_key_of"]
+__all__ = [
+    "CELL_AGENT",
+    "MAX_NAME",
+    "OUTSIDE_STEPS",
+    "SOURCE_PREFIX",
+    "check_stored_name",
+    "source_hash",
+    "step_key_of",
+]
+
+CELL_AGENT = "%%agent"  # the agent name of runs made of notebook cells
+SOURCE_PREFIX = "src:"  # a cell's step name: this, then the hash of its source
+
+
+def source_hash(source: str) -> str:
+    """A hash of a cell's source that ignores trailing whitespace."""
+    text = "\n".join(line.rstrip() for line in source.strip().splitlines())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_stored_name(value: Any, what: str, *, hint: str = "") -> str:

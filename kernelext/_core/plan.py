@@ -32,16 +32,17 @@ from .._validate import (
     check_duration,
     check_mapping,
     optional,
+    register,
     validated,
 )
 from ..errors import PlanChanged, RunStateError
 from ..status import LIVE, EffectStatus, StepStatus
 from .batch_view import stored_batch
-from .cell_runs import CELL_AGENT
 from .checks import resolve
 from .conversation import conversation_of
 from .facts import CONTRADICTIONS
 from .lease import check_takeover
+from .names import CELL_AGENT
 from .plan_code import agent_change, cell_changes, cell_state
 from .plan_items import (
     ClaimItem,
@@ -114,6 +115,9 @@ class ResumePlan(PlanData):
 
     def _repr_html_(self) -> str:
         return plan_html(self)
+
+
+register(ResumePlan=ResumePlan)  # what kx.resume(plan=...) takes
 
 
 # -- computing the plan ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .cell_runs import SOURCE_PREFIX, source_hash
+from .names import SOURCE_PREFIX, source_hash
 from .plan_items import UNSEEN, CodeChange, StepItem
 from .runtime import runtime
 

@@ -37,10 +37,9 @@ from ..errors import LedgerError, RunStateError
 from .approvals import stamp, time_left_text
 from .asking import check_answer, encode_answer, parse_answer
 from .codec import loads_json
-from .control import resume_if_here
 from .keys import question_key
 from .runtime import get_store
-from .waiting import Waiting
+from .waiting import Waiting, go_on
 
 if TYPE_CHECKING:
     pass
@@ -121,7 +120,7 @@ class Question:
             ) from None
         self.record(encoded, who=actor(), note=note, source=source)
         if resume:
-            self.handle = resume_if_here(self.store, self.run_id, source)
+            self.handle = go_on(self.store, self.run_id, source)
         return self.handle
 
     def record(self, encoded: str, *, who: str, note: str | None, source: str) -> None:

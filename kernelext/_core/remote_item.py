@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from .._shown import shows
 from .._store import Store, open_store
 from ..errors import OwnershipLost, RemoteItemError, RunNotFound, StopRequested, StoreError
 from ..status import LIVE, EffectStatus, StepStatus
@@ -39,7 +40,7 @@ from .remote_wire import RemoteOutcome, RemoteTask, dumps, error_to_wire, loads
 from .run_engine import RunEngine, chain_roots
 from .step_info import StepInfo
 
-__all__ = ["WorkerEngine", "execute_item", "worker_url"]
+__all__ = ["WorkerCall", "WorkerEngine", "execute_item", "worker_url"]
 
 KEEP_STORES = 4  # stores a worker process keeps open (one per run and epoch it serves)
 KEEP_FUNCTIONS = 16
@@ -65,6 +66,19 @@ def execute_item(blob: bytes) -> bytes:
     except Exception as exc:  # the store, or fn or the item that cannot be read here
         outcome = RemoteOutcome("raised", error=error_to_wire(exc))
     return dumps(outcome)
+
+
+class WorkerCall:
+    """What the owner submits: ``WorkerCall()(blob)`` runs one item attempt
+    (``execute_item``) in the process the executor picked. It travels by reference (this
+    module and its name), so owner and workers run the same kernelext."""
+
+    def __call__(self, blob: bytes) -> bytes:
+        return execute_item(blob)
+
+    @shows
+    def __repr__(self) -> str:
+        return "kernelext.run_map_item"
 
 
 def worker_url(url: str) -> str:

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import pickle
 import traceback
 from typing import Any
 
-from .._shown import shows
 from ..errors import RemoteItemError, SerializationError
 from .secrets import scrub_text, scrubbed_excerpt
 
 __all__ = [
     "RemoteOutcome",
     "RemoteTask",
-    "WorkerCall",
     "dumps",
     "error_from_wire",
     "error_to_wire",
@@ -96,23 +93,6 @@ class RemoteOutcome:
     value: Any = None  # done: the stored encoding; waiting: (reason, deadline, note)
     error: bytes | None = None  # raised / decision / lost / stopped: the exception
     elapsed: float = 0.0
-
-
-class WorkerCall:
-    """What the owner submits: ``WorkerCall()(blob)`` runs one item attempt in the process
-    the executor picked (``remote_item.execute_item``). The owner names that function
-    rather than importing it: it never runs it itself, and the worker's side is built on
-    the run engine, which sits above the batch dispatcher in the owner."""
-
-    ENTRY = "kernelext._core.remote_item"
-
-    def __call__(self, blob: bytes) -> bytes:
-        entry = importlib.import_module(self.ENTRY).execute_item
-        return bytes(entry(blob))
-
-    @shows
-    def __repr__(self) -> str:
-        return "kernelext.run_map_item"
 
 
 def error_to_wire(exc: BaseException) -> bytes:

@@ -82,11 +82,10 @@ from .._validate import (
 )
 from ..errors import RunStateError
 from ..status import EffectStatus
-from .cell_runs import CELL_AGENT
 from .control import resume
 from .handle import Handle
 from .keys import effect_key, question_key
-from .names import check_stored_name
+from .names import CELL_AGENT, check_stored_name
 from .resume import agent_for
 from .retries import REACHED_EVENT
 from .runtime import get_store, runtime

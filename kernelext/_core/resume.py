@@ -23,6 +23,7 @@ from .agent import Agent
 from .codec import loads_json
 from .handle import Handle
 from .resume_steps import before_first_action
+from .run import Run
 from .run_engine import RunEngine, chain_roots
 from .runtime import runtime
 from .secrets import MASK
@@ -74,7 +75,7 @@ def agent_for(run_id: str, row: dict[str, Any], allow_code_change: bool, verb: s
     ``verb`` is the call the user makes again once they fixed it: ``resume`` or ``restart``.
     """
     agent = runtime().agents.get(row["agent"])
-    if agent is None:
+    if not isinstance(agent, Agent):  # None: the runtime holds only Agents
         raise AgentError(
             f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
             f"process. Run the code (or notebook cell) that defines @kx.agent(name="
@@ -109,6 +110,7 @@ def load_run(
         total_steps=row.get("total_steps"),
         key_scheme=row.get("key_scheme"),
     )
+    Run(run)  # what the agent function receives
     # Read here, where the store is read anyway, not at a call: a read there would wait for
     # the store file another process may hold (the hot path never waits for it).
     chain_roots[run] = store.chain_root(run_id) if row.get("parent_id") else run_id

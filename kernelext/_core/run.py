@@ -23,10 +23,11 @@ from .._validate import (
 )
 from ..errors import StopRequested
 from ..status import Reason
-from .batch import ItemState, current_item, refused_state_write
+from .batch import ItemState, refused_state_write
 from .batch_async import run_amap
 from .batch_threads import run_map
 from .names import step_key_of
+from .step_info import current_item
 from .step_skip import StepContext
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class Run:
 
     def __init__(self, engine: RunEngine) -> None:
         self._engine = engine
+        engine.facade = self  # the façade attaches itself: the engine never imports it
 
     @shows
     def __repr__(self) -> str:

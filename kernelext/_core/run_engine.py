@@ -18,22 +18,17 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from .._store import Store
 from .._store.runs import KEY_SCHEME
 from .._store.steps import StagedPayload
 from ..errors import ForcedStop, KernelextError, NeedsDecision, StopRequested
 from ..status import StepStatus
-from .batch import current_item
 from .forced_stop import ForceGate
 from .names import OUTSIDE_STEPS, check_stored_name
-from .run import Run
 from .snapshot import Snapshotter
-from .step_info import StepInfo
-
-if TYPE_CHECKING:
-    from .batch import Batch
+from .step_info import RunningBatch, StepInfo, current_item
 
 __all__ = ["OUTSIDE_STEPS", "STOP_POLL_SECONDS", "RunEngine", "StepInfo", "StopFlag", "chain_roots"]
 
@@ -92,7 +87,7 @@ class RunEngine:
         self.completed: dict[str, int] = {}
         self.effects: dict[uuid.UUID, dict[str, Any]] = {}
         self._current: StepInfo | None = None
-        self.batch: Batch | None = None  # the run.map in progress
+        self.batch: RunningBatch | None = None  # the run.map in progress (batch.Batch)
         self.loop: asyncio.AbstractEventLoop | None = None  # an async def agent's (worker)
         self.last_completed: StepInfo | None = None
         self._outside_calls = 0
@@ -108,7 +103,20 @@ class RunEngine:
         self._force = ForceGate(self._force_landed)
         self.listeners: list[Callable[[str, Any], None]] = []
         self.suspend_request: tuple[str, Any, str | None] | None = None
-        self.facade = Run(self)  # what the agent function receives
+        self._facade: Any = None  # the Run the agent function receives (see facade)
+
+    @property
+    def facade(self) -> Any:
+        """The ``Run`` the agent function receives. ``Run(engine)`` attaches itself, right
+        where kernelext makes the engine of a run it executes; an item of ``run.map`` in a
+        worker process has none (its ``fn`` receives the item)."""
+        if self._facade is None:
+            raise RuntimeError(f"run {self.id!r} has no façade here: nothing makes a Run of it")
+        return self._facade
+
+    @facade.setter
+    def facade(self, run: Any) -> None:
+        self._facade = run
 
     @property
     def run_id(self) -> str:

@@ -41,7 +41,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from .._expiry_policy import ExpiryPolicy
 from .._shown import shows
@@ -51,16 +51,74 @@ from ..status import FINAL
 from .options import OptionValues
 from .registries import CheckRegistry, CredentialRegistry
 
-if TYPE_CHECKING:
-    from .agent import Agent
-    from .cell_runs import CellRun
-    from .expiry import ExpiredRun
-    from .handle import Handle
-    from .limits import Limit
-
-__all__ = ["Runtime", "RuntimeSwitch", "Settings", "get_store", "runtime", "use_runtime"]
+__all__ = [
+    "AgentDef",
+    "ExpireCallback",
+    "LimitDef",
+    "LiveHandle",
+    "OpenCellRun",
+    "Runtime",
+    "RuntimeSwitch",
+    "Settings",
+    "get_store",
+    "runtime",
+    "use_runtime",
+]
 
 T = TypeVar("T")
+
+
+# What the runtime's tables hold, as the runtime and their readers see it. The runtime
+# imports none of the modules that fill them (it is below them all); each table's owner
+# puts its own kind in and narrows with isinstance where it needs more.
+class AgentDef(Protocol):
+    """An agent registered by name (``agent.Agent``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str: ...  # of its code, compared with a run's on resume
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+
+class LimitDef(Protocol):
+    """A ``kx.limit`` declared by name (``limits.Limit``); its slots are the process's."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class LiveHandle(Protocol):
+    """A run this runtime executes (``handle.Handle``), as the tables' readers use it."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def run(self) -> Any: ...  # the façade its agent receives (``kx.Run``)
+
+    @property
+    def alive(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> str: ...
+
+    def force_stop(self, source: str = "api", *, cut_calls: bool = False) -> None: ...
+
+
+class OpenCellRun(Protocol):
+    """An open ``%%agent`` run (``cell_runs.CellRun``), cached by (store location, run id)."""
+
+    @property
+    def store(self) -> Store: ...
+
+
+ExpireCallback = Callable[[Any], Any]  # kx.on_expire's: called with an ``expiry.ExpiredRun``
 
 
 class Settings(OptionValues):
@@ -150,25 +208,25 @@ class Runtime:
         self.settings = Settings()
         self.lock = threading.Lock()
         # definitions: what code registers when it is imported or run
-        self.agents: dict[str, Agent] = {}
+        self.agents: dict[str, AgentDef] = {}
         self.checks = CheckRegistry()
         self.credentials = CredentialRegistry()
         self.probes: dict[str, Callable[[str, Any], Any]] = {}
         self.agent_sources: dict[str, str] = {}
-        self.limits: dict[str, Limit] = {}  # kx.limit, by name (under ``lock``)
+        self.limits: dict[str, LimitDef] = {}  # kx.limit, by name (under ``lock``)
         # the runs of this runtime
         self.live_lock = threading.Lock()
-        self.live_runs: dict[str, Handle] = {}
-        self.handles: weakref.WeakValueDictionary[str, Handle] = weakref.WeakValueDictionary()
+        self.live_runs: dict[str, LiveHandle] = {}
+        self.handles: weakref.WeakValueDictionary[str, LiveHandle] = weakref.WeakValueDictionary()
         self.args_cache: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self.cell_runs_lock = threading.Lock()
-        self.cell_runs: dict[tuple[str, str], CellRun] = {}
+        self.cell_runs: dict[tuple[str, str], OpenCellRun] = {}
         self.credential_values: dict[str, dict[str, Any]] = {}
         self.local_checks: dict[tuple[str, str, str], Callable[..., Any]] = {}
         self.cell_sources: dict[tuple[str, str], str] = {}
         self.cell_sources_by_hash: dict[str, str] = {}
         self.end_hooks: list[Callable[[str, str], None]] = []
-        self.expire_callbacks: list[Callable[[ExpiredRun], Any]] = []
+        self.expire_callbacks: list[ExpireCallback] = []
         # run id -> (thread, depth) of the one resume of that run under way here
         self._resuming: dict[str, tuple[int, int]] = {}
         self._resuming_lock = threading.Lock()
@@ -190,7 +248,7 @@ class Runtime:
             self.limits.update(limits)  # the same limits: their slots are the process's
 
     # -- runs of this runtime -------------------------------------------------------------
-    def live_handle(self, run_id: str, store: Store | None = None) -> Handle | None:
+    def live_handle(self, run_id: str, store: Store | None = None) -> LiveHandle | None:
         """The handle of run ``run_id`` if it executes in a worker thread of this runtime
         (with ``store``: in that store; a run of the same id in another store is not it)."""
         with self.live_lock:
@@ -201,7 +259,7 @@ class Runtime:
             return None
         return handle
 
-    def live_handles(self) -> list[Handle]:
+    def live_handles(self) -> list[LiveHandle]:
         """Handles of the runs executing in a worker thread of this runtime now."""
         with self.live_lock:
             handles = list(self.live_runs.values())

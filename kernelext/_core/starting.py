@@ -10,6 +10,7 @@ from ..errors import RunStateError
 from .codec import dumps_json
 from .handle import Handle
 from .names import check_stored_name
+from .run import Run
 from .run_engine import RunEngine, chain_roots
 from .runtime import get_store, runtime
 from .worker import launch
@@ -62,5 +63,6 @@ def start_run(
         max_step_seconds=agent.max_step_seconds,
         allow_pickle=agent.pickle,
     )
+    Run(run)  # what the agent function receives
     chain_roots[run] = run_id  # a fresh run is the root of its restart chain
     return launch(Handle(run, store), agent.fn, args, kwargs)

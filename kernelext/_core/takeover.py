@@ -42,6 +42,7 @@ from .._store import Store, actor
 from .._store.restart import superseded_error
 from ..errors import OwnershipLost
 from ..status import LIVE, RESUMABLE, Reason, Status
+from .batch_remote import ITEMS_DISPATCHED
 from .lease import check_takeover, lease_until, owner_alive, owner_gone
 from .probes import settle_unknowns
 
@@ -269,9 +270,6 @@ def _needs_decision_tx(
         },
     )
     return TakeOver(Status.NEEDS_DECISION, unknown, epoch, doubtful)
-
-
-ITEMS_DISPATCHED = "items_dispatched"  # run.map(executor=...) sent items to other processes
 
 
 def workers_maybe_in_calls(tx: Any, run_id: str) -> bool:

@@ -3,11 +3,14 @@
 An approval (``approvals.py``) and a question (``questions.py``) both suspend the run
 with :func:`wait_for_person` (reason ``approval`` or ``input``), list what waits as a
 :class:`Waiting` (shown as cards in a notebook), and, once a person decided or answered,
-resume the run with ``control.resume_if_here`` when this process runs it.
+:func:`go_on`: the run resumes when this process runs it. What resuming takes is
+``control.resume_if_here``'s, installed here when ``control`` is imported (as
+``kernelext`` does), so the people's side never imports the lifecycle above it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._shown import shows
@@ -15,15 +18,36 @@ from .._store import Store
 from ..errors import StopRequested
 from ..status import Reason
 from .runtime import runtime
+from .step_info import current_item
 
 if TYPE_CHECKING:
     import datetime as dt
 
     from .run_engine import RunEngine
 
-__all__ = ["Waiting", "wait_for_person", "waiting_text"]
+__all__ = ["Waiting", "go_on", "install_go_on", "wait_for_person", "waiting_text"]
 
 T = TypeVar("T")
+
+GoOn = Callable[[Store, str, str], Any]  # (store, run id, source) -> the new handle or None
+_GO_ON: GoOn | None = None
+
+
+def install_go_on(resume_if_here: GoOn) -> None:
+    """Called by ``kernelext._core.control`` at import: how a run goes on after a person."""
+    global _GO_ON
+    _GO_ON = resume_if_here
+
+
+def go_on(store: Store, run_id: str, source: str) -> Any:
+    """After a person's decision or answer: resume ``run_id`` when this process runs it and
+    it waits for nobody else. The new handle, or None (see ``control.resume_if_here``)."""
+    if _GO_ON is None:  # never once kernelext is imported: its __init__ imports control
+        raise RuntimeError(
+            "kernelext._core.control is not loaded, so nothing can resume the run after "
+            "the decision (which is recorded); import kernelext, then kx.resume the run"
+        )
+    return _GO_ON(store, run_id, source)
 
 
 def wait_for_person(
@@ -35,8 +59,6 @@ def wait_for_person(
     stop is delivered like any other, so an agent that swallows it meets it again at its
     next kernelext call.
     """
-    from .batch import current_item
-
     item = current_item(run)
     if item is not None:  # a run.map item: it ends here, the others go on (see batch)
         item.waiting = (reason, deadline, note)

@@ -17,8 +17,8 @@ from .._core.cell_runs import (
     CellRun,
     StepOutcome,
     open_cell_run,
-    source_hash,
 )
+from .._core.names import source_hash
 from .._core.plan_code import remember_cell_source
 from .._core.waiting import waiting_text
 from .._formatting import name_cell, reason_text, step_label, step_numbers

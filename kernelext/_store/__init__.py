@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib
 import os
 from collections.abc import Callable
 
@@ -101,8 +100,9 @@ def open_store(
     """
     target = location or default_store_path()
     if target.startswith(("postgresql://", "postgres://")):
-        backend = importlib.import_module(".postgres_backend", __name__)
-        return Store(backend.open_postgres(target), clock=clock)
+        from . import postgres_backend  # psycopg is loaded only for a PostgreSQL store
+
+        return Store(postgres_backend.open_postgres(target), clock=clock)
     from .duckdb.backend import (
         coordination_files,
         open_duckdb,

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from .._expiry_policy import POLICY, ExpiryPolicy
+from .._validate import register
 from ..errors import OwnershipLost, StoreWriteError
 from .backend import Backend, HotPath
 from .columns import scrub_record
@@ -437,3 +438,6 @@ class StoreBase:
             " ORDER BY id",
             (run_id, "resumed"),
         )
+
+
+register(StoreBase=StoreBase)  # what a store= argument takes
