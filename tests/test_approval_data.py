@@ -345,3 +345,20 @@ def test_a_long_plain_argument_is_listed_whole(
     assert agent.start(run_id=run_id).wait(WAIT) == "suspended"
     code, listed = command(store, capsys, "approvals", "--run", run_id)
     assert code == 0 and "999999999" in listed, listed[-300:]
+
+
+def test_an_index_other_than_the_default_is_shown_as_a_column() -> None:
+    """``RangeIndex(1000, 1002)`` reaches the tool: the approver sees it, not rows that read
+    as if the index were 0, 1."""
+    import pandas as pd
+
+    from kernelext._core.data_args import table_parts
+
+    shifted = pd.DataFrame({"amount": [10, 20]}, index=pd.RangeIndex(1000, 1002))
+    parts = table_parts(shifted)
+    assert parts is not None
+    columns, rows, count = parts
+    assert count == 2 and columns[0] == "amount" and len(columns) == 2
+    assert rows == [[10, 1000], [20, 1001]]
+    plain = table_parts(pd.DataFrame({"amount": [10, 20]}))
+    assert plain is not None and plain[0] == ["amount"] and plain[1] == [[10], [20]]

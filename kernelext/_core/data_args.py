@@ -66,7 +66,11 @@ def table_parts(
     if pa is None:
         return None
     if pd is not None and isinstance(value, (pd.Series, pd.DataFrame)):
-        table = pa.Table.from_pandas(value.to_frame() if isinstance(value, pd.Series) else value)
+        frame = value.to_frame() if isinstance(value, pd.Series) else value
+        index = frame.index  # shown as a column unless it is the default 0, 1, 2, ...
+        plain = isinstance(index, pd.RangeIndex) and (index.start, index.step) == (0, 1)
+        keep = None if plain and index.name is None else True
+        table = pa.Table.from_pandas(frame, preserve_index=keep)
     elif isinstance(value, pa.RecordBatch):
         table = pa.Table.from_batches([value])
     elif isinstance(value, pa.Table):
