@@ -192,3 +192,50 @@ def test_a_batch_holding_a_record_the_tables_refuse_fails_as_permanent(tmp_path:
             with pytest.raises(Exception) as caught:
                 store.write(lambda tx, b=batch: apply_records(tx, b))
             assert store.backend.is_permanent(caught.value), repr(caught.value)
+
+
+def test_a_read_waits_for_what_was_written_before_it_not_for_what_comes_after(
+    tmp_path: Path,
+) -> None:
+    """Read-your-writes folds the records appended before the read; a writer that keeps
+    appending (a fast batch) does not hold the read until it pauses."""
+    import threading
+    import time
+
+    store = fresh(tmp_path / "busy.duckdb")
+    stop, capped = threading.Event(), threading.Event()
+    made = [0]
+
+    def produce() -> None:
+        deadline = time.monotonic() + 30  # a read that waits for the writer ends after this
+        while not stop.is_set():  # about a record a millisecond: less than a fold can take
+            if time.monotonic() > deadline:
+                capped.set()
+                return
+            n = made[0]
+            row = {
+                "id": str(uuid.uuid4()),
+                "run_id": "r",
+                "ordinal": n,
+                "key": str(n),
+                "name": None,
+            }
+            store.record("step_begin", {**row, "started_at": T0}, sync=False)
+            made[0] = n + 1
+            time.sleep(0.001)
+
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+    try:
+        while made[0] < 200 and writer.is_alive():
+            time.sleep(0.01)
+        before = made[0]
+        assert store.get_run("r")["id"] == "r"  # a read: folds first (read-your-writes)
+        returned_while_writing = not capped.is_set()
+        folded = store.read("SELECT count(*) FROM steps WHERE run_id = ?", ("r",))[0][0]
+    finally:
+        stop.set()
+        writer.join(40)
+        store.close()
+    assert returned_while_writing, "the read waited until the writer stopped"
+    assert folded >= before  # everything appended before the read is in the tables

@@ -321,10 +321,10 @@ def test_a_store_held_elsewhere_records_the_stop_beside_it_and_never_holds_up_an
     finally:
         holder.send("release")
         holder.close()
+    process.communicate(timeout=120)  # the owner ends: its records are in the tables
+    assert process.returncode == 0
     status, answer = post(server, "stop", {"run_id": "held", "store": str(store_path)})
     assert status == 200 and answer["status"] == "suspended"
-    process.communicate(timeout=120)
-    assert process.returncode == 0
     assert events(store_path, "held").count(("stop_requested", "panel")) == 2  # each click
 
 

@@ -14,10 +14,12 @@ from .._store import Store, actor
 from .._store.records import FORCE_REQUESTED
 from .._validate import (
     FLAG,
+    NOTE,
     RUN_ID,
     SOURCE,
     STORE,
     check_args_tuple,
+    check_count,
     check_mapping,
     optional,
     validated,
@@ -39,13 +41,15 @@ from .waiting import install_go_on
 
 __all__ = ["force_stop", "handle_for", "is_cell_run", "resume", "stop"]
 
+EPOCH = optional(check_count)  # the owner epoch a panel showed (a fencing token)
+
 
 def is_cell_run(row: dict[str, Any]) -> bool:
     """Whether the run in ``row`` is made of ``%%agent`` notebook cells."""
     return bool(row["agent"] == CELL_AGENT)
 
 
-@validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE)
+@validated("kx.stop", run_id=RUN_ID, source=SOURCE, store=STORE, epoch=EPOCH, who=NOTE)
 def stop(
     run_id: str,
     *,
@@ -84,7 +88,9 @@ def stop(
     return request_stop(store, run_id, source=source, epoch=epoch, who=who)
 
 
-@validated("kx.core.control.force_stop", run_id=RUN_ID, source=SOURCE, store=STORE)
+@validated(
+    "kx.core.control.force_stop", run_id=RUN_ID, source=SOURCE, store=STORE, epoch=EPOCH, who=NOTE
+)
 def force_stop(
     run_id: str,
     *,

@@ -103,17 +103,21 @@ class JournalHotPath:
             self.flush()
 
     def flush(self) -> None:
+        """Fold every record appended before this call (read-your-writes): records other
+        threads append meanwhile are not waited for, so a read during a fast batch returns
+        once what it must see is in the tables, never chasing the batch."""
         journal, folder = self.journal, self.folder
         if not journal.unfolded:
             self.writer.run(lambda tx: None)
             return
+        target = journal.last_seq
         stalled = 0
         while True:  # a fold that met a refused record goes on one record at a time
             before = journal.folded_seq
             folder.kick()
             self.writer.run(lambda tx: None)
             stalled = stalled + 1 if journal.folded_seq == before else 0
-            if not journal.unfolded or folder.fault is not None or stalled >= 3:
+            if journal.folded_seq >= target or folder.fault is not None or stalled >= 3:
                 break
         if folder.fault is not None and journal.unfolded:
             raise StoreWriteError(
