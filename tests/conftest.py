@@ -94,3 +94,20 @@ def _fresh_runtime() -> Iterator[None]:
     with use_runtime(Runtime(definitions_from=runtime())):
         yield
         finish_live_runs()
+
+
+# Heavy tests that must not overlap when pytest-xdist runs the suite on several workers
+# (`--dist loadgroup`): each marker's tests run one after another on one worker, while the
+# other workers take the rest. Chromium with JupyterLab, and the SIGKILL loops of the crash
+# tests, each load the 2-core machine enough to starve the other's timeouts.
+SERIAL_GROUPS = {"browser": "browser", "crash": "crash"}  # marker: xdist group
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        for marker, group in SERIAL_GROUPS.items():
+            if item.get_closest_marker(marker) and not item.get_closest_marker("xdist_group"):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
