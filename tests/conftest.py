@@ -96,18 +96,32 @@ def _fresh_runtime() -> Iterator[None]:
         finish_live_runs()
 
 
-# Heavy tests that must not overlap when pytest-xdist runs the suite on several workers
-# (`--dist loadgroup`): each marker's tests run one after another on one worker, while the
-# other workers take the rest. Chromium with JupyterLab, and the SIGKILL loops of the crash
-# tests, each load the 2-core machine enough to starve the other's timeouts.
+# How the suite is split between pytest-xdist workers (`-n 2 --dist loadgroup`, see the
+# Makefile). Tests of one xdist group run on one worker, one after another; every other test
+# goes to whichever worker is free.
+# - Heavy tests must not overlap: Chromium with JupyterLab, and the SIGKILL loops of the crash
+#   tests, each load a 2-core machine enough to starve another heavy test's waits.
+# - Tests that share a module-scoped fixture (a JupyterLab server, a Dask cluster, a process
+#   pool) stay on one worker, so that the fixture starts once rather than once per worker.
 SERIAL_GROUPS = {"browser": "browser", "crash": "crash"}  # marker: xdist group
+SHARED_SCOPES = ("package", "module", "class")
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    for marker, group in SERIAL_GROUPS.items():
+        if item.get_closest_marker(marker):
+            return group
+    fixtures = getattr(item, "_fixtureinfo", None)
+    definitions = fixtures.name2fixturedefs.values() if fixtures else ()
+    if any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions):
+        return f"module-{item.path.stem}"
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        for marker, group in SERIAL_GROUPS.items():
-            if item.get_closest_marker(marker) and not item.get_closest_marker("xdist_group"):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        group = _xdist_group(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
