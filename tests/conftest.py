@@ -118,6 +118,7 @@ def _xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
@@ -125,3 +126,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = _xdist_group(item)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker of `--dist loadgroup` whose grouped tests lost their group: pytest-xdist
+    marks a group in the test's node id (``...@browser``), which some pytest releases ignore.
+    Then the groups are spread over the workers in silence; stop instead."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rsplit("]", 1)[-1]
+    ]
+    if lost:
+        message = (
+            f"--dist loadgroup has no effect with pytest {pytest.__version__} and this "
+            f"pytest-xdist ({len(lost)} grouped tests lost their group, e.g. {lost[0]}). "
+            "Install the versions pyproject.toml's test extra allows (`make venv`)."
+        )
+        sys.stderr.write(f"\n{message}\n")
+        pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
