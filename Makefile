@@ -81,8 +81,13 @@ docs: venv
 	@ln -s "$(CURDIR)/widgets" $(DOCS_SRC)/kernelext/widgets
 	$(VENV)/bin/mkdocs build --strict
 
+# The suite on TEST_WORKERS pytest-xdist workers (0: one process, as a debugger needs).
+# --dist loadgroup keeps each xdist group (browser, crash: tests/conftest.py) on one
+# worker, one test at a time; the other worker takes the rest.
+TEST_WORKERS ?= 2
+
 test: venv system-deps lint docs
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 demo: venv
 	$(PY) notebooks/run_demo.py

@@ -94,3 +94,57 @@ def _fresh_runtime() -> Iterator[None]:
     with use_runtime(Runtime(definitions_from=runtime())):
         yield
         finish_live_runs()
+
+
+# How the suite is split between pytest-xdist workers (`-n 2 --dist loadgroup`, see the
+# Makefile). Tests of one xdist group run on one worker, one after another; every other test
+# goes to whichever worker is free.
+# - Heavy tests must not overlap: Chromium with JupyterLab, and the SIGKILL loops of the crash
+#   tests, each load a 2-core machine enough to starve another heavy test's waits.
+# - Tests that share a module-scoped fixture (a JupyterLab server, a Dask cluster, a process
+#   pool) stay on one worker, so that the fixture starts once rather than once per worker.
+SERIAL_GROUPS = {"browser": "browser", "crash": "crash"}  # marker: xdist group
+SHARED_SCOPES = ("package", "module", "class")
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    for marker, group in SERIAL_GROUPS.items():
+        if item.get_closest_marker(marker):
+            return group
+    fixtures = getattr(item, "_fixtureinfo", None)
+    definitions = fixtures.name2fixturedefs.values() if fixtures else ()
+    if any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions):
+        return f"module-{item.path.stem}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = _xdist_group(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker of `--dist loadgroup` whose grouped tests lost their group: pytest-xdist
+    marks a group in the test's node id (``...@browser``), which some pytest releases ignore.
+    Then the groups are spread over the workers in silence; stop instead."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rsplit("]", 1)[-1]
+    ]
+    if lost:
+        message = (
+            f"--dist loadgroup has no effect with pytest {pytest.__version__} and this "
+            f"pytest-xdist ({len(lost)} grouped tests lost their group, e.g. {lost[0]}). "
+            "Install the versions pyproject.toml's test extra allows (`make venv`)."
+        )
+        sys.stderr.write(f"\n{message}\n")
+        pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)

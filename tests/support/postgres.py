@@ -14,8 +14,10 @@ clients, never the server, so they do not depend on the server's durability.
 The benchmarks keep the server's defaults.
 
 The pytest fixtures at the bottom are imported by tests/conftest.py:
-``postgres_server`` (one per session) and ``postgres_url`` (a fresh database
-per test).
+``postgres_server`` (one per session: under pytest-xdist, one per worker, each
+in its own folder on its own port) and ``postgres_url`` (a fresh database per test).
+The clean-up of stale folders never touches a live server's folder (it has a
+``postmaster.pid``) nor one younger than an hour (a server still being set up).
 
 Standalone: ``python tests/support/postgres.py`` starts a server, prints its
 URL and waits for Ctrl-C.
@@ -266,7 +268,7 @@ if pytest is not None:
 
     @pytest.fixture(scope="session")
     def postgres_server() -> Iterator[PostgresServer]:
-        """One real PostgreSQL server for the whole session (127.0.0.1, free port)."""
+        """One real PostgreSQL server per session or xdist worker (127.0.0.1, free port)."""
         server = PostgresServer(fsync=False)
         server.start()
         try:
