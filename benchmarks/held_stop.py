@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 import kernelext as kx
-from kernelext._core.run import engine_of
+from kernelext._core.lifecycle.run import engine_of
 from kernelext.status import Status
 
 from .common import Plan, settle, summarize, tempdir

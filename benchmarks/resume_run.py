@@ -31,7 +31,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _pad_ledger(store: Any, total: int) -> None:
     """Pad the ledger in one job: list parameters unnested in SQL (the store's DuckDB
     instance has external access off, so it cannot read a Parquet file)."""
-    from kernelext._core.ledger import args_hash, effect_key
+    from kernelext._core.ledger.effect import args_hash, effect_key
 
     per_step = max(1, total // DONE_STEPS)
     cols: dict[str, list[Any]] = {k: [] for k in ("key", "step", "call", "hash", "args", "res")}

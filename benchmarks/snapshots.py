@@ -60,7 +60,7 @@ def payloads(shape: str, size: int, count: int) -> list[Any]:
 
 def _components(value: Any) -> dict[str, float]:
     """Where a snapshot of ``value`` spends its time outside the store (one pass, ms)."""
-    from kernelext._core.codec import encode
+    from kernelext._core.encoding.codec import encode
 
     start = time.perf_counter()
     _, payload = encode(value, where="bench")

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from kernelext._core.timeline import Timeline
+from kernelext._core.views.timeline import Timeline
 
 T0 = dt.datetime(2026, 3, 2, 9, 0, 0)
 

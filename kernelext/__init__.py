@@ -14,24 +14,24 @@ from . import errors, langgraph, status
 from ._adapters.mcp import wrap_mcp as mcp
 from ._adapters.openai import wrap_openai as openai
 from ._adapters.tools import Tools as tools
-from ._core.agent import Agent, agent
-from ._core.api import configure, open_store, runs, sql
-from ._core.approvals import approvals, approve, reject
-from ._core.control import resume, stop
-from ._core.current import checks, credentials
-from ._core.expiry import on_expire, sweep
-from ._core.handle import Handle
-from ._core.ledger import Effect, effect
-from ._core.limits import limit
-from ._core.plan import ResumePlan, plan
-from ._core.questions import answer, questions
-from ._core.reattach import panel
-from ._core.reconcile import reconcile
-from ._core.restart import restart
-from ._core.revalidation import Revalidation, revalidation
-from ._core.run import Run
-from ._core.secrets import SECRETS as secrets
-from ._core.timeline import timeline
+from ._core.encoding.secrets import SECRETS as secrets
+from ._core.ledger.effect import Effect, effect
+from ._core.ledger.limits import limit
+from ._core.lifecycle.agent import Agent, agent
+from ._core.lifecycle.control import resume, stop
+from ._core.lifecycle.expiry import on_expire, sweep
+from ._core.lifecycle.handle import Handle
+from ._core.lifecycle.reattach import panel
+from ._core.lifecycle.restart import restart
+from ._core.lifecycle.revalidation import Revalidation, revalidation
+from ._core.lifecycle.run import Run
+from ._core.people.approvals import approvals, approve, reject
+from ._core.people.questions import answer, questions
+from ._core.people.reconcile import reconcile
+from ._core.plan.resume_plan import ResumePlan, plan
+from ._core.process.api import configure, open_store, runs, sql
+from ._core.process.current import checks, credentials
+from ._core.views.timeline import timeline
 from ._store.duckdb import duckdb_config
 from .errors import (
     AgentCellStopped,

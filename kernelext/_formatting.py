@@ -24,7 +24,7 @@ from typing import Any
 from ._shown import shown
 
 # The step key of effects made outside any step (never shown to a person; the core's
-# kernelext._core.names re-exports it, and this leaf module is where it is defined).
+# kernelext._core.encoding.names re-exports it, and this leaf module is where it is defined).
 OUTSIDE_STEPS = "__run__"
 
 __all__ = [

@@ -89,7 +89,7 @@ _SCRUB: Callable[[str], str] | None = None
 
 
 def install_scrubber(scrub: Callable[[str], str]) -> None:
-    """Called by ``kernelext._core.secrets`` at import: what is shown masks registered
+    """Called by ``kernelext._core.encoding.secrets`` at import: what is shown masks registered
     values (the door knows no secrets itself)."""
     global _SCRUB
     _SCRUB = scrub

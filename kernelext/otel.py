@@ -17,7 +17,7 @@ import queue
 import threading
 from typing import Any
 
-from ._core.secrets import scrub_text
+from ._core.encoding.secrets import scrub_text
 from ._store import observe
 from .status import FINAL, WAITING, EffectStatus, StepStatus
 from .status import Status as RunStatus

@@ -61,7 +61,7 @@ def store(store_path: Path) -> Iterator[Any]:
     """The default store for kx.* calls, on this test's own DuckDB file. Runs still
     live at the end are stopped. Modules that need another clock or backend override it."""
     import kernelext as kx
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     opened = kx.open_store(str(store_path))  # a path or a postgresql:// URL
     yield opened
@@ -89,7 +89,7 @@ def _fresh_runtime() -> Iterator[None]:
     defined when they were imported (agents, kx.checks, kx.credentials, effect probes).
     Runs still live at the end are stopped before the previous runtime comes back (the
     current runtime is process-wide: their threads read it too)."""
-    from kernelext._core.runtime import Runtime, runtime, use_runtime
+    from kernelext._core.process.runtime import Runtime, runtime, use_runtime
 
     with use_runtime(Runtime(definitions_from=runtime())):
         yield

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 RELEASE_HANGING = threading.Event()

@@ -151,7 +151,7 @@ panel = panel_for(h)
 """
 
 PANEL_STOP = """
-from kernelext._core.run import engine_of
+from kernelext._core.lifecycle.run import engine_of
 panel.stop_button.click()    # Stop: lands at the next superstep boundary...
 panel.force_button.click()   # ...Force stop: cancel the running superstep now
 deadline = time.monotonic() + 30

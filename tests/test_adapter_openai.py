@@ -42,7 +42,7 @@ from support.llm_server import LLMServer
 import kernelext as kx
 from kernelext._adapters.openai import CHAT_TOOL, RESPONSES_TOOL, wrap_openai
 from kernelext._adapters.tools import Tools
-from kernelext._core.secrets import SECRETS
+from kernelext._core.encoding.secrets import SECRETS
 from kernelext._store import open_store
 from kernelext.status import EffectStatus, Status
 

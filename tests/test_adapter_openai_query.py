@@ -15,7 +15,7 @@ from support.llm_server import LLMServer
 
 import kernelext as kx
 from kernelext._adapters.openai import wrap_openai
-from kernelext._core.secrets import SECRETS
+from kernelext._core.encoding.secrets import SECRETS
 from kernelext.status import Status
 
 QUERY_SECRET = "qry-" + "K3YV4LU3" * 3  # e.g. a gateway's ?key=... or an Azure ?sig=...

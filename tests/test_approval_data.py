@@ -248,9 +248,9 @@ floats = st.one_of(st.floats(allow_nan=False), st.none())
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(numbers, texts, floats), max_size=40))
 def test_every_row_of_a_generated_table_is_stored_as_it_is(rows: list[tuple[Any, ...]]) -> None:
-    from kernelext._core.data_args import data_arguments
-    from kernelext._core.keys import display_args
-    from kernelext._core.tagged import untag
+    from kernelext._core.encoding.data_args import data_arguments
+    from kernelext._core.encoding.keys import display_args
+    from kernelext._core.encoding.tagged import untag
 
     columns = {"n": pa.int64(), "t": pa.string(), "x": pa.float64()}
     table = pa.table(
@@ -274,8 +274,8 @@ def test_every_row_of_a_generated_table_is_stored_as_it_is(rows: list[tuple[Any,
 def test_the_changes_found_are_the_changes_made(
     amounts: list[int], dropped: set[int], changed: set[int], added: int
 ) -> None:
-    from kernelext._core.data_args import data_arguments, data_diff
-    from kernelext._core.keys import display_args
+    from kernelext._core.encoding.data_args import data_arguments, data_diff
+    from kernelext._core.encoding.keys import display_args
 
     before = pd.DataFrame({"id": [f"p{i}" for i in range(len(amounts))], "amount": amounts})
     after = before.copy()
@@ -352,7 +352,7 @@ def test_an_index_other_than_the_default_is_shown_as_a_column() -> None:
     as if the index were 0, 1."""
     import pandas as pd
 
-    from kernelext._core.data_args import table_parts
+    from kernelext._core.encoding.data_args import table_parts
 
     shifted = pd.DataFrame({"amount": [10, 20]}, index=pd.RangeIndex(1000, 1002))
     parts = table_parts(shifted)

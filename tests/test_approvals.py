@@ -28,8 +28,8 @@ from support.live import finish_live_runs, name
 from support.notebooks import execute, text_of
 
 import kernelext as kx
-from kernelext._core.cell_runs import forget_cell_runs
-from kernelext._core.runtime import runtime
+from kernelext._core.lifecycle.cell_runs import forget_cell_runs
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 WAIT = 60.0
@@ -212,7 +212,7 @@ def test_a_decision_from_another_process_waits_for_the_next_resume(
     )
     script = (
         "import sys, kernelext as kx\n"
-        "from kernelext._core.approvals import approvals\n"
+        "from kernelext._core.people.approvals import approvals\n"
         "store = kx.open_store(sys.argv[1])\n"
         "[request] = approvals(sys.argv[2], store=store)\n"
         "print(request.approve(note='from a terminal'))\n"
@@ -238,8 +238,9 @@ def test_a_decision_goes_on_through_the_hook_control_installs_at_import() -> Non
     goes on through ``waiting.go_on``, which ``control`` fills as soon as kernelext loads,
     whichever module a process imports first."""
     script = (
-        "import kernelext._core.questions\n"
-        "from kernelext._core import control, waiting\n"
+        "import kernelext._core.people.questions\n"
+        "from kernelext._core.lifecycle import control\n"
+        "from kernelext._core.people import waiting\n"
         "print(waiting._GO_ON is control.resume_if_here)\n"
     )
     done = subprocess.run(
@@ -250,7 +251,7 @@ def test_a_decision_goes_on_through_the_hook_control_installs_at_import() -> Non
 
 
 def test_effect_declares_its_approval_rule_and_its_probe() -> None:
-    probes = pytest.importorskip("kernelext._core.probes")
+    probes = pytest.importorskip("kernelext._core.ledger.probes")
 
     def lookup(key: str, args: Any) -> str | None:
         return None

@@ -17,7 +17,7 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs, name
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 pytestmark = pytest.mark.postgres

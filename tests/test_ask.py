@@ -20,9 +20,9 @@ from support.kernels import KernelSession
 from support.live import finish_live_runs, name
 
 import kernelext as kx
-from kernelext._core.asking import check_answer, parse_answer, schema_spec
-from kernelext._core.cell_runs import forget_cell_runs
-from kernelext._core.runtime import runtime
+from kernelext._core.lifecycle.cell_runs import forget_cell_runs
+from kernelext._core.people.asking import check_answer, parse_answer, schema_spec
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 WAIT = 60.0

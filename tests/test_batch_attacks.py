@@ -21,7 +21,7 @@ from support.http_server import DeliveryServer, post_json
 from support.live import name, wait_until
 
 import kernelext as kx
-import kernelext._core.batch_threads as batch_module
+import kernelext._core.batch.threads as batch_module
 from kernelext._store import Store
 
 WAIT = 60.0

@@ -23,9 +23,9 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core.batch_view import BatchCounts
-from kernelext._core.run import engine_of
-from kernelext._core.timeline import MAX_LANES, Bar, assign_lanes, timeline
+from kernelext._core.batch.view import BatchCounts
+from kernelext._core.lifecycle.run import engine_of
+from kernelext._core.views.timeline import MAX_LANES, Bar, assign_lanes, timeline
 from kernelext._formatting import counted, rate_text
 from kernelext._store import Store
 from kernelext.widgets import ControlPanel

@@ -25,8 +25,8 @@ from support.http_server import DeliveryServer, post_json
 from support.live import name
 
 import kernelext as kx
-from kernelext._core.cell_runs import open_cell_run
-from kernelext._core.keys import args_hash, effect_key
+from kernelext._core.encoding.keys import args_hash, effect_key
+from kernelext._core.lifecycle.cell_runs import open_cell_run
 from kernelext._store import Store
 from kernelext.errors import InvalidName, UnencodableArgument
 
@@ -126,7 +126,7 @@ def test_an_approval_is_bound_to_the_value_of_each_argument_type(
 
 
 def test_the_approver_sees_values_tagged_not_type_names(store: Store) -> None:
-    from kernelext._core.keys import display_args
+    from kernelext._core.encoding.keys import display_args
 
     text = display_args(
         {"amount": Decimal("10"), "at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}
@@ -458,7 +458,7 @@ def test_a_gated_call_of_a_scheme_1_run_refuses_an_argument_it_cannot_bind(
 def test_approving_by_effect_key_is_refused_once_the_key_has_had_several_requests(
     store: Store, delivery_server: DeliveryServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kernelext._core import approvals as human
+    from kernelext._core.people import approvals as human
 
     plan = {"amount": 10}
     run_id = name("by-key")
@@ -501,7 +501,7 @@ def test_approving_by_effect_key_is_refused_once_the_key_has_had_several_request
 def test_approving_by_effect_key_works_while_the_key_has_one_request(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    from kernelext._core import approvals as human
+    from kernelext._core.people import approvals as human
 
     run_id = name("by-key-one")
     assert payer(delivery_server, {"amount": 10}).start(run_id=run_id).wait(WAIT) == "suspended"

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 __all__ = ["page", "shots_folder"]  # fixtures of tests/test_browser.py, used here
 
 RESUME_TYPO = "import kernelext as kx\nkx.resume('no-such-run')"
-# kernelext's own files, as a traceback would name them (.../kernelext/_core/control.py)
+# kernelext's own files, as a traceback would name them (.../kernelext/_core/lifecycle/control.py)
 INTERNAL_PATH = os.path.dirname(os.path.abspath(kernelext.__file__)) + os.sep + "_"
 
 

@@ -23,7 +23,7 @@ from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 from test_browser import PANEL, REPO_ROOT, Shots, page, shots_folder
 
-from kernelext._core.names import OUTSIDE_STEPS
+from kernelext._core.encoding.names import OUTSIDE_STEPS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

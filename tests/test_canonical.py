@@ -30,9 +30,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelext._core.canonical import MAX_DEPTH, Unencodable, canonical, digest, frame
-from kernelext._core.keys import args_hash, effect_key, question_key, stored_result
-from kernelext._core.tagged import tagged, untag
+from kernelext._core.encoding.canonical import MAX_DEPTH, Unencodable, canonical, digest, frame
+from kernelext._core.encoding.keys import args_hash, effect_key, question_key, stored_result
+from kernelext._core.encoding.tagged import tagged, untag
 from kernelext.errors import UnencodableArgument
 
 
@@ -99,7 +99,8 @@ values = st.recursive(
 
 def oracle(v: Any) -> Any:
     """What "the same value" means, written without the encoder: type-strict equality,
-    NaN equal to NaN, aware datetimes with their offset (see kernelext/_core/canonical.py)."""
+    NaN equal to NaN, aware datetimes with their offset (see
+    kernelext/_core/encoding/canonical.py)."""
     if isinstance(v, enum.Enum):
         return ("enum", type(v).__qualname__, oracle(v.value))
     if isinstance(v, np.generic):
@@ -149,7 +150,7 @@ def test_hashes_are_the_same_in_another_process(batch: list[Any]) -> None:
     here = [digest(v) for v in batch]
     code = (
         "import pickle, sys\n"
-        "from kernelext._core.canonical import digest\n"
+        "from kernelext._core.encoding.canonical import digest\n"
         "batch = pickle.loads(sys.stdin.buffer.read())\n"
         "sys.stdout.write('\\n'.join(digest(v) for v in batch))\n"
     )
@@ -315,7 +316,7 @@ def test_results_are_scrubbed_of_secrets() -> None:
 
 
 def test_a_scheme_1_run_binds_new_calls_by_value_and_still_accepts_what_it_accepted() -> None:
-    from kernelext._core.keys import call_hashes, hash_for
+    from kernelext._core.encoding.keys import call_hashes, hash_for
 
     new, old = call_hashes(("bob", Decimal("10")), {}, 1, tool="pay")
     assert len(new) == 64 and old is not None and len(old) == 32

@@ -14,8 +14,8 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kernelext as kx
-from kernelext._core.cell_runs import forget_cell_runs
-from kernelext._core.runtime import runtime
+from kernelext._core.lifecycle.cell_runs import forget_cell_runs
+from kernelext._core.process.runtime import runtime
 
 SETUP = """
 import kernelext as kx

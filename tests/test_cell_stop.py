@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext._core.cell_runs import forget_cell_runs, open_cell_run
-from kernelext._core.names import source_hash
-from kernelext._core.runtime import runtime
+from kernelext._core.encoding.names import source_hash
+from kernelext._core.lifecycle.cell_runs import forget_cell_runs, open_cell_run
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store
 from kernelext._store.base import process_start
 
@@ -73,7 +73,7 @@ def a_cell_run_of_another_kernel(store: Store, run_id: str) -> None:
 # call (to the file named by OPENED) before doing what they do.
 CLI_WATCHING_OPENS = """
 import json, os, sys
-import kernelext._core.cell_runs as cell_runs
+import kernelext._core.lifecycle.cell_runs as cell_runs
 
 def recording(name, real):
     def call(*args, **kwargs):

@@ -15,8 +15,8 @@ import pytest
 from support.shown import shown_by_a_panel
 
 import kernelext as kx
-from kernelext._core.click_stores import open_for_click
-from kernelext._core.from_elsewhere import act, describe_error
+from kernelext._core.lifecycle.from_elsewhere import act, describe_error
+from kernelext._core.process.click_stores import open_for_click
 
 pytestmark = [pytest.mark.both_backends]
 

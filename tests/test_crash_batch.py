@@ -37,8 +37,8 @@ from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
-from kernelext._core.ledger import effect_key
-from kernelext._core.resume import load_run
+from kernelext._core.ledger.effect import effect_key
+from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import Store, open_store
 from kernelext._store.schema import MIGRATIONS
 

@@ -28,7 +28,7 @@ from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
-from kernelext._core.keys import load_result
+from kernelext._core.encoding.keys import load_result
 from kernelext._store import Store, open_store
 from kernelext._store.schema import MIGRATIONS
 

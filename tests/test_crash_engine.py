@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
 
-from kernelext._core.resume import load_run
+from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import open_store
 from kernelext._store.schema import MIGRATIONS
 

@@ -9,7 +9,7 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 TABLES = ("runs", "steps", "snapshots", "blobs", "effects", "facts", "claims", "events")

@@ -32,8 +32,8 @@ from support.dask_items import attempts, decide_from_log, in_flight, release
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
-from kernelext._core.ledger import effect_key
-from kernelext._core.resume import load_run
+from kernelext._core.ledger.effect import effect_key
+from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import Store
 
 SUPPORT = Path(__file__).resolve().parent / "support"
@@ -66,7 +66,7 @@ def pg(postgres_url: str) -> Iterator[Store]:
     """The notebook's store: a fresh PostgreSQL database (the default store too)."""
     from support.live import finish_live_runs
 
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     opened = kx.open_store(postgres_url)
     yield opened
@@ -442,7 +442,7 @@ def test_a_sigkilled_notebook_is_resumed_from_a_new_process_without_a_duplicate(
 # -- 4. a worker of a stale owner ------------------------------------------------------------
 def stale_task(store: Store, url: str, run_id: str, item: int, epoch: int, fn: Any) -> bytes:
     """The task of ``item``'s running step, as an owner holding ``epoch`` would send it."""
-    from kernelext._core.remote_wire import RemoteTask, dumps
+    from kernelext._core.batch.wire import RemoteTask, dumps
 
     (step,) = [
         s for s in store.steps(run_id) if (s["key"], s["status"]) == (f"item-{item}", "running")
@@ -463,8 +463,8 @@ def test_a_worker_holding_a_stale_epoch_is_refused_and_delivers_nothing(
     pg: Store, postgres_url: str, cluster: ClusterHolder, client: Any,
     delivery_server: DeliveryServer, tmp_path: Path, gates: Path,
 ) -> None:  # fmt: skip
-    from kernelext._core.remote_item import execute_item
-    from kernelext._core.remote_wire import error_from_wire, loads
+    from kernelext._core.batch.remote_item import execute_item
+    from kernelext._core.batch.wire import error_from_wire, loads
 
     markers = tmp_path / "markers.txt"
     args = {

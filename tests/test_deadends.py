@@ -217,17 +217,17 @@ DURATIONS = ("retention_seconds", "check_timeout", "max_step_seconds", "interrup
     "value", [math.nan, math.inf, -math.inf, -1, dt.timedelta(seconds=-5), "10", True, [1]]
 )
 def test_configure_refuses_a_bad_duration(name: str, value: Any) -> None:
-    before = getattr(kx._core.runtime.runtime().settings, name)
+    before = getattr(kx._core.process.runtime.runtime().settings, name)
     with pytest.raises((TypeError, ValueError)) as caught:
         kx.configure(**{name: value})
     assert name in str(caught.value)
-    assert getattr(kx._core.runtime.runtime().settings, name) == before
+    assert getattr(kx._core.process.runtime.runtime().settings, name) == before
 
 
 def test_configure_takes_numpy_and_timedelta_durations_and_zero_where_it_means_off() -> None:
     np = pytest.importorskip("numpy")
     kx.configure(check_timeout=np.float64(2.5), max_step_seconds=dt.timedelta(minutes=1))
-    settings = kx._core.runtime.runtime().settings
+    settings = kx._core.process.runtime.runtime().settings
     assert settings.check_timeout == 2.5 and type(settings.check_timeout) is float
     assert settings.max_step_seconds == 60.0
     kx.configure(retention_seconds=0, interrupt_window=0)
@@ -241,7 +241,7 @@ def test_configure_takes_numpy_and_timedelta_durations_and_zero_where_it_means_o
     "value", [math.nan, math.inf, 0, -3, dt.timedelta(0), dt.timedelta(days=-1), "1", 1e300]
 )
 def test_configure_refuses_a_bad_expiry_duration_and_changes_nothing(value: Any) -> None:
-    policy = kx._core.runtime.runtime().settings.expiry
+    policy = kx._core.process.runtime.runtime().settings.expiry
     before = dict(policy.durations)
     with pytest.raises(ValueError, match="approval"):
         kx.configure(expiry={"user_stop": 5, "approval": value})
@@ -256,7 +256,7 @@ def test_configure_refuses_a_folder_as_the_store(tmp_path: Path) -> None:
             kx.configure(store=value)
     with pytest.raises(ValueError, match="folder"):
         kx.open_store(str(tmp_path))
-    assert kx._core.runtime.runtime().settings.store_location is None
+    assert kx._core.process.runtime.runtime().settings.store_location is None
 
 
 def test_config_magic_refuses_the_same_values(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ NAMED_LOOKUPS_ALLOWED = {
 
 # (file, function) looking up a name computed at run time -> why it is never kernelext's
 COMPUTED_LOOKUPS_ALLOWED = {
-    ("kernelext/_core/checks.py", "_by_attribute"): (
+    ("kernelext/_core/process/checks.py", "_by_attribute"): (
         "the module of a user's check function, by the name recorded with its fact"
     ),
     ("kernelext/_adapters/langgraph_tools.py", "require"): (
@@ -161,12 +161,13 @@ def test_the_scan_sees_every_kind_of_lookup() -> None:
     source = "\n".join(
         [
             "import importlib, sys",
-            'ENTRY = "kernelext._core.remote_item"',
+            'ENTRY = "kernelext._core.batch.remote_item"',
             "class WorkerCall:",
             "    def __call__(self):",
             "        importlib.import_module(self.entry)",
             "def a():",
-            '    return sys.modules.get("kernelext._core.ledger"), importlib.import_module(ENTRY)',
+            '    return sys.modules.get("kernelext._core.ledger.effect"), '
+            "importlib.import_module(ENTRY)",
             "def b():",
             '    return sys.modules["kernelext.errors"], "kernelext.status" in sys.modules',
             "def c():",
@@ -183,12 +184,12 @@ def test_the_scan_sees_every_kind_of_lookup() -> None:
     ]
     assert seen == [
         ("__call__", "?"),
-        ("a", "kernelext._core.ledger"),
-        ("a", "kernelext._core.remote_item"),
+        ("a", "kernelext._core.ledger.effect"),
+        ("a", "kernelext._core.batch.remote_item"),
         ("b", "kernelext.errors"),
         ("b", "kernelext.status"),
         ("c", "pandas"),
         ("c", ".plan"),
     ]
-    assert _is_module("kernelext._core.ledger") and _is_module("kernelext.widgets")
+    assert _is_module("kernelext._core.ledger.effect") and _is_module("kernelext.widgets")
     assert not _is_module("kernelext._core.no_such_module")

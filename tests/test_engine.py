@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store
 from kernelext.errors import AgentError
 

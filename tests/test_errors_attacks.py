@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.kernels import KernelSession
 
 import kernelext
-from tests.support.kernels import KernelSession
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(kernelext.__file__))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -6,8 +6,9 @@ import os
 import re
 from pathlib import Path
 
+from support.kernels import KernelSession
+
 import kernelext
-from tests.support.kernels import KernelSession
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(kernelext.__file__))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

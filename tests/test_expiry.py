@@ -18,9 +18,9 @@ import pytest
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext._core import expiry
-from kernelext._core.run import engine_of
-from kernelext._core.runtime import runtime
+from kernelext._core.lifecycle import expiry
+from kernelext._core.lifecycle.run import engine_of
+from kernelext._core.process.runtime import runtime
 from kernelext._expiry_policy import DEFAULT_EXPIRY
 from kernelext._store import Store, open_store
 

@@ -21,8 +21,8 @@ from support.live import finish_live_runs
 from support.old_schema import back_to_schema
 
 import kernelext as kx
-from kernelext._core import expiry
-from kernelext._core.runtime import runtime
+from kernelext._core.lifecycle import expiry
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, actor, open_store
 from kernelext._store.compat import NEWEST_SCHEMA
 

@@ -11,7 +11,7 @@ import facts_support as fs
 import pytest
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 SKUS = ["A", "B", "C"]

@@ -22,8 +22,8 @@ from support.zones import in_zone
 
 import kernelext as kx
 from kernelext._cli.runs import cmd_show
-from kernelext._core.plan import plan
-from kernelext._core.timeline import timeline
+from kernelext._core.plan.resume_plan import plan
+from kernelext._core.views.timeline import timeline
 from kernelext._did_you_mean import closest, did_you_mean
 from kernelext._formatting import duration_text, moment_text, step_label, step_number
 from kernelext._store import Store, open_store, utcnow

@@ -22,9 +22,9 @@ from browser import jupyterlab as lab
 from test_server_route import post
 
 import kernelext as kx
-from kernelext._core import control
-from kernelext._core.lease import owner_gone
-from kernelext._core.overview import read_overview
+from kernelext._core.lifecycle import control
+from kernelext._core.lifecycle.overview import read_overview
+from kernelext._core.process.lease import owner_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
@@ -32,7 +32,7 @@ OWNER = textwrap.dedent(
     """
     import sys, time
     import kernelext as kx
-    import kernelext._core.lease as lease
+    import kernelext._core.process.lease as lease
 
     lease.LEASE_SECONDS = 1.5  # lapses soon after the kill (renewed every 10 s)
     kx.configure(store=sys.argv[1])

@@ -40,18 +40,18 @@ def _runtime_source(source: str) -> str:
 # refused, and a knot that is untied must leave this list (it then holds only what is).
 TYPE_ONLY_KNOTS = {
     # the options are a part of the runtime, which holds their values
-    frozenset({"kernelext._core.options", "kernelext._core.runtime"}),
+    frozenset({"kernelext._core.process.options", "kernelext._core.process.runtime"}),
     # run.map's core and the iterator it reads its items from
-    frozenset({"kernelext._core.batch", "kernelext._core.batch_source"}),
+    frozenset({"kernelext._core.batch.core", "kernelext._core.batch.source"}),
     # @kx.agent and the start of its runs
-    frozenset({"kernelext._core.agent", "kernelext._core.starting"}),
+    frozenset({"kernelext._core.lifecycle.agent", "kernelext._core.lifecycle.starting"}),
     # @kx.effect, its awaited calls, its outcomes and its retries
     frozenset(
         {
-            "kernelext._core.ledger",
-            "kernelext._core.ledger_async",
-            "kernelext._core.effect_outcomes",
-            "kernelext._core.retries",
+            "kernelext._core.ledger.effect",
+            "kernelext._core.ledger.effect_async",
+            "kernelext._core.ledger.effect_outcomes",
+            "kernelext._core.ledger.retries",
         }
     ),
     # the embedded store's file and the stop requests posted beside it while it is busy
@@ -59,10 +59,10 @@ TYPE_ONLY_KNOTS = {
     # kx.timeline: the records folded, and the picture drawn of them
     frozenset(
         {
-            "kernelext._core.timeline",
-            "kernelext._core.timeline_draw",
-            "kernelext._core.timeline_fold",
-            "kernelext._core.timeline_svg",
+            "kernelext._core.views.timeline",
+            "kernelext._core.views.timeline_draw",
+            "kernelext._core.views.timeline_fold",
+            "kernelext._core.views.timeline_svg",
         }
     ),
 }
@@ -157,8 +157,11 @@ def test_the_type_only_scan_sees_a_type_checking_import() -> None:
     graph = module_graph(type_only_too=True)
     runtime_graph = module_graph()
     # run_engine names nothing of batch at all now; step_info names ForceGate for typing only
-    assert "kernelext._core.forced_stop" in graph["kernelext._core.step_info"]
-    assert "kernelext._core.forced_stop" not in runtime_graph["kernelext._core.step_info"]
+    assert "kernelext._core.engine.forced_stop" in graph["kernelext._core.engine.step_info"]
+    assert (
+        "kernelext._core.engine.forced_stop"
+        not in runtime_graph["kernelext._core.engine.step_info"]
+    )
 
 
 def test_checker_finds_a_circle() -> None:

@@ -60,7 +60,7 @@ def kernel(store_path: Path) -> Iterator[KernelSession]:
 def events(session: KernelSession, run_id: str) -> list[tuple[str, str]]:
     """(kind, source) of every event of ``run_id``, read inside the kernel."""
     reply = session.run(
-        "from kernelext._core.runtime import get_store\n"
+        "from kernelext._core.process.runtime import get_store\n"
         f"print([(e['kind'], e['source']) for e in get_store().events({run_id!r})])"
     )
     return list(ast.literal_eval(reply.ok().stdout.strip()))
@@ -159,7 +159,7 @@ def test_a_second_press_forces_the_stop_and_a_third_cuts_the_call_in_flight(
     reply = kernel.run(
         "try:\n    print(h.wait(30))\nfinally:\n    release.set()\n"
         "print([p[1] for p in handler.presses])\n"
-        "from kernelext._core.run import engine_of\n"
+        "from kernelext._core.lifecycle.run import engine_of\n"
         "print([e['status'] for e in engine_of(h.run).effects.values()])\n"
         "print([s['forced'] for s in h.steps()])"
     ).ok()

@@ -26,7 +26,7 @@ from support.journaled_end import GATE, GATE_STEP, OWNER, journaled_end
 from support.store_holder import Child, hold_store
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, actor, open_store
 from kernelext._store.duckdb.journal import scan_journal
 from kernelext._store.records import check_record

@@ -18,7 +18,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._ipython import extension
 
 WAIT = 30.0

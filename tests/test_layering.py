@@ -242,3 +242,104 @@ def test_every_package_folder_is_declared_in_pyproject() -> None:
             if "__pycache__" not in init.parts:
                 on_disk.add(module_name(init, root, package))
     assert on_disk <= declared, f"add to [tool.setuptools] packages: {sorted(on_disk - declared)}"
+
+
+# The engine's packages (kernelext/_core/<package>/) and what each may import of the others,
+# for every kind of import, TYPE_CHECKING and function-level ones included. The order is
+# drawn in ARCHITECTURE.md; each package's __init__.py says it in a sentence.
+CORE = REPO_ROOT / "kernelext" / "_core"
+ENGINE_ORDER: dict[str, set[str]] = {
+    "encoding": set(),
+    "process": {"encoding"},
+    "engine": {"encoding", "process"},
+    "views": {"encoding", "process"},
+    "people": {"encoding", "process", "engine"},
+    "facts": {"encoding", "process", "engine"},
+    "ledger": {"encoding", "process", "engine", "people"},
+    "batch": {"encoding", "process", "engine"},
+    "plan": {"encoding", "process", "views", "facts", "ledger", "batch"},
+    "lifecycle": {
+        "encoding",
+        "process",
+        "engine",
+        "views",
+        "people",
+        "facts",
+        "ledger",
+        "batch",
+        "plan",
+    },
+}
+
+
+def engine_order_breaks(core: Path = CORE) -> list[str]:
+    out = []
+    shown_from = core.parent.parent
+    for path in sorted(core.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(core).parts
+        shown = path.relative_to(shown_from)
+        modname = module_name(path, core, "kernelext._core")
+        if len(parts) != 2:
+            if path != core / "__init__.py":
+                out.append(f"{shown}: outside the engine's packages")
+            continue
+        package = parts[0]
+        if package not in ENGINE_ORDER:
+            out.append(f"{shown}: {package}/ is not in ENGINE_ORDER")
+            continue
+        source = path.read_text(encoding="utf-8")
+        for line, target in imported_modules(source, modname, path.name == "__init__.py"):
+            if not is_under(target, "kernelext._core") or target == "kernelext._core":
+                continue
+            other = target.split(".")[2]
+            if other != package and other not in ENGINE_ORDER[package]:
+                out.append(f"{shown}:{line}: {package} imports {target}")
+    return out
+
+
+def test_the_engine_packages_import_in_one_order() -> None:
+    bad = engine_order_breaks()
+    assert not bad, "kernelext/_core breaks its package order:\n" + "\n".join(bad)
+
+
+def test_the_engine_order_has_no_circle() -> None:
+    seen: dict[str, int] = {}
+
+    def depth(package: str, path: tuple[str, ...] = ()) -> int:
+        assert package not in path, f"circle in ENGINE_ORDER: {' -> '.join((*path, package))}"
+        if package not in seen:
+            below = ENGINE_ORDER[package]
+            seen[package] = 1 + max((depth(p, (*path, package)) for p in below), default=0)
+        return seen[package]
+
+    assert all(depth(p) >= 1 for p in ENGINE_ORDER)
+
+
+def test_an_engine_package_init_is_a_docstring_only() -> None:
+    """A package's __init__ imports nothing: importing one never drags its siblings in."""
+    inits = sorted(CORE.glob("*/__init__.py"))
+    assert {p.parent.name for p in inits} == set(ENGINE_ORDER)
+    for init in inits:
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        assert len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr), (
+            f"{init.relative_to(REPO_ROOT)} must hold only its docstring"
+        )
+        doc = ast.get_docstring(tree) or ""
+        assert "May import" in doc, f"{init.relative_to(REPO_ROOT)}: say what it may import"
+
+
+def test_the_engine_order_check_sees_a_type_only_import(tmp_path: Path) -> None:
+    core = tmp_path / "_core"
+    for package in ("encoding", "lifecycle"):
+        (core / package).mkdir(parents=True)
+        (core / package / "__init__.py").write_text('"""."""\n')
+    (core / "__init__.py").write_text('"""."""\n')
+    (core / "encoding" / "keys.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..lifecycle.run import Run\n"
+    )
+    (core / "stray.py").write_text("")
+    bad = engine_order_breaks(core)
+    assert any("encoding imports kernelext._core.lifecycle.run" in b for b in bad), bad
+    assert any("stray.py: outside the engine's packages" in b for b in bad), bad

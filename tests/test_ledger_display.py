@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.kernels import KernelSession
+from support.kernels import KernelSession
 
 SETUP = """
 @kx.agent

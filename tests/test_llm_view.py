@@ -21,8 +21,8 @@ from support.llm_server import LLMServer
 
 import kernelext as kx
 from kernelext._adapters.tools import Tools
-from kernelext._core import conversation
-from kernelext._core.names import OUTSIDE_STEPS
+from kernelext._core.encoding.names import OUTSIDE_STEPS
+from kernelext._core.views import conversation
 from kernelext.status import Status
 from kernelext.widgets._render import to_text, view_of
 
@@ -130,7 +130,7 @@ def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_r
 
 
 def conversation_now(run_id: str) -> conversation.Conversation:
-    from kernelext._core.runtime import get_store
+    from kernelext._core.process.runtime import get_store
 
     return conversation.conversation_of(get_store(None).load_effects(run_id).values())
 

@@ -19,8 +19,8 @@ from support.mcp_server import SERVER_NAME, McpClient
 
 import kernelext as kx
 from kernelext._adapters.mcp import wrap_mcp
-from kernelext._core import conversation
-from kernelext._core.names import OUTSIDE_STEPS
+from kernelext._core.encoding.names import OUTSIDE_STEPS
+from kernelext._core.views import conversation
 from kernelext.status import Status
 from kernelext.widgets._render import to_text, view_of
 

@@ -22,10 +22,10 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 import kernelext as kx
-from kernelext._core.cell_runs import forget_cell_runs
-from kernelext._core.names import CELL_AGENT
-from kernelext._core.run import AGENT_API
-from kernelext._core.runtime import runtime
+from kernelext._core.encoding.names import CELL_AGENT
+from kernelext._core.lifecycle.cell_runs import forget_cell_runs
+from kernelext._core.lifecycle.run import AGENT_API
+from kernelext._core.process.runtime import runtime
 from kernelext._ipython import extension
 from kernelext._ipython.interrupt import InterruptHandler
 from kernelext._ipython.magics import Kernelext

@@ -26,7 +26,7 @@ from support.kernels import KernelDied, KernelSession
 from support.notebooks import execute, text_of
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._ipython import extension
 from kernelext.widgets import NEEDS_DECISION_WIDGETS, ControlPanel, panel_for
 from kernelext.widgets import _addons as addons

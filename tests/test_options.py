@@ -1,4 +1,4 @@
-"""Options are declared once (``kernelext/_core/options.py``): ``kx.configure``,
+"""Options are declared once (``kernelext/_core/process/options.py``): ``kx.configure``,
 ``%config Kernelext.<option>``, the command line and the documentation's options table
 (``docs/notebooks.md``) all follow the declaration. Each test runs over every declared
 option, so a new one is covered by itself; an option of a new kind fails until ``SAMPLES``
@@ -21,8 +21,8 @@ from traitlets.config import Config
 
 import kernelext as kx
 from kernelext._cli.main import main as cli
-from kernelext._core.options import OPTIONS, Option, OptionValues, options_table
-from kernelext._core.runtime import Runtime, runtime, use_runtime
+from kernelext._core.process.options import OPTIONS, Option, OptionValues, options_table
+from kernelext._core.process.runtime import Runtime, runtime, use_runtime
 from kernelext._ipython.magics import Kernelext
 
 OPTIONS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "notebooks.md"
@@ -66,8 +66,9 @@ def test_the_documented_options_table_is_the_declaration() -> None:
     table = re.match(r"(?:\|[^\n]*\n)+", text[start:])
     assert table is not None
     assert table.group(0).rstrip("\n") == options_table(), (
-        "docs/notebooks.md's options table differs from kernelext/_core/options.py; paste the "
-        "output of: python -c 'from kernelext._core.options import options_table; "
+        "docs/notebooks.md's options table differs from kernelext/_core/process/options.py; "
+        "paste the "
+        "output of: python -c 'from kernelext._core.process.options import options_table; "
         "print(options_table())'"
     )
 

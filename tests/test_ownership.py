@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext._core.lease import check_takeover, owner_alive, parse_owner
-from kernelext._core.takeover import take_over
+from kernelext._core.lifecycle.takeover import take_over
+from kernelext._core.process.lease import check_takeover, owner_alive, parse_owner
 from kernelext._store import actor
 from kernelext._store.base import process_start
 from kernelext.errors import OwnershipLost, RunStateError
@@ -296,7 +296,7 @@ def test_an_old_journal_folded_after_a_take_over_is_kept_not_applied(
     Path(f"{location}.journal.999998.cafef00d").write_bytes(
         frame(1, "intent", stale) + frame(2, "intent", legacy)
     )
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     runtime().close()
     reopened = kx.open_store(location)
@@ -387,9 +387,9 @@ def test_a_stale_kernel_cannot_complete_or_move_the_run(
     held epoch: a kernel taken over meanwhile is refused and the new owner's run stays."""
     import types
 
-    import kernelext._core.resume_steps as steps
-    from kernelext._core.cell_runs import complete_cell_run
-    from kernelext._core.names import CELL_AGENT
+    import kernelext._core.lifecycle.resume_steps as steps
+    from kernelext._core.encoding.names import CELL_AGENT
+    from kernelext._core.lifecycle.cell_runs import complete_cell_run
     from kernelext.errors import NeedsDecision
 
     assert store.create_run("r", CELL_AGENT, owner=actor())
@@ -443,8 +443,8 @@ def test_no_probe_is_asked_while_the_previous_owner_may_still_be_calling(
     """A take-over from an owner not known to be gone (another host, lease lapsed) leaves
     the unknowns to a person: the probe would answer "not applied" for a call still on its
     way. A later resume asks the probe once the grace period has passed."""
-    import kernelext._core.takeover as takeover
-    from kernelext._core.probes import register_probe
+    import kernelext._core.lifecycle.takeover as takeover
+    from kernelext._core.ledger.probes import register_probe
 
     asked: list[str] = []
 

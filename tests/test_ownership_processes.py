@@ -88,7 +88,7 @@ def test_two_kernels_on_one_cell_run_pay_once(
 SCRIPT = """
 import sys, time
 import kernelext as kx
-import kernelext._core.lease as lease
+import kernelext._core.process.lease as lease
 
 lease.LEASE_SECONDS = 1.5  # renewed at the start, then every 10 s: lapsed while it sleeps
 {pay}
@@ -176,7 +176,7 @@ def test_an_owner_frozen_past_its_lease_cannot_pay_after_a_take_over(
 SLOW_PAY = """
 import json, os, time, urllib.request
 import kernelext as kx
-import kernelext._core.lease as lease
+import kernelext._core.process.lease as lease
 lease.LEASE_SECONDS = 1.5  # a take-over's lease; cell runs never renew it
 
 def lookup(key, args):

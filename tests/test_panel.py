@@ -17,9 +17,9 @@ import ipywidgets as w
 import pytest
 
 import kernelext as kx
-from kernelext._core.cell_runs import cell_handle, forget_cell_runs, open_cell_run
-from kernelext._core.run import engine_of
-from kernelext._core.runtime import runtime
+from kernelext._core.lifecycle.cell_runs import cell_handle, forget_cell_runs, open_cell_run
+from kernelext._core.lifecycle.run import engine_of
+from kernelext._core.process.runtime import runtime
 from kernelext.widgets import (
     NEEDS_DECISION_WIDGETS,
     PANEL_ADDONS,

@@ -18,7 +18,7 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core import control
+from kernelext._core.lifecycle import control
 from kernelext.widgets import _addons as addons
 from kernelext.widgets import panel_for
 from kernelext.widgets._approvals import ApprovalCard, ApprovalsBox

@@ -26,16 +26,16 @@ from support.live import finish_live_runs, name
 
 import kernelext as kx
 from kernelext._cli.plan import plan_command
-from kernelext._core.cell_runs import forget_cell_runs, open_cell_run, stop_cell_run
-from kernelext._core.ledger import effect_key
-from kernelext._core.names import source_hash
-from kernelext._core.plan import (
+from kernelext._core.encoding.names import source_hash
+from kernelext._core.ledger.effect import effect_key
+from kernelext._core.lifecycle.cell_runs import forget_cell_runs, open_cell_run, stop_cell_run
+from kernelext._core.plan.code import remember_cell_source
+from kernelext._core.plan.resume_plan import (
     STALE_AFTER,
     ResumePlan,
     check_plan,
     plan,
 )
-from kernelext._core.plan_code import remember_cell_source
 from kernelext._store import Store, open_store, utcnow
 from kernelext.errors import PlanChanged
 from kernelext.status import Reason, Status, StepStatus

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.postgres import PostgresServer
 
-from kernelext._core.names import CELL_AGENT
+from kernelext._core.encoding.names import CELL_AGENT
 from kernelext._store import open_store
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def test_processes_racing_for_resources_and_run_ids_get_one_winner_each(
 
 RESUMER = """
 import json, sys, time
-from kernelext._core.control import resume
+from kernelext._core.lifecycle.control import resume
 from kernelext.errors import RunStateError
 from kernelext._store import open_store
 

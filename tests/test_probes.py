@@ -30,8 +30,8 @@ from support.http_server import DeliveryServer, post_json, read_log
 from support.live import finish_live_runs, name
 
 import kernelext as kx
-from kernelext._core.ledger import effect_key
-from kernelext._core.probes import probe_for, settle_unknowns
+from kernelext._core.ledger.effect import effect_key
+from kernelext._core.ledger.probes import probe_for, settle_unknowns
 from kernelext._store import Store, open_store
 from kernelext.status import EffectStatus, Status
 

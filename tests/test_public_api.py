@@ -133,7 +133,7 @@ SOURCES = {
 # outside kernelext/errors.py). Underscore-named ones are private by name.
 INTERNAL_SIGNALS = {
     "ToolArgumentError": "kernelext/_adapters/tools.py",  # sent back to the model as text
-    "Unencodable": "kernelext/_core/canonical.py",  # becomes UnencodableArgument & co.
+    "Unencodable": "kernelext/_core/encoding/canonical.py",  # becomes UnencodableArgument & co.
     "CommandUsageError": "kernelext/_cli/common.py",  # the CLI's exit code 2 and message
 }
 
@@ -349,10 +349,10 @@ def test_no_error_is_defined_outside_kernelext_errors() -> None:
 @pytest.mark.parametrize(
     ("old_home", "name"),
     [
-        ("kernelext._core.ledger", "EffectFailed"),
-        ("kernelext._core.credentials", "CredentialError"),
-        ("kernelext._core.plan", "PlanChanged"),
-        ("kernelext._core.checks", "CheckWarning"),
+        ("kernelext._core.ledger.effect", "EffectFailed"),
+        ("kernelext._core.facts.credentials", "CredentialError"),
+        ("kernelext._core.plan.resume_plan", "PlanChanged"),
+        ("kernelext._core.process.checks", "CheckWarning"),
         ("kernelext._ipython.cells", "AgentCellStopped"),
         ("kernelext._store.columns", "SecretRefused"),
         ("kernelext._store.sql_guard", "SurfaceBreach"),
@@ -415,8 +415,8 @@ def test_plan_changed_keeps_its_parts() -> None:
 
 def test_checks_and_credentials_follow_the_current_runtime() -> None:
     from kernelext import checks, credentials
-    from kernelext._core.registries import CheckRegistry, CredentialRegistry
-    from kernelext._core.runtime import Runtime, runtime, use_runtime
+    from kernelext._core.process.registries import CheckRegistry, CredentialRegistry
+    from kernelext._core.process.runtime import Runtime, runtime, use_runtime
 
     assert isinstance(checks, CheckRegistry) and isinstance(credentials, CredentialRegistry)
     before = runtime()

@@ -141,7 +141,8 @@ def test_users_are_sent_to_public_paths_only(source: str) -> None:
 
 def test_the_scan_sees_every_kind_of_private_path() -> None:
     readme = (
-        "Give them `kernelext._core.secrets.ScrubFilter()`, or `kx.core.approvals.approve(k)`.\n"
+        "Give them `kernelext._core.encoding.secrets.ScrubFilter()`, "
+        "or `kx.core.approvals.approve(k)`.\n"
         "```python\n"
         "import kernelext as kx\n"
         "from kernelext._store.duckdb import DUCKDB_CONFIG\n"
@@ -159,7 +160,7 @@ def test_the_scan_sees_every_kind_of_private_path() -> None:
         "kernelext.widgets._panel",
     ]
     assert problems_in("kx.secrets.log_filter(); kx.__version__; panel.view.stop_text()") == []
-    assert problems_in("import kernelext as k\nk._core.run") == [
+    assert problems_in("import kernelext as k\nk._core.lifecycle.run") == [
         "kernelext._core: kernelext does not list '_core' in __all__"
     ]
     # the server extension's name is configuration, not a way into its modules

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext._core.from_elsewhere import store_address
+from kernelext._core.lifecycle.from_elsewhere import store_address
 from kernelext._formatting import moment_text
 from kernelext._store import actor
 from kernelext.widgets._questions import QuestionCard

@@ -17,7 +17,7 @@ from support.live import finish_live_runs, name
 from support.old_schema import back_to_schema
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store
 from kernelext._store.compat import NEWEST_SCHEMA
 from kernelext.errors import ReadOnlyError

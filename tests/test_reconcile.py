@@ -18,8 +18,8 @@ import pytest
 from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
-from kernelext._core.keys import bound_hash
-from kernelext._core.ledger import effect_key
+from kernelext._core.encoding.keys import bound_hash
+from kernelext._core.ledger.effect import effect_key
 from kernelext._store import Store, open_store
 
 WAIT = 60

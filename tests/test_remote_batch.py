@@ -23,9 +23,9 @@ from support.http_server import DeliveryServer, read_log
 from support.live import name
 
 import kernelext as kx
-from kernelext._core.keys import effect_key
-from kernelext._core.remote_item import execute_item
-from kernelext._core.remote_wire import RemoteTask, loads
+from kernelext._core.batch.remote_item import execute_item
+from kernelext._core.batch.wire import RemoteTask, loads
+from kernelext._core.encoding.keys import effect_key
 from kernelext._store import Store
 
 WAIT = 120.0

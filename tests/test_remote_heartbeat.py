@@ -27,7 +27,7 @@ from support.http_server import DeliveryServer
 from support.pool_calls import WAIT, deliver_effect, per_key
 
 import kernelext as kx
-from kernelext._core import takeover
+from kernelext._core.lifecycle import takeover
 from kernelext._store.heartbeats import HEARTBEAT_LAPSE_SECONDS
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
@@ -171,8 +171,8 @@ def test_a_worker_never_closes_the_store_of_an_attempt_still_running(
     attempt inside a long call keeps its store (and so its heartbeat) open."""
     import uuid
 
-    from kernelext._core import remote_item
-    from kernelext._core.remote_wire import RemoteTask
+    from kernelext._core.batch import remote_item
+    from kernelext._core.batch.wire import RemoteTask
     from kernelext._store.postgres_backend import url_without_password
 
     monkeypatch.setattr(remote_item, "KEEP_STORES", 1)

@@ -33,7 +33,7 @@ from support.http_server import DeliveryServer, post_json, read_log
 from support.live import name
 
 import kernelext as kx
-from kernelext._core.remote_wire import loads
+from kernelext._core.batch.wire import loads
 from kernelext._store import Store
 
 WAIT = 120.0
@@ -133,7 +133,7 @@ def pg(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     """The run's store: a fresh PostgreSQL database, which the workers open too."""
     from support.live import finish_live_runs
 
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
     opened = kx.open_store(postgres_url)

@@ -19,9 +19,9 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext._core.ledger import effect_key
-from kernelext._core.run import engine_of
-from kernelext._core.runtime import runtime
+from kernelext._core.ledger.effect import effect_key
+from kernelext._core.lifecycle.run import engine_of
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 WAIT = 60.0

@@ -23,8 +23,8 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext._core.ledger import effect_key
-from kernelext._core.runtime import runtime
+from kernelext._core.ledger.effect import effect_key
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 WAIT = 60.0
@@ -531,7 +531,7 @@ def pay(amount, *, idempotency_key=None):
 def shell(store: Store) -> Iterator[Any]:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from kernelext._core.cell_runs import forget_cell_runs
+    from kernelext._core.lifecycle.cell_runs import forget_cell_runs
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "kernelext")

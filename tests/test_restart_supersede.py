@@ -20,8 +20,8 @@ from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs
 
 import kernelext as kx
-from kernelext._core.ledger import effect_key, idempotency_key_for
-from kernelext._core.runtime import runtime
+from kernelext._core.ledger.effect import effect_key, idempotency_key_for
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 from kernelext._store.restart_payloads import new_blob_id
 from kernelext._store.runs import KEY_SCHEME

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core.keys import load_result, stored_result
-from kernelext._core.secrets import MASK, REDACTED, SECRETS, is_secret_name
+from kernelext._core.encoding.keys import load_result, stored_result
+from kernelext._core.encoding.secrets import MASK, REDACTED, SECRETS, is_secret_name
 from kernelext._store import Store
 from kernelext._store.columns import scrub_params, scrub_record
 
@@ -235,7 +235,7 @@ def test_kernelext_show_masks_a_result_by_name_for_display_only(
 
 
 def test_effect_arguments_shown_to_people_still_mask_by_name() -> None:
-    from kernelext._core.keys import display_args
+    from kernelext._core.encoding.keys import display_args
 
     shown = json.loads(display_args({"session_id": "s-1", "user": "ann"}))
     assert shown == {"session_id": REDACTED, "user": "ann"}

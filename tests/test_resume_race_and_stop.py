@@ -19,8 +19,8 @@ import pytest
 from support.http_server import DeliveryServer, post_json
 
 import kernelext as kx
-from kernelext._core.cell_runs import open_cell_run, stop_cell_run
-from kernelext._core.run import engine_of
+from kernelext._core.lifecycle.cell_runs import open_cell_run, stop_cell_run
+from kernelext._core.lifecycle.run import engine_of
 from kernelext._store import Store, open_store
 from kernelext._store.duckdb.bulk import apply_records
 from kernelext._store.duckdb.handoff import HandoffLock

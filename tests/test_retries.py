@@ -21,7 +21,7 @@ from support.http_server import DeliveryServer
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core.retries import ANSWERED, NO_ANSWER, NOT_SENT, Failure, backoff, classify
+from kernelext._core.ledger.retries import ANSWERED, NO_ANSWER, NOT_SENT, Failure, backoff, classify
 from kernelext._store import Store
 
 WAIT = 60.0
@@ -425,7 +425,7 @@ def test_transport_failures_tell_a_request_never_sent_from_one_without_an_answer
 
 
 def test_backoff_grows_with_jitter_and_never_waits_past_a_long_retry_after() -> None:
-    from kernelext._core.retries import MAX_DELAY
+    from kernelext._core.ledger.retries import MAX_DELAY
 
     plain = Failure(NOT_SENT)
     waits = [backoff(n, plain) for n in range(1, 12)]

@@ -23,7 +23,7 @@ from support.http_server import DeliveryServer
 from support.live import name
 
 import kernelext as kx
-from kernelext._core.evidence import Evidence, proves_not_sent
+from kernelext._core.ledger.evidence import Evidence, proves_not_sent
 from kernelext._store import Store
 
 WAIT = 60.0
@@ -222,7 +222,7 @@ def test_a_connection_error_with_no_connection_seen_is_not_proven_unsent(store: 
     assert rows_of(handle.run_id) == [("unknown", 1)]
 
 
-# The rule of kernelext._core.evidence, case by case: (what the call did, proven unsent?).
+# The rule of kernelext._core.ledger.evidence, case by case: (what the call did, proven unsent?).
 LOCAL, OTHER = ("127.0.0.1", 8001), ("127.0.0.1", 8002)
 EVIDENCE_CASES = [
     (Evidence(connects=[LOCAL]), True),  # its one connection, refused

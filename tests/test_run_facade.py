@@ -16,9 +16,9 @@ import pytest
 from support.live import name
 
 import kernelext as kx
-from kernelext._core.forced_stop import ForceGate
-from kernelext._core.run import AGENT_API, engine_of
-from kernelext._core.run_engine import RunEngine
+from kernelext._core.engine.forced_stop import ForceGate
+from kernelext._core.engine.run_engine import RunEngine
+from kernelext._core.lifecycle.run import AGENT_API, engine_of
 from kernelext._store import Store
 
 WAIT = 60.0

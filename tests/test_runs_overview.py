@@ -26,8 +26,8 @@ from support.live import name, wait_until
 from test_panel_live import Reads
 
 import kernelext as kx
-from kernelext._core.names import CELL_AGENT
-from kernelext._core.runtime import runtime
+from kernelext._core.encoding.names import CELL_AGENT
+from kernelext._core.process.runtime import runtime
 from kernelext._ipython import extension
 from kernelext.widgets._panel import ControlPanel
 from kernelext.widgets._runs import (
@@ -372,7 +372,7 @@ def test_kx_runs_is_still_the_table_and_shows_live_only_with_the_extension(
 def test_a_run_waiting_for_you_is_shown_however_many_newer_runs_ended(store: Any) -> None:
     """One run waits for an approval, then more runs than the overview shows complete:
     the waiting run keeps its row (its wait and its buttons), the oldest completed go."""
-    from kernelext._core.overview import SHOWN, read_overview
+    from kernelext._core.lifecycle.overview import SHOWN, read_overview
 
     waiting = payer.start(run_id=name("waits-for-you"))
     assert waiting.wait(WAIT) == "suspended"

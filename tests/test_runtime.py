@@ -15,7 +15,7 @@ import pytest
 from support.live import wait_until
 
 import kernelext as kx
-from kernelext._core.runtime import Runtime, runtime, use_runtime
+from kernelext._core.process.runtime import Runtime, runtime, use_runtime
 from kernelext.errors import AgentError, RunNotFound
 from kernelext.status import Status
 

@@ -116,7 +116,7 @@ def test_the_panel_shows_the_error_as_stored_and_h_error_keeps_the_exception(sto
     the failed run's error as stored (masked); ``h.error`` is still the exception the
     agent raised, for code."""
     import kernelext as kx
-    from kernelext._core.secrets import SECRETS
+    from kernelext._core.encoding.secrets import SECRETS
     from kernelext.widgets._render import to_html, to_text, view_of
 
     @kx.agent(name="fails-held")

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext._core.secrets import MASK, REDACTED, SECRETS, is_secret_name, scrub_text
+from kernelext._core.encoding.secrets import MASK, REDACTED, SECRETS, is_secret_name, scrub_text
 
 WAIT = 60.0
 PLANTED: dict[str, str] = {}  # name -> value, set by the test (or the worker)
@@ -269,7 +269,7 @@ def test_kernelext_log_lines_are_scrubbed(
 def test_planted_secrets_are_in_no_file_the_store_wrote(
     store: Any, store_path: Path, planted: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     with caplog.at_level(logging.DEBUG, logger="kernelext"):
         failed = planted_agent.start("fail", run_id="secrets-fail")
@@ -405,7 +405,7 @@ if __name__ == "__main__":
 def test_a_result_replays_as_given_whatever_its_key_names() -> None:
     import json
 
-    from kernelext._core.ledger import stored_result
+    from kernelext._core.ledger.effect import stored_result
 
     answer = {
         "logprobs": [{"token": "Hello", "logprob": -0.1}],
@@ -463,7 +463,7 @@ def test_escaped_and_encoded_forms_of_a_secret_are_masked(encode: Any) -> None:
 
 
 def test_a_numeric_secret_in_json_numbers_never_reaches_the_text() -> None:
-    from kernelext._core.secrets import StoreScrubber
+    from kernelext._core.encoding.secrets import StoreScrubber
 
     door = StoreScrubber()
     with registered("4111222233334444"):
@@ -508,7 +508,7 @@ def test_register_refuses_a_value_of_this_processes_own_identity() -> None:
 
 
 def test_a_cut_error_text_keeps_no_start_of_a_secret() -> None:
-    from kernelext._core.secrets import scrubbed_excerpt
+    from kernelext._core.encoding.secrets import scrubbed_excerpt
 
     secret = f"EXPsecret-{uuid.uuid4().hex}"
     with registered(secret):
@@ -524,7 +524,7 @@ def test_an_exception_name_is_not_read_as_a_secret_pair() -> None:
 
 
 def test_a_secret_is_masked_as_a_whole_token_not_inside_a_longer_number_or_word() -> None:
-    from kernelext._core.secrets import StoreScrubber
+    from kernelext._core.encoding.secrets import StoreScrubber
 
     assert SECRETS.add("1424")  # a credential (a PIN): scrubbed from 4 characters on
     try:
@@ -554,7 +554,7 @@ def test_a_long_secret_is_masked_even_glued_to_other_letters() -> None:
 def test_a_value_redacted_by_its_argument_name_never_reaches_a_stored_text(store: Any) -> None:
     """``api_key=...`` is shown ``***redacted***``; the call's error quoting it is stored, and
     shown in the runs overview, with the key masked too."""
-    from kernelext._core.overview import read_overview
+    from kernelext._core.lifecycle.overview import read_overview
 
     key = f"sk-EFF-{uuid.uuid4().hex[:12]}"
 

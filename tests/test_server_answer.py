@@ -52,7 +52,7 @@ def test_an_answer_through_the_server_is_stored_once_and_the_card_resumes_the_ru
     server: lab.LabServer, store: Any, store_path: Any
 ) -> None:
     import kernelext as kx
-    from kernelext._core.questions import Question
+    from kernelext._core.people.questions import Question
     from kernelext.widgets._questions import QuestionCard
 
     seen: list[Any] = []

@@ -228,7 +228,7 @@ def test_a_click_the_server_did_not_take_is_handled_in_the_kernel(store: Any) ->
     handle = fallback.start(run_id="fallback")
     panel = panel_for(handle)
     remote = panel.remote
-    from kernelext._core.from_elsewhere import store_address
+    from kernelext._core.lifecycle.from_elsewhere import store_address
 
     assert remote.run_id == "fallback" and remote.store == store_address(store)
     assert "kernelext stop fallback" in remote.busy_hint
@@ -425,7 +425,7 @@ def test_an_approval_decided_through_the_server_resumes_where_the_run_waits(
 
 
 def _approval(store: Any, row: dict[str, Any]) -> Any:
-    from kernelext._core.approvals import Approval
+    from kernelext._core.people.approvals import Approval
 
     return Approval(store, row)
 

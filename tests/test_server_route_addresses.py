@@ -1,5 +1,5 @@
 """Which stores a click may open: the route opens only a kernelext store, never waits
-without bound, and never repeats a password (``kernelext._core.click_stores``).
+without bound, and never repeats a password (``kernelext._core.process.click_stores``).
 
 A real Jupyter server with kernelext's extension, a real PostgreSQL server, and a tarpit
 (a TCP port that accepts connections and never answers) standing for a host that hangs.
@@ -140,7 +140,7 @@ def test_every_click_through_the_door() -> None:
     """from_elsewhere opens stores only through click_stores (one door)."""
     import inspect
 
-    from kernelext._core import from_elsewhere
+    from kernelext._core.lifecycle import from_elsewhere
 
     source = inspect.getsource(from_elsewhere)
     assert "open_store(" not in source and "open_for_click(" in source

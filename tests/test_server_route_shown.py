@@ -31,7 +31,7 @@ from support.shown import runtime_dir_of, shown_by_a_panel
 from test_server_route import post
 
 import kernelext as kx
-from kernelext._core import shown_stores
+from kernelext._core.process import shown_stores
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
@@ -183,7 +183,7 @@ def test_a_click_on_a_store_works_once_a_kernel_drew_its_panel(
     """A run's panel drawn in this process (Jupyter's runtime folder: the server's, as in
     any kernel the server starts): before it, a click on the store is refused; after it,
     the same click stops the run."""
-    from kernelext._core.from_elsewhere import store_address
+    from kernelext._core.lifecycle.from_elsewhere import store_address
     from kernelext.widgets import panel_for
 
     release = threading.Event()

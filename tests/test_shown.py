@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import kernelext as kx
 from kernelext._cli.main import build_parser, main
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._shown import shown, shown_html
 
 REPO = Path(__file__).resolve().parent.parent
@@ -239,7 +239,11 @@ DISPLAY_METHODS = {"__repr__", "__str__", "text", "text_summary", "status_text",
 NOT_DISPLAYED = {
     ("kernelext/status.py", "_Str", "__str__"): "a status: one of a fixed set of words",
     ("kernelext/status.py", "_Str", "__repr__"): "a status: one of a fixed set of words",
-    ("kernelext/_core/secrets.py", "StoreScrubber", "text"): "scrubs stored text, shows none",
+    (
+        "kernelext/_core/encoding/secrets.py",
+        "StoreScrubber",
+        "text",
+    ): "scrubs stored text, shows none",
     ("kernelext/_store/columns.py", "Scrubber", "text"): "the scrubber's protocol, shows none",
 }
 DOORS = {"shows", "_shows", "shown", "shown_frame"}

@@ -23,7 +23,7 @@ FUNCTION_LINES = 80
 MODULES_OVER: dict[str, str] = {
     "kernelext/_store/duckdb/backend.py": "split pending",
     "kernelext/_unicode_data.py": "generated data (Unicode's tables, tools/unicode_data.py)",
-    "kernelext/_core/secrets.py": (
+    "kernelext/_core/encoding/secrets.py": (
         "the registry, its scrubbing and the doors it installs at import call one another"
     ),
 }

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 import kernelext as kx
-from kernelext._core.codec import dumps_json
-from kernelext._core.runtime import runtime
-from kernelext._core.snapshot import Snapshotter
+from kernelext._core.encoding.codec import dumps_json
+from kernelext._core.engine.snapshot import Snapshotter
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store
 
 WAIT = 60.0

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 import kernelext as kx
-import kernelext._core.api
-from kernelext._core.ledger import args_hash, effect_key
+import kernelext._core.process.api
+from kernelext._core.ledger.effect import args_hash, effect_key
 from kernelext._store import Store, open_store
 from kernelext._store.schema import TABLES
 from kernelext.errors import ReadOnlyError
@@ -96,7 +96,7 @@ def test_returns_a_dataframe_when_pandas_is_installed(store: Store) -> None:
 def test_returns_an_arrow_table_without_pandas(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kernelext._core.api, "_has_pandas", lambda: False)
+    monkeypatch.setattr(kernelext._core.process.api, "_has_pandas", lambda: False)
     table = kx.sql(
         "SELECT status, count(*) AS n FROM effects GROUP BY status ORDER BY status", store=store
     )

@@ -24,7 +24,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 from kernelext._store.sql_guard import Checked
 from kernelext._store.sql_refusals import REASONS

@@ -15,10 +15,10 @@ from support.live import finish_live_runs
 from test_formatting import step_rows
 
 from kernelext._cli.runs import cmd_show
-from kernelext._core.cell_runs import forget_cell_runs
-from kernelext._core.plan import plan
-from kernelext._core.runtime import get_store, runtime
-from kernelext._core.timeline import timeline
+from kernelext._core.lifecycle.cell_runs import forget_cell_runs
+from kernelext._core.plan.resume_plan import plan
+from kernelext._core.process.runtime import get_store, runtime
+from kernelext._core.views.timeline import timeline
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_a_cell_run_again_keeps_its_number_on_every_surface(
     shell.run_cell(f"%%agent {run_id} --step load\nrun.state['loaded'] = True\n")
     shell.run_cell(  # the panel, read while the third cell runs
         f"%%agent {run_id} --step report\n"
-        "from kernelext._core.cell_runs import cell_handle\n"
+        "from kernelext._core.lifecycle.cell_runs import cell_handle\n"
         "from kernelext.widgets._render import view_of\n"
         f"panel_step = view_of(cell_handle({run_id!r})).step_text()\n"
     )

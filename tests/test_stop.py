@@ -11,8 +11,8 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
-from kernelext._core.snapshot import Snapshotter
+from kernelext._core.engine.snapshot import Snapshotter
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store
 
 WAIT = 60.0
@@ -246,7 +246,7 @@ def test_a_stop_from_elsewhere_is_seen_at_the_next_safe_point_after_a_monitor_lo
 ) -> None:
     """The monitor looked just before another process recorded the stop: the safe point
     right after must still look, so the stop takes hold within the running step."""
-    from kernelext._core.run_engine import RunEngine
+    from kernelext._core.engine.run_engine import RunEngine
 
     run_id = name("elsewhere")
     assert store.create_run(run_id, "elsewhere")
@@ -283,7 +283,7 @@ def _call_then_work(run_id: str, release: threading.Event, after: list[str]) -> 
 
 
 def store_effects(handle: Any) -> list[Any]:
-    from kernelext._core.run import engine_of
+    from kernelext._core.lifecycle.run import engine_of
 
     return list(engine_of(handle.run).effects)
 

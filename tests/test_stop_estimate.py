@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from support.live import name
 
 import kernelext as kx
-from kernelext._core.run import engine_of
-from kernelext._core.stop_estimate import (
+from kernelext._core.engine.stop_estimate import (
     estimate_from,
     estimate_stop,
     percentile,
 )
+from kernelext._core.lifecycle.run import engine_of
 from kernelext._store import Store, open_store
 from kernelext.status import Status
 

@@ -119,8 +119,8 @@ def test_the_exit_code_and_words_of_a_stop_while_busy(tmp_path: Path) -> None:
 FORCE = textwrap.dedent(
     """
     import sys, tempfile, time
-    from kernelext._core import shown_stores
-    from kernelext._core.from_elsewhere import act
+    from kernelext._core.process import shown_stores
+    from kernelext._core.lifecycle.from_elsewhere import act
     shown_in = tempfile.mkdtemp()
     shown_stores.record(shown_in, sys.argv[1])  # as the run's panel notes its store
     began = time.time()
@@ -192,8 +192,8 @@ def test_a_posted_stop_is_durable_and_folded_by_the_next_opener(tmp_path: Path) 
 def test_an_agent_cell_run_takes_the_posted_stop_at_its_next_boundary(tmp_path: Path) -> None:
     """A ``%%agent`` run of this process: ``kernelext stop`` elsewhere while another process
     keeps the file is taken at the next cell boundary, before the file is free again."""
-    from kernelext._core.cell_runs import forget_cell_runs, open_cell_run
-    from kernelext._core.names import source_hash
+    from kernelext._core.encoding.names import source_hash
+    from kernelext._core.lifecycle.cell_runs import forget_cell_runs, open_cell_run
 
     store = kx.open_store(str(tmp_path / "s.duckdb"))
     cell = open_cell_run("cells", store=store)

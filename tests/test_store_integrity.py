@@ -17,7 +17,7 @@ import duckdb
 import pytest
 
 import kernelext as kx
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 from kernelext._store.schema import MIGRATIONS
 from kernelext.errors import ForeignStoreError, IntegrityError, SchemaTooNewError, StoreError

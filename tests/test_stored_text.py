@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 import kernelext as kx
-from kernelext._core.secrets import SECRETS
+from kernelext._core.encoding.secrets import SECRETS
 from kernelext._store.columns import SCRUBBED, scrub_params
 from kernelext._store.param_columns import param_columns
 from kernelext._store.schema import VIEWS
@@ -221,7 +221,7 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
     assert CANARY in text and SECRET not in text and CRED not in text
     if backend == "duckdb":
         kx.close_store() if hasattr(kx, "close_store") else None
-        from kernelext._core.runtime import runtime
+        from kernelext._core.process.runtime import runtime
 
         runtime().settings.close()
         files = _files(store_path)
@@ -233,7 +233,7 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
 
 
 def _wait_resumed(run_id: str) -> Any:
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     handle = runtime().live_runs.get(run_id)
     assert handle is not None
@@ -261,7 +261,7 @@ def cli(argv: list[str]) -> int:
 
 def _settled(*run_ids: str) -> None:
     """Until the runs' threads have recorded their end (the CLI closes the store)."""
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     deadline = time.monotonic() + WAIT
     while any(r in runtime().live_runs for r in run_ids) and time.monotonic() < deadline:
@@ -375,7 +375,7 @@ def needs_key(run: kx.Run, key: str) -> None:
 def test_start_arguments_lose_the_secret_and_a_resume_asks_for_them(
     store: Any, planted: None
 ) -> None:
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     assert needs_key.start(SECRET, run_id="needs-key").wait(WAIT) == "suspended"
     assert SECRET not in (store.get_run("needs-key")["args"] or "")

@@ -19,7 +19,7 @@ from IPython.core.formatters import DisplayFormatter
 from support.live import name
 
 import kernelext as kx
-from kernelext._core.timeline import Timeline, mark_of, timeline
+from kernelext._core.views.timeline import Timeline, mark_of, timeline
 from kernelext._store import Store, open_store
 from kernelext.status import Status, StepStatus
 
@@ -276,7 +276,7 @@ def test_the_panel_shows_the_live_timeline_and_the_estimate(store: Store) -> Non
 def test_effects_outside_steps_are_drawn_without_the_internal_step_key(store: Store) -> None:
     """A run of tool calls without ``run.steps`` (what an LLM agent is): its effects are
     ticks said to be outside steps, and the picture never shows the internal key."""
-    from kernelext._core.names import OUTSIDE_STEPS
+    from kernelext._core.encoding.names import OUTSIDE_STEPS
 
     @kx.effect
     def lookup_order(order_id: str) -> dict[str, str]:

@@ -12,8 +12,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from kernelext._core.timeline import Timeline
-from kernelext._core.timeline_fold import COLUMNS, MAX_SHAPES
+from kernelext._core.views.timeline import Timeline
+from kernelext._core.views.timeline_fold import COLUMNS, MAX_SHAPES
 
 NS = {"svg": "http://www.w3.org/2000/svg"}
 T0 = dt.datetime(2026, 3, 2, 9, 0, 0)

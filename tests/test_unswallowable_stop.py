@@ -18,7 +18,7 @@ import pytest
 from support.live import name, wait_until
 
 import kernelext as kx
-from kernelext._core.run_engine import RunEngine
+from kernelext._core.engine.run_engine import RunEngine
 from kernelext._store import Store
 
 WAIT = 60.0

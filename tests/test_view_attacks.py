@@ -21,8 +21,8 @@ from openai import OpenAI
 from support.llm_server import LLMServer
 
 import kernelext as kx
-from kernelext._core import conversation
-from kernelext._core.names import OUTSIDE_STEPS
+from kernelext._core.encoding.names import OUTSIDE_STEPS
+from kernelext._core.views import conversation
 from kernelext.status import Status
 from kernelext.widgets._conversation import conversation_html
 from kernelext.widgets._render import to_text, view_of

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from kernelext._core.runtime import runtime
+from kernelext._core.process.runtime import runtime
 from kernelext._ipython import extension
 from kernelext.widgets import NEEDS_DECISION_WIDGETS, PANEL_ADDONS
 from kernelext.widgets import _addons as addons

@@ -83,7 +83,7 @@ from hypothesis.stateful import (
 from support.http_server import DeliveryServer
 
 import kernelext as kx
-from kernelext._core.ledger import effect_key
+from kernelext._core.ledger.effect import effect_key
 from kernelext._store import Store, open_store
 from kernelext._store.duckdb.journal import scan_journal
 

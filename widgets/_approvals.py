@@ -23,12 +23,12 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.approvals import Approval, approvals
-from kernelext._core.colours import REQUEST_COLOURS
-from kernelext._core.control import resume_if_here
-from kernelext._core.data_args import argument_text
-from kernelext._core.from_elsewhere import store_address
-from kernelext._core.questions import Question, questions
+from kernelext._core.encoding.data_args import argument_text
+from kernelext._core.lifecycle.control import resume_if_here
+from kernelext._core.lifecycle.from_elsewhere import store_address
+from kernelext._core.people.approvals import Approval, approvals
+from kernelext._core.people.questions import Question, questions
+from kernelext._core.views.colours import REQUEST_COLOURS
 from kernelext._formatting import moment_text
 from kernelext._shown import shown_html
 from kernelext.status import Reason, Status

@@ -2,7 +2,7 @@
 
 The bar shows the batch's items in four parts, left to right: done, failed, waiting for a
 person, in flight (the rest of the track is the items not started). The line under it is
-the batch's :attr:`~kernelext._core.batch_view.BatchCounts.text` ("batch: 120/400 done,
+the batch's :attr:`~kernelext._core.batch.view.BatchCounts.text` ("batch: 120/400 done,
 16 in flight, 35 items/s, about 8 s left"); after a stop, the drain ("stopping: 12 items in
 flight, about 3 s") is its own line. Elements carry classes a page can find:
 
@@ -15,8 +15,8 @@ flight, about 3 s") is its own line. Elements carry classes a page can find:
 
 from __future__ import annotations
 
-from kernelext._core.batch_view import BatchCounts
-from kernelext._core.colours import BATCH_COLOURS, BORDER, MUTED, RUN_COLOURS
+from kernelext._core.batch.view import BatchCounts
+from kernelext._core.views.colours import BATCH_COLOURS, BORDER, MUTED, RUN_COLOURS
 from kernelext._shown import shown_html
 from kernelext.status import Status, StepStatus
 

@@ -6,7 +6,7 @@ The counts (turns, tool calls, tokens, cost) are the panel's progress text
 
 from __future__ import annotations
 
-from kernelext._core.colours import MUTED
+from kernelext._core.views.colours import MUTED
 from kernelext._shown import shown_html
 
 from ._render import PanelView

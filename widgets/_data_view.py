@@ -13,8 +13,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.approvals import Approval
-from kernelext._core.data_args import DataArgument, DataDiff, changes
+from kernelext._core.encoding.data_args import DataArgument, DataDiff, changes
+from kernelext._core.people.approvals import Approval
 from kernelext._shown import shown_html
 
 __all__ = ["PAGE", "DataView", "data_box"]

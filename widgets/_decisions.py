@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kernelext._core.reconcile import GIVE_UP
+from kernelext._core.people.reconcile import GIVE_UP
 
 from ._reconcile import ReconcileWidget, reconcile_for_handle
 from ._revalidation import RevalidationWidget, revalidation_for_handle

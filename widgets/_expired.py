@@ -18,9 +18,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.colours import RUN_COLOURS
-from kernelext._core.expiry import expiry_info
-from kernelext._core.restart import restart
+from kernelext._core.lifecycle.expiry import expiry_info
+from kernelext._core.lifecycle.restart import restart
+from kernelext._core.views.colours import RUN_COLOURS
 from kernelext._formatting import moment_text
 from kernelext._shown import shown_html, shows
 from kernelext.status import Status

@@ -24,12 +24,12 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core import control
-from kernelext._core.batch_view import BatchCounts, batch_counts
-from kernelext._core.colours import BAD
-from kernelext._core.from_elsewhere import store_address
-from kernelext._core.run import engine_of
-from kernelext._core.runtime import runtime
+from kernelext._core.batch.view import BatchCounts, batch_counts
+from kernelext._core.lifecycle import control
+from kernelext._core.lifecycle.from_elsewhere import store_address
+from kernelext._core.lifecycle.run import engine_of
+from kernelext._core.process.runtime import runtime
+from kernelext._core.views.colours import BAD
 from kernelext._formatting import duration_text
 from kernelext._shown import shown_html, shows
 from kernelext.status import LIVE, RESUMABLE, Status

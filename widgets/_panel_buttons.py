@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from kernelext._core import control
-from kernelext._core.plan import ResumePlan
+from kernelext._core.lifecycle import control
+from kernelext._core.plan.resume_plan import ResumePlan
 from kernelext.status import LIVE, Status
 
 from ._stop_buttons import FORCE_TIPS

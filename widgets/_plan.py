@@ -18,8 +18,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.colours import WARN
-from kernelext._core.plan import ResumePlan, plan
+from kernelext._core.plan.resume_plan import ResumePlan, plan
+from kernelext._core.views.colours import WARN
 from kernelext._shown import shown_html
 from kernelext.status import WAITING
 

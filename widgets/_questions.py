@@ -13,11 +13,11 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.asking import parse_answer
-from kernelext._core.colours import BAD, REQUEST_COLOURS
-from kernelext._core.control import resume_if_here
-from kernelext._core.from_elsewhere import store_address
-from kernelext._core.questions import Question
+from kernelext._core.lifecycle.control import resume_if_here
+from kernelext._core.lifecycle.from_elsewhere import store_address
+from kernelext._core.people.asking import parse_answer
+from kernelext._core.people.questions import Question
+from kernelext._core.views.colours import BAD, REQUEST_COLOURS
 from kernelext._formatting import moment_text
 from kernelext._shown import shown, shown_html
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.colours import BAD
-from kernelext._core.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
+from kernelext._core.people.reconcile import GIVE_UP, Reconciliation, UnknownEffect, reconcile
+from kernelext._core.views.colours import BAD
 from kernelext._formatting import moment_text
 from kernelext._shown import shown, shown_html, shows
 from kernelext.status import EffectStatus

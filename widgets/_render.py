@@ -14,12 +14,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelext._core.batch_view import BatchCounts, batch_counts
-from kernelext._core.colours import RUN_COLOURS, THEME, colour_of
-from kernelext._core.conversation import Conversation, conversation_of
-from kernelext._core.lease import gone_text, owner_gone
-from kernelext._core.names import OUTSIDE_STEPS
-from kernelext._core.run import engine_of
+from kernelext._core.batch.view import BatchCounts, batch_counts
+from kernelext._core.encoding.names import OUTSIDE_STEPS
+from kernelext._core.lifecycle.run import engine_of
+from kernelext._core.process.lease import gone_text, owner_gone
+from kernelext._core.views.colours import RUN_COLOURS, THEME, colour_of
+from kernelext._core.views.conversation import Conversation, conversation_of
 from kernelext._formatting import (
     duration_text,
     moment_text,

@@ -14,8 +14,8 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.colours import BAD, CHECK_COLOURS, THEME, colour_of
-from kernelext._core.revalidation import FactCheck, Revalidation, revalidation
+from kernelext._core.lifecycle.revalidation import FactCheck, Revalidation, revalidation
+from kernelext._core.views.colours import BAD, CHECK_COLOURS, THEME, colour_of
 from kernelext._formatting import duration_text, step_label
 from kernelext._shown import shown_html, shows
 from kernelext.status import Status

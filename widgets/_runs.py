@@ -14,7 +14,7 @@ displayed of it, watches the whole store through its :class:`~._watch.StoreWatch
 redraws through a :class:`~._throttle.Throttle`. A redraw first reads the runs' rows (one
 query); when they are as before and no run is live, nothing more is read (so a commit
 that changed nothing shown, or PostgreSQL's look every second, costs one query).
-Otherwise :func:`kernelext._core.overview.read_overview` reads the rest, and while a run
+Otherwise :func:`kernelext._core.lifecycle.overview.read_overview` reads the rest, and while a run
 is live the throttle ticks every second (the time left moves). The rows are texts from
 the core; ``_runs_html.py`` draws them, and the same HTML is the saved copy.
 """
@@ -29,10 +29,10 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core import control
-from kernelext._core.from_elsewhere import store_address
-from kernelext._core.overview import Overview, RunRow, read_overview
-from kernelext._core.runtime import get_store
+from kernelext._core.lifecycle import control
+from kernelext._core.lifecycle.from_elsewhere import store_address
+from kernelext._core.lifecycle.overview import Overview, RunRow, read_overview
+from kernelext._core.process.runtime import get_store
 from kernelext._shown import shows
 from kernelext.status import LIVE
 

@@ -8,8 +8,8 @@ Colours come from ``colours.RUN_COLOURS`` (the badge the panel shows).
 
 from __future__ import annotations
 
-from kernelext._core.colours import BAD, RUN_COLOURS, THEME, colour_of
-from kernelext._core.overview import Overview, RunRow
+from kernelext._core.lifecycle.overview import Overview, RunRow
+from kernelext._core.views.colours import BAD, RUN_COLOURS, THEME, colour_of
 from kernelext._formatting import moment_text
 from kernelext._shown import shown_html
 from kernelext.status import Status

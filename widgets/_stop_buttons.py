@@ -25,7 +25,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from kernelext._core.shown_stores import record
+from kernelext._core.process.shown_stores import record
 from kernelext.status import LIVE
 
 _LOG = logging.getLogger("kernelext")

@@ -9,7 +9,7 @@ variable falls back to the light colour outside JupyterLab). :data:`PANEL_STYLE`
 
 from __future__ import annotations
 
-from kernelext._core.colours import THEME
+from kernelext._core.views.colours import THEME
 from kernelext._shown import shown_html
 
 __all__ = ["FRAME", "PANEL_STYLE", "RUNS_STYLE", "muted_html"]

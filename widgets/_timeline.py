@@ -2,7 +2,7 @@
 
 :class:`LiveTimeline` is a box of two ``HTML`` widgets: the stop estimate while a stop is
 pending ("stops after step 7, in about 3.0 s"), and the compact picture of
-``kernelext._core.timeline`` (the same SVG as ``kx.timeline(run_id)``, smaller, without
+``kernelext._core.views.timeline`` (the same SVG as ``kx.timeline(run_id)``, smaller, without
 labels). The picture is read from the store again at most every ``interval`` seconds when
 the run reports a step or an effect, and every ``tick`` seconds while it executes (so the
 current bar grows), through a :class:`~.throttle.Throttle`; both grow by a second per
@@ -18,10 +18,10 @@ from typing import Any
 
 import ipywidgets as w
 
-from kernelext._core.colours import BAD, WARN
-from kernelext._core.run import engine_of
-from kernelext._core.stop_estimate import StopEstimate, estimate_stop
-from kernelext._core.timeline import Timeline, timeline
+from kernelext._core.engine.stop_estimate import StopEstimate, estimate_stop
+from kernelext._core.lifecycle.run import engine_of
+from kernelext._core.views.colours import BAD, WARN
+from kernelext._core.views.timeline import Timeline, timeline
 from kernelext._shown import shown_html
 from kernelext.status import Status
 

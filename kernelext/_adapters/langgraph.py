@@ -19,17 +19,17 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from .._core.agent import Agent
-from .._core.agent import agent as kx_agent
-from .._core.api import open_store
-from .._core.codec import loads_json
-from .._core.control import resume as kx_resume
-from .._core.handle import Handle
-from .._core.questions import answer as answer_question
-from .._core.run import Run, engine_of
-from .._core.run_engine import RunEngine
-from .._core.secrets import scrub
-from .._core.waiting import wait_for_person
+from .._core.encoding.codec import loads_json
+from .._core.encoding.secrets import scrub
+from .._core.engine.run_engine import RunEngine
+from .._core.lifecycle.agent import Agent
+from .._core.lifecycle.agent import agent as kx_agent
+from .._core.lifecycle.control import resume as kx_resume
+from .._core.lifecycle.handle import Handle
+from .._core.lifecycle.run import Run, engine_of
+from .._core.people.questions import answer as answer_question
+from .._core.people.waiting import wait_for_person
+from .._core.process.api import open_store
 from .._store import Store
 from ..errors import AgentError, RunStateError
 from ..status import Reason, Status

@@ -66,7 +66,7 @@ class KernelextSaver(BaseCheckpointSaver[str]):
         if isinstance(store, str):
             self.store = _open_store(store)
         elif store is None:
-            from .._core.api import open_store  # the current store (kx.open_store())
+            from .._core.process.api import open_store  # the current store (kx.open_store())
 
             self.store = open_store()
         else:

@@ -17,9 +17,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
-from .._core.context import current_run, reset_current_run, set_current_run
-from .._core.ledger import effect as kx_effect
-from .._core.run_engine import RunEngine
+from .._core.engine.context import current_run, reset_current_run, set_current_run
+from .._core.engine.run_engine import RunEngine
+from .._core.ledger.effect import effect as kx_effect
 
 __all__ = ["INSTALL", "require", "tool"]
 

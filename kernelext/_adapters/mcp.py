@@ -29,9 +29,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
-from .._core.context import current_run
-from .._core.ledger import Effect
-from .._core.run_engine import RunEngine
+from .._core.engine.context import current_run
+from .._core.engine.run_engine import RunEngine
+from .._core.ledger.effect import Effect
 from .._shown import shows
 from ..errors import KernelextError
 

@@ -21,7 +21,7 @@ by the client's own retries; make it in your own ``@kx.effect`` (on ``client.wra
   resume it waits in ``kx.reconcile`` as unknown, as the retry rule says.
 - Retries are the ledger's, counted as attempts: the client's ``max_retries`` is the
   effect's ``retries`` and the client sends each request once (its own retries off), so
-  the retry rule (``kernelext._core.retries``) decides. A model API is not known to dedupe
+  the retry rule (``kernelext._core.ledger.retries``) decides. A model API is not known to dedupe
   on ``Idempotency-Key``, so only a request never sent (connection refused, DNS failure,
   connect timeout) is asked again, and a timeout after the request left is ``unknown``,
   as is HTTP 429/502/503/504; ``kx.openai(client, retry_on=(429,))`` declares statuses
@@ -46,14 +46,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from .._core.context import current_run
-from .._core.conversation import PRICES
-from .._core.evidence import Evidence, absorb, watching
-from .._core.keys import display_args
-from .._core.ledger import Effect
-from .._core.limits import call_limited_async, sent
-from .._core.retries import RetryOn, check_retry_on
-from .._core.secrets import REDACTED
+from .._core.encoding.keys import display_args
+from .._core.encoding.secrets import REDACTED
+from .._core.engine.context import current_run
+from .._core.ledger.effect import Effect
+from .._core.ledger.evidence import Evidence, absorb, watching
+from .._core.ledger.limits import call_limited_async, sent
+from .._core.ledger.retries import RetryOn, check_retry_on
+from .._core.views.conversation import PRICES
 from .._shown import shows
 from .._validate import check_name
 from ..errors import LedgerError
@@ -82,7 +82,7 @@ from .openai_replay import (
 )
 
 if TYPE_CHECKING:
-    from .._core.run_engine import RunEngine
+    from .._core.engine.run_engine import RunEngine
 
 __all__ = [
     "CHAT_TOOL",

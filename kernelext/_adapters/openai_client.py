@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .._core.context import current_run
-from .._core.evidence import inside_recorded_call
-from .._core.retries import RetryOn
-from .._core.secrets import SECRETS, is_secret_name
+from .._core.encoding.secrets import SECRETS, is_secret_name
+from .._core.engine.context import current_run
+from .._core.ledger.evidence import inside_recorded_call
+from .._core.ledger.retries import RetryOn
 
 __all__ = [
     "CONFIGURATION",

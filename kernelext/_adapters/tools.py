@@ -34,7 +34,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union
 
-from .._core.ledger import Effect
+from .._core.ledger.effect import Effect
 from .._shown import shows
 from .._validate import check_flag
 

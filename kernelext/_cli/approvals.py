@@ -20,8 +20,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .._core import approvals, questions
-from .._core.data_args import DataArgument, argument_text, compact_text
+from .._core.encoding.data_args import DataArgument, argument_text, compact_text
+from .._core.people import approvals, questions
 from .._store import Store
 from ..errors import LedgerError, RunStateError
 from .common import RUN_ID, AddCommand, CommandUsageError, Exit, emit_json, nonblank, table

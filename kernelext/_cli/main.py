@@ -3,7 +3,7 @@
 Every command takes ``--store`` (a DuckDB path or a ``postgresql://`` URL; default:
 ``$KERNELEXT_STORE``, else ``.kernelext/store.duckdb`` in the project, like the
 library; the flag, its help and its check come from the ``store`` option of
-``kernelext/_core/options.py``) and ``--json`` (machine-readable output on stdout).
+``kernelext/_core/process/options.py``) and ``--json`` (machine-readable output on stdout).
 
 Exit codes: 0 done, 1 error (the store cannot be opened, the query failed, ...),
 2 usage (bad arguments, unknown run, a query that writes), 3 suspended,
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core.options import OPTIONS, Option
+from .._core.process.options import OPTIONS, Option
 from .._did_you_mean import did_you_mean
 from ..errors import KernelextError, ReadOnlyError, RunNotFound
 from . import approvals, notebook, plan, reconcile, runs

@@ -32,9 +32,9 @@ import os
 import re
 from typing import Any
 
-from .._core import control
-from .._core.cell_runs import complete_cell_run
-from .._core.lease import check_takeover
+from .._core.lifecycle import control
+from .._core.lifecycle.cell_runs import complete_cell_run
+from .._core.process.lease import check_takeover
 from .._store import Store
 from ..errors import RunStateError
 from ..status import LIVE, TERMINAL, Status
@@ -87,7 +87,7 @@ def choose_run_id(store: Store, path: str) -> str:
 PRELUDE = f"""\
 # kernelext run: resume the run before the notebook's cells (removed from --output)
 import os as _kx_os
-import kernelext._core.control as _kx_control
+import kernelext._core.lifecycle.control as _kx_control
 _kx_control.resume(_kx_os.environ["KERNELEXT_RUN_ID"], source={SOURCE!r})
 del _kx_os, _kx_control
 """

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .._core.plan import ResumePlan, plan
-from .._core.plan_items import UNSEEN
+from .._core.plan.items import UNSEEN
+from .._core.plan.resume_plan import ResumePlan, plan
 from .._store import Store
 from .common import RUN_ID, AddCommand, Exit, emit_json, require_run
 

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from .._core.reconcile import Reconciliation, UnknownEffect, reconcile
+from .._core.people.reconcile import Reconciliation, UnknownEffect, reconcile
 from .._formatting import moment_text
 from .._store import Store
 from ..status import EffectStatus, Status

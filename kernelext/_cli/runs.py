@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from .._core import control, expiry
-from .._core.batch_view import stored_batch
-from .._core.conversation import conversation_of, step_text
-from .._core.secrets import shown_json
-from .._core.stop_answer import StopAnswer, busy_answer
-from .._core.stop_estimate import estimate_stop
+from .._core.batch.view import stored_batch
+from .._core.encoding.secrets import shown_json
+from .._core.engine.stop_estimate import estimate_stop
+from .._core.lifecycle import control, expiry
+from .._core.lifecycle.stop_answer import StopAnswer, busy_answer
+from .._core.views.conversation import conversation_of, step_text
 from .._formatting import duration_text, step_number, step_numbers
 from .._store import Store
 from .._store.posted_stops import post_stop_at

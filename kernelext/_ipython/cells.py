@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._core.cell_runs import (
+from .._core.encoding.names import source_hash
+from .._core.lifecycle.cell_runs import (
     INTERRUPTED,
     LOST,
     CellRun,
     StepOutcome,
     open_cell_run,
 )
-from .._core.names import source_hash
-from .._core.plan_code import remember_cell_source
-from .._core.waiting import waiting_text
+from .._core.people.waiting import waiting_text
+from .._core.plan.code import remember_cell_source
 from .._formatting import name_cell, reason_text, step_label, step_numbers
 from ..errors import AgentCellStopped, NeedsDecision, OwnershipLost, StopRequested
 from ..status import Status, StepStatus

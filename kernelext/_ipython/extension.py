@@ -22,8 +22,8 @@ import contextlib
 import sys
 from typing import Any
 
-from .._core.expiry import Sweeper, SweepResult
-from .._core.runtime import Settings, runtime
+from .._core.lifecycle.expiry import Sweeper, SweepResult
+from .._core.process.runtime import Settings, runtime
 from . import options
 from .interrupt import InterruptHandler, kernel_supports_soft_interrupt, live_handles
 from .magics import Kernelext, forget_notebook_options

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from .._core.runtime import runtime
+from .._core.process.runtime import runtime
 from .._shown import shows
 from .options import notebook_option
 
@@ -207,7 +207,7 @@ class CellInterrupt:
         self.worker.start()
 
     def _stop(self) -> None:
-        from .._core import control
+        from .._core.lifecycle import control
 
         window = self.window if self.window is not None else notebook_option("interrupt_window")
         try:

@@ -51,7 +51,7 @@ def shown(frame: Any) -> Any:
 def _ledger_frame_class() -> type:
     import pandas as pd
 
-    from .._core.runs_frame import ShownFrame
+    from .._core.process.runs_frame import ShownFrame
 
     class LedgerFrame(ShownFrame):
         """A ``%%ledger`` result: a DataFrame that displays NULLs empty (one of

@@ -1,6 +1,6 @@
 """The ``Kernelext`` magics: ``%%agent``, ``%agent``, ``%%ledger`` / ``%ledger``, and options.
 
-Every option declared in ``kernelext/_core/options.py`` is a traitlet of :class:`Kernelext`
+Every option declared in ``kernelext/_core/process/options.py`` is a traitlet of :class:`Kernelext`
 (made from the declaration), so ``%config Kernelext.store = 'other.duckdb'`` works in a
 notebook and ``c.Kernelext.store = ...`` in an IPython profile. The trait takes any value
 and hands it to ``kx.configure``: the option's own check is the only check, and the values
@@ -22,12 +22,12 @@ from traitlets import TraitError, TraitType
 from traitlets.config import Config
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
-from .._core import control
-from .._core.api import configure, runs, sql
-from .._core.cell_runs import complete_cell_run
-from .._core.credentials import CredentialError
-from .._core.options import OPTIONS, Option
-from .._core.runtime import runtime
+from .._core.facts.credentials import CredentialError
+from .._core.lifecycle import control
+from .._core.lifecycle.cell_runs import complete_cell_run
+from .._core.process.api import configure, runs, sql
+from .._core.process.options import OPTIONS, Option
+from .._core.process.runtime import runtime
 from .._did_you_mean import did_you_mean
 from .._validate import check_duration
 from ..errors import AgentError, KernelextError, RunNotFound, RunStateError, StoreError
@@ -114,7 +114,8 @@ def _configure(values: dict[str, Any]) -> None:
 
 
 def option_traits() -> dict[str, OptionTrait]:
-    """A configurable trait for each option of ``kernelext/_core/options.py``, with its help."""
+    """A configurable trait for each option of ``kernelext/_core/process/options.py``, with
+    its help."""
     return {option.name: OptionTrait(option) for option in OPTIONS}
 
 

@@ -2,7 +2,8 @@
 
 ``%config Kernelext.<name> = value`` and ``kx.configure(<name>=value)`` set the same
 setting of the current runtime (both go through ``kx.configure``, so both check values the same
-way). The notebook options (declared with ``notebook=True`` in ``kernelext/_core/options.py``)
+way). The notebook options (declared with ``notebook=True`` in
+``kernelext/_core/process/options.py``)
 matter only in a notebook; they are read when a cell runs
 (``max_step_seconds``, ``allow_files``) or the interrupt button is pressed
 (``soft_interrupt``, ``interrupt_window``), so a change takes hold at once.
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._core.options import OPTIONS
-from .._core.runtime import Settings, runtime
+from .._core.process.options import OPTIONS
+from .._core.process.runtime import Settings, runtime
 
 __all__ = ["NOTEBOOK_OPTIONS", "notebook_option", "restore", "saved"]
 
-# the options read only in a notebook (declared, with their defaults, in _core/options.py)
+# the options read only in a notebook (declared, with their defaults, in _core/process/options.py)
 NOTEBOOK_OPTIONS: tuple[str, ...] = tuple(option.name for option in OPTIONS if option.notebook)
 
 

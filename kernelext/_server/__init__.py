@@ -4,7 +4,7 @@ A click on a widget button is a message on the kernel's shell channel, handled a
 cell queued before it. The panel's Stop and Force stop are therefore sent to the notebook
 server instead (``POST {base_url}kernelext/api/stop`` or ``.../force``), which records the
 request in the store through the same door as ``kernelext stop``
-(``kernelext._core.from_elsewhere.act``) on a thread of its own, never on the server's
+(``kernelext._core.lifecycle.from_elsewhere.act``) on a thread of its own, never on the server's
 event loop. Requests are authenticated and XSRF-checked like the server's own API, and
 authorized as a write on ``kernels``: whoever may run code in a kernel may stop a run.
 

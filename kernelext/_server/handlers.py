@@ -57,7 +57,7 @@ async def _in_turn(key: str, work: Callable[[], dict[str, Any]]) -> dict[str, An
 
 
 def _warm() -> None:
-    from kernelext._core import from_elsewhere  # noqa: F401  (imports the engine once)
+    from kernelext._core.lifecycle import from_elsewhere  # noqa: F401  (imports the engine once)
 
 
 class _Handler(APIHandler):
@@ -108,8 +108,8 @@ class RunActionHandler(_Handler):
     @web.authenticated
     @authorized
     async def post(self, action: str) -> None:
-        from kernelext._core.click_stores import busy_key
-        from kernelext._core.from_elsewhere import act, describe_error
+        from kernelext._core.lifecycle.from_elsewhere import act, describe_error
+        from kernelext._core.process.click_stores import busy_key
 
         started = time.perf_counter()
         body = _body(b"".join(self._chunks) if self._size <= MAX_BODY else None)
@@ -207,7 +207,7 @@ class StatusHandler(_Handler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        from kernelext._core.from_elsewhere import ACTIONS
+        from kernelext._core.lifecycle.from_elsewhere import ACTIONS
 
         self.finish(json.dumps({"route": "kernelext", "actions": sorted(ACTIONS)}))
 

@@ -5,7 +5,7 @@ decided once (a conditional ``UPDATE … WHERE decision IS NULL``, so of two rac
 deciders exactly one wins) and consumed once, just before the intent of the call it
 allows is recorded. A newer request for the same key supersedes the older ones that were
 not consumed. A decision that cannot be made comes back as a :class:`Decision` saying
-why (``kernelext._core.approvals`` words it for a person). Questions: ``questions.py``.
+why (``kernelext._core.people.approvals`` words it for a person). Questions: ``questions.py``.
 """
 
 from __future__ import annotations

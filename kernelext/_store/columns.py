@@ -20,7 +20,7 @@ in :func:`refuse_secret`. The ``?`` parameters of a write statement are mapped t
 
 A statement the mapper cannot read gets the conservative default: every ``str``
 parameter scrubbed as ``text`` and every ``bytes`` one refused if it holds a secret.
-The store knows no secrets itself: ``kernelext._core.secrets`` installs the scrubber
+The store knows no secrets itself: ``kernelext._core.encoding.secrets`` installs the scrubber
 (:func:`install`). With nothing registered, ``key``/``exact`` checks cost nothing and
 ``text`` costs two substring tests.
 """
@@ -201,7 +201,7 @@ SCRUBBED: dict[tuple[str, str], Column] = {
 }
 
 
-# -- the scrubber, installed by kernelext._core.secrets ---------------------------------------
+# -- the scrubber, installed by kernelext._core.encoding.secrets ------------------------------
 class Scrubber(Protocol):
     def text(self, value: str) -> str: ...
 
@@ -218,7 +218,8 @@ _SCRUBBER: Scrubber | None = None
 
 
 def install(scrubber: Scrubber) -> None:
-    """Called by ``kernelext._core.secrets`` at import: the store knows no secrets itself."""
+    """Called by ``kernelext._core.encoding.secrets`` at import: the store knows no secrets
+    itself."""
     global _SCRUBBER
     _SCRUBBER = scrubber
 

@@ -88,7 +88,7 @@ class FactsMixin(RunsMixin, StoreBase):
 
         self.write(job)
 
-    # -- decisions (composed into one transaction by kernelext._core.revalidation) ---------
+    # -- decisions (composed into one transaction by kernelext._core.lifecycle.revalidation) --
     def lock_for_decision_tx(self, tx: Tx, run_id: str) -> str:
         """The run's status, locked; refuses unless the run waits for a decision."""
         row = tx.fetchone(f"SELECT status FROM runs WHERE id = ?{self.for_update}", (run_id,))

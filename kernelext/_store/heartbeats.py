@@ -3,7 +3,7 @@
 A ``run.map`` item run by a worker (a Dask worker, a process pool's child) outlives the
 owner that dispatched it: a notebook SIGKILLed or taken over leaves its workers inside their
 calls. While a worker runs an item attempt it renews the heartbeat of the attempt's step
-every few seconds (``_core/remote_heartbeat.py``); a take-over asks no probe for an item
+every few seconds (``_core/batch/heartbeat.py``); a take-over asks no probe for an item
 whose heartbeat is fresh, since that worker may still be making the call the probe would
 answer "not arrived" for. The heartbeat is a fact about a process, not a record of the run:
 it is written unfenced (a stale owner's worker is exactly the one that must be seen) and

@@ -4,7 +4,7 @@ A question row (table ``questions``) is keyed by the question's key (derived fro
 run, the step and the call), answered once (a conditional ``UPDATE … WHERE answered_at
 IS NULL``, so of two racing answers exactly one wins) and replayed on every resume. An
 answer that cannot be stored comes back as an :class:`Answer` saying why
-(``kernelext._core.questions`` words it for a person).
+(``kernelext._core.people.questions`` words it for a person).
 """
 
 from __future__ import annotations

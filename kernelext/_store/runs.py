@@ -35,7 +35,7 @@ class StepEnd(NamedTuple):
     duration_s: float | None
 
 
-# How effect keys and argument hashes of new runs are derived (see kernelext._core.keys);
+# How effect keys and argument hashes of new runs are derived (see kernelext._core.encoding.keys);
 # a run row with key_scheme NULL was recorded before schema 7: scheme 1.
 KEY_SCHEME = 2
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from support.old_schema import back_to_schema
 
-from kernelext._core.approvals import decide_request
-from kernelext._core.questions import store_answer
+from kernelext._core.people.approvals import decide_request
+from kernelext._core.people.questions import store_answer
 from kernelext._store import Store
 from kernelext._store.approvals import APPROVED, NO_SUCH_REQUEST, NOT_OPEN, REJECTED
 from kernelext._store.questions import ANSWERED

@@ -45,7 +45,7 @@ from support.http_server import post_json
 
 import kernelext as kx
 from crash import read_go
-from kernelext._core.run import engine_of
+from kernelext._core.lifecycle.run import engine_of
 from kernelext._store import open_store
 
 CONFIG: dict[str, Any] = {"url": "", "pauses": set()}

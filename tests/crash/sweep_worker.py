@@ -18,7 +18,7 @@ import sys
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
 from crash import append_line, read_go
-from kernelext._core.expiry import ExpiredRun
+from kernelext._core.lifecycle.expiry import ExpiredRun
 from kernelext._store import open_store
 
 

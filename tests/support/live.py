@@ -12,7 +12,7 @@ __all__ = ["finish_live_runs", "name", "wait_until"]
 
 def finish_live_runs(wait: float = 60.0) -> None:
     """Stop every run still live in this process (its runtime) and wait for each to end."""
-    from kernelext._core.runtime import runtime
+    from kernelext._core.process.runtime import runtime
 
     rt = runtime()
     with rt.live_lock:

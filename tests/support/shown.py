@@ -1,7 +1,7 @@
 """A store shown by a panel, as a kernel of the notebook server shows it.
 
 The notebook server's route opens only the stores that a kernel of its user drew buttons
-for (``kernelext._core.shown_stores``). A kernel the server starts inherits the server's
+for (``kernelext._core.process.shown_stores``). A kernel the server starts inherits the server's
 ``JUPYTER_RUNTIME_DIR``; :func:`shown_by_a_panel` draws the same buttons in this process
 with that folder, so that what the panel notes is what the test's clicks name.
 """

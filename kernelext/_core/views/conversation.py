@@ -1,0 +1,204 @@
+"""A run of model calls and tool calls as a person follows it: turns, tool calls, tokens.
+
+Built from the effect ledger's rows alone (each model call's recorded response carries the
+server's ``usage``), so it is the same in every process and across stops and resumes: a
+replayed turn is one row, counted once. Prices are per million tokens, by model:
+``{"gpt-4o-mini": (0.15, 0.60)}`` (prompt, completion).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..._shown import shows
+from ..encoding.names import OUTSIDE_STEPS
+from ..encoding.secrets import scrub_text
+
+__all__ = ["PRICES", "Conversation", "conversation_of", "is_model_call", "step_text"]
+
+MODEL_PREFIXES = ("openai:",)
+EXCERPT = 120
+Prices = Mapping[str, tuple[float, float]]
+# What ``kx.openai(client, prices=...)`` gave in this process: model -> (prompt, completion)
+# dollars per million tokens.
+PRICES: dict[str, tuple[float, float]] = {}
+
+
+def is_model_call(tool: str) -> bool:
+    return tool.startswith(MODEL_PREFIXES)
+
+
+def step_text(step_key: str) -> str:
+    """A step key as a person reads it: effects made outside steps belong to the run."""
+    return "the run" if step_key == OUTSIDE_STEPS else step_key
+
+
+@dataclass(frozen=True)
+class Conversation:
+    turns: int = 0
+    tool_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+    last: str = ""
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @shows
+    def text(self) -> str:
+        """``7 turns · 3 tool calls · 1,234 tokens (1,000 prompt + 234 completion) · $0.0012``;
+        ``2 tool calls`` when no model was asked (a LangGraph run's tools)."""
+        if not self.turns:
+            return _count(self.tool_calls, "tool call")
+        parts = [_count(self.turns, "turn"), _count(self.tool_calls, "tool call")]
+        parts.append(
+            f"{self.tokens:,} tokens ({self.prompt_tokens:,} prompt + "
+            f"{self.completion_tokens:,} completion)"
+        )
+        if self.cost is not None:
+            parts.append(_dollars(self.cost))
+        return " · ".join(parts)
+
+    def progress(self, steps_text: str, completed_steps: int) -> str:
+        """What a run without a known number of steps shows as its progress: the
+        conversation alone, or after the steps it completed (``4 steps · 2 tool calls``)."""
+        if not (self.turns or self.tool_calls):
+            return steps_text
+        return f"{steps_text} · {self.text()}" if completed_steps else self.text()
+
+
+def _dollars(cost: float) -> str:
+    """``$0.0012``; a cost under a hundredth of a cent keeps two significant digits
+    (``$0.000064``), so a priced run never reads ``$0.0000``."""
+    if cost == 0 or cost >= 0.0001:
+        return f"${cost:.4f}"
+    return f"${cost:.{1 - math.floor(math.log10(cost))}f}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _usage(result: Any) -> tuple[int, int, str]:
+    if not isinstance(result, dict):
+        return 0, 0, ""
+    usage = result.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0
+    completion = usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0
+    return _int(prompt), _int(completion), str(result.get("model") or _stream_model(result))
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _stream_model(result: dict[str, Any]) -> str:
+    """The model of a streamed call (stored as ``{"stream": [chunks...], "usage": ...}``):
+    chat chunks name it, the Responses API's events carry it in their ``response``."""
+    for chunk in _dicts(result.get("stream")):
+        response = chunk.get("response")
+        model = chunk.get("model") or (
+            response.get("model") if isinstance(response, dict) else None
+        )
+        if model:
+            return str(model)
+    return ""
+
+
+def _said(content: Any) -> str:
+    """``assistant: ...``, the model's words scrubbed on their own (a ``name=value`` pair
+    must not be read as the value of ``assistant:``)."""
+    return f"assistant: {scrub_text(str(content))}"
+
+
+def _reply_text(result: Any) -> str:
+    if not isinstance(result, dict):
+        return ""
+    for choice in _dicts(result.get("choices")):
+        message = choice.get("message")
+        message = message if isinstance(message, dict) else {}
+        calls = _dicts(message.get("tool_calls"))
+        if calls:
+            names = ", ".join(str((c.get("function") or {}).get("name")) for c in calls)
+            return f"assistant asked for {names}"
+        if message.get("content"):
+            return _said(message["content"])
+    for item in _dicts(result.get("output")):
+        for part in _dicts(item.get("content")):
+            if part.get("text"):
+                return _said(part["text"])
+    return _stream_text(result)
+
+
+def _stream_text(result: dict[str, Any]) -> str:
+    """What a streamed reply said: its chat deltas or Responses text deltas, joined."""
+    words: list[str] = []
+    for chunk in _dicts(result.get("stream")):
+        for choice in _dicts(chunk.get("choices")):
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and delta.get("content"):
+                words.append(str(delta["content"]))
+        if chunk.get("type") == "response.output_text.delta" and chunk.get("delta"):
+            words.append(str(chunk["delta"]))
+    return _said("".join(words)) if words else ""
+
+
+def conversation_of(
+    rows: Iterable[Mapping[str, Any]], prices: Prices | None = None
+) -> Conversation:
+    """The conversation of a run's effect rows (any order; sorted by intent time)."""
+    ordered = sorted(
+        rows, key=lambda r: (str(r.get("intent_at") or ""), r.get("call_ordinal") or 0)
+    )
+    turns = tools = prompt = completion = 0
+    prices = PRICES if prices is None else prices
+    cost: float | None = 0.0 if prices else None
+    last = ""
+    for row in ordered:
+        tool = str(row.get("tool") or "")
+        if is_model_call(tool):
+            turns += 1
+            result = _json(row.get("result"))
+            p, c, model = _usage(result)
+            prompt, completion = prompt + p, completion + c
+            if prices and cost is not None:
+                price = prices.get(model) or _by_prefix(prices, model)
+                if price is not None:
+                    cost += (p * price[0] + c * price[1]) / 1_000_000
+            last = _reply_text(result) or last
+        else:
+            tools += 1
+            last = f"tool call {tool}"
+    excerpt = scrub_text(last)
+    if len(excerpt) > EXCERPT:
+        excerpt = excerpt[: EXCERPT - 1] + "…"
+    return Conversation(turns, tools, prompt, completion, cost, excerpt)
+
+
+def _by_prefix(prices: Prices, model: str) -> tuple[float, float] | None:
+    """``gpt-4o-mini-2024-07-18`` priced as ``gpt-4o-mini`` (the longest matching name)."""
+    names = sorted((n for n in prices if model.startswith(n)), key=len, reverse=True)
+    return prices[names[0]] if names else None
