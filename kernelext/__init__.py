@@ -3,7 +3,7 @@
 Every external effect is recorded in a ledger, stop requests are honoured at safe
 points, suspended runs expire, and everything is queryable with SQL.
 
-The public API is what ``__all__`` lists (``tests/test_public_api.py`` pins it), plus the
+The public API is what ``__all__`` lists (``tests/contracts/test_public_api.py`` pins it), plus the
 public modules ``kernelext.errors`` (every error), ``kernelext.status`` (the run lifecycle),
 ``kernelext.langgraph`` and ``kernelext.widgets`` (the notebook widgets; it needs
 ipywidgets, so ``import kernelext`` does not load it). Everything under an underscore

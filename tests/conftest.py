@@ -118,8 +118,17 @@ def _xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
+# A test's folder sets its marker: a test in tests/crash/ or tests/browser/ cannot forget it.
+FOLDER_MARKERS = {"crash": "crash", "browser": "browser"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        inside = item.path.is_relative_to(TESTS_DIR)
+        marker = FOLDER_MARKERS.get(item.path.relative_to(TESTS_DIR).parts[0]) if inside else None
+        if marker and not item.get_closest_marker(marker):
+            item.add_marker(getattr(pytest.mark, marker))
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

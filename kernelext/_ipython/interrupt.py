@@ -16,7 +16,7 @@ active (ipykernel's own is ``SIG_IGN``). :class:`InterruptHandler` takes that sl
 While no agent of this process is live (or the ``soft_interrupt`` option is off) it does
 what the handler it replaced did; while one is, the first press asks every live run to
 stop at its next safe point and a second press within ``interrupt_window`` seconds forces
-the stop. Both options are read at each press. ``tests/test_interrupt.py`` pins the
+the stop. Both options are read at each press. ``tests/lifecycle/test_interrupt.py`` pins the
 ipykernel internals this relies on.
 
 While a ``%%agent`` cell runs, the main thread is the run's: :func:`cell_interrupts`

@@ -3,7 +3,7 @@
 ``sql_guard`` admits a function only if its name (lower case, as DuckDB's parser writes it
 in ``json_serialize_sql``) is listed here for the place it is called from; everything else
 is refused, including every function a future DuckDB or an extension adds. Each family was
-reviewed against ``duckdb_functions()`` (``tests/test_sql_allowlist.py`` proves, on the
+reviewed against ``duckdb_functions()`` (``tests/store/test_sql_allowlist.py`` proves, on the
 installed DuckDB, that nothing listed runs SQL, writes, reads files, advances a sequence or
 changes a setting, and that every macro listed expands only to listed calls).
 

@@ -2,7 +2,7 @@
 
 Nothing here knows which backend it runs on. A backend's test module provides a
 ``store_factory`` fixture that yields a :class:`StoreFactory` and imports the
-``Test*`` classes listed in ``__all__`` below (see ``tests/test_store_conformance.py``)::
+``Test*`` classes listed in ``__all__`` below (see ``tests/store/test_store_conformance.py``)::
 
     from conformance.store_suite import *  # noqa: F403  (the Test* classes)
 

@@ -1,4 +1,4 @@
-"""Worker process for the approval crash tests (tests/test_approvals.py).
+"""Worker process for the approval crash tests (tests/people/test_approvals.py).
 
 Defines the effect ``pay`` (``needs_approval=True``; one POST to the test's
 DeliveryServer with the ledger's key as ``Idempotency-Key``) and the agent

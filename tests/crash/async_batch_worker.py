@@ -1,4 +1,4 @@
-"""Worker process for the async batch crash test (tests/test_crash_batch_async.py).
+"""Worker process for the async batch crash test (tests/crash/test_crash_batch_async.py).
 
 Defines the async effect ``adeliver`` (one POST to the test's DeliveryServer through an
 asyncio client, with the ledger's key as ``Idempotency-Key``) and the async agent

@@ -1,4 +1,4 @@
-"""Worker process for the batch crash test (tests/test_crash_batch.py).
+"""Worker process for the batch crash test (tests/crash/test_crash_batch.py).
 
 Defines the effect ``deliver_item`` (one POST to the test's DeliveryServer, with the
 ledger's key as ``Idempotency-Key``) and the agent ``crash-batch``: one ``run.map`` over

@@ -1,4 +1,4 @@
-"""Worker for the damaged-journal test (tests/test_write_faults.py).
+"""Worker for the damaged-journal test (tests/crash/test_write_faults.py).
 
 ``python damage_worker.py STORE URL ITEMS``: runs agent ``damage`` over ``range(ITEMS)``
 (one delivery to the server per item). After the first delivery it prints ``started``

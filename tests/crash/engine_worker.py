@@ -1,4 +1,4 @@
-"""Worker process for the engine crash test (tests/test_crash_engine.py).
+"""Worker process for the engine crash test (tests/crash/test_crash_engine.py).
 
 Defines the agent ``crash-engine``: ``steps`` steps over a small state. Every step
 body appends ``run,key,attempt-pid`` to a side log (fsync'ed) before the step

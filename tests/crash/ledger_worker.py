@@ -1,4 +1,4 @@
-"""Worker process for the ledger crash test (tests/test_crash_ledger.py).
+"""Worker process for the ledger crash test (tests/crash/test_crash_ledger.py).
 
 Defines the effect ``deliver`` (one POST to the test's DeliveryServer, with the
 ledger's key as ``Idempotency-Key``) and the agent ``crash-ledger``: ``steps`` steps

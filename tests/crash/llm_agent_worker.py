@@ -1,4 +1,4 @@
-"""Worker process for the LLM agent crash test (tests/test_adapter_openai.py).
+"""Worker process for the LLM agent crash test (tests/surfaces/test_adapter_openai.py).
 
 The agent ``llm-crash`` is a tool-calling loop as people write it, with no steps: ask the
 model (the real ``openai`` client, wrapped with ``kx.openai``, pointed at the test's

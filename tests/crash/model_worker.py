@@ -1,4 +1,4 @@
-"""Worker process for the write-path model test (tests/test_write_path_model.py).
+"""Worker process for the write-path model test (tests/store/test_write_path_model.py).
 
 Defines the effect ``deliver_item`` (one POST to the test's DeliveryServer, with the
 ledger's key as ``Idempotency-Key``) and two agents: ``write-path-model``, one step per

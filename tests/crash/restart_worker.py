@@ -1,4 +1,4 @@
-"""Worker process for the restart crash test (tests/test_restart_carry.py).
+"""Worker process for the restart crash test (tests/lifecycle/test_restart_carry.py).
 
 Defines the effects ``notify`` and ``deliver`` (one POST each to the test's
 DeliveryServer, the ledger's key as ``Idempotency-Key``) and the agent

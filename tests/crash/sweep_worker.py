@@ -1,4 +1,4 @@
-"""Worker process for the expiry delivery test (tests/test_expiry_delivery.py).
+"""Worker process for the expiry delivery test (tests/lifecycle/test_expiry_delivery.py).
 
 Registers a ``kx.on_expire`` callback that appends the run id to ``side_log`` (fsync'ed)
 and then SIGKILLs its own process: the sweep dies right after the expiry committed and

@@ -1,4 +1,4 @@
-"""The batch of the Dask fault tests (tests/test_dask_faults.py): importable by Dask workers.
+"""The batch of the Dask fault tests (tests/batch/test_dask_faults.py): importable by Dask workers.
 
 Each item is one ``@kx.effect`` ``post``: a POST of ``{"run": ..., "item": i}`` to the
 test's DeliveryServer (no dedupe, so a duplicate shows; its JSON-lines log is the ground

@@ -1,4 +1,5 @@
-"""A notebook process that owns a batch on an external Dask cluster (tests/test_dask_faults.py).
+"""A notebook process that owns a batch on an external Dask cluster
+(tests/batch/test_dask_faults.py).
 
 Started by the test (``crash.Worker``), it imports kernelext and the items' module, prints
 ``loaded`` and waits for one ``go`` line (JSON) with ``store`` (a PostgreSQL URL),

@@ -1,4 +1,4 @@
-"""A worker process for the PostgreSQL concurrency test (tests/test_postgres.py).
+"""A worker process for the PostgreSQL concurrency test (tests/store/test_postgres.py).
 
 ``python tests/support/pg_worker.py ROLE CONFIG_JSON``. The process imports
 kernelext, opens the shared store, prints ``ready`` and waits for one line on stdin

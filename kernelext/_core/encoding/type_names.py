@@ -4,7 +4,7 @@ An argument hash (``canonical.digest``) includes the name of a dataclass's, an e
 NamedTuple's or a pydantic model's class, so that equal fields of different types differ.
 A run recorded before kernelext's own modules moved hashed its types under their former
 module; keeping that name keeps its recorded calls matching on resume. A class of a module
-moved later adds its former module here, and ``tests/test_type_names.py`` pins them all.
+moved later adds its former module here, and ``tests/contracts/test_type_names.py`` pins them all.
 """
 
 from __future__ import annotations

@@ -5,5 +5,5 @@ store without the kernel.
 May import, inside the engine: encoding, process, engine.
 Outside the engine: `kernelext._store` and the top-level modules (`errors`, `status`,
 `_validate`, ...).
-The order is checked by tests/test_layering.py; this package re-exports nothing.
+The order is checked by tests/contracts/test_layering.py; this package re-exports nothing.
 """

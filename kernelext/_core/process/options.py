@@ -11,7 +11,7 @@
   (the option's ``check`` is the only check) and reads the runtime's current value;
 - the command-line flag of an option that has ``cli`` (``kernelext/_cli/main.py``);
 - the options table of the documentation (:func:`options_table`, in ``docs/notebooks.md``;
-  ``tests/test_options.py`` fails when that table differs).
+  ``tests/contracts/test_options.py`` fails when that table differs).
 
 An option whose value is ``None`` in a call is left as it is. Adding an option is one
 entry here (and, for one the runtime keeps, reading it where it acts).

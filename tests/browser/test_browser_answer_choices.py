@@ -1,0 +1,65 @@
+"""A question's choices in the panel's card, in real JupyterLab: each reads as the display
+door shows it (two choices that look alike raw read differently), and the one picked is
+stored as the choice itself, sent by its index, not as the text on screen.
+Screenshots go to tests/artifacts/browser/<test name>/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from browser import jupyterlab as lab
+from browser.test_browser import PANEL, Shots
+from browser.test_browser_stop_lands import click, page, shots_folder, write_notebook
+from kernelext._shown import shown
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+__all__ = ["page", "shots_folder"]  # the fixtures, used by name
+
+CHOICES = ["paypal", "p\u0430ypal", "pay\u202e001"]  # Latin; a Cyrillic а; a bidi override
+ASKING_CELLS = [
+    "%load_ext kernelext\nimport kernelext as kx",
+    f"""@kx.agent(name="asks-payee")
+def asks_payee(run):
+    with run.step("ask"):
+        return run.ask("Pay whom?", schema={CHOICES!r})""",
+    'h = asks_payee.start(run_id="payee")\nh.wait(30)\nh',
+    "print('ANSWER', ascii(list(kx.sql('SELECT answer FROM questions').answer)))",
+]
+
+
+def test_the_cards_choices_read_as_shown_and_the_pick_is_the_choice(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    name = write_notebook(root, "choices.ipynb", ASKING_CELLS)
+    env = {"KERNELEXT_STORE": str(store_path)}
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook(page, server, name)
+        for index in range(3):
+            lab.run_cell(page, index)
+        panel = lab.cell(page, 2).locator(PANEL)
+        card = panel.locator(".kernelext-answer-buttons")
+        select = card.locator("select.kernelext-answer-input")
+        labels = select.locator("option").all_inner_texts()
+        assert labels == [shown(c) for c in CHOICES], labels
+        assert select.locator("option").evaluate_all("os => os.map(o => o.value)") == [
+            "0",
+            "1",
+            "2",
+        ]
+        select.select_option(label=shown(CHOICES[1]))
+        shot("the-choices-as-shown")
+        click(card.locator("button.kernelext-answer"))
+        panel.get_by_text("completed").first.wait_for(timeout=30_000)
+        out = lab.output_text(lab.run_cell(page, 3))
+    stored = json.dumps(CHOICES[1], ensure_ascii=False)  # the answer, as JSON text
+    assert f"ANSWER {[stored]!a}" in out, out

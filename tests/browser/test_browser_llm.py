@@ -1,0 +1,118 @@
+"""notebooks/llm_agent.ipynb in JupyterLab in a real browser, against the local model.
+
+The kernel reaches the test's scripted OpenAI-compatible server (``support.llm_server``)
+through ``OPENAI_BASE_URL``, which the notebook reads as "use this model". The panel
+shows the run as its conversation (turns, tool calls, tokens, cost) through a Stop and
+a Resume clicked in the page, and the internal key of effects made outside steps
+appears nowhere in the page.
+
+Screenshots go to tests/artifacts/browser/<test name>/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.http_server import DeliveryServer
+from support.llm_server import LLMServer
+
+from browser import jupyterlab as lab
+from browser.test_browser import PANEL, REPO_ROOT, Shots, page, shots_folder
+from kernelext._core.encoding.names import OUTSIDE_STEPS
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+__all__ = ["page", "shots_folder"]  # the fixtures, shared with tests/browser/test_browser.py
+
+LLM_NOTEBOOK = REPO_ROOT / "notebooks" / "llm_agent.ipynb"
+CONVERSATION = re.compile(
+    r"(\d+) turns? · (\d+) tool calls? · ([\d,]+) tokens \(([\d,]+) prompt \+ ([\d,]+) "
+    r"completion\) · \$\d+\.\d{4}"
+)
+THINKING = 1.0  # seconds the model takes per answer: time to click Stop mid-conversation
+
+
+@pytest.fixture
+def llm(tmp_path: Path) -> Iterator[LLMServer]:
+    with LLMServer(log_path=tmp_path / "llm.jsonl", delay=THINKING) as server:
+        yield server
+
+
+def cell_index(notebook: Path, cell_id: str) -> int:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    return next(i for i, c in enumerate(cells) if c.get("id") == cell_id)
+
+
+def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
+    tmp_path: Path,
+    store_path: Path,
+    delivery_server: DeliveryServer,
+    llm: LLMServer,
+    page: Any,
+    shots_folder: Path,
+) -> None:
+    from playwright.sync_api import expect
+
+    root = tmp_path / "root"
+    root.mkdir()
+    name = lab.copy_notebook(LLM_NOTEBOOK, root)
+    env = {
+        "KERNELEXT_STORE": str(store_path),
+        "KERNELEXT_DEMO_OUTBOX": f"{delivery_server.url}/outbox",
+        "KERNELEXT_DEMO_OFFLINE": "",
+        "OPENAI_BASE_URL": llm.base_url,
+        "OPENAI_API_KEY": "EMPTY",
+        "OPENAI_MODEL": "scripted",
+    }
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook(page, server, name)
+        setup = lab.run_cell(page, cell_index(LLM_NOTEBOOK, "setup"))
+        assert f"model: scripted at {llm.base_url}" in lab.output_text(setup)
+        for cell_id in ("tools", "agent"):
+            lab.run_cell(page, cell_index(LLM_NOTEBOOK, cell_id))
+        panel = lab.run_cell(page, cell_index(LLM_NOTEBOOK, "start")).locator(PANEL)
+        status = panel.locator(".kernelext-status")
+        # the first answer came back: the panel counts it, live, with its tokens
+        expect(panel).to_contain_text(re.compile(r"1 turn · \d+ tool calls? · [\d,]+ tokens"))
+        expect(status).to_have_text("running")
+        shot("running")
+
+        lab.button(panel, "Stop").click()
+        expect(status).to_have_text("suspended")
+        stopped = CONVERSATION.search(panel.inner_text())
+        assert stopped is not None, panel.inner_text()
+        stopped_turns = int(stopped.group(1))
+        assert 1 <= stopped_turns < 4
+        expect(panel.locator(".kernelext-plan-preview")).to_contain_text(
+            f"continues after turn {stopped_turns}"
+        )
+        shot("suspended")
+
+        lab.button(panel, "Resume").click()
+        expect(status).to_have_text("completed")
+        expect(panel.locator(".kernelext-outcome")).to_contain_text(
+            re.compile(r"completed: 4 turns · 3 tool calls · [\d,]+ tokens")
+        )
+        expect(panel.locator(".kernelext-conversation")).to_contain_text("last: assistant: ")
+        done = CONVERSATION.search(panel.locator(".kernelext-outcome").inner_text())
+        assert done is not None
+        turns, tools, tokens, prompt, completion = (int(g.replace(",", "")) for g in done.groups())
+        assert (turns, tools) == (4, 3) and tokens == prompt + completion > 0
+        panel.scroll_into_view_if_needed()
+        shot("completed")
+        dom = page.content()
+        assert OUTSIDE_STEPS not in dom, dom[max(0, dom.find(OUTSIDE_STEPS) - 300) :][:600]
+
+    # each turn was asked of the model once: the resume replayed the first ones
+    assert sorted(llm.per_turn().values()) == [1, 1, 1, 1], llm.per_turn()
+    delivery_server.settle()
+    sent = sorted(d["path"].rsplit("/", 1)[-1] for d in delivery_server.deliveries)
+    assert sent == ["email", "refund"], sent

@@ -1,0 +1,394 @@
+"""The Stop lands whatever the kernel is doing, clicked as a person in real JupyterLab.
+
+- Run → Run All Cells over ``%%agent`` cells, the panel's Stop clicked during a cell: the
+  click travels through the notebook server (kernelext's server extension), not the
+  kernel's queue, so the request is in the store at once, the panel says "stop pending"
+  while the cell still runs, and the queued ``%%agent`` cells do not run.
+- A background agent stopped from its panel while the kernel sleeps in the user's cell.
+- The notebook's ■ on a ``%%agent`` cell: once lets the cell finish and skips the next
+  ``%%agent`` cells; twice cancels the cell.
+- Force stop pressed while a recorded call blocks: the panel says it waits for the call,
+  and the call that returns keeps its real outcome (``applied``).
+
+Each test prints the measured times (click → request in the store, click → "stop
+pending" on screen); screenshots go to tests/artifacts/browser/<test name>/.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from browser import jupyterlab as lab
+from browser.test_browser import ARTIFACTS, PANEL, Shots
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+PENDING = re.compile(r"stop pending since .* \((panel|interrupt)\)")
+STORE_TIMES = """import json
+import kernelext as kx
+rows = kx.sql(
+    "SELECT source, occurred_at FROM events WHERE run_id = $r AND kind = 'stop_requested'"
+    " ORDER BY id",
+    params={{"r": "{run}"}},
+)
+steps = kx.sql(
+    "SELECT key, status FROM steps WHERE run_id = $r ORDER BY ordinal", params={{"r": "{run}"}}
+)
+print("STOPS", json.dumps([(s, t.isoformat()) for s, t in zip(rows.source, rows.occurred_at)]))
+print("STEPS", json.dumps(list(zip(steps.key, steps.status))))"""
+
+
+@pytest.fixture
+def shots_folder(request: pytest.FixtureRequest) -> Path:
+    folder = ARTIFACTS / str(request.node.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    problem = lab.chromium_problem()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    with lab.chromium_page() as browser_page:
+        yield browser_page
+
+
+def write_notebook(root: Path, name: str, sources: list[str]) -> str:
+    cells = [
+        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+        for src in sources
+    ]
+    body = {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (root / name).write_text(json.dumps(body), encoding="utf-8")
+    return name
+
+
+def run_all(page: Any) -> None:
+    """Run → Run All Cells, from the menu bar as a person would."""
+    page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
+
+
+def interrupt(page: Any) -> None:
+    """The notebook toolbar's ■ (Interrupt the kernel)."""
+    page.locator(f"{lab.NOTEBOOK} jp-button[data-command='notebook:interrupt-kernel']").click()
+
+
+def output(target: Any) -> Any:
+    """A cell's output area (its source holds the same words as what it prints)."""
+    return target.locator(".jp-OutputArea")
+
+
+def executing(target: Any) -> bool:
+    return (target.locator(".jp-InputPrompt").inner_text().strip()) == "[*]:"
+
+
+def store_report(page: Any, run_id: str) -> tuple[list[tuple[str, dt.datetime]], list[Any]]:
+    out = lab.output_text(lab.add_cell_at_end(page, STORE_TIMES.format(run=run_id)))
+    stops = next(line for line in out.splitlines() if line.startswith("STOPS "))
+    steps = next(line for line in out.splitlines() if line.startswith("STEPS "))
+    parsed = [(s, dt.datetime.fromisoformat(t)) for s, t in json.loads(stops[6:])]
+    return parsed, [tuple(pair) for pair in json.loads(steps[6:])]
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def click(target: Any) -> tuple[dt.datetime, float]:
+    """Click ``target`` once it can be clicked; when the mouse went down (UTC, monotonic).
+
+    Playwright first waits until the button is visible, enabled and still; that wait is
+    not the person's: the moment is taken after it, just before the press."""
+    target.click(trial=True)  # the actionability checks alone
+    moment = (utc_now(), time.monotonic())
+    target.click()
+    return moment
+
+
+RUN_ALL_CELLS = [
+    "%load_ext kernelext\nimport time",
+    "%%agent runall --step first\nrun.state['done'] = ['first']",
+    "%agent status runall",
+    "%%agent runall --step long\nprint('long cell started', flush=True)\ntime.sleep(6)\n"
+    "run.state['done'].append('long')",
+    "%%agent runall --step third\nrun.state['done'].append('third')\nprint('third ran')",
+    "%%agent runall --step fourth\nrun.state['done'].append('fourth')\nprint('fourth ran')",
+]
+
+
+def test_run_all_stop_clicked_during_a_cell_skips_the_queued_cells(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    name = write_notebook(root, "run_all.ipynb", RUN_ALL_CELLS)
+    env = {"KERNELEXT_STORE": str(store_path)}
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook(page, server, name)
+        run_all(page)
+        long_cell = lab.cell(page, 3)
+        output(long_cell).get_by_text("long cell started").wait_for()
+        panel = lab.cell(page, 2).locator(PANEL)
+        clicked, click_t = click(lab.button(panel, "Stop"))
+        panel.get_by_text(re.compile("Stop recorded \\(panel\\)")).wait_for(timeout=5_000)
+        note_s = time.monotonic() - click_t
+        panel.get_by_text(PENDING).wait_for(timeout=5_000)
+        pending_s = time.monotonic() - click_t
+        assert executing(long_cell), "the stop must show while the long cell still runs"
+        shot("stop-pending-while-the-cell-runs")
+
+        third = lab.cell(page, 4)
+        output(third).get_by_text(re.compile(r"run 'runall' is suspended")).wait_for()
+        lab.wait_kernel_idle(page)
+        assert "third ran" not in lab.output_text(third)
+        assert "fourth ran" not in lab.output_text(lab.cell(page, 5))
+        assert "completed; run 'runall' is now suspended" in lab.output_text(long_cell)
+        panel.get_by_text(re.compile(r"suspended")).first.wait_for()
+        shot("suspended-and-the-queued-cells-skipped")
+
+        stops, steps = store_report(page, "runall")
+        server_line = re.findall(
+            r"kernelext: stop of run runall recorded in .*", server.log_tail(400)
+        )
+        assert [s for s, _ in stops] == ["panel"]
+        in_store_s = (stops[0][1] - clicked).total_seconds()
+        assert steps == [("first", "completed"), ("long", "completed")]
+    print(
+        f"\nRun All + panel Stop: request in the store {in_store_s:.3f} s after the click; "
+        f"the click's answer shown after {note_s:.3f} s; 'stop pending' in the panel after "
+        f"{pending_s:.3f} s; server: {server_line}"
+    )
+    assert in_store_s < 1.5 and pending_s < 2.0
+
+
+BACKGROUND_CELLS = [
+    "%load_ext kernelext\nimport time\nimport kernelext as kx",
+    """@kx.agent(name="slow-steps")
+def slow_steps(run):
+    for i in run.steps(range(60), key=str):
+        time.sleep(0.5)""",
+    'h = slow_steps.start(run_id="background")\nh',
+    "print('sleeping', flush=True)\ntime.sleep(15)\nprint('slept')",
+]
+
+
+def test_background_agent_stops_from_its_panel_while_the_kernel_sleeps(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    name = write_notebook(root, "background.ipynb", BACKGROUND_CELLS)
+    env = {"KERNELEXT_STORE": str(store_path)}
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook(page, server, name)
+        for index in range(3):
+            lab.run_cell(page, index)
+        panel = lab.cell(page, 2).locator(PANEL)
+        sleeper = lab.select_cell(page, 3)
+        page.keyboard.press("Control+Enter")
+        output(sleeper).get_by_text("sleeping").wait_for()
+        clicked, click_t = click(lab.button(panel, "Stop"))
+        panel.get_by_text(PENDING).or_(
+            panel.get_by_text("suspended: stopped by you (panel)")
+        ).first.wait_for(timeout=5_000)
+        shown_s = time.monotonic() - click_t
+        panel.get_by_text("suspended: stopped by you (panel)").first.wait_for(timeout=10_000)
+        suspended_s = time.monotonic() - click_t
+        assert executing(sleeper), "the run must stop while the user's cell still sleeps"
+        shot("suspended-while-the-kernel-sleeps")
+        lab.wait_cell_done(sleeper, 60_000)
+        stops, _steps = store_report(page, "background")
+        assert [s for s, _ in stops] == ["panel"]
+        in_store_s = (stops[0][1] - clicked).total_seconds()
+    print(
+        f"\nbackground agent, kernel in time.sleep: request in the store {in_store_s:.3f} s "
+        f"after the click; pending or suspended shown after {shown_s:.3f} s; suspended "
+        f"after {suspended_s:.3f} s"
+    )
+    assert in_store_s < 1.5 and shown_s < 2.0
+
+
+INTERRUPT_CELLS = [
+    "%load_ext kernelext\nimport time",
+    "%%agent soft --step slow\nprint('slow cell started', flush=True)\n"
+    "for i in range(40):\n    time.sleep(0.1)\nprint('slow cell finished')",
+    "%%agent soft --step after\nprint('after ran')",
+    "%%agent hard --step stuck\nprint('stuck cell started', flush=True)\ntime.sleep(60)\n"
+    "print('stuck cell finished')",
+]
+
+
+def test_interrupt_once_is_a_soft_stop_and_twice_cancels_the_cell(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    name = write_notebook(root, "interrupt.ipynb", INTERRUPT_CELLS)
+    env = {"KERNELEXT_STORE": str(store_path)}
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook(page, server, name)
+        run_all(page)
+        slow = lab.cell(page, 1)
+        output(slow).get_by_text("slow cell started").wait_for()
+        interrupt(page)
+        output(slow).get_by_text(re.compile(r"stop requested \(■\)")).wait_for(timeout=5_000)
+        output(slow).get_by_text("slow cell finished").wait_for()
+        after = lab.cell(page, 2)
+        output(after).get_by_text(re.compile(r"run 'soft' is suspended")).wait_for()
+        lab.wait_kernel_idle(page)
+        assert "after ran" not in lab.output_text(after)
+        assert "KeyboardInterrupt" not in lab.output_text(slow)
+        shot("soft-stop-after-one-press")
+
+        stuck = lab.select_cell(page, 3)
+        page.keyboard.press("Control+Enter")
+        output(stuck).get_by_text("stuck cell started").wait_for()
+        pressed = time.monotonic()
+        interrupt(page)
+        output(stuck).get_by_text(re.compile(r"stop requested \(■\)")).wait_for(timeout=5_000)
+        interrupt(page)
+        output(stuck).get_by_text(re.compile(r"interrupted: .* was cancelled")).wait_for(
+            timeout=10_000
+        )
+        cancelled_s = time.monotonic() - pressed
+        assert "stuck cell finished" not in lab.output_text(stuck)
+        shot("cancelled-after-two-presses")
+        _stops, steps = store_report(page, "hard")
+        assert steps == [("stuck", "cancelled")]
+    print(f"\n■ twice on a %%agent cell: cancelled {cancelled_s:.3f} s after the first press")
+
+
+def test_notebook_7_stop_lands_while_the_kernel_sleeps(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    """The same click in Notebook 7's interface (the route is the server's, not Lab's)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    name = write_notebook(root, "notebook7.ipynb", BACKGROUND_CELLS)
+    env = {"KERNELEXT_STORE": str(store_path)}
+    with (
+        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+        Shots(page, shots_folder, server) as shot,
+    ):
+        lab.open_notebook_7(page, server, name)
+        for index in range(3):
+            lab.run_cell(page, index)
+        panel = lab.cell(page, 2).locator(PANEL)
+        sleeper = lab.select_cell(page, 3)
+        page.keyboard.press("Control+Enter")
+        output(sleeper).get_by_text("sleeping").wait_for()
+        _clicked, click_t = click(lab.button(panel, "Stop"))
+        panel.get_by_text("suspended: stopped by you (panel)").first.wait_for(timeout=10_000)
+        suspended_s = time.monotonic() - click_t
+        assert executing(sleeper), "the run must stop while the user's cell still sleeps"
+        shot("notebook-7-suspended-while-the-kernel-sleeps")
+    print(
+        f"\nNotebook 7, kernel in time.sleep: suspended shown {suspended_s:.3f} s after the click"
+    )
+
+
+FORCE_CELLS = [
+    "%load_ext kernelext\nimport json, time, urllib.request\nimport kernelext as kx",
+    """@kx.effect
+def pay(amount):
+    request = urllib.request.Request(
+        "{url}/pay", data=json.dumps({{"amount": amount}}).encode(),
+        headers={{"Content-Type": "application/json"}},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.status
+
+@kx.agent(name="payer")
+def payer(run):
+    with run.step("pay"):
+        pay(120)
+    for i in run.steps(range(40), key=str):
+        time.sleep(0.5)""",
+    'h = payer.start(run_id="forced")\nh',
+    "print('sleeping', flush=True)\ntime.sleep(20)\nprint('slept')",
+]
+EFFECTS = """import json
+import kernelext as kx
+rows = kx.sql("SELECT tool, status, result FROM effects WHERE run_id = 'forced'")
+print("EFFECTS", json.dumps(list(zip(rows.tool, rows.status, rows.result))))"""
+
+
+def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
+    tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
+) -> None:
+    """Force stop pressed while ``pay`` blocks on a slow answer: the panel says it waits for
+    the call, the call returns, and the ledger records it ``applied`` (not ``unknown``)."""
+    from support.http_server import DeliveryServer
+
+    root = tmp_path / "root"
+    root.mkdir()
+    with DeliveryServer() as server_of_payments:
+        server_of_payments.slow_next(1, 6.0)
+        cells = [
+            FORCE_CELLS[0],
+            FORCE_CELLS[1].format(url=server_of_payments.url),
+            *FORCE_CELLS[2:],
+        ]
+        name = write_notebook(root, "force.ipynb", cells)
+        env = {"KERNELEXT_STORE": str(store_path)}
+        with (
+            lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
+            Shots(page, shots_folder, server) as shot,
+        ):
+            lab.open_notebook(page, server, name)
+            for index in range(3):
+                lab.run_cell(page, index)
+            panel = lab.cell(page, 2).locator(PANEL)
+            sleeper = lab.select_cell(page, 3)
+            page.keyboard.press("Control+Enter")
+            output(sleeper).get_by_text("sleeping").wait_for()
+            deadline = time.monotonic() + 30
+            while not server_of_payments.deliveries and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server_of_payments.deliveries, "the payment never reached the server"
+            time.sleep(1.0)  # the call now blocks on its answer
+            _clicked, click_t = click(lab.button(panel, "Force stop"))
+            panel.get_by_text(
+                re.compile(r"Force stop is waiting for pay to return")
+            ).first.wait_for(timeout=5_000)
+            waiting_s = time.monotonic() - click_t
+            shot("force-stop-waits-for-the-call")
+            panel.get_by_text(re.compile(r"suspended: ")).first.wait_for(timeout=20_000)
+            suspended_s = time.monotonic() - click_t
+            shot("suspended-after-the-call-returned")
+            lab.wait_cell_done(sleeper, 60_000)
+            out = lab.output_text(lab.add_cell_at_end(page, EFFECTS))
+            line = next(row for row in out.splitlines() if row.startswith("EFFECTS "))
+            effects = json.loads(line[len("EFFECTS ") :])
+        assert len(server_of_payments.deliveries) == 1
+    assert effects == [["pay", "applied", "200"]]
+    print(
+        f"\nForce stop during a 6 s call: 'waiting for pay' shown {waiting_s:.3f} s after the "
+        f"click; suspended {suspended_s:.3f} s after it (the call returned), recorded applied"
+    )

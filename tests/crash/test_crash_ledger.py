@@ -1,0 +1,270 @@
+"""Crash injection for the effect ledger (issue 3): SIGKILL around every effect call.
+
+A worker process (tests/crash/ledger_worker.py) runs an agent that makes 32 effect
+calls over 8 steps; each call POSTs to the test's DeliveryServer (no dedupe, so a
+duplicate would show) with the ledger's key as Idempotency-Key. The test kills the
+worker at seeded random moments, at least ``KERNELEXT_CRASH_LEDGER_KILLS`` (default
+200) times over consecutive runs. The worker's crash hook writes a marker and
+pauses at each point of a call, so kills land between intent commit and call,
+between call and outcome commit, and between effects; the test tells which window
+each kill hit from the markers, the store and the server.
+
+After every kill the test opens the store (it must open cleanly), and reconciles
+each unknown effect deliberately against the server's log: "it happened" with the
+server's response when the server received that key, "it did not happen"
+otherwise. Each decision is recorded. Then it resumes in a new process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.http_server import DeliveryServer, read_log
+
+import kernelext as kx
+from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
+from kernelext._core.lifecycle.resume import load_run
+from kernelext._store import Store, open_store
+from kernelext._store.schema import MIGRATIONS
+
+pytestmark = [pytest.mark.crash, pytest.mark.slow]
+
+STEPS, PER_STEP = 8, 4
+CALLS = STEPS * PER_STEP
+MIN_KILLS = int(os.environ.get("KERNELEXT_CRASH_LEDGER_KILLS", "200"))
+SEED = int(os.environ.get("KERNELEXT_CRASH_SEED", "20240611"))
+PAUSE_MS = 3.0
+EARLY_KILL_SHARE = 0.1  # aimed at store open and the resume bookkeeping
+LATE_KILL_MAX = 0.15  # seconds after the run executes
+MAX_ATTEMPTS_PER_RUN = 400
+WINDOWS = ("startup", "intent_to_call", "call_to_outcome", "between_effects")
+
+
+@dataclass
+class Matrix:
+    kills: int = 0
+    attempts: int = 0
+    needs_decision_attempts: int = 0
+    windows: Counter[str] = field(default_factory=Counter)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+
+    def text(self, duplicates: int) -> str:
+        kinds = Counter(d["decision"] for d in self.decisions)
+        return json.dumps(
+            {
+                "runs": len(self.runs),
+                "effects": len(self.runs) * CALLS,
+                "attempts": self.attempts,
+                "kill_points": self.kills,
+                "kills_per_window": {w: self.windows[w] for w in WINDOWS},
+                "needs_decision_resumes": self.needs_decision_attempts,
+                "unknowns_seen": len(self.decisions),
+                "decisions": dict(kinds),
+                "duplicates": duplicates,
+            },
+            indent=1,
+        )
+
+
+def open_checked(path: Path) -> Store:
+    """Open the store as a user would after a crash; the schema must be intact."""
+    store = open_store(str(path))
+    try:
+        assert store.schema_version() == MIGRATIONS[-1].version
+        store.read("SELECT count(*) FROM effects")
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def markers_of(path: Path, attempt: int) -> list[tuple[str, str]]:
+    lines = whole_lines(path, r"(\d+) ([a-z]+) ([0-9a-f-]{36})")
+    return [(m[2], m[3]) for m in lines if int(m[1]) == attempt]
+
+
+def classify_kill(
+    store: Store, run_id: str, server: DeliveryServer, markers: list[tuple[str, str]]
+) -> str:
+    """Which window of an effect call the kill landed in.
+
+    Calls are sequential, so at most one intent can be open. An open intent whose key
+    the server has seen was killed after the call, before its outcome commit; one the
+    server has not seen, before (or during) the call. Without an open intent, the
+    markers tell whether the run had reached its effects at all.
+    """
+    pending = [row for row in store.load_effects(run_id).values() if row["status"] == "pending"]
+    assert len(pending) <= 1, f"more than one intent open at once: {pending}"
+    if pending:
+        key = str(pending[0]["key"])
+        if markers and markers[-1] == ("intent", key):
+            assert server.count(key) <= 1, f"{key} was delivered twice"
+        return "call_to_outcome" if server.count(key) else "intent_to_call"
+    return "between_effects" if markers else "startup"
+
+
+def reconcile_against_server(
+    store: Store, run_id: str, server: DeliveryServer, matrix: Matrix
+) -> None:
+    """Decide every unknown effect from the server's log, and record the decision."""
+    for unknown in kx.reconcile(run_id, store=store):
+        key = str(unknown.key)
+        assert unknown.tool == "deliver"
+        assert unknown.run_id == run_id
+        received = [d for d in server.deliveries if d["idempotency_key"] == key]
+        if received:
+            first = received[0]
+            unknown.mark_applied(
+                result={
+                    "ok": True,
+                    "delivery": first["seq"],
+                    "path": first["path"],
+                    "idempotency_key": key,
+                },
+                note=f"server log has delivery #{first['seq']} for this key",
+            )
+        else:
+            unknown.mark_not_applied(note="the server never received this key")
+        matrix.decisions.append(
+            {
+                "run": run_id,
+                "key": key,
+                "step": unknown.step_key,
+                "decision": "applied" if received else "not_applied",
+                "deliveries_at_decision": len(received),
+            }
+        )
+
+
+def run_attempt(worker: Worker, rng: random.Random, kill: bool, **go: Any) -> str:
+    """One attempt; returns "killed", "done", "completed" or "needs_decision"."""
+    worker.go(**go)
+    if kill and rng.random() < EARLY_KILL_SHARE:
+        time.sleep(rng.uniform(0, 0.1))
+    else:
+        line = worker.expect("ready", "needs_decision", "completed")
+        if not line.startswith("ready"):
+            assert worker.reap() == 0, worker.stderr()
+            return line.split(" ", 1)[0]
+        if kill:
+            time.sleep(rng.uniform(0, LATE_KILL_MAX))
+    if kill and worker.kill():
+        return "killed"
+    line = worker.expect("ready", "needs_decision", "completed", "done")
+    if line.startswith("ready"):
+        line = worker.expect("done")
+    assert worker.reap() == 0, worker.stderr()
+    return line.split(" ", 1)[0]
+
+
+def check_run(store: Store, run_id: str, log: list[dict[str, Any]]) -> list[str]:
+    """Final checks of one run; returns the keys delivered more than once."""
+    assert store.get_run(run_id)["status"] == "completed"
+    rows = store.load_effects(run_id)
+    assert len(rows) == CALLS, f"{run_id}: {len(rows)} ledger rows, expected {CALLS}"
+    assert {r["status"] for r in rows.values()} == {"applied"}
+    assert sorted((r["step_key"], r["call_ordinal"]) for r in rows.values()) == sorted(
+        (f"step-{s}", i) for s in range(STEPS) for i in range(PER_STEP)
+    )
+    counts = Counter(d["idempotency_key"] for d in log if d["body"]["run"] == run_id)
+    keys = {str(k) for k in rows}
+    assert set(counts) == keys, f"{run_id}: deliveries without a ledger row, or the reverse"
+    state = load_run(store, run_id, "crash-ledger", None, False).state
+    assert state["sent"] == CALLS
+    by_call = {
+        f"{d['body']['step']}.{d['body']['index']}": d["seq"]
+        for d in log
+        if d["body"]["run"] == run_id
+    }
+    assert state["deliveries"] == by_call, "the run's state must hold what the server answered"
+    return [key for key, n in counts.items() if n != 1]
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_around_effects_delivers_each_exactly_once(
+    tmp_path: Path, delivery_server: DeliveryServer
+) -> None:
+    assert not delivery_server.dedupe, "duplicates must be visible"
+    rng = random.Random(SEED)
+    store_path = tmp_path / "store" / "ledger.duckdb"
+    markers = tmp_path / "markers.txt"
+    matrix = Matrix()
+    pool = WorkerPool(CRASH_DIR / "ledger_worker.py", tmp_path)
+    try:
+        while matrix.kills < MIN_KILLS:
+            run_id = f"ledger-{len(matrix.runs)}"
+            matrix.runs.append(run_id)
+            killed_attempt: int | None = None
+            for _ in range(MAX_ATTEMPTS_PER_RUN):
+                store = open_checked(store_path)
+                try:
+                    if killed_attempt is not None:
+                        window = classify_kill(
+                            store, run_id, delivery_server, markers_of(markers, killed_attempt)
+                        )
+                        matrix.windows[window] += 1
+                    row = store.find_run(run_id)
+                    if row is not None and row["status"] == "completed":
+                        break
+                    if row is not None:
+                        reconcile_against_server(store, run_id, delivery_server, matrix)
+                finally:
+                    store.close()
+                matrix.attempts += 1
+                outcome = run_attempt(
+                    pool.take(),
+                    rng,
+                    matrix.kills < MIN_KILLS,
+                    store=str(store_path),
+                    run_id=run_id,
+                    attempt=matrix.attempts,
+                    steps=STEPS,
+                    per_step=PER_STEP,
+                    url=delivery_server.url,
+                    markers=str(markers),
+                    pause_ms=PAUSE_MS,
+                )
+                killed_attempt = matrix.attempts if outcome == "killed" else None
+                matrix.kills += outcome == "killed"
+                matrix.needs_decision_attempts += outcome == "needs_decision"
+                if killed_attempt is not None:
+                    # Bytes a dead client left in a socket are still delivered: let
+                    # the server handle them before anyone decides against its log.
+                    delivery_server.settle()
+            else:
+                pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
+
+        log = read_log(delivery_server.log_path or "")
+        assert len(log) == len(delivery_server.deliveries)
+        store = open_checked(store_path)
+        try:
+            duplicates = [key for run_id in matrix.runs for key in check_run(store, run_id, log)]
+        finally:
+            store.close()
+        print("\nledger crash matrix:\n" + matrix.text(len(duplicates)))
+
+        decided = {d["key"] for d in matrix.decisions}
+        # A key decided "not applied" is sent again and may be cut short again; once
+        # decided "applied" it is never unknown again.
+        applied = Counter(d["key"] for d in matrix.decisions if d["decision"] == "applied")
+        assert set(applied.values()) <= {1}, "an effect was decided applied twice"
+        unexplained = [key for key in duplicates if key not in decided]
+        assert not unexplained, f"delivered more than once, no decision explains it: {unexplained}"
+        assert not duplicates, f"duplicates: {duplicates}"
+        assert len(log) == len(matrix.runs) * CALLS
+        assert matrix.kills >= MIN_KILLS
+        for window in ("intent_to_call", "call_to_outcome", "between_effects"):
+            assert matrix.windows[window] > 0, f"no kill landed in {window}: {matrix.windows}"
+        kinds = Counter(d["decision"] for d in matrix.decisions)
+        assert kinds["applied"] > 0 and kinds["not_applied"] > 0, kinds
+    finally:
+        pool.close()
