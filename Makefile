@@ -82,9 +82,9 @@ docs: venv
 	$(VENV)/bin/mkdocs build --strict
 
 # The suite on TEST_WORKERS pytest-xdist workers (0: one process, as a debugger needs).
-# --dist loadgroup keeps each xdist group (browser, crash: tests/conftest.py) on one
+# --dist loadgroup keeps each xdist group (tests/browser, tests/crash: tests/conftest.py) on one
 # worker, one test at a time; the other worker takes the rest.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 test: venv system-deps lint docs
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup

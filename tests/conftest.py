@@ -96,21 +96,29 @@ def _fresh_runtime() -> Iterator[None]:
         finish_live_runs()
 
 
-# How the suite is split between pytest-xdist workers (`-n 2 --dist loadgroup`, see the
-# Makefile). Tests of one xdist group run on one worker, one after another; every other test
-# goes to whichever worker is free.
-# - Heavy tests must not overlap: Chromium with JupyterLab, and the SIGKILL loops of the crash
-#   tests, each load a 2-core machine enough to starve another heavy test's waits.
+# How the suite is split between pytest-xdist workers (`-n $(TEST_WORKERS) --dist loadgroup`,
+# see the Makefile). Tests of one xdist group run on one worker, one after another; every
+# other test goes to whichever worker is free.
+# - The tests of tests/browser/ (Chromium with JupyterLab) and of tests/crash/ (SIGKILL loops,
+#   write faults) are heavy: each folder is one group, so two of them never overlap and
+#   starve each other's waits.
 # - Tests that share a module-scoped fixture (a JupyterLab server, a Dask cluster, a process
 #   pool) stay on one worker, so that the fixture starts once rather than once per worker.
-SERIAL_GROUPS = {"browser": "browser", "crash": "crash"}  # marker: xdist group
+# - A test's folder also sets its marker: a test in crash/ or browser/ cannot forget it.
+SERIAL_FOLDERS = ("browser", "crash")  # folder = its marker = its xdist group
 SHARED_SCOPES = ("package", "module", "class")
 
 
+def _folder(item: pytest.Item) -> str | None:
+    if not item.path.is_relative_to(TESTS_DIR):
+        return None
+    return item.path.relative_to(TESTS_DIR).parts[0]
+
+
 def _xdist_group(item: pytest.Item) -> str | None:
-    for marker, group in SERIAL_GROUPS.items():
-        if item.get_closest_marker(marker):
-            return group
+    folder = _folder(item)
+    if folder in SERIAL_FOLDERS:
+        return folder
     fixtures = getattr(item, "_fixtureinfo", None)
     definitions = fixtures.name2fixturedefs.values() if fixtures else ()
     if any(defs and defs[-1].scope in SHARED_SCOPES for defs in definitions):
@@ -118,17 +126,12 @@ def _xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
-# A test's folder sets its marker: a test in tests/crash/ or tests/browser/ cannot forget it.
-FOLDER_MARKERS = {"crash": "crash", "browser": "browser"}
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        inside = item.path.is_relative_to(TESTS_DIR)
-        marker = FOLDER_MARKERS.get(item.path.relative_to(TESTS_DIR).parts[0]) if inside else None
-        if marker and not item.get_closest_marker(marker):
-            item.add_marker(getattr(pytest.mark, marker))
+        folder = _folder(item)
+        if folder in SERIAL_FOLDERS and not item.get_closest_marker(folder):
+            item.add_marker(getattr(pytest.mark, folder))
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

@@ -103,11 +103,8 @@ def open_store(
         from . import postgres_backend  # psycopg is loaded only for a PostgreSQL store
 
         return Store(postgres_backend.open_postgres(target), clock=clock)
-    from .duckdb.backend import (
-        coordination_files,
-        open_duckdb,
-        remove_created_coordination_files,
-    )
+    from .duckdb.backend import open_duckdb
+    from .duckdb.connect import coordination_files, remove_created_coordination_files
 
     new_files = [f for f in coordination_files(target) if not os.path.exists(f)]
     duck = None

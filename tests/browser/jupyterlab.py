@@ -281,6 +281,7 @@ def chromium_page(width: int = 1400, height: int = 1000) -> Iterator[Any]:
 NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 KERNEL_IDLE = re.compile(r"^(?!No Kernel).+ \| Idle$")
 OPEN_MS = 120_000  # loading JupyterLab's bundles is the slow part on a busy 2-core machine
+PROMPT_NOT_RUN = re.compile(r"^\[ \]:$")  # a code cell never run since the page opened
 PROMPT_DONE = re.compile(r"^\[\d+\]:$")
 ERROR_MARK = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.M)
 
@@ -334,8 +335,22 @@ def run_cell(page: Any, index: int, timeout_ms: int = WAIT_MS) -> Any:
 
     Fails at once with the traceback text when the cell raised.
     """
+    from playwright.sync_api import expect
+
     target = select_cell(page, index)
     page.keyboard.press("Control+Enter")
+    if "jp-CodeCell" in (target.get_attribute("class") or ""):
+        # A key press before the page is ready for it is lost: the cell is neither queued
+        # ([*]) nor run, so pressing again cannot run it twice.
+        for _ in range(3):
+            try:
+                expect(target.locator(".jp-InputPrompt")).not_to_have_text(
+                    PROMPT_NOT_RUN, timeout=10_000
+                )
+                break
+            except AssertionError:
+                select_cell(page, index)
+                page.keyboard.press("Control+Enter")
     return wait_cell_done(target, timeout_ms)
 
 

@@ -402,7 +402,7 @@ def test_allow_files_never_reruns_what_the_store_refused(
     duck: Store, places: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """B2: a COPY the check missed is refused by the store's instance and tried nowhere else."""
-    import kernelext._store.duckdb.backend as backend
+    import kernelext._store.duckdb.user_queries as backend
 
     target = places["out"] / "written.csv"
     before = full_state(duck)

@@ -390,7 +390,7 @@ BYPASSED = [
 def test_the_database_refuses_what_a_wrong_check_would_let_through(
     duck: Store, places: dict[str, Path], store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kernelext._store.duckdb.backend as backend
+    import kernelext._store.duckdb.user_queries as backend
 
     monkeypatch.setattr(
         backend, "check_query", lambda sql, **_: Checked(sql, frozenset(), reads_files=False)

@@ -6,9 +6,6 @@ import contextlib
 import datetime as dt
 import logging
 import os
-import re
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,22 +14,23 @@ from typing import Any
 import duckdb
 
 from ..._validate import store_path_problem
-from ...errors import StoreError, StoreLockedError, StoreWriteError
+from ...errors import StoreError
 from ..base import Backend
 from ..records import FENCED
-from ..sql_guard import (
-    Checked,
-    Params,
-    breach,
-    check_query,
-    normalize_params,
-    query_error,
-    query_timeout,
-    runtime_refusal,
-)
 from ..writer import Tx, Writer
 from .bulk import apply_records
+from .connect import (
+    DUCKDB_CONFIG,
+    DuckTx,
+    connect_file,
+    file_identity,
+    file_signal,
+    is_writable,
+    open_header,
+    private_wal,
+)
 from .fence import FenceFiles, foreign_records
+from .file_guard import FileGuard
 from .handoff import HandoffLock
 from .hot_path import JournalHotPath
 from .mailbox import ForeignStops, Posted, post_when_busy
@@ -41,17 +39,14 @@ from .side_files import SideFiles
 from .store_files import (
     check_store_owner,
     check_store_path,
-    open_store_file,
-    own_folder,
     private_dirs,
 )
+from .user_queries import UserQueries
 
-__all__ = ["DuckDBConnection", "duckdb_config", "open_duckdb"]
+__all__ = ["DUCKDB_CONFIG", "DuckDBConnection", "duckdb_config", "open_duckdb"]
 
 _log = logging.getLogger("kernelext")
 INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
-_PID = re.compile(r"\(PID (\d+)\)")
-_UMASK_LOCK = threading.Lock()
 # Failures that the same records would meet again: the tables refuse them.
 _PERMANENT = (
     duckdb.ConstraintException,
@@ -69,10 +64,6 @@ _PERMANENT = (
     IndexError,
     AttributeError,
 )
-# New store files get 16 KiB blocks instead of 256 KiB: a store is many small tables, and
-# every table and index costs at least a block. (An existing file keeps its block size.)
-# Another connection to the same file in this process must pass the same config.
-DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {"default_block_size": "16384"}
 
 
 def duckdb_config() -> dict[str, str | bool | int | float | list[str]]:
@@ -83,34 +74,7 @@ def duckdb_config() -> dict[str, str | bool | int | float | list[str]]:
     return dict(DUCKDB_CONFIG)
 
 
-# The throw-away database of a query that may read files (allow_files): no extension is
-# installed or loaded for it (the built-in CSV, Parquet, JSON and text readers suffice).
-_FILES_CONFIG: dict[str, str | bool | int | float | list[str]] = {
-    "autoinstall_known_extensions": "false",
-    "autoload_known_extensions": "false",
-    "allow_community_extensions": "false",
-}
-
-
-class _DuckTx:
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self._con = con
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
-        self._con.execute(sql, list(params))
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        if rows:
-            self._con.executemany(sql, [list(r) for r in rows])
-
-    def fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        return self._con.execute(sql, list(params)).fetchone()
-
-    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self._con.execute(sql, list(params)).fetchall()
-
-
-class DuckDBConnection(Backend):
+class DuckDBConnection(FileGuard, UserQueries, Backend):
     """The store's connection, opened while this process holds the store file.
 
     The writer thread drives transactions; reads from any thread use a per-thread
@@ -178,17 +142,17 @@ class DuckDBConnection(Backend):
                 self._opening = False
             try:
                 if not self.read_only:  # our turn: the header is read, and kept open
-                    self._header_fd = _open_header(self.path)
+                    self._header_fd = open_header(self.path)
                     self._check_file()  # replaced or rewritten while we waited our turn
                 self._opening = True  # a DuckDB connection of another program may hold it
                 try:
-                    self.con = _connect(self.path, self.wait_timeout, read_only=self.read_only)
+                    self.con = connect_file(self.path, self.wait_timeout, read_only=self.read_only)
                 finally:
                     self._opening = False
                 if self._identity is None:
-                    self._identity = _identity(self.path)
+                    self._identity = file_identity(self.path)
                 if self._header_fd is None and not self.read_only:  # DuckDB just made it
-                    self._header_fd = _open_header(self.path)
+                    self._header_fd = open_header(self.path)
                 self._check_file()  # replaced while this process waited for its turn
             except BaseException:
                 if self.con is not None:
@@ -221,7 +185,7 @@ class DuckDBConnection(Backend):
         def run_tx(job: Callable[[Tx], Any]) -> Any:
             con.execute("BEGIN TRANSACTION")
             try:
-                result = job(_DuckTx(con))
+                result = job(DuckTx(con))
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
@@ -261,77 +225,11 @@ class DuckDBConnection(Backend):
         """The store file's and its WAL's (inode, size, mtime): every commit, this
         process's or another's, appends to the WAL or rewrites the file at a checkpoint;
         reads change neither (an empty WAL counts as none)."""
-        return tuple(_file_signal(p) for p in (self.path, self.path + ".wal"))
+        return tuple(file_signal(p) for p in (self.path, self.path + ".wal"))
 
     # -- the store file replaced or deleted under this process ----------------------------
     def _lost(self) -> str | None:
         return self.lost
-
-    def _check_file(self) -> None:
-        """Refuse to go on when the path no longer names the file this process opened.
-
-        DuckDB keeps writing to the file it opened: after an ``os.replace`` over it (a
-        restore, a sync tool) or its deletion, every commit would go to a file nobody can
-        open again, and the run would report ``completed``. One ``stat`` per transaction
-        (a group commit or a fold batch, which cost a millisecond) and per reconnect (a
-        hand-over) finds it; from then on nothing is written here, and the journal keeps
-        what was not folded yet (it is not deleted while records wait in it).
-        """
-        self._check_file_at(committed=False)
-
-    def _check_file_at(self, *, committed: bool) -> None:
-        """``_check_file``; ``committed``: just after this process's own COMMIT, whose
-        checkpoint may have shrunk the file (the size it leaves is the new floor).
-
-        Same inode but truncated or rewritten in place (``os.truncate``, ``> file``, a
-        tool writing over it) is found too, cheaply: the size must not shrink below what
-        this process saw after its own last commit while it held the file, and bytes 8-12
-        must still be DuckDB's magic ``DUCK``. It cannot see a rewrite that keeps both (a
-        valid DuckDB file of at least that size copied over it in place, or writes inside
-        the file past its header): that would need a checksum of the whole file.
-        """
-        if self.lost is None and self._identity is not None and not self.read_only:
-            st = _stat(self.path)
-            now = None if st is None else (st.st_dev, st.st_ino)
-            what = None
-            if now != self._identity:
-                what = "deleted" if now is None else "replaced by another file"
-            else:
-                assert st is not None
-                magic = _magic(self._header_fd)  # None while not connected: not read then
-                if magic == DUCKDB_MAGIC:
-                    self._header_seen = True
-                # Just after a commit the size may have shrunk (its checkpoint), never below
-                # DuckDB's headers: shorter than them, the file was cut while it committed.
-                floor = DUCKDB_HEADERS if committed and self._size_seen else self._size_seen
-                if st.st_size < floor:
-                    what = (
-                        f"truncated ({st.st_size} bytes now, {self._size_seen} after this "
-                        "process's last commit)"
-                    )
-                elif self._header_seen and magic is not None and magic != DUCKDB_MAGIC:
-                    what = "overwritten in place (its header no longer reads DUCK)"
-                elif committed and self.con is not None:
-                    self._size_seen = st.st_size
-            if what is None:
-                return
-            journal = self.hot_path.path if self.hot_path is not None else self.path + ".journal.*"
-            kept = (
-                f"the records not yet in its tables are kept in the journal {journal}, nothing "
-                "acknowledged is lost"
-                if os.path.exists(journal) or self.hot_path is None
-                else f"its folder was removed too, with the journal {journal}"
-            )
-            self.lost = (
-                f"The kernelext store file {self.path!r} was {what} while this process was using "
-                "it (os.replace, a restore from a backup, a sync tool, rm?). kernelext writes "
-                f"nothing more to it: {kept}. Put the original file back (or keep the new "
-                "one), open it again with kx.open_store(path) (or restart the kernel), then "
-                "call kx.resume(run_id) for the runs that were executing."
-            )
-            _log.error("kernelext: %s", self.lost)
-        if self.lost is not None:
-            raise StoreWriteError(self.lost)
 
     def fold_foreign_tx(self, tx: Tx, run_id: str, *, ends: bool = False) -> None:
         """What previous owners journaled for ``run_id`` (journal files of live processes
@@ -414,7 +312,7 @@ class DuckDBConnection(Backend):
             self._mutex.release()
             raise
         self._in_tx = True
-        return _DuckTx(con)
+        return DuckTx(con)
 
     def commit(self) -> None:
         self._end("COMMIT")
@@ -441,7 +339,7 @@ class DuckDBConnection(Backend):
             if not self.read_only:
                 if statement == "COMMIT":
                     self._check_file_at(committed=True)  # committed to a file gone meanwhile
-                _private_wal(self.path)
+                private_wal(self.path)
         finally:
             self._in_tx = False
             self._last_used = time.monotonic()
@@ -489,84 +387,6 @@ class DuckDBConnection(Backend):
             names = [d[0] for d in (cur.description or [])]
             return cur.fetchall(), names
 
-    def read_arrow(
-        self,
-        sql: str,
-        params: Params = None,
-        *,
-        allow_files: bool = False,
-        timeout: float | None = None,
-    ) -> Any:
-        """Run one query nobody reviewed (``kx.sql``) and return a pyarrow Table.
-
-        ``sql_guard`` checks it with DuckDB's parser first; what runs is ``checked.sql``,
-        the text that was checked (an EXPLAIN is rebuilt from its checked statement). What
-        passes runs where it cannot change anything even if that check were wrong: in a
-        READ ONLY transaction that is always rolled back, on a database instance whose
-        settings are locked and which reaches no file, extension or other database
-        (``_lock_down``). Only a query that the check itself found reading files (with
-        ``allow_files``) runs in a throw-away in-memory DuckDB that sees copies of the
-        store's tables it names (``_read_with_files``); a query the store's instance
-        refuses file access is refused, never tried again elsewhere. ``timeout``: the query
-        is interrupted after that many seconds (``QueryTimeout``).
-        """
-        checked = check_query(sql, allow_files=allow_files)
-        bound = normalize_params(params)
-        if allow_files and checked.reads_files:
-            return self._read_with_files(checked, bound, timeout)
-        with self._mutex:
-            return _query_rolled_back(self._cursor(), checked.sql, bound, timeout)
-
-    def _read_with_files(
-        self,
-        checked: Checked,
-        params: list[Any] | dict[str, Any] | None,
-        timeout: float | None = None,
-    ) -> Any:
-        """Run a query that reads files outside the store (the caller allowed it).
-
-        The store's instance has external access off for good, so the query runs in a
-        fresh in-memory DuckDB that may read files but installs and loads no extension;
-        the store tables the query names are copied in as Arrow (a consistent snapshot,
-        read in one transaction), its settings are locked and its transaction rolled back.
-        It costs a copy of those tables in memory on every call.
-
-        DuckDB cannot let an instance read files but not write them (``allowed_directories``
-        admits both), so only a query the check passed runs here (no COPY, no writing
-        function is on the allow-list), and the instance spills to a private temporary
-        directory of its own, removed afterwards.
-        """
-        tables = self._export_tables(checked.tables)
-        spill = tempfile.mkdtemp(prefix="kernelext-sql-")
-        try:
-            side = duckdb.connect(":memory:", config={**_FILES_CONFIG, "temp_directory": spill})
-            try:
-                for name, table in tables.items():
-                    side.register(name, table)
-                side.execute("SET lock_configuration = true")
-                return _query_rolled_back(side, checked.sql, params, timeout)
-            finally:
-                side.close()
-        finally:
-            shutil.rmtree(spill, ignore_errors=True)
-
-    def _export_tables(self, names: frozenset[str]) -> dict[str, Any]:
-        """The store's tables among ``names``, as Arrow tables read in one transaction."""
-        if not names:
-            return {}
-        with self._mutex:
-            cur = self._cursor()
-            cur.execute("BEGIN TRANSACTION READ ONLY")
-            try:
-                rows = cur.execute(
-                    "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
-                ).fetchall()
-                present = {str(r[0]).lower(): str(r[0]) for r in rows}
-                wanted = sorted(names & present.keys())
-                return {present[n]: _whole_table(cur, present[n]) for n in wanted}
-            finally:
-                cur.execute("ROLLBACK")
-
     def close(self) -> None:
         with self._mutex:
             self.closed = True
@@ -578,209 +398,8 @@ class DuckDBConnection(Backend):
                     self.fence.close()
 
 
-def _query_rolled_back(
-    con: duckdb.DuckDBPyConnection,
-    sql: str,
-    params: list[Any] | dict[str, Any] | None,
-    timeout: float | None = None,
-) -> Any:
-    """A user query as Arrow, in a READ ONLY transaction that is always rolled back;
-    what the database refuses comes back as the SQL surface's one refusal.
-
-    The third layer: DuckDB numbers transactions from one counter per database instance,
-    and the caller holds the connection's mutex (no other kernelext transaction runs), so
-    the first transaction after the rollback must be the next number. A larger one means
-    the query started transactions of its own, on another connection and outside this
-    read-only one (``json_execute_serialized_sql`` did), which may have committed: that
-    raises :class:`SurfaceBreach`, loudly, whatever the query returned.
-    """
-    con.execute("BEGIN TRANSACTION READ ONLY")
-    first = _transaction_id(con)
-    alarm = _Alarm(con, timeout)
-    try:
-        with alarm:
-            return con.sql(sql, params=params).to_arrow_table()
-    except Exception as exc:
-        if alarm.rang and timeout is not None:  # DuckDB's interrupt: "Query interrupted"
-            raise query_timeout(timeout) from None
-        if not isinstance(exc, duckdb.Error):
-            raise
-        refused = runtime_refusal(exc)
-        if refused is None:
-            raise query_error(exc) from exc
-        raise refused from None
-    finally:
-        con.execute("ROLLBACK")
-        others = _transaction_id(con) - first - 1
-        if others:
-            raise breach(f"ran {others} transaction(s) of its own outside its read-only one", sql)
-
-
-class _Alarm:
-    """Interrupt ``con``'s query after ``timeout`` seconds, only while it still runs."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, timeout: float | None) -> None:
-        self._con = con
-        self._timeout = timeout
-        self._lock = threading.Lock()
-        self._running = False
-        self._timer: threading.Timer | None = None
-        self.rang = False
-
-    def _ring(self) -> None:
-        with self._lock:
-            if self._running:
-                self.rang = True
-                self._con.interrupt()
-
-    def __enter__(self) -> None:
-        if self._timeout is None:
-            return
-        self._running = True
-        self._timer = threading.Timer(self._timeout, self._ring)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def __exit__(self, *_: object) -> None:
-        if self._timer is None:
-            return
-        with self._lock:
-            self._running = False
-        self._timer.cancel()
-
-
-def _transaction_id(con: duckdb.DuckDBPyConnection) -> int:
-    rows = con.execute("SELECT current_transaction_id()").fetchall()
-    return int(rows[0][0]) if rows else 0
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of the file at ``path``, or None when there is none."""
-    st = _stat(path)
-    return None if st is None else (st.st_dev, st.st_ino)
-
-
-def _file_signal(path: str) -> tuple[int, int, int] | None:
-    st = _stat(path)
-    if st is None or st.st_size == 0:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _stat(path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
-
-
-DUCKDB_MAGIC = b"DUCK"  # bytes 8-12 of every DuckDB database file
-DUCKDB_HEADERS = 3 * 4096  # its main header and two database headers: no file is shorter
-
-
-def _open_header(path: str) -> int | None:
-    """A read descriptor of the store file, held while connected (see ``_header_fd``)."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never waits on a FIFO
-    except OSError:
-        return None
-
-
-def _magic(fd: int | None) -> bytes | None:
-    """Bytes 8-12 of the file (DuckDB's magic) read through ``fd`` (never by opening the
-    file: see ``_header_fd``), or None without a descriptor or when it cannot be read."""
-    if fd is None:
-        return None
-    try:
-        return os.pread(fd, 4, 8)
-    except OSError:
-        return None
-
-
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-
-
-def _connect(path: str, timeout: float, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Connect (creating the file with mode 0600); wait out a foreign holder up to ``timeout``.
-
-    A file written by a newer kernelext, or someone else's DuckDB file, is refused here,
-    on every connect, before anything writes to it.
-    """
-    from ..compat import check_store
-
-    if not read_only:  # DuckDB opens (and rewrites) the WAL by name: never a link
-        with contextlib.suppress(FileNotFoundError):
-            os.close(open_store_file(path + ".wal", os.O_RDONLY, make_private=True))
-        if os.path.lexists(path + ".tmp"):  # DuckDB spills there: a folder of this user's
-            own_folder(path + ".tmp")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with _UMASK_LOCK:
-                old = os.umask(0o077)
-                try:
-                    con = duckdb.connect(path, read_only=read_only, config=DUCKDB_CONFIG)
-                finally:
-                    os.umask(old)
-        except duckdb.IOException as exc:
-            msg = str(exc)
-            if "Could not set lock" not in msg and "Conflicting lock" not in msg:
-                raise StoreError(f"Cannot open the kernelext store {path!r}: {msg}") from None
-            if time.monotonic() >= deadline:
-                match = _PID.search(msg)
-                raise StoreLockedError(path, int(match.group(1)) if match else None) from None
-            time.sleep(0.05)
-            continue
-        except duckdb.Error as exc:
-            raise StoreError(
-                f"Cannot open the kernelext store {path!r}: {exc}. If the file is not a "
-                "kernelext store, point KERNELEXT_STORE at another path."
-            ) from None
-        try:  # before anything touches the file: the journal fold, chmod, the WAL
-            check_store(_DuckTx(con).fetchall, path, True)
-        except BaseException:
-            con.close()
-            raise
-        # Store statements are tiny: one thread avoids DuckDB's per-statement scheduling
-        # cost (about half of a small insert here); analytics over a million rows stay fast.
-        con.execute("SET threads = 1")
-        _lock_down(con)
-        if read_only:
-            return con
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(path, 0o600)  # the store file (through a link to it the user made)
-        _private_wal(path)
-        return con
-
-
-def _lock_down(con: duckdb.DuckDBPyConnection) -> None:
-    """Settle the instance for good, after the store's own settings (``threads``).
-
-    External access off: no SQL on this instance reads or writes a file other than the
-    store's own, installs or loads an extension, or attaches a database; kernelext's side
-    files and journals are Python I/O. Then the configuration is locked: no statement can
-    change a setting (``memory_limit``, ``enable_external_access``, ...) while it is open.
-    Both hold for every cursor; neither can be undone until the instance closes.
-    """
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
-
-
-def _whole_table(cur: duckdb.DuckDBPyConnection, name: str) -> Any:
-    quoted = '"' + name.replace('"', '""') + '"'
-    return cur.sql(f"SELECT * FROM main.{quoted}").to_arrow_table()
-
-
-def _private_wal(path: str) -> None:
-    """Make sure the WAL exists with mode 0600 before DuckDB writes records into it.
-
-    DuckDB deletes the WAL at every checkpoint and creates it again on the next write
-    with the process umask (often 0644): the records would be readable by every user.
-    An empty WAL that DuckDB finds is used as it is (and removed on open).
-    """
-    with contextlib.suppress(FileExistsError):
-        os.close(open_store_file(path + ".wal", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
 
 
 def open_duckdb(
@@ -798,7 +417,7 @@ def open_duckdb(
     path = os.path.abspath(path)
     check_store_path(path)  # a folder, a FIFO: before anything is created beside it
     parent = os.path.dirname(path)
-    writable = _writable(path)
+    writable = is_writable(path)
     if read_only is None:
         read_only = not writable and os.path.exists(path)
     if not read_only:
@@ -820,44 +439,3 @@ def open_duckdb(
     if wait_timeout is None:
         wait_timeout = float(os.environ.get("KERNELEXT_STORE_WAIT", "30"))
     return DuckDBConnection(path, wait_timeout=wait_timeout, read_only=read_only)
-
-
-def coordination_files(path: str) -> list[str]:
-    """The lock files beside the store at ``path`` that an open creates."""
-    path = os.path.abspath(path)
-    return [path + ".lock", path + ".want"]
-
-
-def remove_created_coordination_files(before: list[str]) -> None:
-    """After a failed open: remove the coordination files in ``before`` (files that did
-    not exist before it) that nobody holds now, so a failed open leaves no litter."""
-    from .platform import try_lock_file, unlock_file
-
-    for name in before:
-        try:
-            fd = open_store_file(name, os.O_RDWR)
-        except (OSError, StoreError):
-            continue
-        try:
-            if try_lock_file(fd):  # nobody waits on it or holds it
-                try:
-                    os.unlink(name)
-                finally:
-                    unlock_file(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-
-def _writable(path: str) -> bool:
-    """Can this process create the store's files beside ``path`` (and write the file)?"""
-    folder = os.path.dirname(path)
-    while not os.path.isdir(folder):  # the folder is created: look at the nearest parent
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            return False
-        folder = parent
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return False
-    return not os.path.exists(path) or os.access(path, os.W_OK)
