@@ -82,8 +82,10 @@ docs: venv
 	$(VENV)/bin/mkdocs build --strict
 
 # The suite on TEST_WORKERS pytest-xdist workers (0: one process, as a debugger needs).
-# --dist loadgroup keeps each xdist group (tests/browser, tests/crash: tests/conftest.py) on one
-# worker, one test at a time; the other worker takes the rest.
+# --dist loadgroup keeps each xdist group (tests/browser, tests/crash, and the tests sharing
+# a module's fixture: tests/conftest.py) on one worker, one test at a time; the other
+# workers take the rest. Much of the suite waits (kernels, servers, subprocesses), so three
+# workers beat two on a 2-core machine.
 TEST_WORKERS ?= 3
 
 test: venv system-deps lint docs
