@@ -5,12 +5,14 @@ Pickle is used only when the caller opts in, because loading a pickle runs code.
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import sys
 from typing import Any
 
 from ...errors import SerializationError
+from .type_names import current_module
 
 __all__ = ["check_json_fidelity", "decode", "dumps_json", "encode", "loads_json"]
 
@@ -110,8 +112,16 @@ def decode(encoding: str, payload: bytes, *, allow_pickle: bool = False) -> Any:
                 "This snapshot holds a pickled value. Loading a pickle runs code, so kernelext "
                 "loads it only for an agent declared with pickle=True."
             )
-        return pickle.loads(payload)
+        return _Unpickler(io.BytesIO(payload)).load()
     raise SerializationError(f"Unknown payload encoding {encoding!r}; upgrade kernelext.")
+
+
+class _Unpickler(pickle.Unpickler):
+    """``pickle.loads``, and a kernelext class pickled before kernelext's engine modules
+    moved is found in its module now (see ``type_names``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(current_module(module), name)
 
 
 def _arrow_payload(value: Any) -> tuple[str, bytes] | None:

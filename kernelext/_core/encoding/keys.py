@@ -33,6 +33,7 @@ from .secrets import (
     scrub_text,
 )
 from .tagged import _BIG_INT_BITS, tagged, untag
+from .type_names import type_name
 
 __all__ = [
     "KEY_SCHEME",
@@ -72,7 +73,7 @@ def question_key(
 
 # -- argument hashes -------------------------------------------------------------------------
 def _type_name(obj: object) -> str:
-    return f"<{type(obj).__module__}.{type(obj).__qualname__}>"
+    return f"<{type_name(type(obj))}>"  # a moved kernelext class: its former name
 
 
 def _args_hash_v1(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
