@@ -272,6 +272,18 @@ ENGINE_ORDER: dict[str, set[str]] = {
 }
 
 
+def _whole_engine(target: str, line: int, found: list[tuple[int, str]]) -> bool:
+    """``import kernelext`` or ``from kernelext import Run``: the top level imports every
+    engine package, so a name it re-exports hides a package from the order."""
+    if target == "kernelext":  # bare, unless a ``from kernelext import x`` on this line
+        return not any(n != target and is_under(n, "kernelext") and ln == line for ln, n in found)
+    if target.count(".") != 1 or not target.startswith("kernelext."):
+        return False
+    name = target.split(".", 1)[1]
+    top = REPO_ROOT / "kernelext"
+    return not ((top / f"{name}.py").is_file() or (top / name / "__init__.py").is_file())
+
+
 def engine_order_breaks(core: Path = CORE) -> list[str]:
     out = []
     shown_from = core.parent.parent
@@ -290,7 +302,11 @@ def engine_order_breaks(core: Path = CORE) -> list[str]:
             out.append(f"{shown}: {package}/ is not in ENGINE_ORDER")
             continue
         source = path.read_text(encoding="utf-8")
-        for line, target in imported_modules(source, modname, path.name == "__init__.py"):
+        found = imported_modules(source, modname, path.name == "__init__.py")
+        for line, target in found:
+            if _whole_engine(target, line, found):
+                out.append(f"{shown}:{line}: {package} imports {target}, which loads every package")
+                continue
             if not is_under(target, "kernelext._core") or target == "kernelext._core":
                 continue
             other = target.split(".")[2]
@@ -340,6 +356,12 @@ def test_the_engine_order_check_sees_a_type_only_import(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..lifecycle.run import Run\n"
     )
     (core / "stray.py").write_text("")
+    (core / "encoding" / "escape.py").write_text(
+        "from ... import Run\nfrom ... import errors\ndef f():\n    import kernelext as kx\n"
+    )
     bad = engine_order_breaks(core)
+    assert any("escape.py:1: encoding imports kernelext.Run" in b for b in bad), bad
+    assert any("escape.py:4: encoding imports kernelext," in b for b in bad), bad
+    assert not any("kernelext.errors" in b for b in bad), bad
     assert any("encoding imports kernelext._core.lifecycle.run" in b for b in bad), bad
     assert any("stray.py: outside the engine's packages" in b for b in bad), bad
