@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from support.clocks import T0, TickingClock, store_on_clock  # noqa: F401  (the fixture `store`)
 from support.live import name as unique
+from support.sweeps import concurrent_sweeps
 
 import kernelext as kx
 from kernelext._core.lifecycle import expiry
@@ -291,18 +292,7 @@ def test_two_sweeps_produce_exactly_one_expiry(store: Store, clock: TickingClock
     calls: list[str] = []
     kx.on_expire(lambda info: calls.append(info.run_id))
     clock.advance(days=2)
-    barrier = threading.Barrier(3)
-    results: list[expiry.SweepResult] = []
-
-    def sweeper() -> None:
-        barrier.wait(WAIT)
-        results.append(kx.sweep())
-
-    threads = [threading.Thread(target=sweeper) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
+    results = concurrent_sweeps(3)
     assert sorted(r for res in results for r in res.expired_ids) == [f"raced-{i}" for i in range(5)]
     assert sorted(calls) == [f"raced-{i}" for i in range(5)]
     for i in range(5):

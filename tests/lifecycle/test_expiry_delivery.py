@@ -19,6 +19,7 @@ import pytest
 from crash import CRASH_DIR, WorkerPool, whole_lines
 from support.clocks import TickingClock, store_on_clock  # noqa: F401  (the fixture `store`)
 from support.old_schema import back_to_schema
+from support.sweeps import concurrent_sweeps
 
 import kernelext as kx
 from kernelext._core.lifecycle import expiry
@@ -210,18 +211,7 @@ def test_two_sweeps_at_once_deliver_a_late_expiry_once(store: Store, clock: Tick
 
     kx.on_expire(pager)
     clock.advance(LATE)
-    barrier = threading.Barrier(3)
-    results: list[expiry.SweepResult] = []
-
-    def sweeper() -> None:
-        barrier.wait(WAIT)
-        results.append(kx.sweep())
-
-    threads = [threading.Thread(target=sweeper) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
+    results = concurrent_sweeps(3)
     assert sorted(calls) == [f"late-{i}" for i in range(4)]
     assert sorted(e.run_id for r in results for e in r.delivered) == sorted(calls)
 
