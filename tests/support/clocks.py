@@ -21,8 +21,8 @@ class TickingClock:
     """Fake naive-UTC time: ``tick`` passes per reading (none by default: time stands
     still); ``advance`` jumps ahead and returns the new time."""
 
-    def __init__(self, **tick: float) -> None:
-        self.now = T0
+    def __init__(self, start: dt.datetime = T0, **tick: float) -> None:
+        self.now = start
         self.tick = dt.timedelta(**tick)
         self._lock = threading.Lock()
 
