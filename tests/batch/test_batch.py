@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.batch_checks import (
+    WAIT,
+    assert_approvals_listed_then_resumed,
+    assert_drained_then_resumed,
+    assert_exceptions_in_place,
+    assert_failed_on_item,
+    assert_in_order_each_once,
+    assert_refused_before_any_item,
+    resumed_to_completion,
+)
 from support.http_server import DeliveryServer, post_json
 from support.live import name, wait_until
 
 import kernelext as kx
 from kernelext._store import Store
-
-WAIT = 60.0
 
 pytestmark = pytest.mark.both_backends
 
@@ -56,15 +64,8 @@ def test_results_come_in_input_order_and_each_item_is_delivered_once(
         return run.map(one, items, key=lambda i: f"item-{i}", concurrency=6)
 
     handle = ordered.start(list(range(30)))
-    assert handle.wait(WAIT) == "completed", handle.error
-    assert handle.result == [i * 10 for i in range(30)]
-    assert delivery_server.count() == 30
-    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(30))
+    effects = assert_in_order_each_once(store, delivery_server, handle, 30)
     assert 1 < peak <= 6
-    steps = {s["key"]: s for s in store.steps(handle.run_id)}
-    assert set(steps) == {f"item-{i}" for i in range(30)}
-    assert all(s["status"] == "completed" for s in steps.values())
-    effects = store.load_effects(handle.run_id).values()
     # Each effect is keyed under its item's step, call 0 within the item.
     assert {(e["step_key"], e["call_ordinal"]) for e in effects} == {
         (f"item-{i}", 0) for i in range(30)
@@ -93,21 +94,7 @@ def test_a_stop_drains_the_items_in_flight_and_a_resume_delivers_the_rest_once(
     handle = drain.start(list(range(40)))
     wait_until(lambda: len(started) == 10, "10 items in flight")
     handle.stop()
-    time.sleep(0.2)  # a stop starts no new item, even while those in flight go on
-    assert len(started) == 10
-    gate.set()
-    assert handle.wait(WAIT) == "suspended", handle.error
-    assert len(started) == 10
-    assert delivery_server.count() == 10
-    steps = store.steps(handle.run_id)
-    assert sum(s["status"] == "completed" for s in steps) == 10
-
-    again = kx.resume(handle.run_id)
-    assert again.wait(WAIT) == "completed", again.error
-    assert again.result == list(range(40))
-    assert delivery_server.count() == 40
-    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(40))
-    assert len(started) == 40  # the 10 completed items did not run again
+    assert_drained_then_resumed(store, delivery_server, handle, started, gate)
 
 
 def test_an_item_that_raises_fails_the_run_naming_its_key_and_a_resume_runs_only_it(
@@ -129,19 +116,13 @@ def test_an_item_that_raises_fails_the_run_naming_its_key_and_a_resume_runs_only
         return run.map(one, items, key=lambda i: f"row-{i}", concurrency=1)
 
     handle = raises.start(list(range(10)))
-    assert handle.wait(WAIT) == "failed"
-    assert isinstance(handle.error, kx.ItemFailed)
-    assert handle.error.key == "row-7"
-    assert "row-7" in str(handle.error)
-    assert isinstance(handle.error.__cause__, RuntimeError)
+    error = assert_failed_on_item(store, handle, "row-7")
+    assert "row-7" in str(error)
     assert delivery_server.count() == 7  # one at a time: nothing started after row 7
-    assert "row-7" in (store.get_run(handle.run_id)["reason"] or "")
 
     broken["value"] = False
     calls.clear()
-    again = kx.resume(handle.run_id)
-    assert again.wait(WAIT) == "completed", again.error
-    assert again.result == list(range(10))
+    resumed_to_completion(handle, list(range(10)))
     assert calls == [7, 8, 9]
     assert delivery_server.count() == 10
 
@@ -156,11 +137,7 @@ def test_return_exceptions_puts_the_exception_in_the_items_place(store: Store) -
     def exceptions(run: kx.Run, items: list[int]) -> list[Any]:
         return run.map(one, items, concurrency=3, return_exceptions=True)
 
-    handle = exceptions.start(list(range(9)))
-    assert handle.wait(WAIT) == "completed", handle.error
-    result = handle.result
-    assert [type(r) for r in result] == [ValueError if i % 4 == 0 else int for i in range(9)]
-    assert str(result[4]) == "bad 4"
+    assert_exceptions_in_place(exceptions.start(list(range(9))))
 
 
 @pytest.mark.parametrize(
@@ -185,11 +162,7 @@ def test_bad_arguments_are_refused_before_any_item_runs(
         return run.map(fn, items, **arguments)
 
     handle = refused.start(list(range(6)))
-    assert handle.wait(WAIT) == "failed"
-    assert isinstance(handle.error, error), handle.error
-    assert text in str(handle.error)
-    assert delivery_server.count() == 0
-    assert store.steps(handle.run_id) == []
+    assert_refused_before_any_item(store, delivery_server, handle, error, text)
 
 
 def test_run_state_is_not_written_from_inside_an_item(store: Store) -> None:
@@ -224,19 +197,7 @@ def test_approvals_inside_a_batch_suspend_the_run_once_with_every_request_listed
         return run.map(lambda i: pay(i) and i, items, key=str, concurrency=4)
 
     handle = approve.start(list(range(12)))
-    assert handle.wait(WAIT) == "suspended", handle.error
-    run = store.get_run(handle.run_id)
-    assert run["reason"] == "approval"
-    requests = kx.approvals(handle.run_id)
-    assert sorted(int(r.step) for r in requests) == [0, 2, 4, 6, 8, 10]
-    assert delivery_server.count() == 6  # the odd ones went on
-    for request in requests:
-        request.approve()  # the last decision resumes the run here (nothing else open)
-    wait_until(lambda: store.get_run(handle.run_id)["status"] == "completed", "completed")
-    assert delivery_server.count() == 12
-    assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(12))
-    resumed = [e for e in store.events(handle.run_id) if e["kind"] == "resumed"]
-    assert len(resumed) == 1  # one review, one resume
+    assert_approvals_listed_then_resumed(store, delivery_server, handle)
 
 
 def test_resume_skips_completed_items_and_returns_their_stored_values(

@@ -11,20 +11,28 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.async_http import apost_json
+from support.batch_checks import (
+    WAIT,
+    assert_approvals_listed_then_resumed,
+    assert_drained_then_resumed,
+    assert_exceptions_in_place,
+    assert_failed_on_item,
+    assert_in_order_each_once,
+    assert_refused_before_any_item,
+    delivered_items,
+    resumed_to_completion,
+)
 from support.http_server import DeliveryServer
 from support.live import name, wait_until
 
 import kernelext as kx
 from kernelext._store import Store
 from kernelext.status import EffectStatus, Status, StepStatus
-
-WAIT = 60.0
 
 pytestmark = pytest.mark.both_backends
 
@@ -37,10 +45,6 @@ def async_poster(server: DeliveryServer, path: str = "/items") -> kx.Effect:
         return int(response.body["delivery"])
 
     return apost_item
-
-
-def delivered_items(server: DeliveryServer) -> list[int]:
-    return sorted(d["body"]["item"] for d in server.deliveries)
 
 
 def test_async_agent_amap_and_async_effect_deliver_each_item_once_in_order(
@@ -65,15 +69,8 @@ def test_async_agent_amap_and_async_effect_deliver_each_item_once_in_order(
         return results
 
     handle = amap.start(list(range(30)))
-    assert handle.wait(WAIT) == "completed", handle.error
-    assert handle.result == [i * 10 for i in range(30)]
-    assert delivery_server.count() == 30
-    assert delivered_items(delivery_server) == list(range(30))
+    effects = assert_in_order_each_once(store, delivery_server, handle, 30)
     assert 1 < peak <= 6
-    steps = {s["key"]: s for s in store.steps(handle.run_id)}
-    assert set(steps) == {f"item-{i}" for i in range(30)}
-    assert all(s["status"] == "completed" for s in steps.values())
-    effects = store.load_effects(handle.run_id).values()
     assert {(e["step_key"], e["call_ordinal"], e["status"]) for e in effects} == {
         (f"item-{i}", 0, EffectStatus.APPLIED) for i in range(30)
     }
@@ -136,21 +133,7 @@ def test_a_stop_mid_amap_drains_the_items_in_flight_and_a_resume_delivers_the_re
     wait_until(lambda: len(started) == 10, "10 items in flight")
     handle.stop()
     wait_until(lambda: handle.run.stop_requested, "the stop flag")
-    time.sleep(0.2)  # a stop starts no new item, even while those in flight go on
-    assert len(started) == 10
-    gate.set()
-    assert handle.wait(WAIT) == "suspended", handle.error
-    assert len(started) == 10
-    assert delivery_server.count() == 10
-    steps = store.steps(handle.run_id)
-    assert sum(s["status"] == "completed" for s in steps) == 10
-
-    again = kx.resume(handle.run_id)
-    assert again.wait(WAIT) == "completed", again.error
-    assert again.result == list(range(40))
-    assert delivery_server.count() == 40
-    assert delivered_items(delivery_server) == list(range(40))
-    assert len(started) == 40  # the 10 completed items did not run again
+    assert_drained_then_resumed(store, delivery_server, handle, started, gate)
 
 
 def test_an_item_that_raises_fails_the_run_naming_its_key_and_a_resume_runs_only_it(
@@ -172,19 +155,13 @@ def test_an_item_that_raises_fails_the_run_naming_its_key_and_a_resume_runs_only
         return await run.amap(one, items, key=lambda i: f"row-{i}", concurrency=1)
 
     handle = araises.start(list(range(10)))
-    assert handle.wait(WAIT) == "failed"
-    assert isinstance(handle.error, kx.ItemFailed)
-    assert handle.error.key == "row-7"
-    assert "run.amap: item 'row-7' raised RuntimeError" in str(handle.error)
-    assert isinstance(handle.error.__cause__, RuntimeError)
+    error = assert_failed_on_item(store, handle, "row-7")
+    assert "run.amap: item 'row-7' raised RuntimeError" in str(error)
     assert delivery_server.count() == 8  # one at a time: nothing started after row 7
-    assert "row-7" in (store.get_run(handle.run_id)["reason"] or "")
 
     broken["value"] = False
     calls.clear()
-    again = kx.resume(handle.run_id)
-    assert again.wait(WAIT) == "completed", again.error
-    assert again.result == list(range(10))
+    resumed_to_completion(handle, list(range(10)))
     assert calls == [7, 8, 9]
     assert delivery_server.count() == 10  # row 7's POST was replayed, not sent again
     assert delivered_items(delivery_server) == list(range(10))
@@ -201,11 +178,7 @@ def test_return_exceptions_puts_the_exception_in_the_items_place(store: Store) -
     async def aexceptions(run: kx.Run, items: list[int]) -> list[Any]:
         return await run.amap(one, items, concurrency=3, return_exceptions=True)
 
-    handle = aexceptions.start(list(range(9)))
-    assert handle.wait(WAIT) == "completed", handle.error
-    result = handle.result
-    assert [type(r) for r in result] == [ValueError if i % 4 == 0 else int for i in range(9)]
-    assert str(result[4]) == "bad 4"
+    assert_exceptions_in_place(aexceptions.start(list(range(9))))
 
 
 @pytest.mark.parametrize("delivery_server", [{"delay": 30.0}], indirect=True)
@@ -301,11 +274,7 @@ def test_bad_arguments_are_refused_before_any_delivery(
         return await run.amap(fn, items, **arguments)
 
     handle = arefused.start(list(range(6)))
-    assert handle.wait(WAIT) == "failed"
-    assert isinstance(handle.error, error), handle.error
-    assert text in str(handle.error)
-    assert delivery_server.count() == 0
-    assert store.steps(handle.run_id) == []
+    assert_refused_before_any_item(store, delivery_server, handle, error, text)
 
 
 def test_amap_from_a_plain_agent_and_map_with_an_async_fn_are_refused_saying_which_to_use(
@@ -396,18 +365,7 @@ def test_approvals_inside_amap_suspend_the_run_once_with_every_request_listed(
         return await run.amap(one, items, key=str, concurrency=4)
 
     handle = aapprove.start(list(range(12)))
-    assert handle.wait(WAIT) == "suspended", handle.error
-    assert store.get_run(handle.run_id)["reason"] == "approval"
-    requests = kx.approvals(handle.run_id)
-    assert sorted(int(r.step) for r in requests) == [0, 2, 4, 6, 8, 10]
-    assert delivery_server.count() == 6  # the odd ones went on
-    for request in requests:
-        request.approve()  # the last decision resumes the run here (nothing else open)
-    wait_until(lambda: store.get_run(handle.run_id)["status"] == "completed", "completed")
-    assert delivery_server.count() == 12
-    assert delivered_items(delivery_server) == list(range(12))
-    resumed = [e for e in store.events(handle.run_id) if e["kind"] == "resumed"]
-    assert len(resumed) == 1  # one review, one resume
+    assert_approvals_listed_then_resumed(store, delivery_server, handle)
 
 
 def test_an_async_agent_never_runs_on_the_loop_of_the_code_that_started_it(

@@ -15,12 +15,16 @@ import os
 import pickle
 import threading
 import urllib.parse
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from support.http_server import DeliveryServer, read_log
 from support.live import name
+from support.pool_calls import (  # noqa: F401  (module_pool: the fixture `pool`)
+    item_jobs,
+    module_pool,
+    store_for_workers,
+)
 
 import kernelext as kx
 from kernelext._core.batch.remote_item import execute_item
@@ -29,15 +33,6 @@ from kernelext._core.encoding.keys import effect_key
 from kernelext._store import Store
 
 WAIT = 120.0
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
-    """Two real worker processes, started fresh (spawn): nothing of this process in them."""
-    with concurrent.futures.ProcessPoolExecutor(
-        2, mp_context=multiprocessing.get_context("spawn")
-    ) as executor:
-        yield executor
 
 
 @kx.effect(name="post_item")
@@ -71,9 +66,8 @@ def test_items_run_in_other_processes_with_the_keys_of_an_item_here(
     delivery_server: DeliveryServer,
     pool: concurrent.futures.ProcessPoolExecutor,
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
-    jobs = [(delivery_server.url + "/items", i) for i in range(12)]
+    store = store_for_workers(monkeypatch, postgres_url)
+    jobs = item_jobs(delivery_server, 12)
 
     @kx.agent(name=name("remote"))
     def remote(run: kx.Run, jobs: list[tuple[str, int]]) -> list[dict[str, int]]:
@@ -123,8 +117,7 @@ def test_items_from_a_generator_run_in_other_processes_in_input_order(
     delivery_server: DeliveryServer,
     pool: concurrent.futures.ProcessPoolExecutor,
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    kx.open_store(postgres_url)
+    store_for_workers(monkeypatch, postgres_url)
     url = delivery_server.url + "/items"
 
     @kx.agent(name=name("remote-gen"))
@@ -145,9 +138,8 @@ def test_an_item_that_raises_elsewhere_fails_the_run_with_its_error_and_a_resume
     delivery_server: DeliveryServer,
     pool: concurrent.futures.ProcessPoolExecutor,
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
-    jobs = [(delivery_server.url + "/items", i) for i in range(6)]
+    store = store_for_workers(monkeypatch, postgres_url)
+    jobs = item_jobs(delivery_server, 6)
 
     @kx.agent(name=name("raising"))
     def raising(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
@@ -177,7 +169,7 @@ def test_a_duckdb_store_with_workers_elsewhere_is_refused_before_anything_is_dis
             CountingPool.submitted += 1
             return super().submit(*args, **kwargs)
 
-    jobs = [(delivery_server.url + "/items", i) for i in range(3)]
+    jobs = item_jobs(delivery_server, 3)
     with CountingPool(1) as counting:
 
         @kx.agent(name=name("duck"))
@@ -197,7 +189,7 @@ def test_a_duckdb_store_with_workers_elsewhere_is_refused_before_anything_is_dis
 def test_a_thread_pool_runs_the_items_here_on_duckdb(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    jobs = [(delivery_server.url + "/items", i) for i in range(5)]
+    jobs = item_jobs(delivery_server, 5)
     with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="users-pool") as threads:
 
         @kx.agent(name=name("threads"))
@@ -228,8 +220,7 @@ def test_what_cannot_travel_is_refused_before_the_first_item_is_dispatched(
     monkeypatch: pytest.MonkeyPatch,
     pool: concurrent.futures.ProcessPoolExecutor,
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
+    store = store_for_workers(monkeypatch, postgres_url)
     lock = threading.Lock()
 
     @kx.agent(name=name("heavy"))
@@ -273,7 +264,7 @@ def test_the_store_password_never_travels_and_workers_use_their_own_credentials(
             self._inner.shutdown(wait)
 
     capturing = Capturing()
-    jobs = [(delivery_server.url + "/items", i) for i in range(3)]
+    jobs = item_jobs(delivery_server, 3)
 
     @kx.agent(name=name("creds"))
     def creds(run: kx.Run, jobs: list[tuple[str, int]]) -> list[dict[str, int]]:
@@ -293,8 +284,7 @@ def test_the_store_password_never_travels_and_workers_use_their_own_credentials(
 def test_a_worker_of_a_stale_owner_is_refused_and_sends_nothing(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch, delivery_server: DeliveryServer
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
+    store = store_for_workers(monkeypatch, postgres_url)
     held: list[bytes] = []
 
     class Holding(concurrent.futures.Executor):
@@ -304,7 +294,7 @@ def test_a_worker_of_a_stale_owner_is_refused_and_sends_nothing(
             held.append(args[0])
             return concurrent.futures.Future()
 
-    jobs = [(delivery_server.url + "/items", i) for i in range(2)]
+    jobs = item_jobs(delivery_server, 2)
 
     @kx.agent(name=name("stale"))
     def stale(run: kx.Run, jobs: list[tuple[str, int]]) -> list[dict[str, int]]:
@@ -358,9 +348,8 @@ def test_a_stop_reaches_items_in_other_processes_at_their_next_effect_call(
     delivery_server: DeliveryServer,
     pool: concurrent.futures.ProcessPoolExecutor,
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
-    jobs = [(delivery_server.url + "/items", i) for i in range(6)]
+    store = store_for_workers(monkeypatch, postgres_url)
+    jobs = item_jobs(delivery_server, 6)
 
     @kx.agent(name=name("stopped"))
     def stopped(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
@@ -396,8 +385,7 @@ def test_an_item_function_that_holds_the_run_is_refused_with_what_to_send_instea
     monkeypatch: pytest.MonkeyPatch,
     pool: concurrent.futures.ProcessPoolExecutor,
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
+    store = store_for_workers(monkeypatch, postgres_url)
 
     @kx.agent(name=name("holds-run"))
     def holds_run(run: kx.Run) -> list[Any]:
@@ -417,8 +405,7 @@ def test_an_item_function_that_holds_the_run_is_refused_with_what_to_send_instea
 def test_an_executor_that_was_shut_down_is_named_and_no_step_is_left_running(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
+    store = store_for_workers(monkeypatch, postgres_url)
     closed = concurrent.futures.ProcessPoolExecutor(1)
     closed.shutdown()
 
@@ -482,9 +469,8 @@ def test_a_thread_pool_shut_down_during_the_map_is_named(store: Store) -> None:
 def test_a_process_pool_whose_worker_is_killed_loses_items_and_a_resume_delivers_each_once(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch, delivery_server: DeliveryServer
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
-    jobs = [(delivery_server.url + "/items", i) for i in range(10)]
+    store = store_for_workers(monkeypatch, postgres_url)
+    jobs = item_jobs(delivery_server, 10)
     pools: list[concurrent.futures.ProcessPoolExecutor] = []
 
     def new_pool() -> concurrent.futures.ProcessPoolExecutor:
@@ -548,15 +534,14 @@ def test_workers_completing_items_of_one_run_at_once_never_deadlock_and_the_coun
     """Two worker processes complete items of one run at the same moment: neither may hold
     the run's row shared and then ask for it exclusively (the server would break the
     deadlock after a second, every time); the owner keeps the count of completed steps."""
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
+    store = store_for_workers(monkeypatch, postgres_url)
     database = urllib.parse.urlsplit(postgres_url).path.lstrip("/")
 
     def deadlocks() -> int:
         rows = store.read("SELECT deadlocks FROM pg_stat_database WHERE datname = ?", (database,))
         return int(rows[0][0])
 
-    jobs = [(delivery_server.url + "/items", i) for i in range(60)]
+    jobs = item_jobs(delivery_server, 60)
 
     @kx.agent(name=name("no-deadlock"))
     def no_deadlock(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:

@@ -8,13 +8,16 @@ deliveries reach a real HTTP server on 127.0.0.1, whose log is counted.
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
 import os
-from collections.abc import Iterator
 
 import pytest
 from support.http_server import DeliveryServer, read_log
 from support.live import name
+from support.pool_calls import (  # noqa: F401  (module_pool: the fixture `pool`)
+    item_jobs,
+    module_pool,
+    store_for_workers,
+)
 
 import kernelext as kx
 
@@ -22,14 +25,6 @@ WAIT = 120.0
 # Declared at import: in the notebook's process and, as the module is imported there, in
 # every worker too, where it would count that worker's calls alone.
 kx.limit("crm-remote", rate="2/min", concurrency=1)
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
-    with concurrent.futures.ProcessPoolExecutor(
-        2, mp_context=multiprocessing.get_context("spawn")
-    ) as executor:
-        yield executor
 
 
 @kx.effect(name="post_limited", limit="crm-remote")
@@ -52,9 +47,8 @@ def test_a_limited_call_in_an_item_on_a_worker_is_refused_with_the_reason(
     delivery_server: DeliveryServer,
     pool: concurrent.futures.ProcessPoolExecutor,
 ) -> None:
-    monkeypatch.setenv("KERNELEXT_STORE", postgres_url)
-    store = kx.open_store(postgres_url)
-    jobs = [(delivery_server.url + "/items", i) for i in range(4)]
+    store = store_for_workers(monkeypatch, postgres_url)
+    jobs = item_jobs(delivery_server, 4)
 
     @kx.agent(name=name("limited-remote"))
     def limited(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:

@@ -11,11 +11,8 @@ Screenshots of every state go to tests/artifacts/browser/<test name>/.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,72 +20,25 @@ import pytest
 from support.http_server import DeliveryServer
 
 from browser import jupyterlab as lab
+from browser.harness import (
+    PANEL,
+    REPO_ROOT,
+    TESTS_DIR,
+    lab_root,
+    opened_in_lab,
+)
 from browser.text_watch import TextWatch
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-TESTS_DIR = Path(__file__).resolve().parents[1]
-REPO_ROOT = TESTS_DIR.parent
-ARTIFACTS = TESTS_DIR / "artifacts" / "browser"
-
-
-class Shots:
-    """Numbered screenshots in tests/artifacts/browser/<test name>/.
-
-    Used as a context manager around the browser steps: when a step fails, the
-    page as it was and the JupyterLab server log are saved next to the screenshots.
-    """
-
-    def __init__(self, page: Any, folder: Path, server: lab.LabServer) -> None:
-        self.page, self.folder, self.server, self.count = page, folder, server, 0
-
-    def __call__(self, state: str) -> Path:
-        self.count += 1
-        path = self.folder / f"{self.count:02d}-{state}.png"
-        self.page.screenshot(path=str(path))
-        return path
-
-    def __enter__(self) -> Shots:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if exc_type is None:
-            return
-        with contextlib.suppress(Exception):  # keep the test's own error
-            self("failure")
-        with contextlib.suppress(OSError):
-            shutil.copy(self.server.log_path, self.folder / "jupyterlab.log")
-
-
-@pytest.fixture
-def shots_folder(request: pytest.FixtureRequest) -> Path:
-    folder = ARTIFACTS / str(request.node.name)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    problem = lab.chromium_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    with lab.chromium_page() as browser_page:
-        yield browser_page
 
 
 def test_widget_round_trip_in_jupyterlab(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = lab.copy_notebook(TESTS_DIR / "browser" / "widget_roundtrip.ipynb", root)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         shot("opened")
 
         env_cell = lab.run_cell(page, 1)
@@ -108,7 +58,6 @@ def test_widget_round_trip_in_jupyterlab(
 
 QUICKSTART = REPO_ROOT / "notebooks" / "quickstart.ipynb"
 STEP_SECONDS = "1.0"  # the agent's step length: long enough to see "stop pending"
-PANEL = ".kernelext-panel:not(.kernelext-static)"
 PANEL_TEXTS = {
     "stop pending": r"stop pending since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(panel\)",
     "suspended": "suspended",
@@ -141,19 +90,14 @@ def test_quickstart_stop_resume_click_through(
 ) -> None:
     from playwright.sync_api import expect
 
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = lab.copy_notebook(QUICKSTART, root)
     env = {
         "KERNELEXT_STORE": str(store_path),
         "KERNELEXT_DEMO_OUTBOX": f"{delivery_server.url}/outbox",
         "KERNELEXT_DEMO_STEP_SECONDS": STEP_SECONDS,
     }
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         shot("opened")
 
         # 1. run the cells that start the agent
@@ -252,18 +196,13 @@ def test_revalidation_accept_click_through(
     widget inside the run's panel; the run goes on from the same panel and completes."""
     from playwright.sync_api import expect
 
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = lab.copy_notebook(REVALIDATION, root)
     env = {
         "KERNELEXT_STORE": str(store_path),
         "KERNELEXT_DEMO_OUTBOX": f"{delivery_server.url}/outbox",
     }
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         for tag in ("setup", "start", "world-changes"):
             for index in tagged_cells(REVALIDATION, tag):
                 lab.run_cell(page, index)
@@ -327,18 +266,13 @@ def test_approve_click_sends_the_payment_exactly_once(
     Approve resumes the run, and the payment reaches the server once."""
     from playwright.sync_api import expect
 
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = lab.copy_notebook(APPROVE_NOTEBOOK, root)
     env = {
         "KERNELEXT_STORE": str(store_path),
         "KERNELEXT_TEST_PAY_URL": f"{delivery_server.url}/pay",
     }
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         lab.run_cell(page, 0)
         panel = lab.run_cell(page, 1).locator(PANEL)
         expect(panel.locator(".kernelext-status")).to_have_text("suspended")
@@ -385,19 +319,14 @@ def test_batch_stop_drains_and_resume_finishes_each_item_once(
     flight finishing), then suspended; Resume finishes it; each item delivered once."""
     from playwright.sync_api import expect
 
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = lab.copy_notebook(BATCH, root)
     env = {
         "KERNELEXT_STORE": str(store_path),
         "KERNELEXT_DEMO_OUTBOX": f"{delivery_server.url}/outbox",
         "KERNELEXT_DEMO_STEP_SECONDS": "1.0",  # each item's call: long enough to see the drain
     }
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         for index in tagged_cells(BATCH, "setup"):
             lab.run_cell(page, index)
         (start,) = tagged_cells(BATCH, "start")

@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 
 from browser import jupyterlab as lab
-from browser.test_browser import PANEL, Shots
-from browser.test_browser_stop_lands import click, page, shots_folder, write_notebook
+from browser.harness import (
+    click,
+    lab_root,
+    opened_in_lab,
+    run_to_panel,
+    write_notebook,
+)
 from kernelext._shown import shown
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-__all__ = ["page", "shots_folder"]  # the fixtures, used by name
 
 CHOICES = ["paypal", "p\u0430ypal", "pay\u202e001"]  # Latin; a Cyrillic а; a bidi override
 ASKING_CELLS = [
@@ -35,18 +39,11 @@ def asks_payee(run):
 def test_the_cards_choices_read_as_shown_and_the_pick_is_the_choice(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root, "choices.ipynb", ASKING_CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
-        for index in range(3):
-            lab.run_cell(page, index)
-        panel = lab.cell(page, 2).locator(PANEL)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
+        panel = run_to_panel(page, 3)
         card = panel.locator(".kernelext-answer-buttons")
         select = card.locator("select.kernelext-answer-input")
         labels = select.locator("option").all_inner_texts()

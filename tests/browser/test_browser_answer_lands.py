@@ -15,18 +15,17 @@ from typing import Any
 import pytest
 
 from browser import jupyterlab as lab
-from browser.test_browser import PANEL, Shots
-from browser.test_browser_stop_lands import (
+from browser.harness import (
     click,
     executing,
-    output,
-    page,
-    shots_folder,
+    lab_root,
+    opened_in_lab,
+    run_to_panel,
+    start_sleeping,
     write_notebook,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-__all__ = ["page", "shots_folder"]  # the fixtures, used by name
 
 ASKING_CELLS = [
     "%load_ext kernelext\nimport time\nimport kernelext as kx",
@@ -44,24 +43,15 @@ def asks_seats(run):
 def test_an_answer_from_the_panel_lands_while_the_kernel_sleeps(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root, "asking.ipynb", ASKING_CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
-        for index in range(3):
-            lab.run_cell(page, index)
-        panel = lab.cell(page, 2).locator(PANEL)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
+        panel = run_to_panel(page, 3)
         card = panel.locator(".kernelext-answer-buttons")
         card.locator(".kernelext-answer-input").fill("4")
         shot("the-question-card")
-        sleeper = lab.select_cell(page, 3)
-        page.keyboard.press("Control+Enter")
-        output(sleeper).get_by_text("sleeping").wait_for()
+        sleeper = start_sleeping(page, 3)
         _clicked, click_t = click(card.locator("button.kernelext-answer"))
         # the click's note, or (once the store watch saw it) the line that replaces the card
         note = card.locator(".kernelext-click-note").get_by_text(

@@ -6,7 +6,6 @@ go to tests/artifacts/browser/<test name>/.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -15,27 +14,14 @@ import pytest
 
 import kernelext
 from browser import jupyterlab as lab
-from browser.test_browser import Shots, page, shots_folder
+from browser.harness import lab_root, opened_in_lab, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-__all__ = ["page", "shots_folder"]  # fixtures of tests/browser/test_browser.py, used here
 
 RESUME_TYPO = "import kernelext as kx\nkx.resume('no-such-run')"
 # kernelext's own files, as a traceback would name them (.../kernelext/_core/lifecycle/control.py)
 INTERNAL_PATH = os.path.dirname(os.path.abspath(kernelext.__file__)) + os.sep + "_"
-
-
-def _notebook(root: Path, source: str) -> str:
-    cell = {"cell_type": "code", "execution_count": None, "id": "typo", "metadata": {}}
-    notebook = {
-        "cells": [{**cell, "outputs": [], "source": source}],
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    (root / "errors.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
-    return "errors.ipynb"
 
 
 def _run_failing_cell(browser_page: Any, index: int) -> Any:
@@ -52,15 +38,10 @@ def _run_failing_cell(browser_page: Any, index: int) -> Any:
 def test_resume_typo_in_jupyterlab_shows_the_message_without_kernelext_frames(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    name = _notebook(root, RESUME_TYPO)
+    root = lab_root(tmp_path)
+    name = write_notebook(root, "errors.ipynb", [RESUME_TYPO])
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         shot("opened")
         failed = _run_failing_cell(page, 0)
         error = failed.locator(".jp-OutputArea-output[data-mime-type*='stderr']")

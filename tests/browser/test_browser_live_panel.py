@@ -8,19 +8,16 @@ Screenshots of every state go to tests/artifacts/browser/<test name>/.
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from browser import jupyterlab as lab
-from browser.test_browser import ARTIFACTS, PANEL, Shots
+from browser.harness import PANEL, lab_root, opened_in_lab, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -40,38 +37,6 @@ def long_steps(run):
     f'h = long_steps.start(run_id="{RUN_ID}")\nh',
 ]
 SMALLEST_TEXT_PX = 11.0
-
-
-@pytest.fixture
-def shots_folder(request: pytest.FixtureRequest) -> Path:
-    folder = ARTIFACTS / str(request.node.name)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    problem = lab.chromium_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    with lab.chromium_page() as browser_page:
-        yield browser_page
-
-
-def notebook(root: Path) -> str:
-    cells = [
-        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
-        for src in CELLS
-    ]
-    body = {
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    (root / "live_panel.ipynb").write_text(json.dumps(body), encoding="utf-8")
-    return "live_panel.ipynb"
 
 
 def terminal(*args: str, store: Path) -> str:
@@ -128,15 +93,10 @@ def test_a_stop_from_a_terminal_shows_in_the_open_panel_and_its_timeline(
 ) -> None:
     from playwright.sync_api import expect
 
-    root = tmp_path / "root"
-    root.mkdir()
-    name = notebook(root)
+    root = lab_root(tmp_path)
+    name = write_notebook(root, "live_panel.ipynb", CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         lab.run_cell(page, 0)
         lab.run_cell(page, 1)
         panel = lab.run_cell(page, 2).locator(PANEL)

@@ -22,12 +22,11 @@ from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 
 from browser import jupyterlab as lab
-from browser.test_browser import PANEL, REPO_ROOT, Shots, page, shots_folder
+from browser.harness import PANEL, REPO_ROOT, lab_root, opened_in_lab
 from kernelext._core.encoding.names import OUTSIDE_STEPS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-__all__ = ["page", "shots_folder"]  # the fixtures, shared with tests/browser/test_browser.py
 
 LLM_NOTEBOOK = REPO_ROOT / "notebooks" / "llm_agent.ipynb"
 CONVERSATION = re.compile(
@@ -58,8 +57,7 @@ def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
 ) -> None:
     from playwright.sync_api import expect
 
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = lab.copy_notebook(LLM_NOTEBOOK, root)
     env = {
         "KERNELEXT_STORE": str(store_path),
@@ -69,11 +67,7 @@ def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
         "OPENAI_API_KEY": "EMPTY",
         "OPENAI_MODEL": "scripted",
     }
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         setup = lab.run_cell(page, cell_index(LLM_NOTEBOOK, "setup"))
         assert f"model: scripted at {llm.base_url}" in lab.output_text(setup)
         for cell_id in ("tools", "agent"):

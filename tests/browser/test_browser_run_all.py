@@ -25,12 +25,16 @@ from support.http_server import DeliveryServer
 from support.postgres import find_postgres_bin
 
 from browser import jupyterlab as lab
-from browser.test_browser import PANEL, REPO_ROOT, Shots, page, shots_folder
-from browser.test_browser_stop_lands import run_all
+from browser.harness import (
+    PANEL,
+    REPO_ROOT,
+    lab_root,
+    opened_in_lab,
+    run_all,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-__all__ = ["page", "shots_folder"]  # the fixtures, shared with tests/browser/test_browser.py
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 POSTGRES_NOTEBOOKS = {"dask_batch"}  # a PostgreSQL store shared with worker processes
@@ -116,15 +120,10 @@ def test_run_all_with_no_click_runs_every_cell_without_an_error(
     from playwright.sync_api import expect
 
     env = notebook_env(path, store_path, delivery_server, request)
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = lab.copy_notebook(path, root)
     indices = code_cells(path)
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         run_all(page)
         started = time.monotonic()
         wait_run_all_done(page, indices, RUN_ALL_SECONDS)

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from browser import jupyterlab as lab
-from browser.test_browser import PANEL, Shots
-from browser.test_browser_stop_lands import (
+from browser.harness import (
+    PANEL,
     click,
     executing,
-    output,
-    page,  # noqa: F401  (fixture)
-    shots_folder,  # noqa: F401  (fixture)
+    lab_root,
+    opened_in_lab,
+    start_sleeping,
     store_report,
     write_notebook,
 )
@@ -47,18 +47,13 @@ def slow_steps(run):
 def test_a_row_s_stop_lands_while_the_kernel_sleeps(
     tmp_path: Path,
     store_path: Path,
-    page: Any,  # noqa: F811
-    shots_folder: Path,  # noqa: F811
+    page: Any,
+    shots_folder: Path,
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root, "runs.ipynb", CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         for index in range(4):
             lab.run_cell(page, index)
         overview = lab.cell(page, 3).locator(OVERVIEW)
@@ -67,9 +62,7 @@ def test_a_row_s_stop_lands_while_the_kernel_sleeps(
         overview.get_by_text(re.compile(r"^\d+/60 steps$")).wait_for()
         shot("the-overview-with-a-running-run")
 
-        sleeper = lab.select_cell(page, 4)
-        page.keyboard.press("Control+Enter")
-        output(sleeper).get_by_text("sleeping").wait_for()
+        sleeper = start_sleeping(page, 4)
         row = overview.locator("[data-kernelext-run='background']")
         clicked, click_t = click(lab.button(row, "Stop"))
         row.get_by_text(re.compile(r"Stop recorded \(runs overview\)")).wait_for(timeout=5_000)

@@ -19,9 +19,7 @@ import nbformat
 import pytest
 
 from browser import jupyterlab as lab
-from browser.test_browser import PANEL, Shots, page, shots_folder
-
-__all__ = ["page", "shots_folder"]  # fixtures, used by name
+from browser.harness import PANEL, lab_root, opened_in_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -90,16 +88,10 @@ def test_saved_panel_in_jupyterlab_live_restart_reattach_reopen(
 ) -> None:
     from playwright.sync_api import expect
 
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root / "saved_panel.ipynb")
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
-
+    with opened_in_lab(page, shots_folder, root, name, env) as (server, shot):
         # 1. live: the widget shows, its static copy is in the page but hidden
         run_cell = lab.run_cell(page, 0)
         live = run_cell.locator(PANEL)

@@ -16,110 +16,37 @@ pending" on screen); screenshots go to tests/artifacts/browser/<test name>/.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from browser import jupyterlab as lab
-from browser.test_browser import ARTIFACTS, PANEL, Shots
+from browser.harness import (
+    PANEL,
+    click,
+    executing,
+    lab_root,
+    opened_in_lab,
+    output,
+    run_all,
+    run_to_panel,
+    start_sleeping,
+    store_report,
+    write_notebook,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 PENDING = re.compile(r"stop pending since .* \((panel|interrupt)\)")
-STORE_TIMES = """import json
-import kernelext as kx
-rows = kx.sql(
-    "SELECT source, occurred_at FROM events WHERE run_id = $r AND kind = 'stop_requested'"
-    " ORDER BY id",
-    params={{"r": "{run}"}},
-)
-steps = kx.sql(
-    "SELECT key, status FROM steps WHERE run_id = $r ORDER BY ordinal", params={{"r": "{run}"}}
-)
-print("STOPS", json.dumps([(s, t.isoformat()) for s, t in zip(rows.source, rows.occurred_at)]))
-print("STEPS", json.dumps(list(zip(steps.key, steps.status))))"""
-
-
-@pytest.fixture
-def shots_folder(request: pytest.FixtureRequest) -> Path:
-    folder = ARTIFACTS / str(request.node.name)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
-
-
-@pytest.fixture
-def page() -> Iterator[Any]:
-    problem = lab.chromium_problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    with lab.chromium_page() as browser_page:
-        yield browser_page
-
-
-def write_notebook(root: Path, name: str, sources: list[str]) -> str:
-    cells = [
-        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
-        for src in sources
-    ]
-    body = {
-        "cells": cells,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    (root / name).write_text(json.dumps(body), encoding="utf-8")
-    return name
-
-
-def run_all(page: Any) -> None:
-    """Run → Run All Cells, from the menu bar as a person would."""
-    page.locator(".lm-MenuBar-itemLabel").filter(has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
 
 
 def interrupt(page: Any) -> None:
     """The notebook toolbar's ■ (Interrupt the kernel)."""
     page.locator(f"{lab.NOTEBOOK} jp-button[data-command='notebook:interrupt-kernel']").click()
-
-
-def output(target: Any) -> Any:
-    """A cell's output area (its source holds the same words as what it prints)."""
-    return target.locator(".jp-OutputArea")
-
-
-def executing(target: Any) -> bool:
-    return (target.locator(".jp-InputPrompt").inner_text().strip()) == "[*]:"
-
-
-def store_report(page: Any, run_id: str) -> tuple[list[tuple[str, dt.datetime]], list[Any]]:
-    out = lab.output_text(lab.add_cell_at_end(page, STORE_TIMES.format(run=run_id)))
-    stops = next(line for line in out.splitlines() if line.startswith("STOPS "))
-    steps = next(line for line in out.splitlines() if line.startswith("STEPS "))
-    parsed = [(s, dt.datetime.fromisoformat(t)) for s, t in json.loads(stops[6:])]
-    return parsed, [tuple(pair) for pair in json.loads(steps[6:])]
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-
-
-def click(target: Any) -> tuple[dt.datetime, float]:
-    """Click ``target`` once it can be clicked; when the mouse went down (UTC, monotonic).
-
-    Playwright first waits until the button is visible, enabled and still; that wait is
-    not the person's: the moment is taken after it, just before the press."""
-    target.click(trial=True)  # the actionability checks alone
-    moment = (utc_now(), time.monotonic())
-    target.click()
-    return moment
 
 
 RUN_ALL_CELLS = [
@@ -136,15 +63,10 @@ RUN_ALL_CELLS = [
 def test_run_all_stop_clicked_during_a_cell_skips_the_queued_cells(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root, "run_all.ipynb", RUN_ALL_CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (server, shot):
         run_all(page)
         long_cell = lab.cell(page, 3)
         output(long_cell).get_by_text("long cell started").wait_for()
@@ -195,21 +117,12 @@ def slow_steps(run):
 def test_background_agent_stops_from_its_panel_while_the_kernel_sleeps(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root, "background.ipynb", BACKGROUND_CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
-        for index in range(3):
-            lab.run_cell(page, index)
-        panel = lab.cell(page, 2).locator(PANEL)
-        sleeper = lab.select_cell(page, 3)
-        page.keyboard.press("Control+Enter")
-        output(sleeper).get_by_text("sleeping").wait_for()
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
+        panel = run_to_panel(page, 3)
+        sleeper = start_sleeping(page, 3)
         clicked, click_t = click(lab.button(panel, "Stop"))
         panel.get_by_text(PENDING).or_(
             panel.get_by_text("suspended: stopped by you (panel)")
@@ -244,15 +157,10 @@ INTERRUPT_CELLS = [
 def test_interrupt_once_is_a_soft_stop_and_twice_cancels_the_cell(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root, "interrupt.ipynb", INTERRUPT_CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook(page, server, name)
+    with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         run_all(page)
         slow = lab.cell(page, 1)
         output(slow).get_by_text("slow cell started").wait_for()
@@ -288,21 +196,12 @@ def test_notebook_7_stop_lands_while_the_kernel_sleeps(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
     """The same click in Notebook 7's interface (the route is the server's, not Lab's)."""
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     name = write_notebook(root, "notebook7.ipynb", BACKGROUND_CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
-    with (
-        lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
-        lab.open_notebook_7(page, server, name)
-        for index in range(3):
-            lab.run_cell(page, index)
-        panel = lab.cell(page, 2).locator(PANEL)
-        sleeper = lab.select_cell(page, 3)
-        page.keyboard.press("Control+Enter")
-        output(sleeper).get_by_text("sleeping").wait_for()
+    with opened_in_lab(page, shots_folder, root, name, env, lab.open_notebook_7) as (_server, shot):
+        panel = run_to_panel(page, 3)
+        sleeper = start_sleeping(page, 3)
         _clicked, click_t = click(lab.button(panel, "Stop"))
         panel.get_by_text("suspended: stopped by you (panel)").first.wait_for(timeout=10_000)
         suspended_s = time.monotonic() - click_t
@@ -346,8 +245,7 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
     the call, the call returns, and the ledger records it ``applied`` (not ``unknown``)."""
     from support.http_server import DeliveryServer
 
-    root = tmp_path / "root"
-    root.mkdir()
+    root = lab_root(tmp_path)
     with DeliveryServer() as server_of_payments:
         server_of_payments.slow_next(1, 6.0)
         cells = [
@@ -357,17 +255,9 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
         ]
         name = write_notebook(root, "force.ipynb", cells)
         env = {"KERNELEXT_STORE": str(store_path)}
-        with (
-            lab.running_jupyterlab(root, tmp_path / "jupyter-home", env) as server,
-            Shots(page, shots_folder, server) as shot,
-        ):
-            lab.open_notebook(page, server, name)
-            for index in range(3):
-                lab.run_cell(page, index)
-            panel = lab.cell(page, 2).locator(PANEL)
-            sleeper = lab.select_cell(page, 3)
-            page.keyboard.press("Control+Enter")
-            output(sleeper).get_by_text("sleeping").wait_for()
+        with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
+            panel = run_to_panel(page, 3)
+            sleeper = start_sleeping(page, 3)
             deadline = time.monotonic() + 30
             while not server_of_payments.deliveries and time.monotonic() < deadline:
                 time.sleep(0.05)

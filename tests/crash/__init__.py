@@ -17,13 +17,14 @@ import contextlib
 import json
 import os
 import queue
+import random
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,8 +33,12 @@ __all__ = [
     "Worker",
     "WorkerPool",
     "append_line",
+    "attempt_run",
     "go_command",
+    "open_checked",
     "read_go",
+    "serve_one_run",
+    "take_go_fields",
     "whole_lines",
 ]
 
@@ -98,6 +103,7 @@ class Worker:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.killed = False
+        self.last_line = ""  # the last line ``expect`` took
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -120,6 +126,7 @@ class Worker:
                 f"worker {self.proc.pid} printed {line!r}, expected one of {prefixes} "
                 f"(exit code {self.proc.returncode})\n{self.stderr()}"
             )
+        self.last_line = line
         return line
 
     def go(self, **fields: Any) -> None:
@@ -237,6 +244,93 @@ def drive_run(store: Any, run_id: str, start: Callable[[], Any]) -> int:
         return 3
     print("done " + json.dumps(handle.run.state, sort_keys=True), flush=True)
     return 0
+
+
+def attempt_run(
+    worker: Worker,
+    rng: random.Random,
+    kill: bool,
+    *,
+    late: tuple[float, float],
+    early_share: float = 0.0,
+    early: tuple[float, float] = (0.0, 0.1),
+    ends: tuple[str, ...] = ("needs_decision", "completed"),
+    **go: Any,
+) -> str:
+    """One attempt of ``worker``: "killed", or how it ended ("done", or one of ``ends``).
+
+    With ``kill``, a share ``early_share`` of the kills lands ``early`` seconds after
+    ``go`` (store open, resume bookkeeping), the others ``late`` seconds after ``ready``.
+    """
+    worker.go(**go)
+    line = None
+    if kill and early_share and rng.random() < early_share:
+        time.sleep(rng.uniform(*early))
+    else:
+        line = worker.expect("ready", *ends)
+        if not line.startswith("ready"):
+            assert worker.reap() == 0, worker.stderr()
+            return line.split(" ", 1)[0]
+        if kill:
+            time.sleep(rng.uniform(*late))
+    if kill and worker.kill():
+        return "killed"
+    if line is None:
+        line = worker.expect("ready", *ends, "done")
+    if line.startswith("ready"):
+        line = worker.expect("done")
+    assert worker.reap() == 0, worker.stderr()
+    return line.split(" ", 1)[0]
+
+
+def open_checked(path: Path | str, query: str | None = None) -> Any:
+    """Open the store as a user would after a crash; the schema must be intact (and
+    ``query``, when given, must run)."""
+    from kernelext._store import open_store
+    from kernelext._store.schema import MIGRATIONS
+
+    store = open_store(str(path))
+    try:
+        assert store.schema_version() == MIGRATIONS[-1].version
+        if query is not None:
+            store.read(query)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+GO_FIELDS = ("markers", "attempt", "pause_ms", "url")
+
+
+def take_go_fields(config: dict[str, Any]) -> Callable[[Mapping[str, Any]], None]:
+    """Worker side: copy the ``go`` line's markers file, attempt, pause and URL into ``config``."""
+    return lambda command: config.update({k: command[k] for k in GO_FIELDS})
+
+
+def serve_one_run(
+    start: Callable[[Mapping[str, Any], Any], Any],
+    prepare: Callable[[Mapping[str, Any]], None],
+    rng: random.Random | None = None,
+) -> int:
+    """A worker's ``main``, whole: say ``loaded``, wait for ``go``, hand the command to
+    ``prepare``, seed ``rng`` (the pauses) from the run and the attempt, open the store
+    the command names and drive the run (``start(command, store)`` when it is new)."""
+    from kernelext._store import open_store
+
+    print("loaded", flush=True)
+    command = read_go(sys.stdin)
+    if command is None:
+        return 0
+    prepare(command)
+    run_id = command["run_id"]
+    if rng is not None:
+        rng.seed(f"{run_id}/{command['attempt']}")
+    store = open_store(command["store"])
+    try:
+        return drive_run(store, run_id, lambda: start(command, store))
+    finally:
+        store.close()
 
 
 def _pythonpath() -> str:

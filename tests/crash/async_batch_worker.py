@@ -26,8 +26,7 @@ from support.async_http import apost_json
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import append_line, drive_run, read_go
-from kernelext._store import open_store
+from crash import append_line, serve_one_run, take_go_fields
 
 CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
 RNG = random.Random(0)
@@ -66,25 +65,16 @@ async def crash_amap(run: kx.Run, items: int, concurrency: int) -> None:
 
 
 def main() -> int:
-    global RNG
-    print("loaded", flush=True)
-    command = read_go(sys.stdin)
-    if command is None:
-        return 0
-    CONFIG.update({k: command[k] for k in ("markers", "attempt", "pause_ms", "url")})
-    run_id = command["run_id"]
-    RNG = random.Random(f"{run_id}/{command['attempt']}")
-    store = open_store(command["store"])
-    try:
-        return drive_run(
-            store,
-            run_id,
-            lambda: crash_amap.start(
-                int(command["items"]), int(command["concurrency"]), run_id=run_id, store=store
-            ),
-        )
-    finally:
-        store.close()
+    return serve_one_run(
+        lambda command, store: crash_amap.start(
+            int(command["items"]),
+            int(command["concurrency"]),
+            run_id=command["run_id"],
+            store=store,
+        ),
+        take_go_fields(CONFIG),
+        RNG,
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ from support.http_server import post_json
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import append_line, drive_run, read_go
-from kernelext._store import open_store
+from crash import append_line, serve_one_run, take_go_fields
 
 CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
 
@@ -65,23 +64,15 @@ def crash_batch(run: kx.Run, items: int, concurrency: int) -> int:
 
 
 def main() -> int:
-    print("loaded", flush=True)
-    command = read_go(sys.stdin)
-    if command is None:
-        return 0
-    CONFIG.update({k: command[k] for k in ("markers", "attempt", "pause_ms", "url")})
-    run_id = command["run_id"]
-    store = open_store(command["store"])
-    try:
-        return drive_run(
-            store,
-            run_id,
-            lambda: crash_batch.start(
-                int(command["items"]), int(command["concurrency"]), run_id=run_id, store=store
-            ),
-        )
-    finally:
-        store.close()
+    return serve_one_run(
+        lambda command, store: crash_batch.start(
+            int(command["items"]),
+            int(command["concurrency"]),
+            run_id=command["run_id"],
+            store=store,
+        ),
+        take_go_fields(CONFIG),
+    )
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ import os
 import random
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import append_line, drive_run, read_go
-from kernelext._store import open_store
+from crash import append_line, serve_one_run
 
 SIDE_LOG = ""
 ATTEMPT = 0
@@ -41,26 +41,21 @@ def crash_engine(run: kx.Run, steps: int) -> dict[str, Any]:
     return dict(run.state)
 
 
-def main() -> int:
-    global SIDE_LOG, ATTEMPT, PAUSE_MS, RNG
-    print("loaded", flush=True)
-    command = read_go(sys.stdin)
-    if command is None:
-        return 0
+def take_command(command: Mapping[str, Any]) -> None:
+    global SIDE_LOG, ATTEMPT, PAUSE_MS
     SIDE_LOG = command["side_log"]
     ATTEMPT = int(command["attempt"])
     PAUSE_MS = float(command.get("pause_ms", 0))
-    RNG = random.Random(f"{command['run_id']}/{ATTEMPT}")
-    run_id = command["run_id"]
-    store = open_store(command["store"])
-    try:
-        return drive_run(
-            store,
-            run_id,
-            lambda: crash_engine.start(int(command["steps"]), run_id=run_id, store=store),
-        )
-    finally:
-        store.close()
+
+
+def main() -> int:
+    return serve_one_run(
+        lambda command, store: crash_engine.start(
+            int(command["steps"]), run_id=command["run_id"], store=store
+        ),
+        take_command,
+        RNG,
+    )
 
 
 if __name__ == "__main__":

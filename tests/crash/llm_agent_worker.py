@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from openai import OpenAI
@@ -26,10 +27,9 @@ from support.http_server import post_json
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import drive_run, read_go
+from crash import serve_one_run
 from kernelext._adapters.openai import wrap_openai
 from kernelext._adapters.tools import Tools
-from kernelext._store import open_store
 
 MODEL = "scripted"
 CRASH_SCRIPT: list[dict[str, Any]] = [
@@ -118,28 +118,22 @@ def llm_crash(run: kx.Run, question: str) -> str:
     return answer
 
 
-def main() -> int:
-    global RNG
-    print("loaded", flush=True)
-    command = read_go(sys.stdin)
-    if command is None:
-        return 0
-    run_id = command["run_id"]
-    CONFIG.update(run_id=run_id, delivery_url=command["delivery_url"])
+def take_command(command: Mapping[str, Any]) -> None:
+    CONFIG.update(run_id=command["run_id"], delivery_url=command["delivery_url"])
     CONFIG["pause_ms"] = float(command["pause_ms"])
     CONFIG["client"] = wrap_openai(
         OpenAI(base_url=command["llm_url"], api_key="sk-crash-test-key-0123456789", max_retries=0)
     )
-    RNG = random.Random(f"{run_id}/{command['attempt']}")
-    store = open_store(command["store"])
-    try:
-        return drive_run(
-            store,
-            run_id,
-            lambda: llm_crash.start(f"deliver the parcels of {run_id}", run_id=run_id, store=store),
-        )
-    finally:
-        store.close()
+
+
+def main() -> int:
+    return serve_one_run(
+        lambda command, store: llm_crash.start(
+            f"deliver the parcels of {command['run_id']}", run_id=command["run_id"], store=store
+        ),
+        take_command,
+        RNG,
+    )
 
 
 if __name__ == "__main__":

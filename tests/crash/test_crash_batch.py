@@ -26,21 +26,20 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.decisions import decide_from_deliveries
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
-from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
+from crash import CRASH_DIR, WorkerPool, attempt_run, open_checked, whole_lines
 from kernelext._core.ledger.effect import effect_key
 from kernelext._core.lifecycle.resume import load_run
-from kernelext._store import Store, open_store
-from kernelext._store.schema import MIGRATIONS
+from kernelext._store import Store
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -78,17 +77,6 @@ class Matrix:
             },
             indent=1,
         )
-
-
-def open_checked(path: Path) -> Store:
-    """Open the store as a user would after a crash; the schema must be intact."""
-    store = open_store(str(path))
-    try:
-        assert store.schema_version() == MIGRATIONS[-1].version
-    except BaseException:
-        store.close()
-        raise
-    return store
 
 
 def item_key(run_id: str, item: int) -> str:
@@ -129,38 +117,10 @@ def reconcile_against_server(
         assert unknown.step_key.startswith("item-"), unknown.step_key
         received = [d for d in server.deliveries if d["idempotency_key"] == key]
         assert len(received) <= 1, f"{key} was delivered {len(received)} times"
-        if received:
-            first = received[0]
-            unknown.mark_applied(
-                result={
-                    "ok": True,
-                    "delivery": first["seq"],
-                    "path": first["path"],
-                    "idempotency_key": key,
-                },
-                note=f"server log has delivery #{first['seq']} for this key",
-            )
-        else:
-            unknown.mark_not_applied(note="the server never received this key")
+        decide_from_deliveries(unknown, received)
         matrix.decisions.append(
             {"run": run_id, "key": key, "decision": "applied" if received else "not_applied"}
         )
-
-
-def run_attempt(worker: Worker, rng: random.Random, kill: bool, **go: Any) -> str:
-    """One attempt; returns "killed", "done", "completed" or "needs_decision"."""
-    worker.go(**go)
-    line = worker.expect("ready", "needs_decision", "completed")
-    if not line.startswith("ready"):
-        assert worker.reap() == 0, worker.stderr()
-        return line.split(" ", 1)[0]
-    if kill:
-        time.sleep(rng.uniform(*KILL_AFTER))
-        if worker.kill():
-            return "killed"
-    line = worker.expect("done")
-    assert worker.reap() == 0, worker.stderr()
-    return "done"
 
 
 def check_run(store: Store, run_id: str, log: list[dict[str, Any]]) -> None:
@@ -228,10 +188,11 @@ def test_sigkill_mid_batch_delivers_each_item_exactly_once(
                 finally:
                     store.close()
                 matrix.attempts += 1
-                outcome = run_attempt(
+                outcome = attempt_run(
                     pool.take(),
                     rng,
                     matrix.mid_batch < MIN_KILLS,
+                    late=KILL_AFTER,
                     store=str(store_path),
                     run_id=run_id,
                     attempt=matrix.attempts,

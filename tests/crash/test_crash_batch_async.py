@@ -18,19 +18,18 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.decisions import decide_from_deliveries
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
-from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
+from crash import CRASH_DIR, Worker, WorkerPool, attempt_run, open_checked, whole_lines
 from kernelext._core.encoding.keys import load_result
-from kernelext._store import Store, open_store
-from kernelext._store.schema import MIGRATIONS
+from kernelext._store import Store
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -42,17 +41,6 @@ LATE_KILL_MAX = 0.12  # seconds after the run executes
 MAX_ATTEMPTS_PER_RUN = 200
 
 
-def open_checked(path: Path) -> Store:
-    """Open the store as a user would after a crash; the schema must be intact."""
-    store = open_store(str(path))
-    try:
-        assert store.schema_version() == MIGRATIONS[-1].version
-    except BaseException:
-        store.close()
-        raise
-    return store
-
-
 def reconcile_against_server(
     store: Store, run_id: str, server: DeliveryServer, decisions: list[dict[str, Any]]
 ) -> None:
@@ -62,15 +50,7 @@ def reconcile_against_server(
         assert unknown.tool == "adeliver"
         received = [d for d in server.deliveries if d["idempotency_key"] == key]
         assert len(received) <= 1, f"{key} was delivered {len(received)} times"
-        if received:
-            first = received[0]
-            unknown.mark_applied(
-                result={"ok": True, "delivery": first["seq"], "path": first["path"],
-                        "idempotency_key": key},
-                note=f"server log has delivery #{first['seq']} for this key",
-            )  # fmt: skip
-        else:
-            unknown.mark_not_applied(note="the server never received this key")
+        decide_from_deliveries(unknown, received)
         decisions.append({"key": key, "applied": bool(received), "step": unknown.step_key})
 
 
@@ -79,19 +59,10 @@ def run_attempt(
 ) -> str:
     """One attempt; returns "killed", "done", "completed" or "needs_decision". A run that
     ends here leaves the list ``run.amap`` returned in ``results[run_id]``."""
-    worker.go(**go)
-    line = worker.expect("ready", "needs_decision", "completed")
-    if not line.startswith("ready"):
-        assert worker.reap() == 0, worker.stderr()
-        return line.split(" ", 1)[0]
-    if kill:
-        time.sleep(rng.uniform(0.01, LATE_KILL_MAX))
-        if worker.kill():
-            return "killed"
-    line = worker.expect("done")
-    results[go["run_id"]] = json.loads(line.split(" ", 1)[1])["deliveries"]
-    assert worker.reap() == 0, worker.stderr()
-    return "done"
+    outcome = attempt_run(worker, rng, kill, late=(0.01, LATE_KILL_MAX), **go)
+    if outcome == "done":
+        results[go["run_id"]] = json.loads(worker.last_line.split(" ", 1)[1])["deliveries"]
+    return outcome
 
 
 def in_flight_at_kill(store: Store, run_id: str, path: Path, attempt: int) -> int:

@@ -20,20 +20,19 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.decisions import decide_from_deliveries
 from support.http_server import DeliveryServer, read_log
 
 import kernelext as kx
-from crash import CRASH_DIR, Worker, WorkerPool, whole_lines
+from crash import CRASH_DIR, WorkerPool, attempt_run, open_checked, whole_lines
 from kernelext._core.lifecycle.resume import load_run
-from kernelext._store import Store, open_store
-from kernelext._store.schema import MIGRATIONS
+from kernelext._store import Store
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -45,6 +44,7 @@ PAUSE_MS = 3.0
 EARLY_KILL_SHARE = 0.1  # aimed at store open and the resume bookkeeping
 LATE_KILL_MAX = 0.15  # seconds after the run executes
 MAX_ATTEMPTS_PER_RUN = 400
+EFFECTS_READABLE = "SELECT count(*) FROM effects"  # after a crash, besides the schema
 WINDOWS = ("startup", "intent_to_call", "call_to_outcome", "between_effects")
 
 
@@ -73,18 +73,6 @@ class Matrix:
             },
             indent=1,
         )
-
-
-def open_checked(path: Path) -> Store:
-    """Open the store as a user would after a crash; the schema must be intact."""
-    store = open_store(str(path))
-    try:
-        assert store.schema_version() == MIGRATIONS[-1].version
-        store.read("SELECT count(*) FROM effects")
-    except BaseException:
-        store.close()
-        raise
-    return store
 
 
 def markers_of(path: Path, attempt: int) -> list[tuple[str, str]]:
@@ -121,19 +109,7 @@ def reconcile_against_server(
         assert unknown.tool == "deliver"
         assert unknown.run_id == run_id
         received = [d for d in server.deliveries if d["idempotency_key"] == key]
-        if received:
-            first = received[0]
-            unknown.mark_applied(
-                result={
-                    "ok": True,
-                    "delivery": first["seq"],
-                    "path": first["path"],
-                    "idempotency_key": key,
-                },
-                note=f"server log has delivery #{first['seq']} for this key",
-            )
-        else:
-            unknown.mark_not_applied(note="the server never received this key")
+        decide_from_deliveries(unknown, received)
         matrix.decisions.append(
             {
                 "run": run_id,
@@ -143,27 +119,6 @@ def reconcile_against_server(
                 "deliveries_at_decision": len(received),
             }
         )
-
-
-def run_attempt(worker: Worker, rng: random.Random, kill: bool, **go: Any) -> str:
-    """One attempt; returns "killed", "done", "completed" or "needs_decision"."""
-    worker.go(**go)
-    if kill and rng.random() < EARLY_KILL_SHARE:
-        time.sleep(rng.uniform(0, 0.1))
-    else:
-        line = worker.expect("ready", "needs_decision", "completed")
-        if not line.startswith("ready"):
-            assert worker.reap() == 0, worker.stderr()
-            return line.split(" ", 1)[0]
-        if kill:
-            time.sleep(rng.uniform(0, LATE_KILL_MAX))
-    if kill and worker.kill():
-        return "killed"
-    line = worker.expect("ready", "needs_decision", "completed", "done")
-    if line.startswith("ready"):
-        line = worker.expect("done")
-    assert worker.reap() == 0, worker.stderr()
-    return line.split(" ", 1)[0]
 
 
 def check_run(store: Store, run_id: str, log: list[dict[str, Any]]) -> list[str]:
@@ -205,7 +160,7 @@ def test_sigkill_around_effects_delivers_each_exactly_once(
             matrix.runs.append(run_id)
             killed_attempt: int | None = None
             for _ in range(MAX_ATTEMPTS_PER_RUN):
-                store = open_checked(store_path)
+                store = open_checked(store_path, EFFECTS_READABLE)
                 try:
                     if killed_attempt is not None:
                         window = classify_kill(
@@ -220,10 +175,13 @@ def test_sigkill_around_effects_delivers_each_exactly_once(
                 finally:
                     store.close()
                 matrix.attempts += 1
-                outcome = run_attempt(
+                outcome = attempt_run(
                     pool.take(),
                     rng,
                     matrix.kills < MIN_KILLS,
+                    late=(0, LATE_KILL_MAX),
+                    early_share=EARLY_KILL_SHARE,
+                    early=(0, 0.1),
                     store=str(store_path),
                     run_id=run_id,
                     attempt=matrix.attempts,
@@ -245,7 +203,7 @@ def test_sigkill_around_effects_delivers_each_exactly_once(
 
         log = read_log(delivery_server.log_path or "")
         assert len(log) == len(delivery_server.deliveries)
-        store = open_checked(store_path)
+        store = open_checked(store_path, EFFECTS_READABLE)
         try:
             duplicates = [key for run_id in matrix.runs for key in check_run(store, run_id, log)]
         finally:

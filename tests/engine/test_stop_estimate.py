@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.clocks import TickingClock
 from support.live import name
 
 import kernelext as kx
@@ -29,25 +30,12 @@ WAIT = 60.0
 T0 = dt.datetime(2026, 3, 2, 9, 0, 0)
 
 
-class Clock:
-    """The store's clock: naive UTC that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
-
-
-def write_steps(store: Store, clock: Clock, run_id: str, durations: list[float]) -> None:
+def write_steps(store: Store, clock: TickingClock, run_id: str, durations: list[float]) -> None:
     """Completed steps ``0..n-1`` of known durations, written through the store."""
     for ordinal, seconds in enumerate(durations):
         step_id = uuid.uuid4()
         store.begin_step(run_id, step_id, ordinal, f"item-{ordinal}", None)
-        clock.advance(seconds)
+        clock.advance(seconds=seconds)
         store.complete_step(run_id, step_id, ordinal, seconds, {}, [], 0)
 
 
@@ -132,13 +120,13 @@ def test_estimate_invariants(durations: list[float], elapsed: float, bound: floa
 
 
 def test_estimate_from_steps_of_known_duration_in_the_store(store_path: Path) -> None:
-    clock = Clock()
+    clock = TickingClock(T0)
     store = open_store(str(store_path), clock=clock)
     try:
         assert store.create_run("est-1", "estimating", max_step_seconds=60.0)
         write_steps(store, clock, "est-1", [2.0, 4.0, 6.0, 8.0, 10.0])
         store.begin_step("est-1", uuid.uuid4(), 5, "item-5", None)
-        clock.advance(3.0)
+        clock.advance(seconds=3.0)
         assert estimate_stop("est-1", store) is None  # no stop pending: nothing to estimate
         store.request_stop("est-1", source="cli")
         est = estimate_stop("est-1", store)
@@ -152,7 +140,7 @@ def test_estimate_from_steps_of_known_duration_in_the_store(store_path: Path) ->
             "stops after step 6 (item-5), in about 3.0 s (up to 6.2 s); "
             "max_step_seconds forces it in 57 s"
         )
-        clock.advance(9.0)  # 12 s into a step whose peers take 2..10 s
+        clock.advance(seconds=9.0)  # 12 s into a step whose peers take 2..10 s
         late = estimate_stop("est-1", store)
         assert late is not None and late.overrunning_by == pytest.approx(2.8)
         assert late.text.startswith("stops after step 6 (item-5); overrunning by 2.8 s")

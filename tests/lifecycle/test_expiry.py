@@ -10,64 +10,29 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.live import finish_live_runs
+from support.clocks import T0, TickingClock, store_on_clock  # noqa: F401  (the fixture `store`)
+from support.live import name as unique
+from support.sweeps import concurrent_sweeps
 
 import kernelext as kx
 from kernelext._core.lifecycle import expiry
 from kernelext._core.lifecycle.run import engine_of
 from kernelext._core.process.runtime import runtime
 from kernelext._expiry_policy import DEFAULT_EXPIRY
-from kernelext._store import Store, open_store
+from kernelext._store import Store
 
 WAIT = 60.0
-T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
 
 pytestmark = pytest.mark.both_backends
 
 
-class FakeClock:
-    """Naive-UTC time that moves only when told to (plus ``tick`` per reading)."""
-
-    def __init__(self, start: dt.datetime = T0, tick: dt.timedelta = dt.timedelta(0)) -> None:
-        self.now = start
-        self.tick = tick
-        self._lock = threading.Lock()
-
-    def __call__(self) -> dt.datetime:
-        with self._lock:
-            value = self.now
-            self.now += self.tick
-            return value
-
-    def advance(self, **delta: float) -> dt.datetime:
-        with self._lock:
-            self.now += dt.timedelta(**delta)
-            return self.now
-
-
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(store_path: Path, clock: FakeClock) -> Iterator[Store]:
-    """A real DuckDB store on the fake clock, also the default store for kx.* calls (the
-    test's runtime forgets its options and kx.on_expire callbacks after the test)."""
-    opened = open_store(str(store_path), clock=clock)
-    runtime().settings.use_store(opened)
-    yield opened
-    finish_live_runs()
-    runtime().close()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+def clock() -> TickingClock:
+    return TickingClock()
 
 
 def events(store: Store, run_id: str, kind: str) -> list[dict[str, Any]]:
@@ -103,7 +68,7 @@ def suspend_run(
     "reason", ["user_stop", "approval", "rate_limit", "error", "other", "some_new_reason"]
 )
 def test_the_deadline_is_set_at_suspension_from_the_reason(
-    store: Store, clock: FakeClock, reason: str
+    store: Store, clock: TickingClock, reason: str
 ) -> None:
     run_id = unique("deadline")
     if reason == "user_stop":
@@ -140,7 +105,7 @@ def test_the_deadline_is_set_at_suspension_from_the_reason(
 
 
 @pytest.mark.duckdb_only
-def test_configured_policy_and_a_per_call_override(store: Store, clock: FakeClock) -> None:
+def test_configured_policy_and_a_per_call_override(store: Store, clock: TickingClock) -> None:
     kx.configure(expiry={"approval": 90, "rate_limit": dt.timedelta(minutes=5)})
     suspend_run(store, "approval", "configured")
     assert store.get_run("configured")["deadline"] == T0 + dt.timedelta(seconds=90)
@@ -172,7 +137,7 @@ def price_of(sku: str) -> float:
 
 
 @pytest.mark.duckdb_only
-def test_a_run_waiting_for_a_decision_expires_too(store: Store, clock: FakeClock) -> None:
+def test_a_run_waiting_for_a_decision_expires_too(store: Store, clock: TickingClock) -> None:
     """needs_decision is a pause: it gets a deadline from the ``decision`` policy."""
     PRICES["A"] = 1.0
     run_id = unique("undecided")
@@ -207,7 +172,7 @@ def test_a_run_waiting_for_a_decision_expires_too(store: Store, clock: FakeClock
 
 # -- claims on expiry ---------------------------------------------------------------------
 def test_expiry_releases_both_claims_so_another_run_can_take_them(
-    store: Store, clock: FakeClock
+    store: Store, clock: TickingClock
 ) -> None:
     suspend_run(store, "approval", "holder", claims=["customer:42", "gpu:0"])
     assert {c["resource"] for c in store.claims("holder", active=True)} == {"customer:42", "gpu:0"}
@@ -249,7 +214,7 @@ def test_expiry_releases_both_claims_so_another_run_can_take_them(
 # -- notification ---------------------------------------------------------------------------
 @pytest.mark.duckdb_only
 def test_callbacks_listeners_and_hooks_are_told_and_a_failing_callback_is_recorded(
-    store: Store, clock: FakeClock
+    store: Store, clock: TickingClock
 ) -> None:
     handle = suspend_run(store, "rate_limit", "notified-1")
     suspend_run(store, "rate_limit", "notified-2")
@@ -293,7 +258,7 @@ def test_callbacks_listeners_and_hooks_are_told_and_a_failing_callback_is_record
 
 @pytest.mark.duckdb_only
 def test_a_failing_callbacks_error_is_scrubbed_before_it_is_cut(
-    store: Store, clock: FakeClock
+    store: Store, clock: TickingClock
 ) -> None:
     secret = kx.secrets.register(f"EXPsecret-{uuid.uuid4().hex}")
     suspend_run(store, "rate_limit", "cut-1")
@@ -321,24 +286,13 @@ def test_on_expire_takes_only_callables(store: Store) -> None:
 
 
 # -- races -------------------------------------------------------------------------------------
-def test_two_sweeps_produce_exactly_one_expiry(store: Store, clock: FakeClock) -> None:
+def test_two_sweeps_produce_exactly_one_expiry(store: Store, clock: TickingClock) -> None:
     for i in range(5):
         suspend_run(store, "error", f"raced-{i}")
     calls: list[str] = []
     kx.on_expire(lambda info: calls.append(info.run_id))
     clock.advance(days=2)
-    barrier = threading.Barrier(3)
-    results: list[expiry.SweepResult] = []
-
-    def sweeper() -> None:
-        barrier.wait(WAIT)
-        results.append(kx.sweep())
-
-    threads = [threading.Thread(target=sweeper) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
+    results = concurrent_sweeps(3)
     assert sorted(r for res in results for r in res.expired_ids) == [f"raced-{i}" for i in range(5)]
     assert sorted(calls) == [f"raced-{i}" for i in range(5)]
     for i in range(5):
@@ -346,7 +300,7 @@ def test_two_sweeps_produce_exactly_one_expiry(store: Store, clock: FakeClock) -
     assert kx.sweep().expired == []
 
 
-def test_a_sweep_racing_a_resume_has_exactly_one_winner(store: Store, clock: FakeClock) -> None:
+def test_a_sweep_racing_a_resume_has_exactly_one_winner(store: Store, clock: TickingClock) -> None:
     agent = suspending_agent("rate_limit")
     outcomes: dict[str, int] = {"resumed": 0, "expired": 0}
     for i in range(30):
@@ -401,7 +355,7 @@ def test_a_sweep_racing_a_resume_has_exactly_one_winner(store: Store, clock: Fak
 # -- retention ----------------------------------------------------------------------------------
 @pytest.mark.duckdb_only
 def test_payloads_are_kept_for_the_retention_period_then_removed(
-    store: Store, clock: FakeClock, store_path: Path
+    store: Store, clock: TickingClock, store_path: Path
 ) -> None:
     kx.configure(retention_seconds=3600)
 
@@ -451,7 +405,7 @@ def test_payloads_are_kept_for_the_retention_period_then_removed(
 
 
 @pytest.mark.duckdb_only
-def test_the_sweeper_thread_sweeps_the_default_store(store: Store, clock: FakeClock) -> None:
+def test_the_sweeper_thread_sweeps_the_default_store(store: Store, clock: TickingClock) -> None:
     suspend_run(store, "rate_limit", "periodic")
     clock.advance(hours=2)
     swept = threading.Event()
@@ -468,7 +422,7 @@ def test_the_sweeper_thread_sweeps_the_default_store(store: Store, clock: FakeCl
         expiry.Sweeper(interval_s=0)
 
 
-def test_a_run_resumed_before_the_sweep_is_not_expired(store: Store, clock: FakeClock) -> None:
+def test_a_run_resumed_before_the_sweep_is_not_expired(store: Store, clock: TickingClock) -> None:
     suspend_run(store, "rate_limit", "resumed-first")
     clock.advance(hours=2)
     handle = kx.resume("resumed-first")

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from crash import CRASH_DIR, WorkerPool, whole_lines
-from support.live import finish_live_runs
+from support.clocks import TickingClock, store_on_clock  # noqa: F401  (the fixture `store`)
 from support.old_schema import back_to_schema
+from support.sweeps import concurrent_sweeps
 
 import kernelext as kx
 from kernelext._core.lifecycle import expiry
@@ -29,38 +30,12 @@ from kernelext._store.compat import NEWEST_SCHEMA
 pytestmark = pytest.mark.both_backends
 
 WAIT = 60.0
-T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
 LATE = dt.timedelta(seconds=expiry.LATE_AFTER_SECONDS + 1)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = T0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> dt.datetime:
-        with self._lock:
-            self.now += dt.timedelta(microseconds=100)
-            return self.now
-
-    def advance(self, delta: dt.timedelta) -> dt.datetime:
-        with self._lock:
-            self.now += delta
-            return self.now
-
-
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(store_path: Path, clock: FakeClock) -> Iterator[Store]:
-    opened = open_store(str(store_path), clock=clock)
-    runtime().settings.use_store(opened)
-    yield opened
-    finish_live_runs()
-    runtime().close()
+def clock() -> TickingClock:
+    return TickingClock(microseconds=100)
 
 
 def suspend(run_id: str, store: Store | None = None, deadline: Any = None) -> None:
@@ -131,7 +106,7 @@ def test_a_sweep_killed_after_the_expiry_leaves_it_for_the_next_sweep(tmp_path: 
 
 # -- in one process ---------------------------------------------------------------------
 def test_a_sweep_with_callbacks_marks_what_it_delivered(
-    store: Store, clock: FakeClock, seen: list[str]
+    store: Store, clock: TickingClock, seen: list[str]
 ) -> None:
     suspend("marked")
     clock.advance(dt.timedelta(hours=2))
@@ -142,7 +117,7 @@ def test_a_sweep_with_callbacks_marks_what_it_delivered(
 
 
 def test_a_sweep_without_callbacks_leaves_the_delivery_to_one_with_them(
-    store: Store, clock: FakeClock
+    store: Store, clock: TickingClock
 ) -> None:
     suspend("cron")
     clock.advance(dt.timedelta(hours=2))
@@ -156,7 +131,7 @@ def test_a_sweep_without_callbacks_leaves_the_delivery_to_one_with_them(
     assert calls == ["cron"] and notified_at(store, "cron") is not None
 
 
-def test_a_callback_that_raises_counts_as_delivered(store: Store, clock: FakeClock) -> None:
+def test_a_callback_that_raises_counts_as_delivered(store: Store, clock: TickingClock) -> None:
     calls: list[str] = []
 
     def broken(info: expiry.ExpiredRun) -> None:
@@ -182,7 +157,7 @@ def wait_for(predicate: Any, timeout: float = WAIT) -> None:
 
 
 def test_a_callback_raising_systemexit_never_stops_the_periodic_sweeper(
-    store: Store, clock: FakeClock
+    store: Store, clock: TickingClock
 ) -> None:
     calls: list[str] = []
 
@@ -208,7 +183,7 @@ def test_a_callback_raising_systemexit_never_stops_the_periodic_sweeper(
 
 
 def test_a_keyboard_interrupt_in_a_callback_of_kx_sweep_is_let_through(
-    store: Store, clock: FakeClock
+    store: Store, clock: TickingClock
 ) -> None:
     def interrupted(info: expiry.ExpiredRun) -> None:
         raise KeyboardInterrupt
@@ -222,7 +197,7 @@ def test_a_keyboard_interrupt_in_a_callback_of_kx_sweep_is_let_through(
     assert store.expiry_delivered("ctrlc")  # marked before it was let through
 
 
-def test_two_sweeps_at_once_deliver_a_late_expiry_once(store: Store, clock: FakeClock) -> None:
+def test_two_sweeps_at_once_deliver_a_late_expiry_once(store: Store, clock: TickingClock) -> None:
     for i in range(4):
         suspend(f"late-{i}")
     clock.advance(dt.timedelta(hours=2))
@@ -236,24 +211,13 @@ def test_two_sweeps_at_once_deliver_a_late_expiry_once(store: Store, clock: Fake
 
     kx.on_expire(pager)
     clock.advance(LATE)
-    barrier = threading.Barrier(3)
-    results: list[expiry.SweepResult] = []
-
-    def sweeper() -> None:
-        barrier.wait(WAIT)
-        results.append(kx.sweep())
-
-    threads = [threading.Thread(target=sweeper) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
+    results = concurrent_sweeps(3)
     assert sorted(calls) == [f"late-{i}" for i in range(4)]
     assert sorted(e.run_id for r in results for e in r.delivered) == sorted(calls)
 
 
 def test_an_expiry_long_past_its_retention_is_still_delivered(
-    store: Store, clock: FakeClock
+    store: Store, clock: TickingClock
 ) -> None:
     kx.configure(retention_seconds=3600)
     suspend("ancient")
@@ -269,7 +233,7 @@ def test_an_expiry_long_past_its_retention_is_still_delivered(
 
 
 def test_expiries_from_before_schema_7_are_not_delivered_late(
-    store: Store, clock: FakeClock, store_path: Path
+    store: Store, clock: TickingClock, store_path: Path
 ) -> None:
     suspend("before7")
     clock.advance(dt.timedelta(hours=2))

@@ -8,58 +8,29 @@ a repeated call would be counted).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from crash import CRASH_DIR, Worker, WorkerPool
+from support.clocks import TickingClock, store_on_clock  # noqa: F401  (the fixture `store`)
 from support.http_server import DeliveryServer, post_json
-from support.live import finish_live_runs
+from support.live import name as unique
 
 import kernelext as kx
 from kernelext._core.ledger.effect import effect_key
-from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
 WAIT = 60.0
-T0 = dt.datetime(2031, 5, 1, 12, 0, 0)
-
-
-class TickingClock:
-    """Fake UTC time: a millisecond passes per reading; ``advance`` jumps ahead."""
-
-    def __init__(self) -> None:
-        self.now = T0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> dt.datetime:
-        with self._lock:
-            self.now += dt.timedelta(milliseconds=1)
-            return self.now
-
-    def advance(self, **delta: float) -> None:
-        with self._lock:
-            self.now += dt.timedelta(**delta)
 
 
 @pytest.fixture
 def clock() -> TickingClock:
-    return TickingClock()
-
-
-@pytest.fixture
-def store(store_path: Path, clock: TickingClock) -> Iterator[Store]:
-    opened = open_store(str(store_path), clock=clock)
-    runtime().settings.use_store(opened)
-    yield opened
-    finish_live_runs()
-    runtime().close()
+    return TickingClock(milliseconds=1)
 
 
 URL: dict[str, str] = {"url": ""}
@@ -80,10 +51,6 @@ def notify(item: str, *, idempotency_key: str | None = None) -> Any:
 def pay(amount: int, *, idempotency_key: str | None = None) -> Any:
     body = {"item": f"pay {amount}"}
     return post_json(URL["url"] + "/pay", body, idempotency_key=idempotency_key).body
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def counts(server: DeliveryServer) -> dict[str, int]:

@@ -266,13 +266,13 @@ def test_sigkill_anywhere_then_resume_on_postgres(
 ) -> None:
     import random
 
-    from crash import CRASH_DIR, WorkerPool
-    from crash.test_crash_engine import (
-        STEPS,
-        attempt_once,
+    from crash import WorkerPool
+    from support.engine_crash import (
+        ENGINE_WORKER,
+        KillTally,
         final_state,
-        inspect_store,
-        side_log_lines,
+        reference_state,
+        resume_until_completed,
     )
 
     rng = random.Random(int(os.environ.get("KERNELEXT_CRASH_SEED", "20240611")))
@@ -280,53 +280,27 @@ def test_sigkill_anywhere_then_resume_on_postgres(
     side_log = tmp_path / "side.log"
     reference = postgres_server.create_database()
     store_url = postgres_server.create_database()
-    pool = WorkerPool(CRASH_DIR / "engine_worker.py", tmp_path)
+    pool = WorkerPool(ENGINE_WORKER, tmp_path)
     try:
-        outcome = attempt_once(
-            pool.take(),
-            rng,
-            False,
-            store=reference,
-            run_id="reference",
-            attempt=0,
-            steps=STEPS,
-            side_log=str(side_log),
-            pause_ms=0,
-        )
-        assert outcome == "done"
-        expected = final_state(reference, "reference")
-        kills = 0
+        expected = reference_state(pool, rng, reference, side_log)
+        tally = KillTally()
         runs = 0
-        reruns: list[tuple[str, str, int]] = []
-        while kills < kills_wanted:
+        while tally.kills < kills_wanted:
             run_id = f"pg-engine-{runs}"
             runs += 1
-            for attempt in range(1, 400):
-                status, durable = inspect_store(store_url, run_id)
-                if status == "completed":
-                    break
-                outcome = attempt_once(
-                    pool.take(),
-                    rng,
-                    kills < kills_wanted,
-                    store=store_url,
-                    run_id=run_id,
-                    attempt=attempt,
-                    steps=STEPS,
-                    side_log=str(side_log),
-                    pause_ms=4.0,
-                )
-                kills += outcome == "killed"
-                executed = {
-                    key
-                    for rid, key, att, _ in side_log_lines(side_log)
-                    if rid == run_id and att == attempt
-                }
-                reruns += [(run_id, key, attempt) for key in executed & durable]
-            else:
-                pytest.fail(f"run {run_id} did not complete")
+            resume_until_completed(
+                pool,
+                rng,
+                store_url,
+                run_id,
+                side_log,
+                tally,
+                kills_wanted=kills_wanted,
+                pause_ms=4.0,
+                max_attempts=399,
+            )
             assert final_state(store_url, run_id) == expected
-        assert not reruns, f"durably completed steps ran again: {reruns}"
+        assert not tally.reruns, f"durably completed steps ran again: {tally.reruns}"
     finally:
         pool.close()
 

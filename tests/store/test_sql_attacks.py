@@ -17,17 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
-from test_sql_safety import (
-    SECRET,
-    assert_refused_the_same,
+from support.sql_paths import (
     cli_sql,
     close_shell,
-    files,
-    ledger_state,
-    populate,
+    refused_on_every_path,
     run_in_shell,
     shell_with_extension,
 )
+from test_sql_safety import SECRET, assert_refused_the_same, files, ledger_state, populate
 
 import kernelext as kx
 from kernelext._store import Store, open_store, sql_guard
@@ -178,18 +175,7 @@ def test_every_wrapper_of_the_escape_is_refused_on_every_path(
     queries = [q for q in queries if "?" not in q][::3]  # a sample (each CLI call is a process)
     store = open_store(str(populated))
     before, listed = ledger_state(store), files(places["root"], populated)
-    by_api = {}
-    for query in queries:
-        with pytest.raises(ReadOnlyError) as refused:
-            kx.sql(query, store=store)
-        by_api[query] = str(refused.value)
-    store.close()
-    by_magic = run_in_shell(populated, queries)
-    by_cli = {}
-    for query in queries:
-        proc = cli_sql(populated, places["cwd"], query)
-        assert proc.returncode == 2, (query, proc.stdout, proc.stderr)
-        by_cli[query] = proc.stderr.strip().removeprefix("kernelext: ")
+    by_api, by_magic, by_cli = refused_on_every_path(store, populated, places["cwd"], queries)
     assert_refused_the_same(by_api)
     assert by_magic == by_api and by_cli == by_api
     store = open_store(str(populated))
@@ -321,18 +307,7 @@ def test_multibyte_explain_is_refused_by_ledger_and_cli(
     queries = [hide(full) for full in hidden_payloads(places["out"])[:2]]
     store = open_store(str(populated))
     before = full_state(store)
-    by_api = {}
-    for query in queries:
-        with pytest.raises(ReadOnlyError) as refused:
-            kx.sql(query, store=store)
-        by_api[query] = str(refused.value)
-    store.close()
-    by_magic = run_in_shell(populated, queries)
-    by_cli = {}
-    for query in queries:
-        proc = cli_sql(populated, places["cwd"], query)
-        assert proc.returncode == 2, (proc.stdout, proc.stderr)
-        by_cli[query] = proc.stderr.strip().removeprefix("kernelext: ")
+    by_api, by_magic, by_cli = refused_on_every_path(store, populated, places["cwd"], queries)
     assert by_magic == by_api and by_cli == by_api
     store = open_store(str(populated))
     try:

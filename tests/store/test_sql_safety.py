@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +18,14 @@ from typing import Any
 import duckdb
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
+from support.sql_paths import (
+    cli_sql,
+    close_shell,
+    refused_on_every_path,
+    shell_with_extension,
+)
 
 import kernelext as kx
-from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 from kernelext._store.sql_guard import Checked
 from kernelext._store.sql_refusals import REASONS
@@ -282,20 +283,7 @@ def test_all_paths_refuse_every_attack_with_one_message_and_change_nothing(
     store = open_store(str(store_path))
     populate(store)
     before, listed = ledger_state(store), files(places["root"], store_path)
-    by_api = {}
-    for query in queries:
-        with pytest.raises(ReadOnlyError) as refused:
-            kx.sql(query, store=store)
-        by_api[query] = str(refused.value)
-    store.close()
-
-    by_magic = run_in_shell(store_path, queries)
-    by_cli = {}
-    for query in queries:
-        proc = cli_sql(store_path, places["cwd"], query)
-        assert proc.returncode == 2, (query, proc.stdout, proc.stderr)
-        by_cli[query] = proc.stderr.strip().removeprefix("kernelext: ")
-
+    by_api, by_magic, by_cli = refused_on_every_path(store, store_path, places["cwd"], queries)
     assert_refused_the_same(by_api)
     assert by_magic == by_api
     assert by_cli == by_api
@@ -308,62 +296,6 @@ def test_all_paths_refuse_every_attack_with_one_message_and_change_nothing(
     for target in ("explain.csv", "leak.csv", "leak.parquet", "other.duckdb", "export"):
         assert not (places["out"] / target).exists()
     assert not (places["cwd"] / "relative.csv").exists()
-
-
-def run_in_shell(store_path: Path, queries: list[str]) -> dict[str, str]:
-    """Each query as a %%ledger cell; the UsageError each one raised, by query."""
-    shell = shell_with_extension(store_path)
-    try:
-        messages = {}
-        for query in queries:
-            # IPython itself refuses a cell magic with an empty body: "" goes as %ledger
-            result = shell.run_cell("%%ledger\n" + query if query else "%ledger")
-            error = result.error_in_exec
-            assert isinstance(error, UsageError), (query, result.result)
-            messages[query] = str(error)
-        line = shell.run_cell("%ledger " + queries[0].replace("\n", " "))
-        assert isinstance(line.error_in_exec, UsageError)
-        return messages
-    finally:
-        close_shell(shell)
-
-
-def shell_with_extension(store_path: Path) -> InteractiveShell:
-    shell = InteractiveShell.instance()
-    shell.config.pop("Kernelext", None)
-    runtime().settings.use_store(str(store_path))
-    shell.run_line_magic("load_ext", "kernelext")
-    return shell
-
-
-def close_shell(shell: InteractiveShell) -> None:
-    shell.run_line_magic("unload_ext", "kernelext")
-    shell.config.pop("Kernelext", None)
-    for name in ("run_id", "evil", "out", "path"):
-        shell.user_ns.pop(name, None)
-    runtime().settings.close()
-    runtime().settings.use_store(None)
-
-
-def cli_sql(store_path: Path, cwd: Path, query: str, *options: str) -> Any:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kernelext",
-            "sql",
-            "--store",
-            str(store_path),
-            *options,
-            "--",
-            query,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={**os.environ, "KERNELEXT_STORE": str(store_path)},
-    )
 
 
 # -- by construction: what a wrong check would let through, the database refuses -------------

@@ -34,6 +34,7 @@ from typing import Any
 from crash import append_line, whole_lines
 
 import kernelext as kx
+from support.decisions import decide_from_deliveries
 from support.http_server import DeliveryServer, post_json, read_log
 
 __all__ = [
@@ -221,19 +222,11 @@ def decide_from_log(run_id: str, server: DeliveryServer, *, store: Any = None) -
         assert unknown.step_key.startswith("item-"), unknown.step_key
         received = [d for d in log if d["idempotency_key"] == key]
         assert len(received) <= 1, f"{key} was delivered {len(received)} times"
-        if received:
-            first = received[0]
-            unknown.mark_applied(
-                result={
-                    "ok": True,
-                    "delivery": first["seq"],
-                    "path": first["path"],
-                    "idempotency_key": key,
-                },
-                note=f"the server's log has delivery #{first['seq']} under this key",
-            )
-            decided["applied"] += 1
-        else:
-            unknown.mark_not_applied(note="the server's log has nothing under this key")
-            decided["not_applied"] += 1
+        applied = decide_from_deliveries(
+            unknown,
+            received,
+            applied_note="the server's log has delivery #{seq} under this key",
+            not_applied_note="the server's log has nothing under this key",
+        )
+        decided["applied" if applied else "not_applied"] += 1
     return decided

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -44,32 +43,27 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 __all__ = ["DeliveryServer", "Response", "post_json", "read_log"]
+
+try:
+    from support.local_server import JSONHandler, LocalHTTPServer, ServedLocally
+except ImportError:  # run standalone: python tests/support/http_server.py
+    from local_server import (  # type: ignore[no-redef]
+        JSONHandler,
+        LocalHTTPServer,
+        ServedLocally,
+    )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # silence stderr noise
-        pass
-
-    def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (extra or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
+    _send = JSONHandler.send_body
 
     def do_GET(self) -> None:
         owner = self.server.owner
@@ -90,9 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b'{"error": "not found"}')
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if len(raw) < length:  # the client died mid-request: like a real API, nothing happened
+        raw = self.read_body()
+        if raw is None:
             return
         try:
             body = json.loads(raw) if raw else None
@@ -104,9 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, payload, headers)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server(LocalHTTPServer):
     # Many clients connecting at once (a batch of 16 or 32) must not overflow the listen
     # backlog (5 by default): a dropped SYN is sent again a second later, which would
     # delay a request by a second that no client caused.
@@ -129,15 +120,9 @@ class _Server(ThreadingHTTPServer):
         finally:
             self.owner._leave()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that gave up (timeout, SIGKILL) is part of what we test.
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            return
-        super().handle_error(request, client_address)
-
 
 @dataclass
-class DeliveryServer:
+class DeliveryServer(ServedLocally):
     """Counts POST deliveries; see the module docstring.
 
     ``delay`` (seconds) is slept *after* a delivery was recorded and before the
@@ -145,6 +130,10 @@ class DeliveryServer:
     (use it to provoke timeouts / unknown outcomes). ``fail_next(n, status)``
     makes the next ``n`` POSTs fail *without* recording a delivery.
     """
+
+    handler = _Handler
+    server_class = _Server
+    thread_name = "delivery-server"
 
     dedupe: bool = False
     log_path: Path | str | None = None
@@ -168,56 +157,9 @@ class DeliveryServer:
         self._log: Any = None
         self._active = 0
 
-    # -- lifecycle ---------------------------------------------------------
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("DeliveryServer is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> DeliveryServer:
-        if self._server is not None:
-            return self
-        if self.log_path is not None:
-            self.log_path = Path(self.log_path)
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115
-        server = _Server((self.host, self.port), _Handler)
-        server.owner = self
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="delivery-server",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-        with self._lock:
-            if self._log is not None:
-                self._log.close()
-                self._log = None
-
-    def __enter__(self) -> DeliveryServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    # -- lifecycle (ServedLocally) -----------------------------------------
+    def _log_lock(self) -> Any:
+        return self._lock
 
     # -- queries -----------------------------------------------------------
     def count(self, key: str | None = None, *, path: str | None = None) -> int:
@@ -376,13 +318,6 @@ class DeliveryServer:
         if slow:
             time.sleep(slow)
         return 200, response, {}
-
-    def _write_log(self, record: dict[str, Any]) -> None:
-        if self._log is None:
-            return
-        self._log.write(json.dumps(record, sort_keys=True) + "\n")
-        self._log.flush()
-        os.fsync(self._log.fileno())
 
 
 def _matches(record: dict[str, Any], key: str | None, path: str | None) -> bool:

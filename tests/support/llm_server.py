@@ -42,18 +42,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import signal
 import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 __all__ = ["DEMO_SCRIPT", "LLMServer", "read_requests"]
+
+try:
+    from support.local_server import JSONHandler, LocalHTTPServer, ServedLocally
+except ImportError:  # run standalone: python tests/support/llm_server.py
+    from local_server import (  # type: ignore[no-redef]
+        JSONHandler,
+        LocalHTTPServer,
+        ServedLocally,
+    )
 
 CREATED = 1_700_000_000  # a fixed timestamp: the same request gets the same bytes back
 
@@ -67,23 +74,14 @@ DEMO_SCRIPT: list[dict[str, Any]] = [
 ]
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
     # Headers and body go out in two sends; without this, Nagle's algorithm holds the
     # second one for the client's delayed ACK (about 40 ms a request).
     disable_nagle_algorithm = True
 
-    def log_message(self, format: str, *args: Any) -> None:  # silence stderr noise
-        pass
-
     def _send(self, status: int, payload: Any) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_body(status, json.dumps(payload).encode())
 
     def do_GET(self) -> None:
         owner = self.server.owner
@@ -100,9 +98,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if len(raw) < length:  # the client died mid-request: like a real API, nothing happened
+        raw = self.read_body()
+        if raw is None:
             return
         try:
             body = json.loads(raw)
@@ -145,25 +142,20 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(owner.chunk_delay)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server(LocalHTTPServer):
     owner: LLMServer
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that gave up (timeout, SIGKILL) is part of what we test.
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            return
-        super().handle_error(request, client_address)
 
 
 @dataclass
-class LLMServer:
+class LLMServer(ServedLocally):
     """The scripted model server; see the module docstring.
 
     ``delay`` (seconds) is slept after a request was logged and before its reply is
     sent (a model thinking); ``chunk_delay`` between two streamed events.
     """
+
+    handler = _Handler
+    server_class = _Server
 
     script: list[dict[str, Any]] = field(default_factory=lambda: list(DEMO_SCRIPT))
     log_path: Path | str | None = None
@@ -183,54 +175,14 @@ class LLMServer:
         self._thread: threading.Thread | None = None
         self._log: Any = None
 
-    # -- lifecycle ---------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """``http://127.0.0.1:PORT`` (the server root)."""
-        if self._server is None:
-            raise RuntimeError("LLMServer is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+    # -- lifecycle (ServedLocally) -----------------------------------------
+    def _log_lock(self) -> Any:
+        return self.lock
 
     @property
     def base_url(self) -> str:
         """What ``OpenAI(base_url=...)`` takes."""
         return self.url + "/v1"
-
-    def start(self) -> LLMServer:
-        if self._server is not None:
-            return self
-        if self.log_path is not None:
-            self.log_path = Path(self.log_path)
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115
-        server = _Server((self.host, self.port), _Handler)
-        server.owner = self
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-        with self.lock:
-            if self._log is not None:
-                self._log.close()
-                self._log = None
-
-    def __enter__(self) -> LLMServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- queries -----------------------------------------------------------
     def per_turn(self, endpoint: str | None = None) -> Counter[tuple[str, int]]:
@@ -348,10 +300,7 @@ class LLMServer:
     def _append(self, record: dict[str, Any]) -> None:
         with self.lock:
             record["seq"] = len(self.requests) + 1
-            if self._log is not None:
-                self._log.write(json.dumps(record, sort_keys=True) + "\n")
-                self._log.flush()
-                os.fsync(self._log.fileno())
+            self._write_log(record)
             self.requests.append(record)
 
     def _note(

@@ -14,7 +14,15 @@ import pytest
 
 from support.http_server import DeliveryServer
 
-__all__ = ["WAIT", "deliver_effect", "per_key", "spawned_pool"]
+__all__ = [
+    "WAIT",
+    "deliver_effect",
+    "item_jobs",
+    "module_pool",
+    "per_key",
+    "spawned_pool",
+    "store_for_workers",
+]
 
 WAIT = 60.0  # seconds a worker waits for its turn before going on anyway
 
@@ -28,6 +36,30 @@ def spawned_pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
     list(executor.map(time.sleep, [0.01, 0.01]))  # both worker processes up
     yield executor
     executor.shutdown(cancel_futures=True)
+
+
+@pytest.fixture(scope="module", name="pool")
+def module_pool() -> Iterator[concurrent.futures.ProcessPoolExecutor]:
+    """Two real worker processes, started fresh (spawn): nothing of this process in them;
+    one pool for all the tests of a module (the fixture ``pool``)."""
+    with concurrent.futures.ProcessPoolExecutor(
+        2, mp_context=multiprocessing.get_context("spawn")
+    ) as executor:
+        yield executor
+
+
+def store_for_workers(monkeypatch: pytest.MonkeyPatch, url: str) -> Any:
+    """The store at ``url`` opened here and made the default (``KERNELEXT_STORE``) of the
+    worker processes the test starts."""
+    import kernelext as kx
+
+    monkeypatch.setenv("KERNELEXT_STORE", url)
+    return kx.open_store(url)
+
+
+def item_jobs(server: DeliveryServer, count: int) -> list[tuple[str, int]]:
+    """``count`` jobs of (the server's ``/items`` address, item number)."""
+    return [(server.url + "/items", i) for i in range(count)]
 
 
 def deliver_effect(kx: Any, url: str, gate: str | None = None, **options: Any) -> Any:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import pytest
-from crash import CRASH_DIR, Worker, WorkerPool
+from crash import CRASH_DIR, Worker, WorkerPool, attempt_run
 from crash.llm_agent_worker import (
     CRASH_SCRIPT,
     DELIVERIES,
@@ -537,27 +537,6 @@ def decide_unknowns(
         decisions.append({"key": key, "tool": item.tool, "decision": decision})
 
 
-def attempt(worker: Any, rng: random.Random, kill: bool, **go: Any) -> str:
-    """One worker run; "killed", or how it ended ("done", "completed", "needs_decision")."""
-    worker.go(**go)
-    if kill and rng.random() < EARLY_KILL_SHARE:
-        time.sleep(rng.uniform(0, 0.1))
-    else:
-        line = worker.expect("ready", "needs_decision", "completed")
-        if not line.startswith("ready"):
-            assert worker.reap() == 0, worker.stderr()
-            return line.split(" ", 1)[0]
-        if kill:
-            time.sleep(rng.uniform(0, LATE_KILL_MAX))
-    if kill and worker.kill():
-        return "killed"
-    line = worker.expect("ready", "done", "needs_decision", "completed")
-    if line.startswith("ready"):
-        line = worker.expect("done")
-    assert worker.reap() == 0, worker.stderr()
-    return line.split(" ", 1)[0]
-
-
 @pytest.mark.slow
 @pytest.mark.crash
 @pytest.mark.timeout(600)
@@ -584,10 +563,13 @@ def test_sigkilled_llm_agent_repeats_no_completed_turn_and_no_delivery(
                     if row is not None:
                         decide_unknowns(store, run_id, delivery_server, decisions)
                 attempts += 1
-                outcome = attempt(
+                outcome = attempt_run(
                     pool.take(),
                     rng,
                     kills < KILLS,
+                    late=(0, LATE_KILL_MAX),
+                    early_share=EARLY_KILL_SHARE,
+                    early=(0, 0.1),
                     store=str(store_path),
                     run_id=run_id,
                     attempt=attempts,

@@ -8,9 +8,6 @@ a tool waits until the test asked for the stop, which lands at the next model ca
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 from support.llm_server import LLMServer
+from support.llm_views import MODEL, client_of, kernelext_show, no_prices  # noqa: F401
 
 import kernelext as kx
 from kernelext._adapters.tools import Tools
@@ -26,7 +24,6 @@ from kernelext._core.views import conversation
 from kernelext.status import Status
 from kernelext.widgets._render import to_text, view_of
 
-MODEL = "scripted"
 PRICE = (2.0, 8.0)  # dollars per million prompt / completion tokens
 
 
@@ -36,19 +33,10 @@ def llm(tmp_path: Path) -> Any:
         yield server
 
 
-@pytest.fixture(autouse=True)
-def no_prices() -> Any:
-    conversation.PRICES.clear()
-    yield
-    conversation.PRICES.clear()
-
-
 def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_resume(
     store: Any, store_path: Path, llm: LLMServer
 ) -> None:
-    client = kx.openai(
-        OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0), prices={MODEL: PRICE}
-    )
+    client = client_of(llm, prices={MODEL: PRICE})
     reached, opened = threading.Event(), threading.Event()
     live: list[Any] = []
 
@@ -115,14 +103,7 @@ def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_r
     assert "$" in summary
     panel_text = to_text(view_of(resumed))
     assert f"{asked} turns" in panel_text and "last: assistant: " in panel_text, panel_text
-    shown_cli = subprocess.run(
-        [sys.executable, "-m", "kernelext", "show", "talk", "--store", str(store_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=dict(os.environ),
-        check=True,
-    ).stdout
+    shown_cli = kernelext_show("talk", store_path)
     # prices are given in the process that runs the agent; another process shows no cost
     assert f"conversation: {talk.text().split(' · $')[0]}\n" in shown_cli, shown_cli
     for shown in (summary, panel_text, plan, shown_cli):

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from IPython.core.formatters import DisplayFormatter
+from support.clocks import TickingClock
 from support.live import name
 
 import kernelext as kx
@@ -141,27 +142,16 @@ def test_twenty_steps_two_stops_and_a_forced_stop_are_all_drawn(
     assert "21 step attempts (1 forced), 20 effects" in bundle["text/plain"]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += dt.timedelta(seconds=seconds)
-
-
-def write_steps(store: Store, clock: Clock, run_id: str, ordinals: range) -> None:
+def write_steps(store: Store, clock: TickingClock, run_id: str, ordinals: range) -> None:
     for ordinal in ordinals:
         step_id = uuid.uuid4()
         store.begin_step(run_id, step_id, ordinal, str(ordinal), None)
-        clock.advance(1.0)
+        clock.advance(seconds=1.0)
         store.complete_step(run_id, step_id, ordinal, 1.0, {}, [], 0)
 
 
 def test_a_day_suspended_is_cut_from_the_axis(store_path: Path) -> None:
-    clock = Clock()
+    clock = TickingClock(T0)
     store = open_store(str(store_path), clock=clock)
     try:
         assert store.create_run("day-1", "daily")
@@ -169,7 +159,7 @@ def test_a_day_suspended_is_cut_from_the_axis(store_path: Path) -> None:
         store.request_stop("day-1", source="test")
         running = (Status.RUNNING, Status.STOPPING)
         store.transition("day-1", Status.SUSPENDED, running, kind=Status.SUSPENDED)
-        clock.advance(86400.0)
+        clock.advance(seconds=86400.0)
         store.transition("day-1", Status.RUNNING, (Status.SUSPENDED,), kind="resumed")
         write_steps(store, clock, "day-1", range(5, 10))
         store.transition("day-1", Status.COMPLETED, running, kind=Status.COMPLETED)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 from support.llm_server import LLMServer
+from support.llm_views import MODEL, client_of, kernelext_show, no_prices  # noqa: F401
 
 import kernelext as kx
 from kernelext._core.encoding.names import OUTSIDE_STEPS
@@ -27,20 +28,7 @@ from kernelext.status import Status
 from kernelext.widgets._conversation import conversation_html
 from kernelext.widgets._render import to_text, view_of
 
-MODEL = "scripted"
-SHOW = (sys.executable, "-m", "kernelext", "show")
 PRICE = (2.0, 8.0)
-
-
-@pytest.fixture(autouse=True)
-def no_prices() -> Any:
-    conversation.PRICES.clear()
-    yield
-    conversation.PRICES.clear()
-
-
-def client_of(llm: LLMServer, **options: Any) -> Any:
-    return kx.openai(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0), **options)
 
 
 def test_a_streamed_reply_is_priced_and_its_words_are_the_last_line(store: Any) -> None:
@@ -95,14 +83,7 @@ def test_a_reply_naming_a_credential_is_masked_on_every_last_line(
         handle = echo.start("what is the password?", run_id="echo")
         assert handle.wait(30) == Status.COMPLETED, repr(handle.error)
     view = view_of(handle)
-    shown_cli = subprocess.run(
-        [sys.executable, "-m", "kernelext", "show", "echo", "--store", str(store_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=dict(os.environ),
-        check=True,
-    ).stdout
+    shown_cli = kernelext_show("echo", store_path)
     for shown in (to_text(view), conversation_html(view), shown_cli):
         assert "last:" in shown, shown
         assert "hunter2" not in shown and "sk-abcdefghij" not in shown, shown
@@ -173,12 +154,5 @@ def test_show_json_masks_a_credential_a_model_wrote_in_its_answer(store_path: Pa
             return "answered" if reply.choices else ""
 
         assert echo.start("?", run_id="echo-json").wait(30) == Status.COMPLETED
-    shown = subprocess.run(
-        [*SHOW, "echo-json", "--json", "--store", str(store_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=dict(os.environ),
-        check=True,
-    ).stdout
+    shown = kernelext_show("echo-json", store_path, "--json")
     assert "hunter2" not in shown

@@ -1,0 +1,48 @@
+"""What the tests of an LLM run's views share: a client of the scripted model server, no
+prices left over between tests, and the run as ``kernelext show`` prints it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.llm_server import LLMServer
+
+MODEL = "scripted"
+
+
+@pytest.fixture(autouse=True)
+def no_prices() -> Iterator[None]:
+    """No model price kept from another test, none left to the next."""
+    from kernelext._core.views import conversation
+
+    conversation.PRICES.clear()
+    yield
+    conversation.PRICES.clear()
+
+
+def client_of(llm: LLMServer, **options: Any) -> Any:
+    """An OpenAI client of ``llm``, recorded by kernelext (``options`` go to kx.openai)."""
+    from openai import OpenAI
+
+    import kernelext as kx
+
+    return kx.openai(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0), **options)
+
+
+def kernelext_show(run_id: str, store_path: Path | str, *options: str) -> str:
+    """What ``kernelext show RUN`` prints (in another process); it must succeed."""
+    return subprocess.run(
+        [sys.executable, "-m", "kernelext", "show", run_id, *options, "--store", str(store_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ),
+        check=True,
+    ).stdout
