@@ -48,7 +48,7 @@ def check_effect_function(fn: object) -> None:
 
     A generator function returns without running its body, so the ledger would record
     ``applied`` for work that never happened: refused here. An ``async def`` is awaited
-    by the effect itself (``ledger_async``): the intent is durable before the tool's first
+    by the effect itself (``ledger.effect_async``): the intent is durable before the tool's first
     ``await``, the outcome recorded once it returned.
     """
     Effect = _kind("Effect")

@@ -38,7 +38,7 @@ def inspect_store(path: Path | str, run_id: str) -> tuple[str | None, set[str]]:
 
 def side_log_lines(path: Path) -> list[tuple[str, str, int, int]]:
     """(run, step key, attempt, pid) for every step execution the workers logged."""
-    lines = whole_lines(path, r"(engine-\d+|reference),(s\d{3}),(\d+)-(\d+)")
+    lines = whole_lines(path, r"((?:pg-)?engine-\d+|reference),(s\d{3}),(\d+)-(\d+)")
     return [(m[1], m[2], int(m[3]), int(m[4])) for m in lines]
 
 

@@ -45,7 +45,7 @@ wherever the worker is. ``ForceGate`` decides where that may be. Its invariants:
    ``run.amap`` item), ``try_raise`` asks the loop to cancel the task instead; the
    ``CancelledError`` lands at the task's next ``await`` (an awaited effect: ``unknown``),
    and kernelext treats it as the ``ForcedStop``. kernelext's bookkeeping runs without an
-   ``await``, or in a thread the task awaits (an intent's durable write, ``ledger_async``;
+   ``await``, or in a thread the task awaits (an intent's durable write, ``ledger.effect_async``;
    an item's end): no cancellation lands inside it (invariant 2), and one that reaches
    the task's wait for such a thread waits for it to end. A section that opens while the
    cancel is still queued withdraws it and lands the stop there (invariant 3).

@@ -140,9 +140,7 @@ class Effect(EffectOutcomes):
             self.signature = None
         params = self.signature.parameters if self.signature else {}
         self.takes_key = resumable and "idempotency_key" in params
-        self.dedupes = (
-            self.takes_key
-        )  # its target dedupes on the key (kernelext._core.ledger.retries)
+        self.dedupes = self.takes_key  # its target dedupes on the key (ledger.retries)
         self._where = f"a call of effect {self.tool}"  # where a swallowed stop is raised again
         functools.update_wrapper(self, fn)
 

@@ -8,7 +8,7 @@
 
 Effects left ``pending`` became ``unknown`` in the take-over (``takeover.py``) before these
 steps; approvals are consumed by the effect call itself when the agent reaches it again
-(``ledger.py``), so a resume never sends anything on its own.
+(``ledger/effect.py``), so a resume never sends anything on its own.
 """
 
 from __future__ import annotations
