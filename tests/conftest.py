@@ -83,6 +83,17 @@ def delivery_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 
 
 @pytest.fixture(autouse=True)
+def _panel_addons_as_imported() -> Iterator[None]:
+    """Each test finds the panels' add-ons as importing kernelext.widgets installs them: a
+    test that unloaded the extension (``%unload_ext kernelext`` takes them out) leaves them
+    out for nobody else, whichever tests a worker runs after it."""
+    yield
+    addons = sys.modules.get("kernelext.widgets._addons")
+    if addons is not None and not addons.installed():
+        addons.install()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_runtime() -> Iterator[None]:
     """Each test runs in a fresh kernelext runtime: default settings, no store open, no
     live runs, hooks, callbacks or caches of another test. It keeps what the test modules

@@ -127,7 +127,7 @@ def test_large_payloads_stay_in_the_database(pg_store: Store, tmp_path: Path) ->
             run.state["blob"] = os.urandom(3 << 20).hex()
 
     handle = big.start(run_id="big", store=pg_store)
-    assert handle.wait(60) == "completed"
+    assert handle.wait(60) == "completed", handle.error
     assert pg_store.read("SELECT DISTINCT location FROM blobs") == [("inline",)]
     assert not list(Path.cwd().glob("postgresql*"))
 
