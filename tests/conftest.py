@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +81,19 @@ def delivery_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     options.setdefault("log_path", tmp_path / "deliveries.jsonl")
     with DeliveryServer(**options) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _secrets_of_this_test_only() -> Iterator[None]:
+    """``kx.secrets`` is process-wide (as for a user): what a test registers is forgotten
+    after it, so that a later test in the same worker does not meet a value another test
+    registered (a random payload that happens to hold it would be refused)."""
+    from kernelext._core.encoding.secrets import SECRETS
+
+    saved = {k: copy.deepcopy(v) for k, v in vars(SECRETS).items() if k != "_lock"}
+    yield
+    with SECRETS._lock:
+        vars(SECRETS).update(saved)
 
 
 @pytest.fixture(autouse=True)
