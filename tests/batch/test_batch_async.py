@@ -414,6 +414,10 @@ def test_async_openai_calls_inside_amap_items_are_recorded_and_replayed(
             model="scripted", messages=[{"role": "user", "content": f"ticket {ticket}"}]
         )
         if ticket == "t3" and broken["value"]:
+            # The first failure stops new items from starting: it fails once every item has
+            # started, so that each one's call is recorded whatever order they ran in.
+            while len(asked) < 6:
+                await asyncio.sleep(0.01)
             raise RuntimeError("the triage rules are broken")
         return str(reply.choices[0].message.tool_calls[0].function.name)
 

@@ -10,24 +10,30 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = ["runtime_dir_of", "shown_by_a_panel"]
 
+# The environment is the process's: clicks sent from several threads at once each note their
+# store one after another (else one thread's restore takes the folder from under another's).
+_ENVIRONMENT = threading.RLock()
+
 
 @contextlib.contextmanager
 def runtime_dir_of(folder: Path) -> Iterator[None]:
     """Jupyter's runtime folder is ``folder`` in this process meanwhile (as in a kernel)."""
-    before = os.environ.get("JUPYTER_RUNTIME_DIR")
-    os.environ["JUPYTER_RUNTIME_DIR"] = str(folder)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("JUPYTER_RUNTIME_DIR", None)
-        else:
-            os.environ["JUPYTER_RUNTIME_DIR"] = before
+    with _ENVIRONMENT:
+        before = os.environ.get("JUPYTER_RUNTIME_DIR")
+        os.environ["JUPYTER_RUNTIME_DIR"] = str(folder)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("JUPYTER_RUNTIME_DIR", None)
+            else:
+                os.environ["JUPYTER_RUNTIME_DIR"] = before
 
 
 def shown_by_a_panel(folder: Path, address: str) -> None:
