@@ -81,12 +81,12 @@ docs: venv
 	@ln -s "$(CURDIR)/widgets" $(DOCS_SRC)/kernelext/widgets
 	$(VENV)/bin/mkdocs build --strict
 
-# The suite on TEST_WORKERS pytest-xdist workers (0: one process, as a debugger needs).
-# --dist loadgroup keeps each xdist group (tests/browser, tests/crash, and the tests sharing
-# a module's fixture: tests/conftest.py) on one worker, one test at a time; the other
-# workers take the rest. Much of the suite waits (kernels, servers, subprocesses), so three
-# workers beat two on a 2-core machine.
-TEST_WORKERS ?= 3
+# The suite in one process by default. `make test TEST_WORKERS=3` runs it on three pytest-xdist
+# workers (--dist loadgroup keeps each xdist group, tests/browser, tests/crash and the tests
+# sharing a module's fixture, on one worker, one test at a time): about 19 min instead of 35
+# on a 2-core machine, but a few tests that time their waits still fail there under load
+# (docs/platforms.md), so the default stays one process until they are fixed.
+TEST_WORKERS ?= 0
 
 test: venv system-deps lint docs
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
