@@ -10,7 +10,7 @@ ipywidgets, so ``import kernelext`` does not load it). Everything under an under
 (``kernelext._core``, ``kernelext._store``, ...) is the engine and may change in any release.
 """
 
-from . import errors, langgraph, status
+from . import errors, langgraph, openai_agents, status
 from ._adapters.mcp import wrap_mcp as mcp
 from ._adapters.openai import wrap_openai as openai
 from ._adapters.tools import Tools as tools
@@ -136,6 +136,7 @@ __all__ = [
     "on_expire",
     "open_store",
     "openai",
+    "openai_agents",
     "panel",
     "plan",
     "questions",

@@ -93,6 +93,7 @@ PUBLIC = [
     "on_expire",
     "open_store",
     "openai",
+    "openai_agents",
     "panel",
     "plan",
     "questions",
@@ -124,6 +125,7 @@ SOURCES = {
     "kernelext": REPO_ROOT / "kernelext" / "__init__.py",
     "kernelext.errors": REPO_ROOT / "kernelext" / "errors.py",
     "kernelext.langgraph": REPO_ROOT / "kernelext" / "langgraph.py",
+    "kernelext.openai_agents": REPO_ROOT / "kernelext" / "openai_agents.py",
     "kernelext.status": REPO_ROOT / "kernelext" / "status.py",
     "kernelext.widgets": REPO_ROOT / "widgets" / "__init__.py",
 }
@@ -135,6 +137,7 @@ INTERNAL_SIGNALS = {
     "ToolArgumentError": "kernelext/_adapters/tools.py",  # sent back to the model as text
     "Unencodable": "kernelext/_core/encoding/canonical.py",  # becomes UnencodableArgument & co.
     "CommandUsageError": "kernelext/_cli/common.py",  # the CLI's exit code 2 and message
+    "Carried": "kernelext/_adapters/turns.py",  # a kernelext error through a framework's run
 }
 
 
@@ -508,6 +511,7 @@ def test_the_public_api_page_names_every_namespace_and_name() -> None:
         assert f"| `{module}` |" in section, module
     listed = [n for n in kernelext.__all__ if n not in kernelext.errors.__all__]
     listed += [*kernelext.langgraph.__all__, *_module("kernelext.widgets").__all__]
+    listed += kernelext.openai_agents.__all__
     missing = [n for n in listed if f"`{n}`" not in section]
     assert missing == []
 
@@ -523,7 +527,8 @@ def test_importing_kernelext_loads_no_jupyter_and_warns_nothing() -> None:
         "warnings.simplefilter('error')\n"
         "import kernelext\n"
         "heavy = ('IPython', 'ipykernel', 'ipywidgets', 'jupyter_client', 'nbclient', 'zmq',\n"
-        "         'langgraph', 'langchain_core', 'openai', 'mcp')\n"
+        "         'langgraph', 'langchain_core', 'openai', 'mcp', 'agents', 'pydantic_ai',\n"
+        "         'anthropic')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
     )
     done = subprocess.run(

@@ -1,0 +1,198 @@
+"""What every agent framework's adapter shares: model turns as steps, a model turn recorded
+and replayed as one effect, and a tool call as an effect keyed by its turn and its place.
+
+An agent framework runs a loop of model turns and tool calls. Under kernelext:
+
+- each model turn opens a step ``turn N`` (a safe point first, so a Stop lands between two
+  turns, never inside one); a resumed run's completed turns are not steps again;
+- the model's answer is one effect (ordinal 0 of the turn), recorded as JSON and rebuilt as
+  the framework's own type on replay, so a model server never sees a turn twice;
+- each tool call the model asked for is an effect of the tool's name, at ordinal
+  ``1 + its place among the turn's calls`` (parallel calls are keyed by the model's order,
+  not by which finished first), so a resumed run replays applied calls instead of making
+  them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once.
+
+kernelext's own refusals (a call that needs a decision, arguments that no longer match the
+recorded ones) must not reach a framework's error handling, which would hand them to the
+model as text: :class:`Carried` takes them through as a ``BaseException`` and
+:func:`unwrapped` raises the original again where the framework's run returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .._core.engine.context import current_run, reset_current_run, set_current_run
+from .._core.engine.run_engine import RunEngine
+from .._core.ledger.effect import Effect
+from ..errors import EffectRejected, KernelextError
+
+__all__ = [
+    "CallSite",
+    "Carried",
+    "Turn",
+    "Turns",
+    "at_call_site",
+    "in_tool_call",
+    "record_tool_call",
+    "record_turn",
+    "unwrapped",
+]
+
+T = TypeVar("T")
+Site = tuple[str, int | None, int]
+_IN_TOOL: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_in_tool", default=False)
+
+
+class Carried(BaseException):
+    """A kernelext error on its way through a framework that would hand an ``Exception``
+    to the model; :func:`unwrapped` raises ``error`` again outside the framework."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextlib.contextmanager
+def unwrapped() -> Iterator[None]:
+    """Around a framework's run: a :class:`Carried` error is raised as itself."""
+    try:
+        yield
+    except Carried as carried:
+        raise carried.error.with_traceback(carried.error.__traceback__) from None
+
+
+class CallSite:
+    """The run as one recorded call sees it: at a fixed (step key, step ordinal, ordinal)."""
+
+    def __init__(self, run: Any, site: Site) -> None:
+        self.base: Any = run.base if isinstance(run, CallSite) else run
+        self._site = site
+
+    def next_call(self) -> Site:
+        return self._site
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.base, attr)
+
+
+@contextlib.contextmanager
+def at_call_site(run: Any, site: Site) -> Iterator[None]:
+    """Effects called inside are keyed at ``site`` instead of the run's next call."""
+    token = set_current_run(CallSite(run, site))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        reset_current_run(token)
+
+
+@dataclass
+class Turn:
+    """One model turn: its step key and ordinal, and the ids of the tool calls it asked for."""
+
+    number: int
+    ordinal: int | None
+    calls: list[str] = field(default_factory=list)
+    extra: int = 0  # calls whose id the model's answer did not list (keyed after those)
+
+    @property
+    def key(self) -> str:
+        return f"turn {self.number}"
+
+    def site_of(self, call_id: str | None) -> Site:
+        if call_id is not None and call_id in self.calls:
+            return self.key, self.ordinal, 1 + self.calls.index(call_id)
+        self.extra += 1
+        return self.key, self.ordinal, 1 + len(self.calls) + self.extra
+
+
+class Turns:
+    """The model turns of one run of a framework's agent, counted from its start."""
+
+    def __init__(self, run: RunEngine) -> None:
+        self.run = run
+        self.current: Turn | None = None
+        self.count = 0
+        # A framework's run starts again from its input on resume: the calls of completed
+        # turns are replayed too, so their ledger rows are loaded with the others.
+        for key, row in run.store.load_effects(run.id).items():
+            run.effects.setdefault(key, row)
+
+    def begin(self, name: str | None) -> Turn:
+        """Open the next turn's step (a safe point first: a pending Stop lands here)."""
+        self.count += 1
+        key = f"turn {self.count}"
+        if self.run.begin_step(key, name):
+            ordinal = self.run.current.ordinal if self.run.current is not None else None
+        else:  # completed before this resume: replayed, not a step again
+            ordinal = self.run.completed.get(key)
+        self.current = Turn(self.count, ordinal)
+        return self.current
+
+
+def in_tool_call() -> bool:
+    """True inside a recorded tool call: a model asked there belongs to the tool (a nested
+    agent), recorded with the call's result, not as a turn of the run."""
+    return _IN_TOOL.get()
+
+
+async def record_turn(
+    turn: Turn,
+    tool: str,
+    request: Any,
+    ask: Callable[[], Awaitable[T]],
+    dump: Callable[[T], Any],
+    load: Callable[[Any], T],
+) -> T:
+    """The model's answer for ``turn``: asked now (``ask``) and recorded as ``dump`` of it,
+    or rebuilt with ``load`` from the record of an earlier run. ``request`` (JSON) is the
+    call's recorded arguments: a replay whose request differs is refused."""
+    run = current_run()
+    assert run is not None  # only called inside a run
+    live: list[T] = []
+
+    async def asked(request: Any) -> Any:
+        value = await ask()
+        live.append(value)
+        return dump(value)
+
+    effect = Effect(asked, name=tool, resumable=True, retry=True)
+    with at_call_site(run, (turn.key, turn.ordinal, 0)):
+        out = await effect(request=request)
+    return live[0] if live else load(out)
+
+
+async def record_tool_call(
+    turn: Turn,
+    call_id: str | None,
+    tool: str,
+    arguments: dict[str, Any],
+    call: Callable[[dict[str, Any]], Awaitable[Any]],
+    *,
+    needs_approval: bool = False,
+) -> Any:
+    """One tool call the model asked for in ``turn``, as an effect named ``tool`` with the
+    model's ``arguments`` (what a person approves is what ``call`` is given)."""
+    run = current_run()
+    assert run is not None  # only called inside a run
+
+    async def called(**given: Any) -> Any:
+        token = _IN_TOOL.set(True)
+        try:
+            return await call(given)
+        finally:
+            _IN_TOOL.reset(token)
+
+    called.__name__ = tool
+    effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
+    try:
+        with at_call_site(run, turn.site_of(call_id)):
+            return await effect(**arguments)
+    except EffectRejected:  # a person's answer: the adapter tells the model
+        raise
+    except KernelextError as exc:  # the ledger's, not the tool's: past the framework
+        raise Carried(exc) from exc
