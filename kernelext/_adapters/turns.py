@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -188,6 +189,10 @@ async def record_tool_call(
             _IN_TOOL.reset(token)
 
     called.__name__ = tool
+    # Bound, shown and approved by the model's argument names, as the tool's own call.
+    called.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in arguments]
+    )
     effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
     try:
         with at_call_site(run, turn.site_of(call_id)):
