@@ -318,10 +318,10 @@ def test_the_runs_turns_tool_calls_and_tokens_show_as_for_kx_openai(
 def test_what_is_not_an_sdk_agent_or_cannot_be_recorded_is_refused_up_front(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    with pytest.raises(TypeError, match="takes an agents.Agent"):
+    with pytest.raises(TypeError, match=r"takes an agents\.Agent"):
         kx.openai_agents.start(lambda: None, "pay", run_id="oa-bad")
     shell = Agent(name="sh", tools=[LocalShellTool(executor=lambda request: "")])
-    with pytest.raises(TypeError, match="runs on this machine.*@function_tool"):
+    with pytest.raises(TypeError, match=r"runs on this machine.*@function_tool"):
         kx.openai_agents.start(shell, "ls", run_id="oa-bad")
     with pytest.raises(ValueError, match="max_turns"):
         kx.openai_agents.start(payer(llm.base_url, deliveries.url), "x", max_turns=0)
