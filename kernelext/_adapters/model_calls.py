@@ -1,11 +1,16 @@
-"""``kx.openai``'s checks of the client and its options: the ``openai`` package is there,
-``prices`` are numbers, and the client's api key and secret-named headers are masked."""
+"""What ``kx.openai`` and ``kx.anthropic`` share about the client they wrap: its SDK is
+installed, ``prices`` are numbers, its api key and secret-named headers are masked, and
+inside a run what it would send unrecorded is refused (``passed_through``).
+
+A ``Vendor`` says what differs between the SDKs: the package, the recorded calls, how a
+recorded response is rebuilt as the SDK's own type and what a stream's usage was.
+"""
 
 from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -20,31 +25,58 @@ __all__ = [
     "Options",
     "Pending",
     "Sides",
+    "Vendor",
     "checked_prices",
     "materialise",
     "passed_through",
     "register_secrets",
-    "require_openai",
+    "register_values",
+    "require",
 ]
 
 MIN_SECRET = 16  # shorter api keys ("EMPTY", "ollama") are placeholders, not secrets
+SECRET_ATTRIBUTES = ("api_key", "auth_token")  # the client's own credentials
+
+Rebuild = Callable[..., Any]  # (tool, recorded, *, stream, is_async) -> the SDK's object
 
 
-def require_openai() -> ModuleType:
-    """The ``openai`` package, or an ImportError that says how to install it."""
+@dataclass(frozen=True)
+class Vendor:
+    """One SDK as its recorded client sees it.
+
+    ``adapter``: how users call it (``kx.openai``); ``package``: the module imported
+    when it is called, and the ``kernelext[...]`` extra that installs it; ``recorded``:
+    the calls it records, named in its refusals; ``rebuild``: a recorded result as the
+    SDK returned it; ``stream_result``: a streamed call's chunks as stored (with usage).
+    """
+
+    adapter: str
+    package: str
+    recorded: str
+    rebuild: Rebuild
+    stream_result: Callable[[list[Any]], dict[str, Any]]
+
+    def sdk(self) -> ModuleType:
+        return require(self.adapter, self.package)
+
+
+def require(adapter: str, package: str) -> ModuleType:
+    """``package``, or an ImportError that says how to install it."""
     try:
-        return importlib.import_module("openai")
+        return importlib.import_module(package)
     except ImportError as exc:
         raise ImportError(
-            "kx.openai needs the openai package, which is not installed. Install it with: "
-            "pip install 'kernelext[openai]'"
+            f"{adapter} needs the {package} package, which is not installed. Install it "
+            f"with: pip install 'kernelext[{package}]'"
         ) from exc
 
 
-def checked_prices(prices: Any) -> dict[str, tuple[float, float]]:
+def checked_prices(prices: Any, adapter: str) -> dict[str, tuple[float, float]]:
+    """``prices`` as model -> (prompt, completion) dollars per million tokens, or a
+    TypeError that shows what to pass."""
     if not isinstance(prices, Mapping):
         raise TypeError(
-            "kx.openai(prices=...) takes a dict of model -> (prompt, completion) dollars per "
+            f"{adapter}(prices=...) takes a dict of model -> (prompt, completion) dollars per "
             'million tokens, e.g. {"gpt-4o-mini": (0.15, 0.60)}.'
         )
     out: dict[str, tuple[float, float]] = {}
@@ -56,7 +88,7 @@ def checked_prices(prices: Any) -> dict[str, tuple[float, float]]:
         )
         if not numbers:
             raise TypeError(
-                f"kx.openai(prices=...): the price of {model!r} must be (prompt, completion) "
+                f"{adapter}(prices=...): the price of {model!r} must be (prompt, completion) "
                 "dollars per million tokens, two finite numbers >= 0, e.g. (0.15, 0.60); "
                 f"got {pair!r}."
             )
@@ -65,8 +97,9 @@ def checked_prices(prices: Any) -> dict[str, tuple[float, float]]:
 
 
 def register_secrets(client: Any) -> None:
-    """The api key and secret-named default headers are masked wherever kernelext writes."""
-    values = [getattr(client, "api_key", None)]
+    """The api key (or token) and secret-named default headers are masked wherever
+    kernelext writes."""
+    values = [getattr(client, name, None) for name in SECRET_ATTRIBUTES]
     headers = getattr(client, "default_headers", None) or {}
     values += [v for k, v in headers.items() if is_secret_name(str(k))]
     register_values(values)
@@ -88,6 +121,7 @@ CONFIGURATION = frozenset(
         "admin_api_key",
         "api_key",
         "auth_headers",
+        "auth_token",
         "base_url",
         "close",
         "custom_auth",
@@ -101,37 +135,38 @@ CONFIGURATION = frozenset(
         "qs",
         "timeout",
         "user_agent",
+        "webhook_key",
         "webhook_secret",
         "webhooks",
         "websocket_base_url",
     }
 )
-RECORDED = (
-    "client.chat.completions.create, client.responses.create, client.embeddings.create "
-    "and client.completions.create"
-)
 
 
-def passed_through(wrapped: Any, name: str, where: str, *, configuration: bool) -> Any:
-    """``wrapped.name`` for a ``kx.openai`` client: refused inside a run (outside a
-    recorded call's own tool) unless it sends nothing, since what it sends would be
-    neither recorded nor sent once (the client's own retries). ``configuration``: the
-    client's settings pass (``CONFIGURATION``); on a resource nothing public does."""
+def passed_through(
+    wrapped: Any, name: str, where: str, *, configuration: bool, vendor: Vendor
+) -> Any:
+    """``wrapped.name`` for a recorded client: refused inside a run (outside a recorded
+    call's own tool) unless it sends nothing, since what it sends would be neither
+    recorded nor sent once (the client's own retries). ``configuration``: the client's
+    settings pass (``CONFIGURATION``); on a resource nothing public does."""
     allowed = name.startswith("_") or (configuration and name in CONFIGURATION)
     if not allowed and current_run() is not None and not inside_recorded_call():
         raise AttributeError(
-            f"{where}.{name} is not recorded by kx.openai inside a run: its requests would "
-            "go unrecorded and be sent again by the client's own retries behind the ledger. "
-            f"The recorded model calls are {RECORDED}. For anything else, make the call "
-            "inside a tool of your own (@kx.effect), or outside the run, on client.wrapped."
+            f"{where}.{name} is not recorded by {vendor.adapter} inside a run: its requests "
+            "would go unrecorded and be sent again by the client's own retries behind the "
+            f"ledger. The recorded model calls are {vendor.recorded}. For anything else, "
+            "make the call inside a tool of your own (@kx.effect), or outside the run, on "
+            "client.wrapped."
         )
     return getattr(wrapped, name)
 
 
 @dataclass(frozen=True)
 class Options:
-    """``kx.openai``'s options, as the recorded calls read them."""
+    """A recorded client's options, as its recorded calls read them."""
 
+    vendor: Vendor
     safe_points: bool
     key_header: str | None
     is_async: bool
