@@ -79,6 +79,7 @@ PUBLIC = [
     "__version__",
     "agent",
     "answer",
+    "anthropic",
     "approvals",
     "approve",
     "checks",
@@ -523,7 +524,7 @@ def test_importing_kernelext_loads_no_jupyter_and_warns_nothing() -> None:
         "warnings.simplefilter('error')\n"
         "import kernelext\n"
         "heavy = ('IPython', 'ipykernel', 'ipywidgets', 'jupyter_client', 'nbclient', 'zmq',\n"
-        "         'langgraph', 'langchain_core', 'openai', 'mcp')\n"
+        "         'langgraph', 'langchain_core', 'openai', 'anthropic', 'mcp')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
     )
     done = subprocess.run(
