@@ -31,16 +31,15 @@ from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
 from .._core.engine.context import current_run
-from .._core.ledger.retries import RetryOn, check_retry_on
+from .._core.ledger.retries import RetryOn
 from .._core.views.conversation import PRICES
 from .._shown import shows
-from .._validate import check_name
 from .model_call import CreateRecorder
 from .model_calls import (
     Options,
     Sides,
     Vendor,
-    checked_prices,
+    checked_options,
     passed_through,
     register_secrets,
 )
@@ -105,10 +104,14 @@ def wrap_anthropic(
     by model, ``{"claude-sonnet-4-5": (3.0, 15.0)}`` (input, output); the run's text and
     panel then show the cost of its tokens.
     """
-    checked = checked_prices(prices, ANTHROPIC.adapter) if prices is not None else {}
-    declared = check_retry_on("kx.anthropic(retry_on=...)", retry_on, retries=1)
-    if limit is not None:
-        check_name("kx.anthropic(limit=...)", limit)
+    checked, declared = checked_options(
+        ANTHROPIC.adapter,
+        safe_points=safe_points,
+        key_header=key_header,
+        limit=limit,
+        prices=prices,
+        retry_on=retry_on,
+    )
     anthropic = ANTHROPIC.sdk()
     if isinstance(client, AnthropicRecorder):
         PRICES.update(checked)

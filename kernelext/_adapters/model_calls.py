@@ -18,7 +18,8 @@ from typing import Any
 from .._core.encoding.secrets import SECRETS, is_secret_name
 from .._core.engine.context import current_run
 from .._core.ledger.evidence import inside_recorded_call
-from .._core.ledger.retries import RetryOn
+from .._core.ledger.retries import RetryOn, check_retry_on
+from .._validate import check_flag, check_name, check_text
 
 __all__ = [
     "CONFIGURATION",
@@ -26,6 +27,7 @@ __all__ = [
     "Pending",
     "Sides",
     "Vendor",
+    "checked_options",
     "checked_prices",
     "materialise",
     "passed_through",
@@ -69,6 +71,26 @@ def require(adapter: str, package: str) -> ModuleType:
             f"{adapter} needs the {package} package, which is not installed. Install it "
             f"with: pip install 'kernelext[{package}]'"
         ) from exc
+
+
+def checked_options(
+    adapter: str,
+    *,
+    safe_points: Any,
+    key_header: Any,
+    limit: Any,
+    prices: Any,
+    retry_on: Any,
+) -> tuple[dict[str, tuple[float, float]], RetryOn]:
+    """A recorded client's options checked before anything is wrapped: each wrong one a
+    TypeError or ValueError naming it. Returns (the prices, the declared ``retry_on``)."""
+    check_flag(f"{adapter}(safe_points=...)", safe_points)
+    if key_header is not None:
+        check_text(f"{adapter}(key_header=...)", key_header, what="a header name or None")
+    if limit is not None:
+        check_name(f"{adapter}(limit=...)", limit)
+    checked = checked_prices(prices, adapter) if prices is not None else {}
+    return checked, check_retry_on(f"{adapter}(retry_on=...)", retry_on, retries=1)
 
 
 def checked_prices(prices: Any, adapter: str) -> dict[str, tuple[float, float]]:

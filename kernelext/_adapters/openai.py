@@ -45,16 +45,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
-from .._core.ledger.retries import RetryOn, check_retry_on
+from .._core.ledger.retries import RetryOn
 from .._core.views.conversation import PRICES
 from .._shown import shows
-from .._validate import check_name
 from .model_call import CreateRecorder
 from .model_calls import (
     Options,
     Sides,
     Vendor,
-    checked_prices,
+    checked_options,
     passed_through,
     register_secrets,
     require,
@@ -116,10 +115,14 @@ def wrap_openai(
     ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
     (prompt, completion); the run's text and panel then show the cost of its tokens.
     """
-    checked = checked_prices(prices, OPENAI.adapter) if prices is not None else {}
-    declared = check_retry_on("kx.openai(retry_on=...)", retry_on, retries=1)
-    if limit is not None:
-        check_name("kx.openai(limit=...)", limit)
+    checked, declared = checked_options(
+        OPENAI.adapter,
+        safe_points=safe_points,
+        key_header=key_header,
+        limit=limit,
+        prices=prices,
+        retry_on=retry_on,
+    )
     openai = require(OPENAI.adapter, OPENAI.package)
     if isinstance(client, OpenAIRecorder):
         PRICES.update(checked)
