@@ -11,6 +11,7 @@ turn once.
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import threading
@@ -329,3 +330,59 @@ def test_tools_take_anthropic_tool_use_blocks_and_give_tool_results() -> None:
     assert tools.call_all(message.to_dict()) == results
     with pytest.raises(TypeError, match="Anthropic tool_use block"):
         tools.call({"type": "text", "text": "hi"})
+
+
+def test_the_anthropic_clients_failures_tell_never_sent_from_no_answer(llm: LLMServer) -> None:
+    """The retry rule reads the SDK's own exceptions (and its transport's, ``httpx2``)."""
+    import anthropic
+    import httpx2
+
+    from kernelext._core.ledger.failures import NO_ANSWER, NOT_SENT, classify
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(anthropic.APIConnectionError) as refused:
+        Anthropic(base_url=closed, api_key="EMPTY", max_retries=0).messages.create(**ASK)
+    assert classify(refused.value).kind == NOT_SENT  # type: ignore[union-attr]
+    llm.delay = 2.0
+    slow = Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0, timeout=0.3)
+    with pytest.raises(anthropic.APITimeoutError) as timed_out:
+        slow.messages.create(**ASK)
+    assert classify(timed_out.value).kind == NO_ANSWER  # type: ignore[union-attr]
+    request = httpx2.Request("POST", llm.url)
+    for bare in (anthropic.APITimeoutError(request=request), httpx2.ReadTimeout("t")):
+        assert classify(bare).kind == NO_ANSWER, bare  # type: ignore[union-attr]
+    assert classify(httpx2.ConnectError("refused")).kind == NOT_SENT  # type: ignore[union-attr]
+
+
+def test_a_model_call_timed_out_after_sending_is_sent_once_and_unknown(
+    store: Any, llm: LLMServer
+) -> None:
+    client = kx.anthropic(Anthropic(base_url=llm.url, api_key=API_KEY, timeout=0.5))
+    llm.delay = 2.0
+
+    @kx.agent(name="anthropic-timeout")
+    def agent(run: kx.Run) -> str:
+        return str(client.messages.create(**ASK).id)
+
+    handle = agent.start(run_id="timeout")
+    assert handle.wait(30) == Status.NEEDS_DECISION, repr(handle.error)
+    row = kx.sql("SELECT status, attempts FROM effects WHERE run_id = 'timeout'")
+    assert (row["status"][0], int(row["attempts"][0])) == (EffectStatus.UNKNOWN, 1)
+    assert llm.count() == 1  # the client's own two retries were not made
+
+
+def test_a_model_call_never_sent_is_asked_again_and_counted(store: Any) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    down = kx.anthropic(Anthropic(base_url=closed, api_key=API_KEY, max_retries=2))
+
+    @kx.agent(name="anthropic-down")
+    def agent(run: kx.Run) -> str:
+        return str(down.messages.create(**ASK).id)
+
+    assert agent.start(run_id="down").wait(30) == Status.FAILED
+    row = kx.sql("SELECT status, attempts FROM effects WHERE run_id = 'down'")
+    assert (row["status"][0], int(row["attempts"][0])) == (EffectStatus.FAILED, 3)
