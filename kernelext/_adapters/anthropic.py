@@ -35,7 +35,7 @@ from .._core.ledger.retries import RetryOn
 from .._core.views.conversation import PRICES
 from .._shown import shows
 from .model_call import CreateRecorder
-from .model_calls import (
+from .model_clients import (
     Options,
     Sides,
     Vendor,

@@ -25,7 +25,7 @@ from .._core.ledger.evidence import Evidence, absorb, watching
 from .._core.ledger.limits import call_limited_async, sent
 from ..errors import LedgerError
 from ..status import EffectStatus
-from .model_calls import Options, Pending, Sides, materialise, passed_through, register_values
+from .model_clients import Options, Pending, Sides, materialise, passed_through, register_values
 from .model_streams import AsyncRecordedStream, RecordedStream, to_json
 
 if TYPE_CHECKING:
