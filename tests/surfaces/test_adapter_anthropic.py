@@ -212,6 +212,27 @@ def test_a_request_that_would_go_unrecorded_is_refused_in_a_run(
     assert llm.count() == 0 and len(kx.sql("SELECT * FROM effects")) == 0
 
 
+def test_a_stream_with_an_output_format_says_what_to_pass_instead(
+    store: Any, llm: LLMServer
+) -> None:
+    from pydantic import BaseModel
+
+    class Order(BaseModel):
+        order_id: str
+
+    client = client_for(llm)
+
+    @kx.agent(name="anthropic-format")
+    def agent(run: kx.Run) -> Any:
+        with client.messages.stream(**ASK, output_format=Order) as stream:
+            return stream.get_final_text()
+
+    handle = agent.start()
+    assert handle.wait(30) == Status.FAILED
+    assert "output_config={'format'" in str(handle.error)
+    assert llm.count() == 0
+
+
 def test_a_call_answered_500_waits_in_reconcile_on_resume(store: Any, llm: LLMServer) -> None:
     """The server may have processed it (and billed it): not asked again until a person
     decided it did not happen; then it is asked under the same key."""

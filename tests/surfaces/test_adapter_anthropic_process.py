@@ -98,8 +98,8 @@ def test_a_model_call_cut_short_by_a_kill_is_decided_in_reconcile_then_asked_aga
     attempts = Attempts(pool, tmp_path / "store.duckdb", llm, delivery_server)
     first = attempts.go("cut", stop_after=1)
     first.expect("ready")
-    first.expect("ended")
-    first.reap()
+    assert "suspended" in first.expect("ended")
+    assert first.reap() == 3
 
     llm.delay = 60.0  # the model "thinks": the request has arrived, no answer comes
     killed = attempts.go("cut")
