@@ -36,7 +36,7 @@ from .._store import Store
 from .._validate import check_name
 from ..errors import EffectRejected
 from .adapter_loop import run_on_adapter_loop
-from .openai_client import checked_prices
+from .model_clients import checked_prices
 from .turns import Turns, in_tool_call, record_tool_call, record_turn, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "require_agents", "start"]
@@ -88,7 +88,7 @@ def agent(
     ``run_config`` and ``context`` are the ``Runner.run`` options, kept in this process.
     ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
     (prompt, completion), as for ``kx.openai``: the run's text and panel show the cost."""
-    checked = checked_prices(prices) if prices is not None else {}
+    checked = checked_prices(prices, "kx.openai_agents") if prices is not None else {}
     sdk = require_agents()
     if not isinstance(sdk_agent, sdk.Agent):
         raise TypeError(
