@@ -36,7 +36,7 @@ NOTEBOOKS = sorted(
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # Seconds per step where the default 0.3 s is too short for the test's Stop to land before
 # the run ends on a busy machine: the batch's five waves of 32 items, the model's 4 answers.
-PACE = {"batch": "1.0", "llm_agent": "1.0", "openai_agents": "1.0"}
+PACE = {"batch": "1.0", "llm_agent": "1.0", "openai_agents": "1.0", "anthropic_agent": "1.0"}
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_every_notebook_runs_headless(
         assert "text/html" in plan_cell and "suspended" in text_of(nb, "plan")
         picture = next(c for c in nb.cells if c.get("id") == "timeline").outputs[0]["data"]
         assert "<svg" in picture["text/html"] and "kx-step" in picture["text/html"]
-    if path.stem == "llm_agent":
+    if path.stem in ("llm_agent", "anthropic_agent"):
         assert len(counts) == 2
         assert "'suspended'" in text_of(nb, "wait")
         assert "'completed'" in text_of(nb, "click-resume")
