@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from agents import (
 )
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
+from support.llm_views import kernelext_show, no_prices  # noqa: F401 - autouse: no prices left over
 from support.sdk_agents import HOLD, PAY_SCRIPT, close_clients, payer
 
 import kernelext as kx
@@ -305,14 +307,21 @@ def test_a_handoff_mid_run_is_stopped_and_resumed_on_the_agent_it_reached(
     assert len(llm.per_turn()) == 3
 
 
-def test_the_runs_turns_tool_calls_and_tokens_show_as_for_kx_openai(
-    store: Any, llm: LLMServer, deliveries: DeliveryServer
+def test_the_runs_turns_tool_calls_tokens_and_cost_show_as_for_kx_openai(
+    store_path: Path, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    handle = kx.openai_agents.start(payer(llm.base_url, deliveries.url), "pay", run_id="oa-llm")
+    agent = payer(llm.base_url, deliveries.url)
+    handle = kx.openai_agents.start(agent, "pay", run_id="oa-llm", prices={"scripted": (1, 2)})
     assert handle.wait(30) == Status.COMPLETED
-    text = handle.text_summary()
-    assert "3 turns · 2 tool calls · " in text
-    assert " tokens (" in text
+    talk = re.compile(r"3 turns · 2 tool calls · ([\d,]+) tokens \(([\d,]+) prompt \+ "
+                      r"([\d,]+) completion\) · \$0\.\d{4}")  # fmt: skip
+    found = talk.search(handle.text_summary())
+    assert found is not None, handle.text_summary()
+    tokens, prompt, completion = (int(g.replace(",", "")) for g in found.groups())
+    assert tokens == prompt + completion > 0
+    runtime().close()
+    shown = kernelext_show("oa-llm", store_path)  # another process, from the store alone
+    assert "3 turns · 2 tool calls · " in shown and f"{tokens:,} tokens" in shown
 
 
 def test_what_is_not_an_sdk_agent_or_cannot_be_recorded_is_refused_up_front(
