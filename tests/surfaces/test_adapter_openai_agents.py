@@ -335,3 +335,23 @@ def test_what_is_not_an_sdk_agent_or_cannot_be_recorded_is_refused_up_front(
     with pytest.raises(ValueError, match="max_turns"):
         kx.openai_agents.start(payer(llm.base_url, deliveries.url), "x", max_turns=0)
     assert kx.sql("SELECT count(*) AS n FROM runs")["n"][0] == 0
+
+
+def test_an_approval_with_an_edited_argument_makes_the_call_the_person_approved(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    llm.script = [PAY_SCRIPT[0], {"content": "done"}]
+    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
+    handle = kx.openai_agents.start(agent, "pay bob", run_id="oa-edit")
+    assert handle.wait(30) == Status.SUSPENDED
+    [request] = kx.approvals("oa-edit")
+    request.approve(edit={"amount": 5}, resume=False)
+    resumed = kx.resume("oa-edit")
+    assert resumed.wait(30) == Status.COMPLETED
+    assert [d["body"] for d in deliveries.deliveries] == [{"who": "bob", "amount": 5}]
+    [sent] = [r for r in llm.requests if r["turn"] == 1]
+    assert sent  # the model was told what was paid: the tool's answer, from the edited call
+    [result] = kx.sql("SELECT result FROM effects WHERE run_id = 'oa-edit' AND tool = 'pay'")[
+        "result"
+    ]
+    assert "paid bob 5" in result
