@@ -191,6 +191,21 @@ def test_slow_next_records_at_once_and_answers_late(delivery_server: DeliverySer
     assert post_json(delivery_server.url + "/fast", {}, timeout=1.5).status == 200
 
 
+def test_hold_next_records_at_once_and_answers_only_when_released(
+    delivery_server: DeliveryServer,
+) -> None:
+    delivery_server.hold_next(2)
+    url = delivery_server.url
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        held = [pool.submit(post_json, f"{url}/held", {"i": i}) for i in range(2)]
+        delivery_server.wait_for(2)  # both recorded while their clients wait
+        assert post_json(f"{url}/free", {}).status == 200  # the third is not held
+        assert not any(call.done() for call in held)
+        delivery_server.release_held()
+        assert [call.result(timeout=30).status for call in held] == [200, 200]
+    assert [d.get("held", False) for d in delivery_server.deliveries] == [True, True, False]
+
+
 def test_peak_in_flight_counts_posts_handled_at_once(delivery_server: DeliveryServer) -> None:
     delivery_server.delay = 1.0  # the four overlap while they wait
     with ThreadPoolExecutor(max_workers=4) as pool:
