@@ -69,10 +69,11 @@ def batch_agent(held: Callable[[int], int], *, concurrency: int, label: str = "e
     return batched
 
 
-def wait_for_flight(handle: Any, done: int, in_flight: int, *, total: int) -> None:
+def wait_for_flight(handle: Any, held: Held, done: int, in_flight: int, *, total: int) -> None:
     """Until the run's batch of ``total`` items (not an earlier batch of the run, which
     may pass through the same counts) has ``done`` items completed and ``in_flight``
-    running."""
+    running, each of those inside ``held`` (an item is in flight from just before its
+    step begins, before its function is called)."""
 
     def there() -> bool:
         batch = engine_of(handle.run).batch
@@ -81,6 +82,7 @@ def wait_for_flight(handle: Any, done: int, in_flight: int, *, total: int) -> No
         counts = batch.snapshot()
         return bool(
             (counts["total"], counts["done"], counts["in_flight"]) == (total, done, in_flight)
+            and len(held.started) == done + in_flight
         )
 
     wait_until(there, f"{done} of {total} items done and {in_flight} in flight")
@@ -126,7 +128,7 @@ def test_status_text_counts_the_batch_then_names_the_items_in_flight_while_it_dr
     held = Held(first=5)
     handle = batch_agent(held, concurrency=8).start(40)
     try:
-        wait_for_flight(handle, done=5, in_flight=8, total=40)
+        wait_for_flight(handle, held, done=5, in_flight=8, total=40)
         running = handle.status_text
         assert "; batch enrich: 5/40 done, 8 in flight, " in running
         assert "items/s, about " in running and running.endswith(" left")
@@ -180,7 +182,7 @@ def test_kernelext_show_in_another_process_says_how_many_items_are_in_flight(
     held = Held(first=3)
     handle = batch_agent(held, concurrency=10).start(30)
     try:
-        wait_for_flight(handle, done=3, in_flight=10, total=30)
+        wait_for_flight(handle, held, done=3, in_flight=10, total=30)
         shown = cli("show", handle.run_id, store=store_path)
         assert "  batch enrich: 3/30 done, 10 in flight" in shown.stdout, shown.stderr
         handle.stop()
@@ -217,7 +219,7 @@ def test_the_panel_draws_the_batch_as_it_goes_and_its_drain(store: Store) -> Non
     handle = batch_agent(held, concurrency=8).start(40)
     panel = ControlPanel(handle)
     try:
-        wait_for_flight(handle, done=5, in_flight=8, total=40)
+        wait_for_flight(handle, held, done=5, in_flight=8, total=40)
         panel.refresh()
         box = batch_box(panel)
         assert box.get("class") == "kx-batch" and box.get("data-state") == "running"
@@ -369,7 +371,7 @@ def test_the_plan_of_a_run_stopped_in_a_batch_says_what_is_done_and_what_runs_ag
     held = Held(first=20)
     handle = batch_agent(held, concurrency=10).start(100)
     try:
-        wait_for_flight(handle, done=20, in_flight=10, total=100)
+        wait_for_flight(handle, held, done=20, in_flight=10, total=100)
         handle.force_stop()  # the items in flight are cancelled
         assert handle.wait(WAIT) == "suspended", handle.error
     finally:
@@ -402,7 +404,7 @@ def test_the_plan_counts_the_items_of_the_batch_it_stopped_in(store: Store) -> N
 
     handle = two.start()
     try:
-        wait_for_flight(handle, done=5, in_flight=4, total=50)
+        wait_for_flight(handle, held, done=5, in_flight=4, total=50)
         handle.stop()  # drains: the 4 in flight complete
     finally:
         held.go.set()
