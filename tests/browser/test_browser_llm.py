@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from support.http_server import DeliveryServer
+from support.live import wait_until
 from support.llm_server import LLMServer
 
 from browser import jupyterlab as lab
@@ -33,13 +34,18 @@ CONVERSATION = re.compile(
     r"(\d+) turns? · (\d+) tool calls? · ([\d,]+) tokens \(([\d,]+) prompt \+ ([\d,]+) "
     r"completion\) · \$\d+\.\d{4}"
 )
-THINKING = 1.0  # seconds the model takes per answer: time to click Stop mid-conversation
+HELD_TURN = 1  # the model's second answer (after one tool result) waits for the Stop
 
 
 @pytest.fixture
 def llm(tmp_path: Path) -> Iterator[LLMServer]:
-    with LLMServer(log_path=tmp_path / "llm.jsonl", delay=THINKING) as server:
+    with LLMServer(log_path=tmp_path / "llm.jsonl", hold_turns=(HELD_TURN,)) as server:
         yield server
+
+
+def asked(llm: LLMServer, turn: int) -> bool:
+    """Whether the model was asked ``turn`` (the turn after ``turn`` tool results)."""
+    return any(t == turn for _, t in llm.per_turn())
 
 
 def cell_index(notebook: Path, cell_id: str) -> int:
@@ -74,17 +80,23 @@ def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
             lab.run_cell(page, cell_index(LLM_NOTEBOOK, cell_id))
         panel = lab.run_cell(page, cell_index(LLM_NOTEBOOK, "start")).locator(PANEL)
         status = panel.locator(".kernelext-status")
-        # the first answer came back: the panel counts it, live, with its tokens
-        expect(panel).to_contain_text(re.compile(r"1 turn · \d+ tool calls? · [\d,]+ tokens"))
+        # The model answered once and was asked again (that answer is held until the Stop
+        # is in): the panel counts the conversation live, with the first answer's tokens.
+        wait_until(lambda: asked(llm, HELD_TURN), "the model asked for its second answer")
+        expect(panel).to_contain_text(re.compile(r"2 turns · 1 tool call · [\d,]+ tokens"))
         expect(status).to_have_text("running")
         shot("running")
 
+        # Stop while the model thinks over its second answer: the call in flight ends with
+        # its answer, and the stop lands just before the next model call: two turns.
         lab.button(panel, "Stop").click()
+        expect(status).to_have_text("stopping")
+        llm.release_held()
         expect(status).to_have_text("suspended")
         stopped = CONVERSATION.search(panel.inner_text())
         assert stopped is not None, panel.inner_text()
         stopped_turns = int(stopped.group(1))
-        assert 1 <= stopped_turns < 4
+        assert stopped_turns == 2, panel.inner_text()
         expect(panel.locator(".kernelext-plan-preview")).to_contain_text(
             f"continues after turn {stopped_turns}"
         )
