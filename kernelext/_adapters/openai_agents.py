@@ -218,30 +218,40 @@ def _check_tools(each: Any) -> None:
 
 def _recorded_graph(root: Any, config: Any, turns: Turns) -> Any:
     """A copy of ``root``'s agents whose models and function tools are recorded."""
-    originals = _agents_of(root)
-    copies = {id(a): a.clone() for a in originals}
-    for original in originals:
-        copy = copies[id(original)]
+    return _Copies(config, turns).of(root)
+
+
+class _Copies:
+    """The recorded copy of each agent, made once: those ``root`` hands off to at once, and
+    one a custom handoff reaches only as it runs."""
+
+    def __init__(self, config: Any, turns: Turns) -> None:
+        self.config, self.turns = config, turns
+        self.made: dict[int, Any] = {}
+
+    def of(self, original: Any) -> Any:
+        if id(original) in self.made:
+            return self.made[id(original)]
+        copy = self.made[id(original)] = original.clone()
         model = original.model
         if not isinstance(model, require_agents().Model):
-            model = config.model_provider.get_model(model)
-        copy.model = _recorded_model()(model, turns, original.name)
-        copy.tools = [_recorded_tool(t, turns) for t in original.tools]
-        copy.handoffs = [_recorded_handoff(h, copies) for h in original.handoffs]
-    return copies[id(root)]
+            model = self.config.model_provider.get_model(model)
+        _check_tools(original)
+        copy.model = _recorded_model()(model, self.turns, original.name)
+        copy.tools = [_recorded_tool(t, self.turns) for t in original.tools]
+        copy.handoffs = [self.handoff(h) for h in original.handoffs]
+        return copy
 
+    def handoff(self, handoff: Any) -> Any:
+        if isinstance(handoff, require_agents().Agent):
+            return self.of(handoff)
+        invoke = handoff.on_invoke_handoff
 
-def _recorded_handoff(handoff: Any, copies: dict[int, Any]) -> Any:
-    target = _handoff_target(handoff)
-    if target is handoff:
-        return copies[id(target)]
-    invoke = handoff.on_invoke_handoff
+        async def handed(ctx: Any, arguments: str) -> Any:
+            reached = await invoke(ctx, arguments)
+            return self.of(reached) if isinstance(reached, require_agents().Agent) else reached
 
-    async def handed(ctx: Any, arguments: str) -> Any:
-        reached = await invoke(ctx, arguments)
-        return copies.get(id(reached), reached)
-
-    return dataclasses.replace(handoff, on_invoke_handoff=handed)
+        return dataclasses.replace(handoff, on_invoke_handoff=handed)
 
 
 def _recorded_tool(tool: Any, turns: Turns) -> Any:

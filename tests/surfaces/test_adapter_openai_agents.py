@@ -24,6 +24,7 @@ import pytest
 from agents import (
     Agent,
     GuardrailFunctionOutput,
+    Handoff,
     InputGuardrailTripwireTriggered,
     LocalShellTool,
     MaxTurnsExceeded,
@@ -283,8 +284,9 @@ def test_a_tripped_guardrail_ends_the_run_failed_with_the_sdks_error(
 
 
 # -- handoffs, the LLM view, bad input -------------------------------------------------------
+@pytest.mark.parametrize("made_by", ["handoff()", "its own Handoff"])
 def test_a_handoff_mid_run_is_stopped_and_resumed_on_the_agent_it_reached(
-    store: Any, llm: LLMServer, deliveries: DeliveryServer
+    made_by: str, store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
     llm.script = [
         {"tool_calls": [{"name": "transfer_to_payer", "arguments": {}}]},
@@ -292,9 +294,20 @@ def test_a_handoff_mid_run_is_stopped_and_resumed_on_the_agent_it_reached(
         {"content": "paid bob"},
     ]
     cashier = payer(llm.base_url, deliveries.url)
+    to_cashier = handoff(cashier)
+    if made_by == "its own Handoff":  # the agent is known only once the handoff ran
+
+        async def reach(ctx: Any, arguments: str) -> Any:
+            return cashier
+
+        to_cashier = Handoff(
+            tool_name="transfer_to_payer", tool_description="Hand over to the payer.",
+            input_json_schema={"type": "object", "properties": {}, "additionalProperties": False},
+            on_invoke_handoff=reach, agent_name="payer",
+        )  # fmt: skip
     triage = Agent(
         name="triage", instructions="Hand payments over.", model=cashier.model,
-        handoffs=[handoff(cashier)],
+        handoffs=[to_cashier],
     )  # fmt: skip
     HOLD.arm()
     handle = kx.openai_agents.start(triage, "pay bob", run_id="oa-handoff")
