@@ -34,6 +34,7 @@ from agents import (
 )
 from pydantic import BaseModel
 from support.http_server import DeliveryServer, post_json
+from support.live import wait_until
 from support.llm_server import LLMServer
 from support.llm_views import kernelext_show, no_prices  # noqa: F401 - autouse: no prices left over
 from support.sdk_agents import HOLD, PAY_SCRIPT, close_clients, payer
@@ -208,6 +209,36 @@ def test_a_kernel_killed_after_a_payment_reached_its_server_never_pays_twice(
     assert ended == {"status": "completed", "result": "paid bob 10 and ann 3"}
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
     assert set(llm.per_turn().values()) == {1}
+
+
+def test_a_kernel_killed_while_the_model_thought_leaves_the_turn_to_a_person(
+    store_path: Path, tmp_path: Path, deliveries: DeliveryServer
+) -> None:
+    with LLMServer(script=list(PAY_SCRIPT), hold_turns=(1,)) as llm:
+        env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+        argv = ["start", "oa-think", llm.base_url, deliveries.url]
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "support.sdk_agents", *argv],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            asked = lambda: any(turn == 1 for _, turn in llm.per_turn())  # noqa: E731
+            wait_until(asked, "the model was asked for its second answer")
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.communicate(timeout=30)
+        llm.release_held()
+        ended = in_new_process("resume", "oa-think", llm.base_url, deliveries.url)
+        assert ended["status"] == Status.NEEDS_DECISION  # did the model answer? nobody knows
+        [unknown] = kx.reconcile("oa-think")
+        assert unknown.tool == MODEL_TOOL
+        unknown.mark_not_applied(note="the answer never reached the run: ask again")
+        runtime().close()
+        ended = in_new_process("resume", "oa-think", llm.base_url, deliveries.url)
+        assert ended == {"status": "completed", "result": "paid bob 10 and ann 3"}
+        assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+        asked = sorted(llm.per_turn().values())
+        assert asked == [1, 1, 2]  # the cut turn twice (a person said so), the others once
 
 
 def test_a_tool_that_needs_approval_waits_for_it_from_the_command_line(
