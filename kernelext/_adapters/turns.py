@@ -68,17 +68,29 @@ def unwrapped() -> Iterator[None]:
 
 
 class CallSite:
-    """The run as one recorded call sees it: at a fixed (step key, step ordinal, ordinal)."""
+    """The run as one recorded call sees it: at a fixed (step key, step ordinal, ordinal).
+    Everything else is the run's own, read and written (a suspension for an approval sets
+    the run's ``suspend_request``)."""
+
+    _OWN = frozenset({"base", "_site"})
+    base: Any
+    _site: Site
 
     def __init__(self, run: Any, site: Site) -> None:
-        self.base: Any = run.base if isinstance(run, CallSite) else run
-        self._site = site
+        object.__setattr__(self, "base", run.base if isinstance(run, CallSite) else run)
+        object.__setattr__(self, "_site", site)
 
     def next_call(self) -> Site:
         return self._site
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.base, attr)
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if attr in self._OWN:
+            object.__setattr__(self, attr, value)
+        else:
+            setattr(self.base, attr, value)
 
 
 @contextlib.contextmanager

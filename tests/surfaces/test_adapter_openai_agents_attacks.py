@@ -246,7 +246,6 @@ def test_parallel_calls_finish_when_one_needs_approval(
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])
-@pytest.mark.xfail(strict=True, reason="the approval's suspend_request is set on the CallSite view")
 def test_a_call_needing_approval_suspends_the_run_for_it(
     decision: str, store: Any, delivery_server: DeliveryServer, closing: None
 ) -> None:
