@@ -20,6 +20,7 @@ model as text: :class:`Carried` takes them through as a ``BaseException`` and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import inspect
@@ -111,6 +112,17 @@ class Turn:
     ordinal: int | None
     calls: list[str] = field(default_factory=list)
     extra: int = 0  # calls whose id the model's answer did not list (keyed after those)
+    in_flight: set[asyncio.Future[None]] = field(default_factory=set)  # calls being made
+
+    async def settle_others(self, mine: asyncio.Future[None]) -> None:
+        """Wait until the turn's other calls in flight ended (a framework that meets one
+        call's error cancels the others: a call cut half-way would become ``unknown``)."""
+        self.in_flight.discard(mine)
+        if not mine.done():
+            mine.set_result(None)
+        others = list(self.in_flight)
+        if others:
+            await asyncio.wait(others)
 
     @property
     def key(self) -> str:
@@ -209,10 +221,21 @@ async def record_tool_call(
         [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in arguments]
     )
     effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
+    mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    turn.in_flight.add(mine)
     try:
         with at_call_site(run, turn.site_of(call_id)):
             return await effect(**arguments)
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
-    except KernelextError as exc:  # the ledger's, not the tool's: past the framework
-        raise Carried(exc) from exc
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # lands once the turn's other calls ended
+        await turn.settle_others(mine)
+        if isinstance(exc, KernelextError):  # the ledger's, not the tool's: past the framework
+            raise Carried(exc) from exc
+        raise
+    finally:
+        turn.in_flight.discard(mine)
+        if not mine.done():
+            mine.set_result(None)

@@ -215,7 +215,6 @@ def test_on_handoff_runs_once_across_a_resume(
         assert delivery_server.count(path="/notify") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a sibling's approval cuts the other parallel calls")
 def test_parallel_calls_finish_when_one_needs_approval(
     store: Any, delivery_server: DeliveryServer, closing: None
 ) -> None:
