@@ -233,11 +233,12 @@ class _Copies:
         if id(original) in self.made:
             return self.made[id(original)]
         copy = self.made[id(original)] = original.clone()
-        model = original.model
-        if not isinstance(model, require_agents().Model):
-            model = self.config.model_provider.get_model(model)
         _check_tools(original)
-        copy.model = _recorded_model()(model, self.turns, original.name)
+        if self.config.model is None:  # else the run's model answers for every agent
+            model = original.model
+            if not isinstance(model, require_agents().Model):
+                model = self.config.model_provider.get_model(model)
+            copy.model = _recorded_model()(model, self.turns, original.name)
         copy.tools = [_recorded_tool(t, self.turns) for t in original.tools]
         copy.handoffs = [self.handoff(h) for h in original.handoffs]
         return copy

@@ -155,9 +155,6 @@ def test_max_turns_of_one_run_does_not_limit_the_next(store: Any, closing: None)
         assert default.wait(60) == "completed", default.error
 
 
-@pytest.mark.xfail(
-    strict=True, reason="each agent's own model is resolved though run_config sets one"
-)
 def test_run_config_model_serves_agents_without_a_model(
     store: Any, delivery_server: DeliveryServer, closing: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
