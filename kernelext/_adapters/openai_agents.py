@@ -3,7 +3,7 @@
 ``start(agent, input, run_id=...)`` runs ``Runner.run`` in a kernelext run. The run drives a
 recorded copy of the agent and of every agent it hands off to (the user's objects are not
 changed): each agent's model answers through :class:`RecordedModel` and each function tool
-is invoked through :func:`_recorded_invoke`, both on the shared shape of
+call and handoff is made as ``openai_agents_calls`` says, both on the shared shape of
 ``kernelext._adapters.turns``: a model turn is a step (a Stop lands between two turns), the
 model's answer one effect replayed on resume, a tool call an effect keyed by its turn and its
 place among the turn's calls. A tool's ``needs_approval`` is asked through kernelext
@@ -34,10 +34,10 @@ from .._core.lifecycle.run import Run, engine_of
 from .._core.views.conversation import PRICES
 from .._store import Store
 from .._validate import check_name
-from ..errors import EffectRejected
 from .adapter_loop import run_on_adapter_loop
 from .model_clients import checked_prices
-from .turns import Turns, in_tool_call, record_tool_call, record_turn, unwrapped
+from .openai_agents_calls import recorded_handoff, recorded_tool
+from .turns import Turns, in_tool_call, record_turn, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "require_agents", "start"]
 
@@ -239,99 +239,14 @@ class _Copies:
             if not isinstance(model, require_agents().Model):
                 model = self.config.model_provider.get_model(model)
             copy.model = _recorded_model()(model, self.turns, original.name)
-        copy.tools = [_recorded_tool(t, self.turns) for t in original.tools]
+        copy.tools = [recorded_tool(t, self.turns) for t in original.tools]
         copy.handoffs = [self.handoff(h) for h in original.handoffs]
         return copy
 
     def handoff(self, handoff: Any) -> Any:
         if isinstance(handoff, require_agents().Agent):
             return self.of(handoff)
-        invoke = handoff.on_invoke_handoff
-
-        async def handed(ctx: Any, arguments: str) -> Any:
-            reached = await invoke(ctx, arguments)
-            return self.of(reached) if isinstance(reached, require_agents().Agent) else reached
-
-        return dataclasses.replace(handoff, on_invoke_handoff=handed)
-
-
-def _recorded_tool(tool: Any, turns: Turns) -> Any:
-    sdk = require_agents()
-    if not isinstance(tool, sdk.FunctionTool):
-        return tool  # hosted: runs on the model's server, inside the turn
-    rule = tool.needs_approval
-    invoke = tool.on_invoke_tool
-
-    async def recorded(ctx: Any, raw: str) -> Any:
-        if current_run() is None or turns.current is None or in_tool_call():
-            return await invoke(ctx, raw)
-        arguments = _arguments(raw)
-        gated = await _asks_approval(rule, ctx, arguments, getattr(ctx, "tool_call_id", None))
-
-        async def call(given: dict[str, Any]) -> Any:
-            sent = json.dumps(given) if "input" not in given else given["input"]
-            return _as_the_model_sees_it(tool, ctx, sent, await invoke(ctx, sent))
-
-        try:
-            return await record_tool_call(
-                turns.current, getattr(ctx, "tool_call_id", None), tool.name, arguments, call,
-                needs_approval=gated,
-            )  # fmt: skip
-        except EffectRejected as exc:
-            return f"A person rejected this call of {tool.name}: {exc}"
-
-    return dataclasses.replace(tool, on_invoke_tool=recorded, needs_approval=False)
-
-
-def _as_the_model_sees_it(tool: Any, ctx: Any, sent: str, output: Any) -> Any:
-    """A tool's output as it is recorded: JSON as it is, anything else (a pydantic model, a
-    date) as the SDK turns it into the model's input, so that the replayed output gives the
-    model the same text and the next turn the same request."""
-    if _is_json(output):
-        return output
-    sdk = require_agents()
-    from openai.types.responses import ResponseFunctionToolCall
-
-    call = ResponseFunctionToolCall(
-        type="function_call",
-        call_id=str(getattr(ctx, "tool_call_id", "") or ""),
-        name=tool.name,
-        arguments=sent,
-    )
-    item = sdk.ItemHelpers.tool_call_output_item(
-        call,
-        output,
-        output_json_schema=getattr(tool, "output_json_schema", None),
-        output_type_adapter=getattr(tool, "_output_type_adapter", None),
-    )
-    return item["output"]
-
-
-def _is_json(value: Any) -> bool:
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return True
-    if isinstance(value, list):
-        return all(_is_json(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
-    return False
-
-
-def _arguments(raw: str) -> dict[str, Any]:
-    """The model's arguments as the call's recorded ones (text that is not a JSON object
-    is recorded as ``input``, and handed to the tool as it came)."""
-    try:
-        parsed = json.loads(raw) if raw else {}
-    except ValueError:
-        return {"input": raw}
-    return parsed if isinstance(parsed, dict) and "input" not in parsed else {"input": raw}
-
-
-async def _asks_approval(rule: Any, ctx: Any, arguments: dict[str, Any], call_id: Any) -> bool:
-    if not callable(rule):
-        return bool(rule)
-    answer = rule(ctx, arguments, call_id)
-    return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+        return recorded_handoff(handoff, self.of, self.turns)
 
 
 @functools.cache

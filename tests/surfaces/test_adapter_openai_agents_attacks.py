@@ -169,7 +169,6 @@ def test_run_config_model_serves_agents_without_a_model(
         assert delivery_server.count() == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a handoff's on_handoff runs again on every resume")
 def test_on_handoff_runs_once_across_a_resume(
     store: Any, delivery_server: DeliveryServer, closing: None
 ) -> None:
