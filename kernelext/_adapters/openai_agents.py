@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -118,10 +119,11 @@ def start(
     this run's, kept in this process (after a restart, give them to :func:`agent`);
     ``prices`` as for :func:`agent`."""
     options = _checked_options(max_turns, run_config, context)
+    stored = _input(input)
     made = _register(sdk_agent, name, prices, max_step_seconds)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
     _RUNS[run_id] = (made.name, options)
-    return made.start(_plain(input), run_id=run_id, store=store)
+    return made.start(stored, run_id=run_id, store=store)
 
 
 def _checked_options(max_turns: Any, run_config: Any, context: Any) -> _Options:
@@ -324,6 +326,37 @@ def _request(
         "handoffs": [getattr(h, "tool_name", str(h)) for h in handoffs],
         "output": None if output_schema is None else output_schema.name(),
     }
+
+
+def _input(value: Any) -> Any:
+    """The run's input as stored and given to ``Runner.run``: text, or a list of input items
+    (dicts, or the SDK's and ``openai``'s models) as JSON; anything else is refused, never
+    handed to the model as something else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_item(each, f"input[{n}]") for n, each in enumerate(value)]
+    raise TypeError(
+        "kx.openai_agents.start takes the input as text or a list of input items "
+        f"([{{'role': 'user', 'content': '...'}}]), not {type(value).__name__}."
+    )
+
+
+def _item(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_unset=True)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _item(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_item(v, f"{where}[{n}]") for n, v in enumerate(value)]
+    raise TypeError(
+        f"The run's {where} is a {type(value).__name__}, which an input item cannot hold: "
+        "pass text, numbers, lists and dicts (turn it into text first)."
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -279,7 +279,6 @@ class _Unsendable:
         pytest.param([{"role": "user", "content": _Unsendable()}], id="item holding an object"),
     ],
 )
-@pytest.mark.xfail(strict=True, reason="an input is stored as a type name and handed to the model")
 def test_an_input_the_model_cannot_be_given_is_refused_before_the_run(
     given: Any, store: Any, closing: None
 ) -> None:
