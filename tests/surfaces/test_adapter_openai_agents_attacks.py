@@ -327,3 +327,38 @@ def test_a_secret_in_the_models_arguments_reaches_the_tool_after_a_resume(
         assert again is not None
         assert again.wait(60) == "completed", again.error
         assert seen == ["hunter2-account"]
+
+
+@pytest.mark.xfail(strict=True, reason="a refused start() replaces the existing run's options")
+def test_a_refused_start_with_a_taken_run_id_leaves_that_runs_context(
+    store: Any, closing: None
+) -> None:
+    import kernelext as kx
+
+    seen: list[Any] = []
+    reached, released = threading.Event(), threading.Event()
+
+    @function_tool
+    def whoami(ctx: RunContextWrapper[Any], who: str) -> str:
+        """Who is asking."""
+        if not released.is_set():
+            reached.set()
+            released.wait(30)
+        seen.append(ctx.context["user"])
+        return str(ctx.context["user"])
+
+    with LLMServer(script=TWO_TURNS) as llm:
+        agent = Agent(name="ctx", instructions="x", tools=[whoami], model=model_for(llm.base_url))
+        alice = kx.openai_agents.start(
+            agent, "for alice", run_id="taken", context={"user": "alice"}
+        )
+        assert reached.wait(30)
+        alice.stop()
+        released.set()
+        assert alice.wait(60) == "suspended"
+        with pytest.raises(kx.RunStateError):
+            kx.openai_agents.start(agent, "for eve", run_id="taken", context={"user": "eve"})
+        seen.clear()
+        again = kx.resume("taken")
+        assert again.wait(60) == "completed", again.error
+        assert seen == ["alice"]
