@@ -122,8 +122,18 @@ def start(
     stored = _input(input)
     made = _register(sdk_agent, name, prices, max_step_seconds)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
-    _RUNS[run_id] = (made.name, options)
-    return made.start(stored, run_id=run_id, store=store)
+    if not isinstance(run_id, str):  # refused there, saying what to pass
+        return made.start(stored, run_id=run_id, store=store)
+    earlier = _RUNS.get(run_id)
+    _RUNS[run_id] = (made.name, options)  # read by the run's thread as it starts
+    try:
+        return made.start(stored, run_id=run_id, store=store)
+    except BaseException:  # not started (a run of that id exists): its options stay
+        if earlier is None:
+            _RUNS.pop(run_id, None)
+        else:
+            _RUNS[run_id] = earlier
+        raise
 
 
 def _checked_options(max_turns: Any, run_config: Any, context: Any) -> _Options:

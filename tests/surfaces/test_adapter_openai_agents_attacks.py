@@ -329,7 +329,6 @@ def test_a_secret_in_the_models_arguments_reaches_the_tool_after_a_resume(
         assert seen == ["hunter2-account"]
 
 
-@pytest.mark.xfail(strict=True, reason="a refused start() replaces the existing run's options")
 def test_a_refused_start_with_a_taken_run_id_leaves_that_runs_context(
     store: Any, closing: None
 ) -> None:
@@ -362,3 +361,13 @@ def test_a_refused_start_with_a_taken_run_id_leaves_that_runs_context(
         again = kx.resume("taken")
         assert again.wait(60) == "completed", again.error
         assert seen == ["alice"]
+
+
+def test_a_run_id_that_is_not_text_gets_kernelexts_error(store: Any, closing: None) -> None:
+    import kernelext as kx
+
+    with LLMServer(script=[{"content": "done"}]) as llm:
+        agent = Agent(name="rid", instructions="x", model=model_for(llm.base_url))
+        with pytest.raises(kx.NameNotText, match="run_id"):
+            kx.openai_agents.start(agent, "hi", run_id=["r-1"])  # type: ignore[arg-type]
+        assert llm.count() == 0
