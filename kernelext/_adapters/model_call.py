@@ -27,6 +27,7 @@ from ..errors import LedgerError
 from ..status import EffectStatus
 from .model_clients import Options, Pending, Sides, materialise, passed_through, register_values
 from .model_streams import AsyncRecordedStream, RecordedStream, to_json
+from .turns import marked_if_masked, refuse_masked
 
 if TYPE_CHECKING:
     from .._core.engine.run_engine import RunEngine
@@ -105,7 +106,7 @@ class ModelCall(Effect):
 
         def send(*, idempotency_key: str | None = None, **_request: Any) -> Any:
             self.live = owner.sending.create(**self.outgoing(idempotency_key))
-            return to_json(self.live)
+            return marked_if_masked(to_json(self.live))
 
         once = self.stream or owner.options.is_async  # settled after the fact: sent once
         super().__init__(
@@ -203,7 +204,7 @@ class ModelCall(Effect):
         except BaseException as exc:
             return self._settle(run, key, args, kwargs, error=exc)
         if not self.stream:
-            self._settle(run, key, args, kwargs, value=to_json(self.live))
+            self._settle(run, key, args, kwargs, value=marked_if_masked(to_json(self.live)))
             return self.live
         return AsyncRecordedStream(
             self.live, lambda chunks, exc: self._settle_stream(run, key, chunks, exc)
@@ -240,7 +241,7 @@ class ModelCall(Effect):
             key,
             (),
             self.request,
-            value=self.owner.options.vendor.stream_result(items),
+            value=marked_if_masked(self.owner.options.vendor.stream_result(items)),
             error=error,
         )
 
@@ -257,6 +258,7 @@ class ModelCall(Effect):
                 f"({type(out).__name__}), so it cannot be replayed. Restart the run from an "
                 "earlier step (kx.restart), or decide such calls as not applied."
             )
+        refuse_masked(out, f"The recorded answer of model call {self.tool}")
         options = self.owner.options
         return options.vendor.rebuild(self.tool, out, stream=self.stream, is_async=options.is_async)
 

@@ -28,10 +28,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._core.encoding.keys import load_result, stored_result
 from .._core.engine.context import current_run, reset_current_run, set_current_run
 from .._core.engine.run_engine import RunEngine
 from .._core.ledger.effect import Effect
-from ..errors import EffectRejected, KernelextError
+from ..errors import EffectRejected, KernelextError, LedgerError
 
 __all__ = [
     "CallSite",
@@ -40,13 +41,16 @@ __all__ = [
     "Turns",
     "at_call_site",
     "in_tool_call",
+    "marked_if_masked",
     "record_tool_call",
     "record_turn",
+    "refuse_masked",
     "unwrapped",
 ]
 
 T = TypeVar("T")
 Site = tuple[str, int | None, int]
+MASKED = "kernelext_masked"  # in a recorded answer: a registered secret was masked in it
 _IN_TOOL: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_in_tool", default=False)
 
 
@@ -183,7 +187,7 @@ async def record_turn(
     async def asked(request: Any) -> Any:
         value = await ask()
         live.append(value)
-        return dump(value)
+        return marked_if_masked(dump(value))
 
     effect = Effect(asked, name=tool, resumable=True, retry=True)
     try:
@@ -191,7 +195,33 @@ async def record_turn(
             out = await effect(request=request)
     except KernelextError as exc:  # the ledger's (an unknown answer): past the framework
         raise Carried(exc) from exc
-    return live[0] if live else load(out)
+    if live:
+        return live[0]
+    try:
+        refuse_masked(out, f"The model's answer in {turn.key} of run {run.id!r}")
+    except LedgerError as exc:
+        raise Carried(exc) from exc
+    return load(out)
+
+
+def marked_if_masked(data: Any) -> Any:
+    """A model's answer (JSON) as recorded: marked when the ledger stores it with a
+    registered secret masked, since its replay would not be what the model said."""
+    if isinstance(data, dict) and load_result(stored_result(data)) != data:
+        return {**data, MASKED: True}
+    return data
+
+
+def refuse_masked(data: Any, what: str) -> None:
+    """Refuse to replay a recorded answer that was stored with a secret masked: the tool
+    calls it asked for would get ``***`` instead of the value (``what`` names the answer)."""
+    if isinstance(data, dict) and data.get(MASKED):
+        raise LedgerError(
+            f"{what} held a registered secret (kx.secrets), which the ledger stores masked: "
+            "replayed, it would hand *** to the tools it asked for, so the run cannot go on "
+            "from its record. Start it again under a new run id, and keep secrets out of "
+            "what the model reads (give them to the tools in code)."
+        )
 
 
 async def record_tool_call(

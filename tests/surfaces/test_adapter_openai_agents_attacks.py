@@ -296,13 +296,12 @@ def test_an_input_the_model_cannot_be_given_is_refused_before_the_run(
         assert ok.wait(60) == "completed", ok.error  # the id is free, the store intact
 
 
-@pytest.mark.xfail(strict=True, reason="a replayed answer holds *** where the model sent a secret")
-def test_a_secret_in_the_models_arguments_reaches_the_tool_after_a_resume(
+def test_a_secret_in_the_models_answer_is_never_replayed_masked_to_a_tool(
     store: Any, closing: None
 ) -> None:
-    """A registered secret is masked in the recorded answer, so the resumed run replays
-    ``***`` as the tool's argument: the approval is asked again for ``pay(who='***')``, and
-    approving that pays ``***``. A faithful replay, or a refusal, is what the promise needs."""
+    """A registered secret is masked in the recorded answer: a resume that replayed it would
+    hand ``***`` to the tool (approved as ``pay(who='***')``). The resume refuses instead,
+    saying why, and the tool is never called with the masked value."""
     import kernelext as kx
 
     kx.secrets.register("hunter2-account")
@@ -325,8 +324,9 @@ def test_a_secret_in_the_models_arguments_reaches_the_tool_after_a_resume(
         (request,) = kx.approvals("sec-1")
         again = request.approve()
         assert again is not None
-        assert again.wait(60) == "completed", again.error
-        assert seen == ["hunter2-account"]
+        assert again.wait(60) == "failed"
+        assert "held a registered secret" in str(again.error)
+        assert seen == []  # never with ***
 
 
 def test_a_refused_start_with_a_taken_run_id_leaves_that_runs_context(

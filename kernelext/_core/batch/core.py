@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Batch", "ItemState", "MapPlan", "prepare_map"]
 
-ItemCount = Literal["done", "failed", "waiting"]  # what an item that ended is counted as
+ItemCount = Literal["done", "raised", "waiting"]  # what an item that ended is counted as
 WAIT_TICK = 0.05  # how often the dispatching thread looks for a stop while items run
 FORCE_RETRY = 0.01  # a forced stop refused inside kernelext's bookkeeping: tried again
 
@@ -169,7 +169,7 @@ class Batch:
             if counted == "done":
                 self.done += 1
                 self.durations.append(elapsed)
-            elif counted == "failed":
+            elif counted == "raised":
                 self.failed += 1
             elif counted == "waiting":
                 self.waiting += 1

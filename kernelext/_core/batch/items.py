@@ -306,7 +306,7 @@ def _record_end(
             )  # fmt: skip
         if isinstance(outcome, NeedsDecision):
             return Ended(index, "decision", error=outcome)
-        batch.item_ended(info, "failed")
+        batch.item_ended(info, "raised")
         engine.notify("item_failed", (info, outcome))
         return Ended(index, "raised", error=outcome)
     except OwnershipLost as exc:

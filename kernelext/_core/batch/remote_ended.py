@@ -102,6 +102,6 @@ def failed_elsewhere(engine: RunEngine, batch: Batch, info: StepInfo, error: Any
 
 def item_raised(engine: RunEngine, batch: Batch, info: StepInfo, error: BaseException) -> Ended:
     """The item failed with ``error`` (counted, and told to the run's listeners)."""
-    batch.item_ended(info, "failed")
+    batch.item_ended(info, "raised")
     engine.notify("item_failed", (info, error))
     return Ended(info.index, "raised", error=error)
