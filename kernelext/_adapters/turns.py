@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -188,6 +189,7 @@ async def record_tool_call(
             _IN_TOOL.reset(token)
 
     called.__name__ = tool
+    called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
     effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
     try:
         with at_call_site(run, turn.site_of(call_id)):
@@ -196,3 +198,14 @@ async def record_tool_call(
         raise
     except KernelextError as exc:  # the ledger's, not the tool's: past the framework
         raise Carried(exc) from exc
+
+
+def _signature_of(arguments: dict[str, Any]) -> inspect.Signature:
+    """A tool call's arguments as keyword parameters, so that the ledger, an approval request
+    and an approval's edits name them as the model did (``{"who": "bob"}``); arguments whose
+    names are no Python names are kept as one mapping, ``given``."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    try:
+        return inspect.Signature([inspect.Parameter(name, keyword) for name in arguments])
+    except (TypeError, ValueError):
+        return inspect.Signature([inspect.Parameter("given", inspect.Parameter.VAR_KEYWORD)])

@@ -20,7 +20,7 @@ from ..encoding.secrets import scrub_text
 
 __all__ = ["PRICES", "Conversation", "conversation_of", "is_model_call", "step_text"]
 
-MODEL_PREFIXES = ("openai:", "openai_agents:")
+MODEL_PREFIXES = ("openai:", "openai_agents:", "pydantic_ai:")
 EXCERPT = 120
 Prices = Mapping[str, tuple[float, float]]
 # What ``kx.openai(client, prices=...)`` gave in this process: model -> (prompt, completion)
