@@ -238,7 +238,10 @@ def _asked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _recorded_toolset() -> Callable[..., Any]:
     """The ``WrapperToolset`` whose tool calls are effects (made once Pydantic AI is imported)."""
     require_pydantic_ai()
+    from pydantic_ai.exceptions import ModelRetry, ToolFailed
     from pydantic_ai.toolsets import WrapperToolset
+
+    told = (ModelRetry, ToolFailed)  # a tool's answer to the model, replayed as such
     from pydantic_core import to_jsonable_python
 
     @dataclasses.dataclass
@@ -275,7 +278,7 @@ def _recorded_toolset() -> Callable[..., Any]:
             try:
                 return await record_tool_call(
                     turns.current, ctx.tool_call_id, name, arguments, call,
-                    needs_approval=name in self.gated,
+                    needs_approval=name in self.gated, told=told,
                 )  # fmt: skip
             except EffectRejected as exc:
                 return f"A person rejected this call of {name}: {exc}"

@@ -4,7 +4,8 @@
 delivery server (what is counted), answering from the scripted model server through
 Pydantic AI's own OpenAI chat model. The first call of ``pay`` in this process can be held
 (``HOLD``, of support.agent_parts) until a test asked for a Stop. ``approval=True`` declares
-``pay`` as needing approval; ``accepts`` is an output validator's test of the final answer
+``pay`` as needing approval; a payment to someone ``away`` asks the model to retry (noted in
+``ASKED_AWAY``); ``accepts`` is an output validator's test of the final answer
 (a refused answer is sent back to the model to try again).
 """
 
@@ -19,7 +20,9 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client
 from support.http_server import post_json
 
-__all__ = ["HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
+__all__ = ["ASKED_AWAY", "HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
+
+ASKED_AWAY: list[str] = []
 
 
 def model_for(llm_url: str) -> OpenAIChatModel:
@@ -34,12 +37,16 @@ def payer(
     *,
     approval: bool = False,
     accepts: Callable[[str], bool] | None = None,
+    away: frozenset[str] = frozenset(),
 ) -> Agent[None, str]:
     agent = Agent(model_for(llm_url), name="payer", instructions="Pay who you are told.")
 
     @agent.tool_plain(requires_approval=approval)
     def pay(who: str, amount: int) -> str:
         """Pay someone an amount of dollars."""
+        if who in away:
+            ASKED_AWAY.append(who)
+            raise ModelRetry(f"{who} is away: pay someone else")
         if HOLD.holds(who):
             HOLD.wait_here()
         answer = post_json(f"{delivery_url}/pay/{who}", {"who": who, "amount": amount})

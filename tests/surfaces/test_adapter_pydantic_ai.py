@@ -23,7 +23,7 @@ from pydantic_ai import UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
-from support.pydantic_agents import HOLD, PAY_SCRIPT, close_clients, payer
+from support.pydantic_agents import ASKED_AWAY, HOLD, PAY_SCRIPT, close_clients, payer
 
 import kernelext as kx
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
@@ -168,6 +168,26 @@ def test_two_tool_calls_of_one_answer_are_keyed_by_the_models_order(
     assert resumed.wait(30) == Status.COMPLETED, resumed.error
     assert resumed.result == "paid both"
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # both replayed on resume
+    assert set(llm.per_turn().values()) == {1}
+
+
+def test_a_tools_retry_request_is_its_recorded_answer_and_replayed(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    # bob is away: pay asks the model to retry (ModelRetry); the model then pays ann. A
+    # resume replays that answer to the model instead of failing the call or asking again.
+    ASKED_AWAY.clear()
+    agent = payer(llm.base_url, deliveries.url, away=frozenset({"bob"}))
+    stopped_at(agent, "pa-away", who="ann")
+    assert [row[1:] for row in ledger("pa-away") if row[1] == "pay"] == [
+        ("pay", 1, EffectStatus.APPLIED),
+        ("pay", 1, EffectStatus.APPLIED),
+    ]
+    resumed = kx.resume("pa-away")
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert resumed.result == "paid bob 10 and ann 3"
+    assert ASKED_AWAY == ["bob"]  # the tool was not called again
+    assert paid(deliveries) == ["/pay/ann"]
     assert set(llm.per_turn().values()) == {1}
 
 
