@@ -191,6 +191,27 @@ def test_a_tools_retry_request_is_its_recorded_answer_and_replayed(
     assert set(llm.per_turn().values()) == {1}
 
 
+def test_a_call_cut_by_a_force_stop_waits_in_reconcile_and_is_not_made_again(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    HOLD.arm(who="bob")
+    handle = kx.pydantic_ai.start(payer(llm.base_url, deliveries.url), PROMPT, run_id="pa-cut")
+    assert HOLD.reached.wait(30)
+    handle.force_stop(cut_calls=True)
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    HOLD.released.set()  # the payment goes out after all: the ledger cannot know it did
+    assert ("turn 1", "pay", 1, EffectStatus.UNKNOWN) in ledger("pa-cut")
+    assert kx.resume("pa-cut").wait(30) == Status.NEEDS_DECISION
+    (cut,) = kx.reconcile("pa-cut").open
+    assert (cut.tool, json.loads(cut.args or "")) == ("pay", {"who": "bob", "amount": 10})
+    cut.mark_applied("paid bob 10 (200)")  # a person looked at the bank's side
+    resumed = kx.resume("pa-cut")
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert resumed.result == "paid bob 10 and ann 3"
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # bob once, as decided
+    assert set(llm.per_turn().values()) == {1}
+
+
 # -- approvals ------------------------------------------------------------------------------
 def test_a_tool_needing_approval_is_asked_through_kernelext_and_approved_from_the_cli(
     store: Any, store_path: Path, llm: LLMServer, deliveries: DeliveryServer
