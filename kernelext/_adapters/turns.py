@@ -10,9 +10,7 @@ An agent framework runs a loop of model turns and tool calls. Under kernelext:
 - each tool call the model asked for is an effect of the tool's name, at ordinal
   ``1 + its place among the turn's calls`` (parallel calls are keyed by the model's order,
   not by which finished first), so a resumed run replays applied calls instead of making
-  them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once;
-  an exception a tool raises to answer the model (Pydantic AI's ``ModelRetry``) is the
-  call's recorded outcome, raised again on replay.
+  them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once.
 
 kernelext's own refusals (a call that needs a decision, arguments that no longer match the
 recorded ones) must not reach a framework's error handling, which would hand them to the
@@ -48,7 +46,6 @@ __all__ = [
 
 T = TypeVar("T")
 Site = tuple[str, int | None, int]
-_TOLD = "kernelext_tool_answered"  # a recorded outcome: the tool raised this answer for the model
 _IN_TOOL: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_in_tool", default=False)
 
 
@@ -178,14 +175,9 @@ async def record_tool_call(
     call: Callable[[dict[str, Any]], Awaitable[Any]],
     *,
     needs_approval: bool = False,
-    told: tuple[type[Exception], ...] = (),
 ) -> Any:
     """One tool call the model asked for in ``turn``, as an effect named ``tool`` with the
-    model's ``arguments`` (what a person approves is what ``call`` is given).
-
-    ``told``: the framework's exceptions a tool raises to answer the model (Pydantic AI's
-    ``ModelRetry``): the call was made and that is its outcome, recorded as such and raised
-    again on replay (each built from its message), never a failed call."""
+    model's ``arguments`` (what a person approves is what ``call`` is given)."""
     run = current_run()
     assert run is not None  # only called inside a run
 
@@ -193,11 +185,6 @@ async def record_tool_call(
         token = _IN_TOOL.set(True)
         try:
             return await call(given)
-        except told as answer:
-            return {
-                _TOLD: type(answer).__name__,
-                "message": getattr(answer, "message", str(answer)),
-            }
         finally:
             _IN_TOOL.reset(token)
 
@@ -206,16 +193,11 @@ async def record_tool_call(
     effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
     try:
         with at_call_site(run, turn.site_of(call_id)):
-            outcome = await effect(**arguments)
+            return await effect(**arguments)
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
     except KernelextError as exc:  # the ledger's, not the tool's: past the framework
         raise Carried(exc) from exc
-    if isinstance(outcome, dict) and outcome.keys() == {_TOLD, "message"}:
-        answer = next((kind for kind in told if kind.__name__ == outcome[_TOLD]), None)
-        if answer is not None:
-            raise answer(outcome["message"])
-    return outcome
 
 
 def _signature_of(arguments: dict[str, Any]) -> inspect.Signature:

@@ -3,10 +3,11 @@
 ``payer(llm_url, delivery_url)``: an agent whose ``pay`` tool POSTs a payment to the local
 delivery server (what is counted), answering from the scripted model server through
 Pydantic AI's own OpenAI chat model. The first call of ``pay`` in this process can be held
-(``HOLD``, of support.agent_parts) until a test asked for a Stop. ``approval=True`` declares
-``pay`` as needing approval; a payment to someone ``away`` asks the model to retry (noted in
-``ASKED_AWAY``); ``accepts`` is an output validator's test of the final answer
-(a refused answer is sent back to the model to try again).
+(``HOLD``, of support.agent_parts) until a test asked for a Stop. Options: ``approval=True``
+declares ``pay`` as needing approval; a payment to someone ``away`` asks the model to retry
+(noted in ``ASKED_AWAY``); ``accepts`` is an output validator's test of the final answer (a
+refused answer is sent back to the model to try again); ``durable=True`` builds the agent
+with kernelext's durability capability.
 """
 
 from __future__ import annotations
@@ -38,8 +39,16 @@ def payer(
     approval: bool = False,
     accepts: Callable[[str], bool] | None = None,
     away: frozenset[str] = frozenset(),
+    durable: bool = False,
 ) -> Agent[None, str]:
-    agent = Agent(model_for(llm_url), name="payer", instructions="Pay who you are told.")
+    import kernelext as kx
+
+    agent = Agent(
+        model_for(llm_url),
+        name="payer",
+        instructions="Pay who you are told.",
+        capabilities=[kx.pydantic_ai.durability()] if durable else None,
+    )
 
     @agent.tool_plain(requires_approval=approval)
     def pay(who: str, amount: int) -> str:

@@ -19,13 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic_ai import UsageLimits
+from pydantic_ai import Agent, UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
+from pydantic_ai.models.test import TestModel
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
-from support.pydantic_agents import ASKED_AWAY, HOLD, PAY_SCRIPT, close_clients, payer
+from support.pydantic_agents import (
+    ASKED_AWAY,
+    HOLD,
+    PAY_SCRIPT,
+    close_clients,
+    model_for,
+    payer,
+)
 
 import kernelext as kx
+from kernelext._adapters.adapter_loop import run_on_adapter_loop
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
 from kernelext._core.process.runtime import runtime
 from kernelext.status import EffectStatus, Status
@@ -239,6 +248,54 @@ def test_a_tool_needing_approval_is_asked_through_kernelext_and_approved_from_th
     assert set(llm.per_turn().values()) == {1}
 
 
+def test_a_rejected_call_is_not_made_and_the_model_is_told(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    agent = payer(llm.base_url, deliveries.url, approval=True)
+    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-reject")
+    for who in ("bob", "ann"):
+        assert handle.wait(30) == Status.SUSPENDED, handle.error
+        (request,) = list(kx.approvals("pa-reject"))
+        assert request.arguments["who"] == who
+        kx.reject(request.key, note="not this week")
+        handle = kx.resume("pa-reject")
+    assert handle.wait(30) == Status.COMPLETED, handle.error
+    assert paid(deliveries) == []
+    told = kx.sql(
+        "SELECT args FROM effects WHERE run_id = 'pa-reject' AND step_key = 'turn 2' AND tool = ?",
+        params=[MODEL_TOOL],
+    )["args"][0]
+    assert "A person rejected this call" in told and "not this week" in told
+
+
+# -- the agent built with kernelext's durability capability -----------------------------------
+def test_an_agent_built_with_the_capability_runs_plain_outside_a_run_and_recorded_in_one(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    agent = payer(llm.base_url, deliveries.url, durable=True)
+    plain = run_on_adapter_loop(lambda: agent.run(PROMPT))  # outside a run: as without it
+    assert plain.output == "paid bob 10 and ann 3"
+    assert kx.sql("SELECT count(*) FROM effects").iloc[0, 0] == 0
+    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-built")  # its own, not a second
+    assert handle.wait(30) == Status.COMPLETED, handle.error
+    assert [row[1] for row in ledger("pa-built")] == [MODEL_TOOL, "pay"] * 2 + [MODEL_TOOL]
+    assert paid(deliveries) == ["/pay/ann", "/pay/ann", "/pay/bob", "/pay/bob"]  # two runs
+
+
+def test_a_model_given_to_start_answers_the_run_in_place_of_the_agents(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    nowhere = payer("http://127.0.0.1:9/v1", deliveries.url)  # its own model answers nothing
+    handle = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model", model=model_for(llm.base_url))
+    assert handle.wait(30) == Status.COMPLETED, handle.error
+    assert handle.result == "paid bob 10 and ann 3"
+    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3
+    # A later run of the same agent is given only what its own start was given.
+    later = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model-2")
+    assert later.wait(30) == Status.FAILED
+    assert len(llm.per_turn()) == 3
+
+
 # -- the framework's errors -------------------------------------------------------------------
 @pytest.mark.parametrize("llm", [[{"content": "done"}]], indirect=True)
 def test_output_retries_exceeded_fail_the_run_and_a_fixed_validator_goes_on(
@@ -283,6 +340,10 @@ def test_a_usage_limit_fails_the_run_and_a_higher_limit_goes_on(
 def test_something_that_is_not_an_agent_is_a_clear_type_error(store: Any) -> None:
     with pytest.raises(TypeError, match=r"takes a pydantic_ai\.Agent .* not str"):
         kx.pydantic_ai.start("payer", PROMPT, run_id="pa-bad")
+    with pytest.raises(TypeError, match=r"needs an agent built with a model"):
+        kx.pydantic_ai.start(Agent(None, name="modelless"), PROMPT, run_id="pa-bad")
+    with pytest.raises(TypeError, match=r"does not take toolsets="):
+        kx.pydantic_ai.start(Agent(TestModel()), PROMPT, run_id="pa-bad", toolsets=[])
     assert kx.sql("SELECT count(*) FROM runs").iloc[0, 0] == 0
 
 
