@@ -11,6 +11,7 @@ ipywidgets, so ``import kernelext`` does not load it). Everything under an under
 """
 
 from . import errors, langgraph, openai_agents, pydantic_ai, status
+from ._adapters.anthropic import wrap_anthropic as anthropic
 from ._adapters.mcp import wrap_mcp as mcp
 from ._adapters.openai import wrap_openai as openai
 from ._adapters.tools import Tools as tools
@@ -122,6 +123,7 @@ __all__ = [
     "__version__",
     "agent",
     "answer",
+    "anthropic",
     "approvals",
     "approve",
     "checks",

@@ -20,6 +20,7 @@ from typing import Any, cast
 from .._core.engine.context import current_run, reset_current_run, set_current_run
 from .._core.engine.run_engine import RunEngine
 from .._core.ledger.effect import effect as kx_effect
+from .turns import CallSite
 
 __all__ = ["INSTALL", "require", "tool"]
 
@@ -111,7 +112,7 @@ def _recorder(
             return fn(*args, **kwargs)
         token = _EXTRAS.set({k: kwargs.pop(k) for k in list(kwargs) if k in extras})
         site = _call_site(run)
-        outer = set_current_run(cast(RunEngine, _AtCallSite(run, site))) if site else None
+        outer = set_current_run(cast(RunEngine, CallSite(run, site))) if site else None
         try:
             return effect(*args, **kwargs)
         finally:
@@ -141,27 +142,13 @@ def _call_site(run: Any) -> tuple[str, int | None, int] | None:
     call_id = _TOOL_CALL.get()
     if call_id:
         step_key += f"/{call_id}"
-    base = run.base if isinstance(run, _AtCallSite) else run
+    base = run.base if isinstance(run, CallSite) else run
     with _CALLS_LOCK:
         counts = _CALLS.setdefault(base, {})
         ordinal = counts.get((step_key, attempt), 0)
         counts[(step_key, attempt)] = ordinal + 1
     current = base.current
     return step_key, current.ordinal if current is not None else None, ordinal
-
-
-class _AtCallSite:
-    """The run as one recorded call sees it: the LangGraph call site, else the run's own."""
-
-    def __init__(self, run: Any, site: tuple[str, int | None, int]) -> None:
-        self.base: Any = run.base if isinstance(run, _AtCallSite) else run
-        self._site = site
-
-    def next_call(self) -> tuple[str, int | None, int]:
-        return self._site
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.base, attr)
 
 
 @functools.cache

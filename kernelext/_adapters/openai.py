@@ -42,47 +42,30 @@ by the client's own retries; make it in your own ``@kx.effect`` (on ``client.wra
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
 
-from .._core.encoding.keys import display_args
-from .._core.encoding.secrets import REDACTED
-from .._core.engine.context import current_run
-from .._core.ledger.effect import Effect
-from .._core.ledger.evidence import Evidence, absorb, watching
-from .._core.ledger.limits import call_limited_async, sent
-from .._core.ledger.retries import RetryOn, check_retry_on
+from .._core.ledger.retries import RetryOn
 from .._core.views.conversation import PRICES
 from .._shown import shows
-from .._validate import check_name
-from ..errors import LedgerError
-from ..status import EffectStatus
-from .openai_client import (
+from .model_call import CreateRecorder
+from .model_clients import (
     Options,
-    Pending,
     Sides,
-    checked_prices,
-    materialise,
+    Vendor,
+    checked_options,
     passed_through,
     register_secrets,
-    register_values,
-    require_openai,
+    require,
 )
 from .openai_replay import (
     CHAT_TOOL,
     COMPLETIONS_TOOL,
     EMBEDDINGS_TOOL,
     RESPONSES_TOOL,
-    AsyncRecordedStream,
-    RecordedStream,
     rebuild,
     stream_result,
-    to_json,
 )
-
-if TYPE_CHECKING:
-    from .._core.engine.run_engine import RunEngine
 
 __all__ = [
     "CHAT_TOOL",
@@ -95,7 +78,14 @@ __all__ = [
 ]
 
 KEY_HEADER = "Idempotency-Key"
-NOT_RECORDED = frozenset({"extra_headers", "timeout"})  # transport, not the request
+OPENAI = Vendor(
+    adapter="kx.openai",
+    package="openai",
+    recorded="client.chat.completions.create, client.responses.create, "
+    "client.embeddings.create and client.completions.create",
+    rebuild=rebuild,
+    stream_result=stream_result,
+)
 
 C = TypeVar("C")
 
@@ -125,11 +115,15 @@ def wrap_openai(
     ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
     (prompt, completion); the run's text and panel then show the cost of its tokens.
     """
-    checked = checked_prices(prices) if prices is not None else {}
-    declared = check_retry_on("kx.openai(retry_on=...)", retry_on, retries=1)
-    if limit is not None:
-        check_name("kx.openai(limit=...)", limit)
-    openai = require_openai()
+    checked, declared = checked_options(
+        OPENAI.adapter,
+        safe_points=safe_points,
+        key_header=key_header,
+        limit=limit,
+        prices=prices,
+        retry_on=retry_on,
+    )
+    openai = require(OPENAI.adapter, OPENAI.package)
     if isinstance(client, OpenAIRecorder):
         PRICES.update(checked)
         return cast(C, client)
@@ -141,7 +135,7 @@ def wrap_openai(
     PRICES.update(checked)  # only once the call is known to succeed
     register_secrets(client)
     is_async = isinstance(client, openai.AsyncOpenAI)
-    options = Options(safe_points, key_header, is_async, limit, declared)
+    options = Options(OPENAI, safe_points, key_header, is_async, limit, declared)
     return cast(C, OpenAIRecorder(client, options))
 
 
@@ -155,7 +149,7 @@ class OpenAIRecorder:
         # Calls inside a run: sent once each, the ledger making (and counting) the retries.
         self._kx_sender = client.with_options(max_retries=0)
         self._kx_chat: _ChatRecorder | None = None
-        self._kx_responses: _CreateRecorder | None = None
+        self._kx_responses: CreateRecorder | None = None
 
     @property
     def chat(self) -> Any:
@@ -166,7 +160,7 @@ class OpenAIRecorder:
     @property
     def responses(self) -> Any:
         if self._kx_responses is None:
-            self._kx_responses = _CreateRecorder(
+            self._kx_responses = CreateRecorder(
                 Sides(self.wrapped.responses, self._kx_sender.responses, self.wrapped),
                 RESPONSES_TOOL,
                 self._kx_options,
@@ -183,7 +177,7 @@ class OpenAIRecorder:
 
     def _kx_resource(self, name: str, tool: str) -> Any:
         sides = Sides(getattr(self.wrapped, name), getattr(self._kx_sender, name), self.wrapped)
-        return _CreateRecorder(sides, tool, self._kx_options)
+        return CreateRecorder(sides, tool, self._kx_options)
 
     def with_options(self, **options: Any) -> Any:
         """The client's ``with_options``, still recorded."""
@@ -196,7 +190,7 @@ class OpenAIRecorder:
     def __getattr__(self, name: str) -> Any:
         if name == "wrapped":  # not set yet (a copy being made): no endless lookup
             raise AttributeError(name)
-        return passed_through(self.wrapped, name, "client", configuration=True)
+        return passed_through(self.wrapped, name, "client", configuration=True, vendor=OPENAI)
 
     def __enter__(self) -> OpenAIRecorder:
         self.wrapped.__enter__()
@@ -223,228 +217,9 @@ class _ChatRecorder:
     def __init__(self, client: Any, sender: Any, options: Options) -> None:
         self.wrapped = client.chat
         sides = Sides(client.chat.completions, sender.chat.completions, client)
-        self.completions = _CreateRecorder(sides, CHAT_TOOL, options)
+        self.completions = CreateRecorder(sides, CHAT_TOOL, options)
 
     def __getattr__(self, name: str) -> Any:
         if name == "wrapped":  # not set yet (a copy being made): no endless lookup
             raise AttributeError(name)
-        return passed_through(self.wrapped, name, self.where, configuration=False)
-
-
-class _CreateRecorder:
-    """One resource (``chat.completions``, ``responses`` ...) with ``create`` recorded."""
-
-    def __init__(self, sides: Sides, tool: str, options: Options) -> None:
-        self.wrapped = sides.plain
-        self.sending = sides.sending
-        self.retries = int(sides.client.max_retries)
-        self.tool = tool
-        self.where = "client." + tool.partition(":")[2]
-        self.options = options
-        self.create: Callable[..., Any] = self._acreate if options.is_async else self._create
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "wrapped":  # not set yet (a copy being made): no endless lookup
-            raise AttributeError(name)
-        return passed_through(self.wrapped, name, self.where, configuration=False)
-
-    def _create(self, *args: Any, **kwargs: Any) -> Any:
-        run = current_run()
-        if run is None or args:  # outside a run (create takes keywords only): plain call
-            return self.wrapped.create(*args, **kwargs)
-        if self.options.safe_points:
-            run.safe_point()
-        call = ModelCall(self, kwargs)
-        return call.typed(call(**call.request))
-
-    async def _acreate(self, *args: Any, **kwargs: Any) -> Any:
-        run = current_run()
-        if run is None or args:
-            return await self.wrapped.create(*args, **kwargs)
-        if self.options.safe_points:
-            run.safe_point()
-        call = ModelCall(self, kwargs)
-
-        async def made() -> Any:
-            out = call._call(**call.request)  # the slot (if any) is awaited below, not here
-            return await out.coroutine if isinstance(out, Pending) else out
-
-        limit = self.options.limit
-        if limit is None:
-            return call.typed(await made())
-        # The slot is held until the answer came; the loop runs other tasks meanwhile.
-        return call.typed(await call_limited_async(run, limit, self.tool, made, call._where))
-
-
-class ModelCall(Effect):
-    """One model call as an effect. Recorded arguments: the request as JSON, without
-    transport options; result: the response as JSON (see the module docstring)."""
-
-    def __init__(self, owner: _CreateRecorder, kwargs: dict[str, Any]) -> None:
-        self.owner = owner
-        self.openai = require_openai()
-        # Iterables are read once: a generator of messages is kept as the list it gave.
-        self.kwargs = {k: materialise(v) for k, v in kwargs.items()}
-        self.request = {
-            k: plain
-            for k, v in self.kwargs.items()
-            if k not in NOT_RECORDED and (plain := self.plain(v)) is not _DROP
-        }
-        self.stream = bool(self.request.get("stream"))
-        if isinstance(query := self.kwargs.get("extra_query"), Mapping):
-            register_values(query.values())
-        self.live: Any = _DROP  # the response object of a call made now
-        self.seen: Evidence | None = None  # what a request sent outside the ledger did
-
-        def send(*, idempotency_key: str | None = None, **_request: Any) -> Any:
-            self.live = owner.sending.create(**self.outgoing(idempotency_key))
-            return to_json(self.live)
-
-        once = self.stream or owner.options.is_async  # settled after the fact: sent once
-        super().__init__(
-            send,
-            name=owner.tool,
-            resumable=True,
-            retry=True,
-            limit=owner.options.limit,
-            retries=0 if once else owner.retries,
-        )
-        self.retry_on = owner.options.retry_on
-        self.dedupes = False  # the key header goes along; a model API is not known to dedupe
-
-    # -- the request -----------------------------------------------------------------
-    def plain(self, value: Any) -> Any:
-        """``value`` as JSON: models dumped as the API has them, omitted values dropped."""
-        if isinstance(value, (self.openai.NotGiven, self.openai.Omit)):
-            return _DROP
-        if value is None or isinstance(value, (str, int, float, bool)):
-            return value
-        if hasattr(value, "to_dict"):  # an openai model (a message appended as it came)
-            return value.to_dict(mode="json", warnings=False)
-        if hasattr(value, "model_dump"):
-            return value.model_dump(mode="json", exclude_unset=True, warnings=False)
-        if isinstance(value, Mapping):
-            items = ((str(k), self.plain(v)) for k, v in value.items())
-            return {k: v for k, v in items if v is not _DROP}
-        if isinstance(value, (list, tuple)):
-            return [self.plain(v) for v in value]
-        return f"<{type(value).__module__}.{type(value).__qualname__}>"
-
-    def outgoing(self, key: str | None) -> dict[str, Any]:
-        """The keywords the client is called with: the caller's, plus the key header."""
-        header = self.owner.options.key_header
-        if header is None or key is None:
-            return self.kwargs
-        extra = dict(self.kwargs.get("extra_headers") or {})
-        extra.setdefault(header, key)
-        return {**self.kwargs, "extra_headers": extra}
-
-    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
-        return None  # a request is its keywords: bound by them as they are
-
-    def _redacted_args(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        scheme: int,
-        bound: dict[str, Any] | None = None,
-        *,
-        full: bool = False,
-    ) -> str:
-        if isinstance(query := kwargs.get("extra_query"), Mapping):  # names only, no values
-            kwargs = {**kwargs, "extra_query": dict.fromkeys(map(str, query), REDACTED)}
-        return display_args(kwargs, scheme, tool=self.tool, full=full)
-
-    # -- the call: the ledger's, deferred for streams and coroutines ------------------------
-    def _replay(self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:
-        out = super()._replay(run, key, row, *rest)
-        if out is not None or row.get("status") != EffectStatus.APPLIED:
-            return out
-        # Decided "it happened" without the answer (kx.reconcile): nobody knows what the
-        # model said, so it is asked again under the same key and its answer recorded.
-        if not run.store.retry_intent(key, expected=EffectStatus.APPLIED):
-            return super()._replay(run, key, run.store.effect(key) or row, *rest)
-        run.note_effect(key, {**row, "status": EffectStatus.PENDING})
-        return self._perform(run, key, (), self.request)
-
-    def _perform(
-        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        if self.owner.options.is_async:
-            return Pending(self._perform_async(run, key, args, kwargs))
-        if not self.stream:
-            return super()._perform(run, key, args, kwargs)
-        try:
-            sent()  # a kx.limit's window counts the request from now
-            with watching() as self.seen:
-                source = self.owner.sending.create(**self.outgoing(self.idempotency_key(run, key)))
-        except BaseException as exc:
-            return self._settle(run, key, args, kwargs, error=exc)
-        return RecordedStream(
-            source, lambda chunks, exc: self._settle_stream(run, key, chunks, exc)
-        )
-
-    async def _perform_async(
-        self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        try:
-            sent()
-            with watching() as self.seen:
-                self.live = await self.owner.sending.create(
-                    **self.outgoing(self.idempotency_key(run, key))
-                )
-        except BaseException as exc:
-            return self._settle(run, key, args, kwargs, error=exc)
-        if not self.stream:
-            self._settle(run, key, args, kwargs, value=to_json(self.live))
-            return self.live
-        return AsyncRecordedStream(
-            self.live, lambda chunks, exc: self._settle_stream(run, key, chunks, exc)
-        )
-
-    def _settle(
-        self,
-        run: RunEngine,
-        key: uuid.UUID,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        value: Any = None,
-        error: BaseException | None = None,
-    ) -> Any:
-        """Record an outcome known now through the ledger's own bookkeeping (applied,
-        failed for an exception, unknown for a stop or a cancellation), error re-raised."""
-
-        def settled(*_args: Any, **_kwargs: Any) -> Any:
-            if error is not None:
-                absorb(self.seen)  # what the request did, for the retry rule
-                raise error
-            return value
-
-        self.fn = settled
-        return super()._perform(run, key, args, kwargs)
-
-    def _settle_stream(
-        self, run: RunEngine, key: uuid.UUID, chunks: list[Any], error: BaseException | None
-    ) -> None:
-        items = [to_json(c) for c in chunks]
-        self._settle(run, key, (), self.request, value=stream_result(items), error=error)
-
-    # -- the caller's view -------------------------------------------------------------
-    def typed(self, out: Any) -> Any:
-        """What ``create`` returns: the live object, or the recorded one rebuilt."""
-        if isinstance(out, (RecordedStream, AsyncRecordedStream)):
-            return out
-        if self.live is not _DROP and not self.stream:
-            return self.live
-        if not isinstance(out, dict):
-            raise LedgerError(
-                f"Model call {self.tool} has a recorded result that is not a response "
-                f"({type(out).__name__}), so it cannot be replayed. Restart the run from an "
-                "earlier step (kx.restart), or decide such calls as not applied."
-            )
-        options = self.owner.options
-        return rebuild(self.tool, out, stream=self.stream, is_async=options.is_async)
-
-
-_DROP: Any = object()
+        return passed_through(self.wrapped, name, self.where, configuration=False, vendor=OPENAI)

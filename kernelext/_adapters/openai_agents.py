@@ -23,7 +23,7 @@ import importlib
 import inspect
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._core.engine.context import current_run
@@ -31,10 +31,12 @@ from .._core.lifecycle.agent import Agent
 from .._core.lifecycle.agent import agent as kx_agent
 from .._core.lifecycle.handle import Handle
 from .._core.lifecycle.run import Run, engine_of
+from .._core.views.conversation import PRICES
 from .._store import Store
 from .._validate import check_name
 from ..errors import EffectRejected
 from .adapter_loop import run_on_adapter_loop
+from .model_clients import checked_prices
 from .turns import Turns, in_tool_call, record_tool_call, record_turn, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "require_agents", "start"]
@@ -77,12 +79,16 @@ def agent(
     max_turns: int | None = None,
     run_config: Any = None,
     context: Any = None,
+    prices: Mapping[str, tuple[float, float]] | None = None,
     max_step_seconds: float | None = None,
 ) -> Agent:
     """Register an Agents SDK ``Agent`` as a kernelext agent, so ``kx.resume`` can continue
     its runs. :func:`start` does this; after a kernel restart, build the agent again and call
     ``kx.openai_agents.agent(agent)`` before ``kx.resume(run_id)``. ``max_turns``,
-    ``run_config`` and ``context`` are the ``Runner.run`` options, kept in this process."""
+    ``run_config`` and ``context`` are the ``Runner.run`` options, kept in this process.
+    ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
+    (prompt, completion), as for ``kx.openai``: the run's text and panel show the cost."""
+    checked = checked_prices(prices, "kx.openai_agents") if prices is not None else {}
     sdk = require_agents()
     if not isinstance(sdk_agent, sdk.Agent):
         raise TypeError(
@@ -107,6 +113,7 @@ def agent(
 
     made = kx_agent(name=agent_name, max_step_seconds=max_step_seconds)(drive)
     made.fingerprint = _fingerprint(graph)
+    PRICES.update(checked)
     known = _OPTIONS.setdefault(agent_name, _Options())
     for field, value in (
         ("max_turns", max_turns),
@@ -126,6 +133,7 @@ def start(
     max_turns: int | None = None,
     run_config: Any = None,
     context: Any = None,
+    prices: Mapping[str, tuple[float, float]] | None = None,
     name: str | None = None,
     store: Store | None = None,
     max_step_seconds: float | None = None,
@@ -134,13 +142,15 @@ def start(
     ``h.stop()``, ``h.wait()``, ``kx.resume`` and the panel work as for any run, and
     ``h.result`` is the run's ``final_output``. ``input`` (text, or a list of input items
     as dicts) is stored with the run; ``max_turns``, ``run_config`` and ``context`` are
-    kept in this process (pass them to :func:`agent` again after a restart)."""
+    kept in this process (pass them to :func:`agent` again after a restart); ``prices`` as
+    for :func:`agent`."""
     made = agent(
         sdk_agent,
         name=name,
         max_turns=max_turns,
         run_config=run_config,
         context=context,
+        prices=prices,
         max_step_seconds=max_step_seconds,
     )
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"

@@ -4,12 +4,16 @@
 API, one JSON schema per function, built from its signature, type hints and docstring
 (Google ``Args:``, Sphinx ``:param x:`` or NumPy ``Parameters`` sections describe the
 parameters); ``tools.schemas`` is that same list. ``tools.for_responses()`` is the same
-list in the Responses API's shape.
+list in the Responses API's shape, ``tools.for_anthropic()`` in Anthropic's
+(``{"name", "description", "input_schema"}``).
 
 ``tools.call(tool_call)`` runs the function the model asked for with the model's
 arguments and returns the message to append: ``{"role": "tool", "tool_call_id": ...,
 "content": ...}`` for a chat completions tool call, ``{"type": "function_call_output",
-"call_id": ..., "output": ...}`` for a Responses ``function_call`` (objects or dicts).
+"call_id": ..., "output": ...}`` for a Responses ``function_call``, ``{"type":
+"tool_result", "tool_use_id": ..., "content": ...}`` for an Anthropic ``tool_use`` block
+(objects or dicts); ``tools.call_all(message)`` runs every call of a message (an
+Anthropic ``Message``'s results go back in one ``{"role": "user", "content": [...]}``).
 A tool name the model made up, arguments that are not JSON or do not fit the signature
 (missing, unexpected, of the wrong type) come back as an ``Error: ...`` message for the
 model to correct, never as an exception. An exception raised by the function itself
@@ -37,17 +41,11 @@ from typing import Any, Literal, Union
 from .._core.ledger.effect import Effect
 from .._shown import shows
 from .._validate import check_flag
+from .tool_schemas import exposed, json_schema, tool_schema, type_hints
 
 __all__ = ["ToolArgumentError", "Tools", "json_schema", "tool_schema", "type_hints"]
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-SKIPPED = frozenset({"idempotency_key", "self", "cls"})
-_SECTION = re.compile(
-    r"^\s*(Args|Arguments|Parameters|Params|Returns?|Yields?|Raises|Examples?|Notes?)\s*:?\s*$"
-    r"|^\s*:(param|type|returns?|raises?|rtype)\b",
-    re.IGNORECASE,
-)
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
 class ToolArgumentError(ValueError):
@@ -70,7 +68,7 @@ class _Tool:
         self.schema = tool_schema(target, name, description, self.hints)
 
     def params(self) -> list[inspect.Parameter]:
-        return [p for p in self.signature.parameters.values() if _exposed(p)]
+        return [p for p in self.signature.parameters.values() if exposed(p)]
 
     def bind(self, given: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """Positional and keyword arguments for the call, checked against the signature."""
@@ -127,25 +125,43 @@ class Tools(list[dict[str, Any]]):
         """The same tools in the Responses API's shape (``client.responses.create``)."""
         return [{"type": "function", **schema["function"]} for schema in self]
 
+    def for_anthropic(self) -> list[dict[str, Any]]:
+        """The same tools in Anthropic's shape (``client.messages.create(tools=...)``)."""
+        return [
+            {
+                "name": schema["function"]["name"],
+                **{k: v for k, v in schema["function"].items() if k == "description"},
+                "input_schema": schema["function"]["parameters"],
+            }
+            for schema in self
+        ]
+
     def call(self, tool_call: Any) -> dict[str, Any]:
-        """Run one tool call; return the message (chat) or input item (Responses) to append."""
-        call_id, name, arguments, responses = _parse_call(tool_call)
+        """Run one tool call; return the message (chat), input item (Responses) or
+        ``tool_result`` block (Anthropic) to send back."""
+        call_id, name, arguments, kind = _parse_call(tool_call)
         content = self._run(name, arguments)
-        if responses:
+        if kind == "function_call":
             return {"type": "function_call_output", "call_id": call_id, "output": content}
+        if kind == "tool_use":
+            return {"type": "tool_result", "tool_use_id": call_id, "content": content}
         return {"role": "tool", "tool_call_id": call_id, "content": content}
 
     def call_all(self, calls: Any) -> list[dict[str, Any]]:
-        """Run every tool call of an assistant message, a ``Response``, or a list of calls."""
+        """Run every tool call of an assistant message, a ``Response``, an Anthropic
+        ``Message`` (its ``tool_use`` blocks), or a list of calls."""
         if calls is None:
             return []
         inner = _get(calls, "tool_calls", _MISSING)
         output = _get(calls, "output", _MISSING)
+        content = _get(calls, "content", _MISSING)
         if inner is not _MISSING:
             calls = inner or []
         elif output is not _MISSING:
-            calls = [c for c in output or [] if _get(c, "type", None) == "function_call"]
-        return [self.call(c) for c in calls]
+            calls = output or []
+        elif isinstance(content, (list, tuple)):
+            calls = content
+        return [self.call(c) for c in calls if _get(c, "type", None) in CALL_TYPES]
 
     def _run(self, name: str, arguments: Any) -> str:
         tool = self._tools.get(name)
@@ -173,6 +189,9 @@ class Tools(list[dict[str, Any]]):
 
 
 _MISSING: Any = object()
+# What a tool call is: chat's ("function", or no type in a hand-made dict), a Responses
+# ``function_call``, an Anthropic ``tool_use`` block; other items and blocks are not calls.
+CALL_TYPES = frozenset({None, "function", "function_call", "tool_use"})
 
 
 def _json_result(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -192,161 +211,22 @@ def _get(obj: Any, name: str, default: Any) -> Any:
     return getattr(obj, name, default)
 
 
-def _parse_call(call: Any) -> tuple[str, str, Any, bool]:
-    """(call id, tool name, arguments, is a Responses function_call) of a tool call."""
-    if _get(call, "type", None) == "function_call":
-        return _get(call, "call_id", ""), _get(call, "name", ""), _get(call, "arguments", ""), True
+def _parse_call(call: Any) -> tuple[str, str, Any, str]:
+    """(call id, tool name, arguments, kind) of a tool call; the kind is ``function_call``
+    (Responses), ``tool_use`` (Anthropic) or ``chat``."""
+    kind = _get(call, "type", None)
+    if kind == "function_call":
+        return _get(call, "call_id", ""), _get(call, "name", ""), _get(call, "arguments", ""), kind
+    if kind == "tool_use":
+        return _get(call, "id", ""), _get(call, "name", ""), _get(call, "input", None), kind
     function = _get(call, "function", None)
     if function is None:
         raise TypeError(
             f"tools.call takes a tool call of the model (message.tool_calls[i], a dict with "
-            f"'id' and 'function', or a Responses function_call item), not {call!r}."
+            f"'id' and 'function', a Responses function_call item or an Anthropic tool_use "
+            f"block), not {call!r}."
         )
-    return _get(call, "id", ""), _get(function, "name", ""), _get(function, "arguments", ""), False
-
-
-def _exposed(param: inspect.Parameter) -> bool:
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return param.name not in SKIPPED and param.kind not in variadic
-
-
-# -- schemas -------------------------------------------------------------------------------
-def type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
-    """``fn``'s type hints; one that does not resolve (a name local to a function, under
-    ``from __future__ import annotations``) is left out: its argument takes any value."""
-    try:
-        return typing.get_type_hints(fn, include_extras=True)
-    except Exception:
-        pass
-    hints: dict[str, Any] = {}
-    namespace = getattr(fn, "__globals__", {})
-    for name, annotation in getattr(fn, "__annotations__", {}).items():
-        try:
-            hints[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation
-        except Exception:
-            continue
-    return hints
-
-
-def tool_schema(
-    fn: Callable[..., Any],
-    name: str | None = None,
-    description: str | None = None,
-    hints: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The chat completions tool schema of ``fn``."""
-    name = name or fn.__name__
-    if hints is None:
-        hints = type_hints(fn)
-    summary, documented = _parse_doc(inspect.getdoc(fn) or "")
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for param in inspect.signature(fn).parameters.values():
-        if not _exposed(param):
-            continue
-        try:
-            schema = json_schema(hints.get(param.name, Any))
-        except TypeError as exc:
-            raise TypeError(f"Tool {name}, argument {param.name!r}: {exc}") from None
-        if param.name in documented:
-            schema = {**schema, "description": documented[param.name]}
-        properties[param.name] = schema
-        if param.default is inspect.Parameter.empty:
-            required.append(param.name)
-    function: dict[str, Any] = {"name": name}
-    if description or summary:
-        function["description"] = description or summary
-    function["parameters"] = {"type": "object", "properties": properties, "required": required}
-    return {"type": "function", "function": function}
-
-
-def json_schema(hint: Any) -> dict[str, Any]:
-    """The JSON schema of a type hint (str, int, float, bool, list, dict, tuple, Optional,
-    Union, Literal, Annotated, Enum, TypedDict, dataclasses and pydantic models)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any or hint is inspect.Parameter.empty:
-        return {}
-    if hint is None or hint is type(None):
-        return {"type": "null"}
-    if hint in _JSON_TYPES:
-        return {"type": _JSON_TYPES[hint]}
-    if origin is typing.Annotated:
-        notes = [a for a in args[1:] if isinstance(a, str)]
-        return {**json_schema(args[0]), **({"description": notes[0]} if notes else {})}
-    if origin is Literal:
-        kinds = sorted({_JSON_TYPES.get(type(a), "string") for a in args})
-        return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": list(args)}
-    if origin in (Union, types.UnionType):
-        members = [json_schema(a) for a in args if a is not type(None)]
-        if len(members) == len(args):
-            return {"anyOf": members}
-        only = members[0] if len(members) == 1 else {"anyOf": members}
-        if set(only) == {"type"} and isinstance(only["type"], str):
-            return {"type": [only["type"], "null"]}
-        return {"anyOf": [only, {"type": "null"}]}
-    if hint in (list, set, frozenset, tuple) or origin in (list, set, frozenset):
-        return {"type": "array", **({"items": json_schema(args[0])} if args else {})}
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return {"type": "array", "items": json_schema(args[0])}
-        items = [json_schema(a) for a in args]
-        return {"type": "array", "prefixItems": items, "minItems": len(items)}
-    if hint is dict or origin in (dict, Mapping) or hint is Mapping:
-        values = {"additionalProperties": json_schema(args[1])} if len(args) == 2 else {}
-        return {"type": "object", **values}
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return json_schema(Literal[tuple(m.value for m in hint)])
-    if hasattr(hint, "model_json_schema"):
-        schema: dict[str, Any] = hint.model_json_schema()
-        return schema
-    if typing.is_typeddict(hint) or dataclasses.is_dataclass(hint):
-        fields = typing.get_type_hints(hint)
-        required = list(fields)
-        if dataclasses.is_dataclass(hint):
-            required = [f.name for f in dataclasses.fields(hint) if _no_default(f)]
-        else:
-            required = sorted(getattr(hint, "__required_keys__", required))
-        properties = {k: json_schema(v) for k, v in fields.items()}
-        return {"type": "object", "properties": properties, "required": required}
-    raise TypeError(
-        f"{hint!r} cannot be described to a model; use str, int, float, bool, list, dict, "
-        "Optional, Literal, an Enum, a TypedDict, a dataclass or a pydantic model"
-    )
-
-
-def _no_default(field: dataclasses.Field[Any]) -> bool:
-    missing = dataclasses.MISSING
-    return field.default is missing and field.default_factory is missing
-
-
-def _parse_doc(doc: str) -> tuple[str, dict[str, str]]:
-    """(the description before any section, {parameter: its description})."""
-    lines = doc.splitlines()
-    cut = next((i for i, line in enumerate(lines) if _SECTION.match(line)), len(lines))
-    summary = "\n".join(lines[:cut]).strip()
-    documented: dict[str, str] = {}
-    current: str | None = None
-    section = ""
-    for line in lines[cut:]:
-        header = re.match(r"^\s*(\w+)\s*:?\s*$", line)
-        sphinx = re.match(r"^\s*:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$", line)
-        if sphinx:
-            current, section = sphinx[1], "params"
-            documented[current] = sphinx[2].strip()
-        elif header and header[1].lower() in ("args", "arguments", "parameters", "params"):
-            section, current = "params", None
-        elif _SECTION.match(line) or (header and line == line.lstrip()):
-            section, current = "", None
-        elif section == "params" and re.match(r"^\s*-{3,}\s*$", line):
-            continue  # NumPy's underline
-        elif section == "params" and (item := re.match(r"^\s*(\w+)\s*(\([^)]*\))?\s*:(.*)$", line)):
-            current = item[1]
-            documented[current] = item[3].strip()
-        elif section == "params" and (numpy := re.match(r"^(\w+)\s*:\s*\S.*$", line)):
-            current, documented[numpy[1]] = numpy[1], ""
-        elif current is not None and line.strip():
-            documented[current] = f"{documented[current]} {line.strip()}".strip()
-    return summary, {k: v for k, v in documented.items() if v}
+    return _get(call, "id", ""), _get(function, "name", ""), _get(function, "arguments", ""), "chat"
 
 
 # -- checking the model's arguments ----------------------------------------------------------

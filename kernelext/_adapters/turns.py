@@ -189,6 +189,7 @@ async def record_tool_call(
             _IN_TOOL.reset(token)
 
     called.__name__ = tool
+    # Bound, shown and approved by the model's argument names, as the tool's own call.
     called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
     effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
     try:

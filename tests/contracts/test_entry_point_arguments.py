@@ -32,7 +32,6 @@ SKIP: dict[str, str] = {
     "Run": "built by kernelext for the agent; users get it as the agent's first argument",
     "ResumePlan": "a dataclass built by kx.plan; its methods are checked below",
     "Revalidation": "built by kx.revalidation; its methods are checked below",
-    "openai": "wraps any client object (duck-typed): anything with .chat/.responses",
     "mcp": "wraps any MCP session object (duck-typed)",
     "errors": "a module of error classes",
     "status": "a module of enums and tables",
@@ -83,9 +82,10 @@ def bad_values(annotation: str, default: Any) -> list[Any]:
     return values
 
 
-def good_value(name: str, annotation: str, ctx: dict[str, Any]) -> Any:
-    if name in ctx:
-        return ctx[name]
+def good_value(name: str, annotation: str, ctx: dict[str, Any], label: str = "") -> Any:
+    for key in (f"{label}.{name}", name):  # one entry point's own value first
+        if key in ctx:
+            return ctx[key]
     if "str" in annotation:
         return "x"
     raise LookupError(f"no good value for {name}: {annotation}")
@@ -114,7 +114,7 @@ def calls(
                 if q is p:
                     value = bad
                 elif q.name in required:
-                    value = good_value(q.name, str(q.annotation), ctx)
+                    value = good_value(q.name, str(q.annotation), ctx, label)
                 else:
                     continue
                 if q.kind is q.POSITIONAL_ONLY:
@@ -164,12 +164,24 @@ def asks(run: kx.Run) -> None:
         run.ask("How many?", schema=int)
 
 
+def model_clients() -> dict[str, Any]:
+    """The clients ``kx.openai`` and ``kx.anthropic`` wrap (nothing is sent)."""
+    from anthropic import Anthropic
+    from openai import OpenAI
+
+    local = "http://127.0.0.1:9"
+    return {
+        "openai.client": OpenAI(base_url=local, api_key="EMPTY"),
+        "anthropic.client": Anthropic(base_url=local, api_key="EMPTY"),
+    }
+
+
 def entry_points(store: Store) -> Iterator[tuple[str, str, Callable[[], Any]]]:
     handle = waits_for_approval.start(run_id="args-run")
     assert handle.wait(30) == "suspended"
     leaves_an_unknown.start(run_id="args-unknown").wait(30)
     assert asks.start(run_id="args-question").wait(30) == "suspended"
-    ctx: dict[str, Any] = {"run_id": "args-run", "store": store}
+    ctx: dict[str, Any] = {"run_id": "args-run", "store": store, **model_clients()}
     for name in kx.__all__:
         obj = getattr(kx, name)
         if name in SKIP or (isinstance(obj, type) and issubclass(obj, BaseException)):

@@ -79,6 +79,7 @@ PUBLIC = [
     "__version__",
     "agent",
     "answer",
+    "anthropic",
     "approvals",
     "approve",
     "checks",

@@ -36,7 +36,7 @@ NOTEBOOKS = sorted(
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # Seconds per step where the default 0.3 s is too short for the test's Stop to land before
 # the run ends on a busy machine: the batch's five waves of 32 items, the model's 4 answers.
-PACE = {"batch": "1.0", "llm_agent": "1.0"}
+PACE = {"batch": "1.0", "llm_agent": "1.0", "openai_agents": "1.0", "anthropic_agent": "1.0"}
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_every_notebook_runs_headless(
         assert "text/html" in plan_cell and "suspended" in text_of(nb, "plan")
         picture = next(c for c in nb.cells if c.get("id") == "timeline").outputs[0]["data"]
         assert "<svg" in picture["text/html"] and "kx-step" in picture["text/html"]
-    if path.stem == "llm_agent":
+    if path.stem in ("llm_agent", "anthropic_agent"):
         assert len(counts) == 2
         assert "'suspended'" in text_of(nb, "wait")
         assert "'completed'" in text_of(nb, "click-resume")
@@ -94,6 +94,15 @@ def test_every_notebook_runs_headless(
         assert re.search(r"4 turns · 3 tool calls · [\d,]+ tokens \(", state), state[:2000]
         assert "· $0.0" in state and "__run__" not in state  # nor in the timeline
         assert "4 turns · 3 tool calls" in text_of(nb, "check")
+    if path.stem == "openai_agents":
+        assert len(counts) == 2  # the refund and the email, each once (above)
+        assert "'suspended'" in text_of(nb, "wait")
+        assert "'completed'" in text_of(nb, "click-resume")
+        assert "{0: 1, 1: 1, 2: 1, 3: 1}" in text_of(nb, "check")  # one request per turn
+        assert "4 turns · 3 tool calls" in text_of(nb, "check")
+        state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"], ensure_ascii=False)
+        assert re.search(r"4 turns · 3 tool calls · [\d,]+ tokens \(", state), state[:2000]
+        assert "· $0.0" in state
     if path.stem == "batch":
         assert len(counts) == 160  # every item delivered, none twice (above)
         stopped = text_of(nb, "wait")

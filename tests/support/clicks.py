@@ -142,6 +142,14 @@ CLICKS: dict[str, tuple[Click, ...]] = {
         Click("start", "click-stop", "Stop", STOP_AT_ONCE),
         Click("panel", "click-resume", "Resume", RESUME),
     ),
+    "anthropic_agent": (
+        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
+        Click("panel", "click-resume", "Resume", RESUME),
+    ),
+    "openai_agents": (
+        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
+        Click("panel", "click-resume", "Resume", RESUME),
+    ),
     "dask_batch": (
         Click("start", "click-stop", "Stop", stop_after(4)),
         Click("panel", "click-resume", "Resume", RESUME),

@@ -1,6 +1,7 @@
 """A scripted OpenAI-compatible model server on 127.0.0.1: the model whose requests are counted.
 
-``POST /v1/chat/completions`` and ``POST /v1/responses`` answer from a *script*: a list of
+``POST /v1/chat/completions``, ``POST /v1/responses`` and Anthropic's ``POST /v1/messages``
+(``llm_anthropic.py``; ``Anthropic(base_url=server.url)``) answer from a *script*: a list of
 replies, each either ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` or
 ``{"content": "..."}``. Which reply a request gets depends only on the conversation it
 sends (the server keeps no session), so a request asked again gets the same answer:
@@ -54,8 +55,10 @@ from typing import Any
 __all__ = ["DEMO_SCRIPT", "LLMServer", "read_requests"]
 
 try:
+    from support.llm_anthropic import messages
     from support.local_server import JSONHandler, LocalHTTPServer, ServedLocally
 except ImportError:  # run standalone: python tests/support/llm_server.py
+    from llm_anthropic import messages  # type: ignore[no-redef]
     from local_server import (  # type: ignore[no-redef]
         JSONHandler,
         LocalHTTPServer,
@@ -117,6 +120,8 @@ class _Handler(JSONHandler):
             events, reply = owner.chat(body, self.headers)
         elif path == "/v1/responses":
             events, reply = owner.respond(body, self.headers)
+        elif path == "/v1/messages":
+            events, reply = messages(owner, body, self.headers)
         else:
             self._send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
             return

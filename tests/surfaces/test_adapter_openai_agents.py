@@ -12,14 +12,26 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agents import (
+    Agent,
+    GuardrailFunctionOutput,
+    InputGuardrailTripwireTriggered,
+    LocalShellTool,
+    MaxTurnsExceeded,
+    handoff,
+    input_guardrail,
+)
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
+from support.llm_views import kernelext_show, no_prices  # noqa: F401 - autouse: no prices left over
 from support.sdk_agents import HOLD, PAY_SCRIPT, close_clients, payer
 
 import kernelext as kx
@@ -136,3 +148,212 @@ def test_a_resume_in_the_same_kernel_replays_every_turn_it_had(
     ]
     assert paid(deliveries) == ["/pay/ann", "/pay/ann", "/pay/bob", "/pay/bob"]  # two runs
     assert set(llm.per_turn().values()) == {2}  # each turn once per run
+
+
+def test_tool_calls_of_one_answer_are_keyed_by_the_models_order_and_made_once(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    llm.script = list(TWO_AT_ONCE)
+    agent = payer(llm.base_url, deliveries.url)
+    HOLD.arm(who="bob")  # the first call waits: the second finishes first
+    handle = kx.openai_agents.start(agent, "pay both", run_id="oa-two")
+    assert HOLD.reached.wait(30)
+    deliveries.wait_for(1)  # ann's, made while bob's waits
+    handle.stop()
+    HOLD.released.set()
+    assert handle.wait(30) == Status.SUSPENDED
+    pays = kx.sql(
+        "SELECT call_ordinal, args FROM effects WHERE run_id = 'oa-two' AND tool = 'pay' "
+        "ORDER BY call_ordinal"
+    )
+    assert list(pays["call_ordinal"]) == [1, 2]
+    assert "bob" in pays["args"][0] and "ann" in pays["args"][1]  # the model's order
+    resumed = kx.resume("oa-two")
+    assert resumed.wait(30) == Status.COMPLETED
+    assert resumed.result == "paid both"
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+    assert set(llm.per_turn().values()) == {1}
+
+
+# -- a kernel killed mid-call, an approval, a rejection -------------------------------------
+def test_a_kernel_killed_after_a_payment_reached_its_server_never_pays_twice(
+    store_path: Path, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    deliveries.delay = 60  # recorded, then no answer: the kernel dies waiting for it
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    argv = ["start", "oa-kill", llm.base_url, deliveries.url]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "support.sdk_agents", *argv],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deliveries.wait_for(1, timeout=60)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.communicate(timeout=30)
+    assert paid(deliveries) == ["/pay/bob"]
+    deliveries.delay = 0
+    ended = in_new_process("resume", "oa-kill", llm.base_url, deliveries.url)
+    assert ended["status"] == Status.NEEDS_DECISION  # bob's payment: nobody knows
+    assert paid(deliveries) == ["/pay/bob"]
+    # Decided from the server's own log: it did receive bob's payment.
+    [unknown] = kx.reconcile("oa-kill")
+    assert unknown.tool == "pay" and "bob" in str(unknown.args)
+    assert [d["body"]["who"] for d in deliveries.deliveries] == ["bob"]
+    unknown.mark_applied(result="paid bob 10 (200)")
+    runtime().close()
+    ended = in_new_process("resume", "oa-kill", llm.base_url, deliveries.url)
+    assert ended == {"status": "completed", "result": "paid bob 10 and ann 3"}
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+    assert set(llm.per_turn().values()) == {1}
+
+
+def test_a_tool_that_needs_approval_waits_for_it_from_the_command_line(
+    store_path: Path, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    llm.script = [PAY_SCRIPT[0], {"content": "paid bob"}]
+    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
+    handle = kx.openai_agents.start(agent, "pay bob", run_id="oa-approve")
+    assert handle.wait(30) == Status.SUSPENDED
+    assert paid(deliveries) == []
+    [request] = kx.approvals("oa-approve")
+    assert request.tool == "pay"
+    assert request.arguments == {"who": "bob", "amount": 10}  # what the person decides on
+    runtime().close()
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelext", "approve", str(request.key), "--store",
+         str(store_path), "--note", "checked the invoice"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    resumed = kx.resume("oa-approve")
+    assert resumed.wait(30) == Status.COMPLETED
+    assert resumed.result == "paid bob"
+    assert paid(deliveries) == ["/pay/bob"]
+    assert set(llm.per_turn().values()) == {1}
+
+
+def test_a_rejected_call_is_not_made_and_the_model_is_told(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    llm.script = [PAY_SCRIPT[0], {"content": "bob was not paid"}]
+    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
+    handle = kx.openai_agents.start(agent, "pay bob", run_id="oa-reject")
+    assert handle.wait(30) == Status.SUSPENDED
+    [request] = kx.approvals("oa-reject")
+    request.reject(note="wrong account", resume=False)
+    resumed = kx.resume("oa-reject")
+    assert resumed.wait(30) == Status.COMPLETED
+    assert resumed.result == "bob was not paid"
+    assert paid(deliveries) == []
+    told = [r for r in llm.requests if r["turn"] == 1]
+    assert told, "the model was asked again after the rejection"
+
+
+# -- the SDK's own errors -------------------------------------------------------------------
+def test_max_turns_ends_the_run_failed_and_a_resume_with_more_turns_goes_on(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    agent = payer(llm.base_url, deliveries.url)
+    handle = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-max", max_turns=2)
+    assert handle.wait(30) == Status.FAILED
+    assert isinstance(handle.error, MaxTurnsExceeded)
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+    kx.openai_agents.agent(agent, max_turns=5)  # the fix
+    resumed = kx.resume("oa-max")
+    assert resumed.wait(30) == Status.COMPLETED
+    assert resumed.result == "paid bob 10 and ann 3"
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # not paid again
+    assert set(llm.per_turn().values()) == {1}
+
+
+def test_a_tripped_guardrail_ends_the_run_failed_with_the_sdks_error(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    @input_guardrail
+    def no_millions(ctx: Any, agent: Any, given: Any) -> GuardrailFunctionOutput:
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered="million" in given)
+
+    agent = payer(llm.base_url, deliveries.url).clone(input_guardrails=[no_millions])
+    handle = kx.openai_agents.start(agent, "pay bob a million", run_id="oa-guard")
+    assert handle.wait(30) == Status.FAILED
+    assert isinstance(handle.error, InputGuardrailTripwireTriggered)
+    assert paid(deliveries) == []
+
+
+# -- handoffs, the LLM view, bad input -------------------------------------------------------
+def test_a_handoff_mid_run_is_stopped_and_resumed_on_the_agent_it_reached(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    llm.script = [
+        {"tool_calls": [{"name": "transfer_to_payer", "arguments": {}}]},
+        PAY_SCRIPT[0],
+        {"content": "paid bob"},
+    ]
+    cashier = payer(llm.base_url, deliveries.url)
+    triage = Agent(
+        name="triage", instructions="Hand payments over.", model=cashier.model,
+        handoffs=[handoff(cashier)],
+    )  # fmt: skip
+    HOLD.arm()
+    handle = kx.openai_agents.start(triage, "pay bob", run_id="oa-handoff")
+    assert HOLD.reached.wait(30)
+    handle.stop()
+    HOLD.released.set()
+    assert handle.wait(30) == Status.SUSPENDED
+    resumed = kx.resume("oa-handoff")
+    assert resumed.wait(30) == Status.COMPLETED
+    assert resumed.result == "paid bob"
+    assert paid(deliveries) == ["/pay/bob"]
+    assert set(llm.per_turn().values()) == {1}
+    assert len(llm.per_turn()) == 3
+
+
+def test_the_runs_turns_tool_calls_tokens_and_cost_show_as_for_kx_openai(
+    store_path: Path, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    agent = payer(llm.base_url, deliveries.url)
+    handle = kx.openai_agents.start(agent, "pay", run_id="oa-llm", prices={"scripted": (1, 2)})
+    assert handle.wait(30) == Status.COMPLETED
+    talk = re.compile(r"3 turns · 2 tool calls · ([\d,]+) tokens \(([\d,]+) prompt \+ "
+                      r"([\d,]+) completion\) · \$0\.\d{4}")  # fmt: skip
+    found = talk.search(handle.text_summary())
+    assert found is not None, handle.text_summary()
+    tokens, prompt, completion = (int(g.replace(",", "")) for g in found.groups())
+    assert tokens == prompt + completion > 0
+    runtime().close()
+    shown = kernelext_show("oa-llm", store_path)  # another process, from the store alone
+    assert "3 turns · 2 tool calls · " in shown and f"{tokens:,} tokens" in shown
+
+
+def test_what_is_not_an_sdk_agent_or_cannot_be_recorded_is_refused_up_front(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    with pytest.raises(TypeError, match=r"takes an agents\.Agent"):
+        kx.openai_agents.start(lambda: None, "pay", run_id="oa-bad")
+    shell = Agent(name="sh", tools=[LocalShellTool(executor=lambda request: "")])
+    with pytest.raises(TypeError, match=r"runs on this machine.*@function_tool"):
+        kx.openai_agents.start(shell, "ls", run_id="oa-bad")
+    with pytest.raises(ValueError, match="max_turns"):
+        kx.openai_agents.start(payer(llm.base_url, deliveries.url), "x", max_turns=0)
+    assert kx.sql("SELECT count(*) AS n FROM runs")["n"][0] == 0
+
+
+def test_an_approval_with_an_edited_argument_makes_the_call_the_person_approved(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    llm.script = [PAY_SCRIPT[0], {"content": "done"}]
+    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
+    handle = kx.openai_agents.start(agent, "pay bob", run_id="oa-edit")
+    assert handle.wait(30) == Status.SUSPENDED
+    [request] = kx.approvals("oa-edit")
+    request.approve(edit={"amount": 5}, resume=False)
+    resumed = kx.resume("oa-edit")
+    assert resumed.wait(30) == Status.COMPLETED
+    assert [d["body"] for d in deliveries.deliveries] == [{"who": "bob", "amount": 5}]
+    [sent] = [r for r in llm.requests if r["turn"] == 1]
+    assert sent  # the model was told what was paid: the tool's answer, from the edited call
+    [result] = kx.sql("SELECT result FROM effects WHERE run_id = 'oa-edit' AND tool = 'pay'")[
+        "result"
+    ]
+    assert "paid bob 5" in result

@@ -43,7 +43,19 @@ KINDS = {
     "answer): it may have been applied",
 }
 # Clients' exception classes by name (and their bases), from these packages only.
-CLIENTS = frozenset({"httpx", "httpcore", "openai", "requests", "urllib3", "aiohttp"})
+CLIENTS = frozenset(
+    {
+        "httpx",
+        "httpcore",
+        "httpx2",
+        "httpcore2",
+        "openai",
+        "anthropic",
+        "requests",
+        "urllib3",
+        "aiohttp",
+    }
+)
 NOT_SENT_NAMES = frozenset(
     {
         "ConnectError",

@@ -20,11 +20,11 @@ from ..encoding.secrets import scrub_text
 
 __all__ = ["PRICES", "Conversation", "conversation_of", "is_model_call", "step_text"]
 
-MODEL_PREFIXES = ("openai:", "openai_agents:", "pydantic_ai:")
+MODEL_PREFIXES = ("openai:", "openai_agents:", "anthropic:", "pydantic_ai:")
 EXCERPT = 120
 Prices = Mapping[str, tuple[float, float]]
-# What ``kx.openai(client, prices=...)`` gave in this process: model -> (prompt, completion)
-# dollars per million tokens.
+# What ``kx.openai(client, prices=...)`` and ``kx.anthropic(client, prices=...)`` gave in
+# this process: model -> (prompt, completion) dollars per million tokens.
 PRICES: dict[str, tuple[float, float]] = {}
 
 
@@ -117,14 +117,13 @@ def _int(value: Any) -> int:
 
 def _stream_model(result: dict[str, Any]) -> str:
     """The model of a streamed call (stored as ``{"stream": [chunks...], "usage": ...}``):
-    chat chunks name it, the Responses API's events carry it in their ``response``."""
+    chat chunks name it, the Responses API's events carry it in their ``response``,
+    Anthropic's ``message_start`` in its ``message``."""
     for chunk in _dicts(result.get("stream")):
-        response = chunk.get("response")
-        model = chunk.get("model") or (
-            response.get("model") if isinstance(response, dict) else None
-        )
-        if model:
-            return str(model)
+        holders = [chunk, chunk.get("response"), chunk.get("message")]
+        for holder in holders:
+            if isinstance(holder, dict) and holder.get("model"):
+                return str(holder["model"])
     return ""
 
 
@@ -150,20 +149,38 @@ def _reply_text(result: Any) -> str:
         for part in _dicts(item.get("content")):
             if part.get("text"):
                 return _said(part["text"])
-    return _stream_text(result)
+    return _blocks_text(_dicts(result.get("content"))) or _stream_text(result)
+
+
+def _blocks_text(blocks: list[dict[str, Any]]) -> str:
+    """What an Anthropic message said: the tools it asked for, else its text blocks."""
+    names = [str(b.get("name")) for b in blocks if b.get("type") == "tool_use"]
+    if names:
+        return f"assistant asked for {', '.join(names)}"
+    text = "".join(str(b.get("text") or "") for b in blocks if b.get("type") == "text")
+    return _said(text) if text else ""
 
 
 def _stream_text(result: dict[str, Any]) -> str:
-    """What a streamed reply said: its chat deltas or Responses text deltas, joined."""
+    """What a streamed reply said: its chat deltas, Responses or Anthropic text deltas,
+    joined; the tools an Anthropic stream asked for."""
     words: list[str] = []
-    for chunk in _dicts(result.get("stream")):
+    stream = _dicts(result.get("stream"))
+    started = [c.get("content_block") for c in stream if c.get("type") == "content_block_start"]
+    asked = _blocks_text([b for b in _dicts(started) if b.get("type") == "tool_use"])
+    if asked:
+        return asked
+    for chunk in stream:
+        delta = chunk.get("delta")
+        if chunk.get("type") == "content_block_delta" and isinstance(delta, dict):
+            words.append(str(delta.get("text") or ""))  # a tool's JSON delta: no text
         for choice in _dicts(chunk.get("choices")):
             delta = choice.get("delta")
             if isinstance(delta, dict) and delta.get("content"):
                 words.append(str(delta["content"]))
         if chunk.get("type") == "response.output_text.delta" and chunk.get("delta"):
             words.append(str(chunk["delta"]))
-    return _said("".join(words)) if words else ""
+    return _said("".join(words)) if "".join(words) else ""
 
 
 def conversation_of(

@@ -1,0 +1,112 @@
+"""Worker process for the ``kx.anthropic`` tests across processes
+(tests/surfaces/test_adapter_anthropic_process.py).
+
+The agent ``anthropic-parcels`` is a tool-using loop as people write it with the
+Anthropic SDK, with no steps: ask the model (the real ``anthropic`` client, wrapped with
+``kx.anthropic``, pointed at the test's scripted LLMServer), run the ``tool_use`` blocks
+it answers with (``kx.tools``), send the ``tool_result`` blocks back, ask again, until it
+answers in text. Every other turn is streamed through ``client.messages.stream``. The
+one tool, ``deliver``, is an ``@kx.effect`` that POSTs to the test's DeliveryServer with
+the ledger's key as ``Idempotency-Key``. ``SCRIPT`` is what the model server answers.
+
+Protocol: see ``tests/crash/__init__.py``. The ``go`` line carries ``store``, ``run_id``,
+``attempt``, ``llm_url``, ``delivery_url`` and ``stop_after``: after that many deliveries
+in this process the run asks itself to stop (``kx.stop``), which lands at the next model
+call; 0 never stops. A stopped run prints ``ended suspended ...`` and exits with 3.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from anthropic import Anthropic
+from support.http_server import post_json
+
+import kernelext as kx
+import kernelext._store.duckdb.backend  # imports duckdb before `go`
+from crash import serve_one_run
+from kernelext._adapters.tools import Tools
+
+MODEL = "scripted"
+SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "deliver", "arguments": {"parcel": 1, "address": "1 Main St"}}]},
+    {
+        "tool_calls": [
+            {"name": "deliver", "arguments": {"parcel": 2, "address": "2 Mill Rd"}},
+            {"name": "deliver", "arguments": {"parcel": 3, "address": "3 Dock Ln"}},
+        ]
+    },
+    {"content": "All three parcels are delivered."},
+]
+MODEL_CALLS, DELIVERIES = 3, 3
+CONFIG: dict[str, Any] = {"delivery_url": "", "stop_after": 0, "delivered": 0, "client": None}
+RNG = random.Random(0)
+
+
+@kx.effect
+def deliver(parcel: int, address: str, *, idempotency_key: str | None = None) -> Any:
+    """Deliver one parcel to an address."""
+    response = post_json(
+        CONFIG["delivery_url"] + "/deliver",
+        {"run": CONFIG["run_id"], "parcel": parcel, "address": address},
+        idempotency_key=idempotency_key,
+        timeout=60,
+    )
+    if response.status != 200:
+        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    CONFIG["delivered"] += 1
+    if CONFIG["delivered"] == CONFIG["stop_after"]:
+        kx.stop(CONFIG["run_id"])  # lands at the next model call
+    return response.body
+
+
+TOOLS = Tools(deliver)
+
+
+def converse(client: Any, tools: Tools, question: str) -> str:
+    """Ask, run the tools the model asks for, send their results, until it answers."""
+    messages: list[Any] = [{"role": "user", "content": question}]
+    for turn in range(20):
+        ask = {"model": MODEL, "max_tokens": 1024, "messages": messages}
+        if turn % 2:
+            with client.messages.stream(**ask, tools=tools.for_anthropic()) as stream:
+                reply = stream.get_final_message()
+        else:
+            reply = client.messages.create(**ask, tools=tools.for_anthropic())
+        messages.append({"role": "assistant", "content": reply.content})
+        if reply.stop_reason != "tool_use":
+            return "".join(block.text for block in reply.content if block.type == "text")
+        messages.append({"role": "user", "content": tools.call_all(reply)})
+    raise RuntimeError("the model never answered")
+
+
+@kx.agent(name="anthropic-parcels")
+def parcels(run: kx.Run, question: str) -> str:
+    answer = converse(CONFIG["client"], TOOLS, question)
+    run.state["answer"] = answer
+    return answer
+
+
+def take_command(command: Mapping[str, Any]) -> None:
+    CONFIG.update(run_id=command["run_id"], delivery_url=command["delivery_url"])
+    CONFIG["stop_after"] = int(command.get("stop_after") or 0)
+    CONFIG["client"] = kx.anthropic(
+        Anthropic(base_url=command["llm_url"], api_key="sk-ant-worker-key-0123456789")
+    )
+
+
+def main() -> int:
+    return serve_one_run(
+        lambda command, store: parcels.start(
+            f"deliver the parcels of {command['run_id']}", run_id=command["run_id"], store=store
+        ),
+        take_command,
+        RNG,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
