@@ -58,7 +58,8 @@ class _Options:
     context: Any = None
 
 
-_OPTIONS: dict[str, _Options] = {}  # agent name -> what agent()/start() were given
+_DEFAULTS: dict[str, _Options] = {}  # agent name -> what agent() was given last
+_RUNS: dict[str, tuple[str, _Options]] = {}  # run id -> (agent name, what start() was given)
 
 
 def require_agents() -> Any:
@@ -85,43 +86,15 @@ def agent(
     """Register an Agents SDK ``Agent`` as a kernelext agent, so ``kx.resume`` can continue
     its runs. :func:`start` does this; after a kernel restart, build the agent again and call
     ``kx.openai_agents.agent(agent)`` before ``kx.resume(run_id)``. ``max_turns``,
-    ``run_config`` and ``context`` are the ``Runner.run`` options, kept in this process.
+    ``run_config`` and ``context`` are the ``Runner.run`` options of every run of the agent
+    resumed from now on (kept in this process; they replace what :func:`start` was given).
     ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
     (prompt, completion), as for ``kx.openai``: the run's text and panel show the cost."""
-    checked = checked_prices(prices, "kx.openai_agents") if prices is not None else {}
-    sdk = require_agents()
-    if not isinstance(sdk_agent, sdk.Agent):
-        raise TypeError(
-            "kx.openai_agents takes an agents.Agent (Agent(name=..., instructions=..., "
-            f"tools=[...])), not {type(sdk_agent).__name__}."
-        )
-    if max_turns is not None and (
-        isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1
-    ):
-        raise ValueError(f"max_turns must be a whole number of turns >= 1, not {max_turns!r}.")
-    if run_config is not None and not isinstance(run_config, sdk.RunConfig):
-        raise TypeError(f"run_config must be an agents.RunConfig, not {type(run_config).__name__}.")
-    graph = _agents_of(sdk_agent)
-    for each in graph:
-        _check_tools(each)
-    agent_name = name or f"openai_agents:{sdk_agent.name}"
-    check_name("kx.openai_agents.agent(name=...)", agent_name)
-
-    def drive(run: Run, input: Any) -> Any:
-        options = _OPTIONS.get(agent_name) or _Options()
-        return run_on_adapter_loop(lambda: _drive(run, sdk_agent, input, options))
-
-    made = kx_agent(name=agent_name, max_step_seconds=max_step_seconds)(drive)
-    made.fingerprint = _fingerprint(graph)
-    PRICES.update(checked)
-    known = _OPTIONS.setdefault(agent_name, _Options())
-    for field, value in (
-        ("max_turns", max_turns),
-        ("run_config", run_config),
-        ("context", context),
-    ):
-        if value is not None:
-            setattr(known, field, value)
+    options = _checked_options(max_turns, run_config, context)
+    made = _register(sdk_agent, name, prices, max_step_seconds)
+    _DEFAULTS[made.name] = options
+    for run_id in [r for r, (owner, _) in _RUNS.items() if owner == made.name]:
+        del _RUNS[run_id]
     return made
 
 
@@ -142,19 +115,52 @@ def start(
     ``h.stop()``, ``h.wait()``, ``kx.resume`` and the panel work as for any run, and
     ``h.result`` is the run's ``final_output``. ``input`` (text, or a list of input items
     as dicts) is stored with the run; ``max_turns``, ``run_config`` and ``context`` are
-    kept in this process (pass them to :func:`agent` again after a restart); ``prices`` as
-    for :func:`agent`."""
-    made = agent(
-        sdk_agent,
-        name=name,
-        max_turns=max_turns,
-        run_config=run_config,
-        context=context,
-        prices=prices,
-        max_step_seconds=max_step_seconds,
-    )
+    this run's, kept in this process (after a restart, give them to :func:`agent`);
+    ``prices`` as for :func:`agent`."""
+    options = _checked_options(max_turns, run_config, context)
+    made = _register(sdk_agent, name, prices, max_step_seconds)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
+    _RUNS[run_id] = (made.name, options)
     return made.start(_plain(input), run_id=run_id, store=store)
+
+
+def _checked_options(max_turns: Any, run_config: Any, context: Any) -> _Options:
+    sdk = require_agents()
+    if max_turns is not None and (
+        isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1
+    ):
+        raise ValueError(f"max_turns must be a whole number of turns >= 1, not {max_turns!r}.")
+    if run_config is not None and not isinstance(run_config, sdk.RunConfig):
+        raise TypeError(f"run_config must be an agents.RunConfig, not {type(run_config).__name__}.")
+    return _Options(max_turns, run_config, context)
+
+
+def _register(
+    sdk_agent: Any, name: str | None, prices: Any, max_step_seconds: float | None
+) -> Agent:
+    """The kernelext agent that runs ``sdk_agent`` (checked whole before anything is kept)."""
+    checked = checked_prices(prices, "kx.openai_agents") if prices is not None else {}
+    sdk = require_agents()
+    if not isinstance(sdk_agent, sdk.Agent):
+        raise TypeError(
+            "kx.openai_agents takes an agents.Agent (Agent(name=..., instructions=..., "
+            f"tools=[...])), not {type(sdk_agent).__name__}."
+        )
+    graph = _agents_of(sdk_agent)
+    for each in graph:
+        _check_tools(each)
+    agent_name = name or f"openai_agents:{sdk_agent.name}"
+    check_name("kx.openai_agents.agent(name=...)", agent_name)
+
+    def drive(run: Run, input: Any) -> Any:
+        mine = _RUNS.get(run.id)
+        options = mine[1] if mine is not None else _DEFAULTS.get(agent_name) or _Options()
+        return run_on_adapter_loop(lambda: _drive(run, sdk_agent, input, options))
+
+    made = kx_agent(name=agent_name, max_step_seconds=max_step_seconds)(drive)
+    made.fingerprint = _fingerprint(graph)
+    PRICES.update(checked)
+    return made
 
 
 async def _drive(run: Run, sdk_agent: Any, input: Any, options: _Options) -> Any:

@@ -357,3 +357,11 @@ def test_an_approval_with_an_edited_argument_makes_the_call_the_person_approved(
         "result"
     ]
     assert "paid bob 5" in result
+
+
+def test_a_runs_options_are_its_own(store: Any, llm: LLMServer, deliveries: DeliveryServer) -> None:
+    agent = payer(llm.base_url, deliveries.url)
+    short = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-short", max_turns=1)
+    assert short.wait(30) == Status.FAILED
+    other = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-other")
+    assert other.wait(30) == Status.COMPLETED  # the SDK's default, not the other run's 1
