@@ -43,7 +43,8 @@ class _Options:
     run_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-_OPTIONS: dict[str, _Options] = {}  # kernelext agent name -> what agent()/start() were given
+_DEFAULTS: dict[str, _Options] = {}  # agent name -> what agent() was given last
+_RUNS: dict[str, tuple[str, _Options]] = {}  # run id -> (agent name, what start() was given)
 
 
 def require_pydantic_ai() -> Any:
@@ -70,7 +71,45 @@ def agent(
     its runs. :func:`start` does this; after a kernel restart, build the agent again and call
     ``kx.pydantic_ai.agent(agent, deps=...)`` before ``kx.resume(run_id)``. ``deps``,
     ``model`` and the other ``agent.run`` keywords (``usage_limits``, ``model_settings``,
-    ...) are kept in this process."""
+    ...) are those of every run of the agent resumed from now on (kept in this process; they
+    replace what :func:`start` was given)."""
+    options = _checked_options(pa_agent, deps, model, run_options)
+    made = _register(pa_agent, name, max_step_seconds)
+    _DEFAULTS[made.name] = options
+    for run_id in [r for r, (owner, _) in _RUNS.items() if owner == made.name]:
+        del _RUNS[run_id]
+    return made
+
+
+def start(
+    pa_agent: Any,
+    prompt: str,
+    *,
+    run_id: str | None = None,
+    deps: Any = None,
+    model: Any = None,
+    name: str | None = None,
+    store: Store | None = None,
+    max_step_seconds: float | None = None,
+    **run_options: Any,
+) -> Handle:
+    """Run ``agent.run(prompt)`` as run ``run_id``; returns the handle at once: ``h.stop()``,
+    ``h.wait()``, ``kx.resume`` and the panel work as for any run, and ``h.result`` is the
+    run's ``output``. ``prompt`` is stored with the run; ``deps``, ``model`` and the other
+    ``agent.run`` keywords (``usage_limits=``, ``model_settings=``) are this run's, kept in
+    this process (after a restart, give them to :func:`agent`)."""
+    if not isinstance(prompt, str):
+        raise TypeError(
+            f"kx.pydantic_ai.start takes the prompt as text, not {type(prompt).__name__}."
+        )
+    options = _checked_options(pa_agent, deps, model, run_options)
+    made = _register(pa_agent, name, max_step_seconds)
+    run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
+    _RUNS[run_id] = (made.name, options)
+    return made.start(prompt, run_id=run_id, store=store)
+
+
+def _checked_options(pa_agent: Any, deps: Any, model: Any, run_options: dict[str, Any]) -> _Options:
     pai = require_pydantic_ai()
     if not isinstance(pa_agent, pai.Agent):
         raise TypeError(
@@ -93,56 +132,22 @@ def agent(
             "This agent was built with kx.pydantic_ai.durability(): give the model to "
             "durability(models={...}) or build the agent with it, not model=."
         )
-    agent_name = _name_of(pa_agent, name)
+    return _Options(deps, model, dict(run_options))
+
+
+def _register(pa_agent: Any, name: str | None, max_step_seconds: float | None) -> Agent:
+    """The kernelext agent that runs ``pa_agent`` (checked whole before anything is kept)."""
+    agent_name = name or f"pydantic_ai:{pa_agent.name or 'agent'}"
     check_name("kx.pydantic_ai.agent(name=...)", agent_name)
 
     def drive(run: Run, prompt: Any) -> Any:
-        options = _OPTIONS.get(agent_name) or _Options()
+        mine = _RUNS.get(run.id)
+        options = mine[1] if mine is not None else _DEFAULTS.get(agent_name) or _Options()
         return run_on_adapter_loop(lambda: _drive(run, pa_agent, prompt, options))
 
     made = kx_agent(name=agent_name, max_step_seconds=max_step_seconds)(drive)
     made.fingerprint = _fingerprint(pa_agent)
-    known = _OPTIONS.setdefault(agent_name, _Options())
-    if deps is not None:
-        known.deps = deps
-    if model is not None:
-        known.model = model
-    known.run_options.update(run_options)
     return made
-
-
-def start(
-    pa_agent: Any,
-    prompt: str,
-    *,
-    run_id: str | None = None,
-    deps: Any = None,
-    model: Any = None,
-    name: str | None = None,
-    store: Store | None = None,
-    max_step_seconds: float | None = None,
-    **run_options: Any,
-) -> Handle:
-    """Run ``agent.run(prompt)`` as run ``run_id``; returns the handle at once: ``h.stop()``,
-    ``h.wait()``, ``kx.resume`` and the panel work as for any run, and ``h.result`` is the
-    run's ``output``. ``prompt`` is stored with the run; ``deps``, ``model`` and the other
-    ``agent.run`` keywords (``usage_limits=``, ``model_settings=``) are kept in this process
-    (pass them to :func:`agent` again after a restart)."""
-    if not isinstance(prompt, str):
-        raise TypeError(
-            f"kx.pydantic_ai.start takes the prompt as text, not {type(prompt).__name__}."
-        )
-    _OPTIONS.pop(_name_of(pa_agent, name), None)  # a new run: only what this start was given
-    made = agent(
-        pa_agent,
-        name=name,
-        deps=deps,
-        model=model,
-        max_step_seconds=max_step_seconds,
-        **run_options,
-    )
-    run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
-    return made.start(prompt, run_id=run_id, store=store)
 
 
 async def _drive(run: Run, pa_agent: Any, prompt: str, options: _Options) -> Any:
@@ -158,10 +163,6 @@ async def _drive(run: Run, pa_agent: Any, prompt: str, options: _Options) -> Any
     with unwrapped(), recording(turns), pa_agent.override(capabilities=capabilities, **overrides):
         result = await pa_agent.run(prompt, deps=options.deps, **options.run_options)
     return result.output
-
-
-def _name_of(pa_agent: Any, name: str | None) -> str:
-    return name or f"pydantic_ai:{getattr(pa_agent, 'name', None) or 'agent'}"
 
 
 def _is_kernelext(capability: Any) -> bool:
