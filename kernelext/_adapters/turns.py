@@ -80,6 +80,13 @@ class CallSite:
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.base, attr)
 
+    def __setattr__(self, attr: str, value: Any) -> None:
+        # What the engine notes on the run (why it suspends: an approval) is the run's.
+        if attr in ("base", "_site"):
+            object.__setattr__(self, attr, value)
+        else:
+            setattr(self.base, attr, value)
+
 
 @contextlib.contextmanager
 def at_call_site(run: Any, site: Site) -> Iterator[None]:

@@ -37,7 +37,7 @@ import kernelext as kx
 from kernelext._adapters.adapter_loop import run_on_adapter_loop
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
 from kernelext._core.process.runtime import runtime
-from kernelext.status import EffectStatus, Status
+from kernelext.status import EffectStatus, Reason, Status
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 PROMPT = "pay bob 10 and ann 3"
@@ -228,6 +228,7 @@ def test_a_tool_needing_approval_is_asked_through_kernelext_and_approved_from_th
     agent = payer(llm.base_url, deliveries.url, approval=True)
     handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-approve")
     assert handle.wait(30) == Status.SUSPENDED, handle.error
+    assert handle.info()["reason"] == Reason.APPROVAL  # with the approval's expiry and text
     (request,) = list(kx.approvals("pa-approve"))
     assert request.tool == "pay" and request.arguments == {"who": "bob", "amount": 10}
     assert paid(deliveries) == []  # nothing paid before a person said yes
@@ -239,8 +240,8 @@ def test_a_tool_needing_approval_is_asked_through_kernelext_and_approved_from_th
     assert resumed.wait(30) == Status.SUSPENDED  # ann's payment needs its own approval
     (second,) = list(kx.approvals("pa-approve"))
     assert second.arguments == {"who": "ann", "amount": 3}
-    kx.approve(second.key, edit={"amount": 4})  # the call is made as the person edited it
-    last = kx.resume("pa-approve")
+    # Approved here, with an edit: the run goes on at once, the call made as edited.
+    last = kx.approve(second.key, edit={"amount": 4}).handle
     assert last.wait(30) == Status.COMPLETED, last.error
     assert last.result == "paid bob 10 and ann 3"
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
@@ -257,8 +258,7 @@ def test_a_rejected_call_is_not_made_and_the_model_is_told(
         assert handle.wait(30) == Status.SUSPENDED, handle.error
         (request,) = list(kx.approvals("pa-reject"))
         assert request.arguments["who"] == who
-        kx.reject(request.key, note="not this week")
-        handle = kx.resume("pa-reject")
+        handle = kx.reject(request.key, note="not this week").handle  # the run goes on
     assert handle.wait(30) == Status.COMPLETED, handle.error
     assert paid(deliveries) == []
     told = kx.sql(
