@@ -25,7 +25,7 @@ from .._core.lifecycle.run import Run, engine_of
 from .._store import Store
 from .._validate import check_name
 from .adapter_loop import run_on_adapter_loop
-from .pydantic_ai_durability import MODEL_TOOL, durability, recording
+from .pydantic_ai_durability import MODEL_TOOL, capability_class, durability, recording
 from .turns import Turns, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "durability", "require_pydantic_ai", "start"]
@@ -168,7 +168,7 @@ async def _drive(run: Run, pa_agent: Any, prompt: str, options: _Options) -> Any
 def _is_kernelext(capability: Any) -> bool:
     while hasattr(capability, "wrapped"):  # a WrapperCapability around it
         capability = capability.wrapped
-    return type(capability).__name__ == "KernelextDurability"
+    return isinstance(capability, capability_class())
 
 
 def _fingerprint(pa_agent: Any) -> str:

@@ -34,7 +34,7 @@ from .._core.engine.context import current_run
 from ..errors import EffectRejected
 from .turns import Turns, in_tool_call, record_tool_call, record_turn
 
-__all__ = ["MODEL_TOOL", "Recording", "durability", "recording"]
+__all__ = ["MODEL_TOOL", "Recording", "capability_class", "durability", "recording"]
 
 MODEL_TOOL = "pydantic_ai:model"
 # What a recorded request keeps of each message and part: what the model was asked, without
@@ -77,11 +77,11 @@ def durability(name: str | None = None, models: dict[str, Any] | None = None) ->
     """A new ``KernelextDurability`` capability: ``Agent(..., capabilities=[durability()])``.
     ``name`` names the agent's recorded calls (the agent's name by default); ``models``, as for
     Pydantic AI's other engines, the models a run may use by name besides the agent's own."""
-    return _capability_class()(name=name, models=models)
+    return capability_class()(name=name, models=models)
 
 
 @functools.cache
-def _capability_class() -> type[Any]:
+def capability_class() -> type[Any]:
     """The capability and its backend (classes made once Pydantic AI is imported)."""
     from pydantic_ai.durable_exec import (
         JSON_CODEC,
