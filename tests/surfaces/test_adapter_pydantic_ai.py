@@ -282,18 +282,24 @@ def test_an_agent_built_with_the_capability_runs_plain_outside_a_run_and_recorde
     assert paid(deliveries) == ["/pay/ann", "/pay/ann", "/pay/bob", "/pay/bob"]  # two runs
 
 
-def test_a_model_given_to_start_answers_the_run_in_place_of_the_agents(
+def test_a_model_given_to_start_answers_that_run_only(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
     nowhere = payer("http://127.0.0.1:9/v1", deliveries.url)  # its own model answers nothing
+    HOLD.arm()
     handle = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model", model=model_for(llm.base_url))
-    assert handle.wait(30) == Status.COMPLETED, handle.error
-    assert handle.result == "paid bob 10 and ann 3"
-    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3
-    # A later run of the same agent is given only what its own start was given.
+    assert HOLD.reached.wait(30)
+    handle.stop()
+    HOLD.released.set()
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    # Another run of the same agent is given only what its own start was given ...
     later = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model-2")
     assert later.wait(30) == Status.FAILED
-    assert len(llm.per_turn()) == 3
+    # ... and the first, resumed here, still has its own model.
+    resumed = kx.resume("pa-model")
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert resumed.result == "paid bob 10 and ann 3"
+    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3
 
 
 # -- the framework's errors -------------------------------------------------------------------
