@@ -258,7 +258,8 @@ def _recorded_tool(tool: Any, turns: Turns) -> Any:
         gated = await _asks_approval(rule, ctx, arguments, getattr(ctx, "tool_call_id", None))
 
         async def call(given: dict[str, Any]) -> Any:
-            return await invoke(ctx, json.dumps(given) if "input" not in given else given["input"])
+            sent = json.dumps(given) if "input" not in given else given["input"]
+            return _as_the_model_sees_it(tool, ctx, sent, await invoke(ctx, sent))
 
         try:
             return await record_tool_call(
@@ -269,6 +270,40 @@ def _recorded_tool(tool: Any, turns: Turns) -> Any:
             return f"A person rejected this call of {tool.name}: {exc}"
 
     return dataclasses.replace(tool, on_invoke_tool=recorded, needs_approval=False)
+
+
+def _as_the_model_sees_it(tool: Any, ctx: Any, sent: str, output: Any) -> Any:
+    """A tool's output as it is recorded: JSON as it is, anything else (a pydantic model, a
+    date) as the SDK turns it into the model's input, so that the replayed output gives the
+    model the same text and the next turn the same request."""
+    if _is_json(output):
+        return output
+    sdk = require_agents()
+    from openai.types.responses import ResponseFunctionToolCall
+
+    call = ResponseFunctionToolCall(
+        type="function_call",
+        call_id=str(getattr(ctx, "tool_call_id", "") or ""),
+        name=tool.name,
+        arguments=sent,
+    )
+    item = sdk.ItemHelpers.tool_call_output_item(
+        call,
+        output,
+        output_json_schema=getattr(tool, "output_json_schema", None),
+        output_type_adapter=getattr(tool, "_output_type_adapter", None),
+    )
+    return item["output"]
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, list):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
 
 
 def _arguments(raw: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from kernelext._core.lifecycle.run import engine_of
 from kernelext._core.views.timeline import MAX_LANES, Bar, assign_lanes, timeline
 from kernelext._formatting import counted, rate_text
 from kernelext._store import Store
+from kernelext.status import StepStatus
 from kernelext.widgets import ControlPanel
 from kernelext.widgets import _addons as addons
 from kernelext.widgets._render import to_html, to_text
@@ -68,17 +69,23 @@ def batch_agent(held: Callable[[int], int], *, concurrency: int, label: str = "e
     return batched
 
 
-def wait_for_flight(handle: Any, done: int, in_flight: int) -> None:
-    """Until the run's batch has ``done`` items completed and ``in_flight`` running."""
+def wait_for_flight(handle: Any, held: Held, done: int, in_flight: int, *, total: int) -> None:
+    """Until the run's batch of ``total`` items (not an earlier batch of the run, which
+    may pass through the same counts) has ``done`` items completed and ``in_flight``
+    running, each of those inside ``held`` (an item is in flight from just before its
+    step begins, before its function is called)."""
 
     def there() -> bool:
         batch = engine_of(handle.run).batch
         if batch is None:
             return False
         counts = batch.snapshot()
-        return bool(counts["done"] == done and counts["in_flight"] == in_flight)
+        return bool(
+            (counts["total"], counts["done"], counts["in_flight"]) == (total, done, in_flight)
+            and len(held.started) == done + in_flight
+        )
 
-    wait_until(there, f"{done} items done and {in_flight} in flight")
+    wait_until(there, f"{done} of {total} items done and {in_flight} in flight")
 
 
 def cli(*args: str, store: Any) -> subprocess.CompletedProcess[str]:
@@ -121,7 +128,7 @@ def test_status_text_counts_the_batch_then_names_the_items_in_flight_while_it_dr
     held = Held(first=5)
     handle = batch_agent(held, concurrency=8).start(40)
     try:
-        wait_for_flight(handle, done=5, in_flight=8)
+        wait_for_flight(handle, held, done=5, in_flight=8, total=40)
         running = handle.status_text
         assert "; batch enrich: 5/40 done, 8 in flight, " in running
         assert "items/s, about " in running and running.endswith(" left")
@@ -137,6 +144,37 @@ def test_status_text_counts_the_batch_then_names_the_items_in_flight_while_it_dr
     assert "suspended, 13/40 steps" in after and "in flight" not in after
 
 
+def test_an_item_leaves_the_items_in_flight_in_the_instant_it_is_counted(store: Store) -> None:
+    """The counts hold each item once: when it is counted done (or failed) it is no longer
+    in flight, for whoever reads them at that moment (a listener of the run, here)."""
+    begin = threading.Event()
+    seen: list[tuple[str, bool]] = []
+
+    def one(item: int) -> int:
+        if item % 3 == 0:
+            raise ValueError(f"row {item} is malformed")
+        return item
+
+    @kx.agent(name=name("counted"))
+    def counted_items(run: kx.Run, n: int) -> int:
+        assert begin.wait(WAIT)
+        values = run.map(one, range(n), key=str, concurrency=4, return_exceptions=True)
+        return sum(isinstance(v, int) for v in values)
+
+    def listen(what: str, value: Any) -> None:
+        info = value[0] if what == "item_failed" else value
+        if what in (StepStatus.COMPLETED, "item_failed") and info.batch is not None:
+            seen.append((info.key, info.key in {i.key for i in info.batch.flight()}))
+
+    handle = counted_items.start(12)
+    engine_of(handle.run).listeners.append(listen)
+    begin.set()
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert handle.result == 8
+    assert sorted(key for key, _ in seen) == sorted(str(i) for i in range(12))
+    assert [key for key, in_flight in seen if in_flight] == []
+
+
 # -- kernelext show ------------------------------------------------------------------------------
 def test_kernelext_show_in_another_process_says_how_many_items_are_in_flight(
     store: Store, store_path: Path
@@ -144,7 +182,7 @@ def test_kernelext_show_in_another_process_says_how_many_items_are_in_flight(
     held = Held(first=3)
     handle = batch_agent(held, concurrency=10).start(30)
     try:
-        wait_for_flight(handle, done=3, in_flight=10)
+        wait_for_flight(handle, held, done=3, in_flight=10, total=30)
         shown = cli("show", handle.run_id, store=store_path)
         assert "  batch enrich: 3/30 done, 10 in flight" in shown.stdout, shown.stderr
         handle.stop()
@@ -181,7 +219,7 @@ def test_the_panel_draws_the_batch_as_it_goes_and_its_drain(store: Store) -> Non
     handle = batch_agent(held, concurrency=8).start(40)
     panel = ControlPanel(handle)
     try:
-        wait_for_flight(handle, done=5, in_flight=8)
+        wait_for_flight(handle, held, done=5, in_flight=8, total=40)
         panel.refresh()
         box = batch_box(panel)
         assert box.get("class") == "kx-batch" and box.get("data-state") == "running"
@@ -333,7 +371,7 @@ def test_the_plan_of_a_run_stopped_in_a_batch_says_what_is_done_and_what_runs_ag
     held = Held(first=20)
     handle = batch_agent(held, concurrency=10).start(100)
     try:
-        wait_for_flight(handle, done=20, in_flight=10)
+        wait_for_flight(handle, held, done=20, in_flight=10, total=100)
         handle.force_stop()  # the items in flight are cancelled
         assert handle.wait(WAIT) == "suspended", handle.error
     finally:
@@ -366,7 +404,7 @@ def test_the_plan_counts_the_items_of_the_batch_it_stopped_in(store: Store) -> N
 
     handle = two.start()
     try:
-        wait_for_flight(handle, done=5, in_flight=4)
+        wait_for_flight(handle, held, done=5, in_flight=4, total=50)
         handle.stop()  # drains: the 4 in flight complete
     finally:
         held.go.set()

@@ -40,7 +40,6 @@ SUPPORT = Path(__file__).resolve().parents[1] / "support"
 KILLS = int(os.environ.get("KERNELEXT_DASK_KILLS", "20"))
 SEED = int(os.environ.get("KERNELEXT_DASK_SEED", "2323"))
 AGENT = "dask-deliveries"
-SLOW_ANSWER = 8.0  # seconds the server takes to answer the calls a notebook dies inside
 WAIT = 120.0  # the longest any one run, line or attempt may take on a loaded machine
 
 
@@ -408,22 +407,28 @@ def test_a_sigkilled_notebook_is_resumed_from_a_new_process_without_a_duplicate(
     first, second = owner_process(tmp_path, "first"), owner_process(tmp_path, "second")
     epoch = owned(first, **go, mode="start", args=args)
     until_delivered(delivery_server, 6, first)
-    delivery_server.slow_next(2, SLOW_ANSWER)  # two calls the server has, not yet answered
-
-    def inside_calls() -> int:  # items inside one of those two calls
-        slow = {d["body"]["item"] for d in delivery_server.deliveries if d.get("slowed")}
-        return sum(a.item in slow for a in in_flight(markers))
-
-    wait_until(lambda: inside_calls() >= 2, "calls the server has, unanswered", owner=first)
+    # In this order: the held items are on the workers (inside fn, before their call, until
+    # released), and only then are two calls held inside the server, so that the kill
+    # lands while all four are in flight, however long each wait took.
     wait_until(
         lambda: {a.item for a in in_flight(markers)} >= set(held), "held items begun", owner=first
     )
+    delivery_server.hold_next(2)  # two calls the server has, answered after the take-over
+
+    def inside_calls() -> int:  # items inside one of those two calls
+        inside = {d["body"]["item"] for d in delivery_server.deliveries if d.get("held")}
+        return sum(a.item in inside for a in in_flight(markers))
+
+    wait_until(lambda: inside_calls() >= 2, "calls the server has, unanswered", owner=first)
     assert first.kill(), "the notebook was SIGKILLed mid-batch"
     old = {(a.item, a.attempt) for a in in_flight(markers)}
     assert len(old) >= len(held) + 2, "the notebook died with items in flight on the workers"
 
-    assert owned(second, **go, mode="resume") > epoch, "the new notebook holds a newer epoch"
-    assert finished(second)["status"] == "needs_decision", "calls in flight became unknown"
+    try:
+        assert owned(second, **go, mode="resume") > epoch, "the new notebook holds a newer epoch"
+        assert finished(second)["status"] == "needs_decision", "calls in flight became unknown"
+    finally:
+        delivery_server.release_held()  # the dead notebook's two calls are answered only now
     for item in held:  # the dead notebook's held items go on to their POST only now
         release(gates, item, 1)
     wait_until(

@@ -1,7 +1,9 @@
-"""notebooks/llm_agent.ipynb in JupyterLab in a real browser, against the local model.
+"""The LLM notebooks in JupyterLab in a real browser, against the local model.
 
-The kernel reaches the test's scripted OpenAI-compatible server (``support.llm_server``)
-through ``OPENAI_BASE_URL``, which the notebook reads as "use this model". The panel
+``llm_agent`` (kx.openai), ``anthropic_agent`` (kx.anthropic) and ``openai_agents`` (the
+OpenAI Agents SDK): the kernel reaches the test's scripted server (``support.llm_server``)
+through ``OPENAI_BASE_URL`` or ``ANTHROPIC_BASE_URL``, which the notebook reads as "use
+this model". The panel
 shows the run as its conversation (turns, tool calls, tokens, cost) through a Stop and
 a Resume clicked in the page, and the internal key of effects made outside steps
 appears nowhere in the page.
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 from support.http_server import DeliveryServer
+from support.live import wait_until
 from support.llm_server import LLMServer
 
 from browser import jupyterlab as lab
@@ -28,18 +31,22 @@ from kernelext._core.encoding.names import OUTSIDE_STEPS
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-LLM_NOTEBOOK = REPO_ROOT / "notebooks" / "llm_agent.ipynb"
 CONVERSATION = re.compile(
     r"(\d+) turns? · (\d+) tool calls? · ([\d,]+) tokens \(([\d,]+) prompt \+ ([\d,]+) "
     r"completion\) · \$\d+\.\d{4}"
 )
-THINKING = 1.0  # seconds the model takes per answer: time to click Stop mid-conversation
+HELD_TURN = 1  # the model's second answer (after one tool result) waits for the Stop
 
 
 @pytest.fixture
 def llm(tmp_path: Path) -> Iterator[LLMServer]:
-    with LLMServer(log_path=tmp_path / "llm.jsonl", delay=THINKING) as server:
+    with LLMServer(log_path=tmp_path / "llm.jsonl", hold_turns=(HELD_TURN,)) as server:
         yield server
+
+
+def asked(llm: LLMServer, turn: int) -> bool:
+    """Whether the model was asked ``turn`` (the turn after ``turn`` tool results)."""
+    return any(t == turn for _, t in llm.per_turn())
 
 
 def cell_index(notebook: Path, cell_id: str) -> int:
@@ -47,7 +54,19 @@ def cell_index(notebook: Path, cell_id: str) -> int:
     return next(i for i, c in enumerate(cells) if c.get("id") == cell_id)
 
 
+def model_env(notebook: str, llm: LLMServer) -> tuple[dict[str, str], str]:
+    """What points ``notebook`` at the scripted model, and the URL its setup prints."""
+    if notebook == "anthropic_agent":
+        env = {"ANTHROPIC_BASE_URL": llm.url, "ANTHROPIC_API_KEY": "EMPTY"}
+        return {**env, "ANTHROPIC_MODEL": "scripted"}, llm.url
+    env = {"OPENAI_BASE_URL": llm.base_url, "OPENAI_API_KEY": "EMPTY", "OPENAI_MODEL": "scripted"}
+    # The Agents SDK would send its traces to a server of its own: not from a test.
+    return {**env, "OPENAI_AGENTS_DISABLE_TRACING": "1"}, llm.base_url
+
+
+@pytest.mark.parametrize("notebook", ["llm_agent", "anthropic_agent", "openai_agents"])
 def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
+    notebook: str,
     tmp_path: Path,
     store_path: Path,
     delivery_server: DeliveryServer,
@@ -57,43 +76,50 @@ def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
 ) -> None:
     from playwright.sync_api import expect
 
+    path = REPO_ROOT / "notebooks" / f"{notebook}.ipynb"
     root = lab_root(tmp_path)
-    name = lab.copy_notebook(LLM_NOTEBOOK, root)
+    name = lab.copy_notebook(path, root)
+    model, printed = model_env(notebook, llm)
     env = {
         "KERNELEXT_STORE": str(store_path),
         "KERNELEXT_DEMO_OUTBOX": f"{delivery_server.url}/outbox",
         "KERNELEXT_DEMO_OFFLINE": "",
-        "OPENAI_BASE_URL": llm.base_url,
-        "OPENAI_API_KEY": "EMPTY",
-        "OPENAI_MODEL": "scripted",
+        **model,
     }
     with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
-        setup = lab.run_cell(page, cell_index(LLM_NOTEBOOK, "setup"))
-        assert f"model: scripted at {llm.base_url}" in lab.output_text(setup)
+        setup = lab.run_cell(page, cell_index(path, "setup"))
+        assert f"model: scripted at {printed}" in lab.output_text(setup)
         for cell_id in ("tools", "agent"):
-            lab.run_cell(page, cell_index(LLM_NOTEBOOK, cell_id))
-        panel = lab.run_cell(page, cell_index(LLM_NOTEBOOK, "start")).locator(PANEL)
+            lab.run_cell(page, cell_index(path, cell_id))
+        panel = lab.run_cell(page, cell_index(path, "start")).locator(PANEL)
         status = panel.locator(".kernelext-status")
-        # the first answer came back: the panel counts it, live, with its tokens
-        expect(panel).to_contain_text(re.compile(r"1 turn · \d+ tool calls? · [\d,]+ tokens"))
+        # The model answered once and was asked again (that answer is held until the Stop
+        # is in): the panel counts the conversation live, with the first answer's tokens.
+        wait_until(lambda: asked(llm, HELD_TURN), "the model asked for its second answer")
+        expect(panel).to_contain_text(re.compile(r"2 turns · 1 tool call · [\d,]+ tokens"))
         expect(status).to_have_text("running")
         shot("running")
 
+        # Stop while the model thinks over its second answer: the call in flight ends with
+        # its answer, and the stop lands just before the next model call: two turns.
         lab.button(panel, "Stop").click()
+        expect(status).to_have_text("stopping")
+        llm.release_held()
         expect(status).to_have_text("suspended")
         stopped = CONVERSATION.search(panel.inner_text())
         assert stopped is not None, panel.inner_text()
         stopped_turns = int(stopped.group(1))
-        assert 1 <= stopped_turns < 4
+        assert stopped_turns == 2, panel.inner_text()
+        # What a resume does: go on after the second turn, asking no earlier turn again.
         expect(panel.locator(".kernelext-plan-preview")).to_contain_text(
-            f"continues after turn {stopped_turns}"
+            "step 2 (turn 2)" if notebook == "openai_agents" else "continues after turn 2"
         )
         shot("suspended")
 
         lab.button(panel, "Resume").click()
         expect(status).to_have_text("completed")
         expect(panel.locator(".kernelext-outcome")).to_contain_text(
-            re.compile(r"completed: 4 turns · 3 tool calls · [\d,]+ tokens")
+            re.compile(r"completed: (4 steps · )?4 turns · 3 tool calls · [\d,]+ tokens")
         )
         expect(panel.locator(".kernelext-conversation")).to_contain_text("last: assistant: ")
         done = CONVERSATION.search(panel.locator(".kernelext-outcome").inner_text())

@@ -27,8 +27,11 @@ Faults, for the next requests: ``fail_next(n, status, retry_after=...)`` answers
 with an error status (and a ``Retry-After`` header) without recording a delivery; each is
 kept in ``refusals`` with its time. ``slow_next(n, seconds)`` records ``n`` POSTs, then
 answers them ``seconds`` later (a client that gives up first sees a timeout after its
-request was applied). ``peak_in_flight`` is the most POSTs handled at once (with ``delay``
-or ``slow_next`` they overlap while they wait to be answered).
+request was applied). ``hold_next(n)`` records ``n`` POSTs and answers them only at
+``release_held()`` (or when the server stops): their clients are inside their calls until
+the test lets them out, however long the test takes meanwhile. ``peak_in_flight`` is the
+most POSTs handled at once (with ``delay``, ``slow_next`` or ``hold_next`` they overlap
+while they wait to be answered).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ except ImportError:  # run standalone: python tests/support/http_server.py
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
+HOLD_LIMIT = 300.0  # seconds a held POST waits for release_held() at most (a test that failed)
 
 
 class _Handler(JSONHandler):
@@ -151,6 +155,8 @@ class DeliveryServer(ServedLocally):
         self._first_response: dict[str, bytes] = {}
         self._fail_queue: list[tuple[int, dict[str, str], bool]] = []
         self._slow_queue: list[float] = []
+        self._holds = 0  # POSTs still to hold (hold_next)
+        self._released = threading.Event()  # what the POSTs held now wait for
         self._posts = 0  # POSTs being handled now
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -248,7 +254,25 @@ class DeliveryServer(ServedLocally):
         with self._lock:
             self._slow_queue.extend([seconds] * n)
 
+    def hold_next(self, n: int) -> None:
+        """The next ``n`` POSTs are recorded at once (``"held": True``) and answered only
+        at ``release_held()``."""
+        with self._lock:
+            self._holds += n
+
+    def release_held(self) -> None:
+        """Answer every POST held now (a later ``hold_next`` holds its own again)."""
+        with self._lock:
+            self._holds = 0
+            self._released.set()
+            self._released = threading.Event()
+
+    def stop(self) -> None:
+        self.release_held()  # no held answer outlives the server
+        super().stop()
+
     def reset(self) -> None:
+        self.release_held()
         with self._lock:
             self.deliveries.clear()
             self.replays.clear()
@@ -285,6 +309,10 @@ class DeliveryServer(ServedLocally):
                 return status, json.dumps({"error": "injected failure"}).encode(), headers
             slowed = bool(self._slow_queue)  # one of the POSTs slow_next asked for
             slow = self._slow_queue.pop(0) if slowed else self.delay
+            hold = None
+            if self._holds:  # one of the POSTs hold_next asked for
+                self._holds -= 1
+                hold = self._released
             record: dict[str, Any] = {
                 "path": path,
                 "body": body,
@@ -293,6 +321,8 @@ class DeliveryServer(ServedLocally):
             }
             if slowed:
                 record["slowed"] = True
+            if hold is not None:
+                record["held"] = True
             if self.dedupe and key is not None and key in self._first_response:
                 record["kind"] = "replay"
                 record["seq"] = len(self.replays) + 1
@@ -315,6 +345,8 @@ class DeliveryServer(ServedLocally):
                 self._changed.notify_all()
                 return status, json.dumps({"error": "upstream reset"}).encode(), headers
             self._changed.notify_all()
+        if hold is not None:
+            hold.wait(HOLD_LIMIT)
         if slow:
             time.sleep(slow)
         return 200, response, {}

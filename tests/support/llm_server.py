@@ -15,7 +15,9 @@ sends (the server keeps no session), so a request asked again gets the same answ
 ``fail_next(n, status)`` makes the next ``n`` requests fail (logged, not answered from the
 script). ``hold_stream`` (a ``threading.Event``) holds every stream after its first event
 until the event is set (at most 30 s; ``held`` records whether it was set in time), so a
-test can tell that the client saw a chunk before the stream ended.
+test can tell that the client saw a chunk before the stream ended. A request for one of the
+``hold_turns`` is logged, then answered only at ``release_held()`` (or when the server
+stops): the model is "thinking" for as long as the test needs, whatever the machine's speed.
 
 ``"stream": true`` answers with server-sent events (chat: ``chat.completion.chunk``
 objects, then ``[DONE]``; a usage chunk last when ``stream_options.include_usage``;
@@ -65,6 +67,7 @@ except ImportError:  # run standalone: python tests/support/llm_server.py
         ServedLocally,
     )
 
+HOLD_LIMIT = 300.0  # seconds a held request waits for release_held() at most (a failed test)
 CREATED = 1_700_000_000  # a fixed timestamp: the same request gets the same bytes back
 
 # A customer-support conversation: look the order up, refund it, write to the customer.
@@ -169,6 +172,7 @@ class LLMServer(ServedLocally):
     delay: float = 0.0
     chunk_delay: float = 0.0
     hold_stream: threading.Event | None = None
+    hold_turns: tuple[int, ...] = ()  # requests for these turns wait for release_held()
     requests: list[dict[str, Any]] = field(default_factory=list, init=False)
     held: list[bool] = field(default_factory=list, init=False)
 
@@ -179,10 +183,15 @@ class LLMServer(ServedLocally):
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._log: Any = None
+        self._released = threading.Event()
 
     # -- lifecycle (ServedLocally) -----------------------------------------
     def _log_lock(self) -> Any:
         return self.lock
+
+    def stop(self) -> None:
+        self.release_held()  # no held answer outlives the server
+        super().stop()
 
     @property
     def base_url(self) -> str:
@@ -208,6 +217,10 @@ class LLMServer(ServedLocally):
         """The next ``n`` requests get ``status`` (logged as ``failed``)."""
         with self.lock:
             self._fail_queue.extend([status] * n)
+
+    def release_held(self) -> None:
+        """Answer the requests held for ``hold_turns`` (and every later one at once)."""
+        self._released.set()
 
     def take_failure(self) -> int | None:
         with self.lock:
@@ -311,7 +324,8 @@ class LLMServer(ServedLocally):
     def _note(
         self, endpoint: str, body: dict[str, Any], headers: Any, first: str, results: int
     ) -> tuple[str, int, dict[str, Any]]:
-        """Log and count one request (fsync'ed before any reply); pick its reply."""
+        """Log and count one request (fsync'ed before any reply); pick its reply (a turn of
+        ``hold_turns``: once ``release_held()`` was called)."""
         conversation = hashlib.sha256(str(first).encode()).hexdigest()[:10]
         turn, reply = _reply_for(self.script, results)
         record = {
@@ -325,6 +339,8 @@ class LLMServer(ServedLocally):
             "time": time.time(),
         }
         self._append(record)
+        if turn in self.hold_turns:
+            self._released.wait(HOLD_LIMIT)
         return conversation, turn, reply
 
 

@@ -10,6 +10,7 @@ command line, and ended by the SDK's own errors.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -26,10 +27,12 @@ from agents import (
     InputGuardrailTripwireTriggered,
     LocalShellTool,
     MaxTurnsExceeded,
+    function_tool,
     handoff,
     input_guardrail,
 )
-from support.http_server import DeliveryServer
+from pydantic import BaseModel
+from support.http_server import DeliveryServer, post_json
 from support.llm_server import LLMServer
 from support.llm_views import kernelext_show, no_prices  # noqa: F401 - autouse: no prices left over
 from support.sdk_agents import HOLD, PAY_SCRIPT, close_clients, payer
@@ -365,3 +368,37 @@ def test_a_runs_options_are_its_own(store: Any, llm: LLMServer, deliveries: Deli
     assert short.wait(30) == Status.FAILED
     other = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-other")
     assert other.wait(30) == Status.COMPLETED  # the SDK's default, not the other run's 1
+
+
+class Receipt(BaseModel):
+    who: str
+    amount: int
+    at: datetime.datetime
+
+
+def test_a_tool_returning_an_object_is_recorded_as_the_model_saw_it(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    @function_tool
+    def pay(who: str, amount: int) -> Receipt:
+        """Pay someone an amount of dollars."""
+        if HOLD.holds(who):
+            HOLD.wait_here()
+        post_json(f"{deliveries.url}/pay/{who}", {"who": who, "amount": amount})
+        return Receipt(who=who, amount=amount, at=datetime.datetime(2026, 1, 2, 3, 4))
+
+    agent = payer(llm.base_url, deliveries.url).clone(tools=[pay])
+    HOLD.arm(who="ann")
+    handle = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-object")
+    assert HOLD.reached.wait(30)
+    handle.stop()
+    HOLD.released.set()
+    assert handle.wait(30) == Status.SUSPENDED
+    [bob] = kx.sql(
+        "SELECT result FROM effects WHERE run_id = 'oa-object' AND tool = 'pay' ORDER BY step_key"
+    )["result"][:1]
+    assert "bob" in bob and "amount=10" in bob  # recorded as the model read it, not unknown
+    resumed = kx.resume("oa-object")  # turn 2's request holds bob's receipt: it matches
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+    assert set(llm.per_turn().values()) == {1}

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from support.http_server import DeliveryServer, post_json, read_log
+from support.live import wait_until
+from support.llm_server import LLMServer
 
 SERVER_SCRIPT = Path(__file__).parents[1] / "support" / "http_server.py"
 
@@ -189,6 +191,37 @@ def test_slow_next_records_at_once_and_answers_late(delivery_server: DeliverySer
         post_json(delivery_server.url + "/slow", {}, idempotency_key="s", timeout=0.3)
     assert delivery_server.count("s") == 1  # applied, though the client never heard
     assert post_json(delivery_server.url + "/fast", {}, timeout=1.5).status == 200
+
+
+def test_hold_next_records_at_once_and_answers_only_when_released(
+    delivery_server: DeliveryServer,
+) -> None:
+    delivery_server.hold_next(2)
+    url = delivery_server.url
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        held = [pool.submit(post_json, f"{url}/held", {"i": i}) for i in range(2)]
+        delivery_server.wait_for(2)  # both recorded while their clients wait
+        assert post_json(f"{url}/free", {}).status == 200  # the third is not held
+        assert not any(call.done() for call in held)
+        delivery_server.release_held()
+        assert [call.result(timeout=30).status for call in held] == [200, 200]
+    assert [d.get("held", False) for d in delivery_server.deliveries] == [True, True, False]
+
+
+def test_the_model_logs_a_held_turn_at_once_and_answers_it_only_when_released() -> None:
+    def ask(url: str, tool_results: int) -> int:
+        messages = [{"role": "user", "content": "refund A-1001"}]
+        messages += [{"role": "tool", "content": "done"}] * tool_results
+        return post_json(f"{url}/chat/completions", {"messages": messages}, timeout=30).status
+
+    with LLMServer(hold_turns=(1,)) as llm, ThreadPoolExecutor(max_workers=1) as pool:
+        assert ask(llm.base_url, 0) == 200  # turn 0 is not held
+        held = pool.submit(ask, llm.base_url, 1)
+        wait_until(lambda: any(turn == 1 for _, turn in llm.per_turn()), "turn 1 logged")
+        assert not held.done()
+        llm.release_held()
+        assert held.result(timeout=30) == 200
+    assert sorted(turn for _, turn in llm.per_turn()) == [0, 1]
 
 
 def test_peak_in_flight_counts_posts_handled_at_once(delivery_server: DeliveryServer) -> None:

@@ -40,7 +40,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..._formatting import duration_text, step_label
 from ..._shown import shows
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Batch", "ItemState", "MapPlan", "prepare_map"]
 
+ItemCount = Literal["done", "failed", "waiting"]  # what an item that ended is counted as
 WAIT_TICK = 0.05  # how often the dispatching thread looks for a stop while items run
 FORCE_RETRY = 0.01  # a forced stop refused inside kernelext's bookkeeping: tried again
 
@@ -155,6 +156,23 @@ class Batch:
     def flight(self) -> list[StepInfo]:
         with self.lock:
             return list(self.in_flight.values())
+
+    def item_ended(
+        self, info: StepInfo, counted: ItemCount | None = None, elapsed: float = 0.0
+    ) -> None:
+        """``info`` leaves the items in flight and is ``counted`` (``done``, ``failed``,
+        ``waiting``; None: a stopped or lost item, counted by none) in the same instant, so
+        that no reader of the counts (the panel, ``h.status_text``, ``kernelext show``)
+        sees an item both in flight and ended."""
+        with self.lock:
+            self.in_flight.pop(info.key, None)
+            if counted == "done":
+                self.done += 1
+                self.durations.append(elapsed)
+            elif counted == "failed":
+                self.failed += 1
+            elif counted == "waiting":
+                self.waiting += 1
 
 
 class MapPlan:

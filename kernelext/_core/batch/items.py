@@ -188,9 +188,7 @@ def look(tally: Tally, flight: Iterable[concurrent.futures.Future[Any]]) -> set[
 def note_item_done(engine: RunEngine, batch: Batch, info: StepInfo, elapsed: float) -> None:
     """What this process keeps of an item that completed (its value is in the store)."""
     engine.completed[info.key] = info.ordinal
-    with batch.lock:
-        batch.done += 1
-        batch.durations.append(elapsed)
+    batch.item_ended(info, "done", elapsed)
     engine.last_completed = info
     engine.notify(StepStatus.COMPLETED, info)
 
@@ -238,8 +236,7 @@ class ItemRun:
         )
 
     def leave(self) -> None:
-        with self.batch.lock:
-            self.batch.in_flight.pop(self.info.key, None)
+        self.batch.item_ended(self.info)  # a stopped or lost one (the others have left)
         reset_current_run(self._run_token)
         ITEM.reset(self._item_token)
 
@@ -298,8 +295,7 @@ def _record_end(
                     duration_s=info.elapsed,
                 )  # fmt: skip
             if info.waiting is not None:
-                with batch.lock:
-                    batch.waiting += 1
+                batch.item_ended(info, "waiting")
                 return Ended(index, "waiting", info)
             return Ended(index, "stopped", error=outcome)
         text = scrub_text(f"{type(outcome).__name__}: {outcome}")
@@ -310,8 +306,7 @@ def _record_end(
             )  # fmt: skip
         if isinstance(outcome, NeedsDecision):
             return Ended(index, "decision", error=outcome)
-        with batch.lock:
-            batch.failed += 1
+        batch.item_ended(info, "failed")
         engine.notify("item_failed", (info, outcome))
         return Ended(index, "raised", error=outcome)
     except OwnershipLost as exc:

@@ -202,8 +202,7 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
     finally:
         for future, info in flight.items():  # only when the dispatcher itself failed
             future.cancel()
-            with batch.lock:
-                batch.in_flight.pop(info.key, None)
+            batch.item_ended(info)
     tally.finish()
 
 
@@ -253,8 +252,6 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
     """What an item dispatched elsewhere ended with, once its future is done (or was
     cancelled by a forced stop)."""
     index = info.index
-    with batch.lock:
-        batch.in_flight.pop(info.key, None)
     try:
         if not future.done() or future.cancelled():  # a forced stop (or an overrun after it)
             _end_step(engine, info, StepStatus.CANCELLED, "forced stop", forced=True)
@@ -281,8 +278,7 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
             return Ended(index, "done", load_result(outcome.value))
         if kind == "waiting":
             info.waiting = outcome.value
-            with batch.lock:
-                batch.waiting += 1
+            batch.item_ended(info, "waiting")
             return Ended(index, "waiting", info)
         error = error_from_wire(outcome.error)
         if kind == "lost":
@@ -296,6 +292,8 @@ def _settle(engine: RunEngine, batch: Batch, info: StepInfo, future: Future[byte
         return item_raised(engine, batch, info, error)
     except OwnershipLost as exc:
         return Ended(index, "lost", error=exc)
+    finally:
+        batch.item_ended(info)  # a stopped or lost one (the others have left, counted)
 
 
 def _calls_lost(engine: RunEngine, info: StepInfo, why: BaseException) -> None:

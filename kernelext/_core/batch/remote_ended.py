@@ -49,8 +49,7 @@ def settle_ended(engine: RunEngine, batch: Batch, info: StepInfo, elapsed: float
         return Ended(info.index, "done", load_result(result))
     if status == StepStatus.CANCELLED and error == WAITS_FOR_A_PERSON:
         info.waiting = _waits_for(engine, info)
-        with batch.lock:
-            batch.waiting += 1
+        batch.item_ended(info, "waiting")
         return Ended(info.index, "waiting", info)
     if status == StepStatus.CANCELLED:
         stop = ForcedStop("forced stop") if forced else StopRequested("stop")
@@ -103,7 +102,6 @@ def failed_elsewhere(engine: RunEngine, batch: Batch, info: StepInfo, error: Any
 
 def item_raised(engine: RunEngine, batch: Batch, info: StepInfo, error: BaseException) -> Ended:
     """The item failed with ``error`` (counted, and told to the run's listeners)."""
-    with batch.lock:
-        batch.failed += 1
+    batch.item_ended(info, "failed")
     engine.notify("item_failed", (info, error))
     return Ended(info.index, "raised", error=error)
