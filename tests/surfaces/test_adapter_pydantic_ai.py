@@ -10,6 +10,7 @@ Pydantic AI's own errors, then resumed once the code is fixed.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from pydantic_ai import Agent, UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.test import TestModel
-from support.http_server import DeliveryServer
+from support.http_server import DeliveryServer, post_json
 from support.llm_server import LLMServer
 from support.pydantic_agents import (
     ASKED_AWAY,
@@ -219,6 +221,35 @@ def test_a_call_cut_by_a_force_stop_waits_in_reconcile_and_is_not_made_again(
     assert resumed.result == "paid bob 10 and ann 3"
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # bob once, as decided
     assert set(llm.per_turn().values()) == {1}
+
+
+class Receipt(BaseModel):
+    who: str
+    on: datetime.date
+
+
+def test_a_tool_returning_an_object_is_applied_and_replayed_as_the_model_was_given_it(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    agent = Agent(model_for(llm.base_url), name="receipts")
+
+    @agent.tool_plain
+    def pay(who: str, amount: int) -> Receipt:
+        """Pay someone an amount of dollars."""
+        if HOLD.holds(who):
+            HOLD.wait_here()
+        post_json(f"{deliveries.url}/pay/{who}", {"who": who, "amount": amount})
+        return Receipt(who=who, on=datetime.date(2026, 1, 2))
+
+    stopped_at(agent, "pa-receipt", who="ann")
+    assert [s for s in ledger("pa-receipt") if s[1] == "pay"] == [
+        ("turn 1", "pay", 1, EffectStatus.APPLIED),
+        ("turn 2", "pay", 1, EffectStatus.APPLIED),
+    ]
+    resumed = kx.resume("pa-receipt")
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+    assert set(llm.per_turn().values()) == {1}  # turn 2's request, with bob's receipt, matched
 
 
 # -- approvals ------------------------------------------------------------------------------
