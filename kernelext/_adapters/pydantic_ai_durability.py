@@ -81,12 +81,10 @@ def durability(name: str | None = None, models: dict[str, Any] | None = None) ->
 
 
 @functools.cache
-def capability_class() -> type[Any]:
-    """The capability and its backend (classes made once Pydantic AI is imported)."""
+def _backend_class() -> type[Any]:
+    """The backend: each durable unit of a recorded run as kernelext records it (a class made
+    once Pydantic AI is imported)."""
     from pydantic_ai.durable_exec import (
-        JSON_CODEC,
-        BaseDurabilityCapability,
-        DurabilityEngineSpec,
         JournalCallableOperationBackend,
         ModelRequestId,
         RoleBasedOperationConfig,
@@ -145,6 +143,20 @@ def capability_class() -> type[Any]:
             turn.calls = [p["tool_call_id"] for p in parts if p.get("part_kind") == "tool-call"]
             return answer
 
+    return KernelextBackend
+
+
+@functools.cache
+def capability_class() -> type[Any]:
+    """The capability (a class made once Pydantic AI is imported)."""
+    from pydantic_ai.durable_exec import (
+        JSON_CODEC,
+        BaseDurabilityCapability,
+        DurabilityEngineSpec,
+    )
+
+    backend_class = _backend_class()
+
     class KernelextDurability(BaseDurabilityCapability[Any]):
         """Pydantic AI's durable execution with kernelext as the engine: inside a kernelext
         run (``kx.pydantic_ai.start``), every model request and tool call is an effect."""
@@ -173,7 +185,7 @@ def capability_class() -> type[Any]:
         def get_durable_operation_backend(self) -> Any:
             backend = self.__dict__.get("_kx_backend")
             if backend is None or backend.agent_name != self.name:
-                backend = self.__dict__["_kx_backend"] = KernelextBackend(self.name)
+                backend = self.__dict__["_kx_backend"] = backend_class(self.name)
             return backend
 
         async def prepare_tools(self, ctx: Any, tool_defs: list[Any]) -> list[Any]:
