@@ -12,8 +12,8 @@ them the run's effects on the shared shape of ``kernelext._adapters.turns``:
   keyed by its turn and its place among the calls of the model's answer; what the tool raised
   for the model (``ModelRetry``, ``ToolFailed``, ``ApprovalRequired``) is recorded as its
   outcome, as Pydantic AI encodes it, and given again on replay;
-- everything else (discovery, the event stream handler, capability operations, token counts)
-  runs in the run as it would without the capability.
+- everything else (discovery, capability operations, workspace calls, token counts) runs in
+  the run as it would without the capability; a streamed model request is refused.
 
 The run is the durable container: :func:`recording` tells the capability it is inside one
 (``kx.pydantic_ai.start`` / ``kx.resume`` of its run); outside one, the capability changes
