@@ -3,7 +3,7 @@
 ``start(agent, input, run_id=...)`` runs ``Runner.run`` in a kernelext run. The run drives a
 recorded copy of the agent and of every agent it hands off to (the user's objects are not
 changed): each agent's model answers through :class:`RecordedModel` and each function tool
-is invoked through :func:`_recorded_invoke`, both on the shared shape of
+call and handoff is made as ``openai_agents_calls`` says, both on the shared shape of
 ``kernelext._adapters.turns``: a model turn is a step (a Stop lands between two turns), the
 model's answer one effect replayed on resume, a tool call an effect keyed by its turn and its
 place among the turn's calls. A tool's ``needs_approval`` is asked through kernelext
@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,10 +35,10 @@ from .._core.lifecycle.run import Run, engine_of
 from .._core.views.conversation import PRICES
 from .._store import Store
 from .._validate import check_name
-from ..errors import EffectRejected
 from .adapter_loop import run_on_adapter_loop
 from .model_clients import checked_prices
-from .turns import Turns, in_tool_call, record_tool_call, record_turn, unwrapped
+from .openai_agents_calls import recorded_handoff, recorded_tool
+from .turns import Turns, in_tool_call, record_turn, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "require_agents", "start"]
 
@@ -118,10 +119,21 @@ def start(
     this run's, kept in this process (after a restart, give them to :func:`agent`);
     ``prices`` as for :func:`agent`."""
     options = _checked_options(max_turns, run_config, context)
+    stored = _input(input)
     made = _register(sdk_agent, name, prices, max_step_seconds)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
-    _RUNS[run_id] = (made.name, options)
-    return made.start(_plain(input), run_id=run_id, store=store)
+    if not isinstance(run_id, str):  # refused there, saying what to pass
+        return made.start(stored, run_id=run_id, store=store)
+    earlier = _RUNS.get(run_id)
+    _RUNS[run_id] = (made.name, options)  # read by the run's thread as it starts
+    try:
+        return made.start(stored, run_id=run_id, store=store)
+    except BaseException:  # not started (a run of that id exists): its options stay
+        if earlier is None:
+            _RUNS.pop(run_id, None)
+        else:
+            _RUNS[run_id] = earlier
+        raise
 
 
 def _checked_options(max_turns: Any, run_config: Any, context: Any) -> _Options:
@@ -218,109 +230,35 @@ def _check_tools(each: Any) -> None:
 
 def _recorded_graph(root: Any, config: Any, turns: Turns) -> Any:
     """A copy of ``root``'s agents whose models and function tools are recorded."""
-    originals = _agents_of(root)
-    copies = {id(a): a.clone() for a in originals}
-    for original in originals:
-        copy = copies[id(original)]
-        model = original.model
-        if not isinstance(model, require_agents().Model):
-            model = config.model_provider.get_model(model)
-        copy.model = _recorded_model()(model, turns, original.name)
-        copy.tools = [_recorded_tool(t, turns) for t in original.tools]
-        copy.handoffs = [_recorded_handoff(h, copies) for h in original.handoffs]
-    return copies[id(root)]
+    return _Copies(config, turns).of(root)
 
 
-def _recorded_handoff(handoff: Any, copies: dict[int, Any]) -> Any:
-    target = _handoff_target(handoff)
-    if target is handoff:
-        return copies[id(target)]
-    invoke = handoff.on_invoke_handoff
+class _Copies:
+    """The recorded copy of each agent, made once: those ``root`` hands off to at once, and
+    one a custom handoff reaches only as it runs."""
 
-    async def handed(ctx: Any, arguments: str) -> Any:
-        reached = await invoke(ctx, arguments)
-        return copies.get(id(reached), reached)
+    def __init__(self, config: Any, turns: Turns) -> None:
+        self.config, self.turns = config, turns
+        self.made: dict[int, Any] = {}
 
-    return dataclasses.replace(handoff, on_invoke_handoff=handed)
+    def of(self, original: Any) -> Any:
+        if id(original) in self.made:
+            return self.made[id(original)]
+        copy = self.made[id(original)] = original.clone()
+        _check_tools(original)
+        if self.config.model is None:  # else the run's model answers for every agent
+            model = original.model
+            if not isinstance(model, require_agents().Model):
+                model = self.config.model_provider.get_model(model)
+            copy.model = _recorded_model()(model, self.turns, original.name)
+        copy.tools = [recorded_tool(t, self.turns) for t in original.tools]
+        copy.handoffs = [self.handoff(h) for h in original.handoffs]
+        return copy
 
-
-def _recorded_tool(tool: Any, turns: Turns) -> Any:
-    sdk = require_agents()
-    if not isinstance(tool, sdk.FunctionTool):
-        return tool  # hosted: runs on the model's server, inside the turn
-    rule = tool.needs_approval
-    invoke = tool.on_invoke_tool
-
-    async def recorded(ctx: Any, raw: str) -> Any:
-        if current_run() is None or turns.current is None or in_tool_call():
-            return await invoke(ctx, raw)
-        arguments = _arguments(raw)
-        gated = await _asks_approval(rule, ctx, arguments, getattr(ctx, "tool_call_id", None))
-
-        async def call(given: dict[str, Any]) -> Any:
-            sent = json.dumps(given) if "input" not in given else given["input"]
-            return _as_the_model_sees_it(tool, ctx, sent, await invoke(ctx, sent))
-
-        try:
-            return await record_tool_call(
-                turns.current, getattr(ctx, "tool_call_id", None), tool.name, arguments, call,
-                needs_approval=gated,
-            )  # fmt: skip
-        except EffectRejected as exc:
-            return f"A person rejected this call of {tool.name}: {exc}"
-
-    return dataclasses.replace(tool, on_invoke_tool=recorded, needs_approval=False)
-
-
-def _as_the_model_sees_it(tool: Any, ctx: Any, sent: str, output: Any) -> Any:
-    """A tool's output as it is recorded: JSON as it is, anything else (a pydantic model, a
-    date) as the SDK turns it into the model's input, so that the replayed output gives the
-    model the same text and the next turn the same request."""
-    if _is_json(output):
-        return output
-    sdk = require_agents()
-    from openai.types.responses import ResponseFunctionToolCall
-
-    call = ResponseFunctionToolCall(
-        type="function_call",
-        call_id=str(getattr(ctx, "tool_call_id", "") or ""),
-        name=tool.name,
-        arguments=sent,
-    )
-    item = sdk.ItemHelpers.tool_call_output_item(
-        call,
-        output,
-        output_json_schema=getattr(tool, "output_json_schema", None),
-        output_type_adapter=getattr(tool, "_output_type_adapter", None),
-    )
-    return item["output"]
-
-
-def _is_json(value: Any) -> bool:
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return True
-    if isinstance(value, list):
-        return all(_is_json(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
-    return False
-
-
-def _arguments(raw: str) -> dict[str, Any]:
-    """The model's arguments as the call's recorded ones (text that is not a JSON object
-    is recorded as ``input``, and handed to the tool as it came)."""
-    try:
-        parsed = json.loads(raw) if raw else {}
-    except ValueError:
-        return {"input": raw}
-    return parsed if isinstance(parsed, dict) and "input" not in parsed else {"input": raw}
-
-
-async def _asks_approval(rule: Any, ctx: Any, arguments: dict[str, Any], call_id: Any) -> bool:
-    if not callable(rule):
-        return bool(rule)
-    answer = rule(ctx, arguments, call_id)
-    return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+    def handoff(self, handoff: Any) -> Any:
+        if isinstance(handoff, require_agents().Agent):
+            return self.of(handoff)
+        return recorded_handoff(handoff, self.of, self.turns)
 
 
 @functools.cache
@@ -398,6 +336,37 @@ def _request(
         "handoffs": [getattr(h, "tool_name", str(h)) for h in handoffs],
         "output": None if output_schema is None else output_schema.name(),
     }
+
+
+def _input(value: Any) -> Any:
+    """The run's input as stored and given to ``Runner.run``: text, or a list of input items
+    (dicts, or the SDK's and ``openai``'s models) as JSON; anything else is refused, never
+    handed to the model as something else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_item(each, f"input[{n}]") for n, each in enumerate(value)]
+    raise TypeError(
+        "kx.openai_agents.start takes the input as text or a list of input items "
+        f"([{{'role': 'user', 'content': '...'}}]), not {type(value).__name__}."
+    )
+
+
+def _item(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_unset=True)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _item(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_item(v, f"{where}[{n}]") for n, v in enumerate(value)]
+    raise TypeError(
+        f"The run's {where} is a {type(value).__name__}, which an input item cannot hold: "
+        "pass text, numbers, lists and dicts (turn it into text first)."
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -20,6 +20,7 @@ model as text: :class:`Carried` takes them through as a ``BaseException`` and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import inspect
@@ -68,11 +69,17 @@ def unwrapped() -> Iterator[None]:
 
 
 class CallSite:
-    """The run as one recorded call sees it: at a fixed (step key, step ordinal, ordinal)."""
+    """The run as one recorded call sees it: at a fixed (step key, step ordinal, ordinal).
+    Everything else is the run's own, read and written (a suspension for an approval sets
+    the run's ``suspend_request``)."""
+
+    _OWN = frozenset({"base", "_site"})
+    base: Any
+    _site: Site
 
     def __init__(self, run: Any, site: Site) -> None:
-        self.base: Any = run.base if isinstance(run, CallSite) else run
-        self._site = site
+        object.__setattr__(self, "base", run.base if isinstance(run, CallSite) else run)
+        object.__setattr__(self, "_site", site)
 
     def next_call(self) -> Site:
         return self._site
@@ -81,8 +88,7 @@ class CallSite:
         return getattr(self.base, attr)
 
     def __setattr__(self, attr: str, value: Any) -> None:
-        # What the engine notes on the run (why it suspends: an approval) is the run's.
-        if attr in ("base", "_site"):
+        if attr in self._OWN:
             object.__setattr__(self, attr, value)
         else:
             setattr(self.base, attr, value)
@@ -106,6 +112,17 @@ class Turn:
     ordinal: int | None
     calls: list[str] = field(default_factory=list)
     extra: int = 0  # calls whose id the model's answer did not list (keyed after those)
+    in_flight: set[asyncio.Future[None]] = field(default_factory=set)  # calls being made
+
+    async def settle_others(self, mine: asyncio.Future[None]) -> None:
+        """Wait until the turn's other calls in flight ended (a framework that meets one
+        call's error cancels the others: a call cut half-way would become ``unknown``)."""
+        self.in_flight.discard(mine)
+        if not mine.done():
+            mine.set_result(None)
+        others = list(self.in_flight)
+        if others:
+            await asyncio.wait(others)
 
     @property
     def key(self) -> str:
@@ -169,8 +186,11 @@ async def record_turn(
         return dump(value)
 
     effect = Effect(asked, name=tool, resumable=True, retry=True)
-    with at_call_site(run, (turn.key, turn.ordinal, 0)):
-        out = await effect(request=request)
+    try:
+        with at_call_site(run, (turn.key, turn.ordinal, 0)):
+            out = await effect(request=request)
+    except KernelextError as exc:  # the ledger's (an unknown answer): past the framework
+        raise Carried(exc) from exc
     return live[0] if live else load(out)
 
 
@@ -199,13 +219,24 @@ async def record_tool_call(
     # Bound, shown and approved by the model's argument names, as the tool's own call.
     called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
     effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
+    mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    turn.in_flight.add(mine)
     try:
         with at_call_site(run, turn.site_of(call_id)):
             return await effect(**arguments)
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
-    except KernelextError as exc:  # the ledger's, not the tool's: past the framework
-        raise Carried(exc) from exc
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # lands once the turn's other calls ended
+        await turn.settle_others(mine)
+        if isinstance(exc, KernelextError):  # the ledger's, not the tool's: past the framework
+            raise Carried(exc) from exc
+        raise
+    finally:
+        turn.in_flight.discard(mine)
+        if not mine.done():
+            mine.set_result(None)
 
 
 def _signature_of(arguments: dict[str, Any]) -> inspect.Signature:

@@ -24,6 +24,7 @@ import pytest
 from agents import (
     Agent,
     GuardrailFunctionOutput,
+    Handoff,
     InputGuardrailTripwireTriggered,
     LocalShellTool,
     MaxTurnsExceeded,
@@ -33,6 +34,7 @@ from agents import (
 )
 from pydantic import BaseModel
 from support.http_server import DeliveryServer, post_json
+from support.live import wait_until
 from support.llm_server import LLMServer
 from support.llm_views import kernelext_show, no_prices  # noqa: F401 - autouse: no prices left over
 from support.sdk_agents import HOLD, PAY_SCRIPT, close_clients, payer
@@ -211,6 +213,36 @@ def test_a_kernel_killed_after_a_payment_reached_its_server_never_pays_twice(
     assert set(llm.per_turn().values()) == {1}
 
 
+def test_a_kernel_killed_while_the_model_thought_leaves_the_turn_to_a_person(
+    store_path: Path, tmp_path: Path, deliveries: DeliveryServer
+) -> None:
+    with LLMServer(script=list(PAY_SCRIPT), hold_turns=(1,)) as llm:
+        env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+        argv = ["start", "oa-think", llm.base_url, deliveries.url]
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "support.sdk_agents", *argv],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            asked = lambda: any(turn == 1 for _, turn in llm.per_turn())  # noqa: E731
+            wait_until(asked, "the model was asked for its second answer")
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.communicate(timeout=30)
+        llm.release_held()
+        ended = in_new_process("resume", "oa-think", llm.base_url, deliveries.url)
+        assert ended["status"] == Status.NEEDS_DECISION  # did the model answer? nobody knows
+        [unknown] = kx.reconcile("oa-think")
+        assert unknown.tool == MODEL_TOOL
+        unknown.mark_not_applied(note="the answer never reached the run: ask again")
+        runtime().close()
+        ended = in_new_process("resume", "oa-think", llm.base_url, deliveries.url)
+        assert ended == {"status": "completed", "result": "paid bob 10 and ann 3"}
+        assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+        asked = sorted(llm.per_turn().values())
+        assert asked == [1, 1, 2]  # the cut turn twice (a person said so), the others once
+
+
 def test_a_tool_that_needs_approval_waits_for_it_from_the_command_line(
     store_path: Path, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
@@ -285,8 +317,9 @@ def test_a_tripped_guardrail_ends_the_run_failed_with_the_sdks_error(
 
 
 # -- handoffs, the LLM view, bad input -------------------------------------------------------
+@pytest.mark.parametrize("made_by", ["handoff()", "its own Handoff"])
 def test_a_handoff_mid_run_is_stopped_and_resumed_on_the_agent_it_reached(
-    store: Any, llm: LLMServer, deliveries: DeliveryServer
+    made_by: str, store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
     llm.script = [
         {"tool_calls": [{"name": "transfer_to_payer", "arguments": {}}]},
@@ -294,9 +327,20 @@ def test_a_handoff_mid_run_is_stopped_and_resumed_on_the_agent_it_reached(
         {"content": "paid bob"},
     ]
     cashier = payer(llm.base_url, deliveries.url)
+    to_cashier = handoff(cashier)
+    if made_by == "its own Handoff":  # the agent is known only once the handoff ran
+
+        async def reach(ctx: Any, arguments: str) -> Any:
+            return cashier
+
+        to_cashier = Handoff(
+            tool_name="transfer_to_payer", tool_description="Hand over to the payer.",
+            input_json_schema={"type": "object", "properties": {}, "additionalProperties": False},
+            on_invoke_handoff=reach, agent_name="payer",
+        )  # fmt: skip
     triage = Agent(
         name="triage", instructions="Hand payments over.", model=cashier.model,
-        handoffs=[handoff(cashier)],
+        handoffs=[to_cashier],
     )  # fmt: skip
     HOLD.arm()
     handle = kx.openai_agents.start(triage, "pay bob", run_id="oa-handoff")
