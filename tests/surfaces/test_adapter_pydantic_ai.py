@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent, UsageLimits
+from pydantic_ai import Agent, Tool, UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.test import TestModel
 from support.http_server import DeliveryServer, post_json
@@ -250,6 +250,37 @@ def test_a_tool_returning_an_object_is_applied_and_replayed_as_the_model_was_giv
     assert resumed.wait(30) == Status.COMPLETED, resumed.error
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
     assert set(llm.per_turn().values()) == {1}  # turn 2's request, with bob's receipt, matched
+
+
+LOOKUP = [
+    {"tool_calls": [{"name": "lookup", "arguments": {"order-id": "A-1", "class": "gold"}}]},
+    {"content": "found"},
+]
+
+
+@pytest.mark.parametrize("llm", [LOOKUP], indirect=True)
+def test_a_tool_whose_argument_names_are_no_python_names_is_recorded(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    # A tool of a JSON schema (an MCP server's, Tool.from_schema) may name its arguments
+    # "order-id" or "class": the call is recorded with them as one mapping.
+    def lookup(**arguments: Any) -> str:
+        post_json(f"{deliveries.url}/lookup", arguments)
+        return "order A-1: shipped"
+
+    schema = {
+        "type": "object",
+        "properties": {"order-id": {"type": "string"}, "class": {"type": "string"}},
+    }
+    tool = Tool.from_schema(lookup, "lookup", "Look an order up.", schema)
+    agent = Agent(model_for(llm.base_url), name="orders", tools=[tool])
+    handle = kx.pydantic_ai.start(agent, "look A-1 up", run_id="pa-names")
+    assert handle.wait(30) == Status.COMPLETED, handle.error
+    (args,) = kx.sql("SELECT args FROM effects WHERE run_id = 'pa-names' AND tool = 'lookup'")[
+        "args"
+    ]
+    assert json.loads(args) == {"given": {"order-id": "A-1", "class": "gold"}}
+    assert [d["body"] for d in deliveries.deliveries] == [{"order-id": "A-1", "class": "gold"}]
 
 
 # -- approvals ------------------------------------------------------------------------------
