@@ -105,8 +105,18 @@ def start(
     options = _checked_options(pa_agent, deps, model, run_options)
     made = _register(pa_agent, name, max_step_seconds)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
-    _RUNS[run_id] = (made.name, options)
-    return made.start(prompt, run_id=run_id, store=store)
+    if not isinstance(run_id, str):  # refused there, saying what to pass
+        return made.start(prompt, run_id=run_id, store=store)
+    earlier = _RUNS.get(run_id)
+    _RUNS[run_id] = (made.name, options)  # read by the run's thread as it starts
+    try:
+        return made.start(prompt, run_id=run_id, store=store)
+    except BaseException:  # not started (a run of that id exists): its options stay
+        if earlier is None:
+            _RUNS.pop(run_id, None)
+        else:
+            _RUNS[run_id] = earlier
+        raise
 
 
 def _checked_options(pa_agent: Any, deps: Any, model: Any, run_options: dict[str, Any]) -> _Options:

@@ -357,6 +357,9 @@ def test_a_model_given_to_start_answers_that_run_only(
     # Another run of the same agent is given only what its own start was given ...
     later = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model-2")
     assert later.wait(30) == Status.FAILED
+    # ... a start refused for its taken run id changes nothing of it ...
+    with pytest.raises(kx.RunStateError):
+        kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model")
     # ... and the first, resumed here, still has its own model.
     resumed = kx.resume("pa-model")
     assert resumed.wait(30) == Status.COMPLETED, resumed.error
