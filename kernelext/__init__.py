@@ -10,7 +10,7 @@ ipywidgets, so ``import kernelext`` does not load it). Everything under an under
 (``kernelext._core``, ``kernelext._store``, ...) is the engine and may change in any release.
 """
 
-from . import errors, langgraph, openai_agents, status
+from . import errors, langgraph, openai_agents, pydantic_ai, status
 from ._adapters.anthropic import wrap_anthropic as anthropic
 from ._adapters.mcp import wrap_mcp as mcp
 from ._adapters.openai import wrap_openai as openai
@@ -141,6 +141,7 @@ __all__ = [
     "openai_agents",
     "panel",
     "plan",
+    "pydantic_ai",
     "questions",
     "reconcile",
     "reject",

@@ -247,9 +247,7 @@ async def record_tool_call(
 
     called.__name__ = tool
     # Bound, shown and approved by the model's argument names, as the tool's own call.
-    called.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in arguments]
-    )
+    called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
     effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
@@ -269,3 +267,14 @@ async def record_tool_call(
         turn.in_flight.discard(mine)
         if not mine.done():
             mine.set_result(None)
+
+
+def _signature_of(arguments: dict[str, Any]) -> inspect.Signature:
+    """A tool call's arguments as keyword parameters, so that the ledger, an approval request
+    and an approval's edits name them as the model did (``{"who": "bob"}``); arguments whose
+    names are no Python names are kept as one mapping, ``given``."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    try:
+        return inspect.Signature([inspect.Parameter(name, keyword) for name in arguments])
+    except (TypeError, ValueError):
+        return inspect.Signature([inspect.Parameter("given", inspect.Parameter.VAR_KEYWORD)])

@@ -37,6 +37,7 @@ SKIP: dict[str, str] = {
     "status": "a module of enums and tables",
     "langgraph": "a module; its functions take a compiled graph (test_adapter_langgraph.py)",
     "openai_agents": "a module; its functions take an SDK agent (test_adapter_openai_agents.py)",
+    "pydantic_ai": "a module; its functions take a Pydantic AI agent (test_adapter_pydantic_ai.py)",
 }
 # Parameters that take anything on purpose.
 ANYTHING = {

@@ -97,6 +97,7 @@ PUBLIC = [
     "openai_agents",
     "panel",
     "plan",
+    "pydantic_ai",
     "questions",
     "reconcile",
     "reject",
@@ -127,6 +128,7 @@ SOURCES = {
     "kernelext.errors": REPO_ROOT / "kernelext" / "errors.py",
     "kernelext.langgraph": REPO_ROOT / "kernelext" / "langgraph.py",
     "kernelext.openai_agents": REPO_ROOT / "kernelext" / "openai_agents.py",
+    "kernelext.pydantic_ai": REPO_ROOT / "kernelext" / "pydantic_ai.py",
     "kernelext.status": REPO_ROOT / "kernelext" / "status.py",
     "kernelext.widgets": REPO_ROOT / "widgets" / "__init__.py",
 }
@@ -513,6 +515,7 @@ def test_the_public_api_page_names_every_namespace_and_name() -> None:
     listed = [n for n in kernelext.__all__ if n not in kernelext.errors.__all__]
     listed += [*kernelext.langgraph.__all__, *_module("kernelext.widgets").__all__]
     listed += kernelext.openai_agents.__all__
+    listed += kernelext.pydantic_ai.__all__
     missing = [n for n in listed if f"`{n}`" not in section]
     assert missing == []
 

@@ -2,70 +2,26 @@
 
 ``payer(llm_url, delivery_url)``: an agent whose ``pay`` tool POSTs a payment to the local
 delivery server (what is counted), answering from the scripted model server. The first
-call of ``pay`` in this process can be held (``HOLD``) until a test asked for a Stop.
+call of ``pay`` in this process can be held (``HOLD``, of support.agent_parts) until a test
+asked for a Stop.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from agents import Agent, OpenAIResponsesModel, function_tool, set_tracing_disabled
-from openai import AsyncOpenAI
 
+from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client
 from support.http_server import post_json
 
 __all__ = ["HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
 
 set_tracing_disabled(True)  # the SDK would send its traces to a server of its own
 
-PAY_SCRIPT: list[dict[str, Any]] = [
-    {"tool_calls": [{"name": "pay", "arguments": {"who": "bob", "amount": 10}}]},
-    {"tool_calls": [{"name": "pay", "arguments": {"who": "ann", "amount": 3}}]},
-    {"content": "paid bob 10 and ann 3"},
-]
-
-
-class Hold:
-    """Holds a ``pay`` until ``released`` is set; ``reached`` tells it got there."""
-
-    def __init__(self) -> None:
-        self.reached, self.released = threading.Event(), threading.Event()
-        self.released.set()
-        self.who: str | None = None
-
-    def arm(self, who: str | None = None) -> None:
-        """Hold the next ``pay`` (of ``who``, or of anyone)."""
-        self.who = who
-        self.reached.clear()
-        self.released.clear()
-
-    def holds(self, who: str) -> bool:
-        return not self.released.is_set() and self.who in (None, who)
-
-    def wait_here(self) -> None:
-        self.reached.set()
-        assert self.released.wait(30), "the test never released the held tool call"
-
-
-HOLD = Hold()
-
-
-_CLIENTS: list[AsyncOpenAI] = []
-
 
 def model_for(llm_url: str) -> OpenAIResponsesModel:
-    client = AsyncOpenAI(base_url=llm_url, api_key="sk-agents-" + "K3Y" * 6, max_retries=0)
-    _CLIENTS.append(client)
-    return OpenAIResponsesModel(model="scripted", openai_client=client)
-
-
-def close_clients() -> None:
-    """Close the clients the agents were given, on the loop their connections belong to."""
-    from kernelext._adapters.adapter_loop import run_on_adapter_loop
-
-    while _CLIENTS:
-        run_on_adapter_loop(_CLIENTS.pop().close)
+    return OpenAIResponsesModel(model="scripted", openai_client=openai_client(llm_url))
 
 
 def payer(llm_url: str, delivery_url: str, **options: Any) -> Agent[Any]:

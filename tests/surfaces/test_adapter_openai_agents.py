@@ -119,6 +119,8 @@ def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
         ("turn 1", MODEL_TOOL, 0, EffectStatus.APPLIED),
         ("turn 1", "pay", 1, EffectStatus.APPLIED),
     ]
+    (args,) = kx.sql("SELECT args FROM effects WHERE run_id = 'oa-new' AND tool = 'pay'")["args"]
+    assert json.loads(args) == {"who": "bob", "amount": 10}  # by name, as the model gave them
     runtime().close()  # the store file is the new process's now
     ended = in_new_process("resume", "oa-new", llm.base_url, deliveries.url)
     assert ended == {"status": "completed", "result": "paid bob 10 and ann 3"}

@@ -20,7 +20,7 @@ from ..encoding.secrets import scrub_text
 
 __all__ = ["PRICES", "Conversation", "conversation_of", "is_model_call", "step_text"]
 
-MODEL_PREFIXES = ("openai:", "openai_agents:", "anthropic:")
+MODEL_PREFIXES = ("openai:", "openai_agents:", "anthropic:", "pydantic_ai:")
 EXCERPT = 120
 Prices = Mapping[str, tuple[float, float]]
 # What ``kx.openai(client, prices=...)`` and ``kx.anthropic(client, prices=...)`` gave in

@@ -1,0 +1,245 @@
+"""kernelext as a durable execution engine of Pydantic AI: :func:`durability` is the capability.
+
+Pydantic AI's durable execution (``pydantic_ai.durable_exec``) routes every model request,
+tool call, MCP call and toolset discovery of an agent with a durability capability through one
+door, the engine's ``execute(operation_id, name, body, ...)``: ``body`` does the work and
+returns its result as JSON. kernelext's backend (a ``JournalCallableOperationBackend``) makes
+them the run's effects on the shared shape of ``kernelext._adapters.turns``:
+
+- a model request is a turn: a step ``turn N`` (a safe point first, so a Stop lands between
+  two requests) and the answer one effect (``pydantic_ai:model``), replayed on resume;
+- a tool call (function tools, MCP tools, dynamic toolsets) is an effect of the tool's name,
+  keyed by its turn and its place among the calls of the model's answer; what the tool raised
+  for the model (``ModelRetry``, ``ToolFailed``, ``ApprovalRequired``) is recorded as its
+  outcome, as Pydantic AI encodes it, and given again on replay;
+- everything else (discovery, capability operations, workspace calls, token counts) runs in
+  the run as it would without the capability; a streamed model request is refused.
+
+The run is the durable container: :func:`recording` tells the capability it is inside one
+(``kx.pydantic_ai.start`` / ``kx.resume`` of its run); outside one, the capability changes
+nothing. A tool declared ``requires_approval=True`` is asked through kernelext instead of being
+deferred (``prepare_tools`` shows it to the run as a plain function tool).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from .._core.engine.context import current_run
+from ..errors import EffectRejected
+from .turns import Turns, in_tool_call, record_tool_call, record_turn
+
+__all__ = ["MODEL_TOOL", "Recording", "capability_class", "durability", "recording"]
+
+MODEL_TOOL = "pydantic_ai:model"
+# What a recorded request keeps of each message and part: what the model was asked, without
+# the times, ids and usage that differ between two runs asking the same.
+_MESSAGE_FIELDS = ("kind", "instructions", "parts")
+_PART_FIELDS = ("part_kind", "content", "tool_name", "args", "tool_call_id", "model_response")
+
+
+@dataclasses.dataclass
+class Recording:
+    """One agent run inside a kernelext run: its turns and the tools a person approves."""
+
+    turns: Turns
+    gated: set[str] = dataclasses.field(default_factory=set)
+
+
+_RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
+    "kx_pydantic_ai_recording", default=None
+)
+
+
+@contextlib.contextmanager
+def recording(turns: Turns) -> Iterator[Recording]:
+    """Around ``agent.run`` in a kernelext run: its durable units are the run's effects."""
+    token = _RECORDING.set(Recording(turns))
+    try:
+        yield _RECORDING.get()  # type: ignore[misc]
+    finally:
+        _RECORDING.reset(token)
+
+
+def _active() -> Recording | None:
+    state = _RECORDING.get()
+    if state is None or current_run() is None or in_tool_call():
+        return None  # a nested agent inside a tool belongs to that tool's recorded call
+    return state
+
+
+def durability(name: str | None = None, models: dict[str, Any] | None = None) -> Any:
+    """A new ``KernelextDurability`` capability: ``Agent(..., capabilities=[durability()])``.
+    ``name`` names the agent's recorded calls (the agent's name by default); ``models``, as for
+    Pydantic AI's other engines, the models a run may use by name besides the agent's own."""
+    return capability_class()(name=name, models=models)
+
+
+@functools.cache
+def _backend_class() -> type[Any]:
+    """The backend: each durable unit of a recorded run as kernelext records it (a class made
+    once Pydantic AI is imported)."""
+    from pydantic_ai.durable_exec import (
+        JournalCallableOperationBackend,
+        ModelRequestId,
+        RoleBasedOperationConfig,
+        ToolsetCallToolId,
+    )
+    from pydantic_ai.exceptions import ToolFailed
+
+    class KernelextBackend(JournalCallableOperationBackend[None]):
+        """Each durable unit of a recorded run as kernelext records it."""
+
+        def __init__(self, agent_name: str) -> None:
+            config = RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None)
+            super().__init__(agent_name=agent_name, config=config)
+            self.agent_name = agent_name
+
+        async def execute(
+            self,
+            *,
+            operation_id: Any,
+            name: str,
+            body: Callable[[], Awaitable[object]],
+            cache_key: tuple[object, ...],
+            config: None,
+        ) -> object:
+            state = _active()
+            if state is None:
+                return await body()
+            if isinstance(operation_id, ModelRequestId) and not operation_id.streaming:
+                return await self.model_turn(state, body, cache_key)
+            if isinstance(operation_id, ToolsetCallToolId) and state.turns.current is not None:
+                try:
+                    return await tool_call(state, body, cache_key)
+                except EffectRejected as exc:  # a person's answer: the model is told
+                    raise ToolFailed(f"A person rejected this call: {exc}") from None
+            if isinstance(operation_id, ModelRequestId):
+                raise NotImplementedError(
+                    "kx.pydantic_ai records runs made with agent.run: start the run with "
+                    "kx.pydantic_ai.start(agent, prompt), without streaming."
+                )
+            return await body()  # discovery, events, capability operations: as they are
+
+        async def model_turn(
+            self, state: Recording, body: Callable[[], Awaitable[Any]], cache_key: tuple[Any, ...]
+        ) -> Any:
+            _model_id, messages, _settings, parameters, _ctx = cache_key
+            from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+            asked = {
+                "messages": _asked(ModelMessagesTypeAdapter.dump_python(messages, mode="json")),
+                "tools": sorted(t.name for t in parameters.function_tools),
+                "output_tools": sorted(t.name for t in parameters.output_tools),
+            }
+            turn = state.turns.begin(self.agent_name)
+            answer = await record_turn(turn, MODEL_TOOL, asked, body, _plain, _plain)
+            parts = answer.get("parts", ()) if isinstance(answer, dict) else ()
+            turn.calls = [p["tool_call_id"] for p in parts if p.get("part_kind") == "tool-call"]
+            return answer
+
+    return KernelextBackend
+
+
+@functools.cache
+def capability_class() -> type[Any]:
+    """The capability (a class made once Pydantic AI is imported)."""
+    from pydantic_ai.durable_exec import (
+        JSON_CODEC,
+        BaseDurabilityCapability,
+        DurabilityEngineSpec,
+    )
+
+    backend_class = _backend_class()
+
+    class KernelextDurability(BaseDurabilityCapability[Any]):
+        """Pydantic AI's durable execution with kernelext as the engine: inside a kernelext
+        run (``kx.pydantic_ai.start``), every model request and tool call is an effect."""
+
+        engine_spec = DurabilityEngineSpec(
+            engine_name="kernelext",
+            durable_unit_noun="recorded call",
+            durable_container_noun="kernelext run",
+            codec=JSON_CODEC,
+            wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+            # A toolset given to one agent.run would not be wrapped: its calls unrecorded.
+            unsupported_runtime_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
+            toolset_lifecycles={
+                "function": "enter-always",
+                "mcp": "enter-in-durable-unit",
+                "dynamic": "enter-never",
+            },
+            journal_discovery=False,
+            sequential_tools_in_durable_context=False,
+        )
+
+        @property
+        def in_durable_context(self) -> bool:
+            return _active() is not None
+
+        def get_durable_operation_backend(self) -> Any:
+            backend = self.__dict__.get("_kx_backend")
+            if backend is None or backend.agent_name != self.name:
+                backend = self.__dict__["_kx_backend"] = backend_class(self.name)
+            return backend
+
+        async def prepare_tools(self, ctx: Any, tool_defs: list[Any]) -> list[Any]:
+            state = _active()
+            if state is None:
+                return tool_defs
+            shown = []
+            for tool_def in tool_defs:
+                if tool_def.kind == "unapproved":  # asked through kernelext instead
+                    state.gated.add(tool_def.name)
+                    tool_def = dataclasses.replace(tool_def, kind="function")
+                shown.append(tool_def)
+            return shown
+
+    return KernelextDurability
+
+
+async def tool_call(
+    state: Recording, body: Callable[[], Awaitable[Any]], cache_key: tuple[Any, ...]
+) -> Any:
+    """A tool call's durable unit as an effect: the model's arguments are the call's."""
+    from pydantic_core import to_jsonable_python
+
+    tool_name, tool_args, ctx, tool = cache_key
+    arguments = to_jsonable_python(tool_args)
+
+    async def call(given: dict[str, Any]) -> Any:
+        if given != arguments and isinstance(tool_args, dict):
+            # Approved with edits: the unit's parameters hold the arguments it is made with
+            # (this mapping), validated as Pydantic AI validated the model's.
+            edited = tool.args_validator.validate_python(given)
+            tool_args.clear()
+            tool_args.update(edited)
+        return await body()
+
+    assert state.turns.current is not None
+    return await record_tool_call(
+        state.turns.current, ctx.tool_call_id, tool_name, arguments, call,
+        needs_approval=tool_name in state.gated,
+    )  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    return value
+
+
+def _asked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of a request as recorded: kinds, texts, tool calls and returns."""
+    kept: list[dict[str, Any]] = []
+    for message in messages:
+        each = {k: message[k] for k in _MESSAGE_FIELDS if message.get(k) is not None}
+        each["parts"] = [
+            {k: part[k] for k in _PART_FIELDS if part.get(k) is not None}
+            for part in message.get("parts", ())
+        ]
+        kept.append(each)
+    return kept

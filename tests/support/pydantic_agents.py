@@ -1,0 +1,102 @@
+"""Pydantic AI agents for the tests, built the same way in every process.
+
+``payer(llm_url, delivery_url)``: an agent whose ``pay`` tool POSTs a payment to the local
+delivery server (what is counted), answering from the scripted model server through
+Pydantic AI's own OpenAI chat model. The first call of ``pay`` in this process can be held
+(``HOLD``, of support.agent_parts) until a test asked for a Stop. Options: ``approval=True``
+declares ``pay`` as needing approval; a payment to someone ``away`` asks the model to retry
+(noted in ``ASKED_AWAY``); ``accepts`` is an output validator's test of the final answer (a
+refused answer is sent back to the model to try again); ``durable=True`` builds the agent
+with kernelext's durability capability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic_ai import Agent, ModelRetry
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+
+from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client
+from support.http_server import post_json
+
+__all__ = ["ASKED_AWAY", "HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
+
+ASKED_AWAY: list[str] = []
+
+
+def model_for(llm_url: str) -> OpenAIChatModel:
+    return OpenAIChatModel(
+        "scripted", provider=OpenAIProvider(openai_client=openai_client(llm_url))
+    )
+
+
+def payer(
+    llm_url: str,
+    delivery_url: str,
+    *,
+    approval: bool = False,
+    accepts: Callable[[str], bool] | None = None,
+    away: frozenset[str] = frozenset(),
+    durable: bool = False,
+) -> Agent[None, str]:
+    import kernelext as kx
+
+    agent = Agent(
+        model_for(llm_url),
+        name="payer",
+        instructions="Pay who you are told.",
+        capabilities=[kx.pydantic_ai.durability()] if durable else None,
+    )
+
+    @agent.tool_plain(requires_approval=approval)
+    def pay(who: str, amount: int) -> str:
+        """Pay someone an amount of dollars."""
+        if who in away:
+            ASKED_AWAY.append(who)
+            raise ModelRetry(f"{who} is away: pay someone else")
+        if HOLD.holds(who):
+            HOLD.wait_here()
+        answer = post_json(f"{delivery_url}/pay/{who}", {"who": who, "amount": amount})
+        return f"paid {who} {amount} ({answer.status})"
+
+    if accepts is not None:
+        test = accepts
+
+        @agent.output_validator
+        def checked(output: str) -> str:
+            if not test(output):
+                raise ModelRetry(f"{output!r} is not the answer wanted")
+            return output
+
+    return agent
+
+
+def main(argv: list[str]) -> int:
+    """``python -m support.pydantic_agents start|resume RUN_ID LLM_URL DELIVERY_URL
+    [key=value...]``: the payer agent in a process of its own (a restarted kernel); prints
+    the run's end as one JSON line. ``start`` starts the run, ``resume`` hands the agent
+    over and resumes."""
+    import json
+
+    import kernelext as kx
+
+    verb, run_id, llm_url, delivery_url, *rest = argv
+    options = dict(item.split("=", 1) for item in rest)
+    agent = payer(llm_url, delivery_url, approval=bool(options.get("approval")))
+    if verb == "start":
+        handle = kx.pydantic_ai.start(agent, options.get("input", "pay"), run_id=run_id)
+    else:
+        kx.pydantic_ai.agent(agent)
+        handle = kx.resume(run_id)
+    handle.wait(timeout=float(options.get("timeout", 60)))
+    print(json.dumps({"status": str(handle.status), "result": handle.result}), flush=True)
+    close_clients()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
