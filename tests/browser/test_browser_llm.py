@@ -1,12 +1,12 @@
 """The LLM notebooks in JupyterLab in a real browser, against the local model.
 
-``llm_agent`` (kx.openai), ``anthropic_agent`` (kx.anthropic) and ``openai_agents`` (the
-OpenAI Agents SDK): the kernel reaches the test's scripted server (``support.llm_server``)
-through ``OPENAI_BASE_URL`` or ``ANTHROPIC_BASE_URL``, which the notebook reads as "use
-this model". The panel
-shows the run as its conversation (turns, tool calls, tokens, cost) through a Stop and
-a Resume clicked in the page, and the internal key of effects made outside steps
-appears nowhere in the page.
+``llm_agent`` (kx.openai), ``anthropic_agent`` (kx.anthropic), ``openai_agents`` (the
+OpenAI Agents SDK) and ``pydantic_ai_agent`` (Pydantic AI): the kernel reaches the test's
+scripted server (``support.llm_server``) through ``OPENAI_BASE_URL`` or
+``ANTHROPIC_BASE_URL``, which the notebook reads as "use this model". The panel shows the
+run as its conversation (turns, tool calls, tokens, cost where priced) through a Stop and a
+Resume clicked in the page, and the internal key of effects made outside steps appears
+nowhere in the page.
 
 Screenshots go to tests/artifacts/browser/<test name>/.
 """
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CONVERSATION = re.compile(
     r"(\d+) turns? · (\d+) tool calls? · ([\d,]+) tokens \(([\d,]+) prompt \+ ([\d,]+) "
-    r"completion\) · \$\d+\.\d{4}"
+    r"completion\)(?: · \$\d+\.\d{4})?"  # priced where the notebook gives prices
 )
 HELD_TURN = 1  # the model's second answer (after one tool result) waits for the Stop
 
@@ -64,7 +64,9 @@ def model_env(notebook: str, llm: LLMServer) -> tuple[dict[str, str], str]:
     return {**env, "OPENAI_AGENTS_DISABLE_TRACING": "1"}, llm.base_url
 
 
-@pytest.mark.parametrize("notebook", ["llm_agent", "anthropic_agent", "openai_agents"])
+@pytest.mark.parametrize(
+    "notebook", ["llm_agent", "anthropic_agent", "openai_agents", "pydantic_ai_agent"]
+)
 def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
     notebook: str,
     tmp_path: Path,
@@ -112,7 +114,9 @@ def test_llm_panel_shows_turns_and_tokens_through_stop_and_resume(
         assert stopped_turns == 2, panel.inner_text()
         # What a resume does: go on after the second turn, asking no earlier turn again.
         expect(panel.locator(".kernelext-plan-preview")).to_contain_text(
-            "step 2 (turn 2)" if notebook == "openai_agents" else "continues after turn 2"
+            "step 2 (turn 2)"
+            if notebook.endswith("_agents") or notebook.startswith("pydantic")
+            else "continues after turn 2"
         )
         shot("suspended")
 

@@ -146,6 +146,10 @@ CLICKS: dict[str, tuple[Click, ...]] = {
         Click("start", "click-stop", "Stop", STOP_AT_ONCE),
         Click("panel", "click-resume", "Resume", RESUME),
     ),
+    "pydantic_ai_agent": (
+        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
+        Click("panel", "click-resume", "Resume", RESUME),
+    ),
     "openai_agents": (
         Click("start", "click-stop", "Stop", STOP_AT_ONCE),
         Click("panel", "click-resume", "Resume", RESUME),

@@ -39,6 +39,8 @@ import kernelext as kx
 from kernelext._adapters.adapter_loop import run_on_adapter_loop
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
 from kernelext._core.process.runtime import runtime
+from kernelext._core.views.conversation import conversation_of
+from kernelext._store import open_store
 from kernelext.status import EffectStatus, Reason, Status
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -110,7 +112,7 @@ def in_new_process(
 
 # -- Stop and resume ------------------------------------------------------------------------
 def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
-    store: Any, llm: LLMServer, deliveries: DeliveryServer
+    store: Any, store_path: Path, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
     stopped_at(payer(llm.base_url, deliveries.url), "pa-new")
     assert paid(deliveries) == ["/pay/bob"]  # the Stop landed before the next turn
@@ -128,6 +130,10 @@ def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # each once
     assert set(llm.per_turn().values()) == {1}  # no turn asked twice
     assert len(llm.per_turn()) == 3
+    # The panel's conversation, from the store alone: turns, calls, tokens, the last words.
+    talk = conversation_of(open_store(str(store_path)).load_effects("pa-new").values())
+    assert (talk.turns, talk.tool_calls) == (3, 2) and talk.tokens > 0
+    assert talk.last == "assistant: paid bob 10 and ann 3"
 
 
 def test_a_resume_in_the_same_process_replays_every_turn_it_had(

@@ -105,7 +105,8 @@ def _usage(result: Any) -> tuple[int, int, str]:
     usage = usage if isinstance(usage, dict) else {}
     prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0
     completion = usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0
-    return _int(prompt), _int(completion), str(result.get("model") or _stream_model(result))
+    model = result.get("model") or result.get("model_name") or _stream_model(result)
+    return _int(prompt), _int(completion), str(model)
 
 
 def _int(value: Any) -> int:
@@ -149,6 +150,13 @@ def _reply_text(result: Any) -> str:
         for part in _dicts(item.get("content")):
             if part.get("text"):
                 return _said(part["text"])
+    parts = _dicts(result.get("parts"))  # a Pydantic AI answer
+    asked = [str(p.get("tool_name")) for p in parts if p.get("part_kind") == "tool-call"]
+    if asked:
+        return f"assistant asked for {', '.join(asked)}"
+    for part in parts:
+        if part.get("part_kind") == "text" and part.get("content"):
+            return _said(part["content"])
     return _blocks_text(_dicts(result.get("content"))) or _stream_text(result)
 
 
