@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -232,6 +233,44 @@ def test_a_call_cut_by_a_force_stop_waits_in_reconcile_and_is_not_made_again(
 class Receipt(BaseModel):
     who: str
     on: datetime.date
+
+
+def test_a_kernel_killed_after_a_payment_reached_its_server_never_pays_twice(
+    store_path: Path, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    deliveries.delay = 60  # recorded, then no answer: the kernel dies waiting for it
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    argv = ["start", "pa-kill", llm.base_url, deliveries.url]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "support.pydantic_agents", *argv],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deliveries.wait_for(1, timeout=60)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.communicate(timeout=30)
+    assert paid(deliveries) == ["/pay/bob"]
+    deliveries.delay = 0
+
+    def resumed() -> dict[str, Any]:
+        done = in_new_process(
+            "support.pydantic_agents", "resume", "pa-kill", llm.base_url, deliveries.url
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    assert resumed()["status"] == Status.NEEDS_DECISION  # bob's payment: nobody knows
+    assert paid(deliveries) == ["/pay/bob"]
+    # Decided from the server's own log: it did receive bob's payment.
+    [unknown] = kx.reconcile("pa-kill")
+    assert unknown.tool == "pay" and "bob" in str(unknown.args)
+    assert [d["body"]["who"] for d in deliveries.deliveries] == ["bob"]
+    unknown.mark_applied(result="paid bob 10 (200)")
+    runtime().close()
+    assert resumed() == {"status": "completed", "result": "paid bob 10 and ann 3"}
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
+    assert set(llm.per_turn().values()) == {1}
 
 
 def test_a_tool_returning_an_object_is_applied_and_replayed_as_the_model_was_given_it(
