@@ -32,6 +32,7 @@ from .._core.encoding.keys import load_result, stored_result
 from .._core.engine.context import current_run, reset_current_run, set_current_run
 from .._core.engine.run_engine import RunEngine
 from .._core.ledger.effect import Effect
+from .._core.views.conversation import turn_step
 from ..errors import EffectRejected, KernelextError, LedgerError
 
 __all__ = [
@@ -130,7 +131,7 @@ class Turn:
 
     @property
     def key(self) -> str:
-        return f"turn {self.number}"
+        return turn_step(self.number)
 
     def site_of(self, call_id: str | None) -> Site:
         if call_id is not None and call_id in self.calls:
@@ -154,7 +155,7 @@ class Turns:
     def begin(self, name: str | None) -> Turn:
         """Open the next turn's step (a safe point first: a pending Stop lands here)."""
         self.count += 1
-        key = f"turn {self.count}"
+        key = turn_step(self.count)
         if self.run.begin_step(key, name):
             ordinal = self.run.current.ordinal if self.run.current is not None else None
         else:  # completed before this resume: replayed, not a step again

@@ -121,6 +121,10 @@ def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
     ]
     (args,) = kx.sql("SELECT args FROM effects WHERE run_id = 'oa-new' AND tool = 'pay'")["args"]
     assert json.loads(args) == {"who": "bob", "amount": 10}  # by name, as the model gave them
+    # What a person reads before Resume: the turn it goes on after, what is replayed.
+    plan = kx.plan("oa-new").text()
+    assert "Ready: the conversation continues after turn 1;" in plan, plan
+    assert "replayed from the ledger: openai_agents:model ×1, pay ×1" in plan, plan
     runtime().close()  # the store file is the new process's now
     ended = in_new_process("resume", "oa-new", llm.base_url, deliveries.url)
     assert ended == {"status": "completed", "result": "paid bob 10 and ann 3"}

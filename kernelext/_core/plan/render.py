@@ -23,7 +23,9 @@ from ...status import StepStatus
 from ..views.colours import BAD, BORDER, MUTED, OK, PAPER, WARN
 from .items import UNSEEN, CodeChange, EffectItem, FactItem, PlanData
 
-__all__ = ["plan_dict", "plan_html", "plan_json", "plan_text"]
+CONVERSATION_GOES_ON = "the conversation continues"  # a next step that is a sentence
+
+__all__ = ["CONVERSATION_GOES_ON", "plan_dict", "plan_html", "plan_json", "plan_text"]
 
 LISTED = 8  # items shown per section before "and N more"
 
@@ -85,6 +87,8 @@ def _verdict(plan: PlanData) -> str:
     if plan.blockers:
         return "Blocked: " + "; ".join(plan.blockers) + "."
     nxt = plan.next_step.note if plan.next_step else "the next step"
+    if nxt.startswith(CONVERSATION_GOES_ON):  # a whole sentence of its own
+        return f"Ready: {nxt}."
     return f"Ready: a resume runs {nxt} next."
 
 

@@ -44,7 +44,7 @@ from ..ledger.probes import probe_for
 from ..process.checks import resolve
 from ..process.lease import check_takeover
 from ..process.runtime import get_store, runtime
-from ..views.conversation import conversation_of
+from ..views.conversation import conversation_of, is_turn_step
 from .code import agent_change, cell_changes, cell_state
 from .items import (
     ClaimItem,
@@ -57,7 +57,7 @@ from .items import (
     RequestItem,
     StepItem,
 )
-from .render import plan_dict, plan_html, plan_json, plan_text
+from .render import CONVERSATION_GOES_ON, plan_dict, plan_html, plan_json, plan_text
 from .rules import judge, plan_differences
 
 FIRST_ITEM = "the first item not completed"
@@ -240,7 +240,7 @@ def _conversation(result: ResumePlan, store: Store) -> None:
     step = result.next_step
     if result.total_steps is not None or step is None or not step.note.endswith(FIRST_ITEM):
         return
-    if result.completed:  # a run of steps (LangGraph's supersteps): its steps say it
+    if not _turns_only(result):  # a run of steps (LangGraph's supersteps): its steps say it
         return
     # Only calls with a recorded outcome are replayed: an unknown or pending one waits
     # for kx.reconcile, a failed one is asked again.
@@ -248,11 +248,16 @@ def _conversation(result: ResumePlan, store: Store) -> None:
     talk = conversation_of(r for r in rows if r["status"] == EffectStatus.APPLIED)
     if talk.turns:
         note = (
-            f"the conversation continues after turn {talk.turns}; "
+            f"{CONVERSATION_GOES_ON} after turn {talk.turns}; "
             f"{counted(talk.turns, 'model call')} and {counted(talk.tool_calls, 'tool call')} "
             "are replayed from the ledger"
         )
         result.next_step = NextStep(step.ordinal, step.key, note)
+
+
+def _turns_only(result: ResumePlan) -> bool:
+    """No completed step, or only an agent framework's model turns (``turn 3``)."""
+    return all(is_turn_step(str(item.key)) for item in result.completed)
 
 
 def _shown(numbers: Mapping[int, int], ordinal: Any) -> int | None:
@@ -284,9 +289,10 @@ def _effects(
         store.load_effects(result.run_id).values(),
         key=lambda e: (e["intent_at"], e["call_ordinal"]),
     )
+    turns = _turns_only(result)  # a framework's run replays its completed turns
     for e in rows:
         tool, status = str(e["tool"]), str(e["status"])
-        if e["step_key"] in done:
+        if e["step_key"] in done and not (turns and status == EffectStatus.APPLIED):
             result.skipped_effects[tool] = result.skipped_effects.get(tool, 0) + 1
         elif status == EffectStatus.APPLIED:
             result.replayed[tool] = result.replayed.get(tool, 0) + 1

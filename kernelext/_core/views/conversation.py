@@ -18,7 +18,15 @@ from ..._shown import shows
 from ..encoding.names import OUTSIDE_STEPS
 from ..encoding.secrets import scrub_text
 
-__all__ = ["PRICES", "Conversation", "conversation_of", "is_model_call", "step_text"]
+__all__ = [
+    "PRICES",
+    "Conversation",
+    "conversation_of",
+    "is_model_call",
+    "is_turn_step",
+    "step_text",
+    "turn_step",
+]
 
 MODEL_PREFIXES = ("openai:", "openai_agents:", "anthropic:", "pydantic_ai:")
 EXCERPT = 120
@@ -30,6 +38,18 @@ PRICES: dict[str, tuple[float, float]] = {}
 
 def is_model_call(tool: str) -> bool:
     return tool.startswith(MODEL_PREFIXES)
+
+
+def turn_step(number: int) -> str:
+    """The key of model turn ``number`` of an agent framework's run (a step of its own)."""
+    return f"turn {number}"
+
+
+def is_turn_step(step_key: str) -> bool:
+    """Whether ``step_key`` is a framework run's model turn: its calls are replayed from the
+    ledger on resume (the framework starts again from its input), not skipped."""
+    head, _, number = step_key.partition(" ")
+    return head == "turn" and number.isdigit() and turn_step(int(number)) == step_key
 
 
 def step_text(step_key: str) -> str:
