@@ -16,15 +16,18 @@ import hashlib
 import importlib
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from .._core.lifecycle.agent import Agent
 from .._core.lifecycle.agent import agent as kx_agent
 from .._core.lifecycle.handle import Handle
 from .._core.lifecycle.run import Run, engine_of
+from .._core.views.conversation import PRICES
 from .._store import Store
 from .._validate import check_name
 from .adapter_loop import run_on_adapter_loop
+from .model_clients import checked_prices
 from .pydantic_ai_durability import MODEL_TOOL, capability_class, durability, recording
 from .turns import Turns, unwrapped
 
@@ -64,6 +67,7 @@ def agent(
     name: str | None = None,
     deps: Any = None,
     model: Any = None,
+    prices: Mapping[str, tuple[float, float]] | None = None,
     max_step_seconds: float | None = None,
     **run_options: Any,
 ) -> Agent:
@@ -72,9 +76,13 @@ def agent(
     ``kx.pydantic_ai.agent(agent, deps=...)`` before ``kx.resume(run_id)``. ``deps``,
     ``model`` and the other ``agent.run`` keywords (``usage_limits``, ``model_settings``,
     ...) are those of every run of the agent resumed from now on (kept in this process; they
-    replace what :func:`start` was given)."""
+    replace what :func:`start` was given). ``prices``: dollars per million tokens by model,
+    ``{"gpt-4o-mini": (0.15, 0.60)}`` (prompt, completion), as for ``kx.openai``: the run's
+    text and panel show the cost."""
+    checked = checked_prices(prices, "kx.pydantic_ai") if prices is not None else {}
     options = _checked_options(pa_agent, deps, model, run_options)
     made = _register(pa_agent, name, max_step_seconds)
+    PRICES.update(checked)
     _DEFAULTS[made.name] = options
     for run_id in [r for r, (owner, _) in _RUNS.items() if owner == made.name]:
         del _RUNS[run_id]
@@ -88,6 +96,7 @@ def start(
     run_id: str | None = None,
     deps: Any = None,
     model: Any = None,
+    prices: Mapping[str, tuple[float, float]] | None = None,
     name: str | None = None,
     store: Store | None = None,
     max_step_seconds: float | None = None,
@@ -97,13 +106,16 @@ def start(
     ``h.wait()``, ``kx.resume`` and the panel work as for any run, and ``h.result`` is the
     run's ``output``. ``prompt`` is stored with the run; ``deps``, ``model`` and the other
     ``agent.run`` keywords (``usage_limits=``, ``model_settings=``) are this run's, kept in
-    this process (after a restart, give them to :func:`agent`)."""
+    this process (after a restart, give them to :func:`agent`); ``prices`` as for
+    :func:`agent`."""
     if not isinstance(prompt, str):
         raise TypeError(
             f"kx.pydantic_ai.start takes the prompt as text, not {type(prompt).__name__}."
         )
+    checked = checked_prices(prices, "kx.pydantic_ai") if prices is not None else {}
     options = _checked_options(pa_agent, deps, model, run_options)
     made = _register(pa_agent, name, max_step_seconds)
+    PRICES.update(checked)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
     if not isinstance(run_id, str):  # refused there, saying what to pass
         return made.start(prompt, run_id=run_id, store=store)

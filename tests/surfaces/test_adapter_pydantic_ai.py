@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.test import TestModel
 from support.http_server import DeliveryServer, post_json
 from support.llm_server import LLMServer
+from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
 from support.pydantic_agents import (
     ASKED_AWAY,
     HOLD,
@@ -135,6 +137,19 @@ def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
     talk = conversation_of(open_store(str(store_path)).load_effects("pa-new").values())
     assert (talk.turns, talk.tool_calls) == (3, 2) and talk.tokens > 0
     assert talk.last == "assistant: paid bob 10 and ann 3"
+
+
+def test_a_priced_run_shows_what_its_tokens_cost(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    agent = payer(llm.base_url, deliveries.url)
+    handle = kx.pydantic_ai.start(agent, "pay", run_id="pa-priced", prices={"scripted": (1, 2)})
+    assert handle.wait(30) == Status.COMPLETED
+    assert re.search(
+        r"3 turns · 2 tool calls · [\d,]+ tokens .* · \$0\.\d{4}", handle.text_summary()
+    )
+    with pytest.raises(TypeError, match=r"kx\.pydantic_ai\(prices=\.\.\.\)"):
+        kx.pydantic_ai.start(agent, "pay", run_id="pa-badly-priced", prices={"scripted": 1})
 
 
 def test_a_resume_in_the_same_process_replays_every_turn_it_had(
