@@ -201,3 +201,58 @@ def test_a_tool_that_raised_can_be_resumed_after_the_fix(store: Any) -> None:
     resumed = kx.resume("raised")
     resumed.wait(timeout=30)
     assert str(resumed.status) in ("completed", "needs_decision"), resumed.error
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an @kx.effect(needs_approval=True) called inside a Pydantic AI tool suspends the "
+    "run with the tool's own call left 'unknown': once approved, the run waits in "
+    "kx.reconcile instead of making the approved call",
+)
+def test_an_approval_asked_inside_a_pydantic_ai_tool_lets_the_call_through(store: Any) -> None:
+    wired: list[int] = []
+
+    @kx.effect(needs_approval=True)
+    def wire(amount: int) -> str:
+        wired.append(amount)
+        return f"wired {amount}"
+
+    agent = Agent(scripted(asks("transfer", amount=5), says("done")))
+
+    @agent.tool_plain
+    def transfer(amount: int) -> str:
+        return wire(amount)
+
+    assert kx.pydantic_ai.start(agent, "go", run_id="inner").wait(timeout=30) == "suspended"
+    resumed = next(iter(kx.approvals("inner"))).approve()
+    resumed.wait(timeout=30)
+    assert (str(resumed.status), wired) == ("completed", [5])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an @kx.effect(needs_approval=True) called inside a kx.tools function (recorded as "
+    "an effect of its own) leaves that call 'unknown': the run ends in needs_decision",
+)
+def test_an_approval_asked_inside_a_kx_tools_function_lets_the_call_through(store: Any) -> None:
+    wired: list[int] = []
+
+    @kx.effect(needs_approval=True)
+    def wire(amount: int) -> str:
+        wired.append(amount)
+        return f"wired {amount}"
+
+    def send(amount: int) -> str:
+        """Send an amount."""
+        return wire(amount)
+
+    tools = kx.tools(send)
+
+    @kx.agent(name="tools-inner-approval")
+    def answer(run: kx.Run, question: str) -> Any:
+        return tools.call({"type": "tool_use", "id": "t1", "name": "send", "input": {"amount": 3}})
+
+    assert answer.start("go", run_id="tinner").wait(timeout=30) == "suspended"
+    resumed = next(iter(kx.approvals("tinner"))).approve()
+    resumed.wait(timeout=30)
+    assert (str(resumed.status), wired) == ("completed", [3])
