@@ -9,7 +9,6 @@ closed, so that the closing commit must remove the mark.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,11 +62,6 @@ def llm() -> Iterator[LLMServer]:
         yield server
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an approval edited with a value the tool refuses is handed to the model as the "
-    "tool's return (Pydantic AI's validation errors), the tool never called",
-)
 def test_an_approved_edit_the_tool_refuses_never_reaches_the_model(store: Any) -> None:
     seen: list[str] = []
     paid: list[tuple[str, int]] = []
@@ -79,11 +73,13 @@ def test_an_approved_edit_the_tool_refuses_never_reaches_the_model(store: Any) -
         return "paid"
 
     kx.pydantic_ai.start(agent, "pay bob", run_id="edit").wait(timeout=30)
-    request = next(iter(kx.approvals("edit")))
-    # refused when decided (nothing decided), or the run stops with the reason
-    with contextlib.suppress(kx.KernelextError):
-        request.approve(edit={"amount": "lots"}).wait(timeout=30)
+    resumed = next(iter(kx.approvals("edit"))).approve(edit={"amount": "lots"})
+    assert resumed.wait(timeout=30) == "failed"
     assert not any("lots" in text for text in seen), seen
+    assert paid == []
+    assert isinstance(resumed.error, kx.LedgerError)
+    assert "approved edit of pay does not fit" in str(resumed.error)
+    assert "amount: Input should be a valid integer" in str(resumed.error)
 
 
 @pytest.mark.xfail(
