@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from .._core.engine.context import current_run
-from ..errors import EffectRejected
+from ..errors import EffectRejected, LedgerError
 from .turns import Turns, in_tool_call, record_tool_call, record_turn
 
 __all__ = ["MODEL_TOOL", "Recording", "capability_class", "durability", "recording"]
@@ -207,7 +207,7 @@ async def tool_call(
     state: Recording, body: Callable[[], Awaitable[Any]], cache_key: tuple[Any, ...]
 ) -> Any:
     """A tool call's durable unit as an effect: the model's arguments are the call's."""
-    from pydantic_core import to_jsonable_python
+    from pydantic_core import ValidationError, to_jsonable_python
 
     tool_name, tool_args, ctx, tool = cache_key
     arguments = to_jsonable_python(tool_args)
@@ -216,7 +216,14 @@ async def tool_call(
         if given != arguments and isinstance(tool_args, dict):
             # Approved with edits: the unit's parameters hold the arguments it is made with
             # (this mapping), validated as Pydantic AI validated the model's.
-            edited = tool.args_validator.validate_python(given)
+            try:
+                edited = tool.args_validator.validate_python(given)
+            except ValidationError as exc:  # the person's edit, not the model's: not for it
+                raise LedgerError(
+                    f"The approved edit of {tool_name} does not fit the tool's arguments, so "
+                    f"the call was not made: {_errors(exc)}. Start the run again under a new "
+                    "run id and approve the call with arguments the tool takes."
+                ) from None
             tool_args.clear()
             tool_args.update(edited)
         return await body()
@@ -226,6 +233,13 @@ async def tool_call(
         state.turns.current, ctx.tool_call_id, tool_name, arguments, call,
         needs_approval=tool_name in state.gated,
     )  # fmt: skip
+
+
+def _errors(exc: Any) -> str:
+    """A validation error's problems, one clause each (``amount: Input should be ...``)."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+    )
 
 
 def _plain(value: Any) -> Any:
