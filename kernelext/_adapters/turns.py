@@ -205,12 +205,19 @@ async def record_turn(
     return load(out)
 
 
-def marked_if_masked(data: Any) -> Any:
-    """A model's answer (JSON) as recorded: marked when the ledger stores it with a
-    registered secret masked, since its replay would not be what the model said."""
-    if isinstance(data, dict) and load_result(stored_result(data)) != data:
-        return {**data, MASKED: True}
-    return data
+def marked_if_masked(data: Any, *, wrap: bool = False) -> Any:
+    """A model's answer (or, ``wrap``, a tool's result) as recorded: marked when the ledger
+    stores it with a registered secret masked, since its replay would not be what the model
+    said (or was given)."""
+    try:
+        faithful = load_result(stored_result(data)) == data
+    except Exception:  # not storable as it is: the ledger's own door says so
+        return data
+    if faithful:
+        return data
+    if wrap or not isinstance(data, dict):
+        return {MASKED: True, "value": data}
+    return {**data, MASKED: True}
 
 
 def refuse_masked(data: Any, what: str) -> None:
@@ -219,9 +226,9 @@ def refuse_masked(data: Any, what: str) -> None:
     if isinstance(data, dict) and data.get(MASKED):
         raise LedgerError(
             f"{what} held a registered secret (kx.secrets), which the ledger stores masked: "
-            "replayed, it would hand *** to the tools it asked for, so the run cannot go on "
-            "from its record. Start it again under a new run id, and keep secrets out of "
-            "what the model reads (give them to the tools in code)."
+            "replayed, it would hand *** where the secret was, so the run cannot go on from "
+            "its record. Start it again under a new run id, and keep secrets out of what "
+            "the model reads (give them to the tools in code, and out of what they return)."
         )
 
 
@@ -239,12 +246,15 @@ async def record_tool_call(
     run = current_run()
     assert run is not None  # only called inside a run
 
+    live: list[Any] = []
+
     async def called(**given: Any) -> Any:
         token = _IN_TOOL.set(True)
         try:
-            return await call(given)
+            live.append(await call(given))
         finally:
             _IN_TOOL.reset(token)
+        return marked_if_masked(live[0], wrap=True)
 
     called.__name__ = tool
     # Bound, shown and approved by the model's argument names, as the tool's own call.
@@ -254,7 +264,11 @@ async def record_tool_call(
     turn.in_flight.add(mine)
     try:
         with at_call_site(run, turn.site_of(call_id)):
-            return await effect(**arguments)
+            out = await effect(**arguments)
+        if live:
+            return live[0]
+        refuse_masked(out, f"The result of {tool} in {turn.key} of run {run.id!r}")
+        return out
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
     except asyncio.CancelledError:

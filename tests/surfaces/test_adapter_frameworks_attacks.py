@@ -82,12 +82,6 @@ def test_an_approved_edit_the_tool_refuses_never_reaches_the_model(store: Any) -
     assert "amount: Input should be a valid integer" in str(resumed.error)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool result holding a registered secret is replayed masked: the next model "
-    "turn differs from its record and the resume fails with EffectArgumentsMismatch "
-    "('restore the original arguments'), not the clear refusal a model answer gets",
-)
 def test_a_tool_result_with_a_secret_is_refused_clearly_on_resume(store: Any) -> None:
     kx.secrets.register(SECRET)
     agent = Agent(scripted(asks("token"), asks("later"), says("done")))
