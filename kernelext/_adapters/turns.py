@@ -259,7 +259,9 @@ async def record_tool_call(
     called.__name__ = tool
     # Bound, shown and approved by the model's argument names, as the tool's own call.
     called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
-    effect = Effect(called, name=tool, resumable=True, retry=False, needs_approval=needs_approval)
+    # A call that raised is asked again on resume once the ledger knows it never reached its
+    # target; one that may have is left to a person in kx.reconcile (the retry rule).
+    effect = Effect(called, name=tool, resumable=True, retry=True, needs_approval=needs_approval)
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
     try:

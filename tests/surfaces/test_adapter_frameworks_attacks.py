@@ -172,12 +172,6 @@ def test_dynamic_instructions_do_not_block_a_resume(store: Any) -> None:
     assert (str(resumed.status), resumed.result) == ("completed", "done"), resumed.error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Pydantic AI tool that raised once is 'failed' for good: the resume says to "
-    "declare @kx.effect(retry=True), which a Pydantic AI tool cannot; neither retried "
-    "nor left to a person in kx.reconcile",
-)
 def test_a_tool_that_raised_can_be_resumed_after_the_fix(store: Any) -> None:
     calls: list[int] = []
     agent = Agent(scripted(asks("work", n=1), says("done")))
