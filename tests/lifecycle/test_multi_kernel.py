@@ -111,6 +111,18 @@ def test_two_kernels_run_agents_at_once_on_the_default_store(
     assert len(delivery_server.deliveries) == 80
     keys = [d["idempotency_key"] for d in delivery_server.deliveries]
     assert len(set(keys)) == 80
+    # While the other kernel holds the store file, h.wait() gives the status the run's
+    # journaled end sets, and its last records reach the tables when their own kernel
+    # next gets the file; other processes read the tables. A read in the run's kernel
+    # waits for that fold (each process reads its own writes), so after it every
+    # process sees both runs whole.
+    for index, (_, kc) in enumerate(kernels):
+        own = _run(
+            kc,
+            f"print(kx.sql(\"SELECT count(*) AS n FROM steps WHERE run_id = 'run-{index}'"
+            f" AND status = 'completed'\")['n'].tolist())",
+        )
+        assert "[40]" in own
     steps = _query(
         project,
         "SELECT run_id, count(*) AS n FROM steps WHERE status = 'completed' "
@@ -124,7 +136,7 @@ def test_two_kernels_run_agents_at_once_on_the_default_store(
     events = _query(project, "SELECT run_id, kind FROM events ORDER BY id")
     for run in ("run-0", "run-1"):
         assert f"{run},created" in events and f"{run},completed" in events
-    # Each kernel still sees both runs through its own kx.sql.
+    # Each kernel sees both runs through its own kx.sql.
     for _, kc in kernels:
         seen = _run(kc, "print(sorted(kx.sql('SELECT id FROM runs')['id']))")
         assert "['run-0', 'run-1']" in seen
