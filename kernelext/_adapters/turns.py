@@ -210,7 +210,7 @@ def marked_if_masked(data: Any, *, wrap: bool = False) -> Any:
     stores it with a registered secret masked, since its replay would not be what the model
     said (or was given)."""
     try:
-        faithful = load_result(stored_result(data)) == data
+        faithful = _same(load_result(stored_result(data)), data)
     except Exception:  # not storable as it is: the ledger's own door says so
         return data
     if faithful:
@@ -218,6 +218,17 @@ def marked_if_masked(data: Any, *, wrap: bool = False) -> Any:
     if wrap or not isinstance(data, dict):
         return {MASKED: True, "value": data}
     return {**data, MASKED: True}
+
+
+def _same(stored: Any, given: Any) -> bool:
+    """Whether the stored value is the given one (a float NaN is itself: no secret there)."""
+    if isinstance(stored, float) and isinstance(given, float) and stored != stored:
+        return given != given
+    if isinstance(stored, dict) and isinstance(given, dict):
+        return stored.keys() == given.keys() and all(_same(stored[k], given[k]) for k in given)
+    if isinstance(stored, (list, tuple)) and isinstance(given, (list, tuple)):
+        return len(stored) == len(given) and all(map(_same, stored, given))
+    return bool(stored == given)
 
 
 def refuse_masked(data: Any, what: str) -> None:

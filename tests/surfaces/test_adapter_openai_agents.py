@@ -450,3 +450,26 @@ def test_a_tool_returning_an_object_is_recorded_as_the_model_saw_it(
     assert resumed.wait(30) == Status.COMPLETED, resumed.error
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
     assert set(llm.per_turn().values()) == {1}
+
+
+def test_a_tool_result_holding_nan_is_replayed_not_taken_for_a_masked_secret(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    @function_tool
+    def pay(who: str, amount: int) -> dict[str, Any]:
+        """Pay someone an amount of dollars."""
+        if HOLD.holds(who):
+            HOLD.wait_here()
+        post_json(f"{deliveries.url}/pay/{who}", {"who": who, "amount": amount})
+        return {"who": who, "fee": float("nan")}  # a computed value may well be NaN
+
+    agent = payer(llm.base_url, deliveries.url).clone(tools=[pay])
+    HOLD.arm(who="ann")
+    handle = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-nan")
+    assert HOLD.reached.wait(30)
+    handle.stop()
+    HOLD.released.set()
+    assert handle.wait(30) == Status.SUSPENDED
+    resumed = kx.resume("oa-nan")  # bob's result, NaN and all, is replayed
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
