@@ -10,7 +10,9 @@ An agent framework runs a loop of model turns and tool calls. Under kernelext:
 - each tool call the model asked for is an effect of the tool's name, at ordinal
   ``1 + its place among the turn's calls`` (parallel calls are keyed by the model's order,
   not by which finished first), so a resumed run replays applied calls instead of making
-  them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once.
+  them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once;
+- the effects a tool's body calls are made at its call's place too (:class:`CallSite`),
+  counted per effect name: two calls of one effect there are two calls, each keyed apart.
 
 kernelext's own refusals (a call that needs a decision, arguments that no longer match the
 recorded ones) must not reach a framework's error handling, which would hand them to the
@@ -24,11 +26,12 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._core.encoding.keys import load_result, stored_result
+from .._core.encoding.keys import load_result, repeated_call, stored_result
 from .._core.engine.context import current_run, reset_current_run, set_current_run
 from .._core.engine.run_engine import RunEngine
 from .._core.ledger.effect import Effect
@@ -75,19 +78,39 @@ def unwrapped() -> Iterator[None]:
 
 class CallSite:
     """The run as one recorded call sees it: at a fixed (step key, step ordinal, ordinal).
+    The call itself and every effect its body calls are made there; each effect's calls are
+    counted by name (``next_call``), from 0 each time the body runs, so the first call of
+    each keeps the site's ordinal and a later one gets one of its own (``repeated_call``).
     Everything else is the run's own, read and written (a suspension for an approval sets
     the run's ``suspend_request``)."""
 
-    _OWN = frozenset({"base", "_site"})
+    _OWN = frozenset({"base", "_site", "_counts", "_lock"})
     base: Any
     _site: Site
+    _counts: dict[str | None, int]
+    _lock: threading.Lock
 
     def __init__(self, run: Any, site: Site) -> None:
         object.__setattr__(self, "base", run.base if isinstance(run, CallSite) else run)
         object.__setattr__(self, "_site", site)
+        object.__setattr__(self, "_counts", {})  # calls made here so far, by effect name
+        object.__setattr__(self, "_lock", threading.Lock())
 
-    def next_call(self) -> Site:
-        return self._site
+    def next_call(self, tool: str | None = None) -> Site:
+        """The site of the next call of ``tool`` (an effect's name; ``None`` for a call that
+        names none, as ``run.ask``'s, counted apart from every effect's)."""
+        step_key, step_ordinal, ordinal = self._site
+        with self._lock:
+            earlier = self._counts.get(tool, 0)
+            code = repeated_call(ordinal, earlier)  # refuses before counting a call too many
+            self._counts[tool] = earlier + 1
+        return step_key, step_ordinal, code
+
+    def peek_call(self, tool: str | None = None) -> tuple[str, int]:
+        """The (step key, call ordinal) ``next_call(tool)`` would give now, without taking it."""
+        step_key, _, ordinal = self._site
+        with self._lock:
+            return step_key, repeated_call(ordinal, self._counts.get(tool, 0))
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.base, attr)

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from .._core.batch.view import stored_batch
+from .._core.encoding.keys import call_text
 from .._core.encoding.secrets import shown_json
 from .._core.engine.stop_estimate import estimate_stop
 from .._core.lifecycle import control, expiry
@@ -146,6 +147,7 @@ def cmd_show(args: argparse.Namespace, store: Store) -> int:
         shown = numbers.get(int(ordinal), int(ordinal)) if ordinal is not None else None
         effect["step"] = step_number(shown) if shown is not None else None
         effect["step_key"] = step_text(str(effect.get("step_key")))
+        effect["call_ordinal"] = call_text(effect.get("call_ordinal"))  # "1 (2nd)": a repeat
     for name, columns in sections:
         rows = details[name]
         print(f"\n{name} ({len(rows)})")

@@ -31,9 +31,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernelext._core.encoding.canonical import MAX_DEPTH, Unencodable, canonical, digest, frame
-from kernelext._core.encoding.keys import args_hash, effect_key, question_key, stored_result
+from kernelext._core.encoding.keys import (
+    args_hash,
+    call_place,
+    call_text,
+    effect_key,
+    question_key,
+    repeated_call,
+    stored_result,
+)
 from kernelext._core.encoding.tagged import tagged, untag
-from kernelext.errors import UnencodableArgument
+from kernelext.errors import LedgerError, UnencodableArgument
 
 
 class Colour(enum.Enum):
@@ -190,6 +198,43 @@ def test_effect_keys_are_injective_and_the_framing_prefix_free(a: Any, b: Any) -
 def test_nul_joined_parts_no_longer_share_a_key() -> None:
     assert effect_key("a\0b", "c", "t", 0) != effect_key("a", "b\0c", "t", 0)
     assert effect_key("a\0b", "c", "t", 0, scheme=1) == effect_key("a", "b\0c", "t", 0, scheme=1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.integers(0, 70_000), st.integers(0, 70_000), st.integers(0, 70_000), st.integers(0, 70_000)
+)
+def test_calls_at_a_site_are_numbered_injectively_apart_from_every_site(
+    site: int, earlier: int, other: int, other_earlier: int
+) -> None:
+    """The n-th call of an effect at a site (a framework's tool call) has an ordinal of its
+    own: the first has the site's ordinal, later ones are negative (no site's), none
+    shared, each read back as (site, n), and the stores' 32-bit column holds them."""
+    try:
+        code = repeated_call(site, earlier)
+        again = repeated_call(other, other_earlier)
+    except LedgerError:
+        assert site + earlier > 65_000 or other + other_earlier > 65_000
+        return
+    assert (code == again) == ((site, earlier) == (other, other_earlier))
+    assert call_place(code) == (site, earlier)
+    assert (code == site) if earlier == 0 else (-(2**31) <= code < 0)
+
+
+def test_a_repeated_call_reads_as_its_site_and_count() -> None:
+    grid = {(site, n): repeated_call(site, n) for site in range(200) for n in range(200)}
+    assert len(set(grid.values())) == len(grid)
+    assert all(call_place(code) == place for place, code in grid.items())
+    assert [repeated_call(3, n) for n in range(4)] == [3, -7, -12, -18]
+    assert [call_text(repeated_call(1, n)) for n in (0, 1, 2, 10, 21)] == [
+        "1", "1 (2nd)", "1 (3rd)", "1 (11th)", "1 (22nd)"
+    ]  # fmt: skip
+    assert repeated_call(1, 65_000) > -(2**31)
+    with pytest.raises(LedgerError, match="Pass many items to one call"):
+        repeated_call(1, 70_000)
+    with pytest.raises(ValueError):
+        repeated_call(-1, 1)
+    assert effect_key("r", "turn 1", "note", -7) != effect_key("r", "turn 1", "note", 7)
 
 
 # -- attacks -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._store.runs import KEY_SCHEME
-from ...errors import UnencodableArgument
+from ...errors import LedgerError, UnencodableArgument
 from .canonical import Unencodable, canonical, frame
 from .codec import dumps_json, loads_json
 from .secrets import (
@@ -40,11 +40,14 @@ __all__ = [
     "args_hash",
     "bound_hash",
     "call_hashes",
+    "call_place",
+    "call_text",
     "display_args",
     "effect_key",
     "load_result",
     "question_key",
     "redact",
+    "repeated_call",
     "stored_result",
 ]
 
@@ -69,6 +72,58 @@ def question_key(
     if scheme == 1:
         return _key("\0".join(("kernelext.ask", run_id, step_key, str(call_ordinal))).encode())
     return _key(b"kernelext.ask\0" + frame(run_id, step_key, call_ordinal))
+
+
+# -- calls at one site ------------------------------------------------------------------------
+# A framework's tool call is made at a fixed place of its model turn (its call site, an ordinal
+# >= 0: ``kernelext._adapters.turns.CallSite``), and so is each effect its body calls. The
+# first call of each effect there has the site's ordinal (the key it always had); the one made
+# after ``n >= 1`` calls of that effect there has ``-1 - pair(site, n - 1)``, ``pair`` the
+# Cantor pairing: injective over (site, n), never the ordinal of a site (those are >= 0).
+# The stores keep call ordinals as 32-bit integers: ``site + n`` stays under about 65,000.
+_LOWEST = -(2**31)
+
+
+def repeated_call(ordinal: int, earlier: int) -> int:
+    """The call ordinal of an effect's call made at the site of ``ordinal`` after ``earlier``
+    calls of the same effect there: ``ordinal`` itself for the first (``earlier == 0``)."""
+    if ordinal < 0 or earlier < 0:
+        raise ValueError(f"a site's ordinal and a count are >= 0, not {ordinal}, {earlier}")
+    if earlier == 0:
+        return ordinal
+    total = ordinal + earlier - 1
+    code = -1 - (total * (total + 1) // 2 + earlier - 1)
+    if code < _LOWEST:
+        raise LedgerError(
+            f"More than {earlier} calls of one effect inside one recorded call (call {ordinal} "
+            "of its step): the ledger cannot key more calls of it there. Nothing of this call "
+            "was recorded. Pass many items to one call (a list) instead of one call each."
+        )
+    return code
+
+
+def call_place(call_ordinal: int) -> tuple[int, int]:
+    """``(site ordinal, earlier calls of the effect there)`` of a stored call ordinal: the
+    inverse of :func:`repeated_call` (``(n, 0)`` for an ordinal ``n >= 0``)."""
+    if call_ordinal >= 0:
+        return call_ordinal, 0
+    z = -1 - call_ordinal
+    total = (math.isqrt(8 * z + 1) - 1) // 2
+    before = z - total * (total + 1) // 2
+    return total - before, before + 1
+
+
+def call_text(call_ordinal: Any) -> str:
+    """A stored call ordinal as a person reads it: ``3``, or ``3 (2nd)`` for the second call
+    of an effect at the site of ordinal 3 (a framework's tool call: ``repeated_call``)."""
+    if call_ordinal is None:
+        return ""
+    ordinal, earlier = call_place(int(call_ordinal))
+    if not earlier:
+        return str(ordinal)
+    nth = earlier + 1
+    suffix = "th" if nth % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(nth % 10, "th")
+    return f"{ordinal} ({nth}{suffix})"
 
 
 # -- argument hashes -------------------------------------------------------------------------

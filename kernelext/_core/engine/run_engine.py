@@ -244,8 +244,10 @@ class RunEngine:
             self.last_completed = info
         self.notify(StepStatus.COMPLETED, info)
 
-    def next_call(self) -> tuple[str, int | None, int]:
-        """The (step key, step ordinal, call ordinal) for the next effect call."""
+    def next_call(self, tool: str | None = None) -> tuple[str, int | None, int]:
+        """The (step key, step ordinal, call ordinal) for the next effect call. ``tool`` (the
+        effect's name) is not read here: a step counts all its calls; a recorded call's site
+        counts them by name (``kernelext._adapters.turns.CallSite``)."""
         info = self.current
         if info is None:
             ordinal = self._outside_calls
@@ -255,8 +257,8 @@ class RunEngine:
         info.calls += 1
         return info.key, info.ordinal, ordinal
 
-    def peek_call(self) -> tuple[str, int]:
-        """The (step key, call ordinal) ``next_call`` would give now, without taking it."""
+    def peek_call(self, tool: str | None = None) -> tuple[str, int]:
+        """The (step key, call ordinal) ``next_call(tool)`` would give now, without taking it."""
         info = self.current
         return (OUTSIDE_STEPS, self._outside_calls) if info is None else (info.key, info.calls)
 

@@ -179,7 +179,7 @@ class Effect(EffectOutcomes):
         the key, the replay of a recorded call or the durable intent of a new one (and its
         approval). Returns ``(key, True, None)`` when the call is to be made now, else
         ``(key, False, the replayed result)``. Pops ``idempotency_key`` (the engine's).
-        ``slot``: the call's ``run.next_call()``, when the caller took it already."""
+        ``slot``: the call's ``run.next_call(tool)``, when the caller took it already."""
         run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
         kwargs.pop("idempotency_key", None)
         scheme = run.key_scheme
@@ -207,7 +207,7 @@ class Effect(EffectOutcomes):
                     "(they were bound and shown before the rule ran, and differ after it). "
                     "Nothing was recorded. A needs_approval rule must only read the arguments."
                 )
-        step_key, step_ordinal, call_ordinal = slot or run.next_call()
+        step_key, step_ordinal, call_ordinal = slot or run.next_call(self.tool)
         key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
         if gated:  # what its approval request stores: every value of its data arguments
             full = self._redacted_args(args, kwargs, 1 if digest == old else 2, bound, full=True)

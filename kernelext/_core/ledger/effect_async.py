@@ -52,7 +52,7 @@ async def call_async(
     # The key's ordinal is taken here, on the loop, in the order the calls start; the
     # intent's durable write waits in a thread, so that the intents of items running at
     # once share one fsync (group commit) while the loop goes on with the others.
-    slot = run.next_call()
+    slot = run.next_call(effect.tool)
     context = contextvars.copy_context()  # the item and the run, as here
     item = run.current
     executor = item.batch.executor if item is not None and item.batch is not None else None

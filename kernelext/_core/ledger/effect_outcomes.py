@@ -19,7 +19,7 @@ from ...errors import (
 )
 from ...status import EffectStatus
 from ..encoding.canonical import Unencodable
-from ..encoding.keys import load_result, stored_result
+from ..encoding.keys import call_text, load_result, stored_result
 from ..encoding.secrets import scrubbed_excerpt
 from ..engine.run_engine import RunEngine
 from ..people.approval_extras import refuse_edit
@@ -136,7 +136,7 @@ class EffectOutcomes(EffectApproval):
     ) -> Any:
         if row["args_hash"] != digest:
             raise EffectArgumentsMismatch(
-                f"Effect key {key} ({self.tool}, call {row.get('call_ordinal')} of "
+                f"Effect key {key} ({self.tool}, call {call_text(row.get('call_ordinal'))} of "
                 f"{step_label(row.get('step_ordinal'), row.get('step_key'))} in run {run.id!r}) "
                 "was first used with other "
                 "arguments. A key stands for one call; the same step must make the same calls "

@@ -321,7 +321,7 @@ def sent() -> None:
 def will_make_call(run: RunEngine, tool: str) -> bool:
     """Whether the next call of ``tool`` in ``run`` will be made now (not replayed): the
     slot is taken only for such a call."""
-    step_key, ordinal = run.peek_call()
+    step_key, ordinal = run.peek_call(tool)
     row = run.effects.get(effect_key(run.id, step_key, tool, ordinal, run.key_scheme))
     if row is None:
         return True

@@ -31,6 +31,7 @@ from ..._shown import shows
 from ..._store import Store
 from ..._validate import RUN_ID, STORE, check_duration, validated
 from ...status import FINAL, Reason, Status, StepStatus
+from ..encoding.keys import call_text
 from ..encoding.names import OUTSIDE_STEPS
 from ..process.runtime import get_store
 from .timeline_draw import draw
@@ -239,7 +240,7 @@ def _tick(row: Mapping[str, Any], numbers: Mapping[int, int]) -> EffectTick:
     shown = numbers.get(int(ordinal), int(ordinal)) if ordinal is not None else None
     where = "outside steps" if key == OUTSIDE_STEPS else step_label(shown, key)
     title = _lines(
-        f"{row['tool']} [{where}] call {row['call_ordinal']}: {row['status']}",
+        f"{row['tool']} [{where}] call {call_text(row['call_ordinal'])}: {row['status']}",
         f"intent {clock(row['intent_at'])}",
         f"outcome {clock(row['outcome_at'])}" if row.get("outcome_at") else "",
         f"decided by {row['decided_by']}" if row.get("decided_by") else "",
