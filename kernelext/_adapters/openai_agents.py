@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import hashlib
 import importlib
-import inspect
 import json
 import math
 import uuid
@@ -290,6 +289,7 @@ def _recorded_model() -> Callable[..., Any]:
                 lambda: self.inner.get_response(*args, **kwargs),
                 self.dump,
                 self.load,
+                instructions=_instructions(*args, **kwargs),
             )
             turn.calls = [str(item.call_id) for item in response.output if hasattr(item, "call_id")]
             return response
@@ -328,14 +328,19 @@ def _request(
     tracing: Any = None,
     **_rest: Any,
 ) -> dict[str, Any]:
-    """A model call as recorded: what the model was asked, with what tools."""
+    """A model call as recorded: the conversation the model was asked, with what tools (its
+    instructions are recorded beside it, and asked again on resume: ``asked_again``)."""
     return {
-        "instructions": system_instructions,
         "input": _plain(input),
         "tools": [getattr(t, "name", type(t).__name__) for t in tools],
         "handoffs": [getattr(h, "tool_name", str(h)) for h in handoffs],
         "output": None if output_schema is None else output_schema.name(),
     }
+
+
+def _instructions(system_instructions: Any = None, *_args: Any, **_rest: Any) -> Any:
+    """A model call's instructions (the agent's, resolved for this turn)."""
+    return system_instructions
 
 
 def _input(value: Any) -> Any:
@@ -383,20 +388,15 @@ def _plain(value: Any) -> Any:
 
 
 def _fingerprint(graph: list[Any]) -> str:
-    """A hash of the agents' names, instructions, tools and handoffs: a resume refuses a
-    run of other agents (``allow_code_change=True`` accepts it)."""
+    """A hash of the agents' names, tools and handoffs: a resume refuses a run of other
+    agents (``allow_code_change=True`` accepts it). Not of their instructions, which a
+    resume asks again (a text or a function of today's date: ``asked_again``)."""
     parts: list[str] = []
     for each in sorted(graph, key=lambda a: str(a.name)):
-        instructions = each.instructions
-        if callable(instructions):
-            try:
-                instructions = inspect.getsource(instructions)
-            except (OSError, TypeError):
-                instructions = getattr(instructions, "__qualname__", "")
         tools = [
             [getattr(t, "name", type(t).__name__), getattr(t, "params_json_schema", None)]
             for t in each.tools
         ]
         handoffs = [getattr(h, "agent_name", getattr(h, "name", "")) for h in each.handoffs]
-        parts.append(json.dumps([each.name, str(instructions), tools, handoffs], default=str))
+        parts.append(json.dumps([each.name, tools, handoffs], default=str))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

@@ -37,10 +37,12 @@ from .turns import Turns, in_tool_call, record_tool_call, record_turn
 __all__ = ["MODEL_TOOL", "Recording", "capability_class", "durability", "recording"]
 
 MODEL_TOOL = "pydantic_ai:model"
-# What a recorded request keeps of each message and part: what the model was asked, without
-# the times, ids and usage that differ between two runs asking the same.
-_MESSAGE_FIELDS = ("kind", "instructions", "parts")
+# What a recorded request keeps of each message and part: the conversation the model was
+# asked, without the times, ids and usage that differ between two runs asking the same, and
+# without the instructions and system prompts, which a resume asks again (``asked_again``).
+_MESSAGE_FIELDS = ("kind", "parts")
 _PART_FIELDS = ("part_kind", "content", "tool_name", "args", "tool_call_id", "model_response")
+_SYSTEM_PROMPT = "system-prompt"
 
 
 @dataclasses.dataclass
@@ -132,13 +134,16 @@ def _backend_class() -> type[Any]:
             _model_id, messages, _settings, parameters, _ctx = cache_key
             from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+            dumped = ModelMessagesTypeAdapter.dump_python(messages, mode="json")
             asked = {
-                "messages": _asked(ModelMessagesTypeAdapter.dump_python(messages, mode="json")),
+                "messages": _asked(dumped),
                 "tools": sorted(t.name for t in parameters.function_tools),
                 "output_tools": sorted(t.name for t in parameters.output_tools),
             }
             turn = state.turns.begin(self.agent_name)
-            answer = await record_turn(turn, MODEL_TOOL, asked, body, _plain, _plain)
+            answer = await record_turn(
+                turn, MODEL_TOOL, asked, body, _plain, _plain, instructions=_instructions(dumped)
+            )
             parts = answer.get("parts", ()) if isinstance(answer, dict) else ()
             turn.calls = [p["tool_call_id"] for p in parts if p.get("part_kind") == "tool-call"]
             return answer
@@ -247,13 +252,29 @@ def _plain(value: Any) -> Any:
 
 
 def _asked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages of a request as recorded: kinds, texts, tool calls and returns."""
+    """The conversation of a request as recorded: kinds, texts, tool calls and returns."""
     kept: list[dict[str, Any]] = []
     for message in messages:
         each = {k: message[k] for k in _MESSAGE_FIELDS if message.get(k) is not None}
         each["parts"] = [
             {k: part[k] for k in _PART_FIELDS if part.get(k) is not None}
             for part in message.get("parts", ())
+            if part.get("part_kind") != _SYSTEM_PROMPT
         ]
         kept.append(each)
     return kept
+
+
+def _instructions(messages: list[dict[str, Any]]) -> list[str]:
+    """What a request tells the model besides the conversation: its system prompts and
+    the instructions of its requests, in order (each text once)."""
+    texts: list[str] = []
+    for message in messages:
+        found = [
+            p.get("content")
+            for p in message.get("parts", ())
+            if p.get("part_kind") == _SYSTEM_PROMPT
+        ]
+        found.append(message.get("instructions"))
+        texts += [t for t in found if isinstance(t, str) and t not in texts]
+    return texts

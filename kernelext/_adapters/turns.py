@@ -34,6 +34,7 @@ from .._core.engine.run_engine import RunEngine
 from .._core.ledger.effect import Effect
 from .._core.views.conversation import turn_step
 from ..errors import EffectRejected, KernelextError, LedgerError
+from .asked_again import TurnAnswer
 
 __all__ = [
     "CallSite",
@@ -177,23 +178,27 @@ async def record_turn(
     ask: Callable[[], Awaitable[T]],
     dump: Callable[[T], Any],
     load: Callable[[Any], T],
+    *,
+    instructions: Any = None,
 ) -> T:
     """The model's answer for ``turn``: asked now (``ask``) and recorded as ``dump`` of it,
-    or rebuilt with ``load`` from the record of an earlier run. ``request`` (JSON) is the
-    call's recorded arguments: a replay whose request differs is refused."""
+    or rebuilt with ``load`` from the record of an earlier run. ``request`` (JSON: the
+    conversation and the tools) identifies the call: a replay whose request differs is
+    refused. ``instructions`` (JSON: the system prompt) are recorded with it, and asked
+    again on resume (``asked_again``: a change is noted, not refused)."""
     run = current_run()
     assert run is not None  # only called inside a run
     live: list[T] = []
 
-    async def asked(request: Any) -> Any:
+    async def asked(request: Any, instructions: Any = None) -> Any:
         value = await ask()
         live.append(value)
         return marked_if_masked(dump(value))
 
-    effect = Effect(asked, name=tool, resumable=True, retry=True)
+    effect = TurnAnswer(asked, name=tool, resumable=True, retry=True)
     try:
         with at_call_site(run, (turn.key, turn.ordinal, 0)):
-            out = await effect(request=request)
+            out = await effect(request=request, instructions=instructions)
     except KernelextError as exc:  # the ledger's (an unknown answer): past the framework
         raise Carried(exc) from exc
     if live:

@@ -143,12 +143,6 @@ def test_an_anthropic_tool_result_with_a_secret_is_refused_clearly(
     assert not isinstance(resumed.error, kx.EffectArgumentsMismatch), resumed.error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="instructions are part of a model turn's recorded request: an agent whose "
-    "instructions change between runs (today's date) cannot be resumed, though the docs "
-    "say instructions are asked again on resume and not recorded",
-)
 def test_dynamic_instructions_do_not_block_a_resume(store: Any) -> None:
     day = {"n": 1}
     asked: list[int] = []
