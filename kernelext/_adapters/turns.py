@@ -39,6 +39,7 @@ from .asked_again import TurnAnswer
 __all__ = [
     "CallSite",
     "Carried",
+    "ToolResult",
     "Turn",
     "Turns",
     "at_call_site",
@@ -46,6 +47,7 @@ __all__ = [
     "marked_if_masked",
     "record_tool_call",
     "record_turn",
+    "recorded_result",
     "refuse_masked",
     "unwrapped",
 ]
@@ -54,6 +56,8 @@ T = TypeVar("T")
 Site = tuple[str, int | None, int]
 MASKED = "kernelext_masked"  # in a recorded answer: a registered secret was masked in it
 _IN_TOOL: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_in_tool", default=False)
+# The results of the tool call made in this context (a list per ToolResult), for its caller.
+_LIVE: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("kx_live", default=None)
 
 
 class Carried(BaseException):
@@ -236,6 +240,38 @@ def _same(stored: Any, given: Any) -> bool:
     return bool(stored == given)
 
 
+class ToolResult:
+    """Around one recorded tool call: its result, the value the tool returned when the call
+    is made now (its function returns :func:`recorded_result`), else the recorded one,
+    refused when the ledger stored it with a secret masked (``of``). One door for every
+    tool a model calls: a framework's (:func:`record_tool_call`) and ``kx.tools``'."""
+
+    def __enter__(self) -> ToolResult:
+        self.live: list[Any] = []
+        self._token = _LIVE.set(self.live)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        _LIVE.reset(self._token)
+
+    def of(self, out: Any, what: str) -> Any:
+        """The result ``out`` of the call made inside (``what`` names it in a refusal)."""
+        if self.live:
+            return self.live[-1]
+        refuse_masked(out, what)
+        return out
+
+
+def recorded_result(value: Any) -> Any:
+    """What a recorded tool call's function gives the ledger: ``value``, marked when it is
+    stored with a registered secret masked; the :class:`ToolResult` around it keeps
+    ``value`` itself for the caller."""
+    live = _LIVE.get()
+    if live is not None:
+        live.append(value)
+    return marked_if_masked(value, wrap=True)
+
+
 def refuse_masked(data: Any, what: str) -> None:
     """Refuse to replay a recorded answer that was stored with a secret masked: the tool
     calls it asked for would get ``***`` instead of the value (``what`` names the answer)."""
@@ -262,15 +298,13 @@ async def record_tool_call(
     run = current_run()
     assert run is not None  # only called inside a run
 
-    live: list[Any] = []
-
     async def called(**given: Any) -> Any:
         token = _IN_TOOL.set(True)
         try:
-            live.append(await call(given))
+            value = await call(given)
         finally:
             _IN_TOOL.reset(token)
-        return marked_if_masked(live[0], wrap=True)
+        return recorded_result(value)
 
     called.__name__ = tool
     # Bound, shown and approved by the model's argument names, as the tool's own call.
@@ -281,12 +315,9 @@ async def record_tool_call(
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
     try:
-        with at_call_site(run, turn.site_of(call_id)):
+        with ToolResult() as result, at_call_site(run, turn.site_of(call_id)):
             out = await effect(**arguments)
-        if live:
-            return live[0]
-        refuse_masked(out, f"The result of {tool} in {turn.key} of run {run.id!r}")
-        return out
+        return result.of(out, f"The result of {tool} in {turn.key} of run {run.id!r}")
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
     except asyncio.CancelledError:

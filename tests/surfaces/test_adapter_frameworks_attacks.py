@@ -102,11 +102,6 @@ def test_a_tool_result_with_a_secret_is_refused_clearly_on_resume(store: Any) ->
     assert "kx.secrets" in str(resumed.error)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool result holding a registered secret (kx.tools with kx.anthropic) is "
-    "replayed masked and the next recorded call fails with EffectArgumentsMismatch",
-)
 def test_an_anthropic_tool_result_with_a_secret_is_refused_clearly(
     store: Any, llm: LLMServer
 ) -> None:
@@ -141,6 +136,7 @@ def test_an_anthropic_tool_result_with_a_secret_is_refused_clearly(
     resumed = kx.resume("asec")
     resumed.wait(timeout=30)
     assert not isinstance(resumed.error, kx.EffectArgumentsMismatch), resumed.error
+    assert "kx.secrets" in str(resumed.error)
 
 
 def test_dynamic_instructions_do_not_block_a_resume(store: Any) -> None:

@@ -12,19 +12,18 @@ or Pydantic AI's ``FunctionModel``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from agents import Agent as SdkAgent
 from agents import function_tool
-from anthropic import Anthropic
-from openai import OpenAI
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from support.agent_parts import close_clients
 from support.llm_server import LLMServer
+from support.model_loops import LOOPS
 from support.sdk_agents import model_for
 
 import kernelext as kx
@@ -63,82 +62,15 @@ def first_turn_args(run_id: str) -> str:
     )
 
 
-# -- the loops users write with kx.anthropic and kx.openai --------------------------------
-def anthropic_loop(llm: LLMServer, system: Callable[[], str], question: Callable[[], str]) -> Any:
-    client: Any = kx.anthropic(Anthropic(base_url=llm.url, api_key="sk-ant-test", max_retries=0))
-    tools = kx.tools(work)
-
-    def ask(run: kx.Run, _: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question()}]
-        for _turn in range(4):
-            reply = client.messages.create(
-                model="m", max_tokens=10, system=system(), messages=messages,
-                tools=tools.for_anthropic(),
-            )  # fmt: skip
-            if _turn == 1:
-                crash_once("loop")  # a bug, fixed before the resume
-            messages.append({"role": "assistant", "content": reply.content})
-            if reply.stop_reason != "tool_use":
-                return "".join(b.text for b in reply.content if b.type == "text")
-            messages.append({"role": "user", "content": tools.call_all(reply)})
-        return "too many turns"
-
-    return ask
-
-
-def chat_loop(llm: LLMServer, system: Callable[[], str], question: Callable[[], str]) -> Any:
-    client: Any = kx.openai(OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0))
-    tools = kx.tools(work)
-
-    def ask(run: kx.Run, _: str) -> str:
-        messages: list[Any] = [
-            {"role": "system", "content": system()},
-            {"role": "user", "content": question()},
-        ]
-        for _turn in range(4):
-            message = (
-                client.chat.completions.create(model="m", messages=messages, tools=tools)
-                .choices[0]
-                .message
-            )
-            if _turn == 1:
-                crash_once("loop")  # a bug, fixed before the resume
-            messages.append(message)
-            if not message.tool_calls:
-                return str(message.content)
-            messages += tools.call_all(message)
-        return "too many turns"
-
-    return ask
-
-
-def responses_loop(llm: LLMServer, system: Callable[[], str], question: Callable[[], str]) -> Any:
-    client: Any = kx.openai(OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0))
-    tools = kx.tools(work)
-
-    def ask(run: kx.Run, _: str) -> str:
-        items: list[Any] = [{"role": "user", "content": question()}]
-        for _turn in range(4):
-            response = client.responses.create(
-                model="m", instructions=system(), input=items, tools=tools.for_responses()
-            )
-            if _turn == 1:
-                crash_once("loop")  # a bug, fixed before the resume
-            items += [item.model_dump(exclude_unset=True) for item in response.output]
-            if not any(item.type == "function_call" for item in response.output):
-                return str(response.output_text)
-            items += tools.call_all(response)
-        return "too many turns"
-
-    return ask
-
-
+# -- the loops users write with kx.openai and kx.anthropic (support.model_loops) ----------
 def work() -> str:
     """Do the work."""
     return "worked"
 
 
-LOOPS = {"anthropic": anthropic_loop, "chat": chat_loop, "responses": responses_loop}
+def crash_after_the_second_turn(turn: int) -> None:
+    if turn == 1:
+        crash_once("loop")  # a bug, fixed before the resume
 
 
 @pytest.mark.parametrize("shape", sorted(LOOPS))
@@ -147,7 +79,10 @@ def test_a_system_prompt_of_another_day_replays_the_turn_and_is_noted(
 ) -> None:
     CRASHED.discard("loop")
     day = {"n": 1}
-    loop = LOOPS[shape](llm, lambda: f"Today is day {day['n']}.", lambda: "go")
+    loop = LOOPS[shape](
+        llm, kx.tools(work), lambda: f"Today is day {day['n']}.", lambda: "go",
+        crash_after_the_second_turn,
+    )  # fmt: skip
     agent = kx.agent(name=f"instructions-{shape}")(loop)
 
     assert agent.start("go", run_id=f"day-{shape}").wait(timeout=30) == "failed"
@@ -167,7 +102,10 @@ def test_a_conversation_that_changed_is_still_refused(
 ) -> None:
     CRASHED.discard("loop")
     day = {"n": 1}
-    loop = LOOPS[shape](llm, lambda: "Be brief.", lambda: f"go, on day {day['n']}")
+    loop = LOOPS[shape](
+        llm, kx.tools(work), lambda: "Be brief.", lambda: f"go, on day {day['n']}",
+        crash_after_the_second_turn,
+    )  # fmt: skip
     agent = kx.agent(name=f"conversation-{shape}")(loop)
 
     assert agent.start("go", run_id=f"talk-{shape}").wait(timeout=30) == "failed"
@@ -273,7 +211,10 @@ def test_a_kx_openai_run_recorded_by_the_earlier_release_is_resumed(
 ) -> None:
     """0.1.0 identified a model call by its whole request, system message included."""
     CRASHED.discard("loop")
-    agent = kx.agent(name="recorded-before")(chat_loop(llm, lambda: "Be brief.", lambda: "go"))
+    loop = LOOPS["chat"](
+        llm, kx.tools(work), lambda: "Be brief.", lambda: "go", crash_after_the_second_turn
+    )
+    agent = kx.agent(name="recorded-before")(loop)
     with monkeypatch.context() as before:
         before.setattr(ModelCall, "split", lambda self, named: (dict(named), None))
         assert agent.start("go", run_id="before").wait(timeout=30) == "failed"
