@@ -10,15 +10,18 @@ them the run's effects on the shared shape of ``kernelext._adapters.turns``:
   two requests) and the answer one effect (``pydantic_ai:model``), replayed on resume;
 - a tool call (function tools, MCP tools, dynamic toolsets) is an effect of the tool's name,
   keyed by its turn and its place among the calls of the model's answer; what the tool raised
-  for the model (``ModelRetry``, ``ToolFailed``, ``ApprovalRequired``) is recorded as its
-  outcome, as Pydantic AI encodes it, and given again on replay;
+  for the model (``ModelRetry``, ``ToolFailed``, ``CallDeferred``) is recorded as its outcome,
+  as Pydantic AI encodes it, and given again on replay;
 - everything else (discovery, capability operations, workspace calls, token counts) runs in
   the run as it would without the capability; a streamed model request is refused.
 
 The run is the durable container: :func:`recording` tells the capability it is inside one
 (``kx.pydantic_ai.start`` / ``kx.resume`` of its run); outside one, the capability changes
 nothing. A tool declared ``requires_approval=True`` is asked through kernelext instead of being
-deferred (``prepare_tools`` shows it to the run as a plain function tool).
+deferred (``prepare_tools`` shows it to the run as a plain function tool), and so is a call
+whose tool raises ``ApprovalRequired`` itself (``turns.AsksApproval``: that attempt recorded
+``failed``, the call made again once approved); an approved call runs with
+``ctx.tool_call_approved`` true.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 
 from .._core.engine.context import current_run
 from ..errors import EffectRejected, LedgerError
-from .turns import Turns, in_tool_call, record_tool_call, record_turn
+from .turns import Turns, approved_call, in_tool_call, record_tool_call, record_turn
 
 __all__ = ["MODEL_TOOL", "Recording", "capability_class", "durability", "recording"]
 
@@ -231,13 +234,21 @@ async def tool_call(
                 ) from None
             tool_args.clear()
             tool_args.update(edited)
+        if approved_call():  # a person approved it through kernelext: the tool is told
+            ctx.tool_call_approved = True
         return await body()
 
     assert state.turns.current is not None
     return await record_tool_call(
         state.turns.current, ctx.tool_call_id, tool_name, arguments, call,
-        needs_approval=tool_name in state.gated,
+        needs_approval=tool_name in state.gated, asks_approval=_asks_approval,
     )  # fmt: skip
+
+
+def _asks_approval(outcome: Any) -> bool:
+    """Whether a tool call's outcome (as Pydantic AI encodes it) is the tool raising
+    ``ApprovalRequired``: asked through kernelext, as a ``requires_approval`` tool is."""
+    return isinstance(outcome, dict) and outcome.get("kind") == "approval_required"
 
 
 def _errors(exc: Any) -> str:

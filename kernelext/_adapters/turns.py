@@ -31,17 +31,20 @@ from typing import Any, TypeVar
 from .._core.encoding.keys import load_result, stored_result
 from .._core.engine.context import current_run, reset_current_run, set_current_run
 from .._core.engine.run_engine import RunEngine
-from .._core.ledger.effect import Effect
+from .._core.ledger.effect import Effect, effect_key
 from .._core.views.conversation import turn_step
 from ..errors import EffectRejected, KernelextError, LedgerError
+from ..status import EffectStatus
 from .asked_again import TurnAnswer
 
 __all__ = [
+    "AsksApproval",
     "CallSite",
     "Carried",
     "ToolResult",
     "Turn",
     "Turns",
+    "approved_call",
     "at_call_site",
     "in_tool_call",
     "marked_if_masked",
@@ -58,6 +61,7 @@ MASKED = "kernelext_masked"  # in a recorded answer: a registered secret was mas
 _IN_TOOL: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_in_tool", default=False)
 # The results of the tool call made in this context (a list per ToolResult), for its caller.
 _LIVE: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("kx_live", default=None)
+_APPROVED: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_approved", default=False)
 
 
 class Carried(BaseException):
@@ -284,6 +288,12 @@ def refuse_masked(data: Any, what: str) -> None:
         )
 
 
+class AsksApproval(Exception):
+    """A tool's answer that a person must approve the call first (Pydantic AI's
+    ``ApprovalRequired``): the attempt is recorded ``failed`` with it (nothing was done),
+    and the call is made again, gated, once a person approved it through kernelext."""
+
+
 async def record_tool_call(
     turn: Turn,
     call_id: str | None,
@@ -292,31 +302,41 @@ async def record_tool_call(
     call: Callable[[dict[str, Any]], Awaitable[Any]],
     *,
     needs_approval: bool = False,
+    asks_approval: Callable[[Any], bool] | None = None,
 ) -> Any:
     """One tool call the model asked for in ``turn``, as an effect named ``tool`` with the
-    model's ``arguments`` (what a person approves is what ``call`` is given)."""
+    model's ``arguments`` (what a person approves is what ``call`` is given). A call that
+    ``needs_approval``, or whose result ``asks_approval`` says the tool wants a person's
+    approval first, is asked through kernelext (``kx.approvals``, the panel, ``kernelext
+    approve``); :func:`approved_call` tells ``call`` a person approved it."""
     run = current_run()
     assert run is not None  # only called inside a run
+    site = turn.site_of(call_id)
+    gated = needs_approval or _asked_before(run, site, tool)
 
     async def called(**given: Any) -> Any:
-        token = _IN_TOOL.set(True)
+        token, approved = _IN_TOOL.set(True), _APPROVED.set(gated)
         try:
             value = await call(given)
         finally:
+            _APPROVED.reset(approved)
             _IN_TOOL.reset(token)
+        if not gated and asks_approval is not None and asks_approval(value):
+            raise AsksApproval(f"{tool} asked for a person's approval; asked through kernelext")
         return recorded_result(value)
 
     called.__name__ = tool
     # Bound, shown and approved by the model's argument names, as the tool's own call.
     called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
-    # A call that raised is asked again on resume once the ledger knows it never reached its
-    # target; one that may have is left to a person in kx.reconcile (the retry rule).
-    effect = Effect(called, name=tool, resumable=True, retry=True, needs_approval=needs_approval)
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
     try:
-        with ToolResult() as result, at_call_site(run, turn.site_of(call_id)):
-            out = await effect(**arguments)
+        with ToolResult() as result, at_call_site(run, site):
+            try:
+                out = await _tool_effect(called, tool, gated)(**arguments)
+            except AsksApproval:  # recorded failed: made again once a person approved it
+                gated = True
+                out = await _tool_effect(called, tool, gated)(**arguments)
         return result.of(out, f"The result of {tool} in {turn.key} of run {run.id!r}")
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
@@ -331,6 +351,31 @@ async def record_tool_call(
         turn.in_flight.discard(mine)
         if not mine.done():
             mine.set_result(None)
+
+
+def approved_call() -> bool:
+    """True inside a tool call that a person approved through kernelext."""
+    return _APPROVED.get()
+
+
+def _tool_effect(called: Callable[..., Any], tool: str, gated: bool) -> Effect:
+    # A call that raised is asked again on resume once the ledger knows it never reached its
+    # target; one that may have is left to a person in kx.reconcile (the retry rule). A
+    # gated call made again needs an approval of its own.
+    return Effect(called, name=tool, resumable=True, retry=True, needs_approval=gated)
+
+
+def _asked_before(run: Any, site: Site, tool: str) -> bool:
+    """Whether the call at ``site`` asked for a person's approval in an earlier attempt
+    (:class:`AsksApproval`): a resume asks through kernelext at once, without calling
+    the tool unapproved again."""
+    step_key, _ordinal, call_ordinal = site
+    row = run.effects.get(effect_key(run.id, step_key, tool, call_ordinal, run.key_scheme))
+    return bool(
+        row is not None
+        and row.get("status") == EffectStatus.FAILED
+        and str(row.get("error") or "").startswith(AsksApproval.__name__ + ":")
+    )
 
 
 def _signature_of(arguments: dict[str, Any]) -> inspect.Signature:

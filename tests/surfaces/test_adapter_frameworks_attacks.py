@@ -233,12 +233,6 @@ def test_an_approval_asked_inside_a_kx_tools_function_lets_the_call_through(stor
     assert (str(resumed.status), wired) == ("completed", [3])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool that raises ApprovalRequired itself (Pydantic AI's conditional approval) "
-    "is not asked through kernelext: the run fails with Pydantic AI's UserError about "
-    "DeferredToolRequests",
-)
 def test_a_tool_raising_approval_required_is_asked_through_kernelext(store: Any) -> None:
     paid: list[int] = []
     agent = Agent(scripted(asks("pay", amount=500), says("done")))
