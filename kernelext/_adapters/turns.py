@@ -38,7 +38,6 @@ from ..status import EffectStatus
 from .asked_again import TurnAnswer
 
 __all__ = [
-    "AsksApproval",
     "CallSite",
     "Carried",
     "ToolResult",
