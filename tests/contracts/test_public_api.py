@@ -141,6 +141,8 @@ INTERNAL_SIGNALS = {
     "Unencodable": "kernelext/_core/encoding/canonical.py",  # becomes UnencodableArgument & co.
     "CommandUsageError": "kernelext/_cli/common.py",  # the CLI's exit code 2 and message
     "Carried": "kernelext/_adapters/turns.py",  # a kernelext error through a framework's run
+    # the stop that suspends a run for a person (a StopRequested, told apart by the ledger)
+    "WaitingForPerson": "kernelext/_core/people/waiting.py",
 }
 
 
