@@ -7,12 +7,13 @@ Pydantic AI's own OpenAI chat model. The first call of ``pay`` in this process c
 declares ``pay`` as needing approval; a payment to someone ``away`` asks the model to retry
 (noted in ``ASKED_AWAY``); ``accepts`` is an output validator's test of the final answer (a
 refused answer is sent back to the model to try again); ``durable=True`` builds the agent
-with kernelext's durability capability.
+with kernelext's durability capability (``handler``: its ``event_stream_handler``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -40,6 +41,7 @@ def payer(
     accepts: Callable[[str], bool] | None = None,
     away: frozenset[str] = frozenset(),
     durable: bool = False,
+    handler: Any = None,
 ) -> Agent[None, str]:
     import kernelext as kx
 
@@ -47,7 +49,7 @@ def payer(
         model_for(llm_url),
         name="payer",
         instructions="Pay who you are told.",
-        capabilities=[kx.pydantic_ai.durability()] if durable else None,
+        capabilities=[kx.pydantic_ai.durability(event_stream_handler=handler)] if durable else None,
     )
 
     @agent.tool_plain(requires_approval=approval)
