@@ -7,14 +7,16 @@ Pydantic AI's own OpenAI chat model. The first call of ``pay`` in this process c
 declares ``pay`` as needing approval; a payment to someone ``away`` asks the model to retry
 (noted in ``ASKED_AWAY``); ``accepts`` is an output validator's test of the final answer (a
 refused answer is sent back to the model to try again); ``durable=True`` builds the agent
-with kernelext's durability capability; ``approve_over=N``: ``pay`` asks for approval itself
-(raises ``ApprovalRequired``) for an amount over ``N`` not yet approved, each call noted in
-``CALLED`` as ``(who, ctx.tool_call_approved)``.
+with kernelext's durability capability (``handler``: its ``event_stream_handler``);
+``approve_over=N``: ``pay`` asks for approval itself (raises ``ApprovalRequired``) for an
+amount over ``N`` not yet approved, each call noted in ``CALLED`` as
+``(who, ctx.tool_call_approved)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.exceptions import ApprovalRequired
@@ -45,6 +47,7 @@ def payer(
     away: frozenset[str] = frozenset(),
     durable: bool = False,
     approve_over: int | None = None,
+    handler: Any = None,
 ) -> Agent[None, str]:
     import kernelext as kx
 
@@ -52,7 +55,7 @@ def payer(
         model_for(llm_url),
         name="payer",
         instructions="Pay who you are told.",
-        capabilities=[kx.pydantic_ai.durability()] if durable else None,
+        capabilities=[kx.pydantic_ai.durability(event_stream_handler=handler)] if durable else None,
     )
 
     @agent.tool(requires_approval=approval)

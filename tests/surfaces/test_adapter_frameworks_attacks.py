@@ -178,12 +178,6 @@ def test_a_tool_that_raised_can_be_resumed_after_the_fix(store: Any) -> None:
     assert str(resumed.status) in ("completed", "needs_decision"), resumed.error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an @kx.effect(needs_approval=True) called inside a Pydantic AI tool suspends the "
-    "run with the tool's own call left 'unknown': once approved, the run waits in "
-    "kx.reconcile instead of making the approved call",
-)
 def test_an_approval_asked_inside_a_pydantic_ai_tool_lets_the_call_through(store: Any) -> None:
     wired: list[int] = []
 
@@ -204,11 +198,30 @@ def test_an_approval_asked_inside_a_pydantic_ai_tool_lets_the_call_through(store
     assert (str(resumed.status), wired) == ("completed", [5])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an @kx.effect(needs_approval=True) called inside a kx.tools function (recorded as "
-    "an effect of its own) leaves that call 'unknown': the run ends in needs_decision",
-)
+def test_a_rejection_asked_inside_a_pydantic_ai_tool_is_told_to_the_model(store: Any) -> None:
+    """As a rejected tool call of its own: the call is not made and the model is told."""
+    wired: list[int] = []
+    seen: list[str] = []
+
+    @kx.effect(needs_approval=True)
+    def wire(amount: int) -> str:
+        wired.append(amount)
+        return f"wired {amount}"
+
+    agent = Agent(scripted(asks("transfer", amount=5), says("done"), seen=seen))
+
+    @agent.tool_plain
+    def transfer(amount: int) -> str:
+        return wire(amount)
+
+    assert kx.pydantic_ai.start(agent, "go", run_id="inner-no").wait(timeout=30) == "suspended"
+    resumed = next(iter(kx.approvals("inner-no"))).reject(note="not today")
+    assert resumed.wait(timeout=30) == "completed", resumed.error
+    assert wired == []
+    [told] = seen
+    assert "A person rejected this call" in told and "not today" in told, told
+
+
 def test_an_approval_asked_inside_a_kx_tools_function_lets_the_call_through(store: Any) -> None:
     wired: list[int] = []
 

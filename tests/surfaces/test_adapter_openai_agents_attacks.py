@@ -262,6 +262,36 @@ def test_a_call_needing_approval_suspends_the_run_for_it(
         assert set(llm.per_turn().values()) == {1}
 
 
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_an_approval_asked_inside_a_tool_decides_the_call_made_there(
+    decision: str, store: Any, delivery_server: DeliveryServer, closing: None
+) -> None:
+    """A tool whose body calls an ``@kx.effect(needs_approval=True)``: the tool call is made
+    again once a person decided (not left for kx.reconcile), the approved call once."""
+    import kernelext as kx
+
+    @kx.effect(needs_approval=True)
+    def wire(who: str) -> int:
+        return post_json(f"{delivery_server.url}/pay/{who}", {"who": who}).status
+
+    @function_tool
+    def pay(who: str) -> str:
+        """Pay someone."""
+        return f"paid {who} ({wire(who)})"
+
+    with LLMServer(script=ONE_PAY) as llm:
+        agent = Agent(name="in", instructions="x", tools=[pay], model=model_for(llm.base_url))
+        handle = kx.openai_agents.start(agent, "go", run_id="inner-1")
+        assert handle.wait(60) == "suspended", handle.error
+        (request,) = kx.approvals("inner-1")
+        assert request.tool == "wire"
+        again = getattr(request, decision)()
+        assert again.wait(60) == "completed", again.error
+        assert delivery_server.count() == (1 if decision == "approve" else 0)
+        assert list(kx.reconcile("inner-1")) == []
+        assert set(llm.per_turn().values()) == {1}
+
+
 class _Unsendable:
     pass
 

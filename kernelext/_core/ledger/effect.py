@@ -43,7 +43,7 @@ from ..encoding.secrets import REDACTED, SECRET_NAME
 from ..engine.context import current_run
 from ..engine.run_engine import RunEngine, chain_roots
 from ..engine.step_info import current_item
-from .effect_approval import _SEEN
+from .effect_approval import _SEEN, left_inside
 from .effect_async import call_async
 from .effect_outcomes import _PERFORM, EffectOutcomes
 from .limits import call_limited
@@ -291,15 +291,16 @@ class Effect(EffectOutcomes):
         try:  # made again after a transient failure with retries=N (kernelext._core.ledger.retries)
             result = made_with_retries(self, run, key, lambda: self.fn(*args, **call_kwargs))
             refuse_unrun_result(self.tool, result)
-        except Exception as exc:
-            if settled(run, key):  # the attempts recorded the outcome (unknown)
+        except BaseException as exc:
+            if settled(run, key):  # the attempts recorded the outcome (unknown, not_applied)
                 raise
-            _recorded(run, functools.partial(self._failed, run, key, exc))
-            raise
-        except BaseException:
-            if settled(run, key):  # a stop between two attempts: recorded not_applied
-                raise
-            self._interrupted(run, key)
+            why = left_inside(exc)  # a call made inside waits for approval, or was rejected
+            if why is not None:
+                _recorded(run, functools.partial(self._not_reached, run, key, why))
+            elif isinstance(exc, Exception):
+                _recorded(run, functools.partial(self._failed, run, key, exc))
+            else:  # a stop, a forced stop, the process going down: nobody knows
+                self._interrupted(run, key)
             raise
         return _recorded(run, functools.partial(self._applied, run, key, result))
 

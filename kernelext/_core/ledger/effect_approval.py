@@ -1,6 +1,18 @@
 """A gated effect call (``@kx.effect(needs_approval=...)``): one approved request, bound to
 the call's key and arguments, consumed by the call's intent; a call approved with edits is
-made with the edited arguments (``approval_extras``). Mixed into ``ledger.Effect``."""
+made with the edited arguments (``approval_extras``). Mixed into ``ledger.Effect``.
+
+A call made inside another recorded call (an effect's body, a framework's tool call) asks
+and waits the same way. Its approval is asked before anything of it is sent, so the
+enclosing call is left before it returned with nothing of that inner call made: it is
+recorded ``not_applied`` with why (:func:`left_inside`, ``LEFT_INSIDE``), never
+``unknown``. The resume makes it again under its key: the calls it made before replay
+from the ledger by their own keys, the approved inner call is made once, and the
+enclosing call's own approval, consumed when it was first made, holds for it
+(:meth:`EffectApproval._still_approved`). A question asked inside it (``run.ask``)
+leaves it the same way until answered; a rejected inner call leaves it the same way,
+and the rejection is raised again there on every replay, as at a top-level call.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +21,37 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import LedgerError
+from ..._store.approvals import APPROVED
+from ...errors import EffectRejected, LedgerError
+from ...status import EffectStatus, Reason
 from ..encoding.effect_args import CallArguments
 from ..encoding.keys import load_result
 from ..engine.run_engine import RunEngine
 from ..people.approval_extras import apply_edit, edited_call, refuse_edit
 from ..people.approvals import approval_for_call
+from ..people.waiting import WaitingForPerson
 
-__all__ = ["EffectApproval"]
+__all__ = ["LEFT_INSIDE", "EffectApproval", "left_inside"]
+
+# How the error of a call left for a call made inside it begins (``left_inside``).
+LEFT_INSIDE = "left before it returned: "
+
+
+def left_inside(exc: BaseException) -> str | None:
+    """Why a recorded call's body was left without an outcome of its own, when ``exc`` is
+    a call made inside it waiting for a person's approval or answer (``run.ask``: the
+    run suspends) or rejected by one: that inner call was not made, so neither was the
+    enclosing one (recorded ``not_applied``, made again on resume). ``None`` for anything
+    else: a person's stop, a forced stop, an error keep their outcomes (``unknown``,
+    ``failed``)."""
+    if isinstance(exc, WaitingForPerson):
+        waits = "approval" if exc.reason == Reason.APPROVAL else "an answer"
+        return f"{LEFT_INSIDE}a call made inside it waits for {waits} ({exc.note})"
+    if isinstance(exc, EffectRejected):
+        note = f": {exc.note}" if exc.note else ""
+        return f"{LEFT_INSIDE}{exc.tool} (key {exc.key}), called inside it, was rejected{note}"
+    return None
+
 
 # A gated call's arguments with every value of its data arguments, by effect key, while the
 # call is prepared: what its approval request stores (``effects.args`` keeps a summary).
@@ -61,6 +96,21 @@ class EffectApproval(CallArguments):
         (``approvals.approval_for_call``)."""
         seen = _SEEN.get(row["key"])
         return approval_for_call(run, self.tool, {**row, "args": seen[0] if seen else row["args"]})
+
+    def _still_approved(self, run: RunEngine, row: dict[str, Any]) -> bool:
+        """Whether a gated call made again is made under the approval it consumed first:
+        only a call left for a call made inside it (``left_inside``), which never returned,
+        and only with that approval's edits (kept for the call, ``_made_with``)."""
+        left = str(row.get("error") or "").startswith(LEFT_INSIDE)
+        if row["status"] != EffectStatus.NOT_APPLIED or not left or row.get("decided_by"):
+            return False
+        request = run.store.approval(row["key"])  # the newest request of this call
+        if request is None or request["decision"] != APPROVED or request["consumed_at"] is None:
+            return False
+        if self._edited(run, row, request["id"])["args_hash"] == row["args_hash"]:
+            return True
+        _EDITED.pop(row["key"], None)
+        return False
 
     # -- approved with edits (``approval_extras``) -----------------------------------------
     editable = True  # calls made from their bound arguments (an MCP tool's are not)

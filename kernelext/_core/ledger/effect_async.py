@@ -16,7 +16,8 @@ steps of a sync call (``Effect``'s own code, nothing copied):
 3. **After the call** (``Effect._applied`` / ``_failed`` / ``_interrupted``): ``applied``
    with the stored result, ``failed`` for an exception, ``unknown`` for a cancellation
    (a forced stop of an async agent or ``run.amap`` item cancels its task: the
-   ``CancelledError`` lands in the awaited tool).
+   ``CancelledError`` lands in the awaited tool); ``not_applied`` (``_not_reached``) when
+   a call made inside it waits for approval or was rejected (``effect_approval``).
 
 kernelext's bookkeeping never awaits the tool's loop, so a cancellation lands in the tool
 (or, before it, in the wait for the intent: see 1).
@@ -33,6 +34,7 @@ import contextvars
 from typing import TYPE_CHECKING, Any
 
 from ..._validate_functions import refuse_unrun_result
+from .effect_approval import left_inside
 from .evidence import Evidence, watching
 from .retries import judged_once
 
@@ -74,15 +76,17 @@ async def call_async(
         with watching() as evidence:  # what proves a failed call never left
             result = await effect.fn(*args, **call_kwargs)
         refuse_unrun_result(effect.tool, result)
-    except Exception as exc:
-        decided = judged_once(
-            effect, run, key, exc, evidence
-        )  # the retry rule: unknown, or reached
+    except BaseException as exc:
+        why = left_inside(exc)  # a call made inside waits for approval, or was rejected
+        if why is not None:
+            effect._not_reached(run, key, why)
+            raise
+        if not isinstance(exc, Exception):  # cancelled (a forced stop), the process going down
+            effect._interrupted(run, key)
+            raise
+        decided = judged_once(effect, run, key, exc, evidence)  # the retry rule: unknown?
         if decided is not None:
             raise decided from exc
         effect._failed(run, key, exc)
-        raise
-    except BaseException:  # cancelled (a forced stop), or the process going down
-        effect._interrupted(run, key)
         raise
     return effect._applied(run, key, result)

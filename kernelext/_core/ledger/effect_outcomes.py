@@ -1,7 +1,8 @@
 """What an effect call's outcome records (``applied`` with its result, ``failed``,
-``unknown``), and what a call already in the ledger gives back on a resume (its result,
-a decision to make, or the call made again). Shared by the sync and async paths
-(``ledger``, ``ledger_async``); mixed into ``ledger.Effect``."""
+``unknown``; ``not_applied`` when a call made inside it waits for approval or was
+rejected: ``effect_approval``), and what a call already in the ledger gives back on a
+resume (its result, a decision to make, or the call made again). Shared by the sync and
+async paths (``ledger``, ``ledger_async``); mixed into ``ledger.Effect``."""
 
 from __future__ import annotations
 
@@ -44,10 +45,11 @@ class EffectOutcomes(EffectApproval):
     dedupes: bool  # its target dedupes on the key (set by Effect)
 
     def _retry(self, run: RunEngine, row: dict[str, Any], gated: bool) -> bool:
-        """Make a decided call again under its key; a gated one needs a new approval.
-        False: another attempt of the step took the call again first (not made here)."""
+        """Make a decided call again under its key; a gated one needs a new approval
+        (unless it never returned: ``_still_approved``). False: another attempt of the step
+        took the call again first (not made here)."""
         key = row["key"]
-        if gated:
+        if gated and not self._still_approved(run, row):
             for _ in range(2):
                 grant = self._approval(run, row)
                 if (run.store.approval(grant) or {}).get("edit") is not None:
@@ -79,6 +81,21 @@ class EffectOutcomes(EffectApproval):
         run.store.write_outcome(key, EffectStatus.FAILED, error=_describe(exc), attempts=attempts)
         run.effects[key]["status"] = EffectStatus.FAILED
         run.notify("effect", (self.tool, key, EffectStatus.FAILED))
+
+    def _not_reached(self, run: RunEngine, key: uuid.UUID, why: str) -> None:
+        """Its body was left for a call made inside it that was not made (``left_inside``:
+        it waits for approval, or was rejected): ``not_applied`` with ``why``, so that the
+        resume makes it again under its key (durable before the suspension goes on)."""
+        why = scrubbed_excerpt(why, 2000)  # a person's note may be long
+        run.store.write_outcome(
+            key,
+            EffectStatus.NOT_APPLIED,
+            error=why,
+            attempts=run.effects[key].get("attempts"),
+            wait=True,
+        )
+        run.effects[key].update(status=EffectStatus.NOT_APPLIED, error=why)
+        run.notify("effect", (self.tool, key, EffectStatus.NOT_APPLIED))
 
     def _interrupted(self, run: RunEngine, key: uuid.UUID) -> None:
         """A forced stop, a cancellation (or the process going down) mid-call: nobody

@@ -53,6 +53,7 @@ from ...errors import NeedsDecision, StopRequested
 from ...status import EffectStatus
 from ..encoding.secrets import scrubbed_excerpt
 from . import limits
+from .effect_approval import left_inside
 from .evidence import Evidence, proves_not_sent, watching
 from .failures import (
     ANSWERED,
@@ -204,6 +205,8 @@ def made_with_retries(effect: Effect, run: RunEngine, key: uuid.UUID, call: Call
             with watching() as evidence:  # what proves a failed attempt never left
                 return call()
         except Exception as exc:
+            if left_inside(exc) is not None:  # a call made inside was rejected: no failure
+                raise
             verdict, failure = judge(effect, exc, evidence)
             if verdict == UNKNOWN:
                 raise _unknown(effect, run, key, exc, failure) from exc

@@ -25,7 +25,14 @@ if TYPE_CHECKING:
 
     from ..engine.run_engine import RunEngine
 
-__all__ = ["Waiting", "go_on", "install_go_on", "wait_for_person", "waiting_text"]
+__all__ = [
+    "Waiting",
+    "WaitingForPerson",
+    "go_on",
+    "install_go_on",
+    "wait_for_person",
+    "waiting_text",
+]
 
 T = TypeVar("T")
 
@@ -51,6 +58,19 @@ def go_on(store: Store, run_id: str, source: str) -> Any:
     return _GO_ON(store, run_id, source)
 
 
+class WaitingForPerson(StopRequested):
+    """The stop :func:`wait_for_person` raises: kernelext suspends the run for a person
+    (``reason``: ``approval`` or ``input``; ``note``: what the run waits for). A recorded
+    call whose body it leaves knows by it that a call made inside waits for a person
+    (``ledger.effect_approval.left_inside``); a stop of any other origin is a plain
+    ``StopRequested``."""
+
+    def __init__(self, reason: str, note: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.note = note
+
+
 def wait_for_person(
     run: RunEngine, reason: str, deadline: dt.datetime | None, note: str
 ) -> NoReturn:
@@ -58,16 +78,16 @@ def wait_for_person(
 
     The open step is not completed: it ends ``cancelled`` and runs again on resume. The
     stop is delivered like any other, so an agent that swallows it meets it again at its
-    next kernelext call.
+    next kernelext call (as a plain ``StopRequested``).
     """
     item = current_item(run)
     if item is not None:  # a run.map item: it ends here, the others go on (see batch)
         item.waiting = (reason, deadline, note)
-        raise StopRequested(reason)
+        raise WaitingForPerson(reason, note)
     run.suspend_request = (reason, deadline, note)
     run.stop_event.set()
     run.stop_event.delivered = StopRequested
-    raise StopRequested(reason)
+    raise WaitingForPerson(reason, note)
 
 
 def waiting_text(run_id: str, reason: str | None) -> str | None:
