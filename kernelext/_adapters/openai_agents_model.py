@@ -169,17 +169,10 @@ async def streamed_turn(
         asked.append(True)
         return await _final_response(ask(), live.put_nowait)
 
-    answer = asyncio.ensure_future(
-        record_turn(
-            turn,
-            MODEL_TOOL,
-            request,
-            final_response,
-            model.dump,
-            model.load,
-            instructions=instructions,
-        )  # fmt: skip
+    recorded = record_turn(
+        turn, MODEL_TOOL, request, final_response, model.dump, model.load, instructions=instructions
     )
+    answer = asyncio.ensure_future(recorded)
     answer.add_done_callback(lambda _: live.put_nowait(_END))
     try:
         while (event := await live.get()) is not _END:
