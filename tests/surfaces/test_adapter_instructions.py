@@ -118,11 +118,14 @@ def test_a_conversation_that_changed_is_still_refused(
 
 
 # -- agent frameworks -----------------------------------------------------------------------
+@pytest.mark.parametrize("streamed", [False, True], ids=["Runner.run", "on_event"])
 def test_an_agents_sdk_agent_whose_instructions_are_of_the_day_is_resumed(
-    store: Any, llm: LLMServer
+    store: Any, llm: LLMServer, streamed: bool
 ) -> None:
     day = {"n": 1}
     CRASHED.discard("sdk")
+    events: list[Any] = []
+    options: dict[str, Any] = {"on_event": events.append} if streamed else {}
 
     @function_tool(failure_error_function=None)
     def work() -> str:
@@ -136,7 +139,8 @@ def test_an_agents_sdk_agent_whose_instructions_are_of_the_day_is_resumed(
     agent = SdkAgent(
         name="dated", instructions=instructions, tools=[work], model=model_for(llm.base_url)
     )
-    assert kx.openai_agents.start(agent, "go", run_id="sdk-day").wait(timeout=30) == "failed"
+    started = kx.openai_agents.start(agent, "go", run_id="sdk-day", **options)
+    assert started.wait(timeout=30) == "failed"
     day["n"] = 2
     resumed = kx.resume("sdk-day")
     resumed.wait(timeout=30)
@@ -144,6 +148,7 @@ def test_an_agents_sdk_agent_whose_instructions_are_of_the_day_is_resumed(
     assert (str(resumed.status), resumed.result) == ("completed", "done"), resumed.error
     assert len(noted(resumed)) == 1
     assert json.loads(first_turn_args("sdk-day"))["instructions"] == "Today is day 1."
+    assert bool(events) == streamed
 
 
 def test_an_agents_sdk_agent_built_with_the_day_in_its_text_is_resumed(
