@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from .._core.encoding.keys import display_args
 from .._core.encoding.secrets import REDACTED
 from .._core.engine.context import current_run
-from .._core.ledger.effect import Effect
 from .._core.ledger.evidence import Evidence, absorb, watching
 from .._core.ledger.limits import call_limited_async, sent
 from ..errors import LedgerError
 from ..status import EffectStatus
+from .asked_again import AskedAgain, split_request
 from .model_clients import Options, Pending, Sides, materialise, passed_through, register_values
 from .model_streams import AsyncRecordedStream, RecordedStream, to_json
 from .turns import marked_if_masked, refuse_masked
@@ -84,9 +84,10 @@ class CreateRecorder:
         return call.typed(await call_limited_async(run, limit, self.tool, made, call._where))
 
 
-class ModelCall(Effect):
+class ModelCall(AskedAgain):
     """One model call as an effect. Recorded arguments: the request as JSON, without
-    transport options; result: the response as JSON (see the module docstring)."""
+    transport options, identified by its conversation (``asked_again``: the instructions
+    are asked again on resume); result: the response as JSON (see the module docstring)."""
 
     def __init__(self, owner: CreateRecorder, kwargs: dict[str, Any]) -> None:
         self.owner = owner
@@ -137,6 +138,9 @@ class ModelCall(Effect):
         if isinstance(value, (list, tuple)):
             return [self.plain(v) for v in value]
         return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+    def split(self, named: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+        return split_request(named)
 
     def outgoing(self, key: str | None) -> dict[str, Any]:
         """The keywords the client is called with: the caller's, plus the key header."""

@@ -1,33 +1,31 @@
 """``kx.openai_agents`` (``kernelext[agents]``): an OpenAI Agents SDK run as a kernelext run.
 
-``start(agent, input, run_id=...)`` runs ``Runner.run`` in a kernelext run. The run drives a
+``start(agent, input, run_id=...)`` runs ``Runner.run`` in a kernelext run; with
+``on_event=``, ``Runner.run_streamed``, each event handed to the callback. The run drives a
 recorded copy of the agent and of every agent it hands off to (the user's objects are not
-changed): each agent's model answers through :class:`RecordedModel` and each function tool
-call and handoff is made as ``openai_agents_calls`` says, both on the shared shape of
-``kernelext._adapters.turns``: a model turn is a step (a Stop lands between two turns), the
-model's answer one effect replayed on resume, a tool call an effect keyed by its turn and its
-place among the turn's calls. A tool's ``needs_approval`` is asked through kernelext
-(``kx.approvals``, the panel, ``kernelext approve``) instead of the SDK's interruptions; a
-rejected call tells the model it was rejected. Tools the SDK runs on this machine other than
-function tools (a shell, a computer, a patch) are refused: wrap the work in a
-``@function_tool``. Hosted tools (web search, file search, hosted MCP) run on the model's
-server, inside the recorded turn.
+changed): each agent's model answers through ``RecordedModel`` (``openai_agents_model``: a
+turn asked whole or streamed) and each function tool call and handoff is made as
+``openai_agents_calls`` says, both on the shared shape of ``kernelext._adapters.turns``: a
+model turn is a step (a Stop lands between two turns), the model's answer one effect replayed
+on resume, a tool call an effect keyed by its turn and its place among the turn's calls. A
+tool's ``needs_approval`` is asked through kernelext (``kx.approvals``, the panel,
+``kernelext approve``) instead of the SDK's interruptions; a rejected call tells the model it
+was rejected. Tools the SDK runs on this machine other than function tools (a shell, a
+computer, a patch) are refused: wrap the work in a ``@function_tool``. Hosted tools (web
+search, file search, hosted MCP) run on the model's server, inside the recorded turn.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import importlib
-import inspect
 import json
 import math
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._core.engine.context import current_run
 from .._core.lifecycle.agent import Agent
 from .._core.lifecycle.agent import agent as kx_agent
 from .._core.lifecycle.handle import Handle
@@ -38,12 +36,12 @@ from .._validate import check_name
 from .adapter_loop import run_on_adapter_loop
 from .model_clients import checked_prices
 from .openai_agents_calls import recorded_handoff, recorded_tool
-from .turns import Turns, in_tool_call, record_turn, unwrapped
+from .openai_agents_model import MODEL_TOOL, recorded_model, run_streamed
+from .turns import Turns, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "require_agents", "start"]
 
 INSTALL = "pip install 'kernelext[agents]'"
-MODEL_TOOL = "openai_agents:model"
 _HOSTED = frozenset(
     {"FileSearchTool", "WebSearchTool", "HostedMCPTool", "CodeInterpreterTool",
      "ImageGenerationTool", "ToolSearchTool"}
@@ -57,6 +55,7 @@ class _Options:
     max_turns: int | None = None
     run_config: Any = None
     context: Any = None
+    on_event: Callable[[Any], Any] | None = None
 
 
 _DEFAULTS: dict[str, _Options] = {}  # agent name -> what agent() was given last
@@ -81,17 +80,18 @@ def agent(
     max_turns: int | None = None,
     run_config: Any = None,
     context: Any = None,
+    on_event: Callable[[Any], Any] | None = None,
     prices: Mapping[str, tuple[float, float]] | None = None,
     max_step_seconds: float | None = None,
 ) -> Agent:
     """Register an Agents SDK ``Agent`` as a kernelext agent, so ``kx.resume`` can continue
     its runs. :func:`start` does this; after a kernel restart, build the agent again and call
     ``kx.openai_agents.agent(agent)`` before ``kx.resume(run_id)``. ``max_turns``,
-    ``run_config`` and ``context`` are the ``Runner.run`` options of every run of the agent
+    ``run_config``, ``context`` and ``on_event`` are the options of every run of the agent
     resumed from now on (kept in this process; they replace what :func:`start` was given).
     ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
     (prompt, completion), as for ``kx.openai``: the run's text and panel show the cost."""
-    options = _checked_options(max_turns, run_config, context)
+    options = _checked_options(max_turns, run_config, context, on_event)
     made = _register(sdk_agent, name, prices, max_step_seconds)
     _DEFAULTS[made.name] = options
     for run_id in [r for r, (owner, _) in _RUNS.items() if owner == made.name]:
@@ -107,6 +107,7 @@ def start(
     max_turns: int | None = None,
     run_config: Any = None,
     context: Any = None,
+    on_event: Callable[[Any], Any] | None = None,
     prices: Mapping[str, tuple[float, float]] | None = None,
     name: str | None = None,
     store: Store | None = None,
@@ -117,8 +118,12 @@ def start(
     ``h.result`` is the run's ``final_output``. ``input`` (text, or a list of input items
     as dicts) is stored with the run; ``max_turns``, ``run_config`` and ``context`` are
     this run's, kept in this process (after a restart, give them to :func:`agent`);
-    ``prices`` as for :func:`agent`."""
-    options = _checked_options(max_turns, run_config, context)
+    ``prices`` as for :func:`agent`. ``on_event``: the run is ``Runner.run_streamed`` and
+    ``on_event(event)`` (a function, or an ``async def``) gets each ``StreamEvent`` the SDK
+    yields, the model's deltas while a turn is asked; a turn replayed on resume comes as
+    its ``response.created`` and ``response.completed`` (the recorded response), then its
+    run items again."""
+    options = _checked_options(max_turns, run_config, context, on_event)
     stored = _input(input)
     made = _register(sdk_agent, name, prices, max_step_seconds)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
@@ -136,7 +141,7 @@ def start(
         raise
 
 
-def _checked_options(max_turns: Any, run_config: Any, context: Any) -> _Options:
+def _checked_options(max_turns: Any, run_config: Any, context: Any, on_event: Any) -> _Options:
     sdk = require_agents()
     if max_turns is not None and (
         isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1
@@ -144,7 +149,12 @@ def _checked_options(max_turns: Any, run_config: Any, context: Any) -> _Options:
         raise ValueError(f"max_turns must be a whole number of turns >= 1, not {max_turns!r}.")
     if run_config is not None and not isinstance(run_config, sdk.RunConfig):
         raise TypeError(f"run_config must be an agents.RunConfig, not {type(run_config).__name__}.")
-    return _Options(max_turns, run_config, context)
+    if on_event is not None and not callable(on_event):
+        raise TypeError(
+            "on_event must be a function taking each stream event (on_event=print), "
+            f"not {type(on_event).__name__}."
+        )
+    return _Options(max_turns, run_config, context, on_event)
 
 
 def _register(
@@ -181,15 +191,17 @@ async def _drive(run: Run, sdk_agent: Any, input: Any, options: _Options) -> Any
     config = options.run_config or sdk.RunConfig()
     turns = Turns(engine)
     if isinstance(config.model, sdk.Model):
-        config = dataclasses.replace(config, model=_recorded_model()(config.model, turns, None))
+        config = dataclasses.replace(config, model=recorded_model()(config.model, turns, None))
     elif isinstance(config.model, str):
         inner = config.model_provider.get_model(config.model)
-        config = dataclasses.replace(config, model=_recorded_model()(inner, turns, config.model))
+        config = dataclasses.replace(config, model=recorded_model()(inner, turns, config.model))
     recorded = _recorded_graph(sdk_agent, config, turns)
     keywords: dict[str, Any] = {"run_config": config, "context": options.context}
     if options.max_turns is not None:
         keywords["max_turns"] = options.max_turns
     with unwrapped():
+        if options.on_event is not None:
+            return await run_streamed(sdk.Runner, recorded, input, keywords, options.on_event)
         result = await sdk.Runner.run(recorded, input, **keywords)
     return result.final_output
 
@@ -250,7 +262,7 @@ class _Copies:
             model = original.model
             if not isinstance(model, require_agents().Model):
                 model = self.config.model_provider.get_model(model)
-            copy.model = _recorded_model()(model, self.turns, original.name)
+            copy.model = recorded_model()(model, self.turns, original.name)
         copy.tools = [recorded_tool(t, self.turns) for t in original.tools]
         copy.handoffs = [self.handoff(h) for h in original.handoffs]
         return copy
@@ -259,83 +271,6 @@ class _Copies:
         if isinstance(handoff, require_agents().Agent):
             return self.of(handoff)
         return recorded_handoff(handoff, self.of, self.turns)
-
-
-@functools.cache
-def _recorded_model() -> Callable[..., Any]:
-    """The ``Model`` that records each answer (a class made once the SDK is imported)."""
-    sdk = require_agents()
-    from pydantic import TypeAdapter
-
-    responses = TypeAdapter(sdk.ModelResponse)
-
-    class RecordedModel(sdk.Model):  # type: ignore[misc, name-defined]
-        """An agent's model, its answers recorded as the run's turns."""
-
-        def __init__(self, inner: Any, turns: Turns, agent_name: str | None) -> None:
-            self.inner, self.turns, self.agent_name = inner, turns, agent_name
-            self.model_name = str(getattr(inner, "model", None) or agent_name or "")
-
-        def recording(self) -> bool:
-            return current_run() is not None and not in_tool_call()
-
-        async def get_response(self, *args: Any, **kwargs: Any) -> Any:
-            if not self.recording():
-                return await self.inner.get_response(*args, **kwargs)
-            turn = self.turns.begin(self.agent_name)
-            response = await record_turn(
-                turn,
-                MODEL_TOOL,
-                _request(*args, **kwargs),
-                lambda: self.inner.get_response(*args, **kwargs),
-                self.dump,
-                self.load,
-            )
-            turn.calls = [str(item.call_id) for item in response.output if hasattr(item, "call_id")]
-            return response
-
-        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
-            if not self.recording():
-                return self.inner.stream_response(*args, **kwargs)
-            raise NotImplementedError(
-                "kx.openai_agents records runs made with Runner.run: start the run with "
-                "kx.openai_agents.start(agent, input), not Runner.run_streamed."
-            )
-
-        def dump(self, response: Any) -> Any:
-            data = responses.dump_python(response, mode="json")
-            data["output"] = [
-                item.model_dump(mode="json", exclude_unset=True) for item in response.output
-            ]
-            return {"model": self.model_name, **data}
-
-        def load(self, data: Any) -> Any:
-            return responses.validate_python({k: v for k, v in data.items() if k != "model"})
-
-        async def close(self) -> None:
-            await self.inner.close()
-
-    return RecordedModel
-
-
-def _request(
-    system_instructions: Any,
-    input: Any,
-    model_settings: Any,
-    tools: Any,
-    output_schema: Any,
-    handoffs: Any,
-    tracing: Any = None,
-    **_rest: Any,
-) -> dict[str, Any]:
-    """A model call as recorded: what the model was asked, with what tools."""
-    return {
-        "instructions": system_instructions,
-        "input": _plain(input),
-        "tools": [getattr(t, "name", type(t).__name__) for t in tools],
-        "handoffs": [getattr(h, "tool_name", str(h)) for h in handoffs],
-        "output": None if output_schema is None else output_schema.name(),
-    }
 
 
 def _input(value: Any) -> Any:
@@ -369,34 +304,16 @@ def _item(value: Any, where: str) -> Any:
     )
 
 
-def _plain(value: Any) -> Any:
-    """``value`` as JSON: SDK and ``openai`` models dumped with the fields they were given."""
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", exclude_unset=True)
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return f"<{type(value).__module__}.{type(value).__qualname__}>"
-
-
 def _fingerprint(graph: list[Any]) -> str:
-    """A hash of the agents' names, instructions, tools and handoffs: a resume refuses a
-    run of other agents (``allow_code_change=True`` accepts it)."""
+    """A hash of the agents' names, tools and handoffs: a resume refuses a run of other
+    agents (``allow_code_change=True`` accepts it). Not of their instructions, which a
+    resume asks again (a text or a function of today's date: ``asked_again``)."""
     parts: list[str] = []
     for each in sorted(graph, key=lambda a: str(a.name)):
-        instructions = each.instructions
-        if callable(instructions):
-            try:
-                instructions = inspect.getsource(instructions)
-            except (OSError, TypeError):
-                instructions = getattr(instructions, "__qualname__", "")
         tools = [
             [getattr(t, "name", type(t).__name__), getattr(t, "params_json_schema", None)]
             for t in each.tools
         ]
         handoffs = [getattr(h, "agent_name", getattr(h, "name", "")) for h in each.handoffs]
-        parts.append(json.dumps([each.name, str(instructions), tools, handoffs], default=str))
+        parts.append(json.dumps([each.name, tools, handoffs], default=str))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

@@ -6,7 +6,9 @@ the agent's own when it was built with ``durability()``, else added for the run 
 ``agent.override(capabilities=...)``, which holds for the run's task only (the user's agent is
 not changed). The capability makes each model request a turn (a step; a Stop lands between
 two turns) whose answer is one effect replayed on resume, and each tool call an effect keyed
-by its turn and its place among the calls of the model's answer.
+by its turn and its place among the calls of the model's answer. ``event_stream_handler=``
+is the run's (Pydantic AI's name, as for its other engines): the model's requests are
+streamed to it and each recorded as its final response.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Options:
 
     deps: Any = None
     model: Any = None
+    handler: Any = None  # the run's event_stream_handler
     run_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -67,6 +70,7 @@ def agent(
     name: str | None = None,
     deps: Any = None,
     model: Any = None,
+    event_stream_handler: Any = None,
     prices: Mapping[str, tuple[float, float]] | None = None,
     max_step_seconds: float | None = None,
     **run_options: Any,
@@ -74,13 +78,13 @@ def agent(
     """Register a Pydantic AI ``Agent`` as a kernelext agent, so ``kx.resume`` can continue
     its runs. :func:`start` does this; after a kernel restart, build the agent again and call
     ``kx.pydantic_ai.agent(agent, deps=...)`` before ``kx.resume(run_id)``. ``deps``,
-    ``model`` and the other ``agent.run`` keywords (``usage_limits``, ``model_settings``,
-    ...) are those of every run of the agent resumed from now on (kept in this process; they
-    replace what :func:`start` was given). ``prices``: dollars per million tokens by model,
-    ``{"gpt-4o-mini": (0.15, 0.60)}`` (prompt, completion), as for ``kx.openai``: the run's
-    text and panel show the cost."""
+    ``model``, ``event_stream_handler`` and the other ``agent.run`` keywords
+    (``usage_limits``, ``model_settings``, ...) are those of every run of the agent resumed
+    from now on (kept in this process; they replace what :func:`start` was given).
+    ``prices``: dollars per million tokens by model, ``{"gpt-4o-mini": (0.15, 0.60)}``
+    (prompt, completion), as for ``kx.openai``: the run's text and panel show the cost."""
     checked = checked_prices(prices, "kx.pydantic_ai") if prices is not None else {}
-    options = _checked_options(pa_agent, deps, model, run_options)
+    options = _checked_options(pa_agent, deps, model, event_stream_handler, run_options)
     made = _register(pa_agent, name, max_step_seconds)
     PRICES.update(checked)
     _DEFAULTS[made.name] = options
@@ -96,6 +100,7 @@ def start(
     run_id: str | None = None,
     deps: Any = None,
     model: Any = None,
+    event_stream_handler: Any = None,
     prices: Mapping[str, tuple[float, float]] | None = None,
     name: str | None = None,
     store: Store | None = None,
@@ -107,13 +112,16 @@ def start(
     run's ``output``. ``prompt`` is stored with the run; ``deps``, ``model`` and the other
     ``agent.run`` keywords (``usage_limits=``, ``model_settings=``) are this run's, kept in
     this process (after a restart, give them to :func:`agent`); ``prices`` as for
-    :func:`agent`."""
+    :func:`agent`. ``event_stream_handler``: ``async def handler(ctx, events)``, as for
+    ``agent.run``; each model request is streamed to it as it comes (``PartStartEvent``,
+    ``PartDeltaEvent`` ...), then the tool calls' events; a request replayed on resume gives
+    it each recorded part as a ``PartStartEvent`` and a ``PartEndEvent``."""
     if not isinstance(prompt, str):
         raise TypeError(
             f"kx.pydantic_ai.start takes the prompt as text, not {type(prompt).__name__}."
         )
     checked = checked_prices(prices, "kx.pydantic_ai") if prices is not None else {}
-    options = _checked_options(pa_agent, deps, model, run_options)
+    options = _checked_options(pa_agent, deps, model, event_stream_handler, run_options)
     made = _register(pa_agent, name, max_step_seconds)
     PRICES.update(checked)
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
@@ -131,14 +139,21 @@ def start(
         raise
 
 
-def _checked_options(pa_agent: Any, deps: Any, model: Any, run_options: dict[str, Any]) -> _Options:
+def _checked_options(
+    pa_agent: Any, deps: Any, model: Any, handler: Any, run_options: dict[str, Any]
+) -> _Options:
     pai = require_pydantic_ai()
     if not isinstance(pa_agent, pai.Agent):
         raise TypeError(
             "kx.pydantic_ai takes a pydantic_ai.Agent (Agent(model, instructions=..., "
             f"tools=[...])), not {type(pa_agent).__name__}."
         )
-    for refused in ("message_history", "toolsets", "event_stream_handler"):
+    if handler is not None and not callable(handler):
+        raise TypeError(
+            "event_stream_handler must be an async function (async def handler(ctx, events)), "
+            f"not {type(handler).__name__}."
+        )
+    for refused in ("message_history", "toolsets"):
         if refused in run_options:
             raise TypeError(
                 f"kx.pydantic_ai does not take {refused}=: the run records the agent's own "
@@ -154,7 +169,7 @@ def _checked_options(pa_agent: Any, deps: Any, model: Any, run_options: dict[str
             "This agent was built with kx.pydantic_ai.durability(): give the model to "
             "durability(models={...}) or build the agent with it, not model=."
         )
-    return _Options(deps, model, dict(run_options))
+    return _Options(deps, model, handler, dict(run_options))
 
 
 def _register(pa_agent: Any, name: str | None, max_step_seconds: float | None) -> Agent:
@@ -182,7 +197,11 @@ async def _drive(run: Run, pa_agent: Any, prompt: str, options: _Options) -> Any
         capabilities.append(durability(name=pa_agent.name or "agent", models=models))
     if options.model is not None:  # a Model crosses the engine's door by a registered name
         overrides["model"] = options.model if isinstance(options.model, str) else _RUN_MODEL
-    with unwrapped(), recording(turns), pa_agent.override(capabilities=capabilities, **overrides):
+    with (
+        unwrapped(),
+        recording(turns, options.handler),
+        pa_agent.override(capabilities=capabilities, **overrides),
+    ):
         result = await pa_agent.run(prompt, deps=options.deps, **options.run_options)
     return result.output
 

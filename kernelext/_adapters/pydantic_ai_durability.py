@@ -7,18 +7,28 @@ returns its result as JSON. kernelext's backend (a ``JournalCallableOperationBac
 them the run's effects on the shared shape of ``kernelext._adapters.turns``:
 
 - a model request is a turn: a step ``turn N`` (a safe point first, so a Stop lands between
-  two requests) and the answer one effect (``pydantic_ai:model``), replayed on resume;
+  two requests) and the answer one effect (``pydantic_ai:model``), replayed on resume. A
+  request Pydantic AI streams (the run has an ``event_stream_handler``) is recorded as its
+  final ``ModelResponse``, the same record as a request made whole, so either replays the
+  other: asked now, its events reach the handler live (inside the unit, as Pydantic AI does
+  for every engine); replayed, the handler gets each recorded part as a ``PartStartEvent``
+  and a ``PartEndEvent`` (no deltas: the model is not asked);
 - a tool call (function tools, MCP tools, dynamic toolsets) is an effect of the tool's name,
   keyed by its turn and its place among the calls of the model's answer; what the tool raised
-  for the model (``ModelRetry``, ``ToolFailed``, ``ApprovalRequired``) is recorded as its
-  outcome, as Pydantic AI encodes it, and given again on replay;
-- everything else (discovery, capability operations, workspace calls, token counts) runs in
-  the run as it would without the capability; a streamed model request is refused.
+  for the model (``ModelRetry``, ``ToolFailed``, ``CallDeferred``) is recorded as its outcome,
+  as Pydantic AI encodes it, and given again on replay;
+- everything else (discovery, capability operations, workspace calls, token counts, the
+  handler's other events: tool calls and their results) runs in the run as it would without
+  the capability, on resume too.
 
 The run is the durable container: :func:`recording` tells the capability it is inside one
-(``kx.pydantic_ai.start`` / ``kx.resume`` of its run); outside one, the capability changes
-nothing. A tool declared ``requires_approval=True`` is asked through kernelext instead of being
-deferred (``prepare_tools`` shows it to the run as a plain function tool).
+(``kx.pydantic_ai.start`` / ``kx.resume`` of its run) and which ``event_stream_handler`` the
+run has; outside one, the capability changes nothing. A tool declared
+``requires_approval=True`` is asked through kernelext instead of being deferred
+(``prepare_tools`` shows it to the run as a plain function tool), and so is a call whose tool
+raises ``ApprovalRequired`` itself (``turns.AsksApproval``: that attempt recorded ``failed``,
+the call made again once approved); an approved call runs with ``ctx.tool_call_approved``
+true.
 """
 
 from __future__ import annotations
@@ -27,20 +37,22 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from .._core.engine.context import current_run
 from ..errors import EffectRejected, LedgerError
-from .turns import Turns, in_tool_call, record_tool_call, record_turn
+from .turns import Turns, approved_call, in_tool_call, record_tool_call, record_turn
 
 __all__ = ["MODEL_TOOL", "Recording", "capability_class", "durability", "recording"]
 
 MODEL_TOOL = "pydantic_ai:model"
-# What a recorded request keeps of each message and part: what the model was asked, without
-# the times, ids and usage that differ between two runs asking the same.
-_MESSAGE_FIELDS = ("kind", "instructions", "parts")
+# What a recorded request keeps of each message and part: the conversation the model was
+# asked, without the times, ids and usage that differ between two runs asking the same, and
+# without the instructions and system prompts, which a resume asks again (``asked_again``).
+_MESSAGE_FIELDS = ("kind", "parts")
 _PART_FIELDS = ("part_kind", "content", "tool_name", "args", "tool_call_id", "model_response")
+_SYSTEM_PROMPT = "system-prompt"
 
 
 @dataclasses.dataclass
@@ -48,6 +60,7 @@ class Recording:
     """One agent run inside a kernelext run: its turns and the tools a person approves."""
 
     turns: Turns
+    handler: Any = None  # the run's event_stream_handler, if it was given one
     gated: set[str] = dataclasses.field(default_factory=set)
 
 
@@ -57,9 +70,10 @@ _RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def recording(turns: Turns) -> Iterator[Recording]:
-    """Around ``agent.run`` in a kernelext run: its durable units are the run's effects."""
-    token = _RECORDING.set(Recording(turns))
+def recording(turns: Turns, handler: Any = None) -> Iterator[Recording]:
+    """Around ``agent.run`` in a kernelext run: its durable units are the run's effects and
+    ``handler`` (if given) the run's ``event_stream_handler``."""
+    token = _RECORDING.set(Recording(turns, handler))
     try:
         yield _RECORDING.get()  # type: ignore[misc]
     finally:
@@ -73,11 +87,17 @@ def _active() -> Recording | None:
     return state
 
 
-def durability(name: str | None = None, models: dict[str, Any] | None = None) -> Any:
+def durability(
+    name: str | None = None,
+    models: dict[str, Any] | None = None,
+    event_stream_handler: Any = None,
+) -> Any:
     """A new ``KernelextDurability`` capability: ``Agent(..., capabilities=[durability()])``.
-    ``name`` names the agent's recorded calls (the agent's name by default); ``models``, as for
-    Pydantic AI's other engines, the models a run may use by name besides the agent's own."""
-    return capability_class()(name=name, models=models)
+    ``name`` names the agent's recorded calls (the agent's name by default); ``models`` and
+    ``event_stream_handler``, as for Pydantic AI's other engines, the models a run may use by
+    name besides the agent's own and the handler of the agent's runs (a run's own, given to
+    ``kx.pydantic_ai.start``, comes first)."""
+    return capability_class()(name=name, models=models, event_stream_handler=event_stream_handler)
 
 
 @functools.cache
@@ -95,10 +115,10 @@ def _backend_class() -> type[Any]:
     class KernelextBackend(JournalCallableOperationBackend[None]):
         """Each durable unit of a recorded run as kernelext records it."""
 
-        def __init__(self, agent_name: str) -> None:
+        def __init__(self, agent_name: str, capability: Any) -> None:
             config = RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None)
             super().__init__(agent_name=agent_name, config=config)
-            self.agent_name = agent_name
+            self.agent_name, self.capability = agent_name, capability
 
         async def execute(
             self,
@@ -112,35 +132,46 @@ def _backend_class() -> type[Any]:
             state = _active()
             if state is None:
                 return await body()
-            if isinstance(operation_id, ModelRequestId) and not operation_id.streaming:
-                return await self.model_turn(state, body, cache_key)
+            if isinstance(operation_id, ModelRequestId):
+                return await self.model_turn(state, body, cache_key, operation_id.streaming)
             if isinstance(operation_id, ToolsetCallToolId) and state.turns.current is not None:
                 try:
                     return await tool_call(state, body, cache_key)
                 except EffectRejected as exc:  # a person's answer: the model is told
                     raise ToolFailed(f"A person rejected this call: {exc}") from None
-            if isinstance(operation_id, ModelRequestId):
-                raise NotImplementedError(
-                    "kx.pydantic_ai records runs made with agent.run: start the run with "
-                    "kx.pydantic_ai.start(agent, prompt), without streaming."
-                )
             return await body()  # discovery, events, capability operations: as they are
 
         async def model_turn(
-            self, state: Recording, body: Callable[[], Awaitable[Any]], cache_key: tuple[Any, ...]
+            self,
+            state: Recording,
+            body: Callable[[], Awaitable[Any]],
+            cache_key: tuple[Any, ...],
+            streamed: bool,
         ) -> Any:
-            _model_id, messages, _settings, parameters, _ctx = cache_key
+            _model_id, messages, _settings, parameters, ctx = cache_key
             from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+            dumped = ModelMessagesTypeAdapter.dump_python(messages, mode="json")
             asked = {
-                "messages": _asked(ModelMessagesTypeAdapter.dump_python(messages, mode="json")),
+                "messages": _asked(dumped),
                 "tools": sorted(t.name for t in parameters.function_tools),
                 "output_tools": sorted(t.name for t in parameters.output_tools),
             }
             turn = state.turns.begin(self.agent_name)
-            answer = await record_turn(turn, MODEL_TOOL, asked, body, _plain, _plain)
+            live: list[bool] = []
+
+            async def ask() -> Any:
+                live.append(True)
+                return await body()  # streamed: its events reach the handler as they come
+
+            answer = await record_turn(
+                turn, MODEL_TOOL, asked, ask, _plain, _plain, instructions=_instructions(dumped)
+            )
             parts = answer.get("parts", ()) if isinstance(answer, dict) else ()
             turn.calls = [p["tool_call_id"] for p in parts if p.get("part_kind") == "tool-call"]
+            handler = self.capability._model_stream_event_handler()
+            if streamed and not live and handler is not None:
+                await _replayed_to(handler, ctx, answer)
             return answer
 
     return KernelextBackend
@@ -182,10 +213,16 @@ def capability_class() -> type[Any]:
         def in_durable_context(self) -> bool:
             return _active() is not None
 
+        def _effective_event_stream_handler(self) -> Any:
+            state = _active()  # the run's own handler first (DBOS reads a run's the same way)
+            if state is not None and state.handler is not None:
+                return state.handler
+            return super()._effective_event_stream_handler()
+
         def get_durable_operation_backend(self) -> Any:
-            backend = self.__dict__.get("_kx_backend")
-            if backend is None or backend.agent_name != self.name:
-                backend = self.__dict__["_kx_backend"] = backend_class(self.name)
+            backend = self.__dict__.get("_kx_backend")  # a bound copy's: made for the copy
+            if backend is None or backend.capability is not self or backend.agent_name != self.name:
+                backend = self.__dict__["_kx_backend"] = backend_class(self.name, self)
             return backend
 
         async def prepare_tools(self, ctx: Any, tool_defs: list[Any]) -> list[Any]:
@@ -226,13 +263,21 @@ async def tool_call(
                 ) from None
             tool_args.clear()
             tool_args.update(edited)
+        if approved_call():  # a person approved it through kernelext: the tool is told
+            ctx.tool_call_approved = True
         return await body()
 
     assert state.turns.current is not None
     return await record_tool_call(
         state.turns.current, ctx.tool_call_id, tool_name, arguments, call,
-        needs_approval=tool_name in state.gated,
+        needs_approval=tool_name in state.gated, asks_approval=_asks_approval,
     )  # fmt: skip
+
+
+def _asks_approval(outcome: Any) -> bool:
+    """Whether a tool call's outcome (as Pydantic AI encodes it) is the tool raising
+    ``ApprovalRequired``: asked through kernelext, as a ``requires_approval`` tool is."""
+    return isinstance(outcome, dict) and outcome.get("kind") == "approval_required"
 
 
 def _errors(exc: Any) -> str:
@@ -246,14 +291,50 @@ def _plain(value: Any) -> Any:
     return value
 
 
+async def _replayed_to(handler: Any, ctx: Any, answer: Any) -> None:
+    """A replayed answer's parts handed to ``handler`` as a live stream's would be: each part
+    a ``PartStartEvent`` and a ``PartEndEvent`` (what the handler leaves unread is drained)."""
+    from pydantic_ai.durable_exec import JSON_CODEC
+    from pydantic_ai.messages import ModelResponse, PartEndEvent, PartStartEvent
+
+    parts = JSON_CODEC.load(ModelResponse, answer).parts
+    kinds = [None, *(part.part_kind for part in parts), None]
+
+    async def events() -> AsyncIterator[Any]:
+        for n, part in enumerate(parts):
+            yield PartStartEvent(index=n, part=part, previous_part_kind=kinds[n])
+            yield PartEndEvent(index=n, part=part, next_part_kind=kinds[n + 2])
+
+    stream = events()
+    await handler(ctx, stream)
+    async for _ in stream:
+        pass
+
+
 def _asked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages of a request as recorded: kinds, texts, tool calls and returns."""
+    """The conversation of a request as recorded: kinds, texts, tool calls and returns."""
     kept: list[dict[str, Any]] = []
     for message in messages:
         each = {k: message[k] for k in _MESSAGE_FIELDS if message.get(k) is not None}
         each["parts"] = [
             {k: part[k] for k in _PART_FIELDS if part.get(k) is not None}
             for part in message.get("parts", ())
+            if part.get("part_kind") != _SYSTEM_PROMPT
         ]
         kept.append(each)
     return kept
+
+
+def _instructions(messages: list[dict[str, Any]]) -> list[str]:
+    """What a request tells the model besides the conversation: its system prompts and
+    the instructions of its requests, in order (each text once)."""
+    texts: list[str] = []
+    for message in messages:
+        found = [
+            p.get("content")
+            for p in message.get("parts", ())
+            if p.get("part_kind") == _SYSTEM_PROMPT
+        ]
+        found.append(message.get("instructions"))
+        texts += [t for t in found if isinstance(t, str) and t not in texts]
+    return texts

@@ -22,11 +22,15 @@ let the model see it instead).
 
 Inside a run every call is recorded: an ``@kx.effect`` as itself, a plain function as an
 effect of its own name (``record=False`` calls plain functions as they are), so that a
-resumed run replays the tool results it had and the conversation stays the same.
+resumed run replays the tool results it had and the conversation stays the same. A result
+holding a registered secret (``kx.secrets``) reaches the model as it is, but the ledger
+stores it masked: a resume refuses to replay it (``turns.ToolResult``, the door of every
+tool a model calls) rather than hand the model ``***``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import functools
@@ -38,10 +42,12 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union
 
+from .._core.engine.context import current_run
 from .._core.ledger.effect import Effect
 from .._shown import shows
 from .._validate import check_flag
 from .tool_schemas import exposed, json_schema, tool_schema, type_hints
+from .turns import ToolResult, recorded_result
 
 __all__ = ["ToolArgumentError", "Tools", "json_schema", "tool_schema", "type_hints"]
 
@@ -60,9 +66,12 @@ class _Tool:
                 "'_' or '-' (kx.tools(...).add(fn, name='...'))."
             )
         target = inspect.unwrap(fn.fn if isinstance(fn, Effect) else fn)
-        if record and not isinstance(fn, Effect):
+        if isinstance(fn, Effect):
+            fn = _marking(fn)
+        elif record:
             fn = Effect(_json_result(fn), name=name, resumable=True, retry=False)
         self.fn, self.name = fn, name
+        self.recorded = isinstance(fn, Effect)
         self.signature = inspect.signature(target)
         self.hints = type_hints(target)
         self.schema = tool_schema(target, name, description, self.hints)
@@ -178,7 +187,11 @@ class Tools(list[dict[str, Any]]):
             args, kwargs = tool.bind(given)
         except ToolArgumentError as exc:
             return f"Error: {exc}. Call {name} again with arguments that fit its schema."
-        result = tool.fn(*args, **kwargs)
+        if tool.recorded:
+            with ToolResult() as recorded:
+                result = recorded.of(tool.fn(*args, **kwargs), _result_of(name))
+        else:
+            result = tool.fn(*args, **kwargs)
         if isinstance(result, str):
             return result
         return json.dumps(result, ensure_ascii=False, default=str)
@@ -196,13 +209,37 @@ CALL_TYPES = frozenset({None, "function", "function_call", "tool_use"})
 
 def _json_result(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` returning its result as JSON values (a datetime as its text), so that a plain
-    function's result can be recorded, and replayed as the same tool message."""
+    function's result can be recorded, and replayed as the same tool message (marked when
+    the ledger stores it with a registered secret masked: ``turns.recorded_result``)."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return json.loads(json.dumps(fn(*args, **kwargs), default=str))
+        return recorded_result(json.loads(json.dumps(fn(*args, **kwargs), default=str)))
 
     return call
+
+
+def _marking(effect: Effect) -> Effect:
+    """An ``@kx.effect`` as a tool: the same effect (name, keys, options), its result marked
+    when the ledger stores it with a registered secret masked, so that a resume refuses to
+    hand the model ``***`` for it (``turns.ToolResult``). The effect called elsewhere is as
+    it was."""
+    if effect.is_async:  # kx.tools calls its tools as plain functions
+        return effect
+    marking = copy.copy(effect)
+    inner = effect.fn
+
+    @functools.wraps(inner)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return recorded_result(inner(*args, **kwargs))
+
+    marking.fn = call
+    return marking
+
+
+def _result_of(name: str) -> str:
+    run = current_run()
+    return f"The result of tool {name}" + (f" in run {run.id!r}" if run is not None else "")
 
 
 def _get(obj: Any, name: str, default: Any) -> Any:

@@ -34,20 +34,25 @@ from typing import Any, TypeVar
 from .._core.encoding.keys import load_result, repeated_call, stored_result
 from .._core.engine.context import current_run, reset_current_run, set_current_run
 from .._core.engine.run_engine import RunEngine
-from .._core.ledger.effect import Effect
+from .._core.ledger.effect import Effect, effect_key
 from .._core.views.conversation import turn_step
 from ..errors import EffectRejected, KernelextError, LedgerError
+from ..status import EffectStatus
+from .asked_again import TurnAnswer
 
 __all__ = [
     "CallSite",
     "Carried",
+    "ToolResult",
     "Turn",
     "Turns",
+    "approved_call",
     "at_call_site",
     "in_tool_call",
     "marked_if_masked",
     "record_tool_call",
     "record_turn",
+    "recorded_result",
     "refuse_masked",
     "unwrapped",
 ]
@@ -56,6 +61,9 @@ T = TypeVar("T")
 Site = tuple[str, int | None, int]
 MASKED = "kernelext_masked"  # in a recorded answer: a registered secret was masked in it
 _IN_TOOL: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_in_tool", default=False)
+# The results of the tool call made in this context (a list per ToolResult), for its caller.
+_LIVE: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("kx_live", default=None)
+_APPROVED: contextvars.ContextVar[bool] = contextvars.ContextVar("kx_approved", default=False)
 
 
 class Carried(BaseException):
@@ -200,23 +208,27 @@ async def record_turn(
     ask: Callable[[], Awaitable[T]],
     dump: Callable[[T], Any],
     load: Callable[[Any], T],
+    *,
+    instructions: Any = None,
 ) -> T:
     """The model's answer for ``turn``: asked now (``ask``) and recorded as ``dump`` of it,
-    or rebuilt with ``load`` from the record of an earlier run. ``request`` (JSON) is the
-    call's recorded arguments: a replay whose request differs is refused."""
+    or rebuilt with ``load`` from the record of an earlier run. ``request`` (JSON: the
+    conversation and the tools) identifies the call: a replay whose request differs is
+    refused. ``instructions`` (JSON: the system prompt) are recorded with it, and asked
+    again on resume (``asked_again``: a change is noted, not refused)."""
     run = current_run()
     assert run is not None  # only called inside a run
     live: list[T] = []
 
-    async def asked(request: Any) -> Any:
+    async def asked(request: Any, instructions: Any = None) -> Any:
         value = await ask()
         live.append(value)
         return marked_if_masked(dump(value))
 
-    effect = Effect(asked, name=tool, resumable=True, retry=True)
+    effect = TurnAnswer(asked, name=tool, resumable=True, retry=True)
     try:
         with at_call_site(run, (turn.key, turn.ordinal, 0)):
-            out = await effect(request=request)
+            out = await effect(request=request, instructions=instructions)
     except KernelextError as exc:  # the ledger's (an unknown answer): past the framework
         raise Carried(exc) from exc
     if live:
@@ -254,6 +266,38 @@ def _same(stored: Any, given: Any) -> bool:
     return bool(stored == given)
 
 
+class ToolResult:
+    """Around one recorded tool call: its result, the value the tool returned when the call
+    is made now (its function returns :func:`recorded_result`), else the recorded one,
+    refused when the ledger stored it with a secret masked (``of``). One door for every
+    tool a model calls: a framework's (:func:`record_tool_call`) and ``kx.tools``'."""
+
+    def __enter__(self) -> ToolResult:
+        self.live: list[Any] = []
+        self._token = _LIVE.set(self.live)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        _LIVE.reset(self._token)
+
+    def of(self, out: Any, what: str) -> Any:
+        """The result ``out`` of the call made inside (``what`` names it in a refusal)."""
+        if self.live:
+            return self.live[-1]
+        refuse_masked(out, what)
+        return out
+
+
+def recorded_result(value: Any) -> Any:
+    """What a recorded tool call's function gives the ledger: ``value``, marked when it is
+    stored with a registered secret masked; the :class:`ToolResult` around it keeps
+    ``value`` itself for the caller."""
+    live = _LIVE.get()
+    if live is not None:
+        live.append(value)
+    return marked_if_masked(value, wrap=True)
+
+
 def refuse_masked(data: Any, what: str) -> None:
     """Refuse to replay a recorded answer that was stored with a secret masked: the tool
     calls it asked for would get ``***`` instead of the value (``what`` names the answer)."""
@@ -266,6 +310,12 @@ def refuse_masked(data: Any, what: str) -> None:
         )
 
 
+class AsksApproval(Exception):
+    """A tool's answer that a person must approve the call first (Pydantic AI's
+    ``ApprovalRequired``): the attempt is recorded ``failed`` with it (nothing was done),
+    and the call is made again, gated, once a person approved it through kernelext."""
+
+
 async def record_tool_call(
     turn: Turn,
     call_id: str | None,
@@ -274,37 +324,42 @@ async def record_tool_call(
     call: Callable[[dict[str, Any]], Awaitable[Any]],
     *,
     needs_approval: bool = False,
+    asks_approval: Callable[[Any], bool] | None = None,
 ) -> Any:
     """One tool call the model asked for in ``turn``, as an effect named ``tool`` with the
-    model's ``arguments`` (what a person approves is what ``call`` is given)."""
+    model's ``arguments`` (what a person approves is what ``call`` is given). A call that
+    ``needs_approval``, or whose result ``asks_approval`` says the tool wants a person's
+    approval first, is asked through kernelext (``kx.approvals``, the panel, ``kernelext
+    approve``); :func:`approved_call` tells ``call`` a person approved it."""
     run = current_run()
     assert run is not None  # only called inside a run
-
-    live: list[Any] = []
+    site = turn.site_of(call_id)
+    gated = needs_approval or _asked_before(run, site, tool)
 
     async def called(**given: Any) -> Any:
-        token = _IN_TOOL.set(True)
+        token, approved = _IN_TOOL.set(True), _APPROVED.set(gated)
         try:
-            live.append(await call(given))
+            value = await call(given)
         finally:
+            _APPROVED.reset(approved)
             _IN_TOOL.reset(token)
-        return marked_if_masked(live[0], wrap=True)
+        if not gated and asks_approval is not None and asks_approval(value):
+            raise AsksApproval(f"{tool} asked for a person's approval; asked through kernelext")
+        return recorded_result(value)
 
     called.__name__ = tool
     # Bound, shown and approved by the model's argument names, as the tool's own call.
     called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
-    # A call that raised is asked again on resume once the ledger knows it never reached its
-    # target; one that may have is left to a person in kx.reconcile (the retry rule).
-    effect = Effect(called, name=tool, resumable=True, retry=True, needs_approval=needs_approval)
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
     try:
-        with at_call_site(run, turn.site_of(call_id)):
-            out = await effect(**arguments)
-        if live:
-            return live[0]
-        refuse_masked(out, f"The result of {tool} in {turn.key} of run {run.id!r}")
-        return out
+        with ToolResult() as result, at_call_site(run, site):
+            try:
+                out = await _tool_effect(called, tool, gated)(**arguments)
+            except AsksApproval:  # recorded failed: made again once a person approved it
+                gated = True
+                out = await _tool_effect(called, tool, gated)(**arguments)
+        return result.of(out, f"The result of {tool} in {turn.key} of run {run.id!r}")
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
     except asyncio.CancelledError:
@@ -318,6 +373,31 @@ async def record_tool_call(
         turn.in_flight.discard(mine)
         if not mine.done():
             mine.set_result(None)
+
+
+def approved_call() -> bool:
+    """True inside a tool call that a person approved through kernelext."""
+    return _APPROVED.get()
+
+
+def _tool_effect(called: Callable[..., Any], tool: str, gated: bool) -> Effect:
+    # A call that raised is asked again on resume once the ledger knows it never reached its
+    # target; one that may have is left to a person in kx.reconcile (the retry rule). A
+    # gated call made again needs an approval of its own.
+    return Effect(called, name=tool, resumable=True, retry=True, needs_approval=gated)
+
+
+def _asked_before(run: Any, site: Site, tool: str) -> bool:
+    """Whether the call at ``site`` asked for a person's approval in an earlier attempt
+    (:class:`AsksApproval`): a resume asks through kernelext at once, without calling
+    the tool unapproved again."""
+    step_key, _ordinal, call_ordinal = site
+    row = run.effects.get(effect_key(run.id, step_key, tool, call_ordinal, run.key_scheme))
+    return bool(
+        row is not None
+        and row.get("status") == EffectStatus.FAILED
+        and str(row.get("error") or "").startswith(AsksApproval.__name__ + ":")
+    )
 
 
 def _signature_of(arguments: dict[str, Any]) -> inspect.Signature:

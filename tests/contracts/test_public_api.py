@@ -141,6 +141,7 @@ INTERNAL_SIGNALS = {
     "Unencodable": "kernelext/_core/encoding/canonical.py",  # becomes UnencodableArgument & co.
     "CommandUsageError": "kernelext/_cli/common.py",  # the CLI's exit code 2 and message
     "Carried": "kernelext/_adapters/turns.py",  # a kernelext error through a framework's run
+    "AsksApproval": "kernelext/_adapters/turns.py",  # a tool's ApprovalRequired: asked by kernelext
     # the stop that suspends a run for a person (a StopRequested, told apart by the ledger)
     "WaitingForPerson": "kernelext/_core/people/waiting.py",
 }

@@ -201,6 +201,40 @@ def test_a_suspension_of_the_agent_inside_an_effect_still_leaves_it_unknown(
     assert ledger(run_id)["book"] == ("unknown", "interrupted during the call")
 
 
+def test_a_question_asked_inside_an_effect_lets_the_enclosing_call_through(
+    store: Store, delivery_server: DeliveryServer
+) -> None:
+    """``run.ask`` inside an effect's body waits as an approval does: nothing of the
+    enclosing call waits in ``kx.reconcile``, and the answer lets it through once."""
+    run_id = name("asked")
+
+    @kx.agent(name=name("asker"))
+    def asker(run: kx.Run, to: str) -> Any:
+        @kx.effect
+        def notify(to: str) -> Any:
+            return post_json(f"{delivery_server.url}/notify", {"to": to}).body
+
+        @kx.effect
+        def pay(to: str) -> Any:
+            notify(to)
+            amount = run.ask(f"How much for {to}?", schema={"type": "integer"})
+            return post_json(f"{delivery_server.url}/pay", {"to": to, "amount": amount}).body
+
+        with run.step("pay"):
+            return pay(to)["delivery"]
+
+    assert asker.start("ann", run_id=run_id).wait(WAIT) == "suspended"
+    status, error = ledger(run_id)["pay"]
+    assert status == "not_applied", error
+    assert error.startswith("left before it returned: a call made inside it waits for an answer")
+    assert list(kx.reconcile(run_id)) == []
+    resumed = kx.answer(run_id, 12)
+    assert resumed is not None and resumed.wait(WAIT) == "completed", resumed.error
+    assert arrived(delivery_server, "/notify") == [{"to": "ann"}]
+    assert arrived(delivery_server, "/pay") == [{"to": "ann", "amount": 12}]
+    assert {t: s for t, (s, _) in ledger(run_id).items()} == {"notify": "applied", "pay": "applied"}
+
+
 @pytest.mark.slow
 def test_an_approved_call_inside_an_effect_is_made_by_a_resume_in_a_new_process(
     store: Store, store_path: Path, delivery_server: DeliveryServer

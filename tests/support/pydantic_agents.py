@@ -7,23 +7,29 @@ Pydantic AI's own OpenAI chat model. The first call of ``pay`` in this process c
 declares ``pay`` as needing approval; a payment to someone ``away`` asks the model to retry
 (noted in ``ASKED_AWAY``); ``accepts`` is an output validator's test of the final answer (a
 refused answer is sent back to the model to try again); ``durable=True`` builds the agent
-with kernelext's durability capability.
+with kernelext's durability capability (``handler``: its ``event_stream_handler``);
+``approve_over=N``: ``pay`` asks for approval itself (raises ``ApprovalRequired``) for an
+amount over ``N`` not yet approved, each call noted in ``CALLED`` as
+``(who, ctx.tool_call_approved)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from pydantic_ai import Agent, ModelRetry
+from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client
 from support.http_server import post_json
 
-__all__ = ["ASKED_AWAY", "HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
+__all__ = ["ASKED_AWAY", "CALLED", "HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
 
 ASKED_AWAY: list[str] = []
+CALLED: list[tuple[str, bool]] = []
 
 
 def model_for(llm_url: str) -> OpenAIChatModel:
@@ -40,6 +46,8 @@ def payer(
     accepts: Callable[[str], bool] | None = None,
     away: frozenset[str] = frozenset(),
     durable: bool = False,
+    approve_over: int | None = None,
+    handler: Any = None,
 ) -> Agent[None, str]:
     import kernelext as kx
 
@@ -47,12 +55,15 @@ def payer(
         model_for(llm_url),
         name="payer",
         instructions="Pay who you are told.",
-        capabilities=[kx.pydantic_ai.durability()] if durable else None,
+        capabilities=[kx.pydantic_ai.durability(event_stream_handler=handler)] if durable else None,
     )
 
-    @agent.tool_plain(requires_approval=approval)
-    def pay(who: str, amount: int) -> str:
+    @agent.tool(requires_approval=approval)
+    def pay(ctx: RunContext[None], who: str, amount: int) -> str:
         """Pay someone an amount of dollars."""
+        CALLED.append((who, ctx.tool_call_approved))
+        if approve_over is not None and amount > approve_over and not ctx.tool_call_approved:
+            raise ApprovalRequired(metadata={"over": approve_over})
         if who in away:
             ASKED_AWAY.append(who)
             raise ModelRetry(f"{who} is away: pay someone else")
@@ -84,7 +95,11 @@ def main(argv: list[str]) -> int:
 
     verb, run_id, llm_url, delivery_url, *rest = argv
     options = dict(item.split("=", 1) for item in rest)
-    agent = payer(llm_url, delivery_url, approval=bool(options.get("approval")))
+    over = options.get("approve_over")
+    agent = payer(
+        llm_url, delivery_url, approval=bool(options.get("approval")),
+        approve_over=None if over is None else int(over),
+    )  # fmt: skip
     if verb == "start":
         handle = kx.pydantic_ai.start(agent, options.get("input", "pay"), run_id=run_id)
     else:

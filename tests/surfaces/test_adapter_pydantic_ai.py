@@ -31,6 +31,7 @@ from support.llm_server import LLMServer
 from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
 from support.pydantic_agents import (
     ASKED_AWAY,
+    CALLED,
     HOLD,
     PAY_SCRIPT,
     close_clients,
@@ -347,6 +348,7 @@ def test_a_tool_whose_argument_names_are_no_python_names_is_recorded(
 def test_a_tool_needing_approval_is_asked_through_kernelext_and_approved_from_the_cli(
     store: Any, store_path: Path, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
+    CALLED.clear()
     agent = payer(llm.base_url, deliveries.url, approval=True)
     handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-approve")
     assert handle.wait(30) == Status.SUSPENDED, handle.error
@@ -368,6 +370,7 @@ def test_a_tool_needing_approval_is_asked_through_kernelext_and_approved_from_th
     assert last.result == "paid bob 10 and ann 3"
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
     assert [d["body"]["amount"] for d in deliveries.deliveries] == [10, 4]  # the edited call
+    assert CALLED == [("bob", True), ("ann", True)]  # the tool is told a person approved it
     assert set(llm.per_turn().values()) == {1}
 
 
@@ -388,6 +391,77 @@ def test_a_rejected_call_is_not_made_and_the_model_is_told(
         params=[MODEL_TOOL],
     )["args"][0]
     assert "A person rejected this call" in told and "not this week" in told
+
+
+def test_a_tool_asking_for_approval_itself_is_asked_through_kernelext_and_made_once(
+    store: Any, store_path: Path, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    CALLED.clear()
+    agent = payer(llm.base_url, deliveries.url, approve_over=5)  # ApprovalRequired over 5
+    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-asks")
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    assert handle.info()["reason"] == Reason.APPROVAL
+    (request,) = list(kx.approvals("pa-asks"))
+    assert request.tool == "pay" and request.arguments == {"who": "bob", "amount": 10}
+    assert kx.resume("pa-asks").wait(30) == Status.SUSPENDED  # still waiting: not called again
+    assert (paid(deliveries), CALLED) == ([], [("bob", False)])
+    runtime().close()
+    done = in_new_process("kernelext", "approve", str(request.key), "--store", str(store_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    kx.open_store(str(store_path))
+    HOLD.arm(who="ann")  # stopped after the approved call: a resume replays it
+    resumed = kx.resume("pa-asks")
+    assert HOLD.reached.wait(30)
+    resumed.stop()
+    HOLD.released.set()
+    assert resumed.wait(30) == Status.SUSPENDED, resumed.error
+    resumed = kx.resume("pa-asks")
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert resumed.result == "paid bob 10 and ann 3"
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # ann's 3 was not asked for
+    assert CALLED == [("bob", False), ("bob", True), ("ann", False)]
+    assert ledger("pa-asks") == [
+        ("turn 1", MODEL_TOOL, 0, EffectStatus.APPLIED),
+        ("turn 1", "pay", 1, EffectStatus.APPLIED),
+        ("turn 2", MODEL_TOOL, 0, EffectStatus.APPLIED),
+        ("turn 2", "pay", 1, EffectStatus.APPLIED),
+        ("turn 3", MODEL_TOOL, 0, EffectStatus.APPLIED),
+    ]
+    assert set(llm.per_turn().values()) == {1}
+
+
+def test_a_call_the_tool_asked_approval_for_and_a_person_rejected_tells_the_model(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    CALLED.clear()
+    agent = payer(llm.base_url, deliveries.url, approve_over=5)
+    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-asks-no")
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    (request,) = list(kx.approvals("pa-asks-no"))
+    handle = kx.reject(request.key, note="too much").handle
+    assert handle.wait(30) == Status.COMPLETED, handle.error
+    assert paid(deliveries) == ["/pay/ann"]
+    assert ("bob", True) not in CALLED
+    told = kx.sql(
+        "SELECT args FROM effects WHERE run_id = 'pa-asks-no' AND step_key = 'turn 2' AND tool = ?",
+        params=[MODEL_TOOL],
+    )["args"][0]
+    assert "A person rejected this call" in told and "too much" in told
+
+
+def test_an_edit_of_a_call_the_tool_asked_approval_for_is_refused_and_nothing_paid(
+    store: Any, llm: LLMServer, deliveries: DeliveryServer
+) -> None:
+    CALLED.clear()
+    agent = payer(llm.base_url, deliveries.url, approve_over=5)
+    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-asks-edit")
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    (request,) = list(kx.approvals("pa-asks-edit"))
+    handle = kx.approve(request.key, edit={"amount": 4}).handle
+    assert handle.wait(30) == Status.FAILED
+    assert isinstance(handle.error, kx.LedgerError)
+    assert "edited arguments" in str(handle.error) and "nothing was sent" in str(handle.error)
+    assert (paid(deliveries), CALLED) == ([], [("bob", False)])
 
 
 # -- the agent built with kernelext's durability capability -----------------------------------

@@ -187,9 +187,7 @@ class Effect(EffectOutcomes):
         # of that one mapping, taken at one moment (before the approval rule runs).
         bound = self._bound(args, kwargs) if scheme >= 2 else None
         # Refuses an argument it cannot bind by value before anything is recorded.
-        hashes = call_hashes(
-            args, kwargs, scheme, tool=self.tool, names=self._positional, bound=bound
-        )
+        hashes = self._hashes(args, kwargs, scheme, bound)
         digest, old = hashes
         shown = self._redacted_args(args, kwargs, 1 if digest == old else 2, bound)
         gated = self._gated(args, kwargs)
@@ -197,16 +195,12 @@ class Effect(EffectOutcomes):
             # A scheme-1 run's argument with no faithful encoding: an approval of it would
             # be blind (its old hash holds only the type name). Refused, whatever the scheme.
             args_hash(args, kwargs, 2, tool=self.tool, names=self._positional)
-        if callable(self.needs_approval):
-            after = call_hashes(
-                args, kwargs, scheme, tool=self.tool, names=self._positional, bound=bound
+        if callable(self.needs_approval) and self._hashes(args, kwargs, scheme, bound) != hashes:
+            raise EffectArgumentsMismatch(
+                f"Effect {self.tool}: its needs_approval rule changed the call's arguments "
+                "(they were bound and shown before the rule ran, and differ after it). "
+                "Nothing was recorded. A needs_approval rule must only read the arguments."
             )
-            if after != hashes:
-                raise EffectArgumentsMismatch(
-                    f"Effect {self.tool}: its needs_approval rule changed the call's arguments "
-                    "(they were bound and shown before the rule ran, and differ after it). "
-                    "Nothing was recorded. A needs_approval rule must only read the arguments."
-                )
         step_key, step_ordinal, call_ordinal = slot or run.next_call(self.tool)
         key = effect_key(run.id, step_key, self.tool, call_ordinal, scheme)
         if gated:  # what its approval request stores: every value of its data arguments
@@ -218,6 +212,19 @@ class Effect(EffectOutcomes):
             )
         finally:
             _SEEN.pop(key, None)
+
+    def _hashes(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        scheme: int,
+        bound: dict[str, Any] | None,
+    ) -> tuple[str, str | None]:
+        """The hashes that identify the call (``call_hashes``): of all its arguments; a
+        model's turn leaves out what a resume asks again (``kernelext._adapters.asked_again``)."""
+        return call_hashes(
+            args, kwargs, scheme, tool=self.tool, names=self._positional, bound=bound
+        )
 
     def _intent_or_replay(
         self,

@@ -9,7 +9,8 @@ recorded ``not_applied`` with why (:func:`left_inside`, ``LEFT_INSIDE``), never
 ``unknown``. The resume makes it again under its key: the calls it made before replay
 from the ledger by their own keys, the approved inner call is made once, and the
 enclosing call's own approval, consumed when it was first made, holds for it
-(:meth:`EffectApproval._still_approved`). A rejected inner call leaves it the same way,
+(:meth:`EffectApproval._still_approved`). A question asked inside it (``run.ask``)
+leaves it the same way until answered; a rejected inner call leaves it the same way,
 and the rejection is raised again there on every replay, as at a top-level call.
 """
 
@@ -38,12 +39,14 @@ LEFT_INSIDE = "left before it returned: "
 
 def left_inside(exc: BaseException) -> str | None:
     """Why a recorded call's body was left without an outcome of its own, when ``exc`` is
-    a call made inside it waiting for a person's approval (the run suspends) or rejected
-    by one: that inner call was not made, so neither was the enclosing one (recorded
-    ``not_applied``, made again on resume). ``None`` for anything else: a person's stop,
-    a forced stop, an error keep their outcomes (``unknown``, ``failed``)."""
-    if isinstance(exc, WaitingForPerson) and exc.reason == Reason.APPROVAL:
-        return f"{LEFT_INSIDE}a call made inside it waits for approval ({exc.note})"
+    a call made inside it waiting for a person's approval or answer (``run.ask``: the
+    run suspends) or rejected by one: that inner call was not made, so neither was the
+    enclosing one (recorded ``not_applied``, made again on resume). ``None`` for anything
+    else: a person's stop, a forced stop, an error keep their outcomes (``unknown``,
+    ``failed``)."""
+    if isinstance(exc, WaitingForPerson):
+        waits = "approval" if exc.reason == Reason.APPROVAL else "an answer"
+        return f"{LEFT_INSIDE}a call made inside it waits for {waits} ({exc.note})"
     if isinstance(exc, EffectRejected):
         note = f": {exc.note}" if exc.note else ""
         return f"{LEFT_INSIDE}{exc.tool} (key {exc.key}), called inside it, was rejected{note}"
