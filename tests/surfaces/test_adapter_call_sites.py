@@ -27,6 +27,7 @@ from support.llm_views import kernelext_show
 
 import kernelext as kx
 from kernelext._core.encoding.keys import call_text, effect_key, repeated_call
+from kernelext._core.engine.context import current_run
 from kernelext._core.process.runtime import runtime
 from kernelext.status import EffectStatus
 
@@ -182,6 +183,33 @@ def test_a_limited_effect_replayed_in_a_tool_call_waits_for_no_slot(store: Any) 
     resumed = kx.resume("pa-limit")
     assert resumed.wait(timeout=30) == "completed", resumed.error
     assert sent == [1]
+
+
+def test_two_questions_and_two_calls_in_a_pydantic_ai_tool_are_each_asked_and_made_once(
+    store: Any,
+) -> None:
+    """``run.ask`` in a tool's body is keyed by the turn's step (each question its own);
+    the tool call is made again once answered and what it made before is replayed."""
+    notes = Notes()
+    agent = Agent(scripted(asks("work"), says("done")))
+
+    @agent.tool_plain
+    def work() -> str:
+        run = current_run().facade  # the run, as the agent function's ``run``
+        first = run.ask("first?", schema=str)
+        notes.note(1)
+        second = run.ask("second?", schema=str)
+        notes.note(1)
+        return f"{first} {second}"
+
+    assert kx.pydantic_ai.start(agent, "go", run_id="pa-ask").wait(timeout=30) == "suspended"
+    for answer, then in (("A", "suspended"), ("B", "completed")):
+        resumed = kx.answer("pa-ask", answer)
+        assert resumed is not None and resumed.wait(timeout=30) == then, resumed.error
+    assert notes.made == [1, 1]
+    asked = kx.sql("SELECT prompt, answer FROM questions WHERE run_id = 'pa-ask'")
+    assert sorted(map(tuple, asked.to_numpy().tolist())) == [("first?", '"A"'), ("second?", '"B"')]
+    assert len({r["key"] for r in ledger("pa-ask")}) == 2
 
 
 def test_the_first_call_at_a_site_keeps_its_key_and_sites_never_share_one(
