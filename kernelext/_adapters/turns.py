@@ -353,12 +353,12 @@ async def record_tool_call(
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
     try:
-        with ToolResult() as result, at_call_site(run, site):
+        with ToolResult() as result:
             try:
-                out = await _tool_effect(called, tool, gated)(**arguments)
+                out = await _made_at(run, site, _tool_effect(called, tool, gated), arguments)
             except AsksApproval:  # recorded failed: made again once a person approved it
                 gated = True
-                out = await _tool_effect(called, tool, gated)(**arguments)
+                out = await _made_at(run, site, _tool_effect(called, tool, gated), arguments)
         return result.of(out, f"The result of {tool} in {turn.key} of run {run.id!r}")
     except EffectRejected:  # a person's answer: the adapter tells the model
         raise
@@ -373,6 +373,13 @@ async def record_tool_call(
         turn.in_flight.discard(mine)
         if not mine.done():
             mine.set_result(None)
+
+
+async def _made_at(run: Any, site: Site, effect: Effect, arguments: dict[str, Any]) -> Any:
+    """One attempt of a tool call at ``site``, its calls counted from 0 (``CallSite``): an
+    attempt made again is the same call under its key, and its body's calls replay by theirs."""
+    with at_call_site(run, site):
+        return await effect(**arguments)
 
 
 def approved_call() -> bool:
