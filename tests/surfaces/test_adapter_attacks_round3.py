@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -328,12 +329,6 @@ def test_anthropic_tokens_count_the_cached_prompt(store: Any, cached_anthropic: 
 
 
 # -- 6. a tool's own argument named idempotency_key is replaced by the ledger's --------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="record_tool_call gives the effect the model's argument names as its signature: "
-    "an argument named idempotency_key makes it an effect that takes the ledger's key, so "
-    "the model's value is dropped from the record and the tool gets kernelext's key instead.",
-)
 def test_tool_argument_named_idempotency_key_reaches_the_tool_as_the_model_gave_it(
     store: Any,
 ) -> None:
@@ -349,6 +344,61 @@ def test_tool_argument_named_idempotency_key_reaches_the_tool_as_the_model_gave_
 
     assert kx.pydantic_ai.start(agent, "charge", run_id="own-key").wait(30) == "completed"
     assert got == ["order-42"]
+
+
+class SdkCharge(SdkScript):
+    """An Agents SDK model: a call of ``charge`` with the order's own key, then ``done``."""
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        if self.asked:
+            return await super().get_response(*args, **kwargs)
+        self.asked += 1
+        call = ResponseFunctionToolCall(
+            type="function_call", call_id="call_1", name="charge", id="fc_1",
+            arguments='{"amount": 10, "idempotency_key": "order-42"}',
+        )  # fmt: skip
+        return ModelResponse(output=[call], usage=Usage(), response_id="r1")
+
+
+def test_agents_sdk_tool_argument_named_idempotency_key_is_the_models(store: Any) -> None:
+    got: list[str] = []
+
+    def charge(amount: int, idempotency_key: str) -> str:
+        """Charge an order once."""
+        got.append(idempotency_key)
+        return "charged"
+
+    agent = SdkAgent(name="charger", tools=[function_tool(charge)], model=SdkCharge(pays=False))
+    assert kx.openai_agents.start(agent, "charge", run_id="sdk-own-key").wait(30) == "completed"
+    assert got == ["order-42"]
+
+
+def test_langchain_tool_showing_idempotency_key_gets_the_models_value(store: Any) -> None:
+    from langchain_core.tools import tool as langchain_tool
+
+    got: list[str] = []
+
+    @langchain_tool
+    def charge(amount: int, idempotency_key: str) -> str:
+        """Charge an order once."""
+        got.append(idempotency_key)
+        return "charged"
+
+    @kx.effect
+    def ship(order: str, *, idempotency_key: str | None = None) -> str:
+        got.append(str(idempotency_key))
+        return "shipped"
+
+    recorded, shipped = kx.langgraph.tool(charge), kx.langgraph.tool(ship.fn)
+
+    @kx.agent(name="lc_charger")
+    def charger(run: kx.Run) -> str:
+        recorded.invoke({"amount": 10, "idempotency_key": "order-42"})
+        return str(shipped.invoke({"order": "o-1"}))
+
+    assert charger.start(run_id="lc-own-key").wait(30) == "completed"
+    assert got[0] == "order-42"
+    assert str(uuid.UUID(got[1])) == got[1]  # a tool the model is not shown it: kernelext's
 
 
 # -- 7. Force stop cuts a framework's tool call at once, and the tool goes on unrecorded -----
