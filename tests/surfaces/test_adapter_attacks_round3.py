@@ -436,13 +436,6 @@ def test_force_stop_waits_for_a_framework_tool_call_in_flight(
 
 
 # -- 8. resuming in a new process without the agent names a decorator the user never wrote --
-@pytest.mark.xfail(
-    strict=True,
-    reason="kx.resume of a framework run whose agent this process has not been given says "
-    "'Run the code that defines @kx.agent(name='openai_agents:...')': the user wrote an "
-    "Agents SDK Agent, and what they must call is kx.openai_agents.agent(agent) (the same "
-    "for kx.pydantic_ai.agent).",
-)
 def test_resume_without_the_agent_names_how_to_hand_it_over(store: Any, store_path: Any) -> None:
     tools = [sdk_pay(needs_approval=True)]
     agent = SdkAgent(name="away", instructions="Pay.", tools=tools, model=SdkScript())
@@ -455,7 +448,22 @@ def test_resume_without_the_agent_names_how_to_hand_it_over(store: Any, store_pa
     )
     out = _subprocess(code, store_path)
     assert "belongs to agent" in out.stdout, out.stderr[-2000:]
-    assert "kx.openai_agents.agent(" in out.stdout
+    assert "kx.openai_agents.agent(agent)" in out.stdout
+    assert "@kx.agent" not in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("agent", "call"),
+    [
+        ("pydantic_ai:helper", "kx.pydantic_ai.agent(agent)"),
+        ("langgraph:LangGraph", "kx.langgraph.agent(graph)"),
+        ("mine", "@kx.agent(name='mine')"),
+    ],
+)
+def test_unknown_agent_names_the_call_that_defines_it(agent: str, call: str) -> None:
+    from kernelext._core.plan.code import how_to_define
+
+    assert call in how_to_define(agent)
 
 
 # -- 9. a Pydantic AI output function is not recorded: a crash after it sent sends again -----
