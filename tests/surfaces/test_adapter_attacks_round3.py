@@ -208,12 +208,6 @@ def test_model_turn_marked_applied_without_its_answer_is_asked_again(
 
 
 # -- 3. two starts of one run id: the run takes the losing start's options ------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="kx.openai_agents.start puts its options in _RUNS[run_id] before the store "
-    "refuses a second run of that id: the run started by the first call reads the second "
-    "call's context (the second call gets RunStateError, yet its context ran).",
-)
 def test_concurrent_starts_of_one_run_id_run_with_the_winners_options(store: Any) -> None:
     seen: dict[str, list[str]] = {}
 
@@ -232,7 +226,26 @@ def test_concurrent_starts_of_one_run_id_run_with_the_winners_options(store: Any
     assert mixed == []
 
 
-def _started_twice(agent: Any, run_id: str) -> tuple[str, Any]:
+def test_concurrent_pydantic_ai_starts_run_with_the_winners_deps(store: Any) -> None:
+    seen: dict[str, list[str]] = {}
+    mixed = []
+    for attempt in range(12):
+        run_id = f"twice-pai-{attempt}"
+        agent = Agent(answers(["done"]), name="twice", deps_type=dict)
+
+        @agent.instructions
+        def instructions(ctx: Any) -> str:
+            seen.setdefault(ctx.deps["run"], []).append(ctx.deps["by"])
+            return "Answer."
+
+        winner, handle = _started_twice(agent, run_id, pydantic_ai=True)
+        handle.wait(30)
+        if seen[run_id] != [winner]:
+            mixed.append((winner, seen[run_id]))
+    assert mixed == []
+
+
+def _started_twice(agent: Any, run_id: str, *, pydantic_ai: bool = False) -> tuple[str, Any]:
     """``start`` called by two threads at once (A and B) with their own context: the one
     that started the run, and its handle (the other got RunStateError)."""
     started: dict[str, Any] = {}
@@ -242,7 +255,10 @@ def _started_twice(agent: Any, run_id: str) -> tuple[str, Any]:
         barrier.wait()
         context = {"by": by, "run": run_id}
         with contextlib.suppress(kx.RunStateError):
-            started[by] = kx.openai_agents.start(agent, "hi", run_id=run_id, context=context)
+            if pydantic_ai:
+                started[by] = kx.pydantic_ai.start(agent, "hi", run_id=run_id, deps=context)
+            else:
+                started[by] = kx.openai_agents.start(agent, "hi", run_id=run_id, context=context)
 
     threads = [threading.Thread(target=start, args=(by,)) for by in ("A", "B")]
     for thread in threads:
