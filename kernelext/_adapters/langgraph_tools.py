@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from .._core.engine.context import current_run, reset_current_run, set_current_run
 from .._core.engine.run_engine import RunEngine
-from .._core.ledger.effect import effect as kx_effect
+from .._core.ledger.effect import Effect
 from .turns import CallSite
 
 __all__ = ["INSTALL", "require", "tool"]
@@ -63,7 +63,15 @@ def tool(
         extras = set(_EXTRA_NAMES)
         if isinstance(target, tools.StructuredTool) and target.func is not None:
             tool_name = name or target.name
-            call = _recorder(target.func, tool_name, extras, retry=retry, resumable=resumable)
+            own = "idempotency_key" in (_shown(target) or ())  # the model gives it: not kernelext's
+            call = _recorder(
+                target.func,
+                tool_name,
+                extras,
+                retry=retry,
+                resumable=resumable,
+                injects_key=not own,
+            )
             fields = {k: getattr(target, k) for k in type(target).model_fields}
             made = _tool_class()(**{**fields, "name": tool_name, "func": call, "coroutine": None})
         elif callable(target) and not isinstance(target, tools.BaseTool):
@@ -87,23 +95,37 @@ def tool(
 
 def _injected(made: Any) -> set[str]:
     """Arguments LangGraph injects (state, tool call id, runtime): not part of the key."""
+    shown = _shown(made)
+    return set() if shown is None else set(made.args) - shown
+
+
+def _shown(made: Any) -> set[str] | None:
+    """The arguments the model is shown (and gives) for a tool; None: not known."""
     try:
-        shown = set(made.tool_call_schema.model_json_schema().get("properties", {}))
-        return set(made.args) - shown
-    except Exception:  # a schema given as JSON: nothing is injected
-        return set()
+        return set(made.tool_call_schema.model_json_schema().get("properties", {}))
+    except Exception:  # a schema given as JSON
+        return None
 
 
 def _recorder(
-    fn: Callable[..., Any], tool_name: str, extras: set[str], *, retry: bool, resumable: bool
+    fn: Callable[..., Any],
+    tool_name: str,
+    extras: set[str],
+    *,
+    retry: bool,
+    resumable: bool,
+    injects_key: bool = True,
 ) -> Callable[..., Any]:
-    """``fn`` as a recorded effect whose key comes from the LangGraph task calling it."""
+    """``fn`` as a recorded effect whose key comes from the LangGraph task calling it
+    (``injects_key=False``: an ``idempotency_key`` argument is the model's, handed as given)."""
 
     @functools.wraps(fn)
     def inner(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs, **_EXTRAS.get({}))
 
-    effect = kx_effect(name=tool_name, retry=retry, resumable=resumable)(inner)
+    effect = Effect(
+        inner, name=tool_name, resumable=resumable, retry=retry, injects_key=injects_key
+    )
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:

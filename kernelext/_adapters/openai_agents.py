@@ -18,6 +18,7 @@ search, file search, hosted MCP) run on the model's server, inside the recorded 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -37,6 +38,7 @@ from .adapter_loop import run_on_adapter_loop
 from .model_clients import checked_prices
 from .openai_agents_calls import recorded_handoff, recorded_tool
 from .openai_agents_model import MODEL_TOOL, recorded_model, run_streamed
+from .run_options import RunOptions
 from .turns import Turns, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "require_agents", "start"]
@@ -59,7 +61,7 @@ class _Options:
 
 
 _DEFAULTS: dict[str, _Options] = {}  # agent name -> what agent() was given last
-_RUNS: dict[str, tuple[str, _Options]] = {}  # run id -> (agent name, what start() was given)
+_RUNS: RunOptions[_Options] = RunOptions()  # run id -> what start() was given
 
 
 def require_agents() -> Any:
@@ -94,8 +96,7 @@ def agent(
     options = _checked_options(max_turns, run_config, context, on_event)
     made = _register(sdk_agent, name, prices, max_step_seconds)
     _DEFAULTS[made.name] = options
-    for run_id in [r for r, (owner, _) in _RUNS.items() if owner == made.name]:
-        del _RUNS[run_id]
+    _RUNS.forget(made.name)
     return made
 
 
@@ -129,16 +130,8 @@ def start(
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
     if not isinstance(run_id, str):  # refused there, saying what to pass
         return made.start(stored, run_id=run_id, store=store)
-    earlier = _RUNS.get(run_id)
-    _RUNS[run_id] = (made.name, options)  # read by the run's thread as it starts
-    try:
-        return made.start(stored, run_id=run_id, store=store)
-    except BaseException:  # not started (a run of that id exists): its options stay
-        if earlier is None:
-            _RUNS.pop(run_id, None)
-        else:
-            _RUNS[run_id] = earlier
-        raise
+    begin = functools.partial(made.start, stored, run_id=run_id, store=store)
+    return _RUNS.start(run_id, made.name, options, begin)  # read by the run's thread
 
 
 def _checked_options(max_turns: Any, run_config: Any, context: Any, on_event: Any) -> _Options:
@@ -175,8 +168,7 @@ def _register(
     check_name("kx.openai_agents.agent(name=...)", agent_name)
 
     def drive(run: Run, input: Any) -> Any:
-        mine = _RUNS.get(run.id)
-        options = mine[1] if mine is not None else _DEFAULTS.get(agent_name) or _Options()
+        options = _RUNS.of(run.id) or _DEFAULTS.get(agent_name) or _Options()
         return run_on_adapter_loop(lambda: _drive(run, sdk_agent, input, options))
 
     made = kx_agent(name=agent_name, max_step_seconds=max_step_seconds)(drive)

@@ -14,6 +14,7 @@ streamed to it and each recorded as its final response.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -31,6 +32,7 @@ from .._validate import check_name
 from .adapter_loop import run_on_adapter_loop
 from .model_clients import checked_prices
 from .pydantic_ai_durability import MODEL_TOOL, capability_class, durability, recording
+from .run_options import RunOptions
 from .turns import Turns, unwrapped
 
 __all__ = ["INSTALL", "MODEL_TOOL", "agent", "durability", "require_pydantic_ai", "start"]
@@ -50,7 +52,7 @@ class _Options:
 
 
 _DEFAULTS: dict[str, _Options] = {}  # agent name -> what agent() was given last
-_RUNS: dict[str, tuple[str, _Options]] = {}  # run id -> (agent name, what start() was given)
+_RUNS: RunOptions[_Options] = RunOptions()  # run id -> what start() was given
 
 
 def require_pydantic_ai() -> Any:
@@ -88,8 +90,7 @@ def agent(
     made = _register(pa_agent, name, max_step_seconds)
     PRICES.update(checked)
     _DEFAULTS[made.name] = options
-    for run_id in [r for r, (owner, _) in _RUNS.items() if owner == made.name]:
-        del _RUNS[run_id]
+    _RUNS.forget(made.name)
     return made
 
 
@@ -127,16 +128,8 @@ def start(
     run_id = run_id or f"{made.name.replace(':', '-')}-{uuid.uuid4().hex[:8]}"
     if not isinstance(run_id, str):  # refused there, saying what to pass
         return made.start(prompt, run_id=run_id, store=store)
-    earlier = _RUNS.get(run_id)
-    _RUNS[run_id] = (made.name, options)  # read by the run's thread as it starts
-    try:
-        return made.start(prompt, run_id=run_id, store=store)
-    except BaseException:  # not started (a run of that id exists): its options stay
-        if earlier is None:
-            _RUNS.pop(run_id, None)
-        else:
-            _RUNS[run_id] = earlier
-        raise
+    begin = functools.partial(made.start, prompt, run_id=run_id, store=store)
+    return _RUNS.start(run_id, made.name, options, begin)  # read by the run's thread
 
 
 def _checked_options(
@@ -178,8 +171,7 @@ def _register(pa_agent: Any, name: str | None, max_step_seconds: float | None) -
     check_name("kx.pydantic_ai.agent(name=...)", agent_name)
 
     def drive(run: Run, prompt: Any) -> Any:
-        mine = _RUNS.get(run.id)
-        options = mine[1] if mine is not None else _DEFAULTS.get(agent_name) or _Options()
+        options = _RUNS.of(run.id) or _DEFAULTS.get(agent_name) or _Options()
         return run_on_adapter_loop(lambda: _drive(run, pa_agent, prompt, options))
 
     made = kx_agent(name=agent_name, max_step_seconds=max_step_seconds)(drive)

@@ -390,8 +390,11 @@ def approved_call() -> bool:
 def _tool_effect(called: Callable[..., Any], tool: str, gated: bool) -> Effect:
     # A call that raised is asked again on resume once the ledger knows it never reached its
     # target; one that may have is left to a person in kx.reconcile (the retry rule). A
-    # gated call made again needs an approval of its own.
-    return Effect(called, name=tool, resumable=True, retry=True, needs_approval=gated)
+    # gated call made again needs an approval of its own. Its arguments are the model's, all
+    # of them: one named idempotency_key is the model's value, not a key kernelext hands over.
+    return Effect(
+        called, name=tool, resumable=True, retry=True, needs_approval=gated, injects_key=False
+    )
 
 
 def _asked_before(run: Any, site: Site, tool: str) -> bool:

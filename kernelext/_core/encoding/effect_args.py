@@ -22,11 +22,13 @@ class CallArguments:
 
     signature: inspect.Signature | None
     tool: str
+    injects_key: bool = True  # False: an idempotency_key argument is the caller's own
 
     def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The call by parameter name, defaults applied (``None``: no signature, or arguments
         that do not fit it; then the call is bound by its positional and keyword arguments).
-        ``idempotency_key`` is the engine's to pass, so it is no argument of the call."""
+        ``idempotency_key`` is the engine's to pass, so it is no argument of the call (unless
+        the effect ``injects_key=False``: then it is the caller's, as any other)."""
         if self.signature is None:
             return None
         try:
@@ -34,6 +36,8 @@ class CallArguments:
         except TypeError:
             return None
         ba.apply_defaults()
+        if not self.injects_key:
+            return dict(ba.arguments)
         return {k: v for k, v in ba.arguments.items() if k != "idempotency_key"}
 
     def _redacted_args(

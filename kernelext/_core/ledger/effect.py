@@ -103,6 +103,7 @@ class Effect(EffectOutcomes):
         limit: str | None = None,
         retries: int = 0,
         retry_on: RetryOn = (),
+        injects_key: bool = True,
     ) -> None:
         check_effect_function(fn)
         if name is not None:
@@ -139,7 +140,10 @@ class Effect(EffectOutcomes):
         except (TypeError, ValueError):
             self.signature = None
         params = self.signature.parameters if self.signature else {}
-        self.takes_key = resumable and "idempotency_key" in params
+        # ``injects_key=False``: a tool the model calls, whose arguments are all the model's
+        # (an argument named idempotency_key among them); kernelext hands it no key.
+        self.injects_key = injects_key
+        self.takes_key = resumable and injects_key and "idempotency_key" in params
         self.dedupes = self.takes_key  # its target dedupes on the key (ledger.retries)
         self._where = f"a call of effect {self.tool}"  # where a swallowed stop is raised again
         functools.update_wrapper(self, fn)
@@ -181,7 +185,8 @@ class Effect(EffectOutcomes):
         ``(key, False, the replayed result)``. Pops ``idempotency_key`` (the engine's).
         ``slot``: the call's ``run.next_call(tool)``, when the caller took it already."""
         run.enforce_stop(self._where)  # a stop the agent's code swallowed is raised again
-        kwargs.pop("idempotency_key", None)
+        if self.injects_key:
+            kwargs.pop("idempotency_key", None)
         scheme = run.key_scheme
         # Scheme 2: bound by parameter name with defaults applied; hash and display are
         # of that one mapping, taken at one moment (before the approval rule runs).

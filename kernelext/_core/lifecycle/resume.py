@@ -22,6 +22,7 @@ from ...status import Status
 from ..encoding.codec import loads_json
 from ..encoding.secrets import MASK
 from ..engine.run_engine import RunEngine, chain_roots
+from ..plan.code import how_to_define
 from ..process.runtime import runtime
 from .agent import Agent
 from .handle import Handle
@@ -78,8 +79,7 @@ def agent_for(run_id: str, row: dict[str, Any], allow_code_change: bool, verb: s
     if not isinstance(agent, Agent):  # None: the runtime holds only Agents
         raise AgentError(
             f"Run {run_id!r} belongs to agent {row['agent']!r}, which is not defined in this "
-            f"process. Run the code (or notebook cell) that defines @kx.agent(name="
-            f"{row['agent']!r}) and call kx.{verb}({run_id!r}) again."
+            f"process. {how_to_define(row['agent'])}, then call kx.{verb}({run_id!r}) again."
         )
     if row["fingerprint"] and row["fingerprint"] != agent.fingerprint and not allow_code_change:
         raise CodeChangedError(

@@ -21,6 +21,7 @@ __all__ = [
     "agent_change",
     "cell_changes",
     "cell_state",
+    "how_to_define",
     "remember_agent_source",
     "remember_cell_source",
     "short_diff",
@@ -108,3 +109,26 @@ def cell_changes(completed: list[StepItem], sources: Mapping[str, str]) -> list[
             diff = short_diff(old, source)
         changes.append(CodeChange("cell", step.key, recorded, current, state, diff))
     return changes
+
+
+# A framework's agent is handed over by the adapter's call, named after its framework.
+_HANDED_OVER = (
+    ("openai_agents:", "the Agents SDK Agent", "kx.openai_agents.agent(agent)"),
+    ("pydantic_ai:", "the Pydantic AI Agent", "kx.pydantic_ai.agent(agent)"),
+    ("langgraph:", "the compiled LangGraph graph", "kx.langgraph.agent(graph)"),
+)
+
+
+def how_to_define(agent: str) -> str:
+    """What makes agent ``agent`` known to this process (a sentence, no full stop): its
+    ``@kx.agent``, or for a framework's agent the adapter's call that hands it over."""
+    for prefix, what, call in _HANDED_OVER:
+        if agent.startswith(prefix):
+            return (
+                f"Run the code (or notebook cell) that builds {what} and hand it over with "
+                f"{call} (the same name= if you gave one)"
+            )
+    return (
+        f"Run the code (or notebook cell) that defines @kx.agent(name={agent!r}), or that "
+        f"hands a framework's agent over with kx.<framework>.agent(..., name={agent!r})"
+    )

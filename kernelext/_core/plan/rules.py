@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...status import TERMINAL
 from ..facts.facts import CONTRADICTIONS
+from .code import how_to_define
 from .items import UNSEEN, PlanData
 
 __all__ = ["judge", "plan_differences"]
@@ -43,9 +44,10 @@ def judge(result: PlanData, live: str | None) -> None:
         )
     for change in result.code:
         if change.kind == "agent" and change.state == UNSEEN:
+            how = how_to_define(change.name)
             result.blockers.append(
-                f"agent {change.name!r} is not defined in this process: run the code that "
-                "defines it first"
+                f"agent {change.name!r} is not defined in this process: "
+                f"{how[:1].lower()}{how[1:]} first"
             )
         elif change.kind == "agent" and change.state == "changed":
             result.blockers.append(

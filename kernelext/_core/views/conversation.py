@@ -118,15 +118,26 @@ def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def _usage(result: Any) -> tuple[int, int, str]:
+# Anthropic reports a cached prompt apart from ``input_tokens`` (the uncached part), and
+# prices it apart: a cache write at 1.25 times the input price, a cache read at 0.1 times.
+CACHED_PROMPT = (("cache_creation_input_tokens", 1.25), ("cache_read_input_tokens", 0.1))
+
+
+def _usage(result: Any) -> tuple[int, int, str, float]:
+    """(prompt tokens, completion tokens, model, the prompt's tokens at the input price):
+    the prompt counts the tokens read from or written to Anthropic's cache."""
     if not isinstance(result, dict):
-        return 0, 0, ""
+        return 0, 0, "", 0.0
     usage = result.get("usage")
     usage = usage if isinstance(usage, dict) else {}
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0
+    prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
+    priced = float(prompt)
+    for name, factor in CACHED_PROMPT:
+        cached = _int(usage.get(name) or 0)
+        prompt, priced = prompt + cached, priced + cached * factor
     completion = usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0
     model = result.get("model") or result.get("model_name") or _stream_model(result)
-    return _int(prompt), _int(completion), str(model)
+    return prompt, _int(completion), str(model), priced
 
 
 def _int(value: Any) -> int:
@@ -227,12 +238,12 @@ def conversation_of(
         if is_model_call(tool):
             turns += 1
             result = _json(row.get("result"))
-            p, c, model = _usage(result)
+            p, c, model, priced = _usage(result)
             prompt, completion = prompt + p, completion + c
             if prices and cost is not None:
                 price = prices.get(model) or _by_prefix(prices, model)
                 if price is not None:
-                    cost += (p * price[0] + c * price[1]) / 1_000_000
+                    cost += (priced * price[0] + c * price[1]) / 1_000_000
             last = _reply_text(result) or last
         else:
             tools += 1
