@@ -253,12 +253,6 @@ def _started_twice(agent: Any, run_id: str) -> tuple[str, Any]:
 
 
 # -- 4. the handle start() returned goes stale once an approval resumes the run here --------
-@pytest.mark.xfail(
-    strict=True,
-    reason="An approval decided in this kernel resumes the run with a new handle: the one "
-    "kx.pydantic_ai.start returned answers h.wait() at once with 'running' and keeps "
-    "h.result None after the run completed (the core lifecycle, met through the adapter).",
-)
 def test_handle_from_start_gives_the_result_after_an_approval_resumes_the_run(
     store: Any,
 ) -> None:
