@@ -10,7 +10,9 @@ An agent framework runs a loop of model turns and tool calls. Under kernelext:
 - each tool call the model asked for is an effect of the tool's name, at ordinal
   ``1 + its place among the turn's calls`` (parallel calls are keyed by the model's order,
   not by which finished first), so a resumed run replays applied calls instead of making
-  them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once.
+  them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once;
+  a person's Force stop waits for a tool call in flight (up to ``force_call_grace``) and
+  lands once its real outcome is recorded, as for a sync ``@kx.effect`` call.
 
 kernelext's own refusals (a call that needs a decision, arguments that no longer match the
 recorded ones) must not reach a framework's error handling, which would hand them to the
@@ -329,8 +331,8 @@ async def record_tool_call(
     called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
-    try:
-        with ToolResult() as result, at_call_site(run, site):
+    try:  # a person's Force stop waits for the call and its outcome, as for a @kx.effect
+        with run.force.in_call(tool), ToolResult() as result, at_call_site(run, site):
             try:
                 out = await _tool_effect(called, tool, gated)(**arguments)
             except AsksApproval:  # recorded failed: made again once a person approved it
