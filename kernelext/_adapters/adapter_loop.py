@@ -11,7 +11,8 @@ in a notebook: :func:`run_on_adapter_loop` runs a coroutine there, in the caller
 A stop at a safe point is raised inside the coroutine and comes back as its exception. An
 exception raised into the waiting thread (a person's Force stop) cancels the coroutine's
 task, waits until it ended (its effects settled: a call cut mid-way is ``unknown``) and
-goes on in the thread.
+goes on in the thread. A tool call in flight holds a person's Force stop back (up to
+``force_call_grace``, ``turns.record_tool_call``), so such a call keeps its real outcome.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ An agent framework runs a loop of model turns and tool calls. Under kernelext:
   ``1 + its place among the turn's calls`` (parallel calls are keyed by the model's order,
   not by which finished first), so a resumed run replays applied calls instead of making
   them again, an unknown outcome waits in ``kx.reconcile`` and an approval is asked once;
+  a person's Force stop waits for a tool call in flight (up to ``force_call_grace``) and
+  lands once its real outcome is recorded, as for a sync ``@kx.effect`` call;
 - the effects a tool's body calls are made at its call's place too (:class:`CallSite`),
   counted per effect name: two calls of one effect there are two calls, each keyed apart.
 
@@ -352,8 +354,8 @@ async def record_tool_call(
     called.__signature__ = _signature_of(arguments)  # type: ignore[attr-defined]
     mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turn.in_flight.add(mine)
-    try:
-        with ToolResult() as result:
+    try:  # a person's Force stop waits for the call and its outcome, as for a @kx.effect
+        with run.force.in_call(tool), ToolResult() as result:
             try:
                 out = await _made_at(run, site, _tool_effect(called, tool, gated), arguments)
             except AsksApproval:  # recorded failed: made again once a person approved it

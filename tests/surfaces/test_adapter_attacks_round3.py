@@ -270,12 +270,6 @@ def _started_twice(agent: Any, run_id: str, *, pydantic_ai: bool = False) -> tup
 
 
 # -- 4. the handle start() returned goes stale once an approval resumes the run here --------
-@pytest.mark.xfail(
-    strict=True,
-    reason="An approval decided in this kernel resumes the run with a new handle: the one "
-    "kx.pydantic_ai.start returned answers h.wait() at once with 'running' and keeps "
-    "h.result None after the run completed (the core lifecycle, met through the adapter).",
-)
 def test_handle_from_start_gives_the_result_after_an_approval_resumes_the_run(
     store: Any,
 ) -> None:
@@ -413,14 +407,6 @@ def test_langchain_tool_showing_idempotency_key_gets_the_models_value(store: Any
 
 
 # -- 7. Force stop cuts a framework's tool call at once, and the tool goes on unrecorded -----
-@pytest.mark.xfail(
-    strict=True,
-    reason="run_on_adapter_loop cancels the framework's task as soon as Force stop is raised "
-    "into the run's thread: a tool call in flight (a sync tool in the framework's worker "
-    "thread) is recorded unknown at once instead of being waited for up to "
-    "force_call_grace, and the tool's thread goes on and sends after the run ended (the "
-    "same in kx.openai_agents).",
-)
 def test_force_stop_waits_for_a_framework_tool_call_in_flight(
     store: Any, delivery_server: DeliveryServer
 ) -> None:
@@ -442,6 +428,32 @@ def test_force_stop_waits_for_a_framework_tool_call_in_flight(
     h.wait(30)
     wait_until(lambda: delivery_server.count() == 1, "the payment to be sent")
     assert dict((tool, status) for _, tool, _, status in effect_rows("forced-tool"))["pay"] == (
+        "applied"
+    )
+
+
+def test_force_stop_waits_for_an_agents_sdk_tool_call_in_flight(
+    store: Any, delivery_server: DeliveryServer
+) -> None:
+    reached, release = threading.Event(), threading.Event()
+
+    def pay(who: str) -> str:
+        """Pay someone."""
+        reached.set()
+        release.wait(30)
+        post_json(f"{delivery_server.url}/pay/{who}", {"who": who})
+        return f"paid {who}"
+
+    agent = SdkAgent(
+        name="forced", instructions="Pay.", tools=[function_tool(pay)], model=SdkScript()
+    )
+    h = kx.openai_agents.start(agent, "pay bob", run_id="forced-sdk-tool")
+    assert reached.wait(30)
+    threading.Timer(0.5, release.set).start()  # returns well within the grace (10 s)
+    h.force_stop()
+    assert h.wait(30) == "suspended"
+    assert delivery_server.count() == 1  # sent before the run ended, not after
+    assert dict((tool, status) for _, tool, _, status in effect_rows("forced-sdk-tool"))["pay"] == (
         "applied"
     )
 

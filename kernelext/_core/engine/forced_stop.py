@@ -38,6 +38,8 @@ wherever the worker is. ``ForceGate`` decides where that may be. Its invariants:
    after its outcome is recorded: a call that returns keeps its real outcome. A second
    Force stop, the grace running out, or a step past ``max_step_seconds`` cuts the call
    (``unknown``). ``waiting_for_call`` says what the stop waits for, for the panel.
+   A tool call of an agent framework's run (made on the frameworks' loop or in a thread of
+   the framework's while the run's thread waits for it) is held the same way.
    Items of a ``run.map`` are cut at once (their gates never defer).
 7. **An async agent's step is a task: it is cancelled, never raised into.** An exception
    raised asynchronously into an event loop's thread could land inside the loop itself.

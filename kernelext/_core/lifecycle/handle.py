@@ -22,25 +22,100 @@ from ..views.conversation import conversation_of
 from .run import engine_of
 from .stop_answer import StopAnswer, busy_answer, nothing_to_stop
 
-__all__ = ["ERROR_SHOWN", "Handle", "post_stop_if_busy", "request_stop"]
+__all__ = ["ERROR_SHOWN", "Handle", "RunTrack", "post_stop_if_busy", "request_stop"]
 
 ERROR_SHOWN = 500  # characters of an error a display shows: as many as runs.reason keeps
 
 
-class Handle:
-    """A run executing (or finished) in this process. Displays as its control panel."""
+class RunTrack:
+    """The latest attempt (start or resume) of one run in this process, shared by all the
+    run's handles here (``runtime().tracks``, by store location and run id)."""
 
-    def __init__(self, engine: RunEngine, store: Store) -> None:
-        self.run = engine.facade  # the run as its agent sees it: h.run.state, h.run.id
+    __slots__ = ("__weakref__", "latest")
+
+    def __init__(self) -> None:
+        self.latest: Handle | None = None
+
+
+class Handle:
+    """A run executing (or finished) in this process. Displays as its control panel.
+
+    A handle follows its run: once the run is resumed here (``kx.resume``, an approval or
+    an answer given in this process), ``wait()``, ``result``, ``error``, ``status``,
+    ``run``, the stops and the panel read the resumed attempt (``newest``), whichever
+    handle of the run the user holds."""
+
+    def __init__(self, engine: RunEngine, store: Store, *, attempt: bool = False) -> None:
+        self._run = engine.facade  # the run as its agent sees it: h.run.state, h.run.id
         self.store = store
         self.run_id = engine.id
-        self.thread: threading.Thread | None = None
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.final_status: str | None = None
-        self.store_fault: StoreWriteError | None = None  # the store refused the run's end
-        self._done = threading.Event()
-        runtime().handles[self.run_id] = self
+        self._thread: threading.Thread | None = None
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._final_status: str | None = None
+        self._store_fault: StoreWriteError | None = None  # the store refused the run's end
+        rt = runtime()
+        with rt.live_lock:
+            rt.handles[self.run_id] = self
+            track = rt.tracks.get((store.location, self.run_id))
+            if track is None:
+                track = rt.tracks[(store.location, self.run_id)] = RunTrack()
+            if attempt:  # a start or a resume here: every handle of the run follows it
+                track.latest = self
+        self._track: RunTrack = track
+
+    # -- the run's latest attempt -----------------------------------------------------------
+    @property
+    def newest(self) -> Handle:
+        """The handle of this run's latest start or resume in this process (``self`` for a
+        handle on a run that never executed here)."""
+        return self._track.latest or self
+
+    @property
+    def run(self) -> Any:
+        return self.newest._run
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self.newest._thread
+
+    @thread.setter
+    def thread(self, value: threading.Thread | None) -> None:
+        self._thread = value
+
+    @property
+    def result(self) -> Any:
+        """What the agent returned, once the run's latest attempt completed."""
+        return self.newest._result
+
+    @result.setter
+    def result(self, value: Any) -> None:
+        self._result = value
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception the run's latest attempt raised (``None`` if it raised nothing)."""
+        return self.newest._error
+
+    @error.setter
+    def error(self, value: BaseException | None) -> None:
+        self._error = value
+
+    @property
+    def final_status(self) -> str | None:
+        return self.newest._final_status
+
+    @final_status.setter
+    def final_status(self, value: str | None) -> None:
+        self._final_status = value
+
+    @property
+    def store_fault(self) -> StoreWriteError | None:
+        return self.newest._store_fault
+
+    @store_fault.setter
+    def store_fault(self, value: StoreWriteError | None) -> None:
+        self._store_fault = value
 
     # -- status ---------------------------------------------------------------------
     @property
@@ -52,24 +127,31 @@ class Handle:
         """The run's status in the store; once the run ended here, the status its end
         gives it even while another process holds the store file (the end is durable in
         this process's journal and reaches the tables when the file is free)."""
-        journaled = self.store.journaled_end(self.run_id)
+        store = self.newest.store
+        journaled = store.journaled_end(self.run_id)
         if journaled is not None:
             return journaled
-        return str(self.store.get_run(self.run_id)["status"])
+        return str(store.get_run(self.run_id)["status"])
 
     def info(self) -> dict[str, Any]:
         return self.store.get_run(self.run_id)
 
     @validated("Handle.wait", timeout=optional(check_wait))
     def wait(self, timeout: float | None = None) -> str:
-        """Block until the run stops, suspends or finishes; return its status."""
-        if self.thread is not None:
-            self.thread.join(timeout)
-            if self.thread.is_alive():
+        """Block until the run stops, suspends or finishes; return its status. After a
+        resume in this process, it waits for the resumed attempt."""
+        current = self.newest
+        thread = current._thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
                 return Status.RUNNING
-        if self.final_status is not None and (self.store.closed or self.store_fault):
-            return self.final_status
-        return self.status
+        if current is not self.newest:  # resumed again meanwhile (a person answered at once)
+            return self.newest.wait(timeout)
+        final = current._final_status
+        if final is not None and (current.store.closed or current._store_fault):
+            return final
+        return current.status
 
     # -- control --------------------------------------------------------------------
     @validated("Handle.stop", source=SOURCE, who=NOTE)

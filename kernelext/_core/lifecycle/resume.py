@@ -61,7 +61,7 @@ def resume_agent_run(
         # had just lapsed): read again, now that no one else can. (A completed step stays
         # completed, so the count tells: the steps read before are among those now.)
         run = load_run(store, run_id, agent.name, agent.max_step_seconds, agent.pickle)
-    handle = Handle(run, store)
+    handle = Handle(run, store, attempt=True)
     if taken.status == Status.NEEDS_DECISION:
         return handle
     run.effects = store.load_replayable_effects(run_id)

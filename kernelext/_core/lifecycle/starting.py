@@ -65,4 +65,4 @@ def start_run(
     )
     Run(run)  # what the agent function receives
     chain_roots[run] = run_id  # a fresh run is the root of its restart chain
-    return launch(Handle(run, store), agent.fn, args, kwargs)
+    return launch(Handle(run, store, attempt=True), agent.fn, args, kwargs)

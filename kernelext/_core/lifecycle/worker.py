@@ -51,6 +51,7 @@ def launch(
     handle: Handle, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Handle:
     rt = runtime()  # the worker ends its run in the runtime that launched it
+    engine = engine_of(handle.run)  # this attempt's (read before the run can end)
     with rt.live_lock:
         rt.live_runs[handle.run_id] = handle
     thread = threading.Thread(
@@ -61,13 +62,18 @@ def launch(
     )
     handle.thread = thread
     thread.start()
+    # The monitor and the stop-watch watch this attempt's thread: once the run is resumed,
+    # ``handle.thread`` is the newer attempt's (the handle follows its run).
     monitor = threading.Thread(
-        target=_monitor, args=(handle,), daemon=True, name=f"kernelext-monitor[{handle.run_id}]"
+        target=_monitor,
+        args=(handle, engine, thread),
+        daemon=True,
+        name=f"kernelext-monitor[{handle.run_id}]",
     )
     monitor.start()
     watcher = threading.Thread(
         target=_watch_external_stop,
-        args=(handle,),
+        args=(handle, engine, thread),
         daemon=True,
         name=f"kernelext-stop-watch[{handle.run_id}]",
     )
@@ -291,14 +297,13 @@ def _renew_lease(store: Store, run_id: str) -> None:
     store.renew_lease(run_id, lease_until(store.now()), actor())
 
 
-def _watch_external_stop(handle: Handle) -> None:
+def _watch_external_stop(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
     """Look for a stop that another process recorded in the run's row.
 
     Such a look may wait for the store file (another process may hold it), so it has a
     thread of its own: the monitor, which escalates stops, never waits for the store.
     """
-    run = engine_of(handle.run)
-    while handle.thread is not None and handle.thread.is_alive() and not run.stop_event.is_set():
+    while thread.is_alive() and not run.stop_event.is_set():
         run.poll_external_stop(wait=True)
         run.stop_event.wait(STOP_POLL_SECONDS)
     # Stopping: another process may still ask to force it (a panel's Force stop through
@@ -306,7 +311,7 @@ def _watch_external_stop(handle: Handle) -> None:
     # force waits for; the monitor raises it at its next tick.
     # Each request is an events row, this process's own included (``Handle.force_stop``
     # wants first, then records): the gate counts the wants it got.
-    while handle.thread is not None and handle.thread.is_alive() and not run.force.raised:
+    while thread.is_alive() and not run.force.raised:
         try:
             count, source = handle.store.force_requests(run.id)
         except Exception:  # a store hiccup: look again
@@ -314,18 +319,17 @@ def _watch_external_stop(handle: Handle) -> None:
         while run.force.wants < count:
             run.force.want(runtime().settings.force_call_grace)
             run.notify("force", source)
-        handle.thread.join(FORCE_POLL_SECONDS)
+        thread.join(FORCE_POLL_SECONDS)
 
 
-def _monitor(handle: Handle) -> None:
+def _monitor(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
     """Escalate a pending stop when the current step overruns its time bound.
 
     Everything it writes is queued (``write_async``): it never waits for the store.
     """
-    run = engine_of(handle.run)
     renewed = 0.0
     posted = PostedStops(handle.store, run)  # stops journaled elsewhere while the file is busy
-    while handle.thread is not None and handle.thread.is_alive():
+    while thread.is_alive():
         if time.monotonic() - renewed >= RENEW_SECONDS:
             renewed = time.monotonic()
             _renew_lease(handle.store, run.id)

@@ -191,8 +191,10 @@ class Runtime:
       ``credentials`` (``kx.credentials``), ``probes`` (effect tool -> probe),
       ``limits`` (``kx.limit``, name -> ``Limit``),
       ``agent_sources`` (fingerprint -> source, for plan diffs).
-    - Runs here: ``live_runs`` (run id -> handle of a run executing in a worker thread)
-      and ``handles`` (run id -> newest handle, weakly), both under ``live_lock``;
+    - Runs here: ``live_runs`` (run id -> handle of a run executing in a worker thread),
+      ``handles`` (run id -> newest handle, weakly) and ``tracks`` ((store location, run
+      id) -> the run's latest start or resume here, which all its handles follow, weakly:
+      ``handle.RunTrack``), all under ``live_lock``;
       ``args_cache`` (arguments that are not JSON, for a resume in this runtime);
       ``cell_runs`` (open ``%%agent`` runs by (store location, run id), under
       ``cell_runs_lock``); ``credential_values`` and ``local_checks`` (lambdas and
@@ -218,6 +220,9 @@ class Runtime:
         self.live_lock = threading.Lock()
         self.live_runs: dict[str, LiveHandle] = {}
         self.handles: weakref.WeakValueDictionary[str, LiveHandle] = weakref.WeakValueDictionary()
+        self.tracks: weakref.WeakValueDictionary[tuple[str, str], Any] = (
+            weakref.WeakValueDictionary()
+        )
         self.args_cache: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self.cell_runs_lock = threading.Lock()
         self.cell_runs: dict[tuple[str, str], OpenCellRun] = {}
