@@ -138,21 +138,17 @@ def _subprocess(code: str, store_path: Any) -> subprocess.CompletedProcess[str]:
 
 
 # -- 1. a tool that raised after its request left is sent again by the resume ---------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="A framework tool call is an Effect(retry=True): a tool that raised a plain "
-    "exception after its POST reached the server is recorded 'failed' and made again on "
-    "resume, though the ledger saw the request go out (turns.py promises a call that may "
-    "have reached its target is left to kx.reconcile). Same with an Agents SDK tool whose "
-    "failure_error_function=None.",
-)
+@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
 def test_tool_that_raised_after_its_request_left_is_not_sent_again_on_resume(
-    store: Any, delivery_server: DeliveryServer
+    store: Any, delivery_server: DeliveryServer, framework: str
 ) -> None:
+    """A framework tool call is an ``Effect(retry=True)``: a tool that raised its own
+    exception after its POST reached the server may have acted, so the resume leaves it to
+    kx.reconcile instead of sending it again (an Agents SDK tool raises through the run with
+    ``failure_error_function=None``)."""
     broken = [True]
-    agent = Agent(answers([("pay", {"who": "bob"})], ["done"]), name="raiser")
+    run_id = f"raised-after-send-{framework}"
 
-    @agent.tool_plain
     def pay(who: str) -> str:
         """Pay someone."""
         post_json(f"{delivery_server.url}/pay/{who}", {"who": who})
@@ -160,11 +156,49 @@ def test_tool_that_raised_after_its_request_left_is_not_sent_again_on_resume(
             raise KeyError("status")  # reading the answer failed: the payment went out
         return "paid"
 
-    h = kx.pydantic_ai.start(agent, "pay bob", run_id="raised-after-send")
+    if framework == "pydantic_ai":
+        agent = Agent(answers([("pay", {"who": "bob"})], ["done"]), name="raiser")
+        agent.tool_plain(pay)
+        h = kx.pydantic_ai.start(agent, "pay bob", run_id=run_id)
+    else:
+        tools = [function_tool(pay, failure_error_function=None)]
+        sdk_agent = SdkAgent(name="raiser", instructions="Pay.", tools=tools, model=SdkScript())
+        h = kx.openai_agents.start(sdk_agent, "pay bob", run_id=run_id)
     assert h.wait(30) == "failed"
     broken[0] = False  # the code fix
+    if framework == "pydantic_ai":
+        kx.pydantic_ai.agent(agent)
+    else:
+        kx.openai_agents.agent(sdk_agent)
+    again = kx.resume(run_id)
+    assert again.wait(30) == "needs_decision", again.error_text()
+    assert delivery_server.count() == 1
+    (unknown,) = kx.reconcile(run_id)
+    assert unknown.tool == "pay"
+
+
+def test_tool_that_raised_before_it_sent_is_made_again_on_resume(
+    store: Any, delivery_server: DeliveryServer
+) -> None:
+    """The same tool raising before its request left: nothing went out, so the resume makes
+    the call again and the run completes."""
+    broken = [True]
+    agent = Agent(answers([("pay", {"who": "bob"})], ["done"]), name="early")
+
+    @agent.tool_plain
+    def pay(who: str) -> str:
+        """Pay someone."""
+        if broken[0]:
+            raise KeyError("account")  # before anything was sent
+        post_json(f"{delivery_server.url}/pay/{who}", {"who": who})
+        return "paid"
+
+    h = kx.pydantic_ai.start(agent, "pay bob", run_id="raised-before-send")
+    assert h.wait(30) == "failed"
+    broken[0] = False
     kx.pydantic_ai.agent(agent)
-    kx.resume("raised-after-send").wait(30)
+    again = kx.resume("raised-before-send")
+    assert again.wait(30) == "completed", again.error_text()
     assert delivery_server.count() == 1
 
 
