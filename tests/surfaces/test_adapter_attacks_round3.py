@@ -203,13 +203,6 @@ def test_tool_that_raised_before_it_sent_is_made_again_on_resume(
 
 
 # -- 2. a model turn decided "it happened" without its answer breaks the run ----------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="record_turn rebuilds a model turn that kx.reconcile marked applied without a "
-    "result from None: Pydantic AI fails with a ValidationError (the Agents SDK with "
-    "AttributeError 'NoneType' has no 'items'), on every resume; kx.openai and kx.anthropic "
-    "ask the model again under the same key.",
-)
 @pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
 def test_model_turn_marked_applied_without_its_answer_is_asked_again(
     store: Any, framework: str
