@@ -467,12 +467,6 @@ else:
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(
-    strict=True,
-    reason="A Pydantic AI output function (output_type=fn) is a call the model asks for, "
-    "yet it is no effect of the run: killed after it sent, the resume calls it again "
-    "(a function tool in its place is unknown and waits in kx.reconcile).",
-)
 def test_output_function_killed_after_it_sent_is_not_sent_again(
     store: Any, store_path: Any, delivery_server: DeliveryServer
 ) -> None:
@@ -488,3 +482,24 @@ def _subprocess_argv(code: str, store_path: Any, *argv: str) -> None:
     env = {**os.environ, "KERNELEXT_STORE": str(store_path), "KERNELEXT_STORE_WAIT": "120"}
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     subprocess.run([sys.executable, "-c", code, *argv], env=env, timeout=180, check=False)
+
+
+def test_output_function_is_an_effect_of_its_turn(store: Any) -> None:
+    """An output function's call is recorded as a tool call is: an effect of its name, keyed
+    by its turn and its place among the answer's calls, applied once."""
+    made: list[str] = []
+
+    def submit(who: str) -> str:
+        """Submit the payment order: the run's final output."""
+        made.append(who)
+        return "submitted " + who
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> PaiResponse:
+        call = ToolCallPart(info.output_tools[0].name, {"who": "bob"}, tool_call_id="o1")
+        return PaiResponse(parts=[call])
+
+    agent = Agent(FunctionModel(model), name="submits", output_type=submit)
+    h = kx.pydantic_ai.start(agent, "submit", run_id="output-effect")
+    assert h.wait(30) == "completed", h.error_text()
+    assert h.result == "submitted bob" and made == ["bob"]
+    assert ("turn 1", "submit", 1, "applied") in effect_rows("output-effect")
