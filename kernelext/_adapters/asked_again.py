@@ -11,7 +11,9 @@ call is (``EffectArgumentsMismatch``). The instructions are recorded with the ca
 same (``effects.args``): a person reads what the model was told.
 
 A call recorded when its hash was of the whole request (before instructions were left out)
-is replayed too.
+is replayed too. A call a person decided "it happened" without giving its answer
+(``kx.reconcile``'s ``mark_applied()``) has no answer to replay: the model is asked again
+under the same key and its answer recorded.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 from .._core.encoding.keys import hash_for
 from .._core.engine.run_engine import RunEngine
 from .._core.ledger.effect import Effect
+from .._core.ledger.effect_outcomes import _PERFORM
+from ..status import EffectStatus
 
 __all__ = ["INSTRUCTIONS_CHANGED", "AskedAgain", "TurnAnswer", "split_request"]
 
@@ -72,6 +76,16 @@ class AskedAgain(Effect):
         ):
             return recorded
         return expected
+
+    def _replay(self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:
+        out = super()._replay(run, key, row, *rest)
+        if out is not None or row.get("status") != EffectStatus.APPLIED:
+            return out
+        # Decided "it happened" without the answer (kx.reconcile): nobody knows what the
+        # model said, so it is asked again under the same key and its answer recorded.
+        if not run.store.retry_intent(key, expected=EffectStatus.APPLIED):
+            return super()._replay(run, key, run.store.effect(key) or row, *rest)
+        return _PERFORM
 
     def _intent_or_replay(
         self,

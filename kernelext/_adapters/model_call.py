@@ -23,7 +23,6 @@ from .._core.engine.context import current_run
 from .._core.ledger.evidence import Evidence, absorb, watching
 from .._core.ledger.limits import call_limited_async, sent
 from ..errors import LedgerError
-from ..status import EffectStatus
 from .asked_again import AskedAgain, split_request
 from .model_clients import Options, Pending, Sides, materialise, passed_through, register_values
 from .model_streams import AsyncRecordedStream, RecordedStream, to_json
@@ -168,17 +167,6 @@ class ModelCall(AskedAgain):
         return display_args(kwargs, scheme, tool=self.tool, full=full)
 
     # -- the call: the ledger's, deferred for streams and coroutines ------------------------
-    def _replay(self, run: RunEngine, key: uuid.UUID, row: dict[str, Any], *rest: Any) -> Any:
-        out = super()._replay(run, key, row, *rest)
-        if out is not None or row.get("status") != EffectStatus.APPLIED:
-            return out
-        # Decided "it happened" without the answer (kx.reconcile): nobody knows what the
-        # model said, so it is asked again under the same key and its answer recorded.
-        if not run.store.retry_intent(key, expected=EffectStatus.APPLIED):
-            return super()._replay(run, key, run.store.effect(key) or row, *rest)
-        run.note_effect(key, {**row, "status": EffectStatus.PENDING})
-        return self._perform(run, key, (), self.request)
-
     def _perform(
         self, run: RunEngine, key: uuid.UUID, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:

@@ -16,7 +16,10 @@ them the run's effects on the shared shape of ``kernelext._adapters.turns``:
 - a tool call (function tools, MCP tools, dynamic toolsets) is an effect of the tool's name,
   keyed by its turn and its place among the calls of the model's answer; what the tool raised
   for the model (``ModelRetry``, ``ToolFailed``, ``CallDeferred``) is recorded as its outcome,
-  as Pydantic AI encodes it, and given again on replay;
+  as Pydantic AI encodes it, and given again on replay; an output function's call
+  (``output_type=fn``, through the capability's ``wrap_output_process``) is one too, keyed
+  the same way, so it is made once across a crash and an unknown one waits in
+  ``kx.reconcile``;
 - everything else (discovery, capability operations, workspace calls, token counts, the
   handler's other events: tool calls and their results) runs in the run as it would without
   the capability, on resume too.
@@ -225,6 +228,20 @@ def capability_class() -> type[Any]:
                 backend = self.__dict__["_kx_backend"] = backend_class(self.name, self)
             return backend
 
+        async def wrap_output_process(
+            self, ctx: Any, *, output_context: Any, output: Any, handler: Any
+        ) -> Any:
+            state = _active()
+            if (
+                state is None
+                or state.turns.current is None
+                or in_tool_call()
+                or not output_context.has_function
+                or getattr(ctx, "partial_output", False)
+            ):
+                return await handler(output)
+            return await output_call(state, output_context, output, handler)
+
         async def prepare_tools(self, ctx: Any, tool_defs: list[Any]) -> list[Any]:
             state = _active()
             if state is None:
@@ -272,6 +289,26 @@ async def tool_call(
         state.turns.current, ctx.tool_call_id, tool_name, arguments, call,
         needs_approval=tool_name in state.gated, asks_approval=_asks_approval,
     )  # fmt: skip
+
+
+async def output_call(
+    state: Recording, output_context: Any, output: Any, handler: Callable[[Any], Awaitable[Any]]
+) -> Any:
+    """An output function's call (``output_type=fn``) as an effect, keyed as a tool call is:
+    by its turn and its place among the calls of the model's answer."""
+    from pydantic_core import to_jsonable_python
+
+    tool_def, part = output_context.tool_def, output_context.tool_call
+    name = output_context.function_name or (tool_def.name if tool_def is not None else "output")
+    plain = to_jsonable_python(output)
+    arguments = plain if isinstance(plain, dict) else {"output": plain}
+
+    async def call(given: dict[str, Any]) -> Any:
+        return await handler(output)
+
+    assert state.turns.current is not None
+    call_id = part.tool_call_id if part is not None else None
+    return await record_tool_call(state.turns.current, call_id, name, arguments, call)
 
 
 def _asks_approval(outcome: Any) -> bool:

@@ -139,21 +139,17 @@ def _subprocess(code: str, store_path: Any) -> subprocess.CompletedProcess[str]:
 
 
 # -- 1. a tool that raised after its request left is sent again by the resume ---------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="A framework tool call is an Effect(retry=True): a tool that raised a plain "
-    "exception after its POST reached the server is recorded 'failed' and made again on "
-    "resume, though the ledger saw the request go out (turns.py promises a call that may "
-    "have reached its target is left to kx.reconcile). Same with an Agents SDK tool whose "
-    "failure_error_function=None.",
-)
+@pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
 def test_tool_that_raised_after_its_request_left_is_not_sent_again_on_resume(
-    store: Any, delivery_server: DeliveryServer
+    store: Any, delivery_server: DeliveryServer, framework: str
 ) -> None:
+    """A framework tool call is an ``Effect(retry=True)``: a tool that raised its own
+    exception after its POST reached the server may have acted, so the resume leaves it to
+    kx.reconcile instead of sending it again (an Agents SDK tool raises through the run with
+    ``failure_error_function=None``)."""
     broken = [True]
-    agent = Agent(answers([("pay", {"who": "bob"})], ["done"]), name="raiser")
+    run_id = f"raised-after-send-{framework}"
 
-    @agent.tool_plain
     def pay(who: str) -> str:
         """Pay someone."""
         post_json(f"{delivery_server.url}/pay/{who}", {"who": who})
@@ -161,22 +157,53 @@ def test_tool_that_raised_after_its_request_left_is_not_sent_again_on_resume(
             raise KeyError("status")  # reading the answer failed: the payment went out
         return "paid"
 
-    h = kx.pydantic_ai.start(agent, "pay bob", run_id="raised-after-send")
+    if framework == "pydantic_ai":
+        agent = Agent(answers([("pay", {"who": "bob"})], ["done"]), name="raiser")
+        agent.tool_plain(pay)
+        h = kx.pydantic_ai.start(agent, "pay bob", run_id=run_id)
+    else:
+        tools = [function_tool(pay, failure_error_function=None)]
+        sdk_agent = SdkAgent(name="raiser", instructions="Pay.", tools=tools, model=SdkScript())
+        h = kx.openai_agents.start(sdk_agent, "pay bob", run_id=run_id)
     assert h.wait(30) == "failed"
     broken[0] = False  # the code fix
+    if framework == "pydantic_ai":
+        kx.pydantic_ai.agent(agent)
+    else:
+        kx.openai_agents.agent(sdk_agent)
+    again = kx.resume(run_id)
+    assert again.wait(30) == "needs_decision", again.error_text()
+    assert delivery_server.count() == 1
+    (unknown,) = kx.reconcile(run_id)
+    assert unknown.tool == "pay"
+
+
+def test_tool_that_raised_before_it_sent_is_made_again_on_resume(
+    store: Any, delivery_server: DeliveryServer
+) -> None:
+    """The same tool raising before its request left: nothing went out, so the resume makes
+    the call again and the run completes."""
+    broken = [True]
+    agent = Agent(answers([("pay", {"who": "bob"})], ["done"]), name="early")
+
+    @agent.tool_plain
+    def pay(who: str) -> str:
+        """Pay someone."""
+        if broken[0]:
+            raise KeyError("account")  # before anything was sent
+        post_json(f"{delivery_server.url}/pay/{who}", {"who": who})
+        return "paid"
+
+    h = kx.pydantic_ai.start(agent, "pay bob", run_id="raised-before-send")
+    assert h.wait(30) == "failed"
+    broken[0] = False
     kx.pydantic_ai.agent(agent)
-    kx.resume("raised-after-send").wait(30)
+    again = kx.resume("raised-before-send")
+    assert again.wait(30) == "completed", again.error_text()
     assert delivery_server.count() == 1
 
 
 # -- 2. a model turn decided "it happened" without its answer breaks the run ----------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="record_turn rebuilds a model turn that kx.reconcile marked applied without a "
-    "result from None: Pydantic AI fails with a ValidationError (the Agents SDK with "
-    "AttributeError 'NoneType' has no 'items'), on every resume; kx.openai and kx.anthropic "
-    "ask the model again under the same key.",
-)
 @pytest.mark.parametrize("framework", ["pydantic_ai", "openai_agents"])
 def test_model_turn_marked_applied_without_its_answer_is_asked_again(
     store: Any, framework: str
@@ -521,12 +548,6 @@ else:
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(
-    strict=True,
-    reason="A Pydantic AI output function (output_type=fn) is a call the model asks for, "
-    "yet it is no effect of the run: killed after it sent, the resume calls it again "
-    "(a function tool in its place is unknown and waits in kx.reconcile).",
-)
 def test_output_function_killed_after_it_sent_is_not_sent_again(
     store: Any, store_path: Any, delivery_server: DeliveryServer
 ) -> None:
@@ -542,3 +563,24 @@ def _subprocess_argv(code: str, store_path: Any, *argv: str) -> None:
     env = {**os.environ, "KERNELEXT_STORE": str(store_path), "KERNELEXT_STORE_WAIT": "120"}
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     subprocess.run([sys.executable, "-c", code, *argv], env=env, timeout=180, check=False)
+
+
+def test_output_function_is_an_effect_of_its_turn(store: Any) -> None:
+    """An output function's call is recorded as a tool call is: an effect of its name, keyed
+    by its turn and its place among the answer's calls, applied once."""
+    made: list[str] = []
+
+    def submit(who: str) -> str:
+        """Submit the payment order: the run's final output."""
+        made.append(who)
+        return "submitted " + who
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> PaiResponse:
+        call = ToolCallPart(info.output_tools[0].name, {"who": "bob"}, tool_call_id="o1")
+        return PaiResponse(parts=[call])
+
+    agent = Agent(FunctionModel(model), name="submits", output_type=submit)
+    h = kx.pydantic_ai.start(agent, "submit", run_id="output-effect")
+    assert h.wait(30) == "completed", h.error_text()
+    assert h.result == "submitted bob" and made == ["bob"]
+    assert ("turn 1", "submit", 1, "applied") in effect_rows("output-effect")

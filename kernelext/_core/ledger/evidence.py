@@ -21,7 +21,13 @@ lookup or a connection made in another thread (an async client's name lookup run
 the loop's executor; a tool's own thread pool) leaves no evidence, so such a failure is
 not proven. One case stays blind: a client that reuses a pooled connection for its
 request (no connect, no ``http.client.send``: httpx) and then follows a redirect to a
-host that is down shows only the one refused connection. Documented in docs/effects.md.
+host that is down shows only the one refused connection.
+
+A failure that is no network error (the tool's own ``KeyError`` reading an answer) is read
+by :func:`went_on_the_network`: a request sent or a connection opened means it may have
+come after the request reached its target. Nothing seen keeps it a plain failure (the
+blind cases above: a pooled connection, another thread's sockets). Documented in
+docs/effects.md.
 """
 
 from __future__ import annotations
@@ -35,7 +41,14 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Evidence", "absorb", "inside_recorded_call", "proves_not_sent", "watching"]
+__all__ = [
+    "Evidence",
+    "absorb",
+    "inside_recorded_call",
+    "proves_not_sent",
+    "watching",
+    "went_on_the_network",
+]
 
 _WATCHED = frozenset({"http.client.send", "socket.connect", "socket.getaddrinfo"})
 _CURRENT: ContextVar[Evidence | None] = ContextVar("kernelext_network_evidence", default=None)
@@ -113,6 +126,15 @@ def absorb(seen: Evidence | None) -> None:
 def inside_recorded_call() -> bool:
     """A recorded call's tool is running here (the ledger watches it)."""
     return _CURRENT.get() is not None
+
+
+def went_on_the_network(evidence: Evidence | None) -> bool:
+    """The call sent a request or opened a connection: a failure that is no network error
+    (the tool's own ``KeyError`` reading the answer) may have come after its request
+    reached the target. A name looked up alone sends nothing; nothing seen (``None``, or
+    another thread's sockets) keeps such a failure ``failed``, made again by
+    ``retry=True``."""
+    return evidence is not None and (evidence.sent or bool(evidence.connects))
 
 
 def proves_not_sent(evidence: Evidence | None, chain: list[BaseException]) -> bool:

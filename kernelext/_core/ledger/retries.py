@@ -21,7 +21,10 @@ under its key, across resumes too). Its invariants:
    ``unknown`` (``NeedsDecision``: a person or a probe decides it with ``kx.reconcile``);
    any other answer (a 500, a 4xx) is ``failed`` and marked as having reached its target
    (the ``effect_reached`` event), so ``kx.restart`` carries it as ``unknown`` instead of
-   making it again. This holds with ``retries=0`` too: the call is then made once.
+   making it again, and so is an exception that is no network error raised after the call
+   sent a request or opened a connection (``went_on_the_network``: a ``KeyError`` reading
+   the answer); one raised with nothing sent stays plainly ``failed``. This holds with
+   ``retries=0`` too: the call is then made once.
 2. **Waits are exponential, jittered, and honour the server.** Attempt ``n`` fails, then
    the call waits ``0.5 s × 2^(n-1)`` (at most 30 s) times a random factor in [0.5, 1];
    a ``Retry-After`` (or ``retry-after-ms``) header on the exception (``exc.headers``,
@@ -54,7 +57,7 @@ from ...status import EffectStatus
 from ..encoding.secrets import scrubbed_excerpt
 from . import limits
 from .effect_approval import left_inside
-from .evidence import Evidence, proves_not_sent, watching
+from .evidence import Evidence, proves_not_sent, watching, went_on_the_network
 from .failures import (
     ANSWERED,
     KINDS,
@@ -160,8 +163,9 @@ def judge(effect: Effect, exc: BaseException, evidence: Evidence | None) -> tupl
     chain = wrapped_chain(exc)
     if _declared(effect.retry_on, chain, failure):
         return RETRY, found
-    if failure is None:
-        return FAILED, found
+    if failure is None:  # no network error: the tool's own, before or after it sent
+        went_out = not effect.dedupes and went_on_the_network(evidence)
+        return (REACHED if went_out else FAILED), found
     if failure.kind == NOT_SENT:
         if proves_not_sent(evidence, chain):
             return RETRY, failure
@@ -319,7 +323,11 @@ def _reached(effect: Effect, run: RunEngine, key: uuid.UUID, failure: Failure) -
             REACHED_EVENT,
             wait=True,
             source="engine",
-            reason=f"answered HTTP {failure.status} after the request left",
+            reason=(
+                f"answered HTTP {failure.status} after the request left"
+                if failure.status is not None
+                else "raised after a request went out (a connection was opened)"
+            ),
             detail={"key": str(key), "tool": effect.tool, "status": failure.status},
         )
 
