@@ -134,7 +134,7 @@ class StoreWatch:
         with self._lock:
             self._prune()
             versions = dict(self._versions)
-            everything = [r() for r in self._everything]
+            everything = list(self._everything)  # weak: a view closed meanwhile is let go
         if not versions and not everything:
             return []
         signal: Hashable | None = store.change_signal()
@@ -145,9 +145,7 @@ class StoreWatch:
         if not versions:
             with self._lock:
                 self._signal = signal if signal is not None else _UNSEEN
-        for callback in everything:
-            if callback is not None:
-                callback()
+        _call_each(everything)
         if not versions:
             return []
         asked = [
@@ -171,11 +169,9 @@ class StoreWatch:
                     # first seen too: what changed between the panel's draw and now
                     changed.append(run_id)
                     self._versions[run_id] = version
-            callbacks = [r() for run_id in changed for r in self._watchers.get(run_id, [])]
+            callbacks = [r for run_id in changed for r in self._watchers.get(run_id, [])]
         self.changes += len(changed)
-        for callback in callbacks:
-            if callback is not None:
-                callback()
+        _call_each(callbacks)
         return changed
 
     def _prune(self) -> None:
@@ -199,6 +195,16 @@ class StoreWatch:
                 if not self._watchers and not self._everything:
                     self._thread = None
                     return
+
+
+def _call_each(refs: list[weakref.WeakMethod[Callable[[], None]]]) -> None:
+    """Call each watcher still alive, holding it only while it runs: a view closed while
+    the store is read (a slow query) or while another watcher runs is let go at once."""
+    for ref in refs:
+        callback = ref()
+        if callback is not None:
+            callback()
+        del callback
 
 
 def _final(version: Any) -> bool:
