@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time each thread by its CPU clock (waits count for nothing), not the wall clock",
     )
+    cpu = sub.add_parser(
+        "cpu", help="CPU per recorded item, every thread counted (a 32-wide zero-latency map)"
+    )
+    cpu.add_argument("--items", type=int, default=3_000)
+    cpu.add_argument("--concurrency", type=int, default=32)
+    cpu.add_argument("--reps", type=int, default=5)
+    cpu.add_argument("--out", default=None, help="also write the figures as JSON here")
     diag = sub.add_parser("diagnose", help="time each statement kernelext commits per step")
     diag.add_argument("--ops", type=int, default=200)
     return parser
@@ -351,6 +358,16 @@ def main(argv: list[str] | None = None) -> int:
         from .profiling import profile_topic
 
         print(profile_topic(args.topic, Plan.make(args.quick), args.limit, args.cpu))
+        return 0
+    if args.command == "cpu":
+        from .cpu_item import cpu_lines, cpu_per_item
+
+        figures = cpu_per_item(args.items, args.concurrency, args.reps)
+        print(cpu_lines(figures))
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as handle:
+                json.dump({"command": "python -m benchmarks " + " ".join(sys.argv[1:]),
+                           "code": _code_state(), **figures}, handle, indent=1)  # fmt: skip
         return 0
     if args.command == "diagnose":
         from .diagnose import diagnose

@@ -185,6 +185,8 @@ def measure_posts(sizes: BatchSizes, systems: set[str]) -> dict[str, Any]:
 # -- 2: zero-latency effects, 32 at a time against one at a time --------------------------
 def measure_zero_latency(sizes: BatchSizes) -> dict[str, Any]:
     from .batch_agents import ping_agent
+    from .cpu_item import thread_split
+    from .thread_cpu import thread_cpu
 
     n = sizes.zero_items
     modes = {"c32": CONCURRENCY, "c1": 1}
@@ -194,11 +196,14 @@ def measure_zero_latency(sizes: BatchSizes) -> dict[str, Any]:
     }
     with tempdir("batch-zero-warm") as folder:
         kx_map_e2e(folder, ping_agent, 2 * CONCURRENCY, CONCURRENCY)
+    split: list[dict[str, float]] = []  # c32: CPU ms per item of each thread group
     for _ in range(sizes.reps):
         for mode, concurrency in modes.items():
             settle()
-            with tempdir(f"batch-zero-{mode}") as folder:
+            with tempdir(f"batch-zero-{mode}") as folder, thread_cpu() as cpu:
                 result = kx_map_e2e(folder, ping_agent, n, concurrency)
+            if mode == "c32":
+                split.append(thread_split(cpu, n))
             per[mode]["items_per_s"].append(n / result["total_s"])
             per[mode]["cpu_ms_per_item"].append(result["cpu_s"] / n * 1000.0)
             per[mode]["records_per_sync"].append(result["records"] / max(result["syncs"], 1))
@@ -206,6 +211,10 @@ def measure_zero_latency(sizes: BatchSizes) -> dict[str, Any]:
     out: dict[str, Any] = {"items": n, "records_per_item": 4}
     for mode, figures in per.items():
         out[mode] = {name: summarize(values) for name, values in figures.items()}
+    out["c32"]["threads_ms_per_item"] = {
+        name: statistics.median(run.get(name, 0.0) for run in split)
+        for name in sorted({name for run in split for name in run})
+    }
     out["speedup"] = ratio(out["c32"]["items_per_s"]["median"], out["c1"]["items_per_s"]["median"])
     return out
 
@@ -391,6 +400,13 @@ def batch_lines(batch: dict[str, Any]) -> list[str]:
                 f"{_f(_m(node, 'cpu_ms_per_item'), 3)} | {_f(_m(node, 'records_per_sync'))} |"
             )
         lines.append(f"\nSpeed-up, 32 against 1: {_f(zero.get('speedup'))}×")
+        split = zero["c32"].get("threads_ms_per_item") or {}
+        if split:
+            lines.append(
+                "\nCPU per item at 32, by thread (median ms): "
+                + ", ".join(f"{name} {ms:.3f}" for name, ms in sorted(split.items(),
+                                                                   key=lambda kv: -kv[1]))
+            )  # fmt: skip
     stop = batch.get("stop")
     if stop:
         lines += [
