@@ -185,7 +185,7 @@ def measure_posts(sizes: BatchSizes, systems: set[str]) -> dict[str, Any]:
 # -- 2: zero-latency effects, 32 at a time against one at a time --------------------------
 def measure_zero_latency(sizes: BatchSizes) -> dict[str, Any]:
     from .batch_agents import ping_agent
-    from .cpu_item import thread_split
+    from .cpu_item import process_cpu_s, thread_split
     from .thread_cpu import thread_cpu
 
     n = sizes.zero_items
@@ -204,6 +204,7 @@ def measure_zero_latency(sizes: BatchSizes) -> dict[str, Any]:
                 result = kx_map_e2e(folder, ping_agent, n, concurrency)
             if mode == "c32":
                 split.append(thread_split(cpu, n))
+            result["cpu_s"] = process_cpu_s(result, cpu)  # less the sampler's own
             per[mode]["items_per_s"].append(n / result["total_s"])
             per[mode]["cpu_ms_per_item"].append(result["cpu_s"] / n * 1000.0)
             per[mode]["records_per_sync"].append(result["records"] / max(result["syncs"], 1))

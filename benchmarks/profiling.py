@@ -118,12 +118,15 @@ def _batch_split(n: int, concurrency: int) -> None:
     CPU per item and thread, read from the OS."""
     from .batch import kx_map_e2e
     from .batch_agents import ping_agent
-    from .thread_cpu import thread_cpu
+    from .cpu_item import process_cpu_s
+    from .thread_cpu import SAMPLER, thread_cpu
 
     with tempdir("split") as warm:
         kx_map_e2e(warm, ping_agent, 100, concurrency)  # imports, first kx.sql
     with tempdir("split") as split, thread_cpu() as cpu:
         result = kx_map_e2e(split, ping_agent, n, concurrency)
+    result["cpu_s"] = process_cpu_s(result, cpu)  # less the sampler's own
+    cpu.pop(SAMPLER, None)
     total = sum(cpu.values())
     print(
         f"unprofiled: {n} items at concurrency {concurrency}: "
