@@ -93,3 +93,26 @@ def test_one_thread_inside_the_hold_enters_it_again_without_waiting(
     fence.advance("r", 4, wait=0.2)  # let go of entirely
     assert fence.read("r") == 4
     fence.close()
+
+
+def test_a_hold_whose_holder_never_left_is_joined_after_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread cut off inside the hold (a KeyboardInterrupt between joining and leaving)
+    leaves the lock taken, as before; the other threads still append, after the wait."""
+    monkeypatch.setattr(fence_module, "HOLD_SECONDS", 0.0)
+    monkeypatch.setattr(fence_module, "WAIT_SECONDS", 0.2)
+    fence = FenceFiles(str(tmp_path / "s.duckdb"))
+    fence.advance("r", 1)
+    cut_off = fence.shared("r")
+    assert cut_off.__enter__() == 1  # never left
+    got: list[int | None] = []
+    later = threading.Thread(target=lambda: got.append(fence.read("r")))
+    later.start()
+    later.join(5)
+    assert got == [1]
+    with pytest.raises(RunStateError):
+        fence.advance("r", 2, wait=0.1)
+    cut_off.__exit__(None, None, None)  # (only so that the test leaves nothing behind)
+    fence.advance("r", 2, wait=0.1)
+    fence.close()

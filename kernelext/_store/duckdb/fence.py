@@ -177,9 +177,15 @@ class FenceFiles:
     def _enter(self, run_id: str) -> int | None:
         """Join the run's hold, or begin one (None: no epoch to hold)."""
         with self._turn:
+            came = time.monotonic()
             while True:
                 hold, now = self._holds.get(run_id), time.monotonic()
-                if hold is not None and now - hold.since < HOLD_SECONDS:
+                # Past WAIT_SECONDS a hold that does not end is joined anyway: one whose
+                # holder was cut off between joining and leaving (a KeyboardInterrupt)
+                # keeps the lock, as a lock taken and never let go did, but nobody waits.
+                if hold is not None and (
+                    now - hold.since < HOLD_SECONDS or now - came > WAIT_SECONDS
+                ):
                     hold.holders += 1
                     return hold.epoch
                 pause = self._resume_at.get(run_id, 0.0) - now
