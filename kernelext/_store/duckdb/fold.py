@@ -43,7 +43,7 @@ __all__ = ["Folder", "quarantine_tx", "refuse_tx", "set_journal_state"]
 
 _log = logging.getLogger("kernelext")
 BACKOFF = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # then parked until a flush, read or close
-FOLD_INTERVAL = 0.05  # seconds between the folds of a steady stream of records
+FOLD_INTERVAL = 0.04  # seconds between the folds of a steady stream of records
 FOLD_RECORDS = 2_000  # this many records pending fold at once, whatever the interval
 _QUARANTINE_NS = uuid.UUID("6b1f4d1e-8f43-4a5e-9a57-6b2f0c1d7e11")
 
