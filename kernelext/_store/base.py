@@ -176,6 +176,8 @@ class StoreBase:
     def write_async(self, job: Callable[[Tx], T]) -> Future[T]:
         """Queue ``job``; it commits with the next group. Wait on the future to know."""
         self._refuse_if_read_only()
+        if self.hot_path is not None and self.hot_path.unfolded:
+            self.hot_path.queue_fold()  # what was journaled before it is applied before it
         queued = self._writer.submit_detached(job)
         self._last_queued = queued  # jobs run in order: a read waits for the last one
         return queued

@@ -227,3 +227,27 @@ def test_resume_skips_completed_items_and_returns_their_stored_values(
     assert again.wait(WAIT) == "completed", again.error
     assert calls == ["d", "e"]
     assert again.result == [{"id": k, "when": (2026, 12, 1), "tags": {"x"}} for k in "abcde"]
+
+
+def test_the_dispatcher_learns_of_every_item_that_ended_once() -> None:
+    """``Flight``: items that ended before or while the dispatcher waits are each handed
+    over once, several at a time; with none ended, a wait ends after its timeout."""
+    import concurrent.futures
+
+    from kernelext._core.batch.items import Flight
+
+    flight = Flight()
+    futures = [concurrent.futures.Future[int]() for _ in range(4)]
+    futures[0].set_result(0)  # ended before the dispatcher took it in flight
+    for future in futures:
+        flight.add(future)
+    assert flight.wait(5) == {futures[0]} and len(flight) == 4
+    started = time.monotonic()
+    assert flight.wait(0.05) == set() and time.monotonic() - started >= 0.04
+    futures[2].set_result(2)
+    futures[3].set_exception(ValueError("boom"))
+    assert flight.wait(5) == {futures[2], futures[3]}
+    threading.Timer(0.05, futures[1].set_result, (1,)).start()
+    assert flight.wait(5) == {futures[1]}  # waits for the next to end
+    flight.discard(futures[0])
+    assert len(flight) == 3

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import queue
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sized
@@ -33,7 +34,16 @@ if TYPE_CHECKING:
     from ..engine.forced_stop import ForceGate
     from ..engine.run_engine import RunEngine
 
-__all__ = ["Ended", "ItemRun", "Tally", "look", "new_item", "note_item_done", "startable"]
+__all__ = [
+    "Ended",
+    "Flight",
+    "ItemRun",
+    "Tally",
+    "look",
+    "new_item",
+    "note_item_done",
+    "startable",
+]
 
 
 class Ended:
@@ -168,15 +178,52 @@ def startable(tally: Tally, in_flight: Sized) -> Iterator[StepInfo]:
         yield new_item(plan.engine, plan.batch, plan.keys[index], index)
 
 
-def look(tally: Tally, flight: Iterable[concurrent.futures.Future[Any]]) -> set[Any] | None:
+class Flight:
+    """The futures of a dispatcher's items in flight, each put on a queue as it ends:
+    waiting for the next to end reads the queue, instead of installing a waiter on every
+    future in flight and taking it off again (``concurrent.futures.wait``) at each look."""
+
+    def __init__(self) -> None:
+        self.futures: set[concurrent.futures.Future[Any]] = set()
+        self._ended: queue.SimpleQueue[concurrent.futures.Future[Any]] = queue.SimpleQueue()
+
+    def add(self, future: concurrent.futures.Future[Any]) -> None:
+        self.futures.add(future)
+        future.add_done_callback(self._ended.put)  # at once when it has ended already
+
+    def discard(self, future: concurrent.futures.Future[Any]) -> None:
+        self.futures.discard(future)
+
+    def __len__(self) -> int:
+        return len(self.futures)
+
+    def wait(self, timeout: float) -> set[concurrent.futures.Future[Any]]:
+        """The futures that ended since the last call; waits up to ``timeout`` for one."""
+        try:
+            ended = {self._ended.get(timeout=timeout)}
+        except queue.Empty:
+            return set()
+        while True:
+            try:
+                ended.add(self._ended.get_nowait())
+            except queue.Empty:
+                return ended
+
+
+def look(
+    tally: Tally, flight: Flight | Iterable[concurrent.futures.Future[Any]]
+) -> set[Any] | None:
     """Wait one tick for items in flight to end, then look for a stop another process
     recorded; the futures that ended. None: a forced stop was raised into the
     dispatching thread meanwhile (noted on the tally)."""
     engine = tally.plan.engine
     try:
-        finished, _ = concurrent.futures.wait(
-            flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
-        )
+        if isinstance(flight, Flight):
+            finished = flight.wait(WAIT_TICK)
+        else:
+            finished, _ = concurrent.futures.wait(
+                flight, timeout=WAIT_TICK, return_when=concurrent.futures.FIRST_COMPLETED
+            )
         if not engine.stop_event.is_set():
             engine.poll_external_stop()
     except ForcedStop as exc:

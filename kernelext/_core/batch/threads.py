@@ -19,7 +19,7 @@ from ...errors import KernelextError, StopRequested
 from ..engine.forced_stop import ForceGate
 from ..engine.step_info import StepInfo
 from .core import MapPlan, police_overruns, prepare_map
-from .items import Ended, ItemRun, Tally, look, startable
+from .items import Ended, Flight, ItemRun, Tally, look, startable
 from .remote import dispatch_remote, executor_for, shut_down_message
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
     ``ThreadPoolExecutor`` passed as ``executor=``, left running afterwards)."""
     engine, batch = plan.engine, plan.batch
     tally = Tally(plan)
-    flight: set[concurrent.futures.Future[Ended]] = set()
+    flight = Flight()
     pool = given or concurrent.futures.ThreadPoolExecutor(
         plan.source.pool_size(plan.concurrency),
         thread_name_prefix=f"kernelext-item[{engine.id}]",
@@ -92,7 +92,7 @@ def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
         if given is None:
             pool.shutdown(wait=True)
         else:  # the caller's pool: wait for this batch's items only
-            concurrent.futures.wait(flight)
+            concurrent.futures.wait(flight.futures)
     tally.finish()
 
 

@@ -16,6 +16,13 @@ journal files and folds it first, see ``foreign_records``) or refused. ``flock``
 survives its process: a killed owner holds nothing. A frozen one (SIGSTOP) while checking
 keeps the shared lock: a take-over waits ``WAIT_SECONDS`` for it, then refuses.
 
+The shared lock is this process's, not a thread's: ``flock`` locks belong to the open
+file, so one thread's unlock would let go of every thread's. The threads of a process
+appending records for one run at once share one hold of the lock (``_Hold``): the first
+takes it and reads the epoch, the last lets go. A hold takes no newcomer after
+``HOLD_SECONDS``; once it ends, nobody here takes the lock again for ``YIELD_SECONDS``, so
+a take-over polling for it gets in however busy the run is.
+
 A fence file removed while a process keeps it open (``rm -r <store>.fence``) is noticed
 under the shared lock (the path no longer names the open file): the path is reopened, and a
 missing file reads as "no fence yet", so the epoch comes from the tables. Removing the
@@ -45,6 +52,17 @@ __all__ = ["FenceFiles", "foreign_records"]
 
 WAIT_SECONDS = 5.0
 KEEP_OPEN = 64  # descriptors kept open (one per run recently written)
+HOLD_SECONDS = 1.0  # a hold of the shared lock takes newcomers this long, ...
+YIELD_SECONDS = 0.025  # ... then, once it ended, is not taken again this long
+
+
+class _Hold:
+    """This process's shared lock on one run's fence, and the epoch read under it."""
+
+    __slots__ = ("epoch", "fd", "holders", "since")
+
+    def __init__(self, fd: int, epoch: int, since: float) -> None:
+        self.fd, self.epoch, self.since, self.holders = fd, epoch, since, 1
 
 
 class FenceFiles:
@@ -58,6 +76,11 @@ class FenceFiles:
         self._ids: dict[int, tuple[int, int]] = {}  # kept descriptor -> (device, inode)
         self._paths: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)  # a hold began or ended
+        self._holds: dict[str, _Hold] = {}  # run id -> the hold of its lock now
+        self._taking: set[str] = set()  # runs whose lock a thread is taking now
+        self._resume_at: dict[str, float] = {}  # run id -> no new hold before this
+        self._mine = threading.local()  # run id -> how often this thread is in its hold
 
     def path(self, run_id: str) -> str:
         path = self._paths.get(run_id)
@@ -131,28 +154,99 @@ class FenceFiles:
     @contextlib.contextmanager
     def shared(self, run_id: str) -> Iterator[int | None]:
         """Hold the run's fence shared; yields its epoch (None: no fence file yet, or it
-        was removed: the caller falls back to the tables).
+        was removed: the caller falls back to the tables, and nothing is held).
 
-        Under the lock the kept descriptor is checked against the path (device, inode):
-        a fence file removed or recreated since it was opened is reopened, so the lock and
+        The threads inside at once share one hold (see the module doc); the epoch is read
+        when the hold begins, under the lock, which no take-over has until it ends."""
+        mine: dict[str, int] = self._mine.__dict__.setdefault("runs", {})
+        if run_id in mine:  # this thread is in the hold already: never wait for itself
+            with self._turn:
+                self._holds[run_id].holders += 1
+        elif self._enter(run_id) is None:
+            yield None
+            return
+        mine[run_id] = mine.get(run_id, 0) + 1
+        try:
+            yield self._holds[run_id].epoch
+        finally:
+            mine[run_id] -= 1
+            if not mine[run_id]:
+                del mine[run_id]
+            self._leave(run_id)
+
+    def _enter(self, run_id: str) -> int | None:
+        """Join the run's hold, or begin one (None: no epoch to hold)."""
+        with self._turn:
+            came = time.monotonic()
+            while True:
+                hold, now = self._holds.get(run_id), time.monotonic()
+                # Past WAIT_SECONDS a hold that does not end is joined anyway: one whose
+                # holder was cut off between joining and leaving (a KeyboardInterrupt)
+                # keeps the lock, as a lock taken and never let go did, but nobody waits.
+                if hold is not None and (
+                    now - hold.since < HOLD_SECONDS or now - came > WAIT_SECONDS
+                ):
+                    hold.holders += 1
+                    return hold.epoch
+                pause = self._resume_at.get(run_id, 0.0) - now
+                if hold is not None or run_id in self._taking:
+                    self._turn.wait(HOLD_SECONDS)  # told when it ends, or when it is taken
+                elif pause > 0:
+                    self._turn.wait(pause)
+                else:
+                    self._resume_at.pop(run_id, None)
+                    self._taking.add(run_id)
+                    break
+        held: tuple[int, int] | None = None
+        try:
+            held = self._lock_shared(run_id)
+        finally:
+            with self._turn:
+                self._taking.discard(run_id)
+                if held is not None:
+                    self._holds[run_id] = _Hold(held[0], held[1], time.monotonic())
+                self._turn.notify_all()
+        return None if held is None else held[1]
+
+    def _lock_shared(self, run_id: str) -> tuple[int, int] | None:
+        """(descriptor, epoch) with the run's fence locked shared, or None (nothing held).
+
+        The kept descriptor is checked against the path (device, inode) under the lock: a
+        fence file removed or recreated since it was opened is reopened, so the lock and
         the epoch read are those of the file a take-over locks."""
-        for attempt in range(3):
+        for _ in range(3):
             fd = self._take(run_id)
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)
-                try:
-                    if self._names_file(run_id, fd):
-                        data = os.pread(fd, 8, 0)
-                        yield int.from_bytes(data, "little") if len(data) == 8 else None
-                        return
-                    self._drop(run_id, fd)  # reopened by path on the next attempt
-                    if attempt == 2:  # removed again and again: the tables say
-                        yield None
-                        return
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                if self._names_file(run_id, fd):
+                    data = os.pread(fd, 8, 0)
+                    if len(data) == 8:
+                        fd, kept = -1, fd  # the hold keeps it (and its use) until it ends
+                        return kept, int.from_bytes(data, "little")
+                    return None  # no epoch yet
+                self._drop(run_id, fd)  # reopened by path on the next attempt
             finally:
-                self._give_back(run_id)
+                if fd != -1:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    self._give_back(run_id)
+        return None  # removed again and again: the tables say
+
+    def _leave(self, run_id: str) -> None:
+        """One thread less in the hold; the last one lets go of the lock."""
+        with self._turn:
+            hold = self._holds[run_id]
+            hold.holders -= 1
+            if hold.holders:
+                return
+            del self._holds[run_id]
+            fcntl.flock(hold.fd, fcntl.LOCK_UN)  # before any new hold may take it
+            now = time.monotonic()
+            if now - hold.since >= HOLD_SECONDS:  # a busy run: a take-over gets its turn
+                self._resume_at[run_id] = now + YIELD_SECONDS
+                if len(self._resume_at) > KEEP_OPEN:
+                    self._resume_at = {r: t for r, t in self._resume_at.items() if t > now}
+            self._turn.notify_all()
+        self._give_back(run_id)
 
     def read(self, run_id: str) -> int | None:
         with self.shared(run_id) as epoch:

@@ -24,6 +24,9 @@ __all__ = ["JournalHotPath"]
 
 _log = logging.getLogger("kernelext")
 STARTS = ("intent", "step_begin")  # records that begin something (a call, a step)
+# Records whose fold may wait for the fold interval (``fold.FOLD_INTERVAL``): the steady
+# stream of steps and calls. Any other (a run's end, a stop request, a fact) folds at once.
+STREAM = frozenset(("step_begin", "step_complete", "item_complete", "intent", "outcome"))
 READ_RETRY = 2.0  # seconds between fold attempts made by reads while the store refuses writes
 SETTLE_TICK = 0.02  # seconds between looks at the file while a settle waits for its fold
 
@@ -65,7 +68,13 @@ class JournalHotPath:
             lost = self.lost()
             if lost is not None:  # the store file is gone: start nothing new (what happened
                 raise StoreWriteError(lost)  # already, outcomes, is still journaled)
-        return self.journal.append(kind, data, sync=sync, enqueue=self.folder.schedule)
+        enqueue = self.folder.schedule if kind in STREAM else self.queue_fold
+        return self.journal.append(kind, data, sync=sync, enqueue=enqueue)
+
+    def queue_fold(self) -> None:
+        """Queue the fold of what is journaled now, ahead of any job queued after this call
+        (the writer runs jobs in order), without waiting for the fold interval."""
+        self.folder.schedule(urgent=True)
 
     def settle(self, seq: int) -> bool:
         """Wait until record ``seq`` is in the tables; True once it is. False at once when
@@ -73,6 +82,8 @@ class JournalHotPath:
         there), or the store refuses writes. The record is durable in the journal either
         way, and the fold applies it once the file is free."""
         journal, folder = self.journal, self.folder
+        if journal.folded_seq < seq:
+            self.queue_fold()
         while not journal.wait_folded(seq, SETTLE_TICK):
             if folder.fault is not None or folder.parked or folder.closed or self.waiting():
                 return journal.folded_seq >= seq
@@ -98,9 +109,14 @@ class JournalHotPath:
             self.flush()
 
     def fold_first(self) -> None:
-        """After a write fault, the journal folds before any other write (its order)."""
-        if self.folder.fault is not None and self.journal.unfolded:
+        """The journal folds before any other write (the order it was written in): queued
+        ahead of it, or after a write fault, folded now (raises while it cannot)."""
+        if not self.journal.unfolded:
+            return
+        if self.folder.fault is not None:
             self.flush()
+        else:
+            self.queue_fold()
 
     def flush(self) -> None:
         """Fold every record appended before this call (read-your-writes): records other
