@@ -33,59 +33,21 @@ from agents import (
     input_guardrail,
 )
 from pydantic import BaseModel
+from support.agent_fixtures import TWO_AT_ONCE, ledger, paid
 from support.http_server import DeliveryServer, post_json
 from support.live import wait_until
 from support.llm_server import LLMServer
 from support.llm_views import kernelext_show, no_prices  # noqa: F401 - autouse: no prices left over
-from support.sdk_agents import HOLD, PAY_SCRIPT, close_clients, payer
+from support.sdk_agents import HOLD, PAY_SCRIPT, payer
 
 import kernelext as kx
 from kernelext._adapters.openai_agents import MODEL_TOOL
 from kernelext._core.process.runtime import runtime
 from kernelext.status import EffectStatus, Status
 
+pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+
 TESTS_DIR = Path(__file__).resolve().parents[1]
-TWO_AT_ONCE = [
-    {
-        "tool_calls": [
-            {"name": "pay", "arguments": {"who": "bob", "amount": 10}},
-            {"name": "pay", "arguments": {"who": "ann", "amount": 3}},
-        ]
-    },
-    {"content": "paid both"},
-]
-
-
-@pytest.fixture
-def llm(tmp_path: Path) -> Any:
-    with LLMServer(script=list(PAY_SCRIPT), log_path=tmp_path / "llm.jsonl") as server:
-        yield server
-
-
-@pytest.fixture
-def deliveries(tmp_path: Path) -> Any:
-    with DeliveryServer(log_path=tmp_path / "deliveries.jsonl") as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _released() -> Any:
-    yield
-    HOLD.released.set()
-    close_clients()
-
-
-def paid(server: DeliveryServer) -> list[str]:
-    return sorted(d["path"] for d in server.deliveries)
-
-
-def ledger(run_id: str) -> list[tuple[str, str, int, str]]:
-    rows = kx.sql(
-        "SELECT step_key, tool, call_ordinal, status FROM effects WHERE run_id = ? "
-        "ORDER BY step_key, call_ordinal",
-        params=[run_id],
-    )
-    return [tuple(r) for r in rows.itertuples(index=False)]  # type: ignore[misc]
 
 
 def stopped_at_first_pay(agent: Any, run_id: str) -> kx.Handle:

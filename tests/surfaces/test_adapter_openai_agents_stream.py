@@ -11,60 +11,25 @@ response, so a run recorded streamed resumes unstreamed and the other way round.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from agents import RawResponsesStreamEvent, RunItemStreamEvent
 from openai.types.responses import ResponseTextDeltaEvent
+from support.agent_fixtures import ledger, paid, streamed
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
-from support.sdk_agents import HOLD, PAY_SCRIPT, close_clients, payer
+from support.sdk_agents import HOLD, payer
 
 import kernelext as kx
 from kernelext._adapters.openai_agents import MODEL_TOOL
 from kernelext.status import EffectStatus, Status
 
+pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+
 PROMPT = "pay bob 10 and ann 3"
 ANSWER = "paid bob 10 and ann 3"
-
-
-@pytest.fixture
-def llm(tmp_path: Path) -> Any:
-    with LLMServer(script=list(PAY_SCRIPT), log_path=tmp_path / "llm.jsonl") as server:
-        yield server
-
-
-@pytest.fixture
-def deliveries(tmp_path: Path) -> Any:
-    with DeliveryServer(log_path=tmp_path / "deliveries.jsonl") as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _released() -> Any:
-    yield
-    HOLD.released.set()
-    close_clients()
-
-
-def paid(server: DeliveryServer) -> list[str]:
-    return sorted(d["path"] for d in server.deliveries)
-
-
-def ledger(run_id: str) -> list[tuple[str, str, int, str]]:
-    rows = kx.sql(
-        "SELECT step_key, tool, call_ordinal, status FROM effects WHERE run_id = ? "
-        "ORDER BY step_key, call_ordinal",
-        params=[run_id],
-    )
-    return [tuple(r) for r in rows.itertuples(index=False)]  # type: ignore[misc]
-
-
-def streamed(llm: LLMServer) -> list[bool]:
-    """Whether each request the model server got, in order, asked for a stream."""
-    return [r["stream"] for r in sorted(llm.requests, key=lambda r: r["seq"])]
 
 
 def raw(events: list[Any]) -> list[str]:

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from pydantic_ai import Agent, Tool, UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.test import TestModel
+from support.agent_fixtures import TWO_AT_ONCE, ledger, paid
 from support.http_server import DeliveryServer, post_json
 from support.llm_server import LLMServer
 from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
@@ -33,8 +34,6 @@ from support.pydantic_agents import (
     ASKED_AWAY,
     CALLED,
     HOLD,
-    PAY_SCRIPT,
-    close_clients,
     model_for,
     payer,
 )
@@ -47,50 +46,10 @@ from kernelext._core.views.conversation import conversation_of
 from kernelext._store import open_store
 from kernelext.status import EffectStatus, Reason, Status
 
+pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+
 TESTS_DIR = Path(__file__).resolve().parents[1]
 PROMPT = "pay bob 10 and ann 3"
-TWO_AT_ONCE = [
-    {
-        "tool_calls": [
-            {"name": "pay", "arguments": {"who": "bob", "amount": 10}},
-            {"name": "pay", "arguments": {"who": "ann", "amount": 3}},
-        ]
-    },
-    {"content": "paid both"},
-]
-
-
-@pytest.fixture
-def llm(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    script = getattr(request, "param", PAY_SCRIPT)
-    with LLMServer(script=list(script), log_path=tmp_path / "llm.jsonl") as server:
-        yield server
-
-
-@pytest.fixture
-def deliveries(tmp_path: Path) -> Any:
-    with DeliveryServer(log_path=tmp_path / "deliveries.jsonl") as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _released() -> Any:
-    yield
-    HOLD.released.set()
-    close_clients()
-
-
-def paid(server: DeliveryServer) -> list[str]:
-    return sorted(d["path"] for d in server.deliveries)
-
-
-def ledger(run_id: str) -> list[tuple[str, str, int, str]]:
-    rows = kx.sql(
-        "SELECT step_key, tool, call_ordinal, status FROM effects WHERE run_id = ? "
-        "ORDER BY step_key, call_ordinal",
-        params=[run_id],
-    )
-    return [tuple(r) for r in rows.itertuples(index=False)]  # type: ignore[misc]
 
 
 def stopped_at(agent: Any, run_id: str, who: str | None = None) -> kx.Handle:

@@ -11,7 +11,6 @@ round; a replayed request gives the handler its recorded parts.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,36 +24,20 @@ from pydantic_ai import (
     TextPartDelta,
     ToolCallPart,
 )
+from support.agent_fixtures import ledger, paid, streamed
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
-from support.pydantic_agents import HOLD, PAY_SCRIPT, close_clients, payer
+from support.pydantic_agents import HOLD, payer
 
 import kernelext as kx
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
 from kernelext.status import EffectStatus, Status
 
+pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+
 PROMPT = "pay bob 10 and ann 3"
 ANSWER = "paid bob 10 and ann 3"
-
-
-@pytest.fixture
-def llm(tmp_path: Path) -> Any:
-    with LLMServer(script=list(PAY_SCRIPT), log_path=tmp_path / "llm.jsonl") as server:
-        yield server
-
-
-@pytest.fixture
-def deliveries(tmp_path: Path) -> Any:
-    with DeliveryServer(log_path=tmp_path / "deliveries.jsonl") as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _released() -> Any:
-    yield
-    HOLD.released.set()
-    close_clients()
 
 
 class Seen:
@@ -66,24 +49,6 @@ class Seen:
     async def __call__(self, ctx: Any, events: AsyncIterable[Any]) -> None:
         async for event in events:
             self.events.append(event)
-
-
-def paid(server: DeliveryServer) -> list[str]:
-    return sorted(d["path"] for d in server.deliveries)
-
-
-def ledger(run_id: str) -> list[tuple[str, str, int, str]]:
-    rows = kx.sql(
-        "SELECT step_key, tool, call_ordinal, status FROM effects WHERE run_id = ? "
-        "ORDER BY step_key, call_ordinal",
-        params=[run_id],
-    )
-    return [tuple(r) for r in rows.itertuples(index=False)]  # type: ignore[misc]
-
-
-def streamed(llm: LLMServer) -> list[bool]:
-    """Whether each request the model server got, in order, asked for a stream."""
-    return [r["stream"] for r in sorted(llm.requests, key=lambda r: r["seq"])]
 
 
 def kinds(events: list[Any]) -> list[str]:
