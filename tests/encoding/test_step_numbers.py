@@ -11,27 +11,19 @@ from typing import Any
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from support.live import finish_live_runs
+from support.shells import cell_shell
 from test_formatting import step_rows
 
 from kernelext._cli.runs import cmd_show
-from kernelext._core.lifecycle.cell_runs import forget_cell_runs
 from kernelext._core.plan.resume_plan import plan
-from kernelext._core.process.runtime import get_store, runtime
+from kernelext._core.process.runtime import get_store
 from kernelext._core.views.timeline import timeline
 
 
 @pytest.fixture
 def shell(store_path: Path) -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    runtime().settings.use_store(str(store_path))
-    ip.run_line_magic("load_ext", "kernelext")
-    yield ip
-    ip.run_line_magic("unload_ext", "kernelext")
-    forget_cell_runs()
-    finish_live_runs()
-    runtime().settings.close()
-    runtime().settings.use_store(None)
+    with cell_shell(store_path) as ip:
+        yield ip
 
 
 def test_the_count_goes_by_key_in_the_order_steps_first_ran() -> None:

@@ -26,9 +26,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from support.http_server import DeliveryServer, post_json
 from support.live import finish_live_runs, name
 from support.notebooks import execute, text_of
+from support.shells import cell_shell
 
 import kernelext as kx
-from kernelext._core.lifecycle.cell_runs import forget_cell_runs
 from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
 
@@ -351,17 +351,8 @@ def test_question_cards_fit_their_schema_and_answer_resumes(store: Store) -> Non
 # -- %%agent cells ------------------------------------------------------------------------
 @pytest.fixture
 def shell(store_path: Path) -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    runtime().settings.use_store(str(store_path))
-    ip.run_line_magic("load_ext", "kernelext")
-    yield ip
-    ip.run_line_magic("unload_ext", "kernelext")
-    for key in ("pay", "SERVER", "receipt", "run"):
-        ip.user_ns.pop(key, None)
-    forget_cell_runs()
-    finish_live_runs()
-    runtime().settings.close()
-    runtime().settings.use_store(None)
+    with cell_shell(store_path, forget=("pay", "SERVER", "receipt", "run")) as ip:
+        yield ip
 
 
 def test_an_agent_cell_waits_for_approval_and_its_rerun_sends_once(

@@ -18,9 +18,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from support.http_server import DeliveryServer, post_json
 from support.kernels import KernelSession
 from support.live import finish_live_runs, name
+from support.shells import cell_shell
 
 import kernelext as kx
-from kernelext._core.lifecycle.cell_runs import forget_cell_runs
 from kernelext._core.people.asking import check_answer, parse_answer, schema_spec
 from kernelext._core.process.runtime import runtime
 from kernelext._store import Store, open_store
@@ -161,17 +161,8 @@ def test_typed_text_and_the_default_answer_too(
 # -- %%agent cells ------------------------------------------------------------------------
 @pytest.fixture
 def shell(store_path: Path) -> Iterator[InteractiveShell]:
-    ip = InteractiveShell.instance()
-    runtime().settings.use_store(str(store_path))
-    ip.run_line_magic("load_ext", "kernelext")
-    yield ip
-    ip.run_line_magic("unload_ext", "kernelext")
-    for key in ("batch", "run"):
-        ip.user_ns.pop(key, None)
-    forget_cell_runs()
-    finish_live_runs()
-    runtime().settings.close()
-    runtime().settings.use_store(None)
+    with cell_shell(store_path, forget=("batch", "run")) as ip:
+        yield ip
 
 
 def test_an_agent_cell_asks_and_its_rerun_gets_the_answer(shell: InteractiveShell) -> None:

@@ -24,7 +24,7 @@ from support.sql_paths import (
     run_in_shell,
     shell_with_extension,
 )
-from test_sql_safety import SECRET, assert_refused_the_same, files, ledger_state, populate
+from test_sql_safety import assert_refused_the_same, files, ledger_state, populate
 
 import kernelext as kx
 from kernelext._store import Store, open_store, sql_guard
@@ -107,18 +107,6 @@ def spell(name: str, spelling: str) -> str:
 def attack(call: tuple[str, str], spelling: str, wrapper: str) -> str:
     name, args = call
     return wrapper.format(call=f"{spell(name, spelling)}({args})")
-
-
-@pytest.fixture
-def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    """As in test_sql_safety: a folder outside the store with a secret, and a cwd."""
-    out = tmp_path / "outside"
-    out.mkdir()
-    (out / "secret.txt").write_text(f"id\n{SECRET}\n")
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    return {"root": tmp_path, "out": out, "secret": out / "secret.txt", "cwd": cwd}
 
 
 @pytest.fixture

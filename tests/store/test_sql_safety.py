@@ -19,6 +19,7 @@ import duckdb
 import pytest
 from IPython.core.error import UsageError
 from support.sql_paths import (
+    SECRET,
     cli_sql,
     close_shell,
     refused_on_every_path,
@@ -32,7 +33,6 @@ from kernelext._store.sql_refusals import REASONS
 from kernelext.errors import QueryError, ReadOnlyError
 
 WAIT = 60
-SECRET = "TOP-SECRET-4711"
 EVIL = "O'Brien'); DROP TABLE runs; --\" ; DELETE FROM events"
 
 # {out}: a folder outside the store (targets of writes); {secret}: a file outside the store.
@@ -172,18 +172,6 @@ def attacks(out: Path, secret: Path) -> list[str]:
 
 
 # -- fixtures ---------------------------------------------------------------------------------
-@pytest.fixture
-def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
-    """A folder outside the store with a secret file in it, and a working directory."""
-    out = tmp_path / "outside"
-    out.mkdir()
-    (out / "secret.txt").write_text(f"id\n{SECRET}\n")
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    return {"root": tmp_path, "out": out, "secret": out / "secret.txt", "cwd": cwd}
-
-
 def recipient(person: str) -> str:
     """The re-check of a recorded recipient (module-level: resolvable by name)."""
     return person

@@ -18,12 +18,29 @@ from kernelext._core.process.runtime import runtime
 from kernelext.errors import ReadOnlyError
 
 __all__ = [
+    "SECRET",
     "cli_sql",
     "close_shell",
+    "places",
     "refused_on_every_path",
     "run_in_shell",
     "shell_with_extension",
 ]
+
+SECRET = "TOP-SECRET-4711"
+
+
+@pytest.fixture
+def places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A folder outside the store with a secret file in it, and a working directory (a
+    fixture, offered to tests/store by its conftest)."""
+    out = tmp_path / "outside"
+    out.mkdir()
+    (out / "secret.txt").write_text(f"id\n{SECRET}\n")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return {"root": tmp_path, "out": out, "secret": out / "secret.txt", "cwd": cwd}
 
 
 def refused_on_every_path(
