@@ -11,6 +11,7 @@ there), and the loop returns the model's last text.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from anthropic import Anthropic
@@ -28,86 +29,100 @@ Loop = Callable[
 TURNS = 4
 
 
-def anthropic_loop(
-    llm: LLMServer,
-    tools: Any,
-    system: Callable[[], str],
-    question: Callable[[], str],
-    after: Callable[[int], None],
-) -> Callable[[kx.Run, str], str]:
-    client: Any = kx.anthropic(Anthropic(base_url=llm.url, api_key="sk-ant-test", max_retries=0))
-
-    def ask(run: kx.Run, _: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question()}]
-        for turn in range(TURNS):
-            reply = client.messages.create(
-                model="m", max_tokens=10, system=system(), messages=messages,
-                tools=tools.for_anthropic(),
-            )  # fmt: skip
-            after(turn)
-            messages.append({"role": "assistant", "content": reply.content})
-            if reply.stop_reason != "tool_use":
-                return "".join(b.text for b in reply.content if b.type == "text")
-            messages.append({"role": "user", "content": tools.call_all(reply)})
-        return "too many turns"
-
-    return ask
+Prompt = Callable[[], str]
 
 
-def chat_loop(
-    llm: LLMServer,
-    tools: Any,
-    system: Callable[[], str],
-    question: Callable[[], str],
-    after: Callable[[int], None],
-) -> Callable[[kx.Run, str], str]:
-    client: Any = kx.openai(OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0))
-
-    def ask(run: kx.Run, _: str) -> str:
-        messages: list[Any] = [
-            {"role": "system", "content": system()},
-            {"role": "user", "content": question()},
-        ]
-        for turn in range(TURNS):
-            answer = client.chat.completions.create(model="m", messages=messages, tools=tools)
-            after(turn)
-            message = answer.choices[0].message
-            messages.append(message)
-            if not message.tool_calls:
-                return str(message.content)
-            messages += tools.call_all(message)
-        return "too many turns"
-
-    return ask
+def anthropic_ask(client: Any, tools: Any, system: Prompt, messages: list[Any]) -> Any:
+    return client.messages.create(
+        model="m", max_tokens=10, system=system(), messages=messages,
+        tools=tools.for_anthropic(),
+    )  # fmt: skip
 
 
-def responses_loop(
-    llm: LLMServer,
-    tools: Any,
-    system: Callable[[], str],
-    question: Callable[[], str],
-    after: Callable[[int], None],
-) -> Callable[[kx.Run, str], str]:
-    client: Any = kx.openai(OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0))
-
-    def ask(run: kx.Run, _: str) -> str:
-        items: list[Any] = [{"role": "user", "content": question()}]
-        for turn in range(TURNS):
-            response = client.responses.create(
-                model="m", instructions=system(), input=items, tools=tools.for_responses()
-            )
-            after(turn)
-            items += [item.model_dump(exclude_unset=True) for item in response.output]
-            if not any(item.type == "function_call" for item in response.output):
-                return str(response.output_text)
-            items += tools.call_all(response)
-        return "too many turns"
-
-    return ask
+def anthropic_take(reply: Any, tools: Any, messages: list[Any]) -> str | None:
+    messages.append({"role": "assistant", "content": reply.content})
+    if reply.stop_reason != "tool_use":
+        return "".join(b.text for b in reply.content if b.type == "text")
+    messages.append({"role": "user", "content": tools.call_all(reply)})
+    return None
 
 
-LOOPS: dict[str, Loop] = {
-    "anthropic": anthropic_loop,
-    "chat": chat_loop,
-    "responses": responses_loop,
+def chat_ask(client: Any, tools: Any, system: Prompt, messages: list[Any]) -> Any:
+    return client.chat.completions.create(model="m", messages=messages, tools=tools)
+
+
+def chat_take(answer: Any, tools: Any, messages: list[Any]) -> str | None:
+    message = answer.choices[0].message
+    messages.append(message)
+    if not message.tool_calls:
+        return str(message.content)
+    messages += tools.call_all(message)
+    return None
+
+
+def responses_ask(client: Any, tools: Any, system: Prompt, items: list[Any]) -> Any:
+    return client.responses.create(
+        model="m", instructions=system(), input=items, tools=tools.for_responses()
+    )
+
+
+def responses_take(response: Any, tools: Any, items: list[Any]) -> str | None:
+    items += [item.model_dump(exclude_unset=True) for item in response.output]
+    if not any(item.type == "function_call" for item in response.output):
+        return str(response.output_text)
+    items += tools.call_all(response)
+    return None
+
+
+@dataclass(frozen=True)
+class Api:
+    """One API's shape: its recorded client, its first messages (``system`` goes in them for
+    chat completions only), one model call and what is made of its answer: the messages it
+    adds, and the last text when the model called no tool."""
+
+    client: Callable[[LLMServer], Any]
+    first: Callable[[Prompt, Prompt], list[Any]]
+    ask: Callable[[Any, Any, Prompt, list[Any]], Any]
+    take: Callable[[Any, Any, list[Any]], str | None]
+
+    def loop(
+        self, llm: LLMServer, tools: Any, system: Prompt, question: Prompt,
+        after: Callable[[int], None],
+    ) -> Callable[[kx.Run, str], str]:  # fmt: skip
+        client = self.client(llm)
+
+        def ask(run: kx.Run, _: str) -> str:
+            messages = self.first(system, question)
+            for turn in range(TURNS):
+                reply = self.ask(client, tools, system, messages)
+                after(turn)
+                text = self.take(reply, tools, messages)
+                if text is not None:
+                    return text
+            return "too many turns"
+
+        return ask
+
+
+def the_question(system: Prompt, question: Prompt) -> list[Any]:
+    return [{"role": "user", "content": question()}]
+
+
+def system_and_question(system: Prompt, question: Prompt) -> list[Any]:
+    return [{"role": "system", "content": system()}, {"role": "user", "content": question()}]
+
+
+def openai_client(llm: LLMServer) -> Any:
+    return kx.openai(OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0))
+
+
+def anthropic_client(llm: LLMServer) -> Any:
+    return kx.anthropic(Anthropic(base_url=llm.url, api_key="sk-ant-test", max_retries=0))
+
+
+APIS = {
+    "anthropic": Api(anthropic_client, the_question, anthropic_ask, anthropic_take),
+    "chat": Api(openai_client, system_and_question, chat_ask, chat_take),
+    "responses": Api(openai_client, the_question, responses_ask, responses_take),
 }
+LOOPS: dict[str, Loop] = {name: api.loop for name, api in APIS.items()}
