@@ -1,12 +1,13 @@
 """What the agent-framework adapter tests share (OpenAI Agents SDK, Pydantic AI, streamed or not).
 
-Fixtures (tests/surfaces/conftest.py offers them to its folder): ``llm``, the scripted
-model server answering ``PAY_SCRIPT`` (or the script of
-``@pytest.mark.parametrize("llm", [SCRIPT], indirect=True)``); ``deliveries``, the delivery
-server the ``pay`` tool posts to; ``released_hold`` (taken by a module's
-``pytest.mark.usefixtures``): after each test a held ``pay`` is let go and the model clients
-closed. Reads: ``paid(server)``, the paths paid; ``ledger(run_id)``, the run's effects in
-order; ``streamed(llm)``, whether each model request asked for a stream.
+Fixtures (tests/surfaces/conftest.py offers them to its folder, with ``llm``, the scripted
+model server of support.llm_fixtures: a module sets ``LLM_SCRIPT = PAY_SCRIPT``):
+``deliveries``, the delivery server the ``pay`` tool posts to; ``released_hold`` (taken by
+a module's ``pytest.mark.usefixtures``): after each test a held ``pay`` is let go and the
+model clients closed. Reads: ``paid(server)``, the paths paid; ``ledger(run_id)``, the
+run's effects in order; ``streamed(llm)``, whether each model request asked for a stream.
+Runs: ``stopped_at_pay``, a run on ``PROMPT`` stopped while a ``pay`` is held;
+``resumed_to_the_answer``, such a run resumed to its end, each payment made once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from support.agent_parts import HOLD, PAY_SCRIPT, close_clients
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 
+PROMPT = "pay bob 10 and ann 3"
 TWO_AT_ONCE: list[dict[str, Any]] = [
     {
         "tool_calls": [
@@ -30,13 +32,6 @@ TWO_AT_ONCE: list[dict[str, Any]] = [
     },
     {"content": "paid both"},
 ]
-
-
-@pytest.fixture
-def llm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LLMServer]:
-    script = getattr(request, "param", PAY_SCRIPT)
-    with LLMServer(script=list(script), log_path=tmp_path / "llm.jsonl") as server:
-        yield server
 
 
 @pytest.fixture
@@ -73,3 +68,40 @@ def ledger(run_id: str) -> list[tuple[str, str, int, str]]:
 def streamed(llm: LLMServer) -> list[bool]:
     """Whether each request the model server got, in order, asked for a stream."""
     return [r["stream"] for r in sorted(llm.requests, key=lambda r: r["seq"])]
+
+
+def stopped_at_pay(
+    framework: Any,
+    agent: Any,
+    run_id: str,
+    *,
+    who: str | None = None,
+    prompt: str = PROMPT,
+    **options: Any,
+) -> Any:
+    """Start the run through ``framework`` (``kx.openai_agents``, ``kx.pydantic_ai``) on
+    ``prompt``, hold a ``pay`` (of ``who``, else the first) until the Stop was asked, then let
+    it go; the run must be suspended. ``options`` go to ``framework.start``."""
+    from kernelext.status import Status
+
+    HOLD.arm(who=who)
+    handle = framework.start(agent, prompt, run_id=run_id, **options)
+    assert HOLD.reached.wait(30)
+    handle.stop()
+    HOLD.released.set()
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    return handle
+
+
+def resumed_to_the_answer(run_id: str, llm: LLMServer, deliveries: DeliveryServer) -> Any:
+    """Resume the run stopped at a ``pay`` of ``PAY_SCRIPT``: it completes with the script's
+    answer, bob and ann are paid once each, and no turn of the model is asked twice."""
+    import kernelext as kx
+    from kernelext.status import Status
+
+    resumed = kx.resume(run_id)
+    assert resumed.wait(30) == Status.COMPLETED, resumed.error
+    assert resumed.result == PAY_SCRIPT[-1]["content"]
+    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # each once
+    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3  # none twice
+    return resumed

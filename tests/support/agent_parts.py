@@ -9,11 +9,12 @@ closed by ``close_clients()`` on the loop its connections belong to.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from openai import AsyncOpenAI
 
-__all__ = ["HOLD", "PAY_SCRIPT", "Hold", "close_clients", "openai_client"]
+__all__ = ["HOLD", "PAY_SCRIPT", "Hold", "close_clients", "openai_client", "serve_payer"]
 
 PAY_SCRIPT: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "pay", "arguments": {"who": "bob", "amount": 10}}]},
@@ -60,3 +61,28 @@ def close_clients() -> None:
 
     while _CLIENTS:
         run_on_adapter_loop(_CLIENTS.pop().close)
+
+
+def serve_payer(
+    argv: list[str], framework: Any, payer: Callable[[str, str, dict[str, str]], Any]
+) -> int:
+    """``start|resume RUN_ID LLM_URL DELIVERY_URL [key=value...]``: the payer agent
+    (``payer(llm_url, delivery_url, options)``) in a process of its own (a restarted kernel)
+    through ``framework`` (``kx.openai_agents``, ``kx.pydantic_ai``); prints the run's end as
+    one JSON line. ``start`` starts the run, ``resume`` hands the agent over and resumes."""
+    import json
+
+    import kernelext as kx
+
+    verb, run_id, llm_url, delivery_url, *rest = argv
+    options = dict(item.split("=", 1) for item in rest)
+    agent = payer(llm_url, delivery_url, options)
+    if verb == "start":
+        handle = framework.start(agent, options.get("input", "pay"), run_id=run_id)
+    else:
+        framework.agent(agent)
+        handle = kx.resume(run_id)
+    handle.wait(timeout=float(options.get("timeout", 60)))
+    print(json.dumps({"status": str(handle.status), "result": handle.result}), flush=True)
+    close_clients()
+    return 0

@@ -23,7 +23,7 @@ from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client
+from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client, serve_payer
 from support.http_server import post_json
 
 __all__ = ["ASKED_AWAY", "CALLED", "HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
@@ -86,29 +86,18 @@ def payer(
 
 def main(argv: list[str]) -> int:
     """``python -m support.pydantic_agents start|resume RUN_ID LLM_URL DELIVERY_URL
-    [key=value...]``: the payer agent in a process of its own (a restarted kernel); prints
-    the run's end as one JSON line. ``start`` starts the run, ``resume`` hands the agent
-    over and resumes."""
-    import json
-
+    [key=value...]`` (``support.agent_parts.serve_payer``); ``approval=1``: ``pay`` needs
+    approval; ``approve_over=N``: ``pay`` asks for it over ``N``."""
     import kernelext as kx
 
-    verb, run_id, llm_url, delivery_url, *rest = argv
-    options = dict(item.split("=", 1) for item in rest)
-    over = options.get("approve_over")
-    agent = payer(
-        llm_url, delivery_url, approval=bool(options.get("approval")),
-        approve_over=None if over is None else int(over),
-    )  # fmt: skip
-    if verb == "start":
-        handle = kx.pydantic_ai.start(agent, options.get("input", "pay"), run_id=run_id)
-    else:
-        kx.pydantic_ai.agent(agent)
-        handle = kx.resume(run_id)
-    handle.wait(timeout=float(options.get("timeout", 60)))
-    print(json.dumps({"status": str(handle.status), "result": handle.result}), flush=True)
-    close_clients()
-    return 0
+    def made(llm_url: str, delivery_url: str, options: dict[str, str]) -> Agent[None, str]:
+        over = options.get("approve_over")
+        return payer(
+            llm_url, delivery_url, approval=bool(options.get("approval")),
+            approve_over=None if over is None else int(over),
+        )  # fmt: skip
+
+    return serve_payer(argv, kx.pydantic_ai, made)
 
 
 if __name__ == "__main__":

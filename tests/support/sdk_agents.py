@@ -12,7 +12,7 @@ from typing import Any
 
 from agents import Agent, OpenAIResponsesModel, function_tool, set_tracing_disabled
 
-from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client
+from support.agent_parts import HOLD, PAY_SCRIPT, close_clients, openai_client, serve_payer
 from support.http_server import post_json
 
 __all__ = ["HOLD", "PAY_SCRIPT", "close_clients", "model_for", "payer"]
@@ -39,26 +39,15 @@ def payer(llm_url: str, delivery_url: str, **options: Any) -> Agent[Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m support.sdk_agents start|resume RUN_ID LLM_URL DELIVERY_URL [key=value...]``:
-    the payer agent in a process of its own (a restarted kernel); prints the run's end as
-    one JSON line. ``start`` starts the run, ``resume`` hands the agent over and resumes."""
-    import json
-
+    """``python -m support.sdk_agents start|resume RUN_ID LLM_URL DELIVERY_URL [key=value...]``
+    (``support.agent_parts.serve_payer``); ``approval=1``: ``pay`` needs approval."""
     import kernelext as kx
 
-    verb, run_id, llm_url, delivery_url, *rest = argv
-    options = dict(item.split("=", 1) for item in rest)
-    tool_options = {"needs_approval": True} if options.get("approval") else {}
-    agent = payer(llm_url, delivery_url, **tool_options)
-    if verb == "start":
-        handle = kx.openai_agents.start(agent, options.get("input", "pay"), run_id=run_id)
-    else:
-        kx.openai_agents.agent(agent)
-        handle = kx.resume(run_id)
-    handle.wait(timeout=float(options.get("timeout", 60)))
-    print(json.dumps({"status": str(handle.status), "result": handle.result}), flush=True)
-    close_clients()
-    return 0
+    def made(llm_url: str, delivery_url: str, options: dict[str, str]) -> Agent[Any]:
+        tool_options = {"needs_approval": True} if options.get("approval") else {}
+        return payer(llm_url, delivery_url, **tool_options)
+
+    return serve_payer(argv, kx.openai_agents, made)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ import asyncio
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from anthropic import Anthropic, AsyncAnthropic
 from anthropic.types import Message, ToolUseBlock
 from support.llm_server import LLMServer
+from support.support_desk import Gate, stop_at_the_gate, support_tools
 
 import kernelext as kx
 from kernelext._adapters.anthropic import MESSAGES_TOOL
@@ -36,47 +36,8 @@ API_KEY = "sk-ant-test-" + "S3CR3T" * 6
 ANSWER = "Order A-1001 was refunded (25.00 EUR) and the customer was told by email."
 
 
-@pytest.fixture
-def llm(tmp_path: Path) -> Iterator[LLMServer]:
-    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        yield server
-
-
 def client_for(llm: LLMServer, **options: Any) -> Any:
     return kx.anthropic(Anthropic(base_url=llm.url, api_key=API_KEY, max_retries=0), **options)
-
-
-class Gate:
-    """A tool that waits, the first time, until the test asked for a stop."""
-
-    def __init__(self) -> None:
-        self.reached, self.opened = threading.Event(), threading.Event()
-
-    def lookup_order(self, order_id: str) -> dict[str, Any]:
-        self.reached.set()
-        assert self.opened.wait(30)
-        return {"order": order_id, "total": 25.0, "email": "ada@example.com"}
-
-
-def support_tools(gate: Gate) -> Tools:
-    @kx.effect
-    def refund(order_id: str, amount: float) -> Any:
-        return {"refunded": amount, "order": order_id}
-
-    @kx.effect
-    def send_email(to: str, subject: str, body: str) -> Any:
-        return {"sent": to}
-
-    tools = Tools(refund, send_email)
-    tools.add(gate.lookup_order, name="lookup_order")
-    return tools
-
-
-def stop_at_the_gate(handle: kx.Handle, gate: Gate) -> None:
-    assert gate.reached.wait(30)
-    handle.stop()
-    gate.opened.set()
-    assert handle.wait(30) == Status.SUSPENDED
 
 
 def text_of(message: Any) -> str:

@@ -11,8 +11,8 @@ command line, and ended by the SDK's own errors.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
-import os
 import re
 import signal
 import subprocess
@@ -33,7 +33,9 @@ from agents import (
     input_guardrail,
 )
 from pydantic import BaseModel
-from support.agent_fixtures import TWO_AT_ONCE, ledger, paid
+from support.agent_fixtures import TWO_AT_ONCE, ledger, paid, stopped_at_pay
+from support.agent_processes import env_with_tests_on_path, killed_after_first_payment, run_end
+from support.agent_processes import in_new_process as agent_process
 from support.http_server import DeliveryServer, post_json
 from support.live import wait_until
 from support.llm_server import LLMServer
@@ -46,36 +48,20 @@ from kernelext._core.process.runtime import runtime
 from kernelext.status import EffectStatus, Status
 
 pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+LLM_SCRIPT = PAY_SCRIPT  # what the llm fixture's model server answers
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
-
-
-def stopped_at_first_pay(agent: Any, run_id: str) -> kx.Handle:
-    """Start the run, hold its first ``pay`` until the Stop was asked, then let it go."""
-    HOLD.arm()
-    handle = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id=run_id)
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED
-    return handle
+stopped_at = functools.partial(stopped_at_pay, kx.openai_agents)
 
 
 def in_new_process(*argv: str, timeout: float = 120) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
-    done = subprocess.run(
-        [sys.executable, "-m", "support.sdk_agents", *argv],
-        env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return run_end(agent_process("support.sdk_agents", *argv, timeout=timeout))
 
 
 # -- Stop and resume ------------------------------------------------------------------------
 def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    stopped_at_first_pay(payer(llm.base_url, deliveries.url), "oa-new")
+    stopped_at(payer(llm.base_url, deliveries.url), "oa-new")
     assert paid(deliveries) == ["/pay/bob"]  # the Stop landed before the next turn
     assert ledger("oa-new") == [
         ("turn 1", MODEL_TOOL, 0, EffectStatus.APPLIED),
@@ -104,12 +90,7 @@ def test_a_resume_in_the_same_kernel_replays_every_turn_it_had(
     assert handle.result == "paid bob 10 and ann 3"
     # Stopped at the second turn this time: turn 1's answer and tool are replayed, the
     # second turn's request (which holds the first's items) matches its record.
-    HOLD.arm(who="ann")
-    second = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-same-2")
-    assert HOLD.reached.wait(30)
-    second.stop()
-    HOLD.released.set()
-    assert second.wait(30) == Status.SUSPENDED
+    stopped_at(agent, "oa-same-2", who="ann")
     resumed = kx.resume("oa-same-2")
     assert resumed.wait(30) == Status.COMPLETED
     assert resumed.result == "paid bob 10 and ann 3"
@@ -150,20 +131,8 @@ def test_tool_calls_of_one_answer_are_keyed_by_the_models_order_and_made_once(
 def test_a_kernel_killed_after_a_payment_reached_its_server_never_pays_twice(
     store_path: Path, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    deliveries.delay = 60  # recorded, then no answer: the kernel dies waiting for it
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
-    argv = ["start", "oa-kill", llm.base_url, deliveries.url]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "support.sdk_agents", *argv],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deliveries.wait_for(1, timeout=60)
-    finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.communicate(timeout=30)
+    killed_after_first_payment("support.sdk_agents", "oa-kill", llm, deliveries)
     assert paid(deliveries) == ["/pay/bob"]
-    deliveries.delay = 0
     ended = in_new_process("resume", "oa-kill", llm.base_url, deliveries.url)
     assert ended["status"] == Status.NEEDS_DECISION  # bob's payment: nobody knows
     assert paid(deliveries) == ["/pay/bob"]
@@ -183,7 +152,7 @@ def test_a_kernel_killed_while_the_model_thought_leaves_the_turn_to_a_person(
     store_path: Path, tmp_path: Path, deliveries: DeliveryServer
 ) -> None:
     with LLMServer(script=list(PAY_SCRIPT), hold_turns=(1,)) as llm:
-        env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+        env = env_with_tests_on_path()
         argv = ["start", "oa-think", llm.base_url, deliveries.url]
         worker = subprocess.Popen(
             [sys.executable, "-m", "support.sdk_agents", *argv],
@@ -308,12 +277,7 @@ def test_a_handoff_mid_run_is_stopped_and_resumed_on_the_agent_it_reached(
         name="triage", instructions="Hand payments over.", model=cashier.model,
         handoffs=[to_cashier],
     )  # fmt: skip
-    HOLD.arm()
-    handle = kx.openai_agents.start(triage, "pay bob", run_id="oa-handoff")
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED
+    stopped_at(triage, "oa-handoff", prompt="pay bob")
     resumed = kx.resume("oa-handoff")
     assert resumed.wait(30) == Status.COMPLETED
     assert resumed.result == "paid bob"
@@ -398,12 +362,7 @@ def test_a_tool_returning_an_object_is_recorded_as_the_model_saw_it(
         return Receipt(who=who, amount=amount, at=datetime.datetime(2026, 1, 2, 3, 4))
 
     agent = payer(llm.base_url, deliveries.url).clone(tools=[pay])
-    HOLD.arm(who="ann")
-    handle = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-object")
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED
+    stopped_at(agent, "oa-object", who="ann")
     [bob] = kx.sql(
         "SELECT result FROM effects WHERE run_id = 'oa-object' AND tool = 'pay' ORDER BY step_key"
     )["result"][:1]
@@ -426,12 +385,7 @@ def test_a_tool_result_holding_nan_is_replayed_not_taken_for_a_masked_secret(
         return {"who": who, "fee": float("nan")}  # a computed value may well be NaN
 
     agent = payer(llm.base_url, deliveries.url).clone(tools=[pay])
-    HOLD.arm(who="ann")
-    handle = kx.openai_agents.start(agent, "pay bob 10 and ann 3", run_id="oa-nan")
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED
+    stopped_at(agent, "oa-nan", who="ann")
     resumed = kx.resume("oa-nan")  # bob's result, NaN and all, is replayed
     assert resumed.wait(30) == Status.COMPLETED, resumed.error
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]

@@ -54,6 +54,37 @@ def _pay_tool(url: str, **options: Any) -> Any:
     return pay
 
 
+class WhoAmI:
+    """A ``whoami`` tool that answers with the run's context's user (each noted in
+    ``seen``), held the first time until the test let it go."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+        self.reached, self.released = threading.Event(), threading.Event()
+
+    def agent(self, llm: LLMServer) -> Agent[Any]:
+        @function_tool
+        def whoami(ctx: RunContextWrapper[Any], who: str) -> str:
+            """Who is asking."""
+            if not self.released.is_set():
+                self.reached.set()
+                self.released.wait(30)
+            self.seen.append(ctx.context["user"])
+            return str(ctx.context["user"])
+
+        return Agent(name="ctx", instructions="x", tools=[whoami], model=model_for(llm.base_url))
+
+    def stopped_for_alice(self, agent: Agent[Any], run_id: str) -> None:
+        """Alice's run, stopped while its first ``whoami`` is held; then suspended."""
+        import kernelext as kx
+
+        alice = kx.openai_agents.start(agent, "for alice", run_id=run_id, context={"user": "alice"})
+        assert self.reached.wait(30)
+        alice.stop()
+        self.released.set()
+        assert alice.wait(60) == "suspended"
+
+
 class Opaque:
     def __str__(self) -> str:
         return "an object of its own"
@@ -110,27 +141,11 @@ def test_a_tool_result_of_any_type_is_recorded_and_replayed(
 def test_a_resumed_run_keeps_its_own_context(store: Any, closing: None) -> None:
     import kernelext as kx
 
-    seen: list[Any] = []
-    reached, released = threading.Event(), threading.Event()
-
-    @function_tool
-    def whoami(ctx: RunContextWrapper[Any], who: str) -> str:
-        """Who is asking."""
-        if not released.is_set():
-            reached.set()
-            released.wait(30)
-        seen.append(ctx.context["user"])
-        return str(ctx.context["user"])
-
+    whoami = WhoAmI()
+    seen = whoami.seen
     with LLMServer(script=TWO_TURNS) as llm:
-        agent = Agent(name="ctx", instructions="x", tools=[whoami], model=model_for(llm.base_url))
-        alice = kx.openai_agents.start(
-            agent, "for alice", run_id="ctx-a", context={"user": "alice"}
-        )
-        assert reached.wait(30)
-        alice.stop()
-        released.set()
-        assert alice.wait(60) == "suspended"
+        agent = whoami.agent(llm)
+        whoami.stopped_for_alice(agent, "ctx-a")
         bob = kx.openai_agents.start(agent, "for bob", run_id="ctx-b", context={"user": "bob"})
         assert bob.wait(60) == "completed", bob.error
         seen.clear()
@@ -364,27 +379,11 @@ def test_a_refused_start_with_a_taken_run_id_leaves_that_runs_context(
 ) -> None:
     import kernelext as kx
 
-    seen: list[Any] = []
-    reached, released = threading.Event(), threading.Event()
-
-    @function_tool
-    def whoami(ctx: RunContextWrapper[Any], who: str) -> str:
-        """Who is asking."""
-        if not released.is_set():
-            reached.set()
-            released.wait(30)
-        seen.append(ctx.context["user"])
-        return str(ctx.context["user"])
-
+    whoami = WhoAmI()
+    seen = whoami.seen
     with LLMServer(script=TWO_TURNS) as llm:
-        agent = Agent(name="ctx", instructions="x", tools=[whoami], model=model_for(llm.base_url))
-        alice = kx.openai_agents.start(
-            agent, "for alice", run_id="taken", context={"user": "alice"}
-        )
-        assert reached.wait(30)
-        alice.stop()
-        released.set()
-        assert alice.wait(60) == "suspended"
+        agent = whoami.agent(llm)
+        whoami.stopped_for_alice(agent, "taken")
         with pytest.raises(kx.RunStateError):
             kx.openai_agents.start(agent, "for eve", run_id="taken", context={"user": "eve"})
         seen.clear()

@@ -10,25 +10,33 @@ response, so a run recorded streamed resumes unstreamed and the other way round.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
 import pytest
 from agents import RawResponsesStreamEvent, RunItemStreamEvent
 from openai.types.responses import ResponseTextDeltaEvent
-from support.agent_fixtures import ledger, paid, streamed
+from support.agent_fixtures import (
+    PROMPT,
+    ledger,
+    paid,
+    resumed_to_the_answer,
+    stopped_at_pay,
+    streamed,
+)
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
-from support.sdk_agents import HOLD, payer
+from support.sdk_agents import HOLD, PAY_SCRIPT, payer
 
 import kernelext as kx
 from kernelext._adapters.openai_agents import MODEL_TOOL
 from kernelext.status import EffectStatus, Status
 
 pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+LLM_SCRIPT = PAY_SCRIPT  # what the llm fixture's model server answers
 
-PROMPT = "pay bob 10 and ann 3"
 ANSWER = "paid bob 10 and ann 3"
 
 
@@ -40,15 +48,7 @@ def items(events: list[Any]) -> list[str]:
     return [e.name for e in events if isinstance(e, RunItemStreamEvent)]
 
 
-def stopped_at_first_pay(agent: Any, run_id: str, **options: Any) -> kx.Handle:
-    """Start the run, hold its first ``pay`` until the Stop was asked, then let it go."""
-    HOLD.arm()
-    handle = kx.openai_agents.start(agent, PROMPT, run_id=run_id, **options)
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
-    return handle
+stopped_at_first_pay = functools.partial(stopped_at_pay, kx.openai_agents)
 
 
 def test_a_streamed_run_stopped_after_its_first_tool_call_resumes_streamed_and_once(
@@ -65,11 +65,8 @@ def test_a_streamed_run_stopped_after_its_first_tool_call_resumes_streamed_and_o
     assert raw(seen) == ["response.created", "response.output_item.done", "response.completed"]
     assert items(seen) == ["tool_called", "tool_output"]
     before = len(seen)
-    resumed = kx.resume("oas-1")  # streamed again: the run's on_event is kept in this process
-    assert resumed.wait(30) == Status.COMPLETED, resumed.error
-    assert resumed.result == ANSWER
-    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # each once
-    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3  # none twice
+    # Streamed again: the run's on_event is kept in this process.
+    resumed = resumed_to_the_answer("oas-1", llm, deliveries)
     assert streamed(llm) == [True, True, True]
     summary = resumed.text_summary()  # the streamed turns' usage, recorded as get_response's
     assert re.search(r"3 turns · 2 tool calls · [1-9][\d,]* tokens", summary), summary
@@ -92,12 +89,8 @@ def test_a_turn_recorded_streamed_replays_in_a_run_resumed_unstreamed(
     stopped_at_first_pay(agent, "oas-2", on_event=seen.append)
     before = len(seen)
     kx.openai_agents.agent(agent)  # registered again without on_event: Runner.run
-    resumed = kx.resume("oas-2")
-    assert resumed.wait(30) == Status.COMPLETED, resumed.error
-    assert resumed.result == ANSWER
+    resumed_to_the_answer("oas-2", llm, deliveries)
     assert len(seen) == before  # no callback in this run
-    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
-    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3
     assert streamed(llm) == [True, False, False]
 
 
@@ -113,11 +106,7 @@ def test_a_turn_recorded_unstreamed_replays_in_a_run_resumed_streamed(
         seen.append(event)
 
     kx.openai_agents.agent(agent, on_event=collect)
-    resumed = kx.resume("oas-3")
-    assert resumed.wait(30) == Status.COMPLETED, resumed.error
-    assert resumed.result == ANSWER
-    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
-    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3
+    resumed_to_the_answer("oas-3", llm, deliveries)
     assert streamed(llm) == [False, True, True]
     assert raw(seen)[:2] == ["response.created", "response.completed"]  # turn 1, replayed
     [replayed] = [e.data.response for e in seen[:3] if raw([e]) == ["response.completed"]]

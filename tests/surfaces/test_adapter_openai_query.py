@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from openai import OpenAI
 from support.llm_server import LLMServer
 
@@ -20,12 +19,6 @@ from kernelext.status import Status
 
 QUERY_SECRET = "qry-" + "K3YV4LU3" * 3  # e.g. a gateway's ?key=... or an Azure ?sig=...
 PLAIN = "2024-10-21"
-
-
-@pytest.fixture
-def llm(tmp_path: Path) -> Any:
-    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        yield server
 
 
 def test_extra_query_values_never_reach_the_store(

@@ -8,7 +8,6 @@ received (failed ones too).
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,12 +23,6 @@ MODEL = "scripted"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 pytestmark = pytest.mark.both_backends
-
-
-@pytest.fixture
-def llm(tmp_path: Path) -> Any:
-    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        yield server
 
 
 @pytest.fixture

@@ -11,11 +11,9 @@ Pydantic AI's own errors, then resumed once the code is fixed.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +24,8 @@ from pydantic import BaseModel
 from pydantic_ai import Agent, Tool, UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.test import TestModel
-from support.agent_fixtures import TWO_AT_ONCE, ledger, paid
+from support.agent_fixtures import PROMPT, TWO_AT_ONCE, ledger, paid, stopped_at_pay
+from support.agent_processes import in_new_process, killed_after_first_payment, run_end
 from support.http_server import DeliveryServer, post_json
 from support.llm_server import LLMServer
 from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
@@ -34,6 +33,7 @@ from support.pydantic_agents import (
     ASKED_AWAY,
     CALLED,
     HOLD,
+    PAY_SCRIPT,
     model_for,
     payer,
 )
@@ -47,30 +47,9 @@ from kernelext._store import open_store
 from kernelext.status import EffectStatus, Reason, Status
 
 pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+LLM_SCRIPT = PAY_SCRIPT  # what the llm fixture's model server answers
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
-PROMPT = "pay bob 10 and ann 3"
-
-
-def stopped_at(agent: Any, run_id: str, who: str | None = None) -> kx.Handle:
-    """Start the run, hold a ``pay`` (of ``who``) until the Stop was asked, then let it go."""
-    HOLD.arm(who=who)
-    handle = kx.pydantic_ai.start(agent, PROMPT, run_id=run_id)
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
-    return handle
-
-
-def in_new_process(
-    module: str, *argv: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
-    return subprocess.run(
-        [sys.executable, "-m", module, *argv],
-        env=env, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+stopped_at = functools.partial(stopped_at_pay, kx.pydantic_ai)
 
 
 # -- Stop and resume ------------------------------------------------------------------------
@@ -87,8 +66,7 @@ def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
     done = in_new_process(
         "support.pydantic_agents", "resume", "pa-new", llm.base_url, deliveries.url
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    ended = json.loads(done.stdout.strip().splitlines()[-1])
+    ended = run_end(done)
     assert ended == {"status": "completed", "result": "paid bob 10 and ann 3"}
     assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # each once
     assert set(llm.per_turn().values()) == {1}  # no turn asked twice
@@ -213,27 +191,14 @@ class Receipt(BaseModel):
 def test_a_kernel_killed_after_a_payment_reached_its_server_never_pays_twice(
     store_path: Path, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    deliveries.delay = 60  # recorded, then no answer: the kernel dies waiting for it
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
-    argv = ["start", "pa-kill", llm.base_url, deliveries.url]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "support.pydantic_agents", *argv],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deliveries.wait_for(1, timeout=60)
-    finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.communicate(timeout=30)
+    killed_after_first_payment("support.pydantic_agents", "pa-kill", llm, deliveries)
     assert paid(deliveries) == ["/pay/bob"]
-    deliveries.delay = 0
 
     def resumed() -> dict[str, Any]:
         done = in_new_process(
             "support.pydantic_agents", "resume", "pa-kill", llm.base_url, deliveries.url
         )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+        return run_end(done)
 
     assert resumed()["status"] == Status.NEEDS_DECISION  # bob's payment: nobody knows
     assert paid(deliveries) == ["/pay/bob"]

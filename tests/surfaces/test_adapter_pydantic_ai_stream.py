@@ -10,6 +10,7 @@ round; a replayed request gives the handler its recorded parts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterable
 from typing import Any
 
@@ -24,19 +25,26 @@ from pydantic_ai import (
     TextPartDelta,
     ToolCallPart,
 )
-from support.agent_fixtures import ledger, paid, streamed
+from support.agent_fixtures import (
+    PROMPT,
+    ledger,
+    paid,
+    resumed_to_the_answer,
+    stopped_at_pay,
+    streamed,
+)
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 from support.llm_views import no_prices  # noqa: F401 - autouse: no prices left over
-from support.pydantic_agents import HOLD, payer
+from support.pydantic_agents import PAY_SCRIPT, payer
 
 import kernelext as kx
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
 from kernelext.status import EffectStatus, Status
 
 pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after each test
+LLM_SCRIPT = PAY_SCRIPT  # what the llm fixture's model server answers
 
-PROMPT = "pay bob 10 and ann 3"
 ANSWER = "paid bob 10 and ann 3"
 
 
@@ -55,15 +63,7 @@ def kinds(events: list[Any]) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
-def stopped_at_first_pay(agent: Any, run_id: str, **options: Any) -> kx.Handle:
-    """Start the run, hold its first ``pay`` until the Stop was asked, then let it go."""
-    HOLD.arm()
-    handle = kx.pydantic_ai.start(agent, PROMPT, run_id=run_id, **options)
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
-    return handle
+stopped_at_first_pay = functools.partial(stopped_at_pay, kx.pydantic_ai)
 
 
 def test_a_streamed_run_stopped_after_its_first_tool_call_resumes_streamed_and_once(
@@ -87,11 +87,8 @@ def test_a_streamed_run_stopped_after_its_first_tool_call_resumes_streamed_and_o
         "amount": 10,
     }
     before = len(first)
-    resumed = kx.resume("pas-1")  # streamed again: the run's handler is kept in this process
-    assert resumed.wait(30) == Status.COMPLETED, resumed.error
-    assert resumed.result == ANSWER
-    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]  # each once
-    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3  # none twice
+    # Streamed again: the run's handler is kept in this process.
+    resumed_to_the_answer("pas-1", llm, deliveries)
     assert streamed(llm) == [True, True, True]
     after = seen.events[before:]
     # The replayed request: its recorded part, started and ended, no delta; then its call.
@@ -116,12 +113,8 @@ def test_a_request_recorded_streamed_replays_in_a_run_resumed_unstreamed(
     stopped_at_first_pay(agent, "pas-2", event_stream_handler=seen)
     before = len(seen.events)
     kx.pydantic_ai.agent(agent)  # registered again without a handler: agent.run unstreamed
-    resumed = kx.resume("pas-2")
-    assert resumed.wait(30) == Status.COMPLETED, resumed.error
-    assert resumed.result == ANSWER
+    resumed_to_the_answer("pas-2", llm, deliveries)
     assert len(seen.events) == before  # no handler in this run
-    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
-    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3
     assert streamed(llm) == [True, False, False]
 
 
@@ -132,11 +125,7 @@ def test_a_request_recorded_unstreamed_replays_in_a_run_resumed_streamed(
     stopped_at_first_pay(agent, "pas-3")
     seen = Seen()
     kx.pydantic_ai.agent(agent, event_stream_handler=seen)
-    resumed = kx.resume("pas-3")
-    assert resumed.wait(30) == Status.COMPLETED, resumed.error
-    assert resumed.result == ANSWER
-    assert paid(deliveries) == ["/pay/ann", "/pay/bob"]
-    assert set(llm.per_turn().values()) == {1} and len(llm.per_turn()) == 3
+    resumed_to_the_answer("pas-3", llm, deliveries)
     assert streamed(llm) == [False, True, True]
     replayed = seen.events[:4]  # turn 1, from its record
     assert kinds(replayed) == ["PartStartEvent", "PartEndEvent",

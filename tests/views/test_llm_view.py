@@ -27,12 +27,6 @@ from kernelext.widgets._render import to_text, view_of
 PRICE = (2.0, 8.0)  # dollars per million prompt / completion tokens
 
 
-@pytest.fixture
-def llm(tmp_path: Path) -> Any:
-    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        yield server
-
-
 def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_resume(
     store: Any, store_path: Path, llm: LLMServer
 ) -> None:

@@ -28,12 +28,6 @@ WAIT = 60.0
 
 
 @pytest.fixture
-def llm(tmp_path: Path) -> Iterator[LLMServer]:
-    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        yield server
-
-
-@pytest.fixture
 def mcp_client(delivery_server: DeliveryServer, tmp_path: Path) -> Iterator[McpClient]:
     with McpClient(delivery_server.url, errlog=tmp_path / "mcp_server.log") as client:
         yield client

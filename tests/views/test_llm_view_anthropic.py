@@ -9,7 +9,6 @@ The real ``anthropic`` client talks to the scripted local server's ``/v1/message
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +24,6 @@ from kernelext.status import Status
 from kernelext.widgets._render import to_text, view_of
 
 PRICE = (3.0, 15.0)  # dollars per million input / output tokens
-
-
-@pytest.fixture
-def llm(tmp_path: Path) -> Iterator[LLMServer]:
-    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        yield server
 
 
 def test_anthropic_turns_tokens_and_cost_are_counted(
