@@ -34,7 +34,9 @@ __all__ = [
     "WorkerPool",
     "append_line",
     "attempt_run",
+    "delivered",
     "go_command",
+    "kill_landed",
     "open_checked",
     "read_go",
     "serve_one_run",
@@ -281,6 +283,29 @@ def attempt_run(
         line = worker.expect("done")
     assert worker.reap() == 0, worker.stderr()
     return line.split(" ", 1)[0]
+
+
+def delivered(url: str, body: Any, idempotency_key: str | None) -> Any:
+    """POST ``body`` to the test's delivery server at ``url`` under the ledger's key (60 s
+    to answer); the body of its answer. A refusal (not HTTP 200) raises."""
+    from support.http_server import post_json
+
+    response = post_json(url, body, idempotency_key=idempotency_key, timeout=60)
+    if response.status != 200:
+        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    return response.body
+
+
+def kill_landed(outcome: str, attempt: int, server: Any) -> int | None:
+    """``attempt`` when a SIGKILL ended it (``outcome`` of ``attempt_run``), else None.
+
+    After a kill the delivery ``server`` settles first: bytes a dead client left in a
+    socket are still delivered, so nothing is decided against its log before they are.
+    """
+    if outcome != "killed":
+        return None
+    server.settle()
+    return attempt
 
 
 def open_checked(path: Path | str, query: str | None = None) -> Any:

@@ -20,11 +20,9 @@ import sys
 import time
 from typing import Any
 
-from support.http_server import post_json
-
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import append_line, serve_one_run, take_go_fields
+from crash import append_line, delivered, serve_one_run, take_go_fields
 
 CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
 
@@ -37,15 +35,7 @@ def dawdle() -> None:
 @kx.effect
 def deliver_item(run_id: str, item: int, *, idempotency_key: str | None = None) -> Any:
     assert idempotency_key is not None, "the ledger hands its key to tools that take one"
-    response = post_json(
-        CONFIG["url"] + "/items",
-        {"run": run_id, "item": item},
-        idempotency_key=idempotency_key,
-        timeout=60,
-    )
-    if response.status != 200:
-        raise RuntimeError(f"delivery refused: HTTP {response.status}")
-    return response.body
+    return delivered(CONFIG["url"] + "/items", {"run": run_id, "item": item}, idempotency_key)
 
 
 @kx.agent(name="crash-batch")

@@ -23,11 +23,9 @@ import sys
 import time
 from typing import Any
 
-from support.http_server import post_json
-
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import append_line, serve_one_run, take_go_fields
+from crash import append_line, delivered, serve_one_run, take_go_fields
 
 CONFIG: dict[str, Any] = {"markers": "", "attempt": 0, "pause_ms": 0.0, "url": ""}
 RNG = random.Random(0)
@@ -45,16 +43,10 @@ def mark(kind: str, key: str) -> None:
 def deliver(run_id: str, step: int, index: int, *, idempotency_key: str | None = None) -> Any:
     assert idempotency_key is not None, "the ledger hands its key to tools that take one"
     mark("intent", idempotency_key)
-    response = post_json(
-        CONFIG["url"] + "/deliver",
-        {"run": run_id, "step": step, "index": index},
-        idempotency_key=idempotency_key,
-        timeout=60,
-    )
-    if response.status != 200:
-        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    body = {"run": run_id, "step": step, "index": index}
+    answer = delivered(CONFIG["url"] + "/deliver", body, idempotency_key)
     mark("delivered", idempotency_key)
-    return response.body
+    return answer
 
 
 @kx.agent(name="crash-ledger")

@@ -41,10 +41,9 @@ import traceback
 from typing import Any
 
 import duckdb  # noqa: F401  (imported while the warm worker waits for `go`)
-from support.http_server import post_json
 
 import kernelext as kx
-from crash import read_go
+from crash import delivered, read_go
 from kernelext._core.lifecycle.run import engine_of
 from kernelext._store import open_store
 
@@ -73,16 +72,9 @@ def mark(point: str, item: int, key: str = "") -> None:
 def deliver_item(run_id: str, item: int, *, idempotency_key: str | None = None) -> Any:
     assert idempotency_key is not None, "the ledger hands its key to tools that take one"
     mark("intent", item, idempotency_key)
-    response = post_json(
-        CONFIG["url"] + "/items",
-        {"run": run_id, "item": item},
-        idempotency_key=idempotency_key,
-        timeout=60,
-    )
-    if response.status != 200:
-        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    answer = delivered(CONFIG["url"] + "/items", {"run": run_id, "item": item}, idempotency_key)
     mark("delivered", item, idempotency_key)
-    return response.body
+    return answer
 
 
 @kx.agent(name="write-path-model")

@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.decisions import decide_from_deliveries
+from support.decisions import unknowns_decided_from
 from support.http_server import DeliveryServer, read_log
 
-import kernelext as kx
-from crash import CRASH_DIR, WorkerPool, attempt_run, open_checked, whole_lines
+from crash import CRASH_DIR, WorkerPool, attempt_run, kill_landed, open_checked, whole_lines
 from kernelext._core.ledger.effect import effect_key
 from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import Store
@@ -111,13 +110,11 @@ def reconcile_against_server(
     store: Store, run_id: str, server: DeliveryServer, matrix: Matrix
 ) -> None:
     """Decide every unknown effect from the server's log, and record the decision."""
-    for unknown in kx.reconcile(run_id, store=store):
+    for unknown, received in unknowns_decided_from(server.deliveries, run_id, store=store):
         key = str(unknown.key)
         assert unknown.tool == TOOL and unknown.run_id == run_id
         assert unknown.step_key.startswith("item-"), unknown.step_key
-        received = [d for d in server.deliveries if d["idempotency_key"] == key]
         assert len(received) <= 1, f"{key} was delivered {len(received)} times"
-        decide_from_deliveries(unknown, received)
         matrix.decisions.append(
             {"run": run_id, "key": key, "decision": "applied" if received else "not_applied"}
         )
@@ -204,13 +201,9 @@ def test_sigkill_mid_batch_delivers_each_item_exactly_once(
                 )
                 again = begun_in(markers, matrix.attempts) & done_before
                 assert not again, f"{run_id}: completed items ran again: {sorted(again)}"
-                killed = matrix.attempts if outcome == "killed" else None
-                matrix.kills += outcome == "killed"
+                killed = kill_landed(outcome, matrix.attempts, delivery_server)
+                matrix.kills += killed is not None
                 matrix.needs_decision_attempts += outcome == "needs_decision"
-                if killed is not None:
-                    # Bytes a dead client left in a socket are still delivered: let the
-                    # server handle them before anyone decides against its log.
-                    delivery_server.settle()
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 

@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.decisions import decide_from_deliveries
+from support.decisions import unknowns_decided_from
 from support.http_server import DeliveryServer, read_log
 
-import kernelext as kx
-from crash import CRASH_DIR, Worker, WorkerPool, attempt_run, open_checked, whole_lines
+from crash import CRASH_DIR, Worker, WorkerPool, attempt_run, kill_landed, open_checked, whole_lines
 from kernelext._core.encoding.keys import load_result
 from kernelext._store import Store
 
@@ -45,12 +44,10 @@ def reconcile_against_server(
     store: Store, run_id: str, server: DeliveryServer, decisions: list[dict[str, Any]]
 ) -> None:
     """Decide every unknown effect from the server's log, and record the decision."""
-    for unknown in kx.reconcile(run_id, store=store):
+    for unknown, received in unknowns_decided_from(server.deliveries, run_id, store=store):
         key = str(unknown.key)
         assert unknown.tool == "adeliver"
-        received = [d for d in server.deliveries if d["idempotency_key"] == key]
         assert len(received) <= 1, f"{key} was delivered {len(received)} times"
-        decide_from_deliveries(unknown, received)
         decisions.append({"key": key, "applied": bool(received), "step": unknown.step_key})
 
 
@@ -148,12 +145,8 @@ def test_sigkill_mid_amap_with_async_effects_delivers_each_item_exactly_once(
                     markers=str(markers),
                     pause_ms=PAUSE_MS,
                 )
-                killed = attempts if outcome == "killed" else None
-                if outcome == "killed":
-                    kills += 1
-                    # Bytes a dead client left in a socket are still delivered: let the
-                    # server handle them before anyone decides against its log.
-                    delivery_server.settle()
+                killed = kill_landed(outcome, attempts, delivery_server)
+                kills += killed is not None
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.decisions import decide_from_deliveries
+from support.decisions import unknowns_decided_from
 from support.http_server import DeliveryServer, read_log
 
-import kernelext as kx
-from crash import CRASH_DIR, WorkerPool, attempt_run, open_checked, whole_lines
+from crash import CRASH_DIR, WorkerPool, attempt_run, kill_landed, open_checked, whole_lines
 from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import Store
 
@@ -104,12 +103,10 @@ def reconcile_against_server(
     store: Store, run_id: str, server: DeliveryServer, matrix: Matrix
 ) -> None:
     """Decide every unknown effect from the server's log, and record the decision."""
-    for unknown in kx.reconcile(run_id, store=store):
+    for unknown, received in unknowns_decided_from(server.deliveries, run_id, store=store):
         key = str(unknown.key)
         assert unknown.tool == "deliver"
         assert unknown.run_id == run_id
-        received = [d for d in server.deliveries if d["idempotency_key"] == key]
-        decide_from_deliveries(unknown, received)
         matrix.decisions.append(
             {
                 "run": run_id,
@@ -191,13 +188,9 @@ def test_sigkill_around_effects_delivers_each_exactly_once(
                     markers=str(markers),
                     pause_ms=PAUSE_MS,
                 )
-                killed_attempt = matrix.attempts if outcome == "killed" else None
-                matrix.kills += outcome == "killed"
+                killed_attempt = kill_landed(outcome, matrix.attempts, delivery_server)
+                matrix.kills += killed_attempt is not None
                 matrix.needs_decision_attempts += outcome == "needs_decision"
-                if killed_attempt is not None:
-                    # Bytes a dead client left in a socket are still delivered: let
-                    # the server handle them before anyone decides against its log.
-                    delivery_server.settle()
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 

@@ -10,15 +10,14 @@ import datetime as dt
 import glob
 import math
 import os
-import shutil
 import stat
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.small_disk import fill
 
 import kernelext as kx
 from kernelext import _validate
@@ -317,46 +316,6 @@ def test_an_async_agent_is_accepted_at_decoration() -> None:
 
 
 # -- 3. a side file on a full disk ----------
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB tmpfs of its own (root only): filling it fills nothing else."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root and mount(8) to mount a small tmpfs")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(path: Path, leave: int = 0) -> None:
-    """Write until at most ``leave`` bytes are free."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    chunk = b"\0" * (64 << 10)
-    try:
-        while True:
-            free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
-            if free <= leave:
-                break
-            try:
-                os.write(fd, chunk[: max(1, min(len(chunk), free - leave))])
-            except OSError:
-                if len(chunk) == 1:
-                    break
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
-
-
 def test_a_side_file_that_meets_a_full_disk_is_a_store_write_error(small_disk: Path) -> None:
     store = open_store(str(small_disk / "store.duckdb"))
     filler = small_disk / "filler"

@@ -8,19 +8,18 @@ every delivery in the ledger, every ambiguous effect ``unknown`` until decided.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.http_server import DeliveryServer, post_json
+from support.small_disk import fill
 
 import kernelext as kx
 from kernelext._store import Store, open_store
@@ -28,44 +27,6 @@ from kernelext._store.duckdb.journal import scan_journal
 from kernelext.errors import StoreWriteError
 
 pytestmark = pytest.mark.slow
-
-
-# -- a small disk -------------------------------------------------------------------------
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB tmpfs of its own (root only): filling it fills nothing else."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root and mount(8) to mount a small tmpfs")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(path: Path) -> None:
-    """Write until the disk is full (ENOSPC)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    chunk = b"\0" * (64 << 10)
-    try:
-        while True:
-            try:
-                os.write(fd, chunk)
-            except OSError:
-                if len(chunk) == 1:
-                    break
-                chunk = chunk[: len(chunk) // 2]
-    finally:
-        os.close(fd)
 
 
 # -- the agent: one delivery per item ----------------------------------------------------

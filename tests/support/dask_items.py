@@ -34,7 +34,7 @@ from typing import Any
 from crash import append_line, whole_lines
 
 import kernelext as kx
-from support.decisions import decide_from_deliveries
+from support.decisions import unknowns_decided_from
 from support.http_server import DeliveryServer, post_json, read_log
 
 __all__ = [
@@ -216,17 +216,15 @@ def decide_from_log(run_id: str, server: DeliveryServer, *, store: Any = None) -
     assert server.log_path is not None, "decisions are taken from the server's log"
     log = read_log(server.log_path)
     decided: Counter[str] = Counter()
-    for unknown in kx.reconcile(run_id, store=store):
+    decisions = unknowns_decided_from(
+        log, run_id, store=store,
+        applied_note="the server's log has delivery #{seq} under this key",
+        not_applied_note="the server's log has nothing under this key",
+    )  # fmt: skip
+    for unknown, received in decisions:
         key = str(unknown.key)
         assert unknown.tool == TOOL, unknown
         assert unknown.step_key.startswith("item-"), unknown.step_key
-        received = [d for d in log if d["idempotency_key"] == key]
         assert len(received) <= 1, f"{key} was delivered {len(received)} times"
-        applied = decide_from_deliveries(
-            unknown,
-            received,
-            applied_note="the server's log has delivery #{seq} under this key",
-            not_applied_note="the server's log has nothing under this key",
-        )
-        decided["applied" if applied else "not_applied"] += 1
+        decided["applied" if received else "not_applied"] += 1
     return decided

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 APPLIED_NOTE = "server log has delivery #{seq} for this key"
@@ -32,3 +33,17 @@ def decide_from_deliveries(
         note=applied_note.format(seq=first["seq"]),
     )
     return True
+
+
+def unknowns_decided_from(
+    deliveries: list[dict[str, Any]], run_id: str, *, store: Any = None, **notes: str
+) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+    """Each unknown effect of ``run_id`` with the deliveries received under its key (from a
+    delivery server's ``deliveries`` or its log); once the caller has looked at the pair, the
+    effect is decided from them (``decide_from_deliveries``, with ``notes``)."""
+    import kernelext as kx
+
+    for unknown in kx.reconcile(run_id, store=store):
+        received = [d for d in deliveries if d["idempotency_key"] == str(unknown.key)]
+        yield unknown, received
+        decide_from_deliveries(unknown, received, **notes)
