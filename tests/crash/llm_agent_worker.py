@@ -23,23 +23,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from openai import OpenAI
-from support.http_server import post_json
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import serve_one_run
+from crash.parcels import FIRST_PARCELS, post_parcel, serve_parcels
 from kernelext._adapters.openai import wrap_openai
 from kernelext._adapters.tools import Tools
 
 MODEL = "scripted"
 CRASH_SCRIPT: list[dict[str, Any]] = [
-    {"tool_calls": [{"name": "deliver", "arguments": {"parcel": 1, "address": "1 Main St"}}]},
-    {
-        "tool_calls": [
-            {"name": "deliver", "arguments": {"parcel": 2, "address": "2 Mill Rd"}},
-            {"name": "deliver", "arguments": {"parcel": 3, "address": "3 Dock Ln"}},
-        ]
-    },
+    *FIRST_PARCELS,
     {"tool_calls": [{"name": "deliver", "arguments": {"parcel": 4, "address": "4 Hill Ave"}}]},
     {"content": "All four parcels are delivered."},
 ]
@@ -51,17 +44,10 @@ RNG = random.Random(0)
 @kx.effect
 def deliver(parcel: int, address: str, *, idempotency_key: str | None = None) -> Any:
     """Deliver one parcel to an address."""
-    response = post_json(
-        CONFIG["delivery_url"] + "/deliver",
-        {"run": CONFIG["run_id"], "parcel": parcel, "address": address},
-        idempotency_key=idempotency_key,
-        timeout=60,
-    )
-    if response.status != 200:
-        raise RuntimeError(f"delivery refused: HTTP {response.status}")
+    answer = post_parcel(CONFIG, parcel, address, idempotency_key)
     if CONFIG["pause_ms"]:
         time.sleep(RNG.uniform(0, CONFIG["pause_ms"]) / 1000)
-    return response.body
+    return answer
 
 
 TOOLS = Tools(deliver)
@@ -127,13 +113,7 @@ def take_command(command: Mapping[str, Any]) -> None:
 
 
 def main() -> int:
-    return serve_one_run(
-        lambda command, store: llm_crash.start(
-            f"deliver the parcels of {command['run_id']}", run_id=command["run_id"], store=store
-        ),
-        take_command,
-        RNG,
-    )
+    return serve_parcels(llm_crash, take_command, RNG)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import pytest
-from crash import CRASH_DIR, Worker, WorkerPool, attempt_run
+from crash import CRASH_DIR, Worker, WorkerPool, attempt_run, kill_landed
 from crash.llm_agent_worker import (
     CRASH_SCRIPT,
     DELIVERIES,
@@ -38,6 +38,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
+from support.support_desk import Gate, stop_at_the_gate, support_tools
 
 import kernelext as kx
 from kernelext._adapters.openai import CHAT_TOOL, RESPONSES_TOOL, wrap_openai
@@ -50,52 +51,11 @@ MODEL = "scripted"
 API_KEY = "sk-test-" + "S3CR3T" * 6
 HEADER_SECRET = "hdr-" + "H1DD3N" * 5
 CALL_SECRET = "call-" + "PR1V4T3" * 4
-
-
-@pytest.fixture
-def llm(tmp_path: Path) -> Any:
-    with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        yield server
+PLACED = datetime.date(2024, 5, 1)  # not JSON: a plain tool's result still records
 
 
 def client_for(server: LLMServer, **options: Any) -> Any:
     return wrap_openai(OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, **options))
-
-
-class Gate:
-    """A tool that waits, the first time, until the test asked for a stop."""
-
-    def __init__(self, *, open: bool = False) -> None:
-        self.reached, self.opened = threading.Event(), threading.Event()
-        if open:
-            self.opened.set()
-
-    def lookup_order(self, order_id: str) -> dict[str, Any]:
-        self.reached.set()
-        assert self.opened.wait(30)
-        placed = datetime.date(2024, 5, 1)  # not JSON: a plain tool's result still records
-        return {"order": order_id, "total": 25.0, "email": "ada@example.com", "placed": placed}
-
-
-def support_tools(gate: Gate) -> Tools:
-    @kx.effect
-    def refund(order_id: str, amount: float, *, idempotency_key: str | None = None) -> Any:
-        return {"refunded": amount, "order": order_id}
-
-    @kx.effect
-    def send_email(to: str, subject: str, body: str) -> Any:
-        return {"sent": to}
-
-    tools = Tools(refund, send_email)
-    tools.add(gate.lookup_order, name="lookup_order")
-    return tools
-
-
-def stop_at_the_gate(handle: kx.Handle, gate: Gate) -> None:
-    assert gate.reached.wait(30)
-    handle.stop()
-    gate.opened.set()
-    assert handle.wait(30) == Status.SUSPENDED
 
 
 def model_rows(run_id: str) -> Any:
@@ -109,8 +69,8 @@ def model_rows(run_id: str) -> Any:
 def test_a_stopped_conversation_resumes_without_asking_completed_turns_again(
     store: Any, llm: LLMServer
 ) -> None:
-    gate, client = Gate(), client_for(llm)
-    tools = support_tools(gate)
+    gate, client = Gate(placed=PLACED), client_for(llm)
+    tools = support_tools(gate, keyed_refund=True)
     seen: list[Any] = []
 
     @kx.agent(name="openai-chat")
@@ -139,8 +99,8 @@ def test_a_stopped_conversation_resumes_without_asking_completed_turns_again(
 
 
 def test_streaming_passes_chunks_live_and_replays_them(store: Any, llm: LLMServer) -> None:
-    gate, client = Gate(), client_for(llm)
-    tools, streams = support_tools(gate), []
+    gate, client = Gate(placed=PLACED), client_for(llm)
+    tools, streams = support_tools(gate, keyed_refund=True), []
     llm.hold_stream = threading.Event()
 
     @kx.agent(name="openai-stream")
@@ -177,8 +137,8 @@ def test_streaming_passes_chunks_live_and_replays_them(store: Any, llm: LLMServe
 def test_responses_api_and_the_async_client_are_recorded_and_replayed(
     store: Any, llm: LLMServer
 ) -> None:
-    gate = Gate()
-    tools = support_tools(gate)
+    gate = Gate(placed=PLACED)
+    tools = support_tools(gate, keyed_refund=True)
     seen: list[Any] = []
 
     async def ask(question: str) -> str:
@@ -245,7 +205,8 @@ def test_outside_a_run_it_is_the_plain_client(store: Any, llm: LLMServer) -> Non
 def test_a_model_call_answered_500_waits_for_a_person_on_resume(store: Any, llm: LLMServer) -> None:
     """The server may have processed it (and billed it): a resume does not ask it again
     until a person decided it did not happen (kx.reconcile)."""
-    client, tools = client_for(llm), support_tools(Gate(open=True))
+    client = client_for(llm)
+    tools = support_tools(Gate(open=True, placed=PLACED), keyed_refund=True)
 
     @kx.agent(name="openai-retry")
     def agent(run: kx.Run, question: str) -> str:
@@ -432,7 +393,7 @@ def test_bad_tool_calls_come_back_as_error_messages() -> None:
 def test_secrets_and_usage(store: Any, store_path: Path, llm: LLMServer) -> None:
     """The client's key and headers never reach the store; usage can be summed per run."""
     client = client_for(llm, default_headers={"X-Api-Key": HEADER_SECRET, "X-Team": "blue"})
-    tools = support_tools(Gate(open=True))
+    tools = support_tools(Gate(open=True, placed=PLACED), keyed_refund=True)
 
     @kx.agent(name="openai-secrets")
     def agent(run: kx.Run, question: str) -> str:
@@ -577,9 +538,7 @@ def test_sigkilled_llm_agent_repeats_no_completed_turn_and_no_delivery(
                     delivery_url=delivery_server.url,
                     pause_ms=3.0,
                 )
-                kills += outcome == "killed"
-                if outcome == "killed":
-                    delivery_server.settle()  # bytes a dead client left in a socket
+                kills += kill_landed(outcome, attempts, delivery_server) is not None
             else:
                 pytest.fail(f"run {run_id} did not complete in 100 attempts")
         with open_store(str(store_path)) as store:
