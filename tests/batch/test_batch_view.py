@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import subprocess
-import sys
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -20,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import kernelext_cli as cli
 from support.live import name, wait_until
 
 import kernelext as kx
@@ -86,16 +84,6 @@ def wait_for_flight(handle: Any, held: Held, done: int, in_flight: int, *, total
         )
 
     wait_until(there, f"{done} of {total} items done and {in_flight} in flight")
-
-
-def cli(*args: str, store: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kernelext", *args, "--store", str(store)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=dict(os.environ),
-    )
 
 
 # -- the words -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from support.cli import kernelext_cli as cli
 
 from kernelext._store import open_store
 
@@ -61,23 +62,6 @@ if __name__ == "__main__":
     import json
     main(*sys.argv[1:])
 """
-
-
-def cli(
-    *args: str,
-    store: Path | str,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-    timeout: float = 240,
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kernelext", *args, "--store", str(store)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        cwd=cwd,
-    )
 
 
 @pytest.fixture

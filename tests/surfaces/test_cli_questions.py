@@ -7,24 +7,13 @@ the real DuckDB file, answers exactly its own question.
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from support.cli import kernelext_cli as kernelext
+
 import kernelext as kx
-
-
-def kernelext(*args: str, store: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kernelext", *args, "--store", str(store)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=dict(os.environ),
-    )
 
 
 @kx.agent(name="batch-asker")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import kernelext_ok as cli
 from support.live import name, wait_until
 from support.store_reads import Reads
 
@@ -36,18 +37,6 @@ WAIT = 60.0
 def _addons_installed() -> Iterator[None]:
     addons.install()
     yield
-
-
-def cli(*args: str, store: Any) -> subprocess.CompletedProcess[str]:
-    """``kernelext ARGS --store STORE`` in a process of its own (a terminal)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "kernelext", *args, "--store", str(store)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
 
 
 def addon(panel: ControlPanel, kind: type) -> Any:
