@@ -59,6 +59,7 @@ class StoreWatch:
         self.queries = 0  # run_versions queries made
         self.changes = 0  # runs found changed
         self.quiet = 0  # looks in a row that found nothing committed (no query made)
+        self.moved = 0  # looks that found something committed (or had no signal to read)
         self._watchers: dict[str, list[weakref.WeakMethod[Callable[[], None]]]] = {}
         self._everything: list[weakref.WeakMethod[Callable[[], None]]] = []
         self._versions: dict[str, Any] = {}
@@ -142,6 +143,7 @@ class StoreWatch:
             self.quiet += 1
             return []  # nothing committed anywhere since the last look
         self.quiet = 0
+        self.moved += 1
         if not versions:
             with self._lock:
                 self._signal = signal if signal is not None else _UNSEEN
