@@ -76,7 +76,11 @@ class FenceFiles:
         self._ids: dict[int, tuple[int, int]] = {}  # kept descriptor -> (device, inode)
         self._paths: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._turn = threading.Condition(self._lock)  # a hold began or ended
+        # A hold began or ended. Entered as ``with self._lock`` (a C-level enter), never as
+        # ``with self._turn``: Condition.__enter__ is Python code, and an exception raised
+        # into the thread as it returns (KeyboardInterrupt, a forced stop) would leave the
+        # lock taken for good, every thread of the process waiting on it.
+        self._turn = threading.Condition(self._lock)
         self._holds: dict[str, _Hold] = {}  # run id -> the hold of its lock now
         self._taking: set[str] = set()  # runs whose lock a thread is taking now
         self._resume_at: dict[str, float] = {}  # run id -> no new hold before this
@@ -160,7 +164,7 @@ class FenceFiles:
         when the hold begins, under the lock, which no take-over has until it ends."""
         mine: dict[str, int] = self._mine.__dict__.setdefault("runs", {})
         if run_id in mine:  # this thread is in the hold already: never wait for itself
-            with self._turn:
+            with self._lock:
                 self._holds[run_id].holders += 1
         elif self._enter(run_id) is None:
             yield None
@@ -176,7 +180,7 @@ class FenceFiles:
 
     def _enter(self, run_id: str) -> int | None:
         """Join the run's hold, or begin one (None: no epoch to hold)."""
-        with self._turn:
+        with self._lock:
             came = time.monotonic()
             while True:
                 hold, now = self._holds.get(run_id), time.monotonic()
@@ -201,7 +205,7 @@ class FenceFiles:
         try:
             held = self._lock_shared(run_id)
         finally:
-            with self._turn:
+            with self._lock:
                 self._taking.discard(run_id)
                 if held is not None:
                     self._holds[run_id] = _Hold(held[0], held[1], time.monotonic())
@@ -233,7 +237,7 @@ class FenceFiles:
 
     def _leave(self, run_id: str) -> None:
         """One thread less in the hold; the last one lets go of the lock."""
-        with self._turn:
+        with self._lock:
             hold = self._holds[run_id]
             hold.holders -= 1
             if hold.holders:
