@@ -6,6 +6,7 @@ break a promise (an acknowledged record lost, a take-over kept out, a thread kep
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from kernelext._store import Store, actor, open_store
+from kernelext._store.duckdb import fence as fence_module
 from kernelext._store.duckdb import fold
 from kernelext._store.duckdb.fence import FenceFiles
 
@@ -126,3 +128,39 @@ def test_an_interrupt_landing_as_a_thread_enters_the_fence_never_blocks_the_othe
     other.join(5)
     assert got == [1], "another thread waits for good on the fence's lock"
     fence.close()
+
+
+def test_a_check_begun_after_a_take_over_of_a_removed_fence_never_sees_the_old_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rm -r <store>.fence`` while the owner's threads hold the run's fence, then a
+    take-over (another process: a ``FenceFiles`` of its own) makes a new file. A thread of
+    the owner that checks after the take-over returned must see the new epoch, not join
+    the hold begun on the removed file (it takes newcomers for ``HOLD_SECONDS``)."""
+    monkeypatch.setattr(fence_module, "HOLD_SECONDS", 0.3)
+    path = str(tmp_path / "s.duckdb")
+    owner, taker = FenceFiles(path), FenceFiles(path)
+    taker.advance("r", 1)
+    inside, leave = threading.Event(), threading.Event()
+
+    def appending() -> None:  # an item thread between its check and its append
+        with owner.shared("r") as epoch:
+            assert epoch == 1
+            inside.set()
+            leave.wait(10)
+
+    first = threading.Thread(target=appending)
+    first.start()
+    assert inside.wait(10)
+    shutil.rmtree(f"{path}.fence")
+    taker.advance("r", 2)
+    seen: list[int | None] = []
+    later = threading.Thread(target=lambda: seen.append(owner.read("r")))
+    later.start()  # a check after the take-over
+    time.sleep(0.1)
+    leave.set()
+    first.join(10)
+    later.join(10)
+    assert seen == [2], "a check after the take-over joined the hold of the removed file"
+    owner.close()
+    taker.close()

@@ -187,8 +187,11 @@ class FenceFiles:
                 # Past WAIT_SECONDS a hold that does not end is joined anyway: one whose
                 # holder was cut off between joining and leaving (a KeyboardInterrupt)
                 # keeps the lock, as a lock taken and never let go did, but nobody waits.
+                # A newcomer joins only while the path still names the held file: a fence
+                # removed meanwhile (and made anew by a take-over) is locked afresh.
                 if hold is not None and (
-                    now - hold.since < HOLD_SECONDS or now - came > WAIT_SECONDS
+                    (now - hold.since < HOLD_SECONDS and self._names_file(run_id, hold.fd))
+                    or now - came > WAIT_SECONDS
                 ):
                     hold.holders += 1
                     return hold.epoch
