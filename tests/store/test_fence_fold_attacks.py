@@ -6,6 +6,8 @@ break a promise (an acknowledged record lost, a take-over kept out, a thread kep
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import sys
 import threading
@@ -164,3 +166,45 @@ def test_a_check_begun_after_a_take_over_of_a_removed_fence_never_sees_the_old_e
     assert seen == [2], "a check after the take-over joined the hold of the removed file"
     owner.close()
     taker.close()
+
+
+def test_a_store_closed_while_a_thread_holds_a_fence_never_lets_go_of_another_files_lock(
+    tmp_path: Path,
+) -> None:
+    """The store is closed while an item thread is between its check and its append. The
+    thread's unlock must not land on a descriptor closed under it: the number goes to the
+    next file opened (another store's journal or hand-over lock), whose ``flock`` it would
+    let go; nor may the thread fail on a closed descriptor."""
+    fence = FenceFiles(str(tmp_path / "s.duckdb"))
+    fence.advance("r", 1)
+    inside, leave = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def appending() -> None:
+        try:
+            with fence.shared("r"):
+                inside.set()
+                leave.wait(10)
+        except BaseException as exc:  # (reported below)
+            failed.append(exc)
+
+    worker = threading.Thread(target=appending)
+    worker.start()
+    assert inside.wait(10)
+    held = fence._holds["r"].fd
+    fence.close()
+    other = str(tmp_path / "other.lock")
+    opened = [os.open(other, os.O_RDWR | os.O_CREAT)]
+    while opened[-1] != held and len(opened) < 64:  # the file opened next: the hold's number
+        opened.append(os.open(other, os.O_RDWR))  # if it was closed under the hold
+    fd, probe = opened[-1], os.open(other, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        leave.set()
+        worker.join(10)
+        assert not failed, failed
+        with pytest.raises(BlockingIOError):  # still locked by ``fd``
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        for each in (probe, *opened):
+            os.close(each)

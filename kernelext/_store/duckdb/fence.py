@@ -85,6 +85,7 @@ class FenceFiles:
         self._taking: set[str] = set()  # runs whose lock a thread is taking now
         self._resume_at: dict[str, float] = {}  # run id -> no new hold before this
         self._mine = threading.local()  # run id -> how often this thread is in its hold
+        self._closed = False  # closed: a descriptor still in use is closed by its last user
 
     def path(self, run_id: str) -> str:
         path = self._paths.get(run_id)
@@ -144,7 +145,10 @@ class FenceFiles:
                 self._using[run_id] = left
             else:
                 del self._using[run_id]
-                for stale in self._stale.pop(run_id, []):
+                done = self._stale.pop(run_id, [])
+                if self._closed and run_id in self._fds:  # left to its last user by close
+                    done.append(self._fds.pop(run_id))
+                for stale in done:
                     self._ids.pop(stale, None)
                     with contextlib.suppress(OSError):
                         os.close(stale)
@@ -298,10 +302,17 @@ class FenceFiles:
             os.close(fd)
 
     def close(self) -> None:
+        """Close the descriptors no thread uses; one in use (a hold, a lock being taken: a
+        store closed while items append) is closed by its last user, after its unlock: a
+        descriptor closed under it could be reused by a file opened next, whose ``flock``
+        that unlock would let go."""
         with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
-            fds += [fd for kept in self._stale.values() for fd in kept]
-            self._stale, self._ids = {}, {}
+            self._closed = True
+            fds = [self._fds.pop(r) for r in [r for r in self._fds if r not in self._using]]
+            for run_id in [r for r in self._stale if r not in self._using]:
+                fds += self._stale.pop(run_id)
+            for fd in fds:
+                self._ids.pop(fd, None)
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
