@@ -251,6 +251,8 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
             unfolded = [r for r in records if r[0] > folded]
             if unfolded:
                 apply_records(tx, unfolded)
+        if self.hot_path is not None:  # a take-over made here: this process's own records
+            self.hot_path.folder.fold_in(tx)
 
     def _release(self, *, handing_over: bool = False) -> None:
         if self.con is None:

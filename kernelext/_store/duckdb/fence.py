@@ -76,11 +76,16 @@ class FenceFiles:
         self._ids: dict[int, tuple[int, int]] = {}  # kept descriptor -> (device, inode)
         self._paths: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._turn = threading.Condition(self._lock)  # a hold began or ended
+        # A hold began or ended. Entered as ``with self._lock`` (a C-level enter), never as
+        # ``with self._turn``: Condition.__enter__ is Python code, and an exception raised
+        # into the thread as it returns (KeyboardInterrupt, a forced stop) would leave the
+        # lock taken for good, every thread of the process waiting on it.
+        self._turn = threading.Condition(self._lock)
         self._holds: dict[str, _Hold] = {}  # run id -> the hold of its lock now
         self._taking: set[str] = set()  # runs whose lock a thread is taking now
         self._resume_at: dict[str, float] = {}  # run id -> no new hold before this
         self._mine = threading.local()  # run id -> how often this thread is in its hold
+        self._closed = False  # closed: a descriptor still in use is closed by its last user
 
     def path(self, run_id: str) -> str:
         path = self._paths.get(run_id)
@@ -140,7 +145,10 @@ class FenceFiles:
                 self._using[run_id] = left
             else:
                 del self._using[run_id]
-                for stale in self._stale.pop(run_id, []):
+                done = self._stale.pop(run_id, [])
+                if self._closed and run_id in self._fds:  # left to its last user by close
+                    done.append(self._fds.pop(run_id))
+                for stale in done:
                     self._ids.pop(stale, None)
                     with contextlib.suppress(OSError):
                         os.close(stale)
@@ -160,7 +168,7 @@ class FenceFiles:
         when the hold begins, under the lock, which no take-over has until it ends."""
         mine: dict[str, int] = self._mine.__dict__.setdefault("runs", {})
         if run_id in mine:  # this thread is in the hold already: never wait for itself
-            with self._turn:
+            with self._lock:
                 self._holds[run_id].holders += 1
         elif self._enter(run_id) is None:
             yield None
@@ -176,15 +184,18 @@ class FenceFiles:
 
     def _enter(self, run_id: str) -> int | None:
         """Join the run's hold, or begin one (None: no epoch to hold)."""
-        with self._turn:
+        with self._lock:
             came = time.monotonic()
             while True:
                 hold, now = self._holds.get(run_id), time.monotonic()
                 # Past WAIT_SECONDS a hold that does not end is joined anyway: one whose
                 # holder was cut off between joining and leaving (a KeyboardInterrupt)
                 # keeps the lock, as a lock taken and never let go did, but nobody waits.
+                # A newcomer joins only while the path still names the held file: a fence
+                # removed meanwhile (and made anew by a take-over) is locked afresh.
                 if hold is not None and (
-                    now - hold.since < HOLD_SECONDS or now - came > WAIT_SECONDS
+                    (now - hold.since < HOLD_SECONDS and self._names_file(run_id, hold.fd))
+                    or now - came > WAIT_SECONDS
                 ):
                     hold.holders += 1
                     return hold.epoch
@@ -201,7 +212,7 @@ class FenceFiles:
         try:
             held = self._lock_shared(run_id)
         finally:
-            with self._turn:
+            with self._lock:
                 self._taking.discard(run_id)
                 if held is not None:
                     self._holds[run_id] = _Hold(held[0], held[1], time.monotonic())
@@ -233,7 +244,7 @@ class FenceFiles:
 
     def _leave(self, run_id: str) -> None:
         """One thread less in the hold; the last one lets go of the lock."""
-        with self._turn:
+        with self._lock:
             hold = self._holds[run_id]
             hold.holders -= 1
             if hold.holders:
@@ -291,10 +302,17 @@ class FenceFiles:
             os.close(fd)
 
     def close(self) -> None:
+        """Close the descriptors no thread uses; one in use (a hold, a lock being taken: a
+        store closed while items append) is closed by its last user, after its unlock: a
+        descriptor closed under it could be reused by a file opened next, whose ``flock``
+        that unlock would let go."""
         with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
-            fds += [fd for kept in self._stale.values() for fd in kept]
-            self._stale, self._ids = {}, {}
+            self._closed = True
+            fds = [self._fds.pop(r) for r in [r for r in self._fds if r not in self._using]]
+            for run_id in [r for r in self._stale if r not in self._using]:
+                fds += self._stale.pop(run_id)
+            for fd in fds:
+                self._ids.pop(fd, None)
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -248,8 +248,9 @@ class Folder:
             single = self._single_until
         records = self.journal.take(limit=1 if single else None)
         self._taken = records
-        if not records:
-            return 0
+        if not records:  # what a take-over applied (``fold_in``) is marked once committed
+            applied, folded = self.journal.applied_seq, self.journal.folded_seq
+            return applied if applied > folded else 0
         refused = self._poisoned.get(records[0][0]) if single else None
         if refused is not None:  # found before: keep it in quarantine instead
             self._quarantine(tx, records[0], refused)
@@ -266,6 +267,26 @@ class Folder:
         last = records[-1][0]
         set_journal_state(tx, self.journal.id, last)
         return last
+
+    def fold_in(self, tx: Tx) -> None:
+        """Apply every record journaled so far inside the writer's current job: a take-over
+        made by this process, once it holds the fence, so that its own records of the epoch
+        it ends are in the tables before the epoch moves (as another process's are), never
+        refused later as stale. The fold job queued here marks them folded once this
+        transaction committed (a rollback has them applied again)."""
+        with self._lock:
+            if self._single_until or self.fault is not None or self.closed:
+                return  # the next fold goes on as it would (one at a time, or retried)
+        records = self.journal.take()
+        if not records:
+            return
+        stale = apply_records(tx, records)
+        if stale:
+            refuse_tx(
+                tx, self.now(), journal_id=self.journal.id, file=self.journal.path, records=stale
+            )
+        set_journal_state(tx, self.journal.id, records[-1][0])
+        self.schedule(urgent=True)
 
     def _done(self, fut: Future[int]) -> None:
         self._last_end = time.monotonic()
