@@ -117,7 +117,10 @@ class StopRequestsMixin(RunsMixin):
     def stop_request(self, run_id: str, *, wait: bool) -> tuple[Any, Any] | None:
         """(stop_requested_at, stop_source) of a run; None if ``not wait`` and the store is busy.
 
-        Stop requests are written by jobs (never journaled), so no fold is waited for.
+        For a stop recorded by another process (a terminal, the server route, another
+        kernel): those are written by jobs, never journaled here, so no fold is waited for.
+        A request this process queued (``queue_stop_request``) may still wait in its
+        journal; it raised the run's stop flag directly and is not looked for here.
         """
         sql = "SELECT stop_requested_at, stop_source FROM runs WHERE id = ?"
         if wait:

@@ -229,9 +229,11 @@ def test_resume_skips_completed_items_and_returns_their_stored_values(
     assert again.result == [{"id": k, "when": (2026, 12, 1), "tags": {"x"}} for k in "abcde"]
 
 
-def test_the_dispatcher_learns_of_every_item_that_ended_once() -> None:
-    """``Flight``: items that ended before or while the dispatcher waits are each handed
-    over once, several at a time; with none ended, a wait ends after its timeout."""
+def test_the_dispatcher_learns_of_every_item_that_ended_until_it_takes_it() -> None:
+    """``Flight``: items that ended before or while the dispatcher waits are handed over,
+    several at a time, and again by every wait until the dispatcher discards them (a look
+    cut off by a forced stop after its wait loses none); with none ended, a wait ends
+    after its timeout."""
     import concurrent.futures
 
     from kernelext._core.batch.items import Flight
@@ -242,12 +244,16 @@ def test_the_dispatcher_learns_of_every_item_that_ended_once() -> None:
     for future in futures:
         flight.add(future)
     assert flight.wait(5) == {futures[0]} and len(flight) == 4
+    assert flight.wait(5) == {futures[0]}  # not taken: handed over again, at once
+    flight.discard(futures[0])
     started = time.monotonic()
     assert flight.wait(0.05) == set() and time.monotonic() - started >= 0.04
     futures[2].set_result(2)
     futures[3].set_exception(ValueError("boom"))
     assert flight.wait(5) == {futures[2], futures[3]}
+    flight.discard(futures[2])
+    flight.discard(futures[3])
     threading.Timer(0.05, futures[1].set_result, (1,)).start()
     assert flight.wait(5) == {futures[1]}  # waits for the next to end
-    flight.discard(futures[0])
-    assert len(flight) == 3
+    flight.discard(futures[1])
+    assert len(flight) == 0 and flight.wait(0.01) == set()

@@ -181,11 +181,14 @@ def startable(tally: Tally, in_flight: Sized) -> Iterator[StepInfo]:
 class Flight:
     """The futures of a dispatcher's items in flight, each put on a queue as it ends:
     waiting for the next to end reads the queue, instead of installing a waiter on every
-    future in flight and taking it off again (``concurrent.futures.wait``) at each look."""
+    future in flight and taking it off again (``concurrent.futures.wait``) at each look.
+    An ended future is handed out by every wait until it is discarded: a look cut off by
+    a forced stop after its wait loses none."""
 
     def __init__(self) -> None:
         self.futures: set[concurrent.futures.Future[Any]] = set()
         self._ended: queue.SimpleQueue[concurrent.futures.Future[Any]] = queue.SimpleQueue()
+        self._seen: set[concurrent.futures.Future[Any]] = set()  # ended, not yet discarded
 
     def add(self, future: concurrent.futures.Future[Any]) -> None:
         self.futures.add(future)
@@ -193,21 +196,23 @@ class Flight:
 
     def discard(self, future: concurrent.futures.Future[Any]) -> None:
         self.futures.discard(future)
+        self._seen.discard(future)
 
     def __len__(self) -> int:
         return len(self.futures)
 
     def wait(self, timeout: float) -> set[concurrent.futures.Future[Any]]:
-        """The futures that ended since the last call; waits up to ``timeout`` for one."""
-        try:
-            ended = {self._ended.get(timeout=timeout)}
-        except queue.Empty:
-            return set()
+        """The futures that ended and are not discarded; waits up to ``timeout`` for one."""
+        if not self._seen:
+            try:
+                self._seen.add(self._ended.get(timeout=timeout))
+            except queue.Empty:
+                return set()
         while True:
             try:
-                ended.add(self._ended.get_nowait())
+                self._seen.add(self._ended.get_nowait())
             except queue.Empty:
-                return ended
+                return set(self._seen)
 
 
 def look(
