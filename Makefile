@@ -81,12 +81,11 @@ docs: venv
 	@ln -s "$(CURDIR)/widgets" $(DOCS_SRC)/kernelext/widgets
 	$(VENV)/bin/mkdocs build --strict
 
-# The suite in one process by default. `make test TEST_WORKERS=3` runs it on three pytest-xdist
-# workers (--dist loadgroup keeps each xdist group, tests/browser, tests/crash and the tests
-# sharing a module's fixture, on one worker, one test at a time): about 19 min instead of 35
-# on a 2-core machine, but a few tests that time their waits still fail there under load
-# (docs/platforms.md), so the default stays one process until they are fixed.
-TEST_WORKERS ?= 0
+# The suite on three pytest-xdist workers (--dist loadgroup keeps each xdist group,
+# tests/browser, tests/crash and the tests sharing a module's fixture, on one worker, one test
+# at a time): about 19 min on a 2-core machine, where one process takes about 37.
+# `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 3
 
 test: venv system-deps lint docs
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
