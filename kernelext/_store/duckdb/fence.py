@@ -120,15 +120,20 @@ class FenceFiles:
             self._using[run_id] = self._using.get(run_id, 0) + 1
             return fd
 
+    def _named(self, run_id: str) -> tuple[int, int] | None:
+        """(device, inode) of the file the run's path names now (None: no such file)."""
+        try:
+            named = os.stat(self.path(run_id), follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return named.st_dev, named.st_ino
+
     def _names_file(self, run_id: str, fd: int) -> bool:
         """The run's path still names the file ``fd`` is open on (not removed, not
         recreated since: a kept descriptor of a removed file would read an old epoch and
         lock a file no take-over locks)."""
-        try:
-            named = os.stat(self.path(run_id), follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return (named.st_dev, named.st_ino) == self._ids.get(fd)
+        named = self._named(run_id)
+        return named is not None and named == self._ids.get(fd)
 
     def _drop(self, run_id: str, fd: int) -> None:
         """Stop using a kept descriptor whose file the path no longer names (closed once
@@ -184,9 +189,10 @@ class FenceFiles:
 
     def _enter(self, run_id: str) -> int | None:
         """Join the run's hold, or begin one (None: no epoch to hold)."""
-        with self._lock:
-            came = time.monotonic()
-            while True:
+        came = time.monotonic()
+        while True:
+            named = self._named(run_id)  # read before the lock: no thread waits on a stat
+            with self._lock:
                 hold, now = self._holds.get(run_id), time.monotonic()
                 # Past WAIT_SECONDS a hold that does not end is joined anyway: one whose
                 # holder was cut off between joining and leaving (a KeyboardInterrupt)
@@ -194,7 +200,7 @@ class FenceFiles:
                 # A newcomer joins only while the path still names the held file: a fence
                 # removed meanwhile (and made anew by a take-over) is locked afresh.
                 if hold is not None and (
-                    (now - hold.since < HOLD_SECONDS and self._names_file(run_id, hold.fd))
+                    (now - hold.since < HOLD_SECONDS and named == self._ids.get(hold.fd))
                     or now - came > WAIT_SECONDS
                 ):
                     hold.holders += 1
