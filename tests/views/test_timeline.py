@@ -377,3 +377,25 @@ def test_the_panel_timeline_follows_a_status_change_at_once(store: Store) -> Non
     finally:
         go.set()
         panel.detach()
+
+
+def test_a_bar_reads_a_step_s_duration_as_kernelext_show_does() -> None:
+    """A stored duration on a unit's half (0.50049 ms) reads the same on the timeline as in
+    ``kernelext show`` (``duration_text`` of the stored value): the bar's end is rounded to
+    the microsecond, and 0.5 ms would read as 0 ms there."""
+    import datetime as dt
+
+    from kernelext._core.views.timeline import _bar
+    from kernelext._formatting import duration_text
+
+    start = dt.datetime(2026, 12, 6, 12, 0, 0)
+    row = {
+        "started_at": start,
+        "status": "completed",
+        "duration_s": 0.00050049,
+        "ordinal": 1,
+        "key": "quote",
+    }
+    bar = _bar(row, [], start, {1: 1})
+    assert duration_text(0.00050049) == "1 ms"
+    assert bar.title.splitlines()[1] == "1 ms"

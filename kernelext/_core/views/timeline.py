@@ -224,7 +224,9 @@ def _bar(
         end = max([start, *(t for t in seen if t >= start and (ended is None or t <= ended))])
         is_open = True
     forced, ordinal, key = bool(row.get("forced")), int(row["ordinal"]), str(row["key"])
-    took = duration_text((end - start).total_seconds())
+    # the stored duration itself when there is one: ``end`` is rounded to the microsecond,
+    # which can tip a duration on a unit's half the other way than ``kernelext show`` reads it
+    took = duration_text(float(duration) if duration is not None else (end - start).total_seconds())
     title = _lines(
         f"{step_label(numbers.get(ordinal, ordinal), key)}: {status}"
         + (", forced" if forced else ""),
