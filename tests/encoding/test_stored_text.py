@@ -156,14 +156,11 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
         h = planted_agent.start(early, nested={"k": [early], "password": CANARY}, run_id="planted")
         assert h.wait(WAIT) == "suspended"  # waiting for approval
         (first,) = kx.approvals("planted")
-        first.approve(note=ALL)
-        h = _wait_resumed("planted")
+        h = _resumed(first.approve(note=ALL))
         (second,) = kx.approvals("planted")
-        second.reject(note=ALL)
-        h = _wait_resumed("planted")
+        h = _resumed(second.reject(note=ALL))
         assert h.final_status == "suspended"  # run.ask
-        kx.answer("planted", ALL, note=ALL)
-        h = _wait_resumed("planted")  # run.suspend(note=...)
+        h = _resumed(kx.answer("planted", ALL, note=ALL))  # run.suspend(note=...)
         kx.resume("planted").wait(WAIT)  # fails: a failed run's error
         logging.getLogger("kernelext").error("kernelext: logged %s", ALL)
         # reconcile: an unknown effect decided with a result and a note
@@ -232,10 +229,9 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
         assert any(CANARY.encode() in p.read_bytes() for p in files if p.suffix == ".duckdb")
 
 
-def _wait_resumed(run_id: str) -> Any:
-    from kernelext._core.process.runtime import runtime
-
-    handle = runtime().live_runs.get(run_id)
+def _resumed(handle: Any) -> Any:
+    """The handle a decision returned (this process runs the run): waited for. (Not
+    ``live_runs``: a resumed run that reaches its next wait has left it already.)"""
     assert handle is not None
     handle.wait(WAIT)
     return handle
