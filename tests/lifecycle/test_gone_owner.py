@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from browser import jupyterlab as lab
-from support.route import post
+from support.route import module_lab_server, post  # noqa: F401  (the fixture `server`)
 
 import kernelext as kx
 from kernelext._core.lifecycle import control
@@ -56,13 +56,6 @@ OWNER = textwrap.dedent(
     print("status", h.wait(600), flush=True)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
-    root = tmp_path_factory.mktemp("server-root")
-    with lab.running_jupyterlab(root, tmp_path_factory.mktemp("jupyter-home")) as running:
-        yield running
 
 
 @pytest.fixture

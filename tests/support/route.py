@@ -1,15 +1,37 @@
-"""A panel's POST to the notebook server's kernelext route, as its buttons send it."""
+"""The notebook server's kernelext route: ``server``, a JupyterLab for one test module
+(import ``module_lab_server``), and ``post``, a panel's POST to the route as its buttons send it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import pytest
 from browser import jupyterlab as lab
 
 from support.shown import shown_by_a_panel
+
+
+@contextlib.contextmanager
+def serving(
+    factory: pytest.TempPathFactory, env: Mapping[str, str] | None = None
+) -> Iterator[lab.LabServer]:
+    """JupyterLab, with kernelext's server extension, serving an empty folder of its own
+    (``env`` added to its environment)."""
+    root = factory.mktemp("server-root")
+    with lab.running_jupyterlab(root, factory.mktemp("jupyter-home"), env) as running:
+        yield running
+
+
+@pytest.fixture(scope="module", name="server")
+def module_lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
+    """The fixture ``server``: ``serving``, once for the test module."""
+    with serving(tmp_path_factory) as running:
+        yield running
 
 
 def post(

@@ -13,21 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from browser import jupyterlab as lab
-from support.route import post
+from support.route import module_lab_server, post  # noqa: F401  (the fixture `server`)
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
-    root = tmp_path_factory.mktemp("server-root")
-    with lab.running_jupyterlab(root, tmp_path_factory.mktemp("jupyter-home")) as running:
-        yield running
 
 
 def asking(run_id: str, seen: list[Any]) -> Any:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from browser import jupyterlab as lab
-from support.route import post
+from support.route import module_lab_server, post  # noqa: F401  (the fixture `server`)
 
 pytestmark = [pytest.mark.slow, pytest.mark.both_backends]
 
@@ -45,13 +45,6 @@ OWNER = textwrap.dedent(
     print("status", h.wait(120), flush=True)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
-    root = tmp_path_factory.mktemp("server-root")
-    with lab.running_jupyterlab(root, tmp_path_factory.mktemp("jupyter-home")) as running:
-        yield running
 
 
 @pytest.fixture

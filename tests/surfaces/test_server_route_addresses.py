@@ -16,18 +16,11 @@ from pathlib import Path
 
 import pytest
 from browser import jupyterlab as lab
-from support.route import post
+from support.route import module_lab_server, post  # noqa: F401  (the fixture `server`)
 
 import kernelext as kx
 
 pytestmark = [pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
-    root = tmp_path_factory.mktemp("server-root")
-    with lab.running_jupyterlab(root, tmp_path_factory.mktemp("jupyter-home")) as running:
-        yield running
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import pytest
 from browser import jupyterlab as lab
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.route import post
+from support.route import post, serving
 from support.shown import runtime_dir_of, shown_by_a_panel
 
 import kernelext as kx
@@ -41,9 +41,7 @@ REFUSED = "Open the run's panel again in a notebook of this server"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.LabServer]:
-    root = tmp_path_factory.mktemp("server-root")
-    home = tmp_path_factory.mktemp("jupyter-home")
-    with lab.running_jupyterlab(root, home, {"PGPASSWORD": TEAM_PASSWORD}) as running:
+    with serving(tmp_path_factory, {"PGPASSWORD": TEAM_PASSWORD}) as running:
         yield running
 
 
