@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.intents import bare_intent
 
 import kernelext as kx
 from kernelext._core.lifecycle.takeover import take_over
@@ -26,20 +27,6 @@ from kernelext.errors import OwnershipLost, RunStateError
 from kernelext.status import EffectStatus, Status
 
 pytestmark = pytest.mark.both_backends
-
-
-def _intent(run_id: str, key: uuid.UUID, ordinal: int = 0) -> dict[str, Any]:
-    return {
-        "key": key,
-        "run_id": run_id,
-        "step_key": "s0",
-        "step_ordinal": 0,
-        "tool": "pay",
-        "call_ordinal": ordinal,
-        "args_hash": "h",
-        "args": "{}",
-        "resumable": True,
-    }
 
 
 def _taken_elsewhere(store: Any, run_id: str) -> int:
@@ -64,16 +51,16 @@ def test_a_stale_write_of_each_kind_is_refused(store: Any, backend: str) -> None
     step = uuid.uuid4()
     store.begin_step("r", step, 0, "s0", None)
     done = uuid.uuid4()
-    store.write_intent(_intent("r", done))
+    store.write_intent(bare_intent("r", key=done))
     store.write_outcome(done, EffectStatus.APPLIED, result="1", wait=True)
     pending = uuid.uuid4()
-    store.write_intent(_intent("r", pending, 1))
+    store.write_intent(bare_intent("r", 1, pending))
     store.flush()
     assert _taken_elsewhere(store, "r") == 2
     lease_before = store.get_run("r")["lease_until"]
 
     with pytest.raises(OwnershipLost) as lost:  # the effect intent: before any call
-        store.write_intent(_intent("r", uuid.uuid4(), 2))
+        store.write_intent(bare_intent("r", 2))
     text = str(lost.value)
     assert "someone@elsewhere:4242.7" in text and "epoch 2" in text
     assert "%agent resume r" in text and "kx.resume('r')" in text
@@ -131,7 +118,7 @@ def test_a_stale_outcome_journaled_is_kept_in_quarantine_not_applied(
         pytest.skip("PostgreSQL refuses it at the call (previous test)")
     assert store.create_run("r", "agent", owner=actor())
     key = uuid.uuid4()
-    store.write_intent(_intent("r", key))
+    store.write_intent(bare_intent("r", key=key))
     store.flush()
     _taken_elsewhere(store, "r")
     store.write_outcome(key, EffectStatus.APPLIED, result="1", wait=True)
@@ -152,7 +139,7 @@ def test_a_take_over_folds_what_the_previous_owner_journaled(store: Any, backend
     assert store.create_run("r", "agent", owner=actor())
     store.transition("r", Status.SUSPENDED, (Status.RUNNING,), epoch=1)
     key = uuid.uuid4()
-    data = {**_intent("r", key), "at": store.now(), "epoch": 1}
+    data = {**bare_intent("r", key=key), "at": store.now(), "epoch": 1}
     journal = f"{store.location}.journal.999999.deadbeef"  # another live process's
     Path(journal).write_bytes(frame(1, "intent", data))
     taken = take_over(store, "r", "api")
@@ -164,7 +151,7 @@ def test_a_take_over_folds_what_the_previous_owner_journaled(store: Any, backend
     refused = store.write(lambda tx: apply_records(tx, [(1, "intent", data)]))
     assert refused == [] and store.effect(key)["status"] == EffectStatus.UNKNOWN
     # A stale intent the take-over did not see (appended after it) is refused, kept.
-    late = {**_intent("r", uuid.uuid4(), 1), "at": store.now(), "epoch": 1}
+    late = {**bare_intent("r", 1), "at": store.now(), "epoch": 1}
     refused = store.write(lambda tx: apply_records(tx, [(2, "intent", late)]))
     assert [r[2]["key"] for r in refused] == [late["key"]]
     assert store.effect(late["key"]) is None
@@ -177,7 +164,7 @@ def test_an_intent_with_a_known_key_from_another_call_is_refused(store: Any, bac
 
     assert store.create_run("r", "agent", owner=actor())
     key = uuid.uuid4()
-    first = {**_intent("r", key), "at": store.now(), "epoch": 1}
+    first = {**bare_intent("r", key=key), "at": store.now(), "epoch": 1}
     assert store.write(lambda tx: apply_records(tx, [(1, "intent", first)])) == []
     again = store.write(lambda tx: apply_records(tx, [(1, "intent", first)]))
     assert again == []  # the same record twice: as once
@@ -271,8 +258,8 @@ def test_two_take_overs_at_one_instant_leave_one_writer(store: Any, store_path: 
         assert epochs == [2, 3] and store.get_run("r")["owner_epoch"] == 3
         last, first = (other, store) if other.held_epoch("r") == 3 else (store, other)
         with pytest.raises(OwnershipLost):
-            first.write_intent(_intent("r", uuid.uuid4()))
-        assert last.write_intent(_intent("r", uuid.uuid4())) is None
+            first.write_intent(bare_intent("r"))
+        assert last.write_intent(bare_intent("r")) is None
     finally:
         other.close()
 
@@ -290,9 +277,9 @@ def test_an_old_journal_folded_after_a_take_over_is_kept_not_applied(
     assert store.create_run("r", "agent", owner=actor())
     _taken_elsewhere(store, "r")
     key = uuid.uuid4()
-    stale = {**_intent("r", key), "at": store.now(), "epoch": 1}
+    stale = {**bare_intent("r", key=key), "at": store.now(), "epoch": 1}
     legacy_key = uuid.uuid4()  # a record of an older release (no epoch) is applied as before
-    legacy = {**_intent("r", legacy_key, 1), "at": store.now()}
+    legacy = {**bare_intent("r", 1, legacy_key), "at": store.now()}
     Path(f"{location}.journal.999998.cafef00d").write_bytes(
         frame(1, "intent", stale) + frame(2, "intent", legacy)
     )
@@ -331,10 +318,10 @@ def test_a_run_without_a_fence_file_falls_back_to_the_tables(store: Any, backend
     assert store.create_run("r", "agent", owner=actor())
     store.backend.fence.close()
     shutil.rmtree(f"{store.location}.fence")
-    assert store.write_intent(_intent("r", uuid.uuid4())) is None  # epoch 1 from the tables
+    assert store.write_intent(bare_intent("r")) is None  # epoch 1 from the tables
     _taken_elsewhere(store, "r")
     with pytest.raises(OwnershipLost):
-        store.write_intent(_intent("r", uuid.uuid4(), 1))
+        store.write_intent(bare_intent("r", 1))
 
 
 def test_fence_descriptors_stay_few_over_many_runs(tmp_path: Path) -> None:
@@ -351,7 +338,7 @@ def test_fence_descriptors_stay_few_over_many_runs(tmp_path: Path) -> None:
 def test_a_stale_retry_of_a_call_decided_not_applied_is_refused(store: Any) -> None:
     assert store.create_run("r", "agent", owner=actor())
     key = uuid.uuid4()
-    store.write_intent(_intent("r", key))
+    store.write_intent(bare_intent("r", key=key))
     store.write_outcome(key, EffectStatus.FAILED, error="boom", wait=True)
     store.flush()
     _taken_elsewhere(store, "r")
@@ -370,13 +357,13 @@ def test_a_fence_folder_removed_while_the_owner_runs_still_refuses_a_stale_inten
     import shutil
 
     assert store.create_run("r", "agent", owner=actor())
-    assert store.write_intent(_intent("r", uuid.uuid4())) is None  # descriptor now kept
+    assert store.write_intent(bare_intent("r")) is None  # descriptor now kept
     shutil.rmtree(f"{store.location}.fence")
-    assert store.write_intent(_intent("r", uuid.uuid4(), 1)) is None  # the tables: epoch 1
+    assert store.write_intent(bare_intent("r", 1)) is None  # the tables: epoch 1
     shutil.rmtree(f"{store.location}.fence")
     assert _taken_elsewhere(store, "r") == 2  # recreates the file by path, epoch 2
     with pytest.raises(OwnershipLost):
-        store.write_intent(_intent("r", uuid.uuid4(), 2))
+        store.write_intent(bare_intent("r", 2))
     assert store.backend.fence.read("r") == 2
 
 
@@ -455,7 +442,7 @@ def test_no_probe_is_asked_while_the_previous_owner_may_still_be_calling(
     register_probe("pay", probe)
     assert store.create_run("r", "agent", owner=actor())
     key = uuid.uuid4()
-    store.write_intent(_intent("r", key))  # the call is on its way
+    store.write_intent(bare_intent("r", key=key))  # the call is on its way
     store.flush()
     _taken_elsewhere(store, "r")  # owned on another host now, its lease lapsed
     store.update_run("r", lease_until=store.now() - dt.timedelta(seconds=1))

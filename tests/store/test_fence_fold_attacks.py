@@ -18,25 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.intents import bare_intent
 
 from kernelext._store import Store, actor, open_store
 from kernelext._store.duckdb import fence as fence_module
 from kernelext._store.duckdb import fold
 from kernelext._store.duckdb.fence import FenceFiles
-
-
-def _intent(ordinal: int) -> dict[str, Any]:
-    return {
-        "key": uuid.uuid4(),
-        "run_id": "r",
-        "step_key": "s0",
-        "step_ordinal": 0,
-        "tool": "pay",
-        "call_ordinal": ordinal,
-        "args_hash": "h",
-        "args": "{}",
-        "resumable": True,
-    }
 
 
 @pytest.fixture
@@ -64,7 +51,7 @@ def test_an_intent_acknowledged_while_this_process_takes_the_run_over_is_seen_by
             assert epoch == 1
             inside.set()
             go.wait(10)
-            intent = _intent(1)
+            intent = bare_intent("r", 1)
             store.write_intent(intent)  # acknowledged: durable, the call may go
             key.append(intent["key"])
             appended.set()
