@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fence_holder import thread_in_hold
 from support.intents import bare_intent
 
 from kernelext._store import Store, actor, open_store
@@ -130,25 +131,13 @@ def test_a_check_begun_after_a_take_over_of_a_removed_fence_never_sees_the_old_e
     path = str(tmp_path / "s.duckdb")
     owner, taker = FenceFiles(path), FenceFiles(path)
     taker.advance("r", 1)
-    inside, leave = threading.Event(), threading.Event()
-
-    def appending() -> None:  # an item thread between its check and its append
-        with owner.shared("r") as epoch:
-            assert epoch == 1
-            inside.set()
-            leave.wait(10)
-
-    first = threading.Thread(target=appending)
-    first.start()
-    assert inside.wait(10)
-    shutil.rmtree(f"{path}.fence")
-    taker.advance("r", 2)
     seen: list[int | None] = []
-    later = threading.Thread(target=lambda: seen.append(owner.read("r")))
-    later.start()  # a check after the take-over
-    time.sleep(0.1)
-    leave.set()
-    first.join(10)
+    with thread_in_hold(owner, "r", 1):
+        shutil.rmtree(f"{path}.fence")
+        taker.advance("r", 2)
+        later = threading.Thread(target=lambda: seen.append(owner.read("r")))
+        later.start()  # a check after the take-over
+        time.sleep(0.1)
     later.join(10)
     assert seen == [2], "a check after the take-over joined the hold of the removed file"
     owner.close()

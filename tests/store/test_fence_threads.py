@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.fence_holder import thread_in_hold
 
 from kernelext._store.duckdb import fence as fence_module
 from kernelext._store.duckdb.fence import FenceFiles
@@ -24,25 +25,11 @@ def test_a_take_over_waits_for_every_thread_between_its_check_and_its_append(
 ) -> None:
     fence = FenceFiles(str(tmp_path / "s.duckdb"))
     fence.advance("r", 1)
-    inside, leave = threading.Event(), threading.Event()
-
-    def appending() -> None:  # an item's thread between its check and its append
-        with fence.shared("r") as epoch:
-            assert epoch == 1
-            inside.set()
-            leave.wait(10)
-
-    first = threading.Thread(target=appending)
-    first.start()
-    try:
-        assert inside.wait(10)
+    with thread_in_hold(fence, "r", 1):
         with fence.shared("r") as epoch:  # another item's thread, in and out meanwhile
             assert epoch == 1
         with pytest.raises(RunStateError, match="cannot be taken over now"):
             fence.advance("r", 2, wait=0.2)
-    finally:
-        leave.set()
-        first.join(10)
     fence.advance("r", 2, wait=0.2)
     assert fence.read("r") == 2
     fence.close()
