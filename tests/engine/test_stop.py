@@ -289,7 +289,7 @@ def _call_then_work(run_id: str, release: threading.Event, after: list[str]) -> 
                 time.sleep(0.01)
 
     handle = agent.start(run_id=run_id)
-    wait_until(lambda: bool(store_effects(handle)), WAIT)
+    wait_until(lambda: bool(store_effects(handle)), "the call's intent in the store", WAIT)
     return handle
 
 

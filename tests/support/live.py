@@ -30,6 +30,10 @@ def name(prefix: str) -> str:
 
 def wait_until(condition: Callable[[], bool], what: str, wait: float = 60.0) -> None:
     """Poll ``condition`` every 10 ms; fail saying ``what`` after ``wait`` seconds."""
+    if not isinstance(what, str):  # a timeout passed where the words go
+        raise TypeError(
+            f"wait_until(condition, what, wait): what must say what is awaited, not {what!r}"
+        )
     deadline = time.monotonic() + wait
     while not condition():
         if time.monotonic() > deadline:

@@ -393,7 +393,7 @@ def test_a_row_carries_the_owner_epoch_so_a_stale_overview_stops_nothing(
     handle = gated("fenced-row", gate).start(run_id=name("fenced-row"))
     try:
         view = overview(store, views)
-        wait_until(lambda: handle.run_id in view.rows, WAIT)
+        wait_until(lambda: handle.run_id in view.rows, "the run's row", WAIT)
         buttons = view.rows[handle.run_id].buttons
         epoch = int(store.get_run(handle.run_id)["owner_epoch"])
         assert buttons.epoch == epoch
