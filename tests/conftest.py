@@ -15,6 +15,7 @@ REPO_ROOT = TESTS_DIR.parent
 if str(TESTS_DIR) not in sys.path:  # makes `support` importable
     sys.path.insert(0, str(TESTS_DIR))
 
+from support.clients import close_clients_made  # noqa: E402
 from support.http_server import DeliveryServer  # noqa: E402
 from support.live import finish_live_runs  # noqa: E402
 from support.pool_calls import spawned_pool  # noqa: E402, F401  (fixtures)
@@ -94,6 +95,14 @@ def _secrets_of_this_test_only() -> Iterator[None]:
     yield
     with SECRETS._lock:
         vars(SECRETS).update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _clients_closed() -> Iterator[None]:
+    """The clients a test made with ``support.clients.closed_after`` are closed after it:
+    none of their connections is left for the garbage collector to find in a later test."""
+    yield
+    close_clients_made()
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from support.clients import closed_after
 from support.http_server import DeliveryServer
 from support.live import name, wait_until
 
@@ -282,7 +283,7 @@ def test_model_calls_of_a_limited_client_wait_for_their_slot(store: Store) -> No
     kx.limit(limit, concurrency=1)
     script = [{"content": "ok"}]
     with LLMServer(script=script, delay=0.3) as llm:
-        plain = OpenAI(base_url=llm.base_url, api_key="none", max_retries=0)
+        plain = closed_after(OpenAI(base_url=llm.base_url, api_key="none", max_retries=0))
         client = kx.openai(plain, limit=limit)
 
         def ask(question: str) -> str:

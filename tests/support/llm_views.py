@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from support.clients import closed_after
 from support.llm_server import LLMServer
 
 MODEL = "scripted"
@@ -33,7 +34,8 @@ def client_of(llm: LLMServer, **options: Any) -> Any:
 
     import kernelext as kx
 
-    return kx.openai(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0), **options)
+    plain = closed_after(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0))
+    return kx.openai(plain, **options)
 
 
 def kernelext_show(run_id: str, store_path: Path | str, *options: str) -> str:

@@ -18,6 +18,7 @@ from anthropic import Anthropic
 from openai import OpenAI
 
 import kernelext as kx
+from support.clients import closed_after
 from support.llm_server import LLMServer
 
 __all__ = ["LOOPS", "Loop"]
@@ -113,11 +114,13 @@ def system_and_question(system: Prompt, question: Prompt) -> list[Any]:
 
 
 def openai_client(llm: LLMServer) -> Any:
-    return kx.openai(OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0))
+    return kx.openai(closed_after(OpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0)))
 
 
 def anthropic_client(llm: LLMServer) -> Any:
-    return kx.anthropic(Anthropic(base_url=llm.url, api_key="sk-ant-test", max_retries=0))
+    return kx.anthropic(
+        closed_after(Anthropic(base_url=llm.url, api_key="sk-ant-test", max_retries=0))
+    )
 
 
 APIS = {

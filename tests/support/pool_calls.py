@@ -86,6 +86,7 @@ def deliver_effect(kx: Any, url: str, gate: str | None = None, **options: Any) -
             with urllib.request.urlopen(request, timeout=30) as answer:
                 return json.loads(answer.read())
         except urllib.error.HTTPError as exc:
+            exc.close()  # its connection
             raise RuntimeError(f"HTTP {exc.code}") from None
 
     return kx.effect(**options)(deliver)

@@ -52,7 +52,10 @@ def post(
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
-        text = error.read()
+        try:
+            text = error.read()
+        finally:
+            error.close()  # its connection: its code stays readable
         try:
             return error.code, json.loads(text)
         except ValueError:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from anthropic import Anthropic, AsyncAnthropic
 from anthropic.types import Message, ToolUseBlock
+from support.clients import closed_after
 from support.llm_server import LLMServer
 from support.support_desk import Gate, stop_at_the_gate, support_tools
 
@@ -37,7 +38,8 @@ ANSWER = "Order A-1001 was refunded (25.00 EUR) and the customer was told by ema
 
 
 def client_for(llm: LLMServer, **options: Any) -> Any:
-    return kx.anthropic(Anthropic(base_url=llm.url, api_key=API_KEY, max_retries=0), **options)
+    plain = closed_after(Anthropic(base_url=llm.url, api_key=API_KEY, max_retries=0))
+    return kx.anthropic(plain, **options)
 
 
 def text_of(message: Any) -> str:
@@ -237,10 +239,10 @@ def test_bad_input_says_what_to_do(llm: LLMServer) -> None:
     from openai import OpenAI
 
     with pytest.raises(TypeError, match=r"kx.anthropic wraps an anthropic.Anthropic .* kx.openai"):
-        kx.anthropic(OpenAI(base_url=llm.base_url, api_key="EMPTY"))
+        kx.anthropic(closed_after(OpenAI(base_url=llm.base_url, api_key="EMPTY")))
     with pytest.raises(TypeError, match="not a dict"):
         kx.anthropic({"api_key": "x"})
-    plain = Anthropic(base_url=llm.url, api_key="EMPTY")
+    plain = closed_after(Anthropic(base_url=llm.url, api_key="EMPTY"))
     with pytest.raises(TypeError, match=r"kx.anthropic\(prices=...\).*dollars per million"):
         kx.anthropic(plain, prices={"claude": 3.0})
     with pytest.raises(TypeError, match="dict of model"):
@@ -325,10 +327,12 @@ def test_the_anthropic_clients_failures_tell_never_sent_from_no_answer(llm: LLMS
         probe.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
     with pytest.raises(anthropic.APIConnectionError) as refused:
-        Anthropic(base_url=closed, api_key="EMPTY", max_retries=0).messages.create(**ASK)
+        closed_after(Anthropic(base_url=closed, api_key="EMPTY", max_retries=0)).messages.create(
+            **ASK
+        )
     assert classify(refused.value).kind == NOT_SENT  # type: ignore[union-attr]
     llm.delay = 2.0
-    slow = Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0, timeout=0.3)
+    slow = closed_after(Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0, timeout=0.3))
     with pytest.raises(anthropic.APITimeoutError) as timed_out:
         slow.messages.create(**ASK)
     assert classify(timed_out.value).kind == NO_ANSWER  # type: ignore[union-attr]
@@ -341,7 +345,7 @@ def test_the_anthropic_clients_failures_tell_never_sent_from_no_answer(llm: LLMS
 def test_a_model_call_timed_out_after_sending_is_sent_once_and_unknown(
     store: Any, llm: LLMServer
 ) -> None:
-    client = kx.anthropic(Anthropic(base_url=llm.url, api_key=API_KEY, timeout=0.5))
+    client = kx.anthropic(closed_after(Anthropic(base_url=llm.url, api_key=API_KEY, timeout=0.5)))
     llm.delay = 2.0
 
     @kx.agent(name="anthropic-timeout")
@@ -359,7 +363,7 @@ def test_a_model_call_never_sent_is_asked_again_and_counted(store: Any) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    down = kx.anthropic(Anthropic(base_url=closed, api_key=API_KEY, max_retries=2))
+    down = kx.anthropic(closed_after(Anthropic(base_url=closed, api_key=API_KEY, max_retries=2)))
 
     @kx.agent(name="anthropic-down")
     def agent(run: kx.Run) -> str:

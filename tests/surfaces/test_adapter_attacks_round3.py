@@ -42,6 +42,7 @@ from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart
 from pydantic_ai.messages import ModelResponse as PaiResponse
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from support import llm_server
+from support.clients import closed_after
 from support.http_server import DeliveryServer, post_json
 from support.live import wait_until
 from support.llm_server import LLMServer
@@ -338,7 +339,7 @@ def cached_anthropic(monkeypatch: pytest.MonkeyPatch) -> Iterator[LLMServer]:
 def test_anthropic_tokens_count_the_cached_prompt(store: Any, cached_anthropic: LLMServer) -> None:
     from anthropic import Anthropic
 
-    wrapped = Anthropic(base_url=cached_anthropic.url, api_key="sk-ant-" + "k" * 24)
+    wrapped = closed_after(Anthropic(base_url=cached_anthropic.url, api_key="sk-ant-" + "k" * 24))
     client = kx.anthropic(wrapped, prices={"claude-x": (3.0, 15.0)})
     system = [{"type": "text", "text": "Long rules. " * 10, "cache_control": {"type": "ephemeral"}}]
 

@@ -18,6 +18,7 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai.exceptions import ApprovalRequired
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from support.clients import closed_after
 from support.llm_server import LLMServer
 
 import kernelext as kx
@@ -108,7 +109,7 @@ def test_an_anthropic_tool_result_with_a_secret_is_refused_clearly(
     kx.secrets.register(SECRET)
     llm.script[:] = [{"tool_calls": [{"name": "token", "arguments": {}}]}, {"content": "ok"}]
     client: Any = kx.anthropic(
-        Anthropic(base_url=llm.url, api_key="sk-ant-test-key", max_retries=0)
+        closed_after(Anthropic(base_url=llm.url, api_key="sk-ant-test-key", max_retries=0))
     )
 
     def token() -> str:

@@ -36,6 +36,7 @@ from crash.llm_agent_worker import (
 from openai import AsyncOpenAI, OpenAI
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response
+from support.clients import closed_after
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 from support.support_desk import Gate, stop_at_the_gate, support_tools
@@ -55,7 +56,8 @@ PLACED = datetime.date(2024, 5, 1)  # not JSON: a plain tool's result still reco
 
 
 def client_for(server: LLMServer, **options: Any) -> Any:
-    return wrap_openai(OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, **options))
+    plain = OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, **options)
+    return wrap_openai(closed_after(plain))
 
 
 def model_rows(run_id: str) -> Any:
@@ -231,7 +233,7 @@ def test_a_model_call_timed_out_after_sending_is_sent_once_and_unknown(
 ) -> None:
     # The client's own retries (max_retries=2 by default) are the ledger's: counted, and
     # never made for a request that left.
-    client = wrap_openai(OpenAI(base_url=llm.base_url, api_key=API_KEY, timeout=0.5))
+    client = wrap_openai(closed_after(OpenAI(base_url=llm.base_url, api_key=API_KEY, timeout=0.5)))
     llm.delay = 2.0
 
     @kx.agent(name="openai-timeout")
@@ -256,7 +258,7 @@ def test_a_model_call_never_sent_is_asked_again_and_counted(store: Any, llm: LLM
     with socket.socket() as probe:  # a port nothing listens on, then the model server
         probe.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
-    down = wrap_openai(OpenAI(base_url=closed, api_key=API_KEY, max_retries=2))
+    down = wrap_openai(closed_after(OpenAI(base_url=closed, api_key=API_KEY, max_retries=2)))
 
     @kx.agent(name="openai-down")
     def agent(run: kx.Run) -> str:

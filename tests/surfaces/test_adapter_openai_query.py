@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
+from support.clients import closed_after
 from support.llm_server import LLMServer
 
 import kernelext as kx
@@ -24,7 +25,9 @@ PLAIN = "2024-10-21"
 def test_extra_query_values_never_reach_the_store(
     store: Any, store_path: Path, llm: LLMServer
 ) -> None:
-    client = wrap_openai(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0))
+    client = wrap_openai(
+        closed_after(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0))
+    )
 
     @kx.agent(name="openai-query")
     def agent(run: kx.Run) -> str:

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from support.clients import closed_after
 from support.live import name
 
 import kernelext as kx
@@ -197,7 +198,8 @@ def test_a_model_call_carries_the_gen_ai_attributes(
     from support.llm_server import LLMServer
 
     with LLMServer(log_path=tmp_path / "llm.jsonl") as server:
-        client = kx.openai(OpenAI(base_url=server.base_url, api_key="sk-x", max_retries=0))
+        plain = closed_after(OpenAI(base_url=server.base_url, api_key="sk-x", max_retries=0))
+        client = kx.openai(plain)
 
         @kx.agent(name=name("chatty"))
         def chatty(run: kx.Run) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from openai import OpenAI
+from support.clients import closed_after
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
 from support.mcp_server import SERVER_NAME, McpClient
@@ -41,7 +42,7 @@ def tool_rows(run_id: str) -> list[str]:
 def test_mcp_tool_calls_count_as_tool_calls_of_the_conversation(
     store: Any, llm: LLMServer, mcp_client: McpClient, delivery_server: DeliveryServer
 ) -> None:
-    client = kx.openai(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0))
+    client = kx.openai(closed_after(OpenAI(base_url=llm.base_url, api_key="EMPTY", max_retries=0)))
     session = wrap_mcp(mcp_client.session)
 
     @kx.agent(name="mcp-talk")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from anthropic import Anthropic
+from support.clients import closed_after
 from support.llm_server import LLMServer
 from support.llm_views import MODEL, kernelext_show, no_prices  # noqa: F401
 
@@ -29,7 +30,7 @@ PRICE = (3.0, 15.0)  # dollars per million input / output tokens
 def test_anthropic_turns_tokens_and_cost_are_counted(
     store: Any, store_path: Path, llm: LLMServer
 ) -> None:
-    plain = Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0)
+    plain = closed_after(Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0))
     client = kx.anthropic(plain, prices={MODEL: PRICE})
     live: list[Any] = []
 
@@ -87,7 +88,8 @@ def test_anthropic_turns_tokens_and_cost_are_counted(
 def test_a_streamed_tool_request_is_shown_as_the_tools_it_asked_for(
     store: Any, llm: LLMServer
 ) -> None:
-    client = kx.anthropic(Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0))
+    plain = closed_after(Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0))
+    client = kx.anthropic(plain)
 
     @kx.agent(name="anthropic-asks")
     def agent(run: kx.Run) -> str:
