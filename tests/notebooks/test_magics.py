@@ -474,15 +474,19 @@ def test_interrupt_options_are_read_at_each_press(ip: InteractiveShell) -> None:
         ip,
         """
 import threading
-gate = threading.Event()
+gate, entered = threading.Event(), threading.Event()
 @kx.agent(name="pressed")
 def pressed(run):
     for i in run.steps(range(2)):
         if i == 0:
+            entered.set()
             gate.wait(30)
 h = pressed.start(run_id="pressed-1")
 """,
     ).success
+    # Pressed while the run is inside its first step: a stop asked before it got there
+    # lands at that step's boundary, and the run is no longer live for the next press.
+    assert ip.user_ns["entered"].wait(30)
 
     class Kernel:  # what ipykernel offers the handler
         saved_sigint_handler: Any = signal.SIG_IGN
