@@ -109,6 +109,18 @@ def planted_agent(run: kx.Run, label: str, *, nested: Any = None) -> None:
             raise RuntimeError(f"the run failed: {ALL}")
 
 
+# A run stopped by a person while it is inside a step: the stop is recorded on a running run
+# (``runs.stop_source``), never on one that suspended by itself first.
+INSIDE, LET_GO = threading.Event(), threading.Event()
+
+
+@kx.agent(name="stored-text-stoppable")
+def stoppable(run: kx.Run) -> None:
+    for _ in run.steps(range(2)):
+        INSIDE.set()
+        LET_GO.wait(WAIT)
+
+
 def _all_text(store: Any) -> list[tuple[str, str, str]]:
     """(table, column, value) of every text/blob value of every table, read with SQL."""
     backend = store.backend
@@ -172,9 +184,13 @@ def test_a_planted_secret_reaches_no_column_and_no_file(
             (item,) = kx.reconcile(f"reconcile-{decide}")
             getattr(item, decide)(note=ALL)
         # a stop whose source is text
-        stopper = planted_agent.start("stop", run_id="stopped")
+        INSIDE.clear()
+        LET_GO.clear()
+        stopper = stoppable.start(run_id="stopped")
+        assert INSIDE.wait(WAIT)
         stopper.stop(source=ALL)
-        stopper.wait(WAIT)
+        LET_GO.set()
+        assert stopper.wait(WAIT) == "suspended"
         # the command line, in a process of its own that registered the secret too
         _unknown_run(store, "reconcile-cli")
         (item,) = kx.reconcile("reconcile-cli")
