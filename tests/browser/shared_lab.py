@@ -2,15 +2,20 @@
 as a server of its own would be.
 
 The server serves pytest's base temporary folder, so that a test's notebook folder
-(``tmp_path / "root"``) is in its tree. Before each test the Lab user settings and
-workspaces are put back as a new Jupyter home has them (a theme picked by an earlier test,
-or the tabs it left open, are gone), and the ``python3`` kernelspec the server finds first
-(a copy of the venv's, in a folder ahead of Jupyter's own) is written with the test's
-environment (``env``, and what this process's environment holds now that it did not
-hold when the server started, e.g. the ``KERNELEXT_STORE`` of ``store_path``): every kernel
-the test starts gets what a server started for it would have passed on. After the test
-its sessions and kernels are shut down through the API, and a kernel that outlived that
-is killed, as when the server of the test stopped.
+(``tmp_path / "root"``) is in its tree. Before each test:
+
+- the Lab user settings and workspaces are put back as a new Jupyter home has them (a
+  theme picked by an earlier test, or the tabs it left open, are gone);
+- the notes of the stores earlier kernels showed (what the kernelext route of the server
+  may open) are removed;
+- the ``python3`` kernelspec the server finds first (a copy of the venv's, in a folder
+  ahead of Jupyter's own) is written with the test's environment: ``env``, and what this
+  process's environment holds now that it did not hold when the server started (e.g. the
+  ``KERNELEXT_STORE`` of ``store_path``). Every kernel the test starts gets what a server
+  started for it would have passed on.
+
+After the test its sessions and kernels are shut down through the API, and a kernel that
+outlived that is killed, as when the server of the test stopped.
 
 A test whose folder is not under the served one, or that removed a variable from this
 process's environment since the server started, gets a server of its own.
@@ -106,6 +111,9 @@ class SharedLab:
         for name in ("JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR"):
             shutil.rmtree(self.home / lab.HOME_DIRS[name], ignore_errors=True)
         lab.isolated_home(self.home)  # the settings and folders of a new home
+        runtime = self.home / lab.HOME_DIRS["JUPYTER_RUNTIME_DIR"]
+        for note in runtime.glob("kernelext-shown-*"):  # the stores earlier kernels showed
+            note.unlink(missing_ok=True)
         spec_dir = self._spec_dir
         shutil.rmtree(spec_dir, ignore_errors=True)
         shutil.copytree(_venv_kernelspec(), spec_dir)
