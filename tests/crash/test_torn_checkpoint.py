@@ -1,0 +1,110 @@
+"""A store file torn for real in the middle of a checkpoint opens with every committed run.
+
+A process's multi-page write of the store file stops after its first page and the process
+dies of SIGKILL (``support/tear_write.c``): the file holds a block half old, half new, as
+Linux leaves it when a fatal signal arrives inside a buffered write. Each test tears, one
+process at a time, every write of a checkpoint that rewrites a block in place, then opens
+the store with ``kx.open_store`` and reads back every run the dead process saw completed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from support.torn_writes import rewrites, run_torn, tear_library, writes
+
+import kernelext as kx
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+
+# A real kernelext process: each round runs an agent to completion, prints its run id,
+# and idles until the writer lets the file go (a checkpoint); the last round closes.
+AGENT = f"""
+import sys, time
+import kernelext as kx
+
+@kx.agent(name="torn")
+def torn(run, items):
+    for i in run.steps(items, key=lambda i: i):
+        run.state["item" + str(i)] = "x" * 300
+
+for r in range({{rounds}}):
+    h = torn.start(list(range({STEPS})), run_id="{{prefix}}" + str(r))
+    assert h.wait(timeout=60) == "completed"
+    print("{{prefix}}" + str(r), flush=True)
+    time.sleep(1.3)
+"""
+
+# A user's own connection to the store file, as docs/notebooks.md shows it, opened while no
+# kernelext holds the file: a table of the user's, then close.
+USER = """
+import os, duckdb
+import kernelext as kx
+con = duckdb.connect(os.environ["KERNELEXT_STORE"], config=kx.duckdb_config())
+con.execute("CREATE TABLE IF NOT EXISTS mine (a INTEGER, b VARCHAR)")
+con.execute("INSERT INTO mine SELECT range, repeat('z', 50) FROM range(5000)")
+con.close()
+"""
+
+
+def completed(out: str) -> list[str]:
+    return [line for line in out.split("\n") if line]
+
+
+def assert_runs(store: Path, run_ids: list[str], shown: str) -> None:
+    """Opened by kernelext, the store holds each run completed with all its steps."""
+    s = kx.open_store(str(store))
+    try:
+        for run_id in run_ids:
+            rows = s.read(
+                "SELECT status, (SELECT count(*) FROM steps WHERE run_id = ?) FROM runs "
+                "WHERE id = ?",
+                [run_id, run_id],
+            )
+            assert rows == [("completed", STEPS)], (shown, run_id, rows)
+    finally:
+        s.close()
+
+
+def test_kernelext_checkpoint_torn_in_place_loses_nothing(tmp_path: Path) -> None:
+    library = tear_library(tmp_path)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    done = run_torn(
+        library, probe / "store.duckdb", AGENT.format(rounds=3, prefix="p"), log=tmp_path / "log"
+    )
+    assert done.returncode == 0, done.stderr
+    in_place = rewrites(tmp_path / "log")
+    assert in_place, "no checkpoint rewrote a block in place"
+    for n in in_place:
+        folder = tmp_path / f"tear-{n}"
+        folder.mkdir()
+        store = folder / "store.duckdb"
+        torn = run_torn(library, store, AGENT.format(rounds=3, prefix=f"t{n}-"), tear_at=n)
+        assert torn.returncode == -9, (n, torn.stderr)
+        assert_runs(store, completed(torn.stdout), f"torn at write {n}")
+        shutil.rmtree(folder)
+
+
+def test_a_users_own_connection_torn_at_close_loses_nothing(tmp_path: Path) -> None:
+    """kx.duckdb_config() lets DuckDB checkpoint by itself when the user's connection closes."""
+    library = tear_library(tmp_path)
+    base = tmp_path / "base"
+    base.mkdir()
+    made = run_torn(library, base / "store.duckdb", AGENT.format(rounds=1, prefix="u"))
+    assert made.returncode == 0, made.stderr
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe)
+    done = run_torn(library, probe / "store.duckdb", USER, log=tmp_path / "log")
+    assert done.returncode == 0, done.stderr
+    for n, _offset in writes(tmp_path / "log"):
+        folder = tmp_path / f"tear-{n}"
+        shutil.copytree(base, folder)
+        torn = run_torn(library, folder / "store.duckdb", USER, tear_at=n)
+        assert torn.returncode == -9, (n, torn.stderr)
+        assert_runs(folder / "store.duckdb", ["u0"], f"user's connection torn at write {n}")
+        shutil.rmtree(folder)
