@@ -9,7 +9,9 @@ the store with ``kx.open_store`` and reads back every run the dead process saw c
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,9 +57,9 @@ def completed(out: str) -> list[str]:
     return [line for line in out.split("\n") if line]
 
 
-def assert_runs(store: Path, run_ids: list[str], shown: str) -> None:
+def assert_runs(store: Path, run_ids: list[str], shown: str, *, read_only: bool = False) -> None:
     """Opened by kernelext, the store holds each run completed with all its steps."""
-    s = kx.open_store(str(store))
+    s = kx.open_store(str(store), read_only=read_only)
     try:
         for run_id in run_ids:
             rows = s.read(
@@ -108,3 +110,32 @@ def test_a_users_own_connection_torn_at_close_loses_nothing(tmp_path: Path) -> N
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(folder / "store.duckdb", ["u0"], f"user's connection torn at write {n}")
         shutil.rmtree(folder)
+
+
+def _make_unwritable(path: Path) -> None:
+    """No write to ``path`` is allowed (root writes any file: it gets an immutable one)."""
+    path.chmod(0o400)
+    if os.access(path, os.W_OK):
+        chattr = shutil.which("chattr")
+        if chattr is None or subprocess.run([chattr, "+i", str(path)], check=False).returncode:
+            pytest.skip("cannot make a file unwritable for this user")
+
+
+def test_a_finished_checkpoint_whose_copy_was_left_reads_read_only(tmp_path: Path) -> None:
+    """Killed after the new header was written, before <store>.undo was removed: the store
+    is whole, and a read-only open of a file it cannot write (a read-only mount, another
+    user's store) reads it."""
+    library = tear_library(tmp_path)
+    store = tmp_path / "store.duckdb"
+    torn = run_torn(
+        library, store, AGENT.format(rounds=2, prefix="f"), extra={"TEAR_UNLINK": ".duckdb.undo"}
+    )
+    assert torn.returncode == -9, torn.stderr
+    assert (tmp_path / "store.duckdb.undo").exists()
+    _make_unwritable(store)
+    try:
+        assert_runs(store, completed(torn.stdout), "read-only", read_only=True)
+    finally:
+        if shutil.which("chattr"):
+            subprocess.run(["chattr", "-i", str(store)], check=False, capture_output=True)
+        store.chmod(0o600)

@@ -4,6 +4,9 @@
  * "n offset size" to TEAR_LOG when set). The TEAR_AT-th one writes its first page only and
  * then the process kills itself with SIGKILL: what Linux leaves when a fatal signal arrives
  * in the middle of a buffered write of several pages.
+ *
+ * With TEAR_UNLINK set, the process kills itself instead when it is about to remove a file
+ * whose name ends with TEAR_UNLINK (from its first removal after a file named TEAR_ARM exists).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -62,4 +65,16 @@ ssize_t pwrite(int fd, const void *buf, size_t size, off_t offset) {
 
 ssize_t pwrite64(int fd, const void *buf, size_t size, off_t offset) {
     return torn_pwrite(fd, buf, size, offset);
+}
+
+int unlink(const char *path) {
+    static int (*real_unlink)(const char *);
+    const char *suffix = getenv("TEAR_UNLINK");
+    const char *arm = getenv("TEAR_ARM");
+    if (!real_unlink) real_unlink = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
+    if (suffix && (!arm || access(arm, F_OK) == 0)) {
+        size_t n = strlen(path), k = strlen(suffix);
+        if (n >= k && strcmp(path + n - k, suffix) == 0) raise(SIGKILL);
+    }
+    return real_unlink(path);
 }

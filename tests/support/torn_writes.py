@@ -29,10 +29,17 @@ def tear_library(folder: Path) -> Path:
 
 
 def run_torn(
-    library: Path, store: Path, code: str, *, tear_at: int = 0, log: Path | None = None
+    library: Path,
+    store: Path,
+    code: str,
+    *,
+    tear_at: int = 0,
+    log: Path | None = None,
+    extra: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a new Python whose ``tear_at``-th multi-page write of ``store`` is torn
-    (0: none; ``log`` gets every such write as "n offset size")."""
+    (0: none; ``log`` gets every such write as "n offset size"; ``extra``: more of the
+    shim's settings, e.g. TEAR_UNLINK, see tear_write.c)."""
     env = {
         **os.environ,
         "KERNELEXT_STORE": str(store),
@@ -42,6 +49,7 @@ def run_torn(
     }
     if log is not None:
         env["TEAR_LOG"] = str(log)
+    env.update(extra or {})
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )

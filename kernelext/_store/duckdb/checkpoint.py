@@ -207,6 +207,18 @@ def wal_is_full(path: str) -> bool:
         return False
 
 
+def _checkpoint_finished(path: str) -> bool:
+    """The checkpoint that left ``<path>.undo`` wrote its new header: the copy is stale.
+    (For a read-only open: the files may be another user's.)"""
+    raw = read_store_file(path + ".undo", shared=True)
+    iteration, _block_size, _blocks = _decode(raw, path + ".undo")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return _header(fd, path)[0] > iteration
+    finally:
+        os.close(fd)
+
+
 def undo_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
     """Under the hand-over lock, before DuckDB reads ``path``: a checkpoint a dead process
     left half written is undone (``undo_interrupted_checkpoint``). ``fd``: the read-write
@@ -214,6 +226,8 @@ def undo_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
     if not os.path.lexists(path + ".undo"):
         return
     if read_only and not os.access(path, os.W_OK):
+        if _checkpoint_finished(path):
+            return  # killed before it removed the copy: nothing to undo, nothing to write
         raise StoreError(
             f"The kernelext store {path!r} was left in the middle of a checkpoint by a "
             "process that died, and this read-only open cannot finish it. Open it once "
