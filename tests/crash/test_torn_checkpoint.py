@@ -52,6 +52,33 @@ con.execute("INSERT INTO mine SELECT range, repeat('z', 50) FROM range(5000)")
 con.close()
 """
 
+# A kernelext process killed with its last run's records in the WAL (a kernel restarted).
+KILLED = f"""
+import os, signal, time
+import kernelext as kx
+
+@kx.agent(name="torn")
+def torn(run, items):
+    for i in run.steps(items, key=lambda i: i):
+        run.state["item" + str(i)] = "x" * 300
+
+for r in range(2):  # the first checkpointed when the writer lets the file go
+    h = torn.start(list(range({STEPS})), run_id="k" + str(r))
+    assert h.wait(timeout=60) == "completed"
+    print("k" + str(r), flush=True)
+    time.sleep(1.3 - r * 1.3)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+# The same connection of the user's, only reading.
+USER_READS = """
+import os, duckdb
+import kernelext as kx
+con = duckdb.connect(os.environ["KERNELEXT_STORE"], config=kx.duckdb_config())
+con.execute("SELECT count(*) FROM runs").fetchall()
+con.close()
+"""
+
 
 def completed(out: str) -> list[str]:
     return [line for line in out.split("\n") if line]
@@ -109,6 +136,31 @@ def test_a_users_own_connection_torn_at_close_loses_nothing(tmp_path: Path) -> N
         torn = run_torn(library, folder / "store.duckdb", USER, tear_at=n)
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(folder / "store.duckdb", ["u0"], f"user's connection torn at write {n}")
+        shutil.rmtree(folder)
+
+
+def test_a_users_reading_connection_after_a_killed_kernel_torn_at_close_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """The user's connection replays the WAL a killed kernelext process left, and DuckDB
+    checkpoints it by itself when the connection closes."""
+    library = tear_library(tmp_path)
+    base = tmp_path / "base"
+    base.mkdir()
+    killed = run_torn(library, base / "store.duckdb", KILLED)
+    assert killed.returncode == -9, killed.stderr
+    assert completed(killed.stdout) == ["k0", "k1"]
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe)
+    done = run_torn(library, probe / "store.duckdb", USER_READS, log=tmp_path / "log")
+    assert done.returncode == 0, done.stderr
+    assert writes(tmp_path / "log"), "the user's connection wrote nothing"
+    for n, _offset in writes(tmp_path / "log"):
+        folder = tmp_path / f"tear-{n}"
+        shutil.copytree(base, folder)
+        torn = run_torn(library, folder / "store.duckdb", USER_READS, tear_at=n)
+        assert torn.returncode == -9, (n, torn.stderr)
+        assert_runs(folder / "store.duckdb", ["k0", "k1"], f"user's reading connection torn at {n}")
         shutil.rmtree(folder)
 
 
