@@ -41,7 +41,7 @@ for r in range({{rounds}}):
     time.sleep(1.3)
 """
 
-# A user's own connection to the store file, as docs/notebooks.md shows it, opened while no
+# A user's own connection to the store file with kx.duckdb_config(), in a process where no
 # kernelext holds the file: a table of the user's, then close.
 USER = """
 import os, duckdb
@@ -76,6 +76,29 @@ import os, duckdb
 import kernelext as kx
 con = duckdb.connect(os.environ["KERNELEXT_STORE"], config=kx.duckdb_config())
 con.execute("SELECT count(*) FROM runs").fetchall()
+con.close()
+"""
+
+# docs/notebooks.md's JupySQL connection, in a cell run after kernelext let the file go (it
+# does after a second idle): a new DuckDB instance, configured by kx.duckdb_config() only.
+LATER_CELL = f"""
+import os, pathlib, time
+import duckdb
+import kernelext as kx
+
+@kx.agent(name="torn")
+def torn(run, items):
+    for i in run.steps(items, key=lambda i: i):
+        run.state["item" + str(i)] = "x" * 300
+
+h = torn.start(list(range({STEPS})), run_id="c0")
+assert h.wait(timeout=60) == "completed"
+print("c0", flush=True)
+time.sleep(1.5)
+pathlib.Path(os.environ["TEAR_ARM"]).touch()
+con = duckdb.connect(kx.open_store().location, config=kx.duckdb_config())
+con.execute("CREATE TABLE IF NOT EXISTS mine (a INTEGER, b VARCHAR)")
+con.execute("INSERT INTO mine SELECT range, repeat('z', 50) FROM range(5000)")
 con.close()
 """
 
@@ -120,7 +143,8 @@ def test_kernelext_checkpoint_torn_in_place_loses_nothing(tmp_path: Path) -> Non
 
 
 def test_a_users_own_connection_torn_at_close_loses_nothing(tmp_path: Path) -> None:
-    """kx.duckdb_config() lets DuckDB checkpoint by itself when the user's connection closes."""
+    """A user's own DuckDB connection in another process (a script, a second notebook),
+    configured with kx.duckdb_config(): DuckDB checkpoints by itself when it closes."""
     library = tear_library(tmp_path)
     base = tmp_path / "base"
     base.mkdir()
@@ -161,6 +185,27 @@ def test_a_users_reading_connection_after_a_killed_kernel_torn_at_close_loses_no
         torn = run_torn(library, folder / "store.duckdb", USER_READS, tear_at=n)
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(folder / "store.duckdb", ["k0", "k1"], f"user's reading connection torn at {n}")
+        shutil.rmtree(folder)
+
+
+def test_the_documented_jupysql_connection_in_a_later_cell_torn_at_close_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    library = tear_library(tmp_path)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    arm = {"TEAR_ARM": str(tmp_path / "arm-probe")}
+    done = run_torn(library, probe / "store.duckdb", LATER_CELL, log=tmp_path / "log", extra=arm)
+    assert done.returncode == 0, done.stderr
+    assert writes(tmp_path / "log"), "the user's connection wrote nothing"
+    for n, _offset in writes(tmp_path / "log"):
+        folder = tmp_path / f"tear-{n}"
+        folder.mkdir()
+        store = folder / "store.duckdb"
+        arm = {"TEAR_ARM": str(folder / "arm")}
+        torn = run_torn(library, store, LATER_CELL, tear_at=n, extra=arm)
+        assert torn.returncode == -9, (n, torn.stderr)
+        assert_runs(store, ["c0"], f"the user's connection torn at write {n}")
         shutil.rmtree(folder)
 
 

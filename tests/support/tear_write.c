@@ -6,7 +6,7 @@
  * in the middle of a buffered write of several pages.
  *
  * With TEAR_UNLINK set, the process kills itself instead when it is about to remove a file
- * whose name ends with TEAR_UNLINK (from its first removal after a file named TEAR_ARM exists).
+ * whose name ends with TEAR_UNLINK.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -33,6 +33,12 @@ static int is_target(int fd) {
     return strcmp(buf, want) == 0;
 }
 
+/* Counting starts once the file named TEAR_ARM exists (at once without TEAR_ARM). */
+static int armed(void) {
+    const char *arm = getenv("TEAR_ARM");
+    return !arm || access(arm, F_OK) == 0;
+}
+
 static void log_write(long n, off_t offset, size_t size) {
     const char *path = getenv("TEAR_LOG");
     char line[128];
@@ -47,7 +53,7 @@ static void log_write(long n, off_t offset, size_t size) {
 
 static ssize_t torn_pwrite(int fd, const void *buf, size_t size, off_t offset) {
     if (!real_pwrite) real_pwrite = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
-    if (size > 4096 && is_target(fd)) {
+    if (size > 4096 && is_target(fd) && armed()) {
         long n = ++count;
         const char *at = getenv("TEAR_AT");
         log_write(n, offset, size);
@@ -70,9 +76,8 @@ ssize_t pwrite64(int fd, const void *buf, size_t size, off_t offset) {
 int unlink(const char *path) {
     static int (*real_unlink)(const char *);
     const char *suffix = getenv("TEAR_UNLINK");
-    const char *arm = getenv("TEAR_ARM");
     if (!real_unlink) real_unlink = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
-    if (suffix && (!arm || access(arm, F_OK) == 0)) {
+    if (suffix && armed()) {
         size_t n = strlen(path), k = strlen(suffix);
         if (n >= k && strcmp(path + n - k, suffix) == 0) raise(SIGKILL);
     }
