@@ -102,6 +102,26 @@ con.execute("INSERT INTO mine SELECT range, repeat('z', 50) FROM range(5000)")
 con.close()
 """
 
+# Killed after a checkpoint wrote its new header, before it removed <store>.undo (the
+# removal is armed once a file exists, after the second run: a checkpoint past the first).
+KILLED_AT_REMOVAL = f"""
+import os, pathlib, time
+import kernelext as kx
+
+@kx.agent(name="torn")
+def torn(run, items):
+    for i in run.steps(items, key=lambda i: i):
+        run.state["item" + str(i)] = "x" * 300
+
+for r in range(3):
+    h = torn.start(list(range({STEPS})), run_id="a" + str(r))
+    assert h.wait(timeout=60) == "completed"
+    print("a" + str(r), flush=True)
+    if r == 1:
+        pathlib.Path(os.environ["TEAR_ARM"]).touch()
+    time.sleep(1.3)
+"""
+
 
 def completed(out: str) -> list[str]:
     return [line for line in out.split("\n") if line]
@@ -207,6 +227,44 @@ def test_the_documented_jupysql_connection_in_a_later_cell_torn_at_close_loses_n
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(store, ["c0"], f"the user's connection torn at write {n}")
         shutil.rmtree(folder)
+
+
+def _iteration(store: Path) -> int:
+    raw = store.read_bytes()[: 3 * 4096]
+    return max(int.from_bytes(raw[at + 8 : at + 16], "little") for at in (4096, 8192))
+
+
+def test_a_store_file_put_in_place_of_another_is_never_written_with_its_copy(
+    tmp_path: Path,
+) -> None:
+    """A store's file replaced by another store's (a backup, another project's) beside the
+    copy a killed checkpoint of the first left: the copy's blocks are not the new file's."""
+    library = tear_library(tmp_path)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    killed = run_torn(
+        library,
+        first / "store.duckdb",
+        KILLED_AT_REMOVAL,
+        extra={"TEAR_UNLINK": ".duckdb.undo", "TEAR_ARM": str(first / "arm")},
+    )
+    assert killed.returncode == -9, killed.stderr
+    made = run_torn(library, second / "store.duckdb", AGENT.format(rounds=1, prefix="s"))
+    assert made.returncode == 0, made.stderr
+    copy = (first / "store.duckdb.undo").read_bytes()
+    assert int.from_bytes(copy[28:36], "little") == _iteration(second / "store.duckdb")
+    folder = tmp_path / "replaced"
+    folder.mkdir()
+    shutil.copyfile(second / "store.duckdb", folder / "store.duckdb")
+    (folder / "store.duckdb.undo").write_bytes(copy)
+    (folder / "store.duckdb.undo").chmod(0o600)
+    image = (folder / "store.duckdb").read_bytes()
+    try:
+        assert_runs(folder / "store.duckdb", ["s0"], "the file put in place")
+    except kx.errors.StoreError as exc:
+        assert "replaced" in str(exc)
+        assert (folder / "store.duckdb").read_bytes() == image
 
 
 def _make_unwritable(path: Path) -> None:
