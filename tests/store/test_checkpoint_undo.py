@@ -269,7 +269,7 @@ def test_kx_open_store_undoes_a_checkpoint_its_process_was_killed_in(tmp_path: P
         con.close()
         os.close(fd)
     after = path.read_bytes()
-    _, block, saved = _decode(undo, "undo")
+    _, block, saved, _main = _decode(undo, "undo")
     rewritten = [o for o, _ in saved if before[o : o + block] != after[o : o + block]]
     assert rewritten, "the checkpoint rewrote no metadata block in place"
     at = rewritten[0]  # torn after its first page

@@ -56,7 +56,9 @@ CHECKPOINT_CONFIG: dict[str, str | bool | int | float | list[str]] = {
 }
 CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024  # DuckDB's own default threshold
 
-_MAGIC = b"kernelext checkpoint undo 1\n"
+_MAGIC = b"kernelext checkpoint undo 2\n"  # 2: with the file's main header, its identity
+_MAGIC_1 = b"kernelext checkpoint undo 1\n"  # no identity: read, never written
+_MAIN_HEADER = 4096  # DuckDB's main header: written once, with the database's own identifier
 _HEAD = struct.Struct("<QQI")  # the header's iteration, the block size, how many blocks
 _OFFSET = struct.Struct("<Q")
 _DIGEST = 32
@@ -85,19 +87,20 @@ def _header(fd: int, shown: str) -> tuple[int, int]:
     return best
 
 
-def _encode(iteration: int, block_size: int, blocks: list[tuple[int, bytes]]) -> bytes:
-    parts = [_MAGIC, _HEAD.pack(iteration, block_size, len(blocks))]
+def _encode(iteration: int, block_size: int, blocks: list[tuple[int, bytes]], main: bytes) -> bytes:
+    parts = [_MAGIC, _HEAD.pack(iteration, block_size, len(blocks)), main]
     for offset, data in blocks:
         parts += [_OFFSET.pack(offset), data]
     body = b"".join(parts)
     return body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
 
 
-def _decode(raw: bytes, shown: str) -> tuple[int, int, list[tuple[int, bytes]]]:
+def _decode(raw: bytes, shown: str) -> tuple[int, int, list[tuple[int, bytes]], bytes | None]:
+    """(iteration, block size, blocks, the file's main header: None in a copy of format 1)."""
     body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
     if (
         len(raw) < len(_MAGIC) + _HEAD.size + _DIGEST
-        or not body.startswith(_MAGIC)
+        or not body.startswith((_MAGIC, _MAGIC_1))
         or hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest
     ):
         raise StoreError(
@@ -108,13 +111,17 @@ def _decode(raw: bytes, shown: str) -> tuple[int, int, list[tuple[int, bytes]]]:
         )
     iteration, block_size, count = _HEAD.unpack_from(body, len(_MAGIC))
     at = len(_MAGIC) + _HEAD.size
+    main = None
+    if body.startswith(_MAGIC):
+        main = body[at : at + _MAIN_HEADER]
+        at += _MAIN_HEADER
     blocks = []
     for _ in range(count):
         (offset,) = _OFFSET.unpack_from(body, at)
         at += _OFFSET.size
         blocks.append((offset, body[at : at + block_size]))
         at += block_size
-    return iteration, block_size, blocks
+    return iteration, block_size, blocks, main
 
 
 def _sync_folder(path: str) -> None:
@@ -142,7 +149,7 @@ def save_undo(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> None:
         if len(data) != block_size:
             raise StoreError(f"The kernelext store {path!r} ends inside metadata block {block_id}.")
         blocks.append((offset, data))
-    raw = _encode(iteration, block_size, blocks)
+    raw = _encode(iteration, block_size, blocks, os.pread(fd, _MAIN_HEADER, 0))
     tmp = path + ".undo.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
@@ -207,6 +214,20 @@ def wal_is_full(path: str) -> bool:
         return False
 
 
+def _checkpoint_finished(path: str) -> bool:
+    """The checkpoint that left ``<path>.undo`` wrote its new header, or the copy is of
+    another file: nothing in it applies. (For a read-only open: the files may be another
+    user's.)"""
+    raw = read_store_file(path + ".undo", shared=True)
+    iteration, _block_size, _blocks, main = _decode(raw, path + ".undo")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        other = main is not None and os.pread(fd, _MAIN_HEADER, 0) != main
+        return other or _header(fd, path)[0] > iteration
+    finally:
+        os.close(fd)
+
+
 def undo_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
     """Under the hand-over lock, before DuckDB reads ``path``: a checkpoint a dead process
     left half written is undone (``undo_interrupted_checkpoint``). ``fd``: the read-write
@@ -214,6 +235,8 @@ def undo_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
     if not os.path.lexists(path + ".undo"):
         return
     if read_only and not os.access(path, os.W_OK):
+        if _checkpoint_finished(path):
+            return  # killed before it removed the copy: nothing to undo, nothing to write
         raise StoreError(
             f"The kernelext store {path!r} was left in the middle of a checkpoint by a "
             "process that died, and this read-only open cannot finish it. Open it once "
@@ -235,7 +258,7 @@ def undo_interrupted_checkpoint(path: str, fd: int | None = None) -> bool:
         raw = read_store_file(path + ".undo")
     except FileNotFoundError:
         return False
-    iteration, _block_size, blocks = _decode(raw, path + ".undo")
+    iteration, _block_size, blocks, main = _decode(raw, path + ".undo")
     own = fd is None
     if fd is None:
         fd = open_store_file(path, os.O_RDWR)
@@ -244,11 +267,12 @@ def undo_interrupted_checkpoint(path: str, fd: int | None = None) -> bool:
             return False  # DuckDB has it open: its own process finishes or dies first
         try:
             now, _ = _header(fd, path)
-            if now < iteration:
+            if now < iteration or (main is not None and os.pread(fd, _MAIN_HEADER, 0) != main):
                 raise StoreError(
-                    f"The kernelext store {path!r} is older than the checkpoint copy beside "
-                    f"it ({path + '.undo'!r}): the file was replaced. Keep both and open the "
-                    "store from the file you want."
+                    f"The kernelext store {path!r} is not the file the checkpoint copy beside "
+                    f"it ({path + '.undo'!r}) was taken from (it is older, or another "
+                    "database): the file was replaced. Keep both and open the store from the "
+                    "file you want."
                 )
             restored = now == iteration
             if restored:  # the new header was never written: put the old blocks back
