@@ -52,6 +52,11 @@ system-deps:
 	  echo "system-deps: PostgreSQL present ($$initdb_path)"; \
 	else \
 	  apt_install postgresql; \
+	fi; \
+	if command -v cc >/dev/null; then \
+	  echo "system-deps: a C compiler present (torn-write tests build their shim)"; \
+	else \
+	  apt_install gcc libc6-dev; \
 	fi
 
 # mypy cannot see through setuptools' editable finder, so it checks a link tree

@@ -21,11 +21,11 @@ import pytest
 from support.small_disk import fill, small_disk  # noqa: F401  (fixture)
 
 from kernelext._store.duckdb.checkpoint import (
-    _decode,
+    _Copy,
     checkpoint,
     disable_shutdown_checkpoint,
+    restore_torn_checkpoint,
     save_undo,
-    undo_interrupted_checkpoint,
 )
 from kernelext._store.duckdb.connect import DUCKDB_CONFIG
 from kernelext.errors import StoreError
@@ -155,9 +155,9 @@ def test_a_checkpoint_killed_at_any_page_is_undone_and_every_commit_is_there(
     unreadable_without_undo = []
     for name, image in states:
         path = _lay_out(tmp_path / "state", image, made.wal, made.undo)
-        assert undo_interrupted_checkpoint(path), name  # the header had not moved
-        assert not os.path.exists(path + ".undo"), name
+        restore_torn_checkpoint(path)  # the header had not moved: torn blocks written back
         assert _opens_with(path) == made.expected, name
+        assert Path(path + ".undo").read_bytes() == made.undo, name  # the copy stands
         # Without the copy, the same file: the torn metadata block makes it unreadable.
         path = _lay_out(tmp_path / "state", image, made.wal, None)
         try:
@@ -168,30 +168,32 @@ def test_a_checkpoint_killed_at_any_page_is_undone_and_every_commit_is_there(
     assert unreadable_without_undo, "no kill point lost the store without the copy"
 
 
-def test_a_checkpoint_that_finished_keeps_its_file_and_drops_the_copy(tmp_path: Path) -> None:
+def test_a_checkpoint_that_finished_keeps_its_file_and_nothing_is_written_back(
+    tmp_path: Path,
+) -> None:
     made = _Checkpoint(tmp_path / "made", 4)
     path = _lay_out(tmp_path / "state", made.after, None, made.undo)
-    assert not undo_interrupted_checkpoint(path)  # the header moved: nothing written back
+    assert not restore_torn_checkpoint(path)  # the header moved: the copy is of the old one
     assert Path(path).read_bytes() == made.after
-    assert not os.path.exists(path + ".undo")
     assert _opens_with(path) == made.expected
 
 
-def test_a_damaged_copy_is_refused_with_what_to_do_and_the_file_is_left_alone(
-    tmp_path: Path,
+def test_a_damaged_copy_is_set_aside_and_a_whole_store_opens_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     made = _Checkpoint(tmp_path / "made", 5)
     damaged = bytearray(made.undo)
     damaged[len(damaged) // 2] ^= 0xFF
-    image = made.before[:HEADERS] + made.after[HEADERS:]
-    path = _lay_out(tmp_path / "state", image, made.wal, bytes(damaged))
-    with pytest.raises(StoreError, match=r"damaged.*Keep a copy of the store's folder"):
-        undo_interrupted_checkpoint(path)
-    assert Path(path).read_bytes() == image
-    assert Path(path + ".undo").read_bytes() == bytes(damaged)
+    path = _lay_out(tmp_path / "state", made.after, None, bytes(damaged))
+    assert not restore_torn_checkpoint(path)
+    assert Path(path).read_bytes() == made.after  # nothing written from a damaged copy
+    assert Path(path + ".undo.damaged").read_bytes() == bytes(damaged)  # kept to look at
+    assert not os.path.exists(path + ".undo")
+    assert "is damaged; it was set aside" in caplog.text
+    assert _opens_with(path) == made.expected
 
 
-def test_a_full_disk_skips_the_checkpoint_and_the_wal_keeps_every_commit(
+def test_a_checkpoint_on_a_full_disk_loses_no_commit(
     small_disk: Path,  # noqa: F811
 ) -> None:
     path = str(small_disk / "store.duckdb")
@@ -200,14 +202,36 @@ def test_a_full_disk_skips_the_checkpoint_and_the_wal_keeps_every_commit(
     fd = os.open(path, os.O_RDONLY)
     try:
         _change(con, rng)
-        assert checkpoint(con, path, fd)
+        assert checkpoint(con, path, fd)  # the copy now stands for this header
         _change(con, rng)
         expected = _contents(con)
-        before = Path(path).read_bytes()
         fill(small_disk / "filler")
-        assert not checkpoint(con, path, fd)  # the copy could not be written
-        assert Path(path).read_bytes() == before
+        with contextlib.suppress(duckdb.Error):  # DuckDB's own writes fail: it gives up
+            checkpoint(con, path, fd)
+    finally:
+        with contextlib.suppress(duckdb.Error):
+            con.close()
+        os.close(fd)
+    os.unlink(small_disk / "filler")
+    restore_torn_checkpoint(path)
+    assert _opens_with(path) == expected
+
+
+def test_a_copy_that_cannot_be_written_skips_the_checkpoint(
+    small_disk: Path,  # noqa: F811
+) -> None:
+    path = str(small_disk / "store.duckdb")
+    rng = random.Random(7)
+    con = connect(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _change(con, rng)
+        fill(small_disk / "filler")  # no copy exists yet, and none can be written
+        before = Path(path).read_bytes()
+        assert not checkpoint(con, path, fd)
+        assert Path(path).read_bytes() == before  # DuckDB was not asked to checkpoint
         assert not os.path.exists(path + ".undo") and not os.path.exists(path + ".undo.tmp")
+        expected = _contents(con)
     finally:
         con.close()
         os.close(fd)
@@ -269,8 +293,7 @@ def test_kx_open_store_undoes_a_checkpoint_its_process_was_killed_in(tmp_path: P
         con.close()
         os.close(fd)
     after = path.read_bytes()
-    _, block, saved, _main = _decode(undo, "undo")
-    rewritten = [o for o, _ in saved if before[o : o + block] != after[o : o + block]]
+    rewritten = [o for o, data in _Copy(undo).blocks if after[o : o + len(data)] != data]
     assert rewritten, "the checkpoint rewrote no metadata block in place"
     at = rewritten[0]  # torn after its first page
     torn = before[:at] + after[at : at + PAGE] + before[at + PAGE :]
@@ -288,11 +311,13 @@ def test_kx_open_store_undoes_a_checkpoint_its_process_was_killed_in(tmp_path: P
                 kx.open_store(str(store))
                 kx.sql("SELECT count(*) FROM runs")
             continue
+        with pytest.raises(StoreError, match="read-only open cannot finish it"):
+            kx.open_store(str(store), read_only=True)  # it writes nothing, so it refuses
+        assert store.read_bytes() == torn
         try:
             opened = kx.open_store(str(store))
             rows = kx.sql("SELECT id, status FROM runs ORDER BY id").values.tolist()
             assert rows == [["run-a", "completed"], ["run-b", "completed"]]
-            assert not os.path.exists(f"{store}.undo")
         finally:
             with contextlib.suppress(Exception):
                 opened.close()

@@ -4,9 +4,6 @@
  * "n offset size" to TEAR_LOG when set). The TEAR_AT-th one writes its first page only and
  * then the process kills itself with SIGKILL: what Linux leaves when a fatal signal arrives
  * in the middle of a buffered write of several pages.
- *
- * With TEAR_UNLINK set, the process kills itself instead when it is about to remove a file
- * whose name ends with TEAR_UNLINK.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -71,15 +68,4 @@ ssize_t pwrite(int fd, const void *buf, size_t size, off_t offset) {
 
 ssize_t pwrite64(int fd, const void *buf, size_t size, off_t offset) {
     return torn_pwrite(fd, buf, size, offset);
-}
-
-int unlink(const char *path) {
-    static int (*real_unlink)(const char *);
-    const char *suffix = getenv("TEAR_UNLINK");
-    if (!real_unlink) real_unlink = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
-    if (suffix && armed()) {
-        size_t n = strlen(path), k = strlen(suffix);
-        if (n >= k && strcmp(path + n - k, suffix) == 0) raise(SIGKILL);
-    }
-    return real_unlink(path);
 }

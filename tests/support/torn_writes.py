@@ -39,7 +39,7 @@ def run_torn(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a new Python whose ``tear_at``-th multi-page write of ``store`` is torn
     (0: none; ``log`` gets every such write as "n offset size"; ``extra``: more of the
-    shim's settings, e.g. TEAR_UNLINK, see tear_write.c)."""
+    shim's settings, e.g. TEAR_ARM, see tear_write.c)."""
     env = {
         **os.environ,
         "KERNELEXT_STORE": str(store),

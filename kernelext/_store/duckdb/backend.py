@@ -19,7 +19,7 @@ from ..base import Backend
 from ..records import FENCED
 from ..writer import Tx, Writer
 from .bulk import apply_records
-from .checkpoint import checkpoint, undo_before_open, wal_is_full
+from .checkpoint import checkpoint, keep_copy_current, restore_before_open, wal_is_full
 from .connect import (
     DUCKDB_CONFIG,
     PERMANENT_ERRORS,
@@ -122,7 +122,7 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
                 if not self.read_only:  # our turn: the header is read, and kept open
                     self._header_fd = open_header(self.path)
                     self._check_file()  # replaced or rewritten while we waited our turn
-                undo_before_open(self.path, read_only=self.read_only, fd=self._header_fd)
+                restore_before_open(self.path, read_only=self.read_only, fd=self._header_fd)
                 self._opening = True  # a DuckDB connection of another program may hold it
                 try:
                     self.con = connect_file(self.path, self.wait_timeout, read_only=self.read_only)
@@ -143,6 +143,8 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
                 raise
             try:
                 if not self.read_only:
+                    if self._header_fd is not None:  # a checkpoint elsewhere is undoable too
+                        keep_copy_current(self.con, self.path, self._header_fd)
                     self._fold_journals(self.con)
             except BaseException:
                 self.con.close()

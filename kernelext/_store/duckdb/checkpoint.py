@@ -8,26 +8,28 @@ power cut can too) leaves a metadata block half old, half new: its checksum fail
 file opens under neither header ("Corrupt database file: computed checksum ... in block at
 location 12288"). Every record in it would be out of reach.
 
-So kernelext never lets DuckDB checkpoint on its own (``CHECKPOINT_CONFIG``: no automatic
-checkpoint, none on shutdown) and checkpoints through ``checkpoint`` only:
+So the store keeps a **standing copy**, ``<store>.undo``: the metadata blocks of the header
+the file is at, with that header's iteration and the file's main header (its identity),
+written whole and synced. kernelext makes sure it is current before every checkpoint of its
+own, writes it again after each, and after every open. DuckDB never checkpoints by itself in
+kernelext's connections (``CHECKPOINT_CONFIG``: no automatic checkpoint, none on shutdown);
+a checkpoint DuckDB makes in someone else's connection (JupySQL's, the ``duckdb`` shell's)
+starts from the header the copy holds too.
 
-1. the blocks DuckDB will rewrite in place (``pragma_metadata_info``) are copied, with the
-   header's iteration, into ``<store>.undo``, written whole and synced before anything else;
-2. ``CHECKPOINT``;
-3. ``<store>.undo`` is removed.
-
-The next open (``undo_interrupted_checkpoint``, under the store's hand-over lock, before
-DuckDB opens the file) finds a ``<store>.undo`` left behind by a process that died: if the
-file's header did not move, the checkpoint never finished, so the saved blocks are written
-back; the file is then exactly what it was before, and its WAL (which DuckDB removes only
-after the new header is written) replays everything the checkpoint was moving. If the
-header moved, the checkpoint finished and the copy is dropped.
+The next open (``restore_torn_checkpoint``, under the store's hand-over lock, before DuckDB
+opens the file, while no DuckDB anywhere has it open) compares: the same file at the same
+header whose metadata blocks differ from the copy was cut in the middle of a checkpoint, so
+the blocks are written back. The file is then exactly what it was before, and its WAL (which
+DuckDB removes only after the new header) replays everything the checkpoint was moving. A
+file at another header, or another file, has nothing to take from the copy: it is left as
+it is, and the copy is written again once the file is open.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import struct
 
@@ -37,14 +39,17 @@ from ...errors import StoreError
 from .platform import sync_data
 from .store_files import open_store_file, read_store_file
 
+_log = logging.getLogger("kernelext")
+
 __all__ = [
     "CHECKPOINT_CONFIG",
     "CHECKPOINT_WAL_BYTES",
     "checkpoint",
     "disable_shutdown_checkpoint",
+    "keep_copy_current",
+    "restore_before_open",
+    "restore_torn_checkpoint",
     "save_undo",
-    "undo_before_open",
-    "undo_interrupted_checkpoint",
     "wal_is_full",
 ]
 
@@ -56,8 +61,7 @@ CHECKPOINT_CONFIG: dict[str, str | bool | int | float | list[str]] = {
 }
 CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024  # DuckDB's own default threshold
 
-_MAGIC = b"kernelext checkpoint undo 2\n"  # 2: with the file's main header, its identity
-_MAGIC_1 = b"kernelext checkpoint undo 1\n"  # no identity: read, never written
+_MAGIC = b"kernelext checkpoint undo 2\n"
 _MAIN_HEADER = 4096  # DuckDB's main header: written once, with the database's own identifier
 _HEAD = struct.Struct("<QQI")  # the header's iteration, the block size, how many blocks
 _OFFSET = struct.Struct("<Q")
@@ -95,33 +99,37 @@ def _encode(iteration: int, block_size: int, blocks: list[tuple[int, bytes]], ma
     return body + hashlib.blake2b(body, digest_size=_DIGEST).digest()
 
 
-def _decode(raw: bytes, shown: str) -> tuple[int, int, list[tuple[int, bytes]], bytes | None]:
-    """(iteration, block size, blocks, the file's main header: None in a copy of format 1)."""
-    body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
-    if (
-        len(raw) < len(_MAGIC) + _HEAD.size + _DIGEST
-        or not body.startswith((_MAGIC, _MAGIC_1))
-        or hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest
-    ):
-        raise StoreError(
-            f"{shown!r} (the blocks a checkpoint of the kernelext store saved before it "
-            "rewrote them) is damaged, so an interrupted checkpoint cannot be undone. Keep "
-            "a copy of the store's folder and open the store again; if the store opens, "
-            f"remove {shown!r}."
-        )
-    iteration, block_size, count = _HEAD.unpack_from(body, len(_MAGIC))
-    at = len(_MAGIC) + _HEAD.size
-    main = None
-    if body.startswith(_MAGIC):
-        main = body[at : at + _MAIN_HEADER]
+class _Copy:
+    """A decoded ``<store>.undo``: the header's iteration, the main header, the blocks."""
+
+    def __init__(self, raw: bytes) -> None:
+        body, digest = raw[:-_DIGEST], raw[-_DIGEST:]
+        if (
+            len(raw) < len(_MAGIC) + _HEAD.size + _MAIN_HEADER + _DIGEST
+            or not body.startswith(_MAGIC)
+            or hashlib.blake2b(body, digest_size=_DIGEST).digest() != digest
+        ):
+            raise ValueError("damaged")
+        self.iteration, block_size, count = _HEAD.unpack_from(body, len(_MAGIC))
+        at = len(_MAGIC) + _HEAD.size
+        self.main = body[at : at + _MAIN_HEADER]
         at += _MAIN_HEADER
-    blocks = []
-    for _ in range(count):
-        (offset,) = _OFFSET.unpack_from(body, at)
-        at += _OFFSET.size
-        blocks.append((offset, body[at : at + block_size]))
-        at += block_size
-    return iteration, block_size, blocks, main
+        self.blocks: list[tuple[int, bytes]] = []
+        for _ in range(count):
+            (offset,) = _OFFSET.unpack_from(body, at)
+            at += _OFFSET.size
+            self.blocks.append((offset, body[at : at + block_size]))
+            at += block_size
+
+    def applies_to(self, fd: int, shown: str) -> bool:
+        """The copy is of this file (its identity) at the header it is at now."""
+        return (
+            os.pread(fd, _MAIN_HEADER, 0) == self.main and _header(fd, shown)[0] == self.iteration
+        )
+
+    def torn_blocks(self, fd: int) -> list[tuple[int, bytes]]:
+        """The blocks whose bytes in the file are not the copy's: a checkpoint cut short."""
+        return [(o, data) for o, data in self.blocks if os.pread(fd, len(data), o) != data]
 
 
 def _sync_folder(path: str) -> None:
@@ -133,7 +141,7 @@ def _sync_folder(path: str) -> None:
 
 
 def save_undo(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> None:
-    """Copy the blocks a checkpoint rewrites in place to ``<path>.undo``, durably.
+    """Write the standing copy of the file's metadata blocks at its current header, durably.
 
     ``fd``: a descriptor of the store file this process keeps open while connected
     (closing any descriptor of it would drop DuckDB's lock).
@@ -169,31 +177,52 @@ def save_undo(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> None:
     _sync_folder(path)
 
 
+def _copy_is_current(path: str, fd: int) -> bool:
+    """``<path>.undo`` holds the file's metadata blocks at the header it is at now."""
+    try:
+        copy = _Copy(read_store_file(path + ".undo"))
+    except (OSError, StoreError, ValueError):
+        return False
+    return copy.applies_to(fd, path) and not copy.torn_blocks(fd)
+
+
+def keep_copy_current(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> bool:
+    """After an open: the standing copy is made current if it is not (a new store, a file a
+    checkpoint of another connection moved on). False when it cannot be written."""
+    if _copy_is_current(path, fd):
+        return True
+    try:
+        save_undo(con, path, fd)
+    except (OSError, StoreError):
+        return False
+    return True
+
+
 def checkpoint(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> bool:
     """Checkpoint the store's WAL into its file, undoable until it is done (see above).
 
-    False, with nothing changed, when the WAL is empty or the copy cannot be written (a full
-    disk: the WAL keeps the records, and the next checkpoint tries again). A failing
-    ``CHECKPOINT`` raises, and leaves ``<path>.undo`` for the next open.
+    False, with nothing changed, when the WAL is empty or the copy cannot be made current
+    (a full disk: the WAL keeps the records, and the next checkpoint tries again). A failing
+    ``CHECKPOINT`` raises; the copy undoes what it wrote at the next open.
     """
     try:
         if os.path.getsize(path + ".wal") == 0:
             return False
     except FileNotFoundError:
         return False
-    try:
-        save_undo(con, path, fd)
-    except OSError:
+    if not keep_copy_current(con, path, fd):
         return False
     con.execute("CHECKPOINT")
-    os.unlink(path + ".undo")
+    with contextlib.suppress(OSError):  # stale until the next checkpoint or open makes it
+        save_undo(con, path, fd)
     return True
 
 
 def _lock_whole_file(fd: int, kind: str = "F_WRLCK") -> bool:
-    """An open-file-description write lock on the whole file (``kind="F_UNLCK"`` lets it
-    go): taken only if no process has the file open through DuckDB, this one included
-    (its lock conflicts with this one). True where the platform has none."""
+    """An open-file-description lock on the whole file (``F_WRLCK``, ``F_RDLCK``;
+    ``F_UNLCK`` lets it go): taken only if no DuckDB has the file open for writing (a
+    write lock: for reading either), in any process, this one included (its lock conflicts
+    with this one). True where the platform has none."""
     import fcntl
 
     command = getattr(fcntl, "F_OFD_SETLK", None)
@@ -214,74 +243,85 @@ def wal_is_full(path: str) -> bool:
         return False
 
 
-def _checkpoint_finished(path: str) -> bool:
-    """The checkpoint that left ``<path>.undo`` wrote its new header, or the copy is of
-    another file: nothing in it applies. (For a read-only open: the files may be another
-    user's.)"""
-    raw = read_store_file(path + ".undo", shared=True)
-    iteration, _block_size, _blocks, main = _decode(raw, path + ".undo")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+def _read_copy(path: str, *, shared: bool) -> _Copy | None:
+    """The standing copy, or None. A damaged one is moved aside (kept for a person to look
+    at) and the store opens without it: it only ever undoes a torn checkpoint."""
+    with contextlib.suppress(FileNotFoundError):
+        if not shared:
+            os.unlink(path + ".undo.tmp")  # a copy never finished: the old one stands
     try:
-        other = main is not None and os.pread(fd, _MAIN_HEADER, 0) != main
-        return other or _header(fd, path)[0] > iteration
-    finally:
-        os.close(fd)
+        raw = read_store_file(path + ".undo", shared=shared)
+    except FileNotFoundError:
+        return None
+    try:
+        return _Copy(raw)
+    except ValueError:
+        if not shared:
+            os.replace(path + ".undo", path + ".undo.damaged")
+        _log.warning(
+            "kernelext: %s (the copy that undoes a checkpoint cut short) is damaged; it was "
+            "set aside as %s. The store opens without it.",
+            path + ".undo",
+            path + ".undo.damaged",
+        )
+        return None
 
 
-def undo_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
-    """Under the hand-over lock, before DuckDB reads ``path``: a checkpoint a dead process
-    left half written is undone (``undo_interrupted_checkpoint``). ``fd``: the read-write
-    descriptor of the file the connection keeps (None: one is opened and closed)."""
+def restore_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
+    """Under the hand-over lock, before DuckDB reads ``path``: a checkpoint cut short is
+    undone (``restore_torn_checkpoint``). ``fd``: the read-write descriptor of the file the
+    connection keeps (None: one is opened and closed)."""
     if not os.path.lexists(path + ".undo"):
         return
-    if read_only and not os.access(path, os.W_OK):
-        if _checkpoint_finished(path):
-            return  # killed before it removed the copy: nothing to undo, nothing to write
-        raise StoreError(
-            f"The kernelext store {path!r} was left in the middle of a checkpoint by a "
-            "process that died, and this read-only open cannot finish it. Open it once "
-            "read-write (kx.open_store(path)) as the store's owner, then read it."
-        )
-    undo_interrupted_checkpoint(path, fd)
+    if read_only:  # writes nothing: a torn file is refused, with what to do
+        copy = _read_copy(path, shared=True)
+        if copy is None:
+            return
+        own = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            torn = _lock_whole_file(own, "F_RDLCK") and (
+                copy.applies_to(own, path) and bool(copy.torn_blocks(own))
+            )
+            _lock_whole_file(own, "F_UNLCK")
+        finally:
+            os.close(own)
+        if torn:
+            raise StoreError(
+                f"The kernelext store {path!r} was left in the middle of a checkpoint by a "
+                "process that died, and a read-only open cannot finish it (it writes "
+                "nothing). Open it once read-write (kx.open_store(path)) as the store's "
+                "owner: that puts back the blocks the checkpoint left torn; then read it."
+            )
+        return
+    restore_torn_checkpoint(path, fd)
 
 
-def undo_interrupted_checkpoint(path: str, fd: int | None = None) -> bool:
-    """Before DuckDB opens ``path``: undo a checkpoint a dead process left half written.
+def restore_torn_checkpoint(path: str, fd: int | None = None) -> bool:
+    """Before DuckDB opens ``path``: write back the metadata blocks a checkpoint cut short
+    left torn. True when blocks were written back.
 
-    Called under the store's hand-over lock. True when blocks were written back. ``fd``:
-    a read-write descriptor of the file that stays open (closing a descriptor of a file
-    drops every POSIX lock this process holds on it: DuckDB's, were it open here).
+    Called under the store's hand-over lock. ``fd``: a read-write descriptor of the file
+    that stays open (closing a descriptor of a file drops every POSIX lock this process
+    holds on it: DuckDB's, were it open here).
     """
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path + ".undo.tmp")  # a copy never finished: its checkpoint never began
-    try:
-        raw = read_store_file(path + ".undo")
-    except FileNotFoundError:
+    copy = _read_copy(path, shared=False)
+    if copy is None:
         return False
-    iteration, _block_size, blocks, main = _decode(raw, path + ".undo")
     own = fd is None
     if fd is None:
         fd = open_store_file(path, os.O_RDWR)
     try:
         if not _lock_whole_file(fd):
-            return False  # DuckDB has it open: its own process finishes or dies first
+            return False  # a DuckDB has it open: its own process finishes or dies first
         try:
-            now, _ = _header(fd, path)
-            if now < iteration or (main is not None and os.pread(fd, _MAIN_HEADER, 0) != main):
-                raise StoreError(
-                    f"The kernelext store {path!r} is not the file the checkpoint copy beside "
-                    f"it ({path + '.undo'!r}) was taken from (it is older, or another "
-                    "database): the file was replaced. Keep both and open the store from the "
-                    "file you want."
-                )
-            restored = now == iteration
-            if restored:  # the new header was never written: put the old blocks back
-                for offset, data in blocks:
-                    os.pwrite(fd, data, offset)
+            if not copy.applies_to(fd, path):
+                return False  # another header (or file): the copy is written again later
+            torn = copy.torn_blocks(fd)
+            for offset, data in torn:  # the new header was never written: the old blocks
+                os.pwrite(fd, data, offset)
+            if torn:
                 os.fsync(fd)
-            os.unlink(path + ".undo")
-            _sync_folder(path)
-            return restored
+            return bool(torn)
         finally:
             _lock_whole_file(fd, "F_UNLCK")
     finally:
