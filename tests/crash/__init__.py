@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from .forked import FORKS, ForkedProcess, ForkServer
 
@@ -165,7 +165,7 @@ class Worker:
         """SIGKILL the worker if it is still alive; True if this call killed it."""
         if self.proc.poll() is not None:
             return False
-        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.send_signal(signal.SIGKILL)  # a worker that just ended is not signalled
         self.proc.wait(timeout=LINE_TIMEOUT)
         self.killed = self.proc.returncode == -signal.SIGKILL
         self._close()
@@ -230,7 +230,7 @@ class WorkerPool:
         self.env.pop("KERNELEXT_STORE", None)  # workers get the store path in ``go``
         self.spawned = 0
         self._warm: Worker | None = None
-        self._server_stderr: Any = None
+        self._server_stderr: BinaryIO | None = None
         self.server: ForkServer | None = None
         if fork:
             self._server_stderr = open(workdir / "workers.stderr", "ab")  # noqa: SIM115
@@ -254,6 +254,7 @@ class WorkerPool:
         if self.server is not None:
             self.server.close()
             self.server = None
+        if self._server_stderr is not None:
             self._server_stderr.close()
 
 

@@ -12,7 +12,9 @@ server reaps its children and sends each one's exit code (``-9`` after a SIGKILL
 
 Messages on the socket (SOCK_SEQPACKET, one message each): ``fork`` with three file
 descriptors from the client; ``loaded``, ``pid <pid>``, ``exit <pid> <code>`` and
-``error <text>`` from the server. The server ends when the client hangs up.
+``error <text>`` from the server; ``pid`` comes with a pidfd of the worker, through which
+the client signals it: a pidfd never names another process, even once the worker ended,
+was reaped and its pid was given to a new one. The server ends when the client hangs up.
 """
 
 from __future__ import annotations
@@ -115,7 +117,10 @@ def serve(ctl: socket.socket) -> ForkedStdio | None:
                 for fd in (wake_r, wake_w, ctl.detach()):
                     os.close(fd)
                 return fds[0], fds[1], fds[2]
-            send(ctl, f"pid {pid}")
+            pidfd = os.pidfd_open(pid)  # before any reaping: it names this process only
+            with contextlib.suppress(OSError):
+                socket.send_fds(ctl, [f"pid {pid}".encode()], [pidfd])
+            os.close(pidfd)
         for fd in fds:
             os.close(fd)
 

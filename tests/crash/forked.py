@@ -4,14 +4,16 @@ that has already imported the worker script, instead of a fresh ``python`` each.
 ``ForkServer(script, env, stderr)`` starts the server; ``start(stderr)`` forks one
 worker and returns a ``ForkedProcess``, which ``Worker`` uses as it would use a
 ``subprocess.Popen``: its ``stdin`` and ``stdout`` are pipes to the worker, ``pid`` is
-the worker's own (a SIGKILL to it kills the worker), and ``wait``/``poll`` give the
-exit code the server reaped (``-9`` after a SIGKILL).
+the worker's own, ``send_signal`` signals that process (a SIGKILL kills the worker), and
+``wait``/``poll`` give the exit code the server reaped (``-9`` after a SIGKILL).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -43,7 +45,7 @@ class ForkServer:
                 env=env,
                 pass_fds=(theirs.fileno(),),
             )
-        self._replies: queue.Queue[str] = queue.Queue()
+        self._replies: queue.Queue[tuple[str, int | None]] = queue.Queue()
         self._exits: dict[int, int] = {}
         self._ended = threading.Condition()
         self._gone = False
@@ -54,11 +56,12 @@ class ForkServer:
     def _read(self) -> None:
         while True:
             try:
-                message = self._sock.recv(256).decode()
+                data, fds, _, _ = socket.recv_fds(self._sock, 256, 1)
             except OSError:
-                message = ""
-            if not message:
+                data, fds = b"", []
+            if not data:
                 break
+            message = data.decode()
             kind, _, rest = message.partition(" ")
             with self._ended:
                 if kind == "exit":
@@ -68,20 +71,20 @@ class ForkServer:
                 elif kind == "pid":  # a new worker: an old one's code under a reused pid goes
                     self._exits.pop(int(rest), None)
             if kind != "exit":
-                self._replies.put(message)
+                self._replies.put((message, fds[0] if fds else None))
         with self._ended:
             self._gone = True
             self._ended.notify_all()
-        self._replies.put("error the fork server ended")
+        self._replies.put(("error the fork server ended", None))
 
-    def _reply(self, expected: str) -> str:
+    def _reply(self, expected: str) -> tuple[str, int | None]:
         try:
-            reply = self._replies.get(timeout=START_TIMEOUT)
+            reply, fd = self._replies.get(timeout=START_TIMEOUT)
         except queue.Empty:
-            reply = f"error no answer in {START_TIMEOUT}s"
+            reply, fd = f"error no answer in {START_TIMEOUT}s", None
         if not reply.startswith(expected):
             raise AssertionError(f"fork server {self.proc.pid}: {reply}\n{self._stderr_text()}")
-        return reply
+        return reply, fd
 
     def start(self, stderr: IO[bytes]) -> ForkedProcess:
         """Fork one worker, its stderr to ``stderr``."""
@@ -98,12 +101,13 @@ class ForkServer:
         stdin = open(stdin_w, "w", buffering=1)  # noqa: SIM115 - closed by Worker
         stdout = open(stdout_r)  # noqa: SIM115 - closed by Worker
         try:
-            pid = int(self._reply("pid ").split()[1])
+            reply, pidfd = self._reply("pid ")
+            assert pidfd is not None, f"fork server {self.proc.pid}: {reply} without its pidfd"
         except BaseException:
             stdin.close()
             stdout.close()
             raise
-        return ForkedProcess(self, pid, stdin, stdout)
+        return ForkedProcess(self, int(reply.split()[1]), pidfd, stdin, stdout)
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
         """``pid``'s exit code once the server reaped it, waiting up to ``timeout``."""
@@ -138,21 +142,40 @@ class ForkServer:
 class ForkedProcess:
     """A forked worker, seen through the ``subprocess.Popen`` calls ``Worker`` makes."""
 
-    def __init__(self, server: ForkServer, pid: int, stdin: IO[str], stdout: IO[str]) -> None:
+    def __init__(
+        self, server: ForkServer, pid: int, pidfd: int, stdin: IO[str], stdout: IO[str]
+    ) -> None:
         self._server = server
         self.pid = pid
+        self._pidfd: int | None = pidfd
         self.stdin: IO[str] | None = stdin
         self.stdout: IO[str] | None = stdout
         self.returncode: int | None = None
 
+    def send_signal(self, signum: int) -> None:
+        """Signal the worker (through its pidfd): nothing if it has ended already."""
+        if self._pidfd is None:
+            return
+        with contextlib.suppress(ProcessLookupError):  # ended, not reaped or reported yet
+            signal.pidfd_send_signal(self._pidfd, signum)
+
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._server.exit_code(self.pid, 0)
-        return self.returncode
+        if self.returncode is not None:
+            return self.returncode
+        return self._ended(self._server.exit_code(self.pid, 0))
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self.returncode = self._server.exit_code(self.pid, timeout)
-        if self.returncode is None:
+        if self.returncode is not None:
+            return self.returncode
+        code = self._ended(self._server.exit_code(self.pid, timeout))
+        if code is None:
             raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
+        return code
+
+    def _ended(self, code: int | None) -> int | None:
+        if self.returncode is None and code is not None:
+            self.returncode = code
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
         return self.returncode

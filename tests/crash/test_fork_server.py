@@ -82,3 +82,24 @@ def test_each_forked_worker_is_a_process_of_its_own_that_a_sigkill_ends(tmp_path
         assert logged_pids(side_log, 3) == {worker.proc.pid}
     finally:
         pool.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_to_a_worker_that_ended_and_was_reaped_reaches_no_process(tmp_path: Path) -> None:
+    """The test may signal a worker the moment it ends by itself: its pid may be free (or a
+    new process's) by then, so the signal goes through the worker's pidfd, and is dropped."""
+    pool = WorkerPool(ENGINE_WORKER, tmp_path)
+    try:
+        worker = pool.take()
+        pid = worker.proc.pid
+        assert worker.proc.stdin is not None
+        worker.proc.stdin.close()  # no ``go``: the worker ends by itself, exit code 0
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{pid}").exists():  # reaped by the server, not yet seen here
+            assert time.monotonic() < deadline, f"worker {pid} did not end"
+            time.sleep(0.01)
+        worker.proc.send_signal(signal.SIGKILL)
+        assert not worker.kill(), "a worker that ended by itself was not killed"
+        assert worker.reap() == 0, worker.stderr()
+    finally:
+        pool.close()
