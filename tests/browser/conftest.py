@@ -1,4 +1,5 @@
-"""The browser tests' fixtures: a Chromium page, and the folder of a test's screenshots."""
+"""The browser tests' fixtures: one JupyterLab server and one Chromium for all of them (in a
+pytest process), a fresh page for each test, and the folder of a test's screenshots."""
 
 from __future__ import annotations
 
@@ -9,8 +10,18 @@ from typing import Any
 
 import pytest
 
-from browser import jupyterlab as lab
+from browser.chromium import chromium_browser, chromium_problem, page_in
 from browser.harness import ARTIFACTS
+from browser.shared_lab import sharing
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_jupyterlab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' notebooks are opened in one JupyterLab (started when a test first needs
+    it), serving the folder every ``tmp_path`` is in; see browser/shared_lab.py."""
+    home = tmp_path_factory.mktemp("shared-jupyter-home")
+    with sharing(tmp_path_factory.getbasetemp(), home):
+        yield
 
 
 @pytest.fixture
@@ -21,10 +32,17 @@ def shots_folder(request: pytest.FixtureRequest) -> Path:
     return folder
 
 
+@pytest.fixture(scope="package")
+def one_chromium() -> Iterator[Any]:
+    """One headless Chromium for the tests; each test gets a page in a fresh context."""
+    with chromium_browser() as browser:
+        yield browser
+
+
 @pytest.fixture
-def page() -> Iterator[Any]:
-    problem = lab.chromium_problem()
+def page(request: pytest.FixtureRequest) -> Iterator[Any]:
+    problem = chromium_problem()
     if problem:
         pytest.fail(problem, pytrace=False)
-    with lab.chromium_page() as browser_page:
+    with page_in(request.getfixturevalue("one_chromium")) as browser_page:
         yield browser_page

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from browser import jupyterlab as lab
+from browser.shared_lab import server_for
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
@@ -81,12 +82,10 @@ def opened_in_lab(
     env: Mapping[str, str],
     opener: Callable[[Any, lab.LabServer, str], None] = lab.open_notebook,
 ) -> Iterator[tuple[lab.LabServer, Shots]]:
-    """JupyterLab serving ``root`` with ``env`` for its kernels, notebook ``name`` open in
-    ``page`` (kernel idle); screenshots (and, on a failure, the server log) kept."""
-    with (
-        lab.running_jupyterlab(root, root.parent / "jupyter-home", env) as server,
-        Shots(page, shots_folder, server) as shot,
-    ):
+    """JupyterLab serving ``root`` with ``env`` for its kernels (the worker's shared server,
+    see ``shared_lab``), notebook ``name`` open in ``page`` (kernel idle); screenshots (and,
+    on a failure, the server log) kept. The test's kernels are gone once this exits."""
+    with server_for(root, env) as server, Shots(page, shots_folder, server) as shot:
         opener(page, server, name)
         yield server, shot
 

@@ -1,4 +1,4 @@
-"""A real JupyterLab on 127.0.0.1, and Debian's Chromium driven by Playwright.
+"""A real JupyterLab on 127.0.0.1, and the moves a user makes in it.
 
 ``running_jupyterlab`` starts ``jupyter lab`` from the project's venv with a random
 port and token, an isolated Jupyter home (config, data, runtime, lab settings and
@@ -6,9 +6,8 @@ workspaces in a temp folder, so a developer's own setup cannot leak in) and no
 outgoing requests (news, update checks, extension manager). Extra environment
 variables (``KERNELEXT_STORE``) reach every kernel the server starts.
 
-``chromium_page`` launches ``/usr/bin/chromium`` headless (never ``playwright
-install``); the page helpers below do what a user does: open a notebook, wait
-for the kernel, select a cell and press Ctrl+Enter, type a new cell.
+The page helpers below do what a user does in Chromium (browser/chromium.py): open a
+notebook, wait for the kernel, select a cell and press Ctrl+Enter, type a new cell.
 """
 
 from __future__ import annotations
@@ -30,16 +29,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = (
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
 JUPYTER = Path(sys.executable).with_name("jupyter")
 STARTUP_TIMEOUT = 90.0
 WAIT_MS = 60_000  # Playwright timeouts: generous, a 2-core CI machine is slow
@@ -73,9 +62,14 @@ class LabServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     runtime_dir: Path  # JUPYTER_RUNTIME_DIR of the server and of every kernel it starts
+    folder: str = ""  # where ``root_dir`` is in the server's tree ("": its top)
+
+    def path_of(self, name: str) -> str:
+        """``name`` (relative to ``root_dir``) as the server's URLs and API name it."""
+        return f"{self.folder}/{name}" if self.folder else name
 
     def notebook_url(self, name: str) -> str:
-        return f"{self.url}/lab/tree/{quote(name)}?token={self.token}"
+        return f"{self.url}/lab/tree/{quote(self.path_of(name))}?token={self.token}"
 
     def api(self, path: str, method: str = "GET", timeout: float = 10.0) -> Any:
         request = urllib.request.Request(
@@ -114,15 +108,20 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _isolated_home(home: Path) -> dict[str, str]:
-    dirs = {
-        "JUPYTER_CONFIG_DIR": home / "config",
-        "JUPYTER_DATA_DIR": home / "data",
-        "JUPYTER_RUNTIME_DIR": home / "runtime",
-        "JUPYTERLAB_SETTINGS_DIR": home / "lab-settings",
-        "JUPYTERLAB_WORKSPACES_DIR": home / "lab-workspaces",
-        "IPYTHONDIR": home / "ipython",
-    }
+HOME_DIRS = {  # the variables of an isolated Jupyter home, and their folders in it
+    "JUPYTER_CONFIG_DIR": "config",
+    "JUPYTER_DATA_DIR": "data",
+    "JUPYTER_RUNTIME_DIR": "runtime",
+    "JUPYTERLAB_SETTINGS_DIR": "lab-settings",
+    "JUPYTERLAB_WORKSPACES_DIR": "lab-workspaces",
+    "IPYTHONDIR": "ipython",
+}
+
+
+def isolated_home(home: Path) -> dict[str, str]:
+    """The folders of a Jupyter home in ``home`` (made, with the server config and the Lab
+    user settings written); the variables that point a server at them."""
+    dirs = {name: home / folder for name, folder in HOME_DIRS.items()}
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
     (dirs["JUPYTER_CONFIG_DIR"] / "jupyter_server_config.json").write_text(
@@ -135,7 +134,13 @@ def _isolated_home(home: Path) -> dict[str, str]:
     return {name: str(path) for name, path in dirs.items()}
 
 
-def _start_once(root_dir: Path, home: Path, env: Mapping[str, str], attempt: int) -> LabServer:
+def _start_once(
+    root_dir: Path,
+    home: Path,
+    env: Mapping[str, str],
+    attempt: int,
+    base: Mapping[str, str],
+) -> LabServer:
     port, token = _free_port(), secrets.token_hex(16)
     log_path = home / f"jupyterlab-{attempt}.log"
     command = [
@@ -152,7 +157,7 @@ def _start_once(root_dir: Path, home: Path, env: Mapping[str, str], attempt: int
     ]
     if os.geteuid() == 0:  # containers and CI often run as root
         command.append("--ServerApp.allow_root=True")
-    full_env = {**os.environ, **_isolated_home(home), **env, "PYTHONUNBUFFERED": "1"}
+    full_env = {**base, **isolated_home(home), **env, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=root_dir
@@ -175,7 +180,7 @@ def _wait_ready(server: LabServer, timeout: float) -> None:
     raise TimeoutError(f"jupyter lab not ready after {timeout:.0f}s:\n{server.log_tail()}")
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     except OSError:
@@ -183,7 +188,7 @@ def _children(pid: int) -> list[int]:
     return [int(part) for part in text.split()]
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -197,7 +202,7 @@ def stop_jupyterlab(server: LabServer) -> None:
         for kernel in server.api("/api/kernels"):
             with contextlib.suppress(OSError, ValueError):
                 server.api(f"/api/kernels/{kernel['id']}", method="DELETE", timeout=20.0)
-    kernels = _children(server.process.pid)
+    kernels = child_pids(server.process.pid)
     if server.process.poll() is None:
         server.process.send_signal(signal.SIGTERM)
         try:
@@ -206,19 +211,24 @@ def stop_jupyterlab(server: LabServer) -> None:
             server.process.kill()
             server.process.wait(timeout=10)
     for pid in kernels:
-        if _alive(pid):
+        if is_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
 def running_jupyterlab(
-    root_dir: Path, home: Path, env: Mapping[str, str] | None = None, attempts: int = 3
+    root_dir: Path,
+    home: Path,
+    env: Mapping[str, str] | None = None,
+    attempts: int = 3,
+    base_env: Mapping[str, str] | None = None,
 ) -> Iterator[LabServer]:
-    """JupyterLab serving ``root_dir``; retried only while starting (e.g. a port race)."""
+    """JupyterLab serving ``root_dir``; retried only while starting (e.g. a port race).
+    Its environment: ``base_env`` (default: this process's), the isolated home, ``env``."""
     errors: list[str] = []
     for attempt in range(1, attempts + 1):
-        server = _start_once(root_dir, home, env or {}, attempt)
+        server = _start_once(root_dir, home, env or {}, attempt, base_env or os.environ)
         try:
             _wait_ready(server, STARTUP_TIMEOUT)
         except (RuntimeError, TimeoutError) as exc:
@@ -233,47 +243,6 @@ def running_jupyterlab(
             stop_jupyterlab(server)
         return
     raise RuntimeError("JupyterLab did not start:\n\n" + "\n\n".join(errors))
-
-
-# -- Chromium -----------------------------------------------------------------
-
-
-class ChromiumMissing(RuntimeError):
-    pass
-
-
-def chromium_problem() -> str | None:
-    """Why Chromium cannot be used here (None when it can)."""
-    if CHROMIUM.is_file() and os.access(CHROMIUM, os.X_OK):
-        return None
-    return (
-        f"{CHROMIUM} is missing: the browser tests drive Debian's Chromium through "
-        "Playwright (never `playwright install`). `make test` installs it "
-        "(apt-get install -y chromium); as root you can run that yourself."
-    )
-
-
-@contextlib.contextmanager
-def chromium_page(width: int = 1400, height: int = 1000) -> Iterator[Any]:
-    """A Playwright page in a fresh headless Chromium profile."""
-    problem = chromium_problem()
-    if problem:
-        raise ChromiumMissing(problem)
-    from playwright.sync_api import expect, sync_playwright
-
-    expect.set_options(timeout=WAIT_MS)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=list(CHROMIUM_ARGS)
-        )
-        try:
-            context = browser.new_context(viewport={"width": width, "height": height})
-            context.set_default_timeout(WAIT_MS)
-            page = context.new_page()
-            yield page
-            context.close()
-        finally:
-            browser.close()
 
 
 # -- JupyterLab page helpers ----------------------------------------------------
@@ -301,7 +270,7 @@ def open_notebook_7(page: Any, server: LabServer, name: str) -> None:
     from playwright.sync_api import expect
 
     notebook = json.loads((server.root_dir / name).read_text(encoding="utf-8"))
-    page.goto(f"{server.url}/notebooks/{quote(name)}?token={server.token}")
+    page.goto(f"{server.url}/notebooks/{quote(server.path_of(name))}?token={server.token}")
     idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first
     idle.wait_for(state="attached", timeout=OPEN_MS)
     expect(cells(page)).to_have_count(len(notebook["cells"]), timeout=OPEN_MS)

@@ -5,6 +5,7 @@
 - ``journal``, ``fold``, ``hot_path``: hot-path records are durable after one fdatasync and
   folded into the tables in batches, never dropped;
 - ``recovery``: journals of processes that died are folded by the next open;
+- ``checkpoint``: DuckDB's checkpoint, undone by the next open when a kill cut it short;
 - ``side_files``: payloads over 64 KiB in files beside the store;
 - ``platform``: the few POSIX calls, with what each platform offers.
 """

@@ -19,10 +19,13 @@ from ..base import Backend
 from ..records import FENCED
 from ..writer import Tx, Writer
 from .bulk import apply_records
+from .checkpoint import checkpoint, undo_before_open, wal_is_full
 from .connect import (
     DUCKDB_CONFIG,
+    PERMANENT_ERRORS,
     DuckTx,
     connect_file,
+    duckdb_config,
     file_identity,
     file_signal,
     is_writable,
@@ -47,31 +50,6 @@ __all__ = ["DUCKDB_CONFIG", "DuckDBConnection", "duckdb_config", "open_duckdb"]
 
 _log = logging.getLogger("kernelext")
 INLINE_LIMIT = 64 << 10  # payloads above 64 KiB go to a side file, off the commit path
-# Failures that the same records would meet again: the tables refuse them.
-_PERMANENT = (
-    duckdb.ConstraintException,
-    duckdb.ConversionException,
-    duckdb.InvalidInputException,
-    duckdb.TypeMismatchException,
-    duckdb.OutOfRangeException,
-    duckdb.BinderException,
-    duckdb.CatalogException,
-    duckdb.ParserException,
-    duckdb.NotImplementedException,  # e.g. a batch's VALUES mixing a text into a number column
-    KeyError,
-    TypeError,
-    ValueError,
-    IndexError,
-    AttributeError,
-)
-
-
-def duckdb_config() -> dict[str, str | bool | int | float | list[str]]:
-    """``kx.duckdb_config()``: the configuration another DuckDB connection to the store file
-    in this process must pass (DuckDB refuses a second configuration of an open file), e.g.
-    ``duckdb.connect(kx.open_store().location, config=kx.duckdb_config())`` for JupySQL.
-    A new dict each call: changing it changes nothing in kernelext."""
-    return dict(DUCKDB_CONFIG)
 
 
 class DuckDBConnection(FileGuard, UserQueries, Backend):
@@ -144,6 +122,7 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
                 if not self.read_only:  # our turn: the header is read, and kept open
                     self._header_fd = open_header(self.path)
                     self._check_file()  # replaced or rewritten while we waited our turn
+                undo_before_open(self.path, read_only=self.read_only, fd=self._header_fd)
                 self._opening = True  # a DuckDB connection of another program may hold it
                 try:
                     self.con = connect_file(self.path, self.wait_timeout, read_only=self.read_only)
@@ -177,6 +156,18 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
                 self.on_open()
         self._last_used = time.monotonic()
         return self.con
+
+    def _checkpoint(self) -> None:
+        """Move the WAL into the file (undoably). A failure keeps the WAL, and the copy of
+        the blocks for the next open; the connection is let go (DuckDB may have
+        invalidated it)."""
+        if self.con is None or self.read_only or self._header_fd is None:
+            return
+        try:
+            checkpoint(self.con, self.path, self._header_fd)
+        except (duckdb.Error, OSError, StoreError):
+            _log.warning("checkpoint of the kernelext store %r failed", self.path, exc_info=True)
+            self._release(checkpointed=True)
 
     def _fold_journals(self, con: duckdb.DuckDBPyConnection) -> None:
         """Fold the journals of processes that died (each in its own transactions, so
@@ -254,9 +245,13 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
         if self.hot_path is not None:  # a take-over made here: this process's own records
             self.hot_path.folder.fold_in(tx)
 
-    def _release(self, *, handing_over: bool = False) -> None:
+    def _release(self, *, handing_over: bool = False, checkpointed: bool = False) -> None:
         if self.con is None:
             return
+        if not checkpointed:
+            self._checkpoint()  # closing does not: DuckDB's own is not undoable
+            if self.con is None:
+                return
         for cur in self._cursors:
             with contextlib.suppress(duckdb.Error):
                 cur.close()
@@ -335,12 +330,16 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
                 if statement == "ROLLBACK":
                     # A connection that cannot roll back (DuckDB invalidates the database
                     # after a fatal error) is closed; the next job opens it again.
-                    self._release()
+                    self._release(checkpointed=True)
                     return
                 raise
             if not self.read_only:
                 if statement == "COMMIT":
                     self._check_file_at(committed=True)  # committed to a file gone meanwhile
+                    if wal_is_full(self.path):
+                        self._checkpoint()
+                        if self.con is None:
+                            return
                 private_wal(self.path)
         finally:
             self._in_tx = False
@@ -352,7 +351,7 @@ class DuckDBConnection(FileGuard, UserQueries, Backend):
 
         Disk full, out of memory, I/O errors and a busy file are transient: retried.
         """
-        return isinstance(exc, _PERMANENT)
+        return isinstance(exc, PERMANENT_ERRORS)
 
     # -- reads (any thread) --------------------------------------------------------------
     def _cursor(self) -> duckdb.DuckDBPyConnection:

@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 
 from ...errors import StoreError, StoreLockedError
+from .checkpoint import CHECKPOINT_CONFIG, disable_shutdown_checkpoint
 from .store_files import open_store_file, own_folder
 
 _PID = re.compile(r"\(PID (\d+)\)")
@@ -21,7 +22,37 @@ _UMASK_LOCK = threading.Lock()
 # New store files get 16 KiB blocks instead of 256 KiB: a store is many small tables, and
 # every table and index costs at least a block. (An existing file keeps its block size.)
 # Another connection to the same file in this process must pass the same config.
-DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {"default_block_size": "16384"}
+# DuckDB never checkpoints by itself: kernelext does, undoably (``checkpoint``).
+DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "default_block_size": "16384",
+    **CHECKPOINT_CONFIG,
+}
+
+# Failures that the same records would meet again: the tables refuse them.
+PERMANENT_ERRORS = (
+    duckdb.ConstraintException,
+    duckdb.ConversionException,
+    duckdb.InvalidInputException,
+    duckdb.TypeMismatchException,
+    duckdb.OutOfRangeException,
+    duckdb.BinderException,
+    duckdb.CatalogException,
+    duckdb.ParserException,
+    duckdb.NotImplementedException,  # e.g. a batch's VALUES mixing a text into a number column
+    KeyError,
+    TypeError,
+    ValueError,
+    IndexError,
+    AttributeError,
+)
+
+
+def duckdb_config() -> dict[str, str | bool | int | float | list[str]]:
+    """``kx.duckdb_config()``: the configuration another DuckDB connection to the store file
+    in this process must pass (DuckDB refuses a second configuration of an open file), e.g.
+    ``duckdb.connect(kx.open_store().location, config=kx.duckdb_config())`` for JupySQL.
+    A new dict each call: changing it changes nothing in kernelext."""
+    return dict(DUCKDB_CONFIG)
 
 
 class DuckTx:
@@ -88,6 +119,8 @@ def connect_file(
         # Store statements are tiny: one thread avoids DuckDB's per-statement scheduling
         # cost (about half of a small insert here); analytics over a million rows stay fast.
         con.execute("SET threads = 1")
+        if not read_only:
+            disable_shutdown_checkpoint(con)
         lock_down(con)
         if read_only:
             return con
@@ -146,11 +179,16 @@ DUCKDB_HEADERS = 3 * 4096  # its main header and two database headers: no file i
 
 
 def open_header(path: str) -> int | None:
-    """A read descriptor of the store file, held while connected (see ``_header_fd``)."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # never waits on a FIFO
-    except OSError:
-        return None
+    """A descriptor of the store file, held while connected (see ``_header_fd``); read-write
+    where it can be (an interrupted checkpoint is undone through it)."""
+    for mode in (os.O_RDWR, os.O_RDONLY):
+        try:
+            return os.open(path, mode | os.O_NONBLOCK)  # never waits on a FIFO
+        except PermissionError:
+            continue
+        except OSError:
+            return None
+    return None
 
 
 def header_magic(fd: int | None) -> bytes | None:

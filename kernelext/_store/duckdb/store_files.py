@@ -1,6 +1,6 @@
 """The one door for every file and folder kernelext keeps beside an embedded store.
 
-``<store>.lock``, ``.want``, ``.wal``, ``.journal.*``, ``.fence/``, ``.blobs/`` and
+``<store>.lock``, ``.want``, ``.wal``, ``.undo``, ``.journal.*``, ``.fence/``, ``.blobs/`` and
 ``.quarantine/`` are opened and created here only, so that nothing else on the machine
 can bend them:
 

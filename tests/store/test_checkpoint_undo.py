@@ -1,0 +1,298 @@
+"""A checkpoint killed anywhere leaves a store that opens with every commit in it.
+
+DuckDB's checkpoint rewrites the file's metadata blocks in place; a process killed inside
+one of those writes (SIGKILL stops a write of several pages between two pages) leaves a
+block half old, half new, and the file opens under neither header. These tests build every
+file a kill can leave, page by page, from a real checkpoint of a real store file: the file
+before it, the file after it, and each block it changed, whole or torn after each page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+from support.small_disk import fill, small_disk  # noqa: F401  (fixture)
+
+from kernelext._store.duckdb.checkpoint import (
+    _decode,
+    checkpoint,
+    disable_shutdown_checkpoint,
+    save_undo,
+    undo_interrupted_checkpoint,
+)
+from kernelext._store.duckdb.connect import DUCKDB_CONFIG
+from kernelext.errors import StoreError
+
+PAGE = 4096
+HEADERS = 3 * PAGE
+TABLES = 5
+
+
+def _change(con: duckdb.DuckDBPyConnection, rng: random.Random) -> None:
+    """Inserts, updates and deletes in every table, each commit its own."""
+    for t in range(TABLES):
+        con.execute(f"CREATE TABLE IF NOT EXISTS t{t} (id INTEGER, note VARCHAR, n DOUBLE)")
+        start = rng.randrange(10_000)
+        con.execute(
+            f"INSERT INTO t{t} SELECT range, 'note ' || range || repeat('x', ?), random() "
+            "FROM range(?, ?)",
+            [rng.randrange(40), start, start + rng.randrange(1, 400)],
+        )
+        if rng.random() < 0.5:
+            con.execute(
+                f"UPDATE t{t} SET note = note || '!' WHERE id % ? = 0", [rng.randrange(2, 9)]
+            )
+        if rng.random() < 0.4:
+            con.execute(f"DELETE FROM t{t} WHERE id % ? = 1", [rng.randrange(3, 11)])
+
+
+def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """A connection configured as the store's own (DuckDB never checkpoints by itself)."""
+    con = duckdb.connect(str(path), read_only=read_only, config=DUCKDB_CONFIG)
+    if not read_only:
+        disable_shutdown_checkpoint(con)
+    return con
+
+
+def _contents(con: duckdb.DuckDBPyConnection) -> list[list[tuple[object, ...]]]:
+    return [con.execute(f"SELECT * FROM t{t} ORDER BY ALL").fetchall() for t in range(TABLES)]
+
+
+class _Checkpoint:
+    """One real checkpoint: the file before and after, its WAL, the copy kernelext saved."""
+
+    def __init__(self, folder: Path, seed: int) -> None:
+        folder.mkdir(mode=0o700)
+        path = folder / "store.duckdb"
+        rng = random.Random(seed)
+        con = connect(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for _ in range(rng.randrange(1, 4)):  # checkpointed rounds: metadata to rewrite
+                _change(con, rng)
+                assert checkpoint(con, str(path), fd)
+            _change(con, rng)  # in the WAL only
+            self.expected = _contents(con)
+            self.before = path.read_bytes()
+            self.wal = (folder / "store.duckdb.wal").read_bytes()
+            save_undo(con, str(path), fd)
+            self.undo = (folder / "store.duckdb.undo").read_bytes()
+            con.execute("CHECKPOINT")
+            self.after = path.read_bytes()
+        finally:
+            con.close()
+            os.close(fd)
+        self.block = len(self.before) and _block_size(self.before)
+
+    def changed_blocks(self) -> list[int]:
+        end = max(len(self.before), len(self.after))
+        return [
+            at
+            for at in range(HEADERS, end, self.block)
+            if self.before[at : at + self.block] != self.after[at : at + self.block]
+        ]
+
+    def killed_states(self) -> Iterator[tuple[str, bytes]]:
+        """Every file a kill before the new header leaves: the old headers over any mix of
+        the old and new blocks, with one block torn after each of its pages."""
+        end = max(len(self.before), len(self.after))
+        old = self.before.ljust(end, b"\0")[:end]
+        new = self.after.ljust(end, b"\0")[:end]
+        base_new = old[:HEADERS] + new[HEADERS:]
+        yield "every block written, header not", base_new
+        for at in self.changed_blocks():
+            for pages in range(1, self.block // PAGE):
+                cut = at + pages * PAGE
+                for name, base in (("others written", base_new), ("others not", old)):
+                    torn = base[:at] + new[at:cut] + old[cut : at + self.block]
+                    yield (
+                        f"block at {at} torn after {pages} pages, {name}",
+                        (base[:at] + torn[at : at + self.block] + base[at + self.block :]),
+                    )
+
+
+def _block_size(image: bytes) -> int:
+    import struct
+
+    sizes = [struct.unpack_from("<QQQQQ", image, at + 8) for at in (4096, 8192)]
+    return int(max(sizes)[4])
+
+
+def _lay_out(folder: Path, image: bytes, wal: bytes | None, undo: bytes | None) -> str:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    path = folder / "store.duckdb"
+    for name, data in (("", image), (".wal", wal), (".undo", undo)):
+        if data is not None:
+            fd = os.open(f"{path}{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.write(fd, data)
+            os.close(fd)
+    return str(path)
+
+
+def _opens_with(path: str) -> list[list[tuple[object, ...]]]:
+    con = connect(path, read_only=True)
+    try:
+        return _contents(con)
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_checkpoint_killed_at_any_page_is_undone_and_every_commit_is_there(
+    tmp_path: Path, seed: int
+) -> None:
+    made = _Checkpoint(tmp_path / "made", seed)
+    assert made.changed_blocks(), "the checkpoint changed nothing: no case to build"
+    states = list(made.killed_states())
+    unreadable_without_undo = []
+    for name, image in states:
+        path = _lay_out(tmp_path / "state", image, made.wal, made.undo)
+        assert undo_interrupted_checkpoint(path), name  # the header had not moved
+        assert not os.path.exists(path + ".undo"), name
+        assert _opens_with(path) == made.expected, name
+        # Without the copy, the same file: the torn metadata block makes it unreadable.
+        path = _lay_out(tmp_path / "state", image, made.wal, None)
+        try:
+            assert _opens_with(path) == made.expected
+        except (StoreError, duckdb.Error, AssertionError):
+            unreadable_without_undo.append(name)
+    # The hazard is real: DuckDB rewrites in place blocks the old header still uses.
+    assert unreadable_without_undo, "no kill point lost the store without the copy"
+
+
+def test_a_checkpoint_that_finished_keeps_its_file_and_drops_the_copy(tmp_path: Path) -> None:
+    made = _Checkpoint(tmp_path / "made", 4)
+    path = _lay_out(tmp_path / "state", made.after, None, made.undo)
+    assert not undo_interrupted_checkpoint(path)  # the header moved: nothing written back
+    assert Path(path).read_bytes() == made.after
+    assert not os.path.exists(path + ".undo")
+    assert _opens_with(path) == made.expected
+
+
+def test_a_damaged_copy_is_refused_with_what_to_do_and_the_file_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    made = _Checkpoint(tmp_path / "made", 5)
+    damaged = bytearray(made.undo)
+    damaged[len(damaged) // 2] ^= 0xFF
+    image = made.before[:HEADERS] + made.after[HEADERS:]
+    path = _lay_out(tmp_path / "state", image, made.wal, bytes(damaged))
+    with pytest.raises(StoreError, match=r"damaged.*Keep a copy of the store's folder"):
+        undo_interrupted_checkpoint(path)
+    assert Path(path).read_bytes() == image
+    assert Path(path + ".undo").read_bytes() == bytes(damaged)
+
+
+def test_a_full_disk_skips_the_checkpoint_and_the_wal_keeps_every_commit(
+    small_disk: Path,  # noqa: F811
+) -> None:
+    path = str(small_disk / "store.duckdb")
+    rng = random.Random(6)
+    con = connect(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _change(con, rng)
+        assert checkpoint(con, path, fd)
+        _change(con, rng)
+        expected = _contents(con)
+        before = Path(path).read_bytes()
+        fill(small_disk / "filler")
+        assert not checkpoint(con, path, fd)  # the copy could not be written
+        assert Path(path).read_bytes() == before
+        assert not os.path.exists(path + ".undo") and not os.path.exists(path + ".undo.tmp")
+    finally:
+        con.close()
+        os.close(fd)
+    os.unlink(small_disk / "filler")
+    assert _opens_with(path) == expected
+
+
+_RECORD = """
+import os, sys, kernelext as kx
+store = kx.open_store(sys.argv[1])
+
+@kx.agent(name="counted")
+def counted(run, n):
+    total = 0
+    for i in run.steps(range(n)):
+        total += i
+    return total
+
+h = counted.start(int(sys.argv[2]), run_id=sys.argv[3])
+assert h.wait(60) == "completed" and h.result == sum(range(int(sys.argv[2])))
+kx.sql("SELECT 1")  # a read folds every record first: they are in the WAL now
+if sys.argv[4] == "die":
+    os._exit(0)  # killed: nothing closes, the WAL stays
+store.close()
+"""
+
+
+def _record(path: Path, steps: int, run_id: str, end: str) -> None:
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-c", _RECORD, str(path), str(steps), run_id, end],
+        check=True,
+        timeout=120,
+        env={**os.environ, "KERNELEXT_STORE": str(path)},
+    )
+
+
+def test_kx_open_store_undoes_a_checkpoint_its_process_was_killed_in(tmp_path: Path) -> None:
+    """The whole way: a store whose process died in a checkpoint, torn where DuckDB
+    rewrites in place, opens with ``kx.open_store`` and shows every run it recorded."""
+    import kernelext as kx
+
+    first = tmp_path / "first"
+    first.mkdir(mode=0o700)
+    path = first / "store.duckdb"
+    _record(path, 5, "run-a", "close")
+    _record(path, 7, "run-b", "die")
+    before, wal = path.read_bytes(), Path(f"{path}.wal").read_bytes()
+    assert wal, "the second run should be in the WAL"
+    con = connect(path)  # the checkpoint the next open would make, made here
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        save_undo(con, str(path), fd)
+        undo = Path(f"{path}.undo").read_bytes()
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+        os.close(fd)
+    after = path.read_bytes()
+    _, block, saved, _main = _decode(undo, "undo")
+    rewritten = [o for o, _ in saved if before[o : o + block] != after[o : o + block]]
+    assert rewritten, "the checkpoint rewrote no metadata block in place"
+    at = rewritten[0]  # torn after its first page
+    torn = before[:at] + after[at : at + PAGE] + before[at + PAGE :]
+    for undo_left, folder in ((None, tmp_path / "without"), (undo, tmp_path / "with")):
+        shutil.copytree(first, folder)
+        store = folder / "store.duckdb"
+        store.write_bytes(torn)
+        Path(f"{store}.wal").write_bytes(wal)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{store}.undo")
+        if undo_left is not None:
+            Path(f"{store}.undo").write_bytes(undo_left)
+        if undo_left is None:  # the same file, no copy beside it: unreadable
+            with pytest.raises(StoreError, match="Corrupt database file"):
+                kx.open_store(str(store))
+                kx.sql("SELECT count(*) FROM runs")
+            continue
+        try:
+            opened = kx.open_store(str(store))
+            rows = kx.sql("SELECT id, status FROM runs ORDER BY id").values.tolist()
+            assert rows == [["run-a", "completed"], ["run-b", "completed"]]
+            assert not os.path.exists(f"{store}.undo")
+        finally:
+            with contextlib.suppress(Exception):
+                opened.close()
