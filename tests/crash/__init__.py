@@ -9,6 +9,11 @@ After ``go`` a worker prints ``ready <status>`` once the run executes (or
 ``needs_decision`` / ``completed`` when there is nothing to execute) and
 ``done <json state>`` when the run finished. The test kills it at a random moment
 in between, or lets it finish.
+
+On Linux a pool forks its workers from a fork server (``forked.py``): a process that has
+run the worker script's imports and definitions once, and opened no store. Each worker
+is still a process of its own that the test SIGKILLs, and it opens the store itself
+after ``go``; what it no longer does is import kernelext and DuckDB again.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
+
+from .forked import FORKS, ForkedProcess, ForkServer
 
 __all__ = [
     "CRASH_DIR",
@@ -89,18 +96,29 @@ def read_go(stream: TextIO) -> dict[str, Any] | None:
 class Worker:
     """One worker process, its stdout lines in a queue, its stderr in a file."""
 
-    def __init__(self, script: Path, stderr_path: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        script: Path,
+        stderr_path: Path,
+        env: dict[str, str],
+        server: ForkServer | None = None,
+    ) -> None:
+        """``python script``, or a fork of ``server`` (which loaded ``script``) if given."""
         self.stderr_path = stderr_path
         self._stderr = open(stderr_path, "ab")  # noqa: SIM115 - closed in reap()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=env,
-            text=True,
-            bufsize=1,
-        )
+        self.proc: subprocess.Popen[str] | ForkedProcess
+        if server is not None:
+            self.proc = server.start(self._stderr)
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                text=True,
+                bufsize=1,
+            )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -147,7 +165,7 @@ class Worker:
         """SIGKILL the worker if it is still alive; True if this call killed it."""
         if self.proc.poll() is not None:
             return False
-        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.send_signal(signal.SIGKILL)  # a worker that just ended is not signalled
         self.proc.wait(timeout=LINE_TIMEOUT)
         self.killed = self.proc.returncode == -signal.SIGKILL
         self._close()
@@ -195,15 +213,28 @@ class Worker:
 
 
 class WorkerPool:
-    """Keeps one warm worker (imported, agent defined, waiting for ``go``)."""
+    """Keeps one warm worker (imported, agent defined, waiting for ``go``); ``fork``: the
+    workers are forked from a fork server of the pool (``forked.py``), not started anew."""
 
-    def __init__(self, script: Path, workdir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        script: Path,
+        workdir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        fork: bool = FORKS,
+    ) -> None:
         self.script = script
         self.workdir = workdir
         self.env = {**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})}
         self.env.pop("KERNELEXT_STORE", None)  # workers get the store path in ``go``
         self.spawned = 0
         self._warm: Worker | None = None
+        self._server_stderr: BinaryIO | None = None
+        self.server: ForkServer | None = None
+        if fork:
+            self._server_stderr = open(workdir / "workers.stderr", "ab")  # noqa: SIM115
+            self.server = ForkServer(script, self.env, self._server_stderr)
 
     def take(self) -> Worker:
         """A loaded worker; a fresh one is started at once to warm up in the background."""
@@ -214,12 +245,17 @@ class WorkerPool:
 
     def _spawn(self) -> Worker:
         self.spawned += 1
-        return Worker(self.script, self.workdir / "workers.stderr", self.env)
+        return Worker(self.script, self.workdir / "workers.stderr", self.env, self.server)
 
     def close(self) -> None:
         if self._warm is not None:
             self._warm.quit()
             self._warm = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self._server_stderr is not None:
+            self._server_stderr.close()
 
 
 def drive_run(store: Any, run_id: str, start: Callable[[], Any]) -> int:

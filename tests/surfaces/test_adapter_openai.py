@@ -475,6 +475,7 @@ class Pool(WorkerPool):
     def close(self) -> None:
         while self.queue:
             self.queue.popleft().quit()
+        super().close()
 
 
 def decide_unknowns(
