@@ -261,3 +261,29 @@ def test_a_store_with_its_standing_copy_reads_read_only(tmp_path: Path) -> None:
         if shutil.which("chattr"):
             subprocess.run(["chattr", "-i", str(store)], check=False, capture_output=True)
         store.chmod(0o600)
+
+
+def test_a_backup_put_back_and_checkpointed_elsewhere_keeps_its_records(tmp_path: Path) -> None:
+    """A backup of the store put back (``cp``) beside the copy of a later header, then
+    checkpointed by a user's own connection to the very iteration the copy holds: the file
+    is whole, with other metadata blocks than the copy's, and none of the copy's is written
+    into it (they made it unopenable: "Failed to load metadata pointer")."""
+    library = tear_library(tmp_path)
+    store = tmp_path / "store.duckdb"
+    made = run_torn(library, store, AGENT.format(rounds=1, prefix="a"))
+    assert made.returncode == 0, made.stderr
+    shutil.copyfile(store, tmp_path / "backup.duckdb")
+    later = run_torn(library, store, AGENT.format(rounds=1, prefix="b"))
+    assert later.returncode == 0, later.stderr
+    copy_iteration = int.from_bytes((tmp_path / "store.duckdb.undo").read_bytes()[28:36], "little")
+    shutil.copyfile(tmp_path / "backup.duckdb", store)
+    assert not (tmp_path / "store.duckdb.wal").exists()
+    user = run_torn(library, store, USER)
+    assert user.returncode == 0, user.stderr
+    assert _iteration(store) == copy_iteration
+    assert_runs(store, ["a0"], "the backup put back, checkpointed by the user's connection")
+    s = kx.open_store(str(store), read_only=True)
+    try:
+        assert s.read("SELECT count(*) FROM mine") == [(5000,)]
+    finally:
+        s.close()
