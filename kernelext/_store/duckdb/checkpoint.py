@@ -189,8 +189,7 @@ def save_undo(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> None:
         blocks.append((offset, data))
     raw = _encode(iteration, block_size, blocks, os.pread(fd, _MAIN_HEADER, 0))
     tmp = path + ".undo.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+    _remove_unfinished(tmp)
     out = open_store_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         view = memoryview(raw)
@@ -275,12 +274,26 @@ def wal_is_full(path: str) -> bool:
         return False
 
 
+def _remove_unfinished(tmp: str) -> None:
+    """Remove ``<store>.undo.tmp``, a copy never finished (a file or a link, never followed).
+    Anything else there is not kernelext's: refused with what to do."""
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StoreError(
+            f"{tmp!r} beside the kernelext store is not a file kernelext left ({exc.strerror}); "
+            f"kernelext writes its checkpoint copy there. Remove it (rm -r {tmp}) if it is not "
+            "yours to keep, or point KERNELEXT_STORE (or kx.open_store) at another path."
+        ) from None
+
+
 def _read_copy(path: str, *, shared: bool) -> _Copy | None:
     """The standing copy, or None. A damaged one is moved aside (kept for a person to look
     at) and the store opens without it: it only ever undoes a torn checkpoint."""
-    with contextlib.suppress(FileNotFoundError):
-        if not shared:
-            os.unlink(path + ".undo.tmp")  # a copy never finished: the old one stands
+    if not shared:
+        _remove_unfinished(path + ".undo.tmp")  # a copy never finished: the old one stands
     try:
         raw = read_store_file(path + ".undo", shared=shared)
     except FileNotFoundError:
