@@ -287,3 +287,35 @@ def test_a_backup_put_back_and_checkpointed_elsewhere_keeps_its_records(tmp_path
         assert s.read("SELECT count(*) FROM mine") == [(5000,)]
     finally:
         s.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the standing copy holds the header kernelext last saw: a checkpoint of a user's "
+    "connection after another one's starts from a header it does not hold, and a tear there "
+    "leaves the file unopenable",
+)
+def test_a_users_second_connection_torn_at_close_loses_nothing(tmp_path: Path) -> None:
+    """Two sessions of a user's own connection one after the other (a script run twice, a
+    cell run again), no kernelext open between them: the second one's checkpoint at close
+    starts from the header the first one wrote, and a tear there loses nothing either."""
+    library = tear_library(tmp_path)
+    base = tmp_path / "base"
+    base.mkdir()
+    made = run_torn(library, base / "store.duckdb", AGENT.format(rounds=1, prefix="u"))
+    assert made.returncode == 0, made.stderr
+    first = run_torn(library, base / "store.duckdb", USER)
+    assert first.returncode == 0, first.stderr
+    again = USER.replace("range(5000)", "range(5000, 40000)")
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe)
+    done = run_torn(library, probe / "store.duckdb", again, log=tmp_path / "log")
+    assert done.returncode == 0, done.stderr
+    assert writes(tmp_path / "log"), "the second connection wrote nothing"
+    for n, _offset in writes(tmp_path / "log"):
+        folder = tmp_path / f"tear-{n}"
+        shutil.copytree(base, folder)
+        torn = run_torn(library, folder / "store.duckdb", again, tear_at=n)
+        assert torn.returncode == -9, (n, torn.stderr)
+        assert_runs(folder / "store.duckdb", ["u0"], f"the second connection torn at write {n}")
+        shutil.rmtree(folder)
