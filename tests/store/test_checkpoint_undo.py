@@ -321,3 +321,15 @@ def test_kx_open_store_undoes_a_checkpoint_its_process_was_killed_in(tmp_path: P
         finally:
             with contextlib.suppress(Exception):
                 opened.close()
+
+
+def test_a_folder_where_the_copy_is_written_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    """Something not kernelext's at ``<store>.undo.tmp`` (a folder): the open says what it
+    is and what to do, and leaves it and the store as they are."""
+    made = _Checkpoint(tmp_path / "made", 3)
+    path = _lay_out(tmp_path / "state", made.after, None, made.undo)
+    os.mkdir(path + ".undo.tmp")
+    with pytest.raises(StoreError, match=r"not a file kernelext left.*Remove it \(rm -r "):
+        restore_torn_checkpoint(path)
+    assert os.path.isdir(path + ".undo.tmp")
+    assert Path(path).read_bytes() == made.after

@@ -18,11 +18,14 @@ starts from the header the copy holds too.
 
 The next open (``restore_torn_checkpoint``, under the store's hand-over lock, before DuckDB
 opens the file, while no DuckDB anywhere has it open) compares: the same file at the same
-header whose metadata blocks differ from the copy was cut in the middle of a checkpoint, so
-the blocks are written back. The file is then exactly what it was before, and its WAL (which
-DuckDB removes only after the new header) replays everything the checkpoint was moving. A
-file at another header, or another file, has nothing to take from the copy: it is left as
-it is, and the copy is written again once the file is open.
+header whose metadata blocks differ from the copy, one of them failing DuckDB's block
+checksum, was cut in the middle of a checkpoint, so the blocks are written back (blocks that
+differ whole are a checkpoint the copy never saw, such as a backup put back and checkpointed
+by another connection to the same iteration: left as they are). The file is then exactly
+what it was before, and its WAL (which DuckDB removes only after the new header) replays
+everything the checkpoint was moving. A file at another header, or another file, has
+nothing to take from the copy: it is left as it is, and the copy is written again once the
+file is open.
 """
 
 from __future__ import annotations
@@ -91,6 +94,23 @@ def _header(fd: int, shown: str) -> tuple[int, int]:
     return best
 
 
+_CHECKSUM_SEED = 5381
+_CHECKSUM_MULTIPLIER = 0xBF58476D1CE4E5B9
+_U64 = (1 << 64) - 1
+
+
+def _block_is_whole(data: bytes, block_size: int) -> bool:
+    """DuckDB's block checksum (its first 8 bytes, over the rest) holds. A block the file
+    ends inside is not one a checkpoint rewrote in place: whole, for this purpose."""
+    if len(data) != block_size:
+        return True
+    words: tuple[int, ...] = struct.unpack_from(f"<{block_size // 8}Q", data)
+    total = _CHECKSUM_SEED
+    for word in words[1:]:
+        total ^= (word * _CHECKSUM_MULTIPLIER) & _U64
+    return total == words[0]
+
+
 def _encode(iteration: int, block_size: int, blocks: list[tuple[int, bytes]], main: bytes) -> bytes:
     parts = [_MAGIC, _HEAD.pack(iteration, block_size, len(blocks)), main]
     for offset, data in blocks:
@@ -131,6 +151,16 @@ class _Copy:
         """The blocks whose bytes in the file are not the copy's: a checkpoint cut short."""
         return [(o, data) for o, data in self.blocks if os.pread(fd, len(data), o) != data]
 
+    def cut_short(self, fd: int) -> list[tuple[int, bytes]]:
+        """The blocks to write back: those that differ, when one of them fails its checksum
+        (a write cut short). Whole blocks that differ are a checkpoint the copy never saw
+        (a backup put back, then checkpointed by another connection, at the same
+        iteration): that file is whole, and nothing of the copy belongs in it."""
+        differ = self.torn_blocks(fd)
+        if any(not _block_is_whole(os.pread(fd, len(data), o), len(data)) for o, data in differ):
+            return differ
+        return []
+
 
 def _sync_folder(path: str) -> None:
     fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -159,8 +189,7 @@ def save_undo(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> None:
         blocks.append((offset, data))
     raw = _encode(iteration, block_size, blocks, os.pread(fd, _MAIN_HEADER, 0))
     tmp = path + ".undo.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+    _remove_unfinished(tmp)
     out = open_store_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         view = memoryview(raw)
@@ -213,7 +242,9 @@ def checkpoint(con: duckdb.DuckDBPyConnection, path: str, fd: int) -> bool:
     if not keep_copy_current(con, path, fd):
         return False
     con.execute("CHECKPOINT")
-    with contextlib.suppress(OSError):  # stale until the next checkpoint or open makes it
+    with contextlib.suppress(
+        OSError, StoreError
+    ):  # stale until the next checkpoint or open makes it
         save_undo(con, path, fd)
     return True
 
@@ -243,12 +274,26 @@ def wal_is_full(path: str) -> bool:
         return False
 
 
+def _remove_unfinished(tmp: str) -> None:
+    """Remove ``<store>.undo.tmp``, a copy never finished (a file or a link, never followed).
+    Anything else there is not kernelext's: refused with what to do."""
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StoreError(
+            f"{tmp!r} beside the kernelext store is not a file kernelext left ({exc.strerror}); "
+            f"kernelext writes its checkpoint copy there. Remove it (rm -r {tmp}) if it is not "
+            "yours to keep, or point KERNELEXT_STORE (or kx.open_store) at another path."
+        ) from None
+
+
 def _read_copy(path: str, *, shared: bool) -> _Copy | None:
     """The standing copy, or None. A damaged one is moved aside (kept for a person to look
     at) and the store opens without it: it only ever undoes a torn checkpoint."""
-    with contextlib.suppress(FileNotFoundError):
-        if not shared:
-            os.unlink(path + ".undo.tmp")  # a copy never finished: the old one stands
+    if not shared:
+        _remove_unfinished(path + ".undo.tmp")  # a copy never finished: the old one stands
     try:
         raw = read_store_file(path + ".undo", shared=shared)
     except FileNotFoundError:
@@ -280,7 +325,7 @@ def restore_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
         own = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             torn = _lock_whole_file(own, "F_RDLCK") and (
-                copy.applies_to(own, path) and bool(copy.torn_blocks(own))
+                copy.applies_to(own, path) and bool(copy.cut_short(own))
             )
             _lock_whole_file(own, "F_UNLCK")
         finally:
@@ -316,7 +361,7 @@ def restore_torn_checkpoint(path: str, fd: int | None = None) -> bool:
         try:
             if not copy.applies_to(fd, path):
                 return False  # another header (or file): the copy is written again later
-            torn = copy.torn_blocks(fd)
+            torn = copy.cut_short(fd)
             for offset, data in torn:  # the new header was never written: the old blocks
                 os.pwrite(fd, data, offset)
             if torn:
