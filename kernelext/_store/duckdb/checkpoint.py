@@ -12,9 +12,10 @@ So the store keeps a **standing copy**, ``<store>.undo``: the metadata blocks of
 the file is at, with that header's iteration and the file's main header (its identity),
 written whole and synced. kernelext makes sure it is current before every checkpoint of its
 own, writes it again after each, and after every open. DuckDB never checkpoints by itself in
-kernelext's connections (``CHECKPOINT_CONFIG``: no automatic checkpoint, none on shutdown);
-a checkpoint DuckDB makes in someone else's connection (JupySQL's, the ``duckdb`` shell's)
-starts from the header the copy holds too.
+kernelext's connections (``CHECKPOINT_CONFIG``: no automatic checkpoint, none on shutdown).
+The first checkpoint DuckDB makes in someone else's connection after kernelext had the file
+(JupySQL's at close, the ``duckdb`` shell's) starts from the header the copy holds too; a
+second one, with no kernelext open between them, does not (not covered).
 
 The next open (``restore_torn_checkpoint``, under the store's hand-over lock, before DuckDB
 opens the file, while no DuckDB anywhere has it open) compares: the same file at the same
