@@ -333,3 +333,20 @@ def test_a_folder_where_the_copy_is_written_is_refused_with_what_to_do(tmp_path:
         restore_torn_checkpoint(path)
     assert os.path.isdir(path + ".undo.tmp")
     assert Path(path).read_bytes() == made.after
+
+
+def test_a_store_file_removed_beside_its_copy_opens_as_a_new_store(tmp_path: Path) -> None:
+    """The user removed the store file and kept its folder: the copy beside it belongs to
+    no file, and a new store opens (and gets a copy of its own)."""
+    import kernelext as kx
+
+    path = tmp_path / "store" / "s.duckdb"
+    _record(path, 3, "run-a", "close")
+    old_copy = Path(f"{path}.undo").read_bytes()
+    path.unlink()
+    store = kx.open_store(str(path))
+    try:
+        assert kx.sql("SELECT count(*) AS n FROM runs", store=store)["n"].tolist() == [0]
+    finally:
+        store.close()
+    assert Path(f"{path}.undo").read_bytes() != old_copy

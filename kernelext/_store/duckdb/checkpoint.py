@@ -317,8 +317,8 @@ def restore_before_open(path: str, *, read_only: bool, fd: int | None) -> None:
     """Under the hand-over lock, before DuckDB reads ``path``: a checkpoint cut short is
     undone (``restore_torn_checkpoint``). ``fd``: the read-write descriptor of the file the
     connection keeps (None: one is opened and closed)."""
-    if not os.path.lexists(path + ".undo"):
-        return
+    if not os.path.lexists(path + ".undo") or not os.path.lexists(path):
+        return  # no copy, or no file for it (a new store is made: the copy is replaced)
     if read_only:  # writes nothing: a torn file is refused, with what to do
         copy = _read_copy(path, shared=True)
         if copy is None:
