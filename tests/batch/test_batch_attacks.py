@@ -194,7 +194,10 @@ def test_max_step_seconds_bounds_each_item(store: Store, delivery_server: Delive
             drained.wait(WAIT)  # in flight at the stop, well within its bound
         return post_item(i)
 
-    @kx.agent(name=name("overrun"), max_step_seconds=1.0)
+    # Item 2 must stay within its bound from its start through the test's stop and its own
+    # POST: 1 s was not always enough on a loaded machine (it was forced, rightly, after
+    # passing it), so the bound leaves it room; items 0 and 1 pass it by design.
+    @kx.agent(name=name("overrun"), max_step_seconds=3.0)
     def overrun(run: kx.Run, n: int) -> list[int]:
         return run.map(one, range(n), concurrency=2)
 
