@@ -121,7 +121,12 @@ class ForkServer:
             return self._exits.pop(pid, None)
 
     def close(self) -> None:
-        """Hang up; the server ends (workers still waiting for ``go`` were quit first)."""
+        """Hang up; the server ends (workers still waiting for ``go`` were quit first).
+
+        ``shutdown`` first: a ``close`` alone does not hang up while the reader thread is
+        inside ``recv`` on the socket (the call keeps it open), and the server waited on."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         try:
             self.proc.wait(timeout=30)
