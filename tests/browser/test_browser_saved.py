@@ -78,9 +78,12 @@ def assert_static_shown(page: Any, cell: Any) -> None:
     expect(copy).to_contain_text("not connected to a kernel")
     widget_output = cell.locator(".jp-OutputArea-child").nth(1)  # right after the copy
     expect(widget_output).to_be_hidden()  # "Loading widget...", a model error, or gone
-    expect(cell.get_by_text(WIDGET_ERROR)).to_have_count(0)
+    # Nothing a person sees says the widget failed. The output kernelext hides may hold the
+    # widget manager's "model not found" once a kernel connects (in a tab in the background
+    # too, where the page still has it): hidden, as the line above checks.
+    expect(cell.get_by_text(WIDGET_ERROR).filter(visible=True)).to_have_count(0)
     expect(cell.locator(PANEL)).to_be_hidden()
-    expect(page.get_by_text(WIDGET_ERROR)).to_have_count(0)
+    expect(page.get_by_text(WIDGET_ERROR).filter(visible=True)).to_have_count(0)
 
 
 def test_saved_panel_in_jupyterlab_live_restart_reattach_reopen(
