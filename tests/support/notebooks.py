@@ -29,7 +29,9 @@ def text_of(nb: Any, cell_id: str) -> str:
     cell = next(c for c in nb.cells if c.get("id") == cell_id)
     parts: list[str] = []
     for out in cell.outputs:
-        parts.append(out.get("text", ""))
-        parts.append(str(out.get("data", {}).get("text/plain", "")))
-        parts.extend(out.get("traceback", []))
-    return "\n".join(parts)
+        if out.get("output_type") == "stream":  # one stream in pieces (flushed when it was)
+            parts.append(out.get("text", ""))
+            continue
+        parts.append("\n" + str(out.get("data", {}).get("text/plain", "")) + "\n")
+        parts.extend(line + "\n" for line in out.get("traceback", []))
+    return "".join(parts)
