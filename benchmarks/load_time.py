@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager
 
 TARGET_MS = 300.0
 
@@ -62,8 +62,21 @@ def _run(kc: Any, code: str) -> str:
 def sample(store: str) -> tuple[float, float]:
     """(load ms, first panel ms) in one fresh kernel."""
     env = {**os.environ, "KERNELEXT_STORE": store}
-    km, kc = start_new_kernel(kernel_name="python3", env=env)
+    with tempfile.TemporaryDirectory(prefix="kx-kernel-") as sockets:
+        return _measure_in(
+            KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k")),
+            env,
+        )
+
+
+def _measure_in(km: KernelManager, env: dict[str, str]) -> tuple[float, float]:
+    """Start the kernel on Unix sockets of its own (a TCP port chosen free can be taken
+    by another process before the kernel binds it), then time the two loads."""
+    km.start_kernel(env=env)
+    kc = km.client()
+    kc.start_channels()
     try:
+        kc.wait_for_ready(timeout=60)
         load_ms = float(_run(kc, MEASURE_LOAD))
         panel_ms = float(_run(kc, MEASURE_FIRST_PANEL))
     finally:

@@ -13,14 +13,17 @@ notebook, wait for the kernel, select a cell and press Ctrl+Enter, type a new ce
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -111,17 +114,25 @@ def _free_port() -> int:
 HOME_DIRS = {  # the variables of an isolated Jupyter home, and their folders in it
     "JUPYTER_CONFIG_DIR": "config",
     "JUPYTER_DATA_DIR": "data",
-    "JUPYTER_RUNTIME_DIR": "runtime",
     "JUPYTERLAB_SETTINGS_DIR": "lab-settings",
     "JUPYTERLAB_WORKSPACES_DIR": "lab-workspaces",
     "IPYTHONDIR": "ipython",
 }
 
 
+def runtime_dir(home: Path) -> Path:
+    """The Jupyter runtime folder of ``home``: short, outside it, because the kernels listen
+    on Unix sockets there (``KernelManager.transport=ipc``: a TCP port picked free can be
+    taken by a parallel test before the kernel binds it) and a socket path holds 107 bytes."""
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"kx-runtime-{digest}"
+
+
 def isolated_home(home: Path) -> dict[str, str]:
     """The folders of a Jupyter home in ``home`` (made, with the server config and the Lab
     user settings written); the variables that point a server at them."""
     dirs = {name: home / folder for name, folder in HOME_DIRS.items()}
+    dirs["JUPYTER_RUNTIME_DIR"] = runtime_dir(home)
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
     (dirs["JUPYTER_CONFIG_DIR"] / "jupyter_server_config.json").write_text(
@@ -154,6 +165,7 @@ def _start_once(
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root_dir}",
         "--ServerApp.terminals_enabled=False",
+        "--KernelManager.transport=ipc",  # see runtime_dir
     ]
     if os.geteuid() == 0:  # containers and CI often run as root
         command.append("--ServerApp.allow_root=True")
@@ -241,6 +253,7 @@ def running_jupyterlab(
             yield server
         finally:
             stop_jupyterlab(server)
+            shutil.rmtree(server.runtime_dir, ignore_errors=True)
         return
     raise RuntimeError("JupyterLab did not start:\n\n" + "\n\n".join(errors))
 

@@ -111,7 +111,7 @@ class SharedLab:
         for name in ("JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR"):
             shutil.rmtree(self.home / lab.HOME_DIRS[name], ignore_errors=True)
         lab.isolated_home(self.home)  # the settings and folders of a new home
-        runtime = self.home / lab.HOME_DIRS["JUPYTER_RUNTIME_DIR"]
+        runtime = lab.runtime_dir(self.home)
         for note in runtime.glob("kernelext-shown-*"):  # the stores earlier kernels showed
             note.unlink(missing_ok=True)
         spec_dir = self._spec_dir

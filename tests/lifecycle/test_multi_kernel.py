@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.manager import KernelManager, start_new_kernel
+from jupyter_client.manager import KernelManager
 from support.http_server import DeliveryServer
+from support.kernels import kernel_manager
 
 pytestmark = pytest.mark.slow
 
@@ -72,8 +73,15 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def kernels(project: Path) -> Iterator[list[tuple[KernelManager, BlockingKernelClient]]]:
     env = {k: v for k, v in os.environ.items() if k != "KERNELEXT_STORE"}
-    started = [start_new_kernel(cwd=str(project), env=env) for _ in range(2)]
+    started: list[tuple[KernelManager, BlockingKernelClient]] = []
     try:
+        for _ in range(2):
+            km = kernel_manager(KernelManager)
+            km.start_kernel(cwd=str(project), env=env)
+            kc = km.client()
+            started.append((km, kc))
+            kc.start_channels()
+            kc.wait_for_ready(timeout=60)
         yield started
     finally:
         for km, kc in started:

@@ -9,14 +9,34 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
+import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_client.manager import KernelManager
 
-__all__ = ["KernelDied", "KernelSession", "Reply"]
+M = TypeVar("M", bound=KernelManager)
+
+__all__ = ["KernelDied", "KernelSession", "Reply", "kernel_manager"]
+
+
+def kernel_manager(kind: type[M]) -> M:
+    """A python3 kernel manager (``kind``: ``AsyncKernelManager`` for nbclient) whose kernel
+    listens on Unix sockets in a folder of its own.
+
+    Over TCP, jupyter_client picks free ports, lets them go and hands them to the kernel to
+    bind; a parallel test's kernel or server can take one in between, and the kernel dies with
+    "Address already in use" before it answers. Socket files in a private folder cannot be
+    taken. The folder is short (a Unix socket path holds 107 bytes) and goes with the manager.
+    """
+    folder = tempfile.mkdtemp(prefix="kx-kernel-")
+    manager = kind(kernel_name="python3", transport="ipc", ip=os.path.join(folder, "k"))
+    weakref.finalize(manager, shutil.rmtree, folder, True)
+    return manager
 
 
 class KernelDied(RuntimeError):
@@ -48,7 +68,7 @@ class KernelSession:
     def __init__(
         self, env: dict[str, str] | None = None, extra_arguments: list[str] | None = None
     ) -> None:
-        self.km = KernelManager(kernel_name="python3")
+        self.km = kernel_manager(KernelManager)
         self.km.start_kernel(
             env={**os.environ, **(env or {})}, extra_arguments=list(extra_arguments or [])
         )

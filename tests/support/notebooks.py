@@ -6,14 +6,25 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
+
+from support.kernels import kernel_manager
 
 __all__ = ["execute", "text_of"]
 
 
+class _Client(NotebookClient):
+    """nbclient's, its kernel on Unix sockets of its own (see ``kernel_manager``)."""
+
+    def create_kernel_manager(self) -> AsyncKernelManager:
+        self.km = kernel_manager(AsyncKernelManager)
+        return self.km
+
+
 def execute(nb: Any, env: dict[str, str], cwd: Path) -> Any:
     """Run every cell of ``nb`` in a fresh python3 kernel (``env`` added), widget state kept."""
-    client = NotebookClient(
+    client = _Client(
         nb,
         timeout=120,
         kernel_name="python3",
