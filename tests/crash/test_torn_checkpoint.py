@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.torn_writes import rewrites, run_torn, tear_library, writes
+from support.torn_writes import each_tear, rewrites, run_torn, tear_library, writes
 
 import kernelext as kx
 
@@ -23,23 +23,29 @@ pytestmark = pytest.mark.slow
 
 STEPS = 12
 
-# A real kernelext process: each round runs an agent to completion, prints its run id,
-# and idles until the writer lets the file go (a checkpoint); the last round closes.
-AGENT = f"""
-import sys, time
+# The agent every kernelext process below runs: STEPS steps, each writing to the state.
+TORN = """
+import os, pathlib, signal, sys, time
 import kernelext as kx
 
 @kx.agent(name="torn")
 def torn(run, items):
     for i in run.steps(items, key=lambda i: i):
         run.state["item" + str(i)] = "x" * 300
+"""
 
+# A real kernelext process: each round runs an agent to completion, prints its run id,
+# and idles until the writer lets the file go (a checkpoint); the last round closes.
+AGENT = (
+    TORN
+    + f"""
 for r in range({{rounds}}):
     h = torn.start(list(range({STEPS})), run_id="{{prefix}}" + str(r))
     assert h.wait(timeout=60) == "completed"
     print("{{prefix}}" + str(r), flush=True)
     time.sleep(1.3)
 """
+)
 
 # A user's own connection to the store file with kx.duckdb_config(), in a process where no
 # kernelext holds the file: a table of the user's, then close.
@@ -53,15 +59,9 @@ con.close()
 """
 
 # A kernelext process killed with its last run's records in the WAL (a kernel restarted).
-KILLED = f"""
-import os, signal, time
-import kernelext as kx
-
-@kx.agent(name="torn")
-def torn(run, items):
-    for i in run.steps(items, key=lambda i: i):
-        run.state["item" + str(i)] = "x" * 300
-
+KILLED = (
+    TORN
+    + f"""
 for r in range(2):  # the first checkpointed when the writer lets the file go
     h = torn.start(list(range({STEPS})), run_id="k" + str(r))
     assert h.wait(timeout=60) == "completed"
@@ -69,6 +69,7 @@ for r in range(2):  # the first checkpointed when the writer lets the file go
     time.sleep(1.3 - r * 1.3)
 os.kill(os.getpid(), signal.SIGKILL)
 """
+)
 
 # The same connection of the user's, only reading.
 USER_READS = """
@@ -81,15 +82,10 @@ con.close()
 
 # docs/notebooks.md's JupySQL connection, in a cell run after kernelext let the file go (it
 # does after a second idle): a new DuckDB instance, configured by kx.duckdb_config() only.
-LATER_CELL = f"""
-import os, pathlib, time
+LATER_CELL = (
+    TORN
+    + f"""
 import duckdb
-import kernelext as kx
-
-@kx.agent(name="torn")
-def torn(run, items):
-    for i in run.steps(items, key=lambda i: i):
-        run.state["item" + str(i)] = "x" * 300
 
 h = torn.start(list(range({STEPS})), run_id="c0")
 assert h.wait(timeout=60) == "completed"
@@ -101,6 +97,7 @@ con.execute("CREATE TABLE IF NOT EXISTS mine (a INTEGER, b VARCHAR)")
 con.execute("INSERT INTO mine SELECT range, repeat('z', 50) FROM range(5000)")
 con.close()
 """
+)
 
 
 def completed(out: str) -> list[str]:
@@ -132,7 +129,8 @@ def test_kernelext_checkpoint_torn_in_place_loses_nothing(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     in_place = rewrites(tmp_path / "log")
     assert in_place, "no checkpoint rewrote a block in place"
-    for n in in_place:
+
+    def tear(n: int) -> None:
         folder = tmp_path / f"tear-{n}"
         folder.mkdir()
         store = folder / "store.duckdb"
@@ -140,6 +138,8 @@ def test_kernelext_checkpoint_torn_in_place_loses_nothing(tmp_path: Path) -> Non
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(store, completed(torn.stdout), f"torn at write {n}")
         shutil.rmtree(folder)
+
+    each_tear(in_place, tear)
 
 
 def test_a_users_own_connection_torn_at_close_loses_nothing(tmp_path: Path) -> None:
@@ -154,13 +154,16 @@ def test_a_users_own_connection_torn_at_close_loses_nothing(tmp_path: Path) -> N
     shutil.copytree(base, probe)
     done = run_torn(library, probe / "store.duckdb", USER, log=tmp_path / "log")
     assert done.returncode == 0, done.stderr
-    for n, _offset in writes(tmp_path / "log"):
+
+    def tear(n: int) -> None:
         folder = tmp_path / f"tear-{n}"
         shutil.copytree(base, folder)
         torn = run_torn(library, folder / "store.duckdb", USER, tear_at=n)
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(folder / "store.duckdb", ["u0"], f"user's connection torn at write {n}")
         shutil.rmtree(folder)
+
+    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)
 
 
 def test_a_users_reading_connection_after_a_killed_kernel_torn_at_close_loses_nothing(
@@ -179,13 +182,16 @@ def test_a_users_reading_connection_after_a_killed_kernel_torn_at_close_loses_no
     done = run_torn(library, probe / "store.duckdb", USER_READS, log=tmp_path / "log")
     assert done.returncode == 0, done.stderr
     assert writes(tmp_path / "log"), "the user's connection wrote nothing"
-    for n, _offset in writes(tmp_path / "log"):
+
+    def tear(n: int) -> None:
         folder = tmp_path / f"tear-{n}"
         shutil.copytree(base, folder)
         torn = run_torn(library, folder / "store.duckdb", USER_READS, tear_at=n)
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(folder / "store.duckdb", ["k0", "k1"], f"user's reading connection torn at {n}")
         shutil.rmtree(folder)
+
+    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)
 
 
 def test_the_documented_jupysql_connection_in_a_later_cell_torn_at_close_loses_nothing(
@@ -198,7 +204,8 @@ def test_the_documented_jupysql_connection_in_a_later_cell_torn_at_close_loses_n
     done = run_torn(library, probe / "store.duckdb", LATER_CELL, log=tmp_path / "log", extra=arm)
     assert done.returncode == 0, done.stderr
     assert writes(tmp_path / "log"), "the user's connection wrote nothing"
-    for n, _offset in writes(tmp_path / "log"):
+
+    def tear(n: int) -> None:
         folder = tmp_path / f"tear-{n}"
         folder.mkdir()
         store = folder / "store.duckdb"
@@ -207,6 +214,8 @@ def test_the_documented_jupysql_connection_in_a_later_cell_torn_at_close_loses_n
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(store, ["c0"], f"the user's connection torn at write {n}")
         shutil.rmtree(folder)
+
+    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)
 
 
 def _iteration(store: Path) -> int:
@@ -312,10 +321,13 @@ def test_a_users_second_connection_torn_at_close_loses_nothing(tmp_path: Path) -
     done = run_torn(library, probe / "store.duckdb", again, log=tmp_path / "log")
     assert done.returncode == 0, done.stderr
     assert writes(tmp_path / "log"), "the second connection wrote nothing"
-    for n, _offset in writes(tmp_path / "log"):
+
+    def tear(n: int) -> None:
         folder = tmp_path / f"tear-{n}"
         shutil.copytree(base, folder)
         torn = run_torn(library, folder / "store.duckdb", again, tear_at=n)
         assert torn.returncode == -9, (n, torn.stderr)
         assert_runs(folder / "store.duckdb", ["u0"], f"the second connection torn at write {n}")
         shutil.rmtree(folder)
+
+    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)

@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,14 @@ def rewrites(log: Path) -> list[int]:
             found.append(n)
         seen.add(offset)
     return found
+
+
+AT_ONCE = 4  # torn processes at a time: each mostly idles while its writer lingers
+
+
+def each_tear(numbers: Iterable[int], check: Callable[[int], None]) -> None:
+    """``check(n)`` for each write number ``n`` (each tears its own copy of the store in a
+    process of its own), ``AT_ONCE`` at a time; the first failure, in order, is raised."""
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        for future in [pool.submit(check, n) for n in numbers]:
+            future.result()
