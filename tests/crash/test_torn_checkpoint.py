@@ -4,7 +4,7 @@ A process's multi-page write of the store file stops after its first page and th
 dies of SIGKILL (``support/tear_write.c``): the file holds a block half old, half new, as
 Linux leaves it when a fatal signal arrives inside a buffered write. Each test tears, one
 process at a time, every write of a checkpoint that rewrites a block in place, then opens
-the store with ``kx.open_store`` and reads back every run the dead process saw completed.
+the store as ``kx.open_store`` does and reads back every run the dead process saw completed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from support.torn_writes import each_tear, rewrites, run_torn, tear_library, writes
 
 import kernelext as kx
+from kernelext._store import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -105,8 +106,10 @@ def completed(out: str) -> list[str]:
 
 
 def assert_runs(store: Path, run_ids: list[str], shown: str, *, read_only: bool = False) -> None:
-    """Opened by kernelext, the store holds each run completed with all its steps."""
-    s = kx.open_store(str(store), read_only=read_only)
+    """Opened by kernelext, the store holds each run completed with all its steps (opened
+    as ``kx.open_store`` opens it, without making it this process's store: tears are
+    checked on threads, and ``kx.open_store(path)`` switches the store, closing the last)."""
+    s = open_store(str(store), read_only=read_only)
     try:
         for run_id in run_ids:
             rows = s.read(
