@@ -90,10 +90,13 @@ docs: venv
 # tests/browser, tests/crash and the tests sharing a module's fixture, on one worker, one test
 # at a time): about 19 min on a 2-core machine, where one process takes about 37.
 # `make test TEST_WORKERS=0` runs it in one process.
+# Bytecode is written during the run even where PYTHONDONTWRITEBYTECODE is set: the suite
+# starts thousands of Pythons (kernels, workers, the CLI), and without .pyc files each one
+# compiled kernelext and the test modules again (a third of the suite's CPU).
 TEST_WORKERS ?= 3
 
 test: venv system-deps lint docs
-	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 demo: venv
 	$(PY) notebooks/run_demo.py
