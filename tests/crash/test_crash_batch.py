@@ -6,7 +6,8 @@ test's DeliveryServer (no dedupe, so a duplicate would show; its JSON-lines log 
 ground truth) with the ledger's key as ``Idempotency-Key``. The test SIGKILLs the worker
 at seeded random moments while items are in flight, and resumes the run in a new
 process, until it completes; runs follow each other until at least
-``KERNELEXT_CRASH_BATCH_KILLS`` (default 50) kills landed mid-batch.
+``KERNELEXT_CRASH_BATCH_KILLS`` (default 50) kills landed mid-batch, in two chains at once
+(each with its own store, delivery server and workers).
 
 After every kill the test opens the store (it must open cleanly), notes what it holds
 (the items completed, the intents left open and whether the server saw them), and
@@ -23,10 +24,13 @@ item's step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,7 @@ pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
 ITEMS, CONCURRENCY = 300, 16
 MIN_KILLS = int(os.environ.get("KERNELEXT_CRASH_BATCH_KILLS", "50"))
+LANES = 2  # chains of runs killed at once, each on its own store and delivery server
 SEED = int(os.environ.get("KERNELEXT_CRASH_SEED", "20240611"))
 PAUSE_MS = 4.0  # each item dawdles up to this before and after its POST
 SERVER_DELAY = 0.004  # the server answers this long after recording a delivery
@@ -61,6 +66,20 @@ class Matrix:
     open_intents: Counter[str] = field(default_factory=Counter)  # seen / unseen by the server
     decisions: list[dict[str, Any]] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, lanes: Iterable[Matrix]) -> Matrix:
+        """The lanes' matrices added up."""
+        total = cls()
+        for lane in lanes:
+            total.kills += lane.kills
+            total.mid_batch += lane.mid_batch
+            total.attempts += lane.attempts
+            total.needs_decision_attempts += lane.needs_decision_attempts
+            total.open_intents.update(lane.open_intents)
+            total.decisions += lane.decisions
+            total.runs += lane.runs
+        return total
 
     def text(self) -> str:
         return json.dumps(
@@ -152,21 +171,19 @@ def check_run(store: Store, run_id: str, log: list[dict[str, Any]]) -> None:
     ], "run.map returns every item's value, in input order, as the server answered it"
 
 
-@pytest.mark.timeout(600)
-def test_sigkill_mid_batch_delivers_each_item_exactly_once(
-    tmp_path: Path, delivery_server: DeliveryServer
+def kill_one_chain(
+    lane: int, kills: int, folder: Path, server: DeliveryServer, matrix: Matrix
 ) -> None:
-    assert not delivery_server.dedupe, "duplicates must be visible"
-    delivery_server.delay = SERVER_DELAY
-    rng = random.Random(SEED)
-    store_path = tmp_path / "store" / "batch.duckdb"
+    """Runs of one store, one after the other, each killed mid-batch and resumed until it
+    completes, until ``kills`` kills landed mid-batch (``matrix`` counts them)."""
+    rng = random.Random(SEED + lane)
+    store_path = folder / "store" / "batch.duckdb"
     store_path.parent.mkdir()
-    markers = tmp_path / "markers.txt"
-    matrix = Matrix()
-    pool = WorkerPool(CRASH_DIR / "batch_worker.py", tmp_path)
+    markers = folder / "markers.txt"
+    pool = WorkerPool(CRASH_DIR / "batch_worker.py", folder)
     try:
-        while matrix.mid_batch < MIN_KILLS:
-            run_id = f"batch-{len(matrix.runs)}"
+        while matrix.mid_batch < kills:
+            run_id = f"batch-{lane}-{len(matrix.runs)}"
             matrix.runs.append(run_id)
             killed: int | None = None
             for _ in range(MAX_ATTEMPTS_PER_RUN):
@@ -175,41 +192,40 @@ def test_sigkill_mid_batch_delivers_each_item_exactly_once(
                     row = store.find_run(run_id)
                     done_before = completed_items(store, run_id) if row else set()
                     if killed is not None:
-                        in_call = note_open_intents(store, run_id, delivery_server, matrix)
+                        in_call = note_open_intents(store, run_id, server, matrix)
                         if begun_in(markers, killed) and (len(done_before) < ITEMS or in_call):
                             matrix.mid_batch += 1
                     if row is not None and row["status"] == "completed":
                         break
                     if row is not None:
-                        reconcile_against_server(store, run_id, delivery_server, matrix)
+                        reconcile_against_server(store, run_id, server, matrix)
                 finally:
                     store.close()
                 matrix.attempts += 1
                 outcome = attempt_run(
                     pool.take(),
                     rng,
-                    matrix.mid_batch < MIN_KILLS,
+                    matrix.mid_batch < kills,
                     late=KILL_AFTER,
                     store=str(store_path),
                     run_id=run_id,
                     attempt=matrix.attempts,
                     items=ITEMS,
                     concurrency=CONCURRENCY,
-                    url=delivery_server.url,
+                    url=server.url,
                     markers=str(markers),
                     pause_ms=PAUSE_MS,
                 )
                 again = begun_in(markers, matrix.attempts) & done_before
                 assert not again, f"{run_id}: completed items ran again: {sorted(again)}"
-                killed = kill_landed(outcome, matrix.attempts, delivery_server)
+                killed = kill_landed(outcome, matrix.attempts, server)
                 matrix.kills += killed is not None
                 matrix.needs_decision_attempts += outcome == "needs_decision"
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 
-        log = read_log(delivery_server.log_path or "")
-        assert len(log) == len(delivery_server.deliveries)
-        print("\nbatch crash matrix:\n" + matrix.text())
+        log = read_log(server.log_path or "")
+        assert len(log) == len(server.deliveries)
         store = open_checked(store_path)
         try:
             for run_id in matrix.runs:
@@ -217,11 +233,31 @@ def test_sigkill_mid_batch_delivers_each_item_exactly_once(
         finally:
             store.close()
         assert len(log) == len(matrix.runs) * ITEMS
-        assert matrix.mid_batch >= MIN_KILLS
-        # Kills found items inside their call, before and after the server had it.
-        assert matrix.open_intents["server_saw_it"] > 0, matrix.text()
-        assert matrix.open_intents["server_never_saw_it"] > 0, matrix.text()
-        kinds = Counter(d["decision"] for d in matrix.decisions)
-        assert kinds["applied"] > 0 and kinds["not_applied"] > 0, kinds
     finally:
         pool.close()
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_mid_batch_delivers_each_item_exactly_once(tmp_path: Path) -> None:
+    """``LANES`` chains of runs at once, each on a store and a delivery server of its own
+    (no dedupe, so a duplicate would show): the kills are independent, the waits overlap."""
+    chains = [(lane, tmp_path / f"lane-{lane}", Matrix()) for lane in range(LANES)]
+    with contextlib.ExitStack() as servers, ThreadPoolExecutor(LANES) as lanes:
+        running = []
+        for lane, folder, matrix in chains:
+            folder.mkdir()
+            log_path = folder / "deliveries.jsonl"
+            server = servers.enter_context(DeliveryServer(log_path=log_path, delay=SERVER_DELAY))
+            assert not server.dedupe, "duplicates must be visible"
+            kills = -(-MIN_KILLS // LANES)  # every lane its share, rounded up
+            running.append(lanes.submit(kill_one_chain, lane, kills, folder, server, matrix))
+        for future in running:
+            future.result()
+    matrix = Matrix.of(m for _lane, _folder, m in chains)
+    print("\nbatch crash matrix:\n" + matrix.text())
+    assert matrix.mid_batch >= MIN_KILLS
+    # Kills found items inside their call, before and after the server had it.
+    assert matrix.open_intents["server_saw_it"] > 0, matrix.text()
+    assert matrix.open_intents["server_never_saw_it"] > 0, matrix.text()
+    kinds = Counter(d["decision"] for d in matrix.decisions)
+    assert kinds["applied"] > 0 and kinds["not_applied"] > 0, kinds

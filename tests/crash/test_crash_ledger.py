@@ -4,9 +4,10 @@ A worker process (tests/crash/ledger_worker.py) runs an agent that makes 32 effe
 calls over 8 steps; each call POSTs to the test's DeliveryServer (no dedupe, so a
 duplicate would show) with the ledger's key as Idempotency-Key. The test kills the
 worker at seeded random moments, at least ``KERNELEXT_CRASH_LEDGER_KILLS`` (default
-200) times over consecutive runs. The worker's crash hook writes a marker and
-pauses at each point of a call, so kills land between intent commit and call,
-between call and outcome commit, and between effects; the test tells which window
+200) times over consecutive runs, in two chains at once (each with its own store, delivery
+server and workers: the kills are independent, the waits overlap). The worker's crash
+hook writes a marker and pauses at each point of a call, so kills land between intent
+commit and call, between call and outcome commit, and between effects; the test tells which window
 each kill hit from the markers, the store and the server.
 
 After every kill the test opens the store (it must open cleanly), and reconciles
@@ -17,10 +18,13 @@ otherwise. Each decision is recorded. Then it resumes in a new process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,7 @@ pytestmark = [pytest.mark.crash, pytest.mark.slow]
 STEPS, PER_STEP = 8, 4
 CALLS = STEPS * PER_STEP
 MIN_KILLS = int(os.environ.get("KERNELEXT_CRASH_LEDGER_KILLS", "200"))
+LANES = 2  # chains of runs killed at once, each on its own store and delivery server
 SEED = int(os.environ.get("KERNELEXT_CRASH_SEED", "20240611"))
 PAUSE_MS = 3.0
 EARLY_KILL_SHARE = 0.1  # aimed at store open and the resume bookkeeping
@@ -55,6 +60,21 @@ class Matrix:
     windows: Counter[str] = field(default_factory=Counter)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, lanes: Iterable[Matrix]) -> Matrix:
+        """The lanes' matrices added up."""
+        total = cls()
+        for lane in lanes:
+            total.kills += lane.kills
+            total.attempts += lane.attempts
+            total.needs_decision_attempts += lane.needs_decision_attempts
+            total.windows.update(lane.windows)
+            total.decisions += lane.decisions
+            total.runs += lane.runs
+            total.duplicates += lane.duplicates
+        return total
 
     def text(self, duplicates: int) -> str:
         kinds = Counter(d["decision"] for d in self.decisions)
@@ -141,19 +161,18 @@ def check_run(store: Store, run_id: str, log: list[dict[str, Any]]) -> list[str]
     return [key for key, n in counts.items() if n != 1]
 
 
-@pytest.mark.timeout(900)
-def test_sigkill_around_effects_delivers_each_exactly_once(
-    tmp_path: Path, delivery_server: DeliveryServer
+def kill_one_chain(
+    lane: int, kills: int, folder: Path, server: DeliveryServer, matrix: Matrix
 ) -> None:
-    assert not delivery_server.dedupe, "duplicates must be visible"
-    rng = random.Random(SEED)
-    store_path = tmp_path / "store" / "ledger.duckdb"
-    markers = tmp_path / "markers.txt"
-    matrix = Matrix()
-    pool = WorkerPool(CRASH_DIR / "ledger_worker.py", tmp_path)
+    """Runs of one store, one after the other, each killed and resumed until it completes,
+    until ``kills`` kills landed (``matrix`` counts them)."""
+    rng = random.Random(SEED + lane)
+    store_path = folder / "store" / "ledger.duckdb"
+    markers = folder / "markers.txt"
+    pool = WorkerPool(CRASH_DIR / "ledger_worker.py", folder)
     try:
-        while matrix.kills < MIN_KILLS:
-            run_id = f"ledger-{len(matrix.runs)}"
+        while matrix.kills < kills:
+            run_id = f"ledger-{lane}-{len(matrix.runs)}"
             matrix.runs.append(run_id)
             killed_attempt: int | None = None
             for _ in range(MAX_ATTEMPTS_PER_RUN):
@@ -161,21 +180,21 @@ def test_sigkill_around_effects_delivers_each_exactly_once(
                 try:
                     if killed_attempt is not None:
                         window = classify_kill(
-                            store, run_id, delivery_server, markers_of(markers, killed_attempt)
+                            store, run_id, server, markers_of(markers, killed_attempt)
                         )
                         matrix.windows[window] += 1
                     row = store.find_run(run_id)
                     if row is not None and row["status"] == "completed":
                         break
                     if row is not None:
-                        reconcile_against_server(store, run_id, delivery_server, matrix)
+                        reconcile_against_server(store, run_id, server, matrix)
                 finally:
                     store.close()
                 matrix.attempts += 1
                 outcome = attempt_run(
                     pool.take(),
                     rng,
-                    matrix.kills < MIN_KILLS,
+                    matrix.kills < kills,
                     late=(0, LATE_KILL_MAX),
                     early_share=EARLY_KILL_SHARE,
                     early=(0, 0.1),
@@ -184,38 +203,59 @@ def test_sigkill_around_effects_delivers_each_exactly_once(
                     attempt=matrix.attempts,
                     steps=STEPS,
                     per_step=PER_STEP,
-                    url=delivery_server.url,
+                    url=server.url,
                     markers=str(markers),
                     pause_ms=PAUSE_MS,
                 )
-                killed_attempt = kill_landed(outcome, matrix.attempts, delivery_server)
+                killed_attempt = kill_landed(outcome, matrix.attempts, server)
                 matrix.kills += killed_attempt is not None
                 matrix.needs_decision_attempts += outcome == "needs_decision"
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 
-        log = read_log(delivery_server.log_path or "")
-        assert len(log) == len(delivery_server.deliveries)
+        log = read_log(server.log_path or "")
+        assert len(log) == len(server.deliveries)
         store = open_checked(store_path, EFFECTS_READABLE)
         try:
-            duplicates = [key for run_id in matrix.runs for key in check_run(store, run_id, log)]
+            matrix.duplicates = [
+                key for run_id in matrix.runs for key in check_run(store, run_id, log)
+            ]
         finally:
             store.close()
-        print("\nledger crash matrix:\n" + matrix.text(len(duplicates)))
-
-        decided = {d["key"] for d in matrix.decisions}
-        # A key decided "not applied" is sent again and may be cut short again; once
-        # decided "applied" it is never unknown again.
-        applied = Counter(d["key"] for d in matrix.decisions if d["decision"] == "applied")
-        assert set(applied.values()) <= {1}, "an effect was decided applied twice"
-        unexplained = [key for key in duplicates if key not in decided]
-        assert not unexplained, f"delivered more than once, no decision explains it: {unexplained}"
-        assert not duplicates, f"duplicates: {duplicates}"
         assert len(log) == len(matrix.runs) * CALLS
-        assert matrix.kills >= MIN_KILLS
-        for window in ("intent_to_call", "call_to_outcome", "between_effects"):
-            assert matrix.windows[window] > 0, f"no kill landed in {window}: {matrix.windows}"
-        kinds = Counter(d["decision"] for d in matrix.decisions)
-        assert kinds["applied"] > 0 and kinds["not_applied"] > 0, kinds
     finally:
         pool.close()
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_around_effects_delivers_each_exactly_once(tmp_path: Path) -> None:
+    """``LANES`` chains of runs at once, each on a store and a delivery server of its own
+    (no dedupe, so a duplicate would show): the kills are independent, the test's waits
+    (a worker's pauses, the server settling) overlap."""
+    chains = [(lane, tmp_path / f"lane-{lane}", Matrix()) for lane in range(LANES)]
+    with contextlib.ExitStack() as servers, ThreadPoolExecutor(LANES) as lanes:
+        running = []
+        for lane, folder, matrix in chains:
+            folder.mkdir()
+            server = servers.enter_context(DeliveryServer(log_path=folder / "deliveries.jsonl"))
+            assert not server.dedupe, "duplicates must be visible"
+            kills = -(-MIN_KILLS // LANES)  # every lane its share, rounded up
+            running.append(lanes.submit(kill_one_chain, lane, kills, folder, server, matrix))
+        for future in running:
+            future.result()
+    matrix = Matrix.of(m for _lane, _folder, m in chains)
+    print("\nledger crash matrix:\n" + matrix.text(len(matrix.duplicates)))
+
+    decided = {d["key"] for d in matrix.decisions}
+    # A key decided "not applied" is sent again and may be cut short again; once
+    # decided "applied" it is never unknown again.
+    applied = Counter(d["key"] for d in matrix.decisions if d["decision"] == "applied")
+    assert set(applied.values()) <= {1}, "an effect was decided applied twice"
+    unexplained = [key for key in matrix.duplicates if key not in decided]
+    assert not unexplained, f"delivered more than once, no decision explains it: {unexplained}"
+    assert not matrix.duplicates, f"duplicates: {matrix.duplicates}"
+    assert matrix.kills >= MIN_KILLS
+    for window in ("intent_to_call", "call_to_outcome", "between_effects"):
+        assert matrix.windows[window] > 0, f"no kill landed in {window}: {matrix.windows}"
+    kinds = Counter(d["decision"] for d in matrix.decisions)
+    assert kinds["applied"] > 0 and kinds["not_applied"] > 0, kinds
