@@ -376,3 +376,41 @@ def test_an_item_cannot_write_run_state_through_a_nested_value(store: Store) -> 
     assert handle.wait(WAIT) == "failed"
     assert isinstance(handle.error, kx.ItemFailed)
     assert isinstance(handle.error.__cause__, kx.StateNotWritable)
+
+
+def test_an_item_s_force_is_shown_before_the_suspension_however_late_it_is_recorded(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An item past ``max_step_seconds`` when a stop comes is forced by the batch, which
+    records ``force_raised`` after the raise; held up there, it must still come before the
+    run's ``stop_forced`` in the events."""
+    from kernelext._core.engine.forced_stop import ForceGate
+
+    raise_now = ForceGate.try_raise
+
+    def raise_then_stall(self: ForceGate, *, cut: bool = False) -> bool:
+        raised = raise_now(self, cut=cut)
+        if raised:
+            time.sleep(0.5)  # the engine's thread is held up, the run ends meanwhile
+        return raised
+
+    monkeypatch.setattr(ForceGate, "try_raise", raise_then_stall)
+    entered = threading.Event()
+
+    def spin(i: int) -> int:
+        entered.set()
+        for _ in range(6000):  # no safe point for ~60 s
+            time.sleep(0.01)
+        return i
+
+    @kx.agent(name=name("held-up-items"), max_step_seconds=0.3)
+    def held_up(run: kx.Run) -> list[int]:
+        return run.map(spin, range(1), concurrency=1)
+
+    handle = held_up.start()
+    assert entered.wait(WAIT)
+    handle.stop()  # the item is past its bound: the batch forces that item
+    assert handle.wait(WAIT) == "suspended", handle.error
+    wait_until(lambda: "force_raised" in kinds(store, handle.run_id), "the force_raised event")
+    events = kinds(store, handle.run_id)
+    assert events.index("force_raised") < events.index("stop_forced"), events

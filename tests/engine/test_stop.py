@@ -331,3 +331,42 @@ def test_force_stop_cuts_the_call_once_its_grace_runs_out(store: Store) -> None:
     assert not after
     (effect,) = store.load_effects("force-grace").values()
     assert effect["status"] == "unknown"
+
+
+def test_a_force_is_shown_before_the_suspension_it_caused_however_late_it_is_recorded(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine records ``force_raised`` on its own thread, after raising the stop into
+    the run; the run meanwhile ends ``suspended (forced)``. On a busy machine that thread
+    can be held up between the two, and the timeline must still read in the order things
+    happened: the force, then the suspension it caused."""
+    from kernelext._core.engine.forced_stop import ForceGate
+
+    raise_now = ForceGate.try_raise
+
+    def raise_then_stall(self: ForceGate, *, cut: bool = False) -> bool:
+        raised = raise_now(self, cut=cut)
+        if raised:
+            time.sleep(0.5)  # the engine's thread is held up, the run ends meanwhile
+        return raised
+
+    monkeypatch.setattr(ForceGate, "try_raise", raise_then_stall)
+    entered = threading.Event()
+
+    @kx.agent(name=name("held-up"))
+    def held_up(run: kx.Run) -> None:
+        with run.step("blocked"):
+            entered.set()
+            for _ in range(6000):  # no safe point for ~60 s
+                time.sleep(0.01)
+
+    handle = held_up.start(run_id="held-up-1")
+    assert entered.wait(WAIT)
+    handle.force_stop()
+    assert handle.wait(WAIT) == "suspended"
+    wait_until(
+        lambda: "force_raised" in [e["kind"] for e in store.events("held-up-1")],
+        "the force_raised event",
+    )
+    kinds = [e["kind"] for e in store.events("held-up-1")]
+    assert kinds.index("force_raised") < kinds.index("stop_forced"), kinds

@@ -302,11 +302,13 @@ def force_item(engine: RunEngine, info: StepInfo, why: str) -> None:
     """Raise ``ForcedStop`` into one item in flight (once; refused inside kernelext's
     bookkeeping, then tried again at the next tick), and record it."""
     gate = info.force
+    at = engine.store.now()  # before the raise: the item's end is dated after it
     if gate is not None and gate.try_raise():
         engine.store.record_event(
             engine.id,
             "force_raised",
             wait=False,
+            at=at,
             source="engine",
             reason=f"{step_label(info.ordinal, info.key)} cancelled after "
             f"{duration_text(info.elapsed)} ({why})",

@@ -355,11 +355,13 @@ def _monitor(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
                 )
             continue
         overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
+        at = handle.store.now()  # before the raise: the run's end is dated after it
         if (run.force.wanted or overran) and run.force.try_raise(cut=overran):
             handle.store.record_event(
                 run.id,
                 "force_raised",
                 wait=False,
+                at=at,
                 source="engine",
                 reason=(
                     f"{step_label(info.ordinal, info.key)} cancelled after "
