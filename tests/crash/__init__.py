@@ -127,8 +127,10 @@ class Worker:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
+        # kill/reap/quit close the pipe once the worker ended; the reader may still be in it
+        with contextlib.suppress(ValueError):  # "I/O operation on closed file"
+            for line in self.proc.stdout:
+                self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
     def expect(self, *prefixes: str, timeout: float = LINE_TIMEOUT) -> str:
@@ -197,6 +199,9 @@ class Worker:
         self._close()
 
     def _close(self) -> None:
+        """Close the pipes of a worker that ended: its reader first reads to the end."""
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):
