@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from support.http_server import DeliveryServer, post_json
-from support.live import name, wait_until
+from support.live import name, stall_after_each_force, wait_until
 
 import kernelext as kx
 import kernelext._core.batch.threads as batch_module
@@ -384,17 +384,7 @@ def test_an_item_s_force_is_shown_before_the_suspension_however_late_it_is_recor
     """An item past ``max_step_seconds`` when a stop comes is forced by the batch, which
     records ``force_raised`` after the raise; held up there, it must still come before the
     run's ``stop_forced`` in the events."""
-    from kernelext._core.engine.forced_stop import ForceGate
-
-    raise_now = ForceGate.try_raise
-
-    def raise_then_stall(self: ForceGate, *, cut: bool = False) -> bool:
-        raised = raise_now(self, cut=cut)
-        if raised:
-            time.sleep(0.5)  # the engine's thread is held up, the run ends meanwhile
-        return raised
-
-    monkeypatch.setattr(ForceGate, "try_raise", raise_then_stall)
+    stall_after_each_force(monkeypatch)  # the run ends meanwhile
     entered = threading.Event()
 
     def spin(i: int) -> int:

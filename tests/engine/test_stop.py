@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.live import name, wait_until
+from support.live import name, stall_after_each_force, wait_until
 
 import kernelext as kx
 from kernelext._core.engine.snapshot import Snapshotter
@@ -340,17 +340,7 @@ def test_a_force_is_shown_before_the_suspension_it_caused_however_late_it_is_rec
     the run; the run meanwhile ends ``suspended (forced)``. On a busy machine that thread
     can be held up between the two, and the timeline must still read in the order things
     happened: the force, then the suspension it caused."""
-    from kernelext._core.engine.forced_stop import ForceGate
-
-    raise_now = ForceGate.try_raise
-
-    def raise_then_stall(self: ForceGate, *, cut: bool = False) -> bool:
-        raised = raise_now(self, cut=cut)
-        if raised:
-            time.sleep(0.5)  # the engine's thread is held up, the run ends meanwhile
-        return raised
-
-    monkeypatch.setattr(ForceGate, "try_raise", raise_then_stall)
+    stall_after_each_force(monkeypatch)  # the run ends meanwhile
     entered = threading.Event()
 
     @kx.agent(name=name("held-up"))

@@ -6,8 +6,25 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["finish_live_runs", "name", "wait_until"]
+__all__ = ["finish_live_runs", "name", "stall_after_each_force", "wait_until"]
+
+
+def stall_after_each_force(monkeypatch: Any, seconds: float = 0.5) -> None:
+    """The engine's thread is held up for ``seconds`` after each stop it raises into a run
+    or an item (as on a busy machine), before it records anything about it."""
+    from kernelext._core.engine.forced_stop import ForceGate
+
+    raise_now = ForceGate.try_raise
+
+    def raise_then_stall(self: ForceGate, *, cut: bool = False) -> bool:
+        raised = raise_now(self, cut=cut)
+        if raised:
+            time.sleep(seconds)
+        return raised
+
+    monkeypatch.setattr(ForceGate, "try_raise", raise_then_stall)
 
 
 def finish_live_runs(wait: float = 60.0) -> None:
