@@ -24,13 +24,11 @@ item's step.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
 from collections import Counter
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,15 @@ import pytest
 from support.decisions import unknowns_decided_from
 from support.http_server import DeliveryServer, read_log
 
-from crash import CRASH_DIR, WorkerPool, attempt_run, kill_landed, open_checked, whole_lines
+from crash import (
+    CRASH_DIR,
+    WorkerPool,
+    attempt_run,
+    in_chains,
+    kill_landed,
+    open_checked,
+    whole_lines,
+)
 from kernelext._core.ledger.effect import effect_key
 from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import Store
@@ -241,19 +247,13 @@ def kill_one_chain(
 def test_sigkill_mid_batch_delivers_each_item_exactly_once(tmp_path: Path) -> None:
     """``LANES`` chains of runs at once, each on a store and a delivery server of its own
     (no dedupe, so a duplicate would show): the kills are independent, the waits overlap."""
-    chains = [(lane, tmp_path / f"lane-{lane}", Matrix()) for lane in range(LANES)]
-    with contextlib.ExitStack() as servers, ThreadPoolExecutor(LANES) as lanes:
-        running = []
-        for lane, folder, matrix in chains:
-            folder.mkdir()
-            log_path = folder / "deliveries.jsonl"
-            server = servers.enter_context(DeliveryServer(log_path=log_path, delay=SERVER_DELAY))
-            assert not server.dedupe, "duplicates must be visible"
-            kills = -(-MIN_KILLS // LANES)  # every lane its share, rounded up
-            running.append(lanes.submit(kill_one_chain, lane, kills, folder, server, matrix))
-        for future in running:
-            future.result()
-    matrix = Matrix.of(m for _lane, _folder, m in chains)
+    matrices = [Matrix() for _ in range(LANES)]
+
+    def chain(lane: int, kills: int, folder: Path, server: DeliveryServer) -> None:
+        kill_one_chain(lane, kills, folder, server, matrices[lane])
+
+    in_chains(tmp_path, LANES, MIN_KILLS, chain, delay=SERVER_DELAY)
+    matrix = Matrix.of(matrices)
     print("\nbatch crash matrix:\n" + matrix.text())
     assert matrix.mid_batch >= MIN_KILLS
     # Kills found items inside their call, before and after the server had it.
