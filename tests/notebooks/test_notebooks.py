@@ -70,7 +70,11 @@ def test_every_notebook_runs_headless(
     assert set(counts.values()) <= {1}, counts  # nothing delivered twice
     if path.stem == "quickstart":
         assert len(counts) == 12
-        assert "stop pending since" in text_of(nb, "click-stop")
+        # The click shows the stop pending, unless the run reached its next step boundary
+        # (0.3 s away at most) before the panel redrew: then the stop has landed already.
+        # Which one a busy machine shows is its scheduling; either way the stop was taken.
+        clicked = text_of(nb, "click-stop")
+        assert "stop pending since" in clicked or "is suspended already" in clicked, clicked
         assert "'suspended'" in text_of(nb, "wait")
         assert "'completed'" in text_of(nb, "click-resume")
         state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"])
