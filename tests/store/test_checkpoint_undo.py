@@ -242,6 +242,10 @@ def test_a_copy_that_cannot_be_written_skips_the_checkpoint(
 _RECORD = """
 import os, sys, kernelext as kx
 store = kx.open_store(sys.argv[1])
+# Held until the process ends: after a second idle the store lets the file go with a
+# checkpoint, which would empty the WAL this process must die with (a busy machine can
+# pause this script that long between the fold and the kill).
+store.backend.linger = 3600.0
 
 @kx.agent(name="counted")
 def counted(run, n):
