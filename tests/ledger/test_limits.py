@@ -144,7 +144,7 @@ def test_a_stop_lands_at_once_on_calls_waiting_for_their_slot(
 ) -> None:
     limit = name("one")
     kx.limit(limit, concurrency=1)
-    delivery_server.slow_next(1, 1.5)  # the first call holds the only slot a while
+    delivery_server.hold_next(1)  # the first call holds the only slot until let out
     send = sender(delivery_server, limit)
 
     @kx.agent(name=name("waiting"))
@@ -154,6 +154,9 @@ def test_a_stop_lands_at_once_on_calls_waiting_for_their_slot(
     handle = waiting.start(list(range(8)))
     wait_until(lambda: delivery_server.count() == 1, "the first call in flight")
     handle.stop()
+    # The slot was held until the stop had been asked for, however long the test took to
+    # ask: every other call was still waiting for it when the stop landed.
+    delivery_server.release_held()
     assert handle.wait(WAIT) == "suspended", handle.error
     assert delivery_server.count() == 1  # the waiting calls were not made
     effects = list(store.load_effects(handle.run_id).values())
