@@ -20,7 +20,7 @@ from support.kernels import KernelSession
 pytestmark = pytest.mark.slow
 
 AGENT = """
-import threading, time
+import pathlib, threading, time
 import kernelext as kx
 from kernelext.widgets import panel_for
 go = threading.Event()
@@ -46,6 +46,17 @@ def holding(run):
         hold()
 
 handler = get_ipython().kernel.saved_sigint_handler
+
+def watch_presses(folder):
+    # Touch folder/press-<k> once the handler recorded its k-th press.
+    def watch():
+        seen = 0
+        while True:
+            while len(handler.presses) > seen:
+                seen += 1
+                pathlib.Path(folder, f"press-{seen}").touch()
+            time.sleep(0.01)
+    threading.Thread(target=watch, daemon=True, name="test-presses").start()
 """
 
 
@@ -80,6 +91,18 @@ def start_busy_cell(session: KernelSession, marker: Path) -> str:
 
 def wait_entered(session: KernelSession) -> None:
     session.run("assert entered.wait(30); entered.clear()").ok()
+
+
+def press(session: KernelSession, folder: Path, k: int) -> None:
+    """Press the interrupt button for the ``k``-th time and return once the handler recorded
+    that press (``watch_presses``). Nothing is sent to the kernel meanwhile:
+    a cell started while the SIGINT waits to be handled would take it as its own."""
+    session.interrupt()
+    marker = folder / f"press-{k}"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists(), f"press {k} was never handled"
 
 
 # -- the ipykernel internals this relies on ---------------------------------------------------
@@ -147,15 +170,18 @@ def test_first_press_is_a_soft_stop(kernel: KernelSession) -> None:
 
 
 def test_a_second_press_forces_the_stop_and_a_third_cuts_the_call_in_flight(
-    kernel: KernelSession,
+    kernel: KernelSession, tmp_path: Path
 ) -> None:
+    # Each press is handled before the next is made (two SIGINTs that arrive before the
+    # main thread looks are handled as one), and all three fall within the window however
+    # long a busy machine takes between them.
+    kernel.run("%config Kernelext.interrupt_window = 60").ok()
+    kernel.run(f"watch_presses({str(tmp_path)!r})").ok()
     kernel.run("h = holding.start(run_id='forced')").ok()
     wait_entered(kernel)
-    kernel.interrupt()
-    time.sleep(0.3)
-    kernel.interrupt()  # forces: it waits for the call in flight to return...
-    time.sleep(0.3)
-    kernel.interrupt()  # ...and a press again cuts it
+    press(kernel, tmp_path, 1)
+    press(kernel, tmp_path, 2)  # forces: it waits for the call in flight to return...
+    press(kernel, tmp_path, 3)  # ...and a press again cuts it
     reply = kernel.run(
         "try:\n    print(h.wait(30))\nfinally:\n    release.set()\n"
         "print([p[1] for p in handler.presses])\n"
@@ -173,16 +199,19 @@ def test_a_second_press_forces_the_stop_and_a_third_cuts_the_call_in_flight(
     assert ("force_requested", "interrupt") in kinds and ("stop_forced", "interrupt") in kinds
 
 
-def test_a_press_after_the_window_is_another_soft_stop(kernel: KernelSession) -> None:
+def test_a_press_after_the_window_is_another_soft_stop(
+    kernel: KernelSession, tmp_path: Path
+) -> None:
     kernel.run("%config Kernelext.interrupt_window = 0.3").ok()
+    kernel.run(f"watch_presses({str(tmp_path)!r})").ok()
     kernel.run("h = gated.start(2, run_id='slow-presses')").ok()
     wait_entered(kernel)
-    kernel.interrupt()
-    time.sleep(1.0)
-    kernel.interrupt()
-    reply = kernel.run(
-        "handler.wait_idle(); print([p[1] for p in handler.presses]); go.set(); print(h.wait(30))"
-    ).ok()
+    press(kernel, tmp_path, 1)
+    # The window counts from the first press as the handler stamped it, not from when it
+    # was sent: wait in the kernel until it has passed (a press handled late shortens it).
+    kernel.run("while time.monotonic() - handler.presses[-1][0] <= 0.3:\n    time.sleep(0.01)").ok()
+    press(kernel, tmp_path, 2)
+    reply = kernel.run("print([p[1] for p in handler.presses]); go.set(); print(h.wait(30))").ok()
     assert reply.stdout.splitlines() == ["['stop', 'stop']", "suspended"]
     kinds = [k for k, _ in events(kernel, "slow-presses")]
     assert "force_requested" not in kinds and kinds.count("stop_requested") == 2
