@@ -14,6 +14,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 from anthropic import Anthropic, AsyncAnthropic
 from anthropic.types import Message, ToolUseBlock
 from support.clients import closed_after
+from support.live import wait_until
 from support.llm_server import LLMServer
 from support.support_desk import Gate, stop_at_the_gate, support_tools
 
@@ -356,6 +358,11 @@ def test_a_model_call_timed_out_after_sending_is_sent_once_and_unknown(
     assert handle.wait(30) == Status.NEEDS_DECISION, repr(handle.error)
     row = kx.sql("SELECT status, attempts FROM effects WHERE run_id = 'timeout'")
     assert (row["status"][0], int(row["attempts"][0])) == (EffectStatus.UNKNOWN, 1)
+    # The server logs a request when its handler runs, which a busy machine may let happen
+    # after the client gave up: wait for it, then for as long as its answer took, by when a
+    # retry of the client's own would have arrived too.
+    wait_until(lambda: llm.count() >= 1, "the request at the model server")
+    time.sleep(llm.delay)
     assert llm.count() == 1  # the client's own two retries were not made
 
 
