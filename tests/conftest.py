@@ -19,6 +19,7 @@ from support.clients import close_clients_made  # noqa: E402
 from support.http_server import DeliveryServer  # noqa: E402
 from support.live import finish_live_runs  # noqa: E402
 from support.pool_calls import spawned_pool  # noqa: E402, F401  (fixtures)
+from support.ports import closed_url  # noqa: E402, F401  (fixtures)
 from support.postgres import postgres_server, postgres_url  # noqa: E402, F401  (fixtures)
 
 

@@ -9,7 +9,6 @@ told and records when each arrived.
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -168,12 +167,9 @@ def test_retry_on_declares_a_status_safe_and_retries_that_run_out_leave_the_call
 
 
 def test_a_request_never_sent_is_retried_for_any_tool_until_the_server_is_up(
-    store: Store, delivery_server: DeliveryServer
+    store: Store, delivery_server: DeliveryServer, closed_url: str
 ) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    targets = ["http://kernelext-test.invalid", closed, delivery_server.url]
+    targets = ["http://kernelext-test.invalid", closed_url, delivery_server.url]
 
     @kx.effect(name="notify", retries=3)
     def notify(item: int) -> int:
@@ -406,16 +402,13 @@ def test_http_statuses_are_classified_with_the_wait_the_server_asked_for(
 
 
 def test_transport_failures_tell_a_request_never_sent_from_one_without_an_answer(
-    delivery_server: DeliveryServer,
+    delivery_server: DeliveryServer, closed_url: str
 ) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
     with pytest.raises(urllib.error.URLError) as refused:
-        urllib.request.urlopen(closed, timeout=5)
+        urllib.request.urlopen(closed_url, timeout=5)
     assert classify(refused.value) == Failure(NOT_SENT)
     with pytest.raises(httpx.ConnectError) as connect:
-        httpx.post(closed, timeout=5)
+        httpx.post(closed_url, timeout=5)
     assert classify(connect.value) == Failure(NOT_SENT)
     with pytest.raises(urllib.error.URLError) as unresolved:
         urllib.request.urlopen("http://kernelext-test.invalid/", timeout=5)

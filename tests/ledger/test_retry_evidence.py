@@ -32,14 +32,6 @@ UNRESOLVABLE = "http://nothing-here.invalid/done"  # a reserved name: never reso
 pytestmark = pytest.mark.both_backends
 
 
-def closed_port_url() -> str:
-    """A URL on 127.0.0.1 where nothing listens (connection refused)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}/done"
-
-
 def by_urllib(url: str) -> Any:
     body = json.dumps({"amount": 5}).encode()
     request = urllib.request.Request(url, data=body, method="POST")
@@ -78,9 +70,14 @@ def rows_of(run_id: str) -> list[tuple[str, int | None]]:
 @pytest.mark.parametrize("target", ["down", "unresolvable"])
 @pytest.mark.parametrize(("client", "status"), REDIRECTS)
 def test_a_post_redirected_to_a_host_that_is_down_is_delivered_once_and_unknown(
-    store: Store, delivery_server: DeliveryServer, client: str, status: int, target: str
+    store: Store,
+    delivery_server: DeliveryServer,
+    closed_url: str,
+    client: str,
+    status: int,
+    target: str,
 ) -> None:
-    location = closed_port_url() if target == "down" else UNRESOLVABLE
+    location = closed_url + "/done" if target == "down" else UNRESOLVABLE
     delivery_server.fail_next(1, status, delivered=True, location=location)
     send = CLIENTS[client]
 
@@ -101,10 +98,12 @@ def test_a_post_redirected_to_a_host_that_is_down_is_delivered_once_and_unknown(
 
 
 @pytest.mark.parametrize("client", sorted(CLIENTS))
-def test_a_connection_refused_with_no_other_is_still_made_again(store: Store, client: str) -> None:
+def test_a_connection_refused_with_no_other_is_still_made_again(
+    store: Store, closed_url: str, client: str
+) -> None:
     """The other side of the rule: a call whose only connection was refused never left,
     and is made again (then fails, never sent): the evidence does not over-reach."""
-    send, url = CLIENTS[client], closed_port_url()
+    send, url = CLIENTS[client], closed_url + "/done"
 
     @kx.effect(name="pay", retries=2)
     def pay() -> Any:
@@ -120,9 +119,9 @@ def test_a_connection_refused_with_no_other_is_still_made_again(store: Store, cl
 
 
 def test_an_async_effect_redirected_to_a_host_that_is_down_is_unknown(
-    store: Store, delivery_server: DeliveryServer
+    store: Store, delivery_server: DeliveryServer, closed_url: str
 ) -> None:
-    delivery_server.fail_next(1, 307, delivered=True, location=closed_port_url())
+    delivery_server.fail_next(1, 307, delivered=True, location=closed_url + "/done")
 
     @kx.effect(name="apay")
     async def apay() -> Any:
@@ -141,9 +140,9 @@ def test_an_async_effect_redirected_to_a_host_that_is_down_is_unknown(
 
 
 def test_a_batch_item_redirected_to_a_host_that_is_down_is_delivered_once(
-    store: Store, delivery_server: DeliveryServer
+    store: Store, delivery_server: DeliveryServer, closed_url: str
 ) -> None:
-    delivery_server.fail_next(2, 307, delivered=True, location=closed_port_url())
+    delivery_server.fail_next(2, 307, delivered=True, location=closed_url + "/done")
 
     @kx.effect(name="pay", retries=2)
     def pay(item: int) -> Any:
@@ -186,9 +185,9 @@ def test_a_resume_does_not_send_again_a_call_answered_500(
     assert "500" in unknown.row["error"]
 
 
-def test_a_resume_makes_again_a_failed_call_that_never_left(store: Store) -> None:
+def test_a_resume_makes_again_a_failed_call_that_never_left(store: Store, closed_url: str) -> None:
     """What ``retry=True`` still asks again: a call whose only connection was refused."""
-    url = closed_port_url()
+    url = closed_url + "/done"
 
     @kx.effect(name="pay", retry=True)
     def pay() -> Any:

@@ -11,7 +11,6 @@ turn once.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -318,20 +317,19 @@ def test_tools_take_anthropic_tool_use_blocks_and_give_tool_results() -> None:
         tools.call({"type": "text", "text": "hi"})
 
 
-def test_the_anthropic_clients_failures_tell_never_sent_from_no_answer(llm: LLMServer) -> None:
+def test_the_anthropic_clients_failures_tell_never_sent_from_no_answer(
+    llm: LLMServer, closed_url: str
+) -> None:
     """The retry rule reads the SDK's own exceptions (and its transport's, ``httpx2``)."""
     import anthropic
     import httpx2
 
     from kernelext._core.ledger.failures import NO_ANSWER, NOT_SENT, classify
 
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
     with pytest.raises(anthropic.APIConnectionError) as refused:
-        closed_after(Anthropic(base_url=closed, api_key="EMPTY", max_retries=0)).messages.create(
-            **ASK
-        )
+        closed_after(
+            Anthropic(base_url=closed_url, api_key="EMPTY", max_retries=0)
+        ).messages.create(**ASK)
     assert classify(refused.value).kind == NOT_SENT  # type: ignore[union-attr]
     llm.delay = 2.0
     slow = closed_after(Anthropic(base_url=llm.url, api_key="EMPTY", max_retries=0, timeout=0.3))
@@ -366,11 +364,10 @@ def test_a_model_call_timed_out_after_sending_is_sent_once_and_unknown(
     assert llm.count() == 1  # the client's own two retries were not made
 
 
-def test_a_model_call_never_sent_is_asked_again_and_counted(store: Any) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
-    down = kx.anthropic(closed_after(Anthropic(base_url=closed, api_key=API_KEY, max_retries=2)))
+def test_a_model_call_never_sent_is_asked_again_and_counted(store: Any, closed_url: str) -> None:
+    down = kx.anthropic(
+        closed_after(Anthropic(base_url=closed_url, api_key=API_KEY, max_retries=2))
+    )
 
     @kx.agent(name="anthropic-down")
     def agent(run: kx.Run) -> str:

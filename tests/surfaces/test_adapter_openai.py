@@ -252,13 +252,12 @@ def test_a_model_call_timed_out_after_sending_is_sent_once_and_unknown(
     assert "no answer came" in row["error"][0]
 
 
-def test_a_model_call_never_sent_is_asked_again_and_counted(store: Any, llm: LLMServer) -> None:
-    import socket
-
-    with socket.socket() as probe:  # a port nothing listens on, then the model server
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
-    down = wrap_openai(closed_after(OpenAI(base_url=closed, api_key=API_KEY, max_retries=2)))
+def test_a_model_call_never_sent_is_asked_again_and_counted(
+    store: Any, llm: LLMServer, closed_url: str
+) -> None:
+    down = wrap_openai(
+        closed_after(OpenAI(base_url=closed_url + "/v1", api_key=API_KEY, max_retries=2))
+    )
 
     @kx.agent(name="openai-down")
     def agent(run: kx.Run) -> str:
