@@ -39,6 +39,8 @@ def asks_payee(run):
 def test_the_cards_choices_read_as_shown_and_the_pick_is_the_choice(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
+    from playwright.sync_api import expect
+
     root = lab_root(tmp_path)
     name = write_notebook(root, "choices.ipynb", ASKING_CELLS)
     env = {"KERNELEXT_STORE": str(store_path)}
@@ -56,7 +58,9 @@ def test_the_cards_choices_read_as_shown_and_the_pick_is_the_choice(
         select.select_option(label=shown(CHOICES[1]))
         shot("the-choices-as-shown")
         click(card.locator("button.kernelext-answer"))
-        panel.get_by_text("completed").first.wait_for(timeout=30_000)
+        # The status itself: "completed" is also in "0 steps completed", shown while the
+        # run waits for the answer, so a text search would not wait at all.
+        expect(panel.locator(".kernelext-status")).to_have_text("completed", timeout=60_000)
         out = lab.output_text(lab.run_cell(page, 3))
     stored = json.dumps(CHOICES[1], ensure_ascii=False)  # the answer, as JSON text
     assert f"ANSWER {[stored]!a}" in out, out

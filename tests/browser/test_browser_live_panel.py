@@ -22,9 +22,13 @@ from browser.harness import PANEL, lab_root, opened_in_lab, write_notebook
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 RUN_ID = "live-panel"
-CELLS = [
-    "%load_ext kernelext\nimport time\n\nimport kernelext as kx",
-    """@kx.effect
+GATE = "first-step.done"  # in the notebook's folder: the test makes it once the stop shows
+
+
+def cells(gate: Path) -> list[str]:
+    return [
+        "%load_ext kernelext\nimport os, time\n\nimport kernelext as kx",
+        f"""@kx.effect
 def record(i):
     return i
 
@@ -33,9 +37,16 @@ def record(i):
 def long_steps(run):
     for i in run.steps(range(3)):
         record(i)
-        time.sleep(8 if i == 0 else 1.5)  # the first step is long""",
-    f'h = long_steps.start(run_id="{RUN_ID}")\nh',
-]
+        if i == 0:  # the first step lasts until the stop is seen in the panel
+            deadline = time.monotonic() + 120
+            while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        else:
+            time.sleep(1.5)""",
+        f'h = long_steps.start(run_id="{RUN_ID}")\nh',
+    ]
+
+
 SMALLEST_TEXT_PX = 11.0
 
 
@@ -94,7 +105,8 @@ def test_a_stop_from_a_terminal_shows_in_the_open_panel_and_its_timeline(
     from playwright.sync_api import expect
 
     root = lab_root(tmp_path)
-    name = write_notebook(root, "live_panel.ipynb", CELLS)
+    gate = root / GATE
+    name = write_notebook(root, "live_panel.ipynb", cells(gate))
     env = {"KERNELEXT_STORE": str(store_path)}
     with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         lab.run_cell(page, 0)
@@ -116,6 +128,7 @@ def test_a_stop_from_a_terminal_shows_in_the_open_panel_and_its_timeline(
         expect(header).to_contain_text("· stopping ·")
         assert panel.locator('svg.kx-timeline [data-kind="stop_request"]').count() == 1
         shot("stopping")
+        gate.touch()  # the first step ends: the stop lands at its boundary
 
         expect(status).to_have_text("suspended")
         expect(header).to_contain_text("· suspended ·")

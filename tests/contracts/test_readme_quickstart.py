@@ -4,7 +4,7 @@ The quickstart is the first section of README.md and at most 40 lines: install, 
 extension, start an agent and show its panel, Stop, Resume, ``%%agent`` cells and
 ``%agent complete``, ``%%ledger``. Its cells run here in a real kernel, in order, with the
 clicks it asks for made on the panel's own buttons; only the agent's thinking time is
-shortened.
+changed: the first ticket's thinking lasts until Stop was clicked (the others are instant).
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 QUICKSTART = "## Quickstart in a notebook"
 MOST_LINES = 40
 THINKING = "time.sleep(3)"  # the agent's step in the README: a person's time to click Stop
+# Here the thinking lasts until the test clicked Stop: the run is certainly still running
+# when the Stop cell runs, however long the kernel takes to get there, and the click's
+# stop lands at the end of the first ticket. After that, thinking takes no time.
+CLICKED = "import threading\nCLICKED = threading.Event()"
+THINKING_HERE = "CLICKED.wait(120)"
 
 
 def quickstart() -> str:
@@ -71,17 +76,20 @@ def test_the_quickstart_cells_run_in_a_kernel_with_stop_and_resume_clicked(
     complete = re.findall(r"`(%agent complete \w+)`", section)[0]
     assert THINKING in agent and agent.splitlines()[-1].split("#")[0].strip() == "h"
     with KernelSession({"KERNELEXT_STORE": str(store_path)}) as kernel:
-        shown = kernel.run(agent.replace(THINKING, "time.sleep(0.2)")).ok()
+        kernel.run(CLICKED).ok()
+        shown = kernel.run(agent.replace(THINKING, THINKING_HERE)).ok()
         assert any("application/vnd.jupyter.widget-view+json" in r for r in shown.results)
         stopped = kernel.run(  # the person clicks Stop in the panel
             "from kernelext.widgets import panel_for\n"
             "panel = panel_for(h)\n"
             "panel.stop_button.click()\n"
-            "print(h.wait())\n"
+            "CLICKED.set()\n"
+            "print(h.wait(), h.info()['completed_steps'])\n"
             "print(kx.sql(\"SELECT source FROM events WHERE kind = 'stop_requested'\")"
             "['source'].tolist())"
         ).ok()
-        assert stopped.stdout.split() == ["suspended", "['panel']"]
+        # Suspended after the current ticket, the first: a Stop lands between two steps.
+        assert stopped.stdout.split() == ["suspended", "1", "['panel']"]
         resumed = kernel.run(  # then Resume
             "panel.resume_button.click()\nprint(panel.handle.wait())"
         ).ok()

@@ -86,11 +86,23 @@ def test_two_kernels_on_one_cell_run_pay_once(
 
 
 SCRIPT = """
-import sys, time
+import os, sys, time
 import kernelext as kx
+import kernelext._core.lifecycle.worker as worker
 import kernelext._core.process.lease as lease
 
-lease.LEASE_SECONDS = 1.5  # renewed at the start, then every 10 s: lapsed while it sleeps
+lease.LEASE_SECONDS = 1.5  # lapsed while it waits in step "a"
+if sys.argv[1] == "first":
+    # Its lease is renewed at the start only, as if frozen from then on (the monitor would
+    # renew it 10 s in: before the second process, slow to start, took the run over).
+    renew, renewed = worker._renew_lease, set()
+
+    def renew_once(store, run_id):
+        if run_id not in renewed:
+            renewed.add(run_id)
+            renew(store, run_id)
+
+    worker._renew_lease = renew_once
 {pay}
 
 @kx.agent(name="payer")
@@ -98,7 +110,11 @@ def payer(run, items):
     for item in run.steps(items):
         if sys.argv[1] == "first":
             print("ready", item, flush=True)
-            time.sleep(5)            # frozen in here (SIGSTOP), past its lease
+            # Frozen in here (SIGSTOP), past its lease, until the test lets it go on
+            # (the marker is created just before SIGCONT).
+            deadline = time.monotonic() + 60
+            while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+                time.sleep(0.01)
         pay(item, 100)
 
 if sys.argv[1] == "first":
@@ -121,19 +137,48 @@ def _holder(store_path: Any) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
+def _stopped(pid: int) -> bool:
+    """Has every thread of ``pid`` stopped (SIGSTOP takes effect a moment after kill)?"""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):
+            states.append(stat.read_text().rpartition(")")[2].split()[0])
+    return bool(states) and all(state in "Tt" for state in states)
+
+
+def _freeze_once_handed_over(first: int, second: int, store_path: Any) -> None:
+    """SIGSTOP ``first`` at a moment the DuckDB file is not its own: the first process
+    still looks into the store for stops, so the file goes back and forth between them."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        while _holder(store_path) != second and time.monotonic() < deadline:
+            time.sleep(0.002)
+        os.kill(first, signal.SIGSTOP)
+        while not _stopped(first) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if _holder(store_path) != first:
+            return
+        os.kill(first, signal.SIGCONT)  # it took the file back just before: again
+    raise AssertionError("the second process never took the store file over")
+
+
 def test_an_owner_frozen_past_its_lease_cannot_pay_after_a_take_over(
     store_path: Any, delivery_server: DeliveryServer, tmp_path: Path
 ) -> None:
     script = tmp_path / "payer.py"
     script.write_text(SCRIPT.format(pay=PAY.format(url=delivery_server.url)))
     env = {**os.environ, "KERNELEXT_STORE": str(store_path)}
+    go_on = tmp_path / "go-on"  # the first process stays in step "a" until this exists
     first = subprocess.Popen(
-        [sys.executable, str(script), "first"], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script), "first", str(go_on)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert first.stdout is not None
         assert first.stdout.readline().strip() == "ready a"
-        time.sleep(2.0)  # its lease (1.5 s) lapsed while it sleeps in step "a"
+        time.sleep(2.0)  # its lease (1.5 s) lapsed while it waits in step "a"
         postgres = str(store_path).startswith("postgresql")
         if postgres:
             os.kill(first.pid, signal.SIGSTOP)  # frozen
@@ -148,13 +193,11 @@ def test_an_owner_frozen_past_its_lease_cannot_pay_after_a_take_over(
             # A process frozen while it holds the DuckDB file blocks every other one (they
             # wait KERNELEXT_STORE_WAIT, then StoreLockedError): freeze the first process
             # once it handed the file over to the second.
-            deadline = time.monotonic() + 30
-            while _holder(store_path) != second.pid and time.monotonic() < deadline:
-                time.sleep(0.002)
-            os.kill(first.pid, signal.SIGSTOP)
+            _freeze_once_handed_over(first.pid, second.pid, store_path)
         said, err = second.communicate(timeout=120)
         assert "status completed None" in said, said + err
         assert delivery_server.count(path="/pay") == 3
+        go_on.touch()
         os.kill(first.pid, signal.SIGCONT)
         out, _ = first.communicate(timeout=60)
     finally:

@@ -180,6 +180,9 @@ def test_store_file_is_created_private(store_path: Path) -> None:
     old = os.umask(0o022)  # a permissive umask must not leak into the store's files
     try:
         store = open_store(str(store_path))
+        # Held until closed: after a second idle the store lets the file go with a
+        # checkpoint, which deletes the WAL (a busy machine can pause this test that long).
+        store.backend.linger = 3600.0  # type: ignore[attr-defined]
         try:
             store.create_run("r1", "agent")
             # DuckDB deletes its WAL at a checkpoint and creates it again on the next write.

@@ -190,7 +190,8 @@ def test_slow_next_records_at_once_and_answers_late(delivery_server: DeliverySer
     with pytest.raises(TimeoutError):
         post_json(delivery_server.url + "/slow", {}, idempotency_key="s", timeout=0.3)
     assert delivery_server.count("s") == 1  # applied, though the client never heard
-    assert post_json(delivery_server.url + "/fast", {}, timeout=1.5).status == 200
+    # Answered at once while the slow one waits (a busy machine may take seconds to).
+    assert post_json(delivery_server.url + "/fast", {}, timeout=30).status == 200
 
 
 def test_hold_next_records_at_once_and_answers_only_when_released(

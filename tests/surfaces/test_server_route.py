@@ -189,19 +189,22 @@ def test_a_click_the_server_did_not_take_is_handled_in_the_kernel(store: Any) ->
     @kx.agent(name="fallback")
     def fallback(run: kx.Run) -> None:
         for _ in run.steps(range(100), key=str):
-            release.wait(0.05)
+            release.wait(60)  # a step lasts until the test has clicked Stop: still live then
 
     handle = fallback.start(run_id="fallback")
-    panel = panel_for(handle)
-    remote = panel.remote
-    from kernelext._core.lifecycle.from_elsewhere import store_address
+    try:
+        panel = panel_for(handle)
+        remote = panel.remote
+        from kernelext._core.lifecycle.from_elsewhere import store_address
 
-    assert remote.run_id == "fallback" and remote.store == store_address(store)
-    assert "kernelext stop fallback" in remote.busy_hint
-    remote._handle_message(remote, {"action": "unknown"}, [])
-    assert remote.ack_seq == 0  # not an action: ignored, not acknowledged
-    remote._handle_message(remote, {"action": "stop"}, [])
-    assert remote.ack_seq == 1
+        assert remote.run_id == "fallback" and remote.store == store_address(store)
+        assert "kernelext stop fallback" in remote.busy_hint
+        remote._handle_message(remote, {"action": "unknown"}, [])
+        assert remote.ack_seq == 0  # not an action: ignored, not acknowledged
+        remote._handle_message(remote, {"action": "stop"}, [])
+        assert remote.ack_seq == 1
+    finally:
+        release.set()  # the step running ends: the stop lands at its boundary
     assert handle.wait(30) == "suspended"
     assert handle.info()["stop_source"] == "panel"
     panel.refresh()
