@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from support.http_server import DeliveryServer, post_json
 from support.live import name
+from support.ports import refusing_port
 
 import kernelext as kx
 from kernelext._store import Store
@@ -81,10 +82,8 @@ def test_a_call_never_sent_is_made_again_by_a_restart(
     @kx.effect(name="charge_when_up")
     def charge_when_up(amount: int) -> Any:
         if down["on"]:  # nothing listens there: refused, the call's only connection
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                closed = probe.getsockname()
-            socket.create_connection(closed, timeout=10).close()
+            with refusing_port() as port:
+                socket.create_connection(("127.0.0.1", port), timeout=10).close()
         return charge_card.fn(amount)
 
     @kx.agent(name=name("retry-later"))
