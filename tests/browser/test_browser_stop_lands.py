@@ -142,21 +142,29 @@ def test_background_agent_stops_from_its_panel_while_the_kernel_sleeps(
     )
 
 
-INTERRUPT_CELLS = [
-    "%load_ext kernelext\nimport time",
-    "%%agent soft --step slow\nprint('slow cell started', flush=True)\n"
-    "for i in range(40):\n    time.sleep(0.1)\nprint('slow cell finished')",
-    "%%agent soft --step after\nprint('after ran')",
-    "%%agent hard --step stuck\nprint('stuck cell started', flush=True)\ntime.sleep(60)\n"
-    "print('stuck cell finished')",
-]
+SOFT_GATE = "slow-cell.done"  # in the notebook's folder: made once the stop shows in the cell
+
+
+def interrupt_cells(gate: Path) -> list[str]:
+    # The window is the test's own: it is about two presses, not about how long the
+    # window lasts, and a loaded machine can take seconds to show the first press.
+    return [
+        "%load_ext kernelext\nimport os, time\n%config Kernelext.interrupt_window = 60",
+        "%%agent soft --step slow\nprint('slow cell started', flush=True)\n"
+        f"deadline = time.monotonic() + 120\nwhile not os.path.exists({str(gate)!r})"
+        " and time.monotonic() < deadline:\n    time.sleep(0.1)\nprint('slow cell finished')",
+        "%%agent soft --step after\nprint('after ran')",
+        "%%agent hard --step stuck\nprint('stuck cell started', flush=True)\ntime.sleep(60)\n"
+        "print('stuck cell finished')",
+    ]
 
 
 def test_interrupt_once_is_a_soft_stop_and_twice_cancels_the_cell(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
     root = lab_root(tmp_path)
-    name = write_notebook(root, "interrupt.ipynb", INTERRUPT_CELLS)
+    gate = root / SOFT_GATE
+    name = write_notebook(root, "interrupt.ipynb", interrupt_cells(gate))
     env = {"KERNELEXT_STORE": str(store_path)}
     with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         run_all(page)
@@ -164,6 +172,8 @@ def test_interrupt_once_is_a_soft_stop_and_twice_cancels_the_cell(
         output(slow).get_by_text("slow cell started").wait_for()
         interrupt(page)
         output(slow).get_by_text(re.compile(r"stop requested \(■\)")).wait_for(timeout=5_000)
+        assert executing(slow), "the stop must show while the slow cell still runs"
+        gate.touch()  # the slow cell ends: the stop lands after it
         output(slow).get_by_text("slow cell finished").wait_for()
         after = lab.cell(page, 2)
         output(after).get_by_text(re.compile(r"run 'soft' is suspended")).wait_for()
