@@ -255,7 +255,7 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
 
     root = lab_root(tmp_path)
     with DeliveryServer() as server_of_payments:
-        server_of_payments.slow_next(1, 6.0)
+        server_of_payments.hold_next(1)  # answered once the panel says it waits for it
         cells = [
             FORCE_CELLS[0],
             FORCE_CELLS[1].format(url=server_of_payments.url),
@@ -270,13 +270,14 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
             while not server_of_payments.deliveries and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert server_of_payments.deliveries, "the payment never reached the server"
-            time.sleep(1.0)  # the call now blocks on its answer
+            # the call now blocks on its answer, held by the test
             _clicked, click_t = click(lab.button(panel, "Force stop"))
             panel.get_by_text(
                 re.compile(r"Force stop is waiting for pay to return")
             ).first.wait_for(timeout=5_000)
             waiting_s = time.monotonic() - click_t
             shot("force-stop-waits-for-the-call")
+            server_of_payments.release_held()  # the call returns
             panel.get_by_text(re.compile(r"suspended: ")).first.wait_for(timeout=20_000)
             suspended_s = time.monotonic() - click_t
             shot("suspended-after-the-call-returned")
@@ -287,6 +288,6 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
         assert len(server_of_payments.deliveries) == 1
     assert effects == [["pay", "applied", "200"]]
     print(
-        f"\nForce stop during a 6 s call: 'waiting for pay' shown {waiting_s:.3f} s after the "
+        f"\nForce stop during a held call: 'waiting for pay' shown {waiting_s:.3f} s after the "
         f"click; suspended {suspended_s:.3f} s after it (the call returned), recorded applied"
     )
