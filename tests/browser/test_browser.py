@@ -342,6 +342,13 @@ def test_batch_stop_drains_and_resume_finishes_each_item_once(
         status = panel.locator(".kernelext-status")
         expect(status).to_have_text("running")
         delivery_server.wait_for(32, timeout=60)  # the first wave of 32 went out
+        # The next calls are held by the test: an item in flight stays in flight, however
+        # slowly the page answers, until the drain was seen.
+        delivery_server.hold_next(32)
+        wait_until(
+            lambda: any(d.get("held") for d in delivery_server.deliveries),
+            "an item's call held by the test",
+        )
         shot("running")
         watch = TextWatch(panel, BATCH_TEXTS)
         lab.button(panel, "Stop").click()
@@ -349,6 +356,7 @@ def test_batch_stop_drains_and_resume_finishes_each_item_once(
         drain = panel.locator(".kx-batch-drain")
         expect(drain).to_contain_text("items in flight")
         shot("stopping")
+        delivery_server.release_held()  # the items in flight finish: the drain ends
         expect(status).to_have_text("suspended", timeout=60_000)
         seen = watch.seen()
         assert seen["click:Stop"] <= stopping_at < seen["suspended"], seen
