@@ -113,6 +113,17 @@ def run_to_panel(page: Any, count: int) -> Any:
     return lab.cell(page, count - 1).locator(PANEL)
 
 
+def sleeping_until(gate: Path) -> str:
+    """A cell that prints "sleeping" and sleeps until the test creates ``gate`` (120 s at
+    most): it is still running when the test checks, however slowly the page answered."""
+    return (
+        "import os, time\nprint('sleeping', flush=True)\n"
+        "deadline = time.monotonic() + 120\n"
+        f"while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.1)\nprint('slept')"
+    )
+
+
 def start_sleeping(page: Any, index: int) -> Any:
     """Start cell ``index`` (it prints "sleeping" and sleeps) and return it once asleep."""
     sleeper = lab.select_cell(page, index)

@@ -24,6 +24,7 @@ from browser.harness import (
     executing,
     lab_root,
     opened_in_lab,
+    sleeping_until,
     start_sleeping,
     store_report,
     write_notebook,
@@ -32,16 +33,20 @@ from browser.harness import (
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 OVERVIEW = ".kernelext-runs:not(.kernelext-static)"
-CELLS = [
-    "%load_ext kernelext\nimport time\nimport kernelext as kx",
-    """@kx.agent(name="slow-steps")
+GATE = "sleeper.done"  # in the notebook's folder: the test makes it after its checks
+
+
+def cells(gate: Path) -> list[str]:
+    return [
+        "%load_ext kernelext\nimport time\nimport kernelext as kx",
+        """@kx.agent(name="slow-steps")
 def slow_steps(run):
     for i in run.steps(range(60), key=str):
         time.sleep(0.5)""",
-    'h = slow_steps.start(run_id="background")\nprint("started", h.run_id)',
-    "kx.runs()",
-    "print('sleeping', flush=True)\ntime.sleep(15)\nprint('slept')",
-]
+        'h = slow_steps.start(run_id="background")\nprint("started", h.run_id)',
+        "kx.runs()",
+        sleeping_until(gate),
+    ]
 
 
 def test_a_row_s_stop_lands_while_the_kernel_sleeps(
@@ -51,7 +56,8 @@ def test_a_row_s_stop_lands_while_the_kernel_sleeps(
     shots_folder: Path,
 ) -> None:
     root = lab_root(tmp_path)
-    name = write_notebook(root, "runs.ipynb", CELLS)
+    gate = root / GATE
+    name = write_notebook(root, "runs.ipynb", cells(gate))
     env = {"KERNELEXT_STORE": str(store_path)}
     with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         for index in range(4):
@@ -74,6 +80,7 @@ def test_a_row_s_stop_lands_while_the_kernel_sleeps(
         assert executing(sleeper), "the run must stop while the user's cell still sleeps"
         assert lab.button(row, "Stop").is_disabled()
         shot("suspended-while-the-kernel-sleeps")
+        gate.touch()  # the user's cell ends
 
         lab.wait_cell_done(sleeper, 60_000)
         lab.button(overview, "Panel").click()  # a kernel message: the kernel is free now

@@ -34,6 +34,7 @@ from browser.harness import (
     output,
     run_all,
     run_to_panel,
+    sleeping_until,
     start_sleeping,
     store_report,
     write_notebook,
@@ -49,22 +50,29 @@ def interrupt(page: Any) -> None:
     page.locator(f"{lab.NOTEBOOK} jp-button[data-command='notebook:interrupt-kernel']").click()
 
 
-RUN_ALL_CELLS = [
-    "%load_ext kernelext\nimport time",
-    "%%agent runall --step first\nrun.state['done'] = ['first']",
-    "%agent status runall",
-    "%%agent runall --step long\nprint('long cell started', flush=True)\ntime.sleep(6)\n"
-    "run.state['done'].append('long')",
-    "%%agent runall --step third\nrun.state['done'].append('third')\nprint('third ran')",
-    "%%agent runall --step fourth\nrun.state['done'].append('fourth')\nprint('fourth ran')",
-]
+LONG_GATE = "long-cell.done"  # in the notebook's folder: made after the test's checks
+
+
+def run_all_cells(gate: Path) -> list[str]:
+    return [
+        "%load_ext kernelext\nimport os, time",
+        "%%agent runall --step first\nrun.state['done'] = ['first']",
+        "%agent status runall",
+        "%%agent runall --step long\nprint('long cell started', flush=True)\n"
+        f"deadline = time.monotonic() + 120\nwhile not os.path.exists({str(gate)!r})"
+        " and time.monotonic() < deadline:\n    time.sleep(0.1)\n"
+        "run.state['done'].append('long')",
+        "%%agent runall --step third\nrun.state['done'].append('third')\nprint('third ran')",
+        "%%agent runall --step fourth\nrun.state['done'].append('fourth')\nprint('fourth ran')",
+    ]
 
 
 def test_run_all_stop_clicked_during_a_cell_skips_the_queued_cells(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
     root = lab_root(tmp_path)
-    name = write_notebook(root, "run_all.ipynb", RUN_ALL_CELLS)
+    gate = root / LONG_GATE
+    name = write_notebook(root, "run_all.ipynb", run_all_cells(gate))
     env = {"KERNELEXT_STORE": str(store_path)}
     with opened_in_lab(page, shots_folder, root, name, env) as (server, shot):
         run_all(page)
@@ -78,6 +86,7 @@ def test_run_all_stop_clicked_during_a_cell_skips_the_queued_cells(
         pending_s = time.monotonic() - click_t
         assert executing(long_cell), "the stop must show while the long cell still runs"
         shot("stop-pending-while-the-cell-runs")
+        gate.touch()  # the long cell ends: the stop lands after it
 
         third = lab.cell(page, 4)
         output(third).get_by_text(re.compile(r"run 'runall' is suspended")).wait_for()
@@ -102,22 +111,27 @@ def test_run_all_stop_clicked_during_a_cell_skips_the_queued_cells(
     )
 
 
-BACKGROUND_CELLS = [
-    "%load_ext kernelext\nimport time\nimport kernelext as kx",
-    """@kx.agent(name="slow-steps")
+SLEEPER_GATE = "sleeper.done"  # in the notebook's folder: made after the test's checks
+
+
+def background_cells(gate: Path) -> list[str]:
+    return [
+        "%load_ext kernelext\nimport time\nimport kernelext as kx",
+        """@kx.agent(name="slow-steps")
 def slow_steps(run):
     for i in run.steps(range(60), key=str):
         time.sleep(0.5)""",
-    'h = slow_steps.start(run_id="background")\nh',
-    "print('sleeping', flush=True)\ntime.sleep(15)\nprint('slept')",
-]
+        'h = slow_steps.start(run_id="background")\nh',
+        sleeping_until(gate),
+    ]
 
 
 def test_background_agent_stops_from_its_panel_while_the_kernel_sleeps(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
     root = lab_root(tmp_path)
-    name = write_notebook(root, "background.ipynb", BACKGROUND_CELLS)
+    gate = root / SLEEPER_GATE
+    name = write_notebook(root, "background.ipynb", background_cells(gate))
     env = {"KERNELEXT_STORE": str(store_path)}
     with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         panel = run_to_panel(page, 3)
@@ -131,6 +145,7 @@ def test_background_agent_stops_from_its_panel_while_the_kernel_sleeps(
         suspended_s = time.monotonic() - click_t
         assert executing(sleeper), "the run must stop while the user's cell still sleeps"
         shot("suspended-while-the-kernel-sleeps")
+        gate.touch()  # the user's cell ends
         lab.wait_cell_done(sleeper, 60_000)
         stops, _steps = store_report(page, "background")
         assert [s for s, _ in stops] == ["panel"]
@@ -142,21 +157,29 @@ def test_background_agent_stops_from_its_panel_while_the_kernel_sleeps(
     )
 
 
-INTERRUPT_CELLS = [
-    "%load_ext kernelext\nimport time",
-    "%%agent soft --step slow\nprint('slow cell started', flush=True)\n"
-    "for i in range(40):\n    time.sleep(0.1)\nprint('slow cell finished')",
-    "%%agent soft --step after\nprint('after ran')",
-    "%%agent hard --step stuck\nprint('stuck cell started', flush=True)\ntime.sleep(60)\n"
-    "print('stuck cell finished')",
-]
+SOFT_GATE = "slow-cell.done"  # in the notebook's folder: made once the stop shows in the cell
+
+
+def interrupt_cells(gate: Path) -> list[str]:
+    # The window is the test's own: it is about two presses, not about how long the
+    # window lasts, and a loaded machine can take seconds to show the first press.
+    return [
+        "%load_ext kernelext\nimport os, time\n%config Kernelext.interrupt_window = 60",
+        "%%agent soft --step slow\nprint('slow cell started', flush=True)\n"
+        f"deadline = time.monotonic() + 120\nwhile not os.path.exists({str(gate)!r})"
+        " and time.monotonic() < deadline:\n    time.sleep(0.1)\nprint('slow cell finished')",
+        "%%agent soft --step after\nprint('after ran')",
+        "%%agent hard --step stuck\nprint('stuck cell started', flush=True)\ntime.sleep(60)\n"
+        "print('stuck cell finished')",
+    ]
 
 
 def test_interrupt_once_is_a_soft_stop_and_twice_cancels_the_cell(
     tmp_path: Path, store_path: Path, page: Any, shots_folder: Path
 ) -> None:
     root = lab_root(tmp_path)
-    name = write_notebook(root, "interrupt.ipynb", INTERRUPT_CELLS)
+    gate = root / SOFT_GATE
+    name = write_notebook(root, "interrupt.ipynb", interrupt_cells(gate))
     env = {"KERNELEXT_STORE": str(store_path)}
     with opened_in_lab(page, shots_folder, root, name, env) as (_server, shot):
         run_all(page)
@@ -164,6 +187,8 @@ def test_interrupt_once_is_a_soft_stop_and_twice_cancels_the_cell(
         output(slow).get_by_text("slow cell started").wait_for()
         interrupt(page)
         output(slow).get_by_text(re.compile(r"stop requested \(■\)")).wait_for(timeout=5_000)
+        assert executing(slow), "the stop must show while the slow cell still runs"
+        gate.touch()  # the slow cell ends: the stop lands after it
         output(slow).get_by_text("slow cell finished").wait_for()
         after = lab.cell(page, 2)
         output(after).get_by_text(re.compile(r"run 'soft' is suspended")).wait_for()
@@ -195,7 +220,8 @@ def test_notebook_7_stop_lands_while_the_kernel_sleeps(
 ) -> None:
     """The same click in Notebook 7's interface (the route is the server's, not Lab's)."""
     root = lab_root(tmp_path)
-    name = write_notebook(root, "notebook7.ipynb", BACKGROUND_CELLS)
+    gate = root / SLEEPER_GATE
+    name = write_notebook(root, "notebook7.ipynb", background_cells(gate))
     env = {"KERNELEXT_STORE": str(store_path)}
     with opened_in_lab(page, shots_folder, root, name, env, lab.open_notebook_7) as (_server, shot):
         panel = run_to_panel(page, 3)
@@ -205,6 +231,7 @@ def test_notebook_7_stop_lands_while_the_kernel_sleeps(
         suspended_s = time.monotonic() - click_t
         assert executing(sleeper), "the run must stop while the user's cell still sleeps"
         shot("notebook-7-suspended-while-the-kernel-sleeps")
+        gate.touch()  # the user's cell ends
     print(
         f"\nNotebook 7, kernel in time.sleep: suspended shown {suspended_s:.3f} s after the click"
     )
@@ -245,7 +272,7 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
 
     root = lab_root(tmp_path)
     with DeliveryServer() as server_of_payments:
-        server_of_payments.slow_next(1, 6.0)
+        server_of_payments.hold_next(1)  # answered once the panel says it waits for it
         cells = [
             FORCE_CELLS[0],
             FORCE_CELLS[1].format(url=server_of_payments.url),
@@ -260,13 +287,14 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
             while not server_of_payments.deliveries and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert server_of_payments.deliveries, "the payment never reached the server"
-            time.sleep(1.0)  # the call now blocks on its answer
+            # the call now blocks on its answer, held by the test
             _clicked, click_t = click(lab.button(panel, "Force stop"))
             panel.get_by_text(
                 re.compile(r"Force stop is waiting for pay to return")
             ).first.wait_for(timeout=5_000)
             waiting_s = time.monotonic() - click_t
             shot("force-stop-waits-for-the-call")
+            server_of_payments.release_held()  # the call returns
             panel.get_by_text(re.compile(r"suspended: ")).first.wait_for(timeout=20_000)
             suspended_s = time.monotonic() - click_t
             shot("suspended-after-the-call-returned")
@@ -277,6 +305,6 @@ def test_force_stop_during_a_blocking_call_that_returns_keeps_its_outcome(
         assert len(server_of_payments.deliveries) == 1
     assert effects == [["pay", "applied", "200"]]
     print(
-        f"\nForce stop during a 6 s call: 'waiting for pay' shown {waiting_s:.3f} s after the "
+        f"\nForce stop during a held call: 'waiting for pay' shown {waiting_s:.3f} s after the "
         f"click; suspended {suspended_s:.3f} s after it (the call returned), recorded applied"
     )

@@ -33,10 +33,22 @@ import kernelext as kx
 def torn(run, items):
     for i in run.steps(items, key=lambda i: i):
         run.state["item" + str(i)] = "x" * 300
+
+def let_go():
+    # Until the writer let the file go (after a second idle, with a checkpoint): each run
+    # of a script then checkpoints as often as the probe did, however late its writer woke.
+    backend = kx.open_store().backend
+    deadline = time.monotonic() + 60
+    while True:
+        with backend._mutex:  # held while the file is let go
+            if backend.con is None:
+                return
+        assert time.monotonic() < deadline, "the store never let the file go"
+        time.sleep(0.05)
 """
 
 # A real kernelext process: each round runs an agent to completion, prints its run id,
-# and idles until the writer lets the file go (a checkpoint); the last round closes.
+# and waits until the writer let the file go (a checkpoint); the last round closes.
 AGENT = (
     TORN
     + f"""
@@ -44,7 +56,7 @@ for r in range({{rounds}}):
     h = torn.start(list(range({STEPS})), run_id="{{prefix}}" + str(r))
     assert h.wait(timeout=60) == "completed"
     print("{{prefix}}" + str(r), flush=True)
-    time.sleep(1.3)
+    let_go()
 """
 )
 
@@ -64,10 +76,16 @@ KILLED = (
     TORN
     + f"""
 for r in range(2):  # the first checkpointed when the writer lets the file go
+    if r == 1:
+        # Held until the kill: after a second idle the store lets the file go with a
+        # checkpoint, which would empty the WAL this process must die with (a busy machine
+        # can pause it that long between the last run's end and the kill).
+        kx.open_store().backend.linger = 3600.0
     h = torn.start(list(range({STEPS})), run_id="k" + str(r))
     assert h.wait(timeout=60) == "completed"
     print("k" + str(r), flush=True)
-    time.sleep(1.3 - r * 1.3)
+    if r == 0:
+        let_go()
 os.kill(os.getpid(), signal.SIGKILL)
 """
 )
@@ -91,7 +109,7 @@ import duckdb
 h = torn.start(list(range({STEPS})), run_id="c0")
 assert h.wait(timeout=60) == "completed"
 print("c0", flush=True)
-time.sleep(1.5)
+let_go()
 pathlib.Path(os.environ["TEAR_ARM"]).touch()
 con = duckdb.connect(kx.open_store().location, config=kx.duckdb_config())
 con.execute("CREATE TABLE IF NOT EXISTS mine (a INTEGER, b VARCHAR)")
