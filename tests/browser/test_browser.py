@@ -123,8 +123,10 @@ def test_quickstart_stop_resume_click_through(
         # 2. Stop: "stop pending" at once, then "suspended" at the step boundary
         lab.button(panel, "Stop").click()
         pending_at = watch.wait("stop pending")
+        # The step ends: the stop lands at its boundary. Let go at once: the notebook's
+        # request gives up after 10 s (the screenshot shows the pending state regardless).
+        delivery_server.release_held()
         shot("stop-pending")
-        delivery_server.release_held()  # the step ends: the stop lands at its boundary
         expect(status).to_have_text("suspended")
         seen = watch.seen()
         assert seen["click:Stop"] <= pending_at < seen["suspended"], seen
@@ -342,6 +344,7 @@ def test_batch_stop_drains_and_resume_finishes_each_item_once(
         status = panel.locator(".kernelext-status")
         expect(status).to_have_text("running")
         delivery_server.wait_for(32, timeout=60)  # the first wave of 32 went out
+        shot("running")
         # The next calls are held by the test: an item in flight stays in flight, however
         # slowly the page answers, until the drain was seen.
         delivery_server.hold_next(32)
@@ -349,14 +352,15 @@ def test_batch_stop_drains_and_resume_finishes_each_item_once(
             lambda: any(d.get("held") for d in delivery_server.deliveries),
             "an item's call held by the test",
         )
-        shot("running")
         watch = TextWatch(panel, BATCH_TEXTS)
         lab.button(panel, "Stop").click()
         stopping_at = watch.wait("stopping")
         drain = panel.locator(".kx-batch-drain")
         expect(drain).to_contain_text("items in flight")
+        # The items in flight finish: the drain ends. Let go at once: the notebook's requests
+        # give up after 10 s (the screenshot shows the drain's last state regardless).
+        delivery_server.release_held()
         shot("stopping")
-        delivery_server.release_held()  # the items in flight finish: the drain ends
         expect(status).to_have_text("suspended", timeout=60_000)
         seen = watch.seen()
         assert seen["click:Stop"] <= stopping_at < seen["suspended"], seen
