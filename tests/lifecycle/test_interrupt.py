@@ -211,7 +211,10 @@ def test_a_press_after_the_window_is_another_soft_stop(
     # was sent: wait in the kernel until it has passed (a press handled late shortens it).
     kernel.run("while time.monotonic() - handler.presses[-1][0] <= 0.3:\n    time.sleep(0.01)").ok()
     press(kernel, tmp_path, 2)
-    reply = kernel.run("print([p[1] for p in handler.presses]); go.set(); print(h.wait(30))").ok()
+    # Each press's stop is recorded by a worker thread: both recorded before the run goes on.
+    reply = kernel.run(
+        "handler.wait_idle(60); print([p[1] for p in handler.presses]); go.set(); print(h.wait(30))"
+    ).ok()
     assert reply.stdout.splitlines() == ["['stop', 'stop']", "suspended"]
     kinds = [k for k, _ in events(kernel, "slow-presses")]
     assert "force_requested" not in kinds and kinds.count("stop_requested") == 2
