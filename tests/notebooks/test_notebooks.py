@@ -26,6 +26,8 @@ from support.kernels import KernelSession
 from support.notebooks import execute, text_of
 from support.postgres import find_postgres_bin
 
+from kernelext._store import open_store
+
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +77,15 @@ def test_every_notebook_runs_headless(
         # Which one a busy machine shows is its scheduling; either way the stop was taken.
         clicked = text_of(nb, "click-stop")
         assert "stop pending since" in clicked or "is suspended already" in clicked, clicked
+        # Either way the stop was the panel's, soft, landed at a step boundary: nothing forced.
+        store = open_store(env["KERNELEXT_STORE"])
+        try:
+            (run_id,) = [row[0] for row in store.read("SELECT id FROM runs")]
+            kinds = [(e["kind"], e["source"]) for e in store.events(run_id)]
+        finally:
+            store.close()
+        assert kinds.count(("stop_requested", "panel")) == 1, kinds
+        assert not [k for k, _ in kinds if k in ("force_requested", "stop_forced")], kinds
         assert "'suspended'" in text_of(nb, "wait")
         assert "'completed'" in text_of(nb, "click-resume")
         state = json.dumps(nb.metadata["widgets"][WIDGET_STATE]["state"])
