@@ -21,9 +21,10 @@ MOST_LINES = 40
 THINKING = "time.sleep(3)"  # the agent's step in the README: a person's time to click Stop
 # Here the thinking lasts until the test clicked Stop: the run is certainly still running
 # when the Stop cell runs, however long the kernel takes to get there, and the click's
-# stop lands at the end of the first ticket. After that, thinking takes no time.
-CLICKED = "import threading\nCLICKED = threading.Event()"
-THINKING_HERE = "CLICKED.wait(120)"
+# stop lands at the end of the first ticket (the click waits until that ticket began: a
+# stop asked before it would land before any). After that, thinking takes no time.
+CLICKED = "import threading\nCLICKED, STARTED = threading.Event(), threading.Event()"
+THINKING_HERE = "STARTED.set() or CLICKED.wait(120)"
 
 
 def quickstart() -> str:
@@ -81,6 +82,7 @@ def test_the_quickstart_cells_run_in_a_kernel_with_stop_and_resume_clicked(
         assert any("application/vnd.jupyter.widget-view+json" in r for r in shown.results)
         stopped = kernel.run(  # the person clicks Stop in the panel
             "from kernelext.widgets import panel_for\n"
+            "assert STARTED.wait(120)\n"
             "panel = panel_for(h)\n"
             "panel.stop_button.click()\n"
             "CLICKED.set()\n"
