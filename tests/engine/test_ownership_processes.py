@@ -113,7 +113,10 @@ def payer(run, items):
             # Frozen in here (SIGSTOP), past its lease, until the test lets it go on
             # (the marker is created just before SIGCONT).
             deadline = time.monotonic() + 60
-            while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+            while not os.path.exists(sys.argv[2]):
+                if time.monotonic() > deadline:
+                    print("the test never let step a go on", flush=True)
+                    os._exit(3)  # not a pass by timeout
                 time.sleep(0.01)
         pay(item, 100)
 
