@@ -41,7 +41,7 @@ def cells(gate: Path) -> list[str]:
         "%load_ext kernelext\nimport time\nimport kernelext as kx",
         """@kx.agent(name="slow-steps")
 def slow_steps(run):
-    for i in run.steps(range(60), key=str):
+    for i in run.steps(range(600), key=str):  # 5 min: running at the click, however slow
         time.sleep(0.5)""",
         'h = slow_steps.start(run_id="background")\nprint("started", h.run_id)',
         "kx.runs()",
@@ -65,7 +65,7 @@ def test_a_row_s_stop_lands_while_the_kernel_sleeps(
         overview = lab.cell(page, 3).locator(OVERVIEW)
         badge = overview.locator(".kernelext-status")
         badge.filter(has_text=re.compile(r"^running$")).wait_for()
-        overview.get_by_text(re.compile(r"^\d+/60 steps$")).wait_for()
+        overview.get_by_text(re.compile(r"^\d+/600 steps$")).wait_for()
         shot("the-overview-with-a-running-run")
 
         sleeper = start_sleeping(page, 4)

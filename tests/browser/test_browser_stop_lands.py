@@ -119,7 +119,7 @@ def background_cells(gate: Path) -> list[str]:
         "%load_ext kernelext\nimport time\nimport kernelext as kx",
         """@kx.agent(name="slow-steps")
 def slow_steps(run):
-    for i in run.steps(range(60), key=str):
+    for i in run.steps(range(600), key=str):  # 5 min: running at the click, however slow
         time.sleep(0.5)""",
         'h = slow_steps.start(run_id="background")\nh',
         sleeping_until(gate),

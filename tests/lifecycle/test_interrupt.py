@@ -148,10 +148,11 @@ def test_extension_takes_the_slot_in_a_real_kernel_and_gives_it_back(kernel: Ker
 
 
 # -- soft stop, force, and the usual behaviour ----------------------------------------------
-def test_first_press_is_a_soft_stop(kernel: KernelSession) -> None:
+def test_first_press_is_a_soft_stop(kernel: KernelSession, tmp_path: Path) -> None:
+    kernel.run(f"watch_presses({str(tmp_path)!r})").ok()
     kernel.run("h = gated.start(3, run_id='soft')\nh").ok()
     wait_entered(kernel)
-    kernel.interrupt()
+    press(kernel, tmp_path, 1)
     reply = kernel.run(
         "handler.wait_idle()\npanel = panel_for(h)\nprint(h.status)\n"
         "print(panel.refresh().stop_text())"
@@ -248,12 +249,15 @@ def test_a_running_cell_owns_the_press_even_while_an_agent_runs(
     ]
 
 
-def test_loaded_at_kernel_start_the_handler_is_installed_directly(store_path: Path) -> None:
+def test_loaded_at_kernel_start_the_handler_is_installed_directly(
+    store_path: Path, tmp_path: Path
+) -> None:
     with KernelSession(extra_arguments=["--IPKernelApp.extensions=kernelext"]) as session:
         session.run(AGENT).ok()
+        session.run(f"watch_presses({str(tmp_path)!r})").ok()
         session.run("h = gated.start(2, run_id='at-start')").ok()
         wait_entered(session)
-        session.interrupt()
+        press(session, tmp_path, 1)
         reply = session.run(
             "handler.wait_idle(); print(type(handler).__name__, h.status); "
             "go.set(); print(h.wait(30))"
