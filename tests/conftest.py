@@ -17,6 +17,7 @@ if str(TESTS_DIR) not in sys.path:  # makes `support` importable
 
 from support.clients import close_clients_made  # noqa: E402
 from support.http_server import DeliveryServer  # noqa: E402
+from support.limit_stamps import limit_stamps  # noqa: E402, F401  (fixtures)
 from support.live import finish_live_runs  # noqa: E402
 from support.pool_calls import spawned_pool  # noqa: E402, F401  (fixtures)
 from support.ports import closed_url  # noqa: E402, F401  (fixtures)

@@ -45,25 +45,6 @@ def sender(server: DeliveryServer, limit: str, tool: str = "send") -> kx.Effect:
     return send
 
 
-@pytest.fixture
-def sends(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The send times the limits stamp (``Limit.stamp``, on their monotonic clock), as each
-    limit recorded them in its window: the real method runs, and the time it appended is
-    read back under the limit's own (reentrant) lock, so no other call is stamped between."""
-    stamps: list[float] = []
-    stamp = Limit.stamp
-
-    def recorded(self: Limit, slot: Slot) -> None:
-        with self._cond:
-            before = len(self._sent)
-            stamp(self, slot)
-            if len(self._sent) > before:
-                stamps.append(self._sent[-1])
-
-    monkeypatch.setattr(Limit, "stamp", recorded)
-    return stamps
-
-
 def busiest_window(stamps: list[float], seconds: float) -> int:
     """The most sends stamped in any window ``[t, t + seconds)``. The stamps are the
     limit's own, taken as each call is sent: no pause between a stamp and the request (a
@@ -73,7 +54,7 @@ def busiest_window(stamps: list[float], seconds: float) -> int:
 
 
 def test_a_rate_is_never_exceeded_in_any_one_second_window(
-    store: Store, delivery_server: DeliveryServer, sends: list[float]
+    store: Store, delivery_server: DeliveryServer, limit_stamps: list[float]
 ) -> None:
     limit = name("crm")
     kx.limit(limit, rate="10/s")
@@ -90,8 +71,8 @@ def test_a_rate_is_never_exceeded_in_any_one_second_window(
     assert handle.wait(WAIT) == "completed", handle.error
     assert delivery_server.count() == 40
     assert sorted(d["body"]["item"] for d in delivery_server.deliveries) == list(range(40))
-    assert len(sends) == 40  # each call stamped once, as it was sent
-    assert busiest_window(sends, 1.0) <= 10, sorted(sends)
+    assert len(limit_stamps) == 40  # each call stamped once, as it was sent
+    assert busiest_window(limit_stamps, 1.0) <= 10, sorted(limit_stamps)
     # The limit was what held the batch back: 16 at once would send 40 well within a second.
     # Calls 1, 11, 21 and 31 go out each a window apart, the first after the map began (a
     # time read before any slot was taken, so no delay of a call makes the span look short).
@@ -99,8 +80,79 @@ def test_a_rate_is_never_exceeded_in_any_one_second_window(
     assert sent[-1] - mapped_at[0] >= 3.0, (mapped_at, sent)
 
 
+def test_each_call_is_stamped_after_its_intent_is_durable_and_sent_right_after(
+    store: Store, delivery_server: DeliveryServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rate window counts a call from its stamp, so nothing may come between the stamp
+    and the request: no store write (which can wait for the store), nothing else of the
+    call. And the intent is durable before the stamp, as before any call. Each thread's
+    steps are recorded in order by wrapping the store's doors, ``Limit.stamp`` and the
+    effect's body; the pattern is read per thread, so no clock is compared."""
+    limit = name("ordered")
+    kx.limit(limit, rate="50/s")
+    steps: list[tuple[int, str]] = []
+
+    def mark(what: str) -> None:
+        steps.append((threading.get_ident(), what))
+
+    record, write, stamp = Store.record, Store.write, Limit.stamp
+    write_intent = Store.write_intent
+
+    def recorded(self: Store, kind: str, data: dict[str, Any], *, sync: bool) -> int | None:
+        mark(f"{kind} record")
+        return record(self, kind, data, sync=sync)
+
+    def intent_written(self: Store, row: dict[str, Any]) -> dict[str, Any] | None:
+        existing = write_intent(self, row)
+        mark("intent durable")  # it returns once the intent is durable, on either backend
+        return existing
+
+    def written(self: Store, job: Any) -> Any:
+        mark("write")
+        return write(self, job)
+
+    def stamped(self: Limit, slot: Slot) -> None:
+        stamp(self, slot)
+        mark("stamp")
+
+    monkeypatch.setattr(Store, "record", recorded)
+    monkeypatch.setattr(Store, "write", written)
+    monkeypatch.setattr(Store, "write_intent", intent_written)
+    monkeypatch.setattr(Limit, "stamp", stamped)
+
+    @kx.effect(name="ordered_send", limit=limit)
+    def send(item: int) -> int:
+        mark("request")
+        body = json.dumps({"item": item}).encode()
+        request = urllib.request.Request(delivery_server.url + "/send", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(json.loads(response.read())["delivery"])
+
+    @kx.agent(name=name("ordering"))
+    def ordering(run: kx.Run, items: list[int]) -> list[int]:
+        return run.map(send, items, concurrency=8)
+
+    handle = ordering.start(list(range(24)))
+    assert handle.wait(WAIT) == "completed", handle.error
+    assert delivery_server.count() == 24
+    by_thread: dict[int, list[str]] = {}
+    for thread, what in list(steps):
+        by_thread.setdefault(thread, []).append(what)
+    calls = 0
+    for seen in by_thread.values():
+        for at, what in enumerate(seen):
+            if what != "stamp":
+                continue
+            calls += 1
+            assert seen[at + 1 : at + 2] == ["request"], seen  # sent right after its stamp
+            assert "intent durable" in seen[:at], seen
+            last_intent = max(i for i, w in enumerate(seen[:at]) if w == "intent durable")
+            assert "request" not in seen[last_intent + 1 : at], seen  # this call's intent
+    assert calls == 24  # every call stamped once, in the thread that sent it
+
+
 def test_one_limit_is_shared_by_every_run_of_the_process(
-    store: Store, delivery_server: DeliveryServer, sends: list[float]
+    store: Store, delivery_server: DeliveryServer, limit_stamps: list[float]
 ) -> None:
     limit = name("shared")
     kx.limit(limit, rate="8/s")
@@ -117,8 +169,9 @@ def test_one_limit_is_shared_by_every_run_of_the_process(
     assert delivery_server.count() == 32
     runs = {str(d["body"]["item"])[0] for d in delivery_server.deliveries}
     assert runs == {"a", "b"}
-    assert len(sends) == 32
-    assert busiest_window(sends, 1.0) <= 8, sorted(sends)  # the two runs together, not 8 each
+    assert len(limit_stamps) == 32
+    # the two runs together, not 8 each
+    assert busiest_window(limit_stamps, 1.0) <= 8, sorted(limit_stamps)
 
 
 def test_concurrency_bounds_the_calls_in_flight_at_once(
