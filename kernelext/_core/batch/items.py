@@ -70,7 +70,18 @@ class Tally:
         self.lost: Ended | None = None
         self.halted = False  # an item stopped or suspended the run: start nothing more
         self.waiting: list[StepInfo] = []
+        # The batch ends as a forced stop (raised once nothing is in flight): an item was
+        # forced (past max_step_seconds after a stop), or the whole run was.
         self.forced: BaseException | None = None
+        # The whole run was forced (raised into the dispatcher): every item in flight is
+        # cut. One item forced for its own overrun cuts no other; they drain.
+        self.cut_all = False
+
+    def run_forced(self, exc: BaseException) -> None:
+        """A forced stop of the run reached the dispatcher: the batch ends forced, and
+        every item in flight is cut."""
+        self.forced = self.forced or exc
+        self.cut_all = True
 
     def may_start(self) -> bool:
         """Whether the dispatcher may start another item."""
@@ -171,7 +182,7 @@ def startable(tally: Tally, in_flight: Sized) -> Iterator[StepInfo]:
         except StopRequested as exc:  # raised into the dispatching thread while it read
             tally.halted = True
             if isinstance(exc, ForcedStop):
-                tally.forced = tally.forced or exc
+                tally.run_forced(exc)
             return
         if index is None:
             return
@@ -232,7 +243,7 @@ def look(
         if not engine.stop_event.is_set():
             engine.poll_external_stop()
     except ForcedStop as exc:
-        tally.forced = tally.forced or exc
+        tally.run_forced(exc)
         return None
     return finished
 

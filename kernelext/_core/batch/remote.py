@@ -185,7 +185,7 @@ def dispatch_remote(plan: MapPlan, dispatch: Dispatch) -> None:
             if not flight:
                 break
             finished = look(tally, flight) or set()  # (None: a forced stop, below)
-            if tally.forced is not None or engine.force.wanted:
+            if tally.cut_all or engine.force.wanted:
                 batch.forced = True
                 finished = set(flight)  # every item in flight is cancelled now
                 for future in finished:

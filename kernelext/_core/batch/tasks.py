@@ -122,10 +122,10 @@ async def _dispatch(plan: MapPlan) -> None:
                 engine.poll_external_stop()
         except asyncio.CancelledError as exc:  # the agent's task: cancel the items too
             _uncancel()
-            tally.forced = tally.forced or _as_forced(exc, engine.force)
+            tally.run_forced(_as_forced(exc, engine.force))
             batch.force_all()
             continue
-        if tally.forced is not None or engine.force.wanted:
+        if tally.cut_all or engine.force.wanted:
             batch.force_all()
         for done in finished:
             index = flight.pop(done)

@@ -81,7 +81,7 @@ def _dispatch(plan: MapPlan, given: concurrent.futures.Executor | None) -> None:
             finished = look(tally, flight)
             if finished is None:  # a forced stop raised into the agent's thread
                 continue
-            if tally.forced is not None or engine.force.wanted:
+            if tally.cut_all or engine.force.wanted:
                 batch.force_all()
             else:
                 police_overruns(engine, batch)
