@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.http_server import DeliveryServer, post_json, read_log
+from support.http_server import DeliveryServer, read_log
 from support.live import name
+from support.pool_calls import post_item_and_pid
 
 import kernelext as kx
 from kernelext._core.batch.wire import loads
@@ -42,9 +43,7 @@ NEEDS_APPROVAL = 1  # the one item whose call waits for a person
 
 @kx.effect(name="remote_pay", needs_approval=lambda url, item, **kw: item == NEEDS_APPROVAL)
 def remote_pay(url: str, item: int, *, idempotency_key: str | None = None) -> int:
-    response = post_json(url, {"item": item, "pid": os.getpid()}, idempotency_key=idempotency_key)
-    assert response.status == 200, response
-    return int(response.body["delivery"])
+    return post_item_and_pid(url, item, idempotency_key)
 
 
 def pay_item(job: tuple[str, int]) -> int:
@@ -259,9 +258,7 @@ def test_an_item_whose_worker_died_after_it_completed_keeps_its_value_when_the_e
 
 @kx.effect(name="remote_done")
 def remote_done(url: str, item: int, *, idempotency_key: str | None = None) -> int:
-    response = post_json(url, {"item": item, "pid": os.getpid()}, idempotency_key=idempotency_key)
-    assert response.status == 200, response
-    return int(response.body["delivery"])
+    return post_item_and_pid(url, item, idempotency_key)
 
 
 def one_post(job: tuple[str, int]) -> int:
