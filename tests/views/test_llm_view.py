@@ -22,6 +22,7 @@ from support.llm_views import (
     no_prices,  # noqa: F401 - autouse: no prices left over
     refund_desk,
 )
+from support.support_desk import chat_with_tools
 
 import kernelext as kx
 from kernelext._core.encoding.names import OUTSIDE_STEPS
@@ -48,14 +49,7 @@ def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_r
 
     @kx.agent(name="llm-view")
     def support(run: kx.Run, question: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question}]
-        while True:
-            reply = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
-            live.append(reply)
-            messages.append(reply.choices[0].message)
-            if not reply.choices[0].message.tool_calls:
-                return str(reply.choices[0].message.content)
-            messages += tools.call_all(reply.choices[0].message)
+        return chat_with_tools(client, MODEL, tools, question, live)
 
     handle = support.start("refund A-1001", run_id="talk")
     assert reached.wait(30)
