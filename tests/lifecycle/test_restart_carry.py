@@ -92,6 +92,13 @@ def expire(clock: TickingClock, run_id: str, days: float = 8) -> None:
     assert run_id in kx.sweep().expired_ids
 
 
+def expired_waiting_for_approval(clock: TickingClock, run_id: str) -> None:
+    """Run ``run_id`` of the approval agent, suspended on its payment's approval, which
+    then expired (the clock moved on and the sweep ended the run)."""
+    assert approval_agent().start(run_id=run_id).wait(WAIT) == "suspended"
+    expire(clock, run_id)
+
+
 # -- (a) the issue's case: an approval that expired ---------------------------------------
 def test_a_step_whose_approval_expired_does_not_notify_again(
     store: Store, clock: TickingClock, server: DeliveryServer
@@ -119,8 +126,7 @@ def test_a_step_whose_approval_expired_does_not_notify_again(
 def test_a_restart_of_a_restart_carries_the_grandparents_effects(
     store: Store, clock: TickingClock, server: DeliveryServer
 ) -> None:
-    assert approval_agent().start(run_id="gp").wait(WAIT) == "suspended"
-    expire(clock, "gp")
+    expired_waiting_for_approval(clock, "gp")
     first = kx.restart("gp")
     assert first.wait(WAIT) == "suspended"
     expire(clock, first.run_id)  # the new approval request expired too
@@ -136,8 +142,7 @@ def test_a_restart_of_a_restart_carries_the_grandparents_effects(
 def test_a_restarted_run_cannot_be_restarted_again(
     store: Store, clock: TickingClock, server: DeliveryServer
 ) -> None:
-    assert approval_agent().start(run_id="twice").wait(WAIT) == "suspended"
-    expire(clock, "twice")
+    expired_waiting_for_approval(clock, "twice")
     one = kx.restart("twice")
     with pytest.raises(kx.RunStateError, match=r"restarted as 'twice-restart1'.*kx\.resume"):
         kx.restart("twice")
@@ -538,8 +543,7 @@ def test_a_cell_run_restarts_and_its_cells_replay_what_the_old_run_applied(
 def test_the_restart_transaction_refuses_a_ledger_that_changed(
     store: Store, clock: TickingClock, server: DeliveryServer
 ) -> None:
-    assert approval_agent().start(run_id="moved").wait(WAIT) == "suspended"
-    expire(clock, "moved")
+    expired_waiting_for_approval(clock, "moved")
     real = store.write_restart
 
     def stale(plan: Any) -> None:
