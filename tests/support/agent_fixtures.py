@@ -70,6 +70,24 @@ def streamed(llm: LLMServer) -> list[bool]:
     return [r["stream"] for r in sorted(llm.requests, key=lambda r: r["seq"])]
 
 
+def held_at_pay(
+    framework: Any,
+    agent: Any,
+    run_id: str,
+    *,
+    who: str | None = None,
+    prompt: str = PROMPT,
+    **options: Any,
+) -> Any:
+    """Start the run through ``framework`` (``kx.openai_agents``, ``kx.pydantic_ai``) on
+    ``prompt`` and return its handle once a ``pay`` (of ``who``, else the first) is held
+    (until ``HOLD.released``). ``options`` go to ``framework.start``."""
+    HOLD.arm(who=who)
+    handle = framework.start(agent, prompt, run_id=run_id, **options)
+    assert HOLD.reached.wait(30)
+    return handle
+
+
 def stopped_at_pay(
     framework: Any,
     agent: Any,
@@ -84,9 +102,7 @@ def stopped_at_pay(
     it go; the run must be suspended. ``options`` go to ``framework.start``."""
     from kernelext.status import Status
 
-    HOLD.arm(who=who)
-    handle = framework.start(agent, prompt, run_id=run_id, **options)
-    assert HOLD.reached.wait(30)
+    handle = held_at_pay(framework, agent, run_id, who=who, prompt=prompt, **options)
     handle.stop()
     HOLD.released.set()
     assert handle.wait(30) == Status.SUSPENDED, handle.error

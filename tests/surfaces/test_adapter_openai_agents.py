@@ -33,7 +33,7 @@ from agents import (
     input_guardrail,
 )
 from pydantic import BaseModel
-from support.agent_fixtures import TWO_AT_ONCE, ledger, paid, stopped_at_pay
+from support.agent_fixtures import TWO_AT_ONCE, held_at_pay, ledger, paid, stopped_at_pay
 from support.agent_processes import env_with_tests_on_path, killed_after_first_payment, run_end
 from support.agent_processes import in_new_process as agent_process
 from support.http_server import DeliveryServer, post_json
@@ -108,9 +108,8 @@ def test_tool_calls_of_one_answer_are_keyed_by_the_models_order_and_made_once(
 ) -> None:
     llm.script = list(TWO_AT_ONCE)
     agent = payer(llm.base_url, deliveries.url)
-    HOLD.arm(who="bob")  # the first call waits: the second finishes first
-    handle = kx.openai_agents.start(agent, "pay both", run_id="oa-two")
-    assert HOLD.reached.wait(30)
+    # The first call waits: the second finishes first.
+    handle = held_at_pay(kx.openai_agents, agent, "oa-two", who="bob", prompt="pay both")
     deliveries.wait_for(1)  # ann's, made while bob's waits
     handle.stop()
     HOLD.released.set()

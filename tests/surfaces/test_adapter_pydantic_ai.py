@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic_ai import Agent, Tool, UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.test import TestModel
-from support.agent_fixtures import PROMPT, TWO_AT_ONCE, ledger, paid, stopped_at_pay
+from support.agent_fixtures import PROMPT, TWO_AT_ONCE, held_at_pay, ledger, paid, stopped_at_pay
 from support.agent_processes import in_new_process, killed_after_first_payment, run_end
 from support.http_server import DeliveryServer, post_json
 from support.llm_server import LLMServer
@@ -50,6 +50,7 @@ pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after
 LLM_SCRIPT = PAY_SCRIPT  # what the llm fixture's model server answers
 
 stopped_at = functools.partial(stopped_at_pay, kx.pydantic_ai)
+held_at = functools.partial(held_at_pay, kx.pydantic_ai)
 
 
 # -- Stop and resume ------------------------------------------------------------------------
@@ -116,9 +117,7 @@ def test_two_tool_calls_of_one_answer_are_keyed_by_the_models_order(
 ) -> None:
     # bob's call (the model's first) is held until ann's (its second) was delivered: the
     # ordinals follow the model's order, not the order the calls ended in.
-    HOLD.arm(who="bob")
-    handle = kx.pydantic_ai.start(payer(llm.base_url, deliveries.url), PROMPT, run_id="pa-two")
-    assert HOLD.reached.wait(30)
+    handle = held_at(payer(llm.base_url, deliveries.url), "pa-two", who="bob")
     for _ in range(300):
         if paid(deliveries) == ["/pay/ann"]:
             break
@@ -165,9 +164,7 @@ def test_a_tools_retry_request_is_its_recorded_answer_and_replayed(
 def test_a_call_cut_by_a_force_stop_waits_in_reconcile_and_is_not_made_again(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    HOLD.arm(who="bob")
-    handle = kx.pydantic_ai.start(payer(llm.base_url, deliveries.url), PROMPT, run_id="pa-cut")
-    assert HOLD.reached.wait(30)
+    handle = held_at(payer(llm.base_url, deliveries.url), "pa-cut", who="bob")
     handle.force_stop(cut_calls=True)
     assert handle.wait(30) == Status.SUSPENDED, handle.error
     HOLD.released.set()  # the payment goes out after all: the ledger cannot know it did
@@ -406,12 +403,7 @@ def test_a_model_given_to_start_answers_that_run_only(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
     nowhere = payer("http://127.0.0.1:9/v1", deliveries.url)  # its own model answers nothing
-    HOLD.arm()
-    handle = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model", model=model_for(llm.base_url))
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    stopped_at(nowhere, "pa-model", model=model_for(llm.base_url))
     # Another run of the same agent is given only what its own start was given ...
     later = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model-2")
     assert later.wait(30) == Status.FAILED
