@@ -88,21 +88,13 @@ def held_at_pay(
     return handle
 
 
-def stopped_at_pay(
-    framework: Any,
-    agent: Any,
-    run_id: str,
-    *,
-    who: str | None = None,
-    prompt: str = PROMPT,
-    **options: Any,
-) -> Any:
-    """Start the run through ``framework`` (``kx.openai_agents``, ``kx.pydantic_ai``) on
-    ``prompt``, hold a ``pay`` (of ``who``, else the first) until the Stop was asked, then let
-    it go; the run must be suspended. ``options`` go to ``framework.start``."""
+def stopped_at_pay(framework: Any, agent: Any, run_id: str, **options: Any) -> Any:
+    """The run of ``held_at_pay`` (``options`` are its: ``who``, ``prompt`` and what goes to
+    ``framework.start``), stopped while its ``pay`` is held, which is then let go; the run
+    must be suspended."""
     from kernelext.status import Status
 
-    handle = held_at_pay(framework, agent, run_id, who=who, prompt=prompt, **options)
+    handle = held_at_pay(framework, agent, run_id, **options)
     handle.stop()
     HOLD.released.set()
     assert handle.wait(30) == Status.SUSPENDED, handle.error
