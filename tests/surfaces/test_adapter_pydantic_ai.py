@@ -53,6 +53,16 @@ stopped_at = functools.partial(stopped_at_pay, kx.pydantic_ai)
 held_at = functools.partial(held_at_pay, kx.pydantic_ai)
 
 
+def second_request(run_id: str) -> str:
+    """What the model was sent at the run's second turn (the recorded request's args):
+    where a person's decision on a call of the first turn is told to it."""
+    rows = kx.sql(
+        "SELECT args FROM effects WHERE run_id = ? AND step_key = 'turn 2' AND tool = ?",
+        params=[run_id, MODEL_TOOL],
+    )
+    return str(rows["args"][0])
+
+
 # -- Stop and resume ------------------------------------------------------------------------
 def test_a_run_stopped_after_its_first_tool_call_is_resumed_in_a_new_process(
     store: Any, store_path: Path, llm: LLMServer, deliveries: DeliveryServer
@@ -307,10 +317,7 @@ def test_a_rejected_call_is_not_made_and_the_model_is_told(
         handle = kx.reject(request.key, note="not this week").handle  # the run goes on
     assert handle.wait(30) == Status.COMPLETED, handle.error
     assert paid(deliveries) == []
-    told = kx.sql(
-        "SELECT args FROM effects WHERE run_id = 'pa-reject' AND step_key = 'turn 2' AND tool = ?",
-        params=[MODEL_TOOL],
-    )["args"][0]
+    told = second_request("pa-reject")
     assert "A person rejected this call" in told and "not this week" in told
 
 
@@ -363,10 +370,7 @@ def test_a_call_the_tool_asked_approval_for_and_a_person_rejected_tells_the_mode
     assert handle.wait(30) == Status.COMPLETED, handle.error
     assert paid(deliveries) == ["/pay/ann"]
     assert ("bob", True) not in CALLED
-    told = kx.sql(
-        "SELECT args FROM effects WHERE run_id = 'pa-asks-no' AND step_key = 'turn 2' AND tool = ?",
-        params=[MODEL_TOOL],
-    )["args"][0]
+    told = second_request("pa-asks-no")
     assert "A person rejected this call" in told and "too much" in told
 
 
