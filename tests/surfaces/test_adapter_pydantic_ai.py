@@ -41,6 +41,7 @@ from support.pydantic_agents import (
 import kernelext as kx
 from kernelext._adapters.adapter_loop import run_on_adapter_loop
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
+from kernelext._core.people.approvals import Approval
 from kernelext._core.process.runtime import runtime
 from kernelext._core.views.conversation import conversation_of
 from kernelext._store import open_store
@@ -358,14 +359,21 @@ def test_a_tool_asking_for_approval_itself_is_asked_through_kernelext_and_made_o
     assert set(llm.per_turn().values()) == {1}
 
 
+def asked_by_the_tool(llm: LLMServer, deliveries: DeliveryServer, run_id: str) -> Approval:
+    """Starts run ``run_id`` of the payer whose tool asks for approval itself (over 5), with
+    no call noted yet in ``CALLED``; returns the approval request of bob's 10 it waits on."""
+    CALLED.clear()
+    agent = payer(llm.base_url, deliveries.url, approve_over=5)
+    handle = kx.pydantic_ai.start(agent, PROMPT, run_id=run_id)
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    (request,) = list(kx.approvals(run_id))
+    return request
+
+
 def test_a_call_the_tool_asked_approval_for_and_a_person_rejected_tells_the_model(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    CALLED.clear()
-    agent = payer(llm.base_url, deliveries.url, approve_over=5)
-    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-asks-no")
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
-    (request,) = list(kx.approvals("pa-asks-no"))
+    request = asked_by_the_tool(llm, deliveries, "pa-asks-no")
     handle = kx.reject(request.key, note="too much").handle
     assert handle.wait(30) == Status.COMPLETED, handle.error
     assert paid(deliveries) == ["/pay/ann"]
@@ -377,11 +385,7 @@ def test_a_call_the_tool_asked_approval_for_and_a_person_rejected_tells_the_mode
 def test_an_edit_of_a_call_the_tool_asked_approval_for_is_refused_and_nothing_paid(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    CALLED.clear()
-    agent = payer(llm.base_url, deliveries.url, approve_over=5)
-    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-asks-edit")
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
-    (request,) = list(kx.approvals("pa-asks-edit"))
+    request = asked_by_the_tool(llm, deliveries, "pa-asks-edit")
     handle = kx.approve(request.key, edit={"amount": 4}).handle
     assert handle.wait(30) == Status.FAILED
     assert isinstance(handle.error, kx.LedgerError)
