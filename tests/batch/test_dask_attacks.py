@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,26 @@ class LastCopyAnswers(TwiceAtOnce):
 
 class FirstCopyAnswers(LastCopyAnswers):
     ANSWERS_AFTER = 1
+
+
+def one_item_started(
+    one: Callable[[str], Any],
+    executor: concurrent.futures.Executor,
+    store_url: str,
+    *,
+    agent: str,
+    run_id: str,
+) -> Any:
+    """Starts run ``run_id`` (on the store at ``store_url``) of an agent that maps ``one``
+    over the single item ``"a"`` on ``executor``; returns its handle."""
+    import kernelext as kx
+
+    @kx.agent(name=agent)
+    def mapping(run: Any, items: list[str]) -> Any:
+        return run.map(one, items, executor=executor)
+
+    kx.configure(store=store_url)
+    return mapping.start(["a"], run_id=run_id)
 
 
 def test_two_attempts_of_one_item_at_once_make_a_retried_call_once(
@@ -149,12 +170,7 @@ def test_a_late_copy_of_an_item_never_changes_its_completed_step(
 
     twice = FirstCopyAnswers(spawned_pool)
 
-    @kx.agent(name="late_copy")
-    def agent(run: Any, items: list[str]) -> Any:
-        return run.map(one, items, executor=twice)
-
-    kx.configure(store=postgres_url)
-    handle = agent.start(["a"], run_id=run_id)
+    handle = one_item_started(one, twice, postgres_url, agent="late_copy", run_id=run_id)
     assert handle.wait(WAIT) == "completed"
     assert handle.result == [1]
     concurrent.futures.wait(twice.copies, timeout=WAIT)
@@ -220,8 +236,6 @@ def test_run_map_returns_the_value_the_step_keeps_when_two_attempts_completed_it
     effect, so it differs) comes back from the executor: run.map returns the stored one."""
     import json
 
-    import kernelext as kx
-
     marks = str(tmp_path / "marks")
     os.mkdir(marks)
     run_id = f"kept-{uuid.uuid4().hex[:6]}"
@@ -247,12 +261,7 @@ def test_run_map_returns_the_value_the_step_keeps_when_two_attempts_completed_it
 
     twice = LastCopyAnswers(spawned_pool)
 
-    @kx.agent(name="value_kept")
-    def agent(run: Any, items: list[str]) -> Any:
-        return run.map(one, items, executor=twice)
-
-    kx.configure(store=postgres_url)
-    handle = agent.start(["a"], run_id=run_id)
+    handle = one_item_started(one, twice, postgres_url, agent="value_kept", run_id=run_id)
     assert handle.wait(WAIT) == "completed"
     [step] = handle.steps()
     assert step["status"] == "completed"
@@ -313,12 +322,7 @@ def test_a_call_a_second_attempt_took_for_lost_keeps_the_outcome_its_maker_recor
 
     twice = CopyOnceInCall(spawned_pool, postgres_url)
 
-    @kx.agent(name="taken_for_lost")
-    def agent(run: Any, items: list[str]) -> Any:
-        return run.map(one, items, executor=twice)
-
-    kx.configure(store=postgres_url)
-    handle = agent.start(["a"], run_id="lost")
+    handle = one_item_started(one, twice, postgres_url, agent="taken_for_lost", run_id="lost")
     end = time.monotonic() + WAIT
     unknown = "SELECT count(*) FROM effects WHERE status = 'unknown'"
     while not _count(postgres_url, unknown) and time.monotonic() < end:

@@ -23,6 +23,7 @@ from support.live import name
 from support.pool_calls import (  # noqa: F401  (module_pool: the fixture `pool`)
     item_jobs,
     module_pool,
+    post_item_and_pid,
     store_for_workers,
 )
 
@@ -37,11 +38,7 @@ WAIT = 120.0
 
 @kx.effect(name="post_item")
 def post_item(url: str, item: int, *, idempotency_key: str | None = None) -> int:
-    from support.http_server import post_json
-
-    response = post_json(url, {"item": item, "pid": os.getpid()}, idempotency_key=idempotency_key)
-    assert response.status == 200, response
-    return int(response.body["delivery"])
+    return post_item_and_pid(url, item, idempotency_key)
 
 
 def deliver(job: tuple[str, int]) -> dict[str, int]:

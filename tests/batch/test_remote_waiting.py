@@ -22,15 +22,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.http_server import DeliveryServer, post_json, read_log
+from support.http_server import DeliveryServer, read_log
 from support.live import name
+from support.pool_calls import post_item_and_pid
 
 import kernelext as kx
 from kernelext._core.batch.wire import loads
@@ -42,9 +43,24 @@ NEEDS_APPROVAL = 1  # the one item whose call waits for a person
 
 @kx.effect(name="remote_pay", needs_approval=lambda url, item, **kw: item == NEEDS_APPROVAL)
 def remote_pay(url: str, item: int, *, idempotency_key: str | None = None) -> int:
-    response = post_json(url, {"item": item, "pid": os.getpid()}, idempotency_key=idempotency_key)
-    assert response.status == 200, response
-    return int(response.body["delivery"])
+    return post_item_and_pid(url, item, idempotency_key)
+
+
+def one_at_a_time(
+    agent: str,
+    item: Callable[[tuple[str, int]], int],
+    jobs: list[tuple[str, int]],
+    executor: concurrent.futures.Executor | None = None,
+) -> kx.Handle:
+    """Starts a run of a new agent (named after ``agent``) that maps ``item`` over ``jobs``
+    one at a time, each step keyed by the job's item number; on ``executor``, or in this
+    process without one."""
+
+    @kx.agent(name=name(agent))
+    def batch(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
+        return run.map(item, jobs, key=lambda job: str(job[1]), concurrency=1, executor=executor)
+
+    return batch.start(jobs)
 
 
 def pay_item(job: tuple[str, int]) -> int:
@@ -167,11 +183,7 @@ def test_an_item_whose_worker_died_after_it_ended_waiting_suspends_the_run_for_i
     waiting = str(NEEDS_APPROVAL)
 
     # The same batch in the owner's process: what a run waiting for the approval is.
-    @kx.agent(name=name("pay-here"))
-    def pay_here(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
-        return run.map(pay_item, jobs, key=lambda job: str(job[1]), concurrency=1)
-
-    here = pay_here.start(jobs)
+    here = one_at_a_time("pay-here", pay_item, jobs)
     assert here.wait(WAIT) == "suspended", here.error
     expected = pg.get_run(here.run_id)
     assert expected["reason"] == "approval"
@@ -180,14 +192,7 @@ def test_an_item_whose_worker_died_after_it_ended_waiting_suspends_the_run_for_i
     held = tmp_path / "held-answer"
     pool = RerunningPool(held)
     try:
-
-        @kx.agent(name=name("pay-remote"))
-        def pay_remote(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
-            return run.map(
-                pay_item, jobs, key=lambda job: str(job[1]), concurrency=1, executor=pool
-            )
-
-        handle = pay_remote.start(jobs)
+        handle = one_at_a_time("pay-remote", pay_item, jobs, executor=pool)
         until(held.exists, "the item waiting for its approval")
         # The worker recorded the step's end before it answered; it dies with the answer.
         assert step_rows(pg, handle.run_id, waiting) == [("cancelled", "waits for a person")]
@@ -230,14 +235,7 @@ def test_an_item_whose_worker_died_after_it_completed_keeps_its_value_when_the_e
     held = tmp_path / "held-answer"
     pool = RerunningPool(held, "done", rerun=False)
     try:
-
-        @kx.agent(name=name("done-lost"))
-        def done_lost(run: kx.Run, jobs: list[tuple[str, int]]) -> list[int]:
-            return run.map(
-                one_post, jobs, key=lambda job: str(job[1]), concurrency=1, executor=pool
-            )
-
-        handle = done_lost.start(jobs)
+        handle = one_at_a_time("done-lost", one_post, jobs, executor=pool)
         until(held.exists, "the first item completed in its worker")
         # The worker recorded the item's completion; it dies with the answer, and the
         # executor gives up on that attempt (no second one): the owner sees it lost.
@@ -259,9 +257,7 @@ def test_an_item_whose_worker_died_after_it_completed_keeps_its_value_when_the_e
 
 @kx.effect(name="remote_done")
 def remote_done(url: str, item: int, *, idempotency_key: str | None = None) -> int:
-    response = post_json(url, {"item": item, "pid": os.getpid()}, idempotency_key=idempotency_key)
-    assert response.status == 200, response
-    return int(response.body["delivery"])
+    return post_item_and_pid(url, item, idempotency_key)
 
 
 def one_post(job: tuple[str, int]) -> int:

@@ -17,7 +17,16 @@ from kernelext._store import Store
 from kernelext.errors import ClaimConflict, RunStateError
 from kernelext.status import FINAL, EffectStatus, Status, StepStatus
 
-from .store_suite_support import FakeClock, StoreFactory, complete, effect_row, events, fact, move
+from .store_suite_support import (
+    FakeClock,
+    StoreFactory,
+    complete,
+    effect_row,
+    events,
+    fact,
+    move,
+    with_runs,
+)
 
 __all__ = ["TestClaims", "TestFacts"]
 
@@ -91,9 +100,7 @@ class TestClaims:
     def test_a_resource_is_exclusive_while_its_holder_can_go_on(
         self, store_factory: StoreFactory, status: Status
     ) -> None:
-        store = store_factory()
-        store.create_run("r1", "agent")
-        store.create_run("r2", "agent")
+        store = with_runs(store_factory(), "r1", "r2")
         store.claim("r1", "customer:42")
         move(store, "r1", status)
         with pytest.raises(ClaimConflict, match=r"'customer:42' is claimed by run 'r1'") as err:
@@ -107,9 +114,7 @@ class TestClaims:
     def test_the_conflict_says_how_a_suspended_holder_lets_go(
         self, store_factory: StoreFactory
     ) -> None:
-        store = store_factory()
-        store.create_run("r1", "agent")
-        store.create_run("r2", "agent")
+        store = with_runs(store_factory(), "r1", "r2")
         store.claim("r1", "slot", 1.0)
         store.transition("r1", Status.SUSPENDED, (Status.RUNNING,))
         with pytest.raises(ClaimConflict, match=r"kx\.resume\('r1'\)"):
@@ -119,9 +124,7 @@ class TestClaims:
     def test_a_final_holder_blocks_nobody(
         self, store_factory: StoreFactory, status: Status
     ) -> None:
-        store = store_factory()
-        store.create_run("r1", "agent")
-        store.create_run("r2", "agent")
+        store = with_runs(store_factory(), "r1", "r2")
         store.claim("r1", "customer:42")
         move(store, "r1", status)  # even a claim nobody released does not hold any more
         assert store.get_run("r1")["status"] == status
@@ -133,9 +136,7 @@ class TestClaims:
         self, store_factory: StoreFactory
     ) -> None:
         clock = FakeClock()
-        store = store_factory(clock)
-        store.create_run("r1", "agent")
-        store.create_run("r2", "agent")
+        store = with_runs(store_factory(clock), "r1", "r2")
         store.claim("r1", "a", 1.0)
         store.claim("r1", "b")
         store.claim("r2", "c")

@@ -15,7 +15,15 @@ from kernelext._store.duckdb.backend import INLINE_LIMIT
 from kernelext._store.heartbeats import HEARTBEAT_LAPSE_SECONDS
 from kernelext.errors import LedgerError
 
-from .store_suite_support import FakeClock, StoreFactory, complete, effect_row, events, make_blob
+from .store_suite_support import (
+    FakeClock,
+    StoreFactory,
+    complete,
+    effect_row,
+    events,
+    make_blob,
+    with_runs,
+)
 
 __all__ = ["TestBlobs", "TestEffects", "TestSteps"]
 
@@ -96,9 +104,7 @@ class TestSteps:
         self, store_factory: StoreFactory
     ) -> None:
         clock = FakeClock()
-        store = store_factory(clock)
-        store.create_run("r1", "agent")
-        store.create_run("r2", "agent")
+        store = with_runs(store_factory(clock), "r1", "r2")
         beaten, quiet, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
         store.begin_step("r1", beaten, 0, "item-0", None, wait=True)
         store.begin_step("r1", quiet, 1, "item-1", None, wait=True)

@@ -31,6 +31,7 @@ __all__ = [
     "make_blob",
     "move",
     "probe_labels",
+    "with_runs",
 ]
 
 Clock = Callable[[], dt.datetime]
@@ -175,6 +176,13 @@ PATHS: dict[Status, tuple[Status, ...]] = {
     Status.CANCELLED: (Status.CANCELLED,),
     Status.EXPIRED: (Status.SUSPENDED, Status.EXPIRED),
 }
+
+
+def with_runs(store: Store, *run_ids: str) -> Store:
+    """``store`` with a new ``running`` run of agent ``agent`` for each of ``run_ids``."""
+    for run_id in run_ids:
+        store.create_run(run_id, "agent")
+    return store
 
 
 def move(store: Store, run_id: str, status: Status) -> None:

@@ -33,16 +33,18 @@ TOPICS = (
 KERNELEXT_TOPICS = tuple(topic for topic in TOPICS if topic != "dask")
 
 
-def _run_bench(tmp_path: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _benchmarks(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks ARGS`` from the repository root, as a user runs it: its
+    scratch files under ``tmp_path`` and no ``KERNELEXT_STORE`` of the caller's."""
     env = {**os.environ, "KERNELEXT_BENCH_TMP": str(tmp_path)}
     env.pop("KERNELEXT_STORE", None)
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks", *args, "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=timeout,
     )
 
 
@@ -78,7 +80,8 @@ def test_quick_dask_benchmark_measures_each_part(tmp_path: Path) -> None:
     if find_postgres_bin() is None:
         pytest.skip("PostgreSQL is not installed (no initdb): apt-get install postgresql")
     out = tmp_path / "dask.json"
-    proc = _run_bench(tmp_path, out, "--quick", "--only", "dask,kernelext", "--reps", "1")
+    args = ("--quick", "--only", "dask,kernelext", "--reps", "1", "--out", str(out))
+    proc = _benchmarks(tmp_path, *args, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads(out.read_text(encoding="utf-8"))
     assert results["errors"] == {} and results["meta"]["topics"] == ["anchors", "dask"]
@@ -105,26 +108,9 @@ def test_quick_dask_benchmark_measures_each_part(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
     out = tmp_path / "results" / "bench.json"
-    env = {**os.environ, "KERNELEXT_BENCH_TMP": str(tmp_path)}
-    env.pop("KERNELEXT_STORE", None)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--quick",
-            "--only",
-            ",".join([*KERNELEXT_TOPICS, "kernelext"]),
-            "--reps",
-            "1",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    topics = ",".join([*KERNELEXT_TOPICS, "kernelext"])
+    proc = _benchmarks(
+        tmp_path, "--quick", "--only", topics, "--reps", "1", "--out", str(out), timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
@@ -168,14 +154,7 @@ def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
         assert target["met"] in (True, False), target
     # The table next to the JSON, and `table` re-renders it.
     assert (out.parent / "bench.md").read_text(encoding="utf-8").startswith("Command:")
-    table = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "table", str(out)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    table = _benchmarks(tmp_path, "table", str(out), timeout=60)
     assert table.returncode == 0, table.stderr
     assert "| metric | kernelext |" in table.stdout
     assert "Issue 10: end to end" in table.stdout
@@ -186,14 +165,7 @@ def test_quick_kernelext_benchmarks_write_valid_results(tmp_path: Path) -> None:
         "before\n<!-- bench:bench:begin -->\nSTALE TABLE\n<!-- bench:bench:end -->\nafter\n",
         encoding="utf-8",
     )
-    into = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "table", str(out), "--into", str(doc)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    into = _benchmarks(tmp_path, "table", str(out), "--into", str(doc), timeout=60)
     assert into.returncode == 0, into.stderr
     text = doc.read_text(encoding="utf-8")
     assert text.startswith("before\n<!-- bench:bench:begin -->\nCommand:")

@@ -29,14 +29,20 @@ def _wait_for_stdout(kernel: KernelSession, msg_id: str, text: str) -> None:
             seen += out["content"]["text"]
 
 
+def _configured(kernel: KernelSession, tmp_path: Path) -> None:
+    """Has the kernel import kernelext as ``kx`` and use the test's store (one per test,
+    under ``tmp_path``, whichever kernel opens it)."""
+    store = tmp_path / "s.duckdb"
+    kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+
+
 def _kernelext_frames(text: str) -> list[str]:
     return [line for line in text.splitlines() if PACKAGE_DIR in line]
 
 
 def test_resume_typo_shows_message_and_user_frames_only(tmp_path: Path) -> None:
-    store = tmp_path / "s.duckdb"
     with KernelSession() as kernel:
-        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        _configured(kernel, tmp_path)
         reply = kernel.run("def my_helper():\n    kx.resume('triage-nvo')\nmy_helper()")
         text = _traceback(reply)
         assert _kernelext_frames(text) == [], text
@@ -47,19 +53,17 @@ def test_resume_typo_shows_message_and_user_frames_only(tmp_path: Path) -> None:
 
 
 def test_with_extension_loaded_the_frames_are_left_out_too(tmp_path: Path) -> None:
-    store = tmp_path / "s.duckdb"
     with KernelSession() as kernel:
         kernel.run("%load_ext kernelext").ok()
-        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        _configured(kernel, tmp_path)
         text = _traceback(kernel.run("kx.resume('nope')"))
         assert _kernelext_frames(text) == [], text
         assert "No run 'nope'" in text
 
 
 def test_a_handle_without_the_extension_says_how_to_get_the_panel(tmp_path: Path) -> None:
-    store = tmp_path / "s.duckdb"
     with KernelSession() as kernel:
-        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        _configured(kernel, tmp_path)
         kernel.run(
             "@kx.agent\ndef tiny(run):\n    return 1\nh = tiny.start(run_id='tiny-1')\nh.wait()"
         ).ok()
@@ -79,9 +83,8 @@ def test_magics_before_load_ext_say_to_load_it(tmp_path: Path) -> None:
 
 
 def test_resume_of_a_completed_run_shows_message_only(tmp_path: Path) -> None:
-    store = tmp_path / "s.duckdb"
     with KernelSession() as kernel:
-        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        _configured(kernel, tmp_path)
         kernel.run(
             "@kx.agent\ndef tiny(run):\n    return 1\ntiny.start(run_id='done-1').wait()"
         ).ok()
@@ -91,24 +94,22 @@ def test_resume_of_a_completed_run_shows_message_only(tmp_path: Path) -> None:
 
 
 def test_resume_without_the_agent_definition_says_what_to_run(tmp_path: Path) -> None:
-    store = tmp_path / "s.duckdb"
     with KernelSession() as first:
-        first.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        _configured(first, tmp_path)
         first.run(
             "@kx.agent\ndef waits(run):\n    run.suspend()\n"
             "h = waits.start(run_id='later-1')\nprint(h.wait())"
         ).ok()
     with KernelSession() as second:
-        second.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        _configured(second, tmp_path)
         text = _traceback(second.run("kx.resume('later-1')"))
         assert _kernelext_frames(text) == [], text
         assert "'waits'" in text and "not defined" in text, text
 
 
 def test_an_error_raised_in_the_agent_keeps_the_users_frames(tmp_path: Path) -> None:
-    store = tmp_path / "s.duckdb"
     with KernelSession() as kernel:
-        kernel.run(f"import kernelext as kx\nkx.configure(store={str(store)!r})").ok()
+        _configured(kernel, tmp_path)
         status = kernel.run(
             "def my_lookup():\n    kx.resume('inner-typo')\n"
             "@kx.agent\ndef my_agent(run):\n    my_lookup()\n"

@@ -18,13 +18,12 @@ import importlib.resources
 import json
 import pickle
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from support.fresh_python import printed_by_fresh_python
 
 import kernelext
 import kernelext.errors
@@ -254,11 +253,7 @@ def test_every_public_attribute_is_in_all(name: str) -> None:
         "lazy = sorted(n for n in module.__all__ if n not in names and resolves(n))\n"
         "print(json.dumps([names, lazy]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    names, lazy = json.loads(done.stdout.strip().splitlines()[-1])
+    names, lazy = json.loads(printed_by_fresh_python(code).strip().splitlines()[-1])
     public = {n for n in names if not n.startswith("_")} | ({"__version__"} & set(names))
     assert (public - set(foreign) - HOOKS) | set(lazy) == set(_module(name).__all__)
 
@@ -541,11 +536,7 @@ def test_importing_kernelext_loads_no_jupyter_and_warns_nothing() -> None:
         "         'anthropic')\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    assert json.loads(printed_by_fresh_python(code).strip().splitlines()[-1]) == []
 
 
 def test_the_package_is_marked_typed_so_static_tools_read_its_names() -> None:

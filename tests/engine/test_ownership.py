@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,29 +202,40 @@ def test_owner_strings_with_at_or_colon_in_the_user_name(
     assert parse_owner(owner) == parsed
 
 
-def test_a_reused_pid_never_blocks_a_take_over() -> None:
+@pytest.fixture
+def live_process() -> Iterator[tuple[int, int]]:
+    """Another live process on this host, as ``(pid, start)``: an owner that is alive.
+
+    ``start`` is the process's start time as owners record it; the test is skipped where
+    there is no /proc to read it from.
+    """
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         start = process_start(other.pid)
         if start is None:
             pytest.skip("no /proc here")
-        now = dt.datetime(2026, 1, 1, 12, 0, 0)
-        host = socket.gethostname()
-        live = {"id": "r", "status": Status.RUNNING, "lease_until": now + dt.timedelta(seconds=20)}
-        # The very process, lease current: refused, with the full UTC date-time.
-        with pytest.raises(RunStateError, match="lease until 2026-01-01 12:00:20 UTC"):
-            check_takeover({**live, "owner": f"u@{host}:{other.pid}.{start}"}, now)
-        # The same PID with another start time: the owner died and the PID was reused.
-        check_takeover({**live, "owner": f"u@{host}:{other.pid}.{start + 1}"}, now)
-        # An older release's owner (no start time) naming a live PID: once the lease
-        # lapsed it is taken over (the epoch fences whatever that process still writes).
-        old = f"u@{host}:{other.pid}"
-        with pytest.raises(RunStateError):
-            check_takeover({**live, "owner": old}, now)
-        check_takeover({**live, "owner": old, "lease_until": now - dt.timedelta(seconds=1)}, now)
+        yield other.pid, start
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_reused_pid_never_blocks_a_take_over(live_process: tuple[int, int]) -> None:
+    pid, start = live_process
+    now = dt.datetime(2026, 1, 1, 12, 0, 0)
+    host = socket.gethostname()
+    live = {"id": "r", "status": Status.RUNNING, "lease_until": now + dt.timedelta(seconds=20)}
+    # The very process, lease current: refused, with the full UTC date-time.
+    with pytest.raises(RunStateError, match="lease until 2026-01-01 12:00:20 UTC"):
+        check_takeover({**live, "owner": f"u@{host}:{pid}.{start}"}, now)
+    # The same PID with another start time: the owner died and the PID was reused.
+    check_takeover({**live, "owner": f"u@{host}:{pid}.{start + 1}"}, now)
+    # An older release's owner (no start time) naming a live PID: once the lease
+    # lapsed it is taken over (the epoch fences whatever that process still writes).
+    old = f"u@{host}:{pid}"
+    with pytest.raises(RunStateError):
+        check_takeover({**live, "owner": old}, now)
+    check_takeover({**live, "owner": old, "lease_until": now - dt.timedelta(seconds=1)}, now)
 
 
 # -- attacks ------------------------------------------------------------------------
@@ -397,31 +409,26 @@ def test_a_stale_kernel_cannot_complete_or_move_the_run(
         assert store.get_run("r")["status"] == Status.RUNNING
 
 
-def test_a_live_kernel_s_cell_run_is_never_taken_over_by_lease_lapse() -> None:
+def test_a_live_kernel_s_cell_run_is_never_taken_over_by_lease_lapse(
+    live_process: tuple[int, int],
+) -> None:
     """Cell runs have no renewal thread: their owner's liveness is the kernel process. An
     agent run's lapsed lease is still taken over while its PID lives (it renews: frozen)."""
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        start = process_start(other.pid)
-        if start is None:
-            pytest.skip("no /proc here")
-        now = dt.datetime(2026, 1, 1, 12, 0, 0)
-        owner = f"u@{socket.gethostname()}:{other.pid}.{start}"
-        lapsed = {
-            "id": "r",
-            "status": Status.RUNNING,
-            "owner": owner,
-            "lease_until": now - dt.timedelta(minutes=5),
-        }
-        with pytest.raises(RunStateError, match="never taken over while it lives"):
-            check_takeover({**lapsed, "agent": "%%agent"}, now)
-        check_takeover({**lapsed, "agent": "payroll"}, now)  # an agent run: frozen, taken
-        # The kernel gone (same PID, another start time): taken over.
-        gone = f"u@{socket.gethostname()}:{other.pid}.{start + 1}"
-        check_takeover({**lapsed, "agent": "%%agent", "owner": gone}, now)
-    finally:
-        other.kill()
-        other.wait()
+    pid, start = live_process
+    now = dt.datetime(2026, 1, 1, 12, 0, 0)
+    owner = f"u@{socket.gethostname()}:{pid}.{start}"
+    lapsed = {
+        "id": "r",
+        "status": Status.RUNNING,
+        "owner": owner,
+        "lease_until": now - dt.timedelta(minutes=5),
+    }
+    with pytest.raises(RunStateError, match="never taken over while it lives"):
+        check_takeover({**lapsed, "agent": "%%agent"}, now)
+    check_takeover({**lapsed, "agent": "payroll"}, now)  # an agent run: frozen, taken
+    # The kernel gone (same PID, another start time): taken over.
+    gone = f"u@{socket.gethostname()}:{pid}.{start + 1}"
+    check_takeover({**lapsed, "agent": "%%agent", "owner": gone}, now)
 
 
 def test_no_probe_is_asked_while_the_previous_owner_may_still_be_calling(

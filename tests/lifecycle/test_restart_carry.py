@@ -23,6 +23,7 @@ from support.live import name as unique
 
 import kernelext as kx
 from kernelext._core.ledger.effect import effect_key
+from kernelext._core.people.reconcile import UnknownEffect
 from kernelext._store import Store, open_store
 
 WAIT = 60.0
@@ -91,6 +92,13 @@ def expire(clock: TickingClock, run_id: str, days: float = 8) -> None:
     assert run_id in kx.sweep().expired_ids
 
 
+def expired_waiting_for_approval(clock: TickingClock, run_id: str) -> None:
+    """Run ``run_id`` of the approval agent, suspended on its payment's approval, which
+    then expired (the clock moved on and the sweep ended the run)."""
+    assert approval_agent().start(run_id=run_id).wait(WAIT) == "suspended"
+    expire(clock, run_id)
+
+
 # -- (a) the issue's case: an approval that expired ---------------------------------------
 def test_a_step_whose_approval_expired_does_not_notify_again(
     store: Store, clock: TickingClock, server: DeliveryServer
@@ -118,8 +126,7 @@ def test_a_step_whose_approval_expired_does_not_notify_again(
 def test_a_restart_of_a_restart_carries_the_grandparents_effects(
     store: Store, clock: TickingClock, server: DeliveryServer
 ) -> None:
-    assert approval_agent().start(run_id="gp").wait(WAIT) == "suspended"
-    expire(clock, "gp")
+    expired_waiting_for_approval(clock, "gp")
     first = kx.restart("gp")
     assert first.wait(WAIT) == "suspended"
     expire(clock, first.run_id)  # the new approval request expired too
@@ -135,8 +142,7 @@ def test_a_restart_of_a_restart_carries_the_grandparents_effects(
 def test_a_restarted_run_cannot_be_restarted_again(
     store: Store, clock: TickingClock, server: DeliveryServer
 ) -> None:
-    assert approval_agent().start(run_id="twice").wait(WAIT) == "suspended"
-    expire(clock, "twice")
+    expired_waiting_for_approval(clock, "twice")
     one = kx.restart("twice")
     with pytest.raises(kx.RunStateError, match=r"restarted as 'twice-restart1'.*kx\.resume"):
         kx.restart("twice")
@@ -271,6 +277,27 @@ def test_a_forced_stop_after_an_effect_carries_it_once_the_unknown_one_is_decide
     assert store.get_run("forced")["status"] == "cancelled"  # superseded
 
 
+def _stopped_in_the_slow_step(
+    hang: Any, entered: threading.Event, agent: str, run_id: str
+) -> UnknownEffect:
+    """Runs an agent whose one step notifies, then calls ``hang``, which sets ``entered``
+    and never comes back; stops it there (past max_step_seconds: forced) and returns the
+    one call the stop left unknown, to be decided by the test."""
+
+    @kx.agent(name=unique(agent), max_step_seconds=0.3)
+    def hanger(run: kx.Run) -> Any:
+        with run.step("slow"):
+            notify("slow")
+            return hang("h")
+
+    handle = hanger.start(run_id=run_id)
+    assert entered.wait(WAIT)
+    handle.stop()
+    assert handle.wait(WAIT) == "suspended"
+    [unknown] = kx.reconcile(run_id)
+    return unknown
+
+
 def test_a_call_decided_not_applied_is_made_again(store: Store, server: DeliveryServer) -> None:
     entered = threading.Event()
 
@@ -283,17 +310,7 @@ def test_a_call_decided_not_applied_is_made_again(store: Store, server: Delivery
         post_json(URL["url"] + "/hang", {"item": item})
         return "sent"
 
-    @kx.agent(name=unique("hanger"), max_step_seconds=0.3)
-    def hanger(run: kx.Run) -> Any:
-        with run.step("slow"):
-            notify("slow")
-            return hang("h")
-
-    handle = hanger.start(run_id="undecided")
-    assert entered.wait(WAIT)
-    handle.stop()
-    assert handle.wait(WAIT) == "suspended"
-    [unknown] = kx.reconcile("undecided")
+    unknown = _stopped_in_the_slow_step(hang, entered, "hanger", "undecided")
     unknown.mark_not_applied(note="the server never saw it")
     child = kx.restart("undecided")
     assert child.wait(WAIT) == "completed" and child.result == "sent"
@@ -314,17 +331,7 @@ def test_a_given_up_call_is_decided_again_in_the_restart_not_made_again(
                 time.sleep(0.01)
         return "sent"
 
-    @kx.agent(name=unique("quitter"), max_step_seconds=0.3)
-    def quitter(run: kx.Run) -> Any:
-        with run.step("slow"):
-            notify("slow")
-            return hang("h")
-
-    handle = quitter.start(run_id="gaveup")
-    assert entered.wait(WAIT)
-    handle.stop()
-    assert handle.wait(WAIT) == "suspended"
-    [unknown] = kx.reconcile("gaveup")
+    unknown = _stopped_in_the_slow_step(hang, entered, "quitter", "gaveup")
     unknown.give_up(note="nobody can tell")
     assert store.get_run("gaveup")["status"] == "cancelled"
     # Giving up did not say whether it happened: the restart carries it as unknown and
@@ -536,8 +543,7 @@ def test_a_cell_run_restarts_and_its_cells_replay_what_the_old_run_applied(
 def test_the_restart_transaction_refuses_a_ledger_that_changed(
     store: Store, clock: TickingClock, server: DeliveryServer
 ) -> None:
-    assert approval_agent().start(run_id="moved").wait(WAIT) == "suspended"
-    expire(clock, "moved")
+    expired_waiting_for_approval(clock, "moved")
     real = store.write_restart
 
     def stale(plan: Any) -> None:

@@ -59,14 +59,19 @@ def sender(url: str, fail_on: set[str] | None = None) -> kx.Agent:
     return agent
 
 
+def failed_once_at(item: str, server: DeliveryServer, *, run_id: str) -> None:
+    """Run ``run_id`` of ``sender``, failed at the step of ``item`` (after its send); the
+    step does not break again, so a restart goes on from there."""
+    fail_on = {item}
+    assert sender(server.url, fail_on).start(run_id=run_id).wait(WAIT) == "failed"
+    fail_on.clear()
+
+
 # -- B1: a restarted run is superseded -------------------------------------------------------
 def test_a_failed_run_that_was_restarted_cannot_be_resumed(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    fail_on = {"c"}
-    agent = sender(delivery_server.url, fail_on)
-    assert agent.start(run_id="broke").wait(WAIT) == "failed"
-    fail_on.clear()
+    failed_once_at("c", delivery_server, run_id="broke")
     child = kx.restart("broke")
     assert child.wait(WAIT) == "completed"
     assert counts(delivery_server) == {"a": 1, "b": 1, "c": 1}
@@ -82,10 +87,7 @@ def test_a_failed_run_that_was_restarted_cannot_be_resumed(
 def test_the_restart_transaction_lets_one_of_two_racing_restarts_win(
     store: Store, delivery_server: DeliveryServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_on = {"b"}
-    agent = sender(delivery_server.url, fail_on)
-    assert agent.start(run_id="raced").wait(WAIT) == "failed"
-    fail_on.clear()
+    failed_once_at("b", delivery_server, run_id="raced")
     first = kx.restart("raced", new_run_id="x1")
     # The second restart read the run before the first committed: only its transaction
     # can tell (the core's early check sees no child).
@@ -101,10 +103,7 @@ def test_the_restart_transaction_lets_one_of_two_racing_restarts_win(
 def test_two_threads_restarting_one_run_start_one_child(
     store: Store, delivery_server: DeliveryServer
 ) -> None:
-    fail_on = {"b"}
-    agent = sender(delivery_server.url, fail_on)
-    assert agent.start(run_id="twins").wait(WAIT) == "failed"
-    fail_on.clear()
+    failed_once_at("b", delivery_server, run_id="twins")
     barrier = threading.Barrier(2)
     out: list[Any] = [None, None]
 

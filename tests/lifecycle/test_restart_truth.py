@@ -36,6 +36,20 @@ def charger(server: DeliveryServer) -> kx.Effect:
     return charge_card
 
 
+def failed_paying(charge: kx.Effect, *, agent: str) -> kx.Handle:
+    """A run of a new agent (named after ``agent``) whose one step, ``pay``, charges 40
+    with ``charge``; the call fails, and so does the run."""
+
+    @kx.agent(name=name(agent))
+    def paying(run: kx.Run) -> Any:
+        with run.step("pay"):
+            return charge(40)
+
+    parent = paying.start()
+    assert parent.wait(WAIT) == "failed"
+    return parent
+
+
 class _HTTPError(Exception):
     """An answered error, with its status where clients keep it (``status_code``)."""
 
@@ -50,13 +64,7 @@ def test_a_keyless_call_answered_500_after_applying_is_carried_unknown_not_sent_
     charge_card = charger(delivery_server)
     delivery_server.fail_next(1, status=500, delivered=True)  # applied, then an error
 
-    @kx.agent(name=name("checkout"))
-    def checkout(run: kx.Run) -> Any:
-        with run.step("pay"):
-            return charge_card(40)
-
-    parent = checkout.start()
-    assert parent.wait(WAIT) == "failed"
+    parent = failed_paying(charge_card, agent="checkout")
     assert delivery_server.count() == 1
     child = kx.restart(parent.run_id)
     assert child.wait(WAIT) == "needs_decision", child.error
@@ -86,13 +94,7 @@ def test_a_call_never_sent_is_made_again_by_a_restart(
                 socket.create_connection(("127.0.0.1", port), timeout=10).close()
         return charge_card.fn(amount)
 
-    @kx.agent(name=name("retry-later"))
-    def later(run: kx.Run) -> Any:
-        with run.step("pay"):
-            return charge_when_up(40)
-
-    parent = later.start()
-    assert parent.wait(WAIT) == "failed"
+    parent = failed_paying(charge_when_up, agent="retry-later")
     down["on"] = False
     child = kx.restart(parent.run_id)
     assert child.wait(WAIT) == "completed", child.error

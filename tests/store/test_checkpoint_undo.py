@@ -61,6 +61,26 @@ def connect(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConn
     return con
 
 
+@contextlib.contextmanager
+def _checkpointable(
+    path: str | Path, *, full_disk: bool = False
+) -> Iterator[tuple[duckdb.DuckDBPyConnection, int]]:
+    """A store connection to ``path`` and the read-only descriptor that ``checkpoint`` and
+    ``save_undo`` take, both closed at the end. On a ``full_disk`` DuckDB may refuse the
+    close as well, and that is let pass."""
+    con = connect(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield con, fd
+    finally:
+        if full_disk:
+            with contextlib.suppress(duckdb.Error):
+                con.close()
+        else:
+            con.close()
+        os.close(fd)
+
+
 def _contents(con: duckdb.DuckDBPyConnection) -> list[list[tuple[object, ...]]]:
     return [con.execute(f"SELECT * FROM t{t} ORDER BY ALL").fetchall() for t in range(TABLES)]
 
@@ -72,9 +92,7 @@ class _Checkpoint:
         folder.mkdir(mode=0o700)
         path = folder / "store.duckdb"
         rng = random.Random(seed)
-        con = connect(path)
-        fd = os.open(path, os.O_RDONLY)
-        try:
+        with _checkpointable(path) as (con, fd):
             for _ in range(rng.randrange(1, 4)):  # checkpointed rounds: metadata to rewrite
                 _change(con, rng)
                 assert checkpoint(con, str(path), fd)
@@ -86,9 +104,6 @@ class _Checkpoint:
             self.undo = (folder / "store.duckdb.undo").read_bytes()
             con.execute("CHECKPOINT")
             self.after = path.read_bytes()
-        finally:
-            con.close()
-            os.close(fd)
         self.block = len(self.before) and _block_size(self.before)
 
     def changed_blocks(self) -> list[int]:
@@ -198,9 +213,7 @@ def test_a_checkpoint_on_a_full_disk_loses_no_commit(
 ) -> None:
     path = str(small_disk / "store.duckdb")
     rng = random.Random(6)
-    con = connect(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with _checkpointable(path, full_disk=True) as (con, fd):
         _change(con, rng)
         assert checkpoint(con, path, fd)  # the copy now stands for this header
         _change(con, rng)
@@ -208,10 +221,6 @@ def test_a_checkpoint_on_a_full_disk_loses_no_commit(
         fill(small_disk / "filler")
         with contextlib.suppress(duckdb.Error):  # DuckDB's own writes fail: it gives up
             checkpoint(con, path, fd)
-    finally:
-        with contextlib.suppress(duckdb.Error):
-            con.close()
-        os.close(fd)
     os.unlink(small_disk / "filler")
     restore_torn_checkpoint(path)
     assert _opens_with(path) == expected
@@ -222,9 +231,7 @@ def test_a_copy_that_cannot_be_written_skips_the_checkpoint(
 ) -> None:
     path = str(small_disk / "store.duckdb")
     rng = random.Random(7)
-    con = connect(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with _checkpointable(path) as (con, fd):
         _change(con, rng)
         fill(small_disk / "filler")  # no copy exists yet, and none can be written
         before = Path(path).read_bytes()
@@ -232,9 +239,6 @@ def test_a_copy_that_cannot_be_written_skips_the_checkpoint(
         assert Path(path).read_bytes() == before  # DuckDB was not asked to checkpoint
         assert not os.path.exists(path + ".undo") and not os.path.exists(path + ".undo.tmp")
         expected = _contents(con)
-    finally:
-        con.close()
-        os.close(fd)
     os.unlink(small_disk / "filler")
     assert _opens_with(path) == expected
 
@@ -287,15 +291,11 @@ def test_kx_open_store_undoes_a_checkpoint_its_process_was_killed_in(tmp_path: P
     _record(path, 7, "run-b", "die")
     before, wal = path.read_bytes(), Path(f"{path}.wal").read_bytes()
     assert wal, "the second run should be in the WAL"
-    con = connect(path)  # the checkpoint the next open would make, made here
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    # The checkpoint the next open would make, made here.
+    with _checkpointable(path) as (con, fd):
         save_undo(con, str(path), fd)
         undo = Path(f"{path}.undo").read_bytes()
         con.execute("CHECKPOINT")
-    finally:
-        con.close()
-        os.close(fd)
     after = path.read_bytes()
     rewritten = [o for o, data in _Copy(undo).blocks if after[o : o + len(data)] != data]
     assert rewritten, "the checkpoint rewrote no metadata block in place"

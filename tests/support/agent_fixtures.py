@@ -70,7 +70,7 @@ def streamed(llm: LLMServer) -> list[bool]:
     return [r["stream"] for r in sorted(llm.requests, key=lambda r: r["seq"])]
 
 
-def stopped_at_pay(
+def held_at_pay(
     framework: Any,
     agent: Any,
     run_id: str,
@@ -80,13 +80,21 @@ def stopped_at_pay(
     **options: Any,
 ) -> Any:
     """Start the run through ``framework`` (``kx.openai_agents``, ``kx.pydantic_ai``) on
-    ``prompt``, hold a ``pay`` (of ``who``, else the first) until the Stop was asked, then let
-    it go; the run must be suspended. ``options`` go to ``framework.start``."""
-    from kernelext.status import Status
-
+    ``prompt`` and return its handle once a ``pay`` (of ``who``, else the first) is held
+    (until ``HOLD.released``). ``options`` go to ``framework.start``."""
     HOLD.arm(who=who)
     handle = framework.start(agent, prompt, run_id=run_id, **options)
     assert HOLD.reached.wait(30)
+    return handle
+
+
+def stopped_at_pay(framework: Any, agent: Any, run_id: str, **options: Any) -> Any:
+    """The run of ``held_at_pay`` (``options`` are its: ``who``, ``prompt`` and what goes to
+    ``framework.start``), stopped while its ``pay`` is held, which is then let go; the run
+    must be suspended."""
+    from kernelext.status import Status
+
+    handle = held_at_pay(framework, agent, run_id, **options)
     handle.stop()
     HOLD.released.set()
     assert handle.wait(30) == Status.SUSPENDED, handle.error

@@ -129,35 +129,24 @@ assert panel.handle is new  # the panel now shows the restarted run
 print(new.run_id, "parent:", new.info()["parent_id"], "->", new.wait(), "result:", new.result)
 """
 
+
+def stop_then_resume(stop: str = STOP_AT_ONCE) -> tuple[Click, ...]:
+    """Most notebooks' two clicks: Stop under the ``start`` cell (``stop`` says when), then
+    Resume in the panel."""
+    return (
+        Click("start", "click-stop", "Stop", stop),
+        Click("panel", "click-resume", "Resume", RESUME),
+    )
+
+
 CLICKS: dict[str, tuple[Click, ...]] = {
-    "quickstart": (
-        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
-        Click("panel", "click-resume", "Resume", RESUME),
-    ),
-    "batch": (
-        Click("start", "click-stop", "Stop", stop_after(1)),
-        Click("panel", "click-resume", "Resume", RESUME),
-    ),
-    "llm_agent": (
-        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
-        Click("panel", "click-resume", "Resume", RESUME),
-    ),
-    "anthropic_agent": (
-        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
-        Click("panel", "click-resume", "Resume", RESUME),
-    ),
-    "pydantic_ai_agent": (
-        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
-        Click("panel", "click-resume", "Resume", RESUME),
-    ),
-    "openai_agents": (
-        Click("start", "click-stop", "Stop", STOP_AT_ONCE),
-        Click("panel", "click-resume", "Resume", RESUME),
-    ),
-    "dask_batch": (
-        Click("start", "click-stop", "Stop", stop_after(4)),
-        Click("panel", "click-resume", "Resume", RESUME),
-    ),
+    "quickstart": stop_then_resume(),
+    "batch": stop_then_resume(stop_after(1)),
+    "llm_agent": stop_then_resume(),
+    "anthropic_agent": stop_then_resume(),
+    "pydantic_ai_agent": stop_then_resume(),
+    "openai_agents": stop_then_resume(),
+    "dask_batch": stop_then_resume(stop_after(4)),
     "reconcile_unknowns": (
         Click("start", "click-force-stop", "Force stop", FORCE_STOP_IN_THE_SECOND_CALL),
         Click("carrier-says", "decide", "It happened", DECIDE_WITH_THE_CARRIER),

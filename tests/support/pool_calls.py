@@ -1,18 +1,20 @@
 """What the tests of run.map items in worker processes share: a spawned process pool of two
-workers, the effect that POSTs one item to the local delivery server, and the count of
+workers, the effect that POSTs one item to the local delivery server (and the POST of an
+item's number and its process's pid that test modules' own effects make), and the count of
 deliveries per Idempotency-Key."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from support.http_server import DeliveryServer
+from support.http_server import DeliveryServer, post_json
 
 __all__ = [
     "WAIT",
@@ -20,6 +22,7 @@ __all__ = [
     "item_jobs",
     "module_pool",
     "per_key",
+    "post_item_and_pid",
     "spawned_pool",
     "store_for_workers",
 ]
@@ -60,6 +63,15 @@ def store_for_workers(monkeypatch: pytest.MonkeyPatch, url: str) -> Any:
 def item_jobs(server: DeliveryServer, count: int) -> list[tuple[str, int]]:
     """``count`` jobs of (the server's ``/items`` address, item number)."""
     return [(server.url + "/items", i) for i in range(count)]
+
+
+def post_item_and_pid(url: str, item: int, idempotency_key: str | None) -> int:
+    """POSTs ``item`` and the pid of the process making the call to ``url``, which must
+    answer 200; returns the delivery number the server gave it (the body of the effects
+    whose items run in worker processes)."""
+    response = post_json(url, {"item": item, "pid": os.getpid()}, idempotency_key=idempotency_key)
+    assert response.status == 200, response
+    return int(response.body["delivery"])
 
 
 def deliver_effect(kx: Any, url: str, gate: str | None = None, **options: Any) -> Any:

@@ -4,6 +4,7 @@
 Stop (``Gate(open=True)`` never waits; ``placed`` adds an order date to its answer).
 ``support_tools(gate)``: ``refund`` and ``send_email`` (effects) and the gate's
 ``lookup_order`` (a plain tool). ``stop_at_the_gate``: the Stop asked while the tool waits.
+``chat_with_tools``: the Chat Completions tool loop an agent runs on them.
 """
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ def support_tools(gate: Gate, *, keyed_refund: bool = False) -> Tools:
     tools.add(send_email)
     tools.add(gate.lookup_order, name="lookup_order")
     return tools
+
+
+def chat_with_tools(client: Any, model: str, tools: Tools, question: str, seen: list[Any]) -> str:
+    """The Chat Completions loop people write: asks ``question`` with ``tools`` and makes
+    the calls the model asks for until it answers in words; each reply goes to ``seen``."""
+    messages: list[Any] = [{"role": "user", "content": question}]
+    while True:
+        reply = client.chat.completions.create(model=model, messages=messages, tools=tools)
+        seen.append(reply)
+        messages.append(reply.choices[0].message)  # the object, as people append it
+        if not reply.choices[0].message.tool_calls:
+            return str(reply.choices[0].message.content)
+        messages += tools.call_all(reply.choices[0].message)
 
 
 def stop_at_the_gate(handle: kx.Handle, gate: Gate) -> None:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any, TypedDict
 
 import pytest
+from support.fresh_python import printed_by_fresh_python
 from support.http_server import DeliveryServer
 from support.kernels import KernelSession
 from support.live import wait_until
@@ -255,10 +254,7 @@ def test_kernelext_imports_no_langgraph_and_a_missing_one_names_the_extra() -> N
         "    except ImportError as exc:\n"
         "        print(exc)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    )
-    lines = done.stdout.strip().splitlines()
+    lines = printed_by_fresh_python(script).strip().splitlines()
     assert len(lines) == 2 and all("pip install 'kernelext[langgraph]'" in x for x in lines)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.fresh_python import printed_by_fresh_python
 from support.http_server import DeliveryServer
 from support.live import name, wait_until
 from support.mcp_server import SCRIPT, SERVER_NAME, McpClient
@@ -157,11 +158,7 @@ def test_kernelext_does_not_import_mcp_and_a_missing_sdk_names_the_extra() -> No
             print(exc)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert "pip install 'kernelext[mcp]'" in done.stdout
+    assert "pip install 'kernelext[mcp]'" in printed_by_fresh_python(code, timeout=WAIT)
 
 
 # -- outside a run ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from openai.types.responses import Response
 from support.clients import closed_after
 from support.http_server import DeliveryServer
 from support.llm_server import LLMServer
-from support.support_desk import Gate, stop_at_the_gate, support_tools
+from support.support_desk import Gate, chat_with_tools, stop_at_the_gate, support_tools
 
 import kernelext as kx
 from kernelext._adapters.openai import CHAT_TOOL, RESPONSES_TOOL, wrap_openai
@@ -77,14 +77,7 @@ def test_a_stopped_conversation_resumes_without_asking_completed_turns_again(
 
     @kx.agent(name="openai-chat")
     def support(run: kx.Run, question: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question}]
-        while True:
-            reply = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
-            seen.append(reply)
-            messages.append(reply.choices[0].message)  # the object, as people append it
-            if not reply.choices[0].message.tool_calls:
-                return str(reply.choices[0].message.content)
-            messages += tools.call_all(reply.choices[0].message)
+        return chat_with_tools(client, MODEL, tools, question, seen)
 
     stop_at_the_gate(support.start("refund A-1001", run_id="chat"), gate)
     assert sum(llm.per_turn().values()) == 1  # the stop landed at the second model call

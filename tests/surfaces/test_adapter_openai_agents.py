@@ -33,7 +33,7 @@ from agents import (
     input_guardrail,
 )
 from pydantic import BaseModel
-from support.agent_fixtures import TWO_AT_ONCE, ledger, paid, stopped_at_pay
+from support.agent_fixtures import TWO_AT_ONCE, held_at_pay, ledger, paid, stopped_at_pay
 from support.agent_processes import env_with_tests_on_path, killed_after_first_payment, run_end
 from support.agent_processes import in_new_process as agent_process
 from support.http_server import DeliveryServer, post_json
@@ -44,6 +44,7 @@ from support.sdk_agents import HOLD, PAY_SCRIPT, payer
 
 import kernelext as kx
 from kernelext._adapters.openai_agents import MODEL_TOOL
+from kernelext._core.people.approvals import Approval
 from kernelext._core.process.runtime import runtime
 from kernelext.status import EffectStatus, Status
 
@@ -107,9 +108,8 @@ def test_tool_calls_of_one_answer_are_keyed_by_the_models_order_and_made_once(
 ) -> None:
     llm.script = list(TWO_AT_ONCE)
     agent = payer(llm.base_url, deliveries.url)
-    HOLD.arm(who="bob")  # the first call waits: the second finishes first
-    handle = kx.openai_agents.start(agent, "pay both", run_id="oa-two")
-    assert HOLD.reached.wait(30)
+    # The first call waits: the second finishes first.
+    handle = held_at_pay(kx.openai_agents, agent, "oa-two", who="bob", prompt="pay both")
     deliveries.wait_for(1)  # ann's, made while bob's waits
     handle.stop()
     HOLD.released.set()
@@ -178,15 +178,24 @@ def test_a_kernel_killed_while_the_model_thought_leaves_the_turn_to_a_person(
         assert asked == [1, 1, 2]  # the cut turn twice (a person said so), the others once
 
 
+def asked_to_approve_paying_bob(
+    llm: LLMServer, deliveries: DeliveryServer, run_id: str, *, answer: str
+) -> Approval:
+    """Starts run ``run_id`` of an agent whose pay tool needs approval, its model asking to
+    pay bob (then answering ``answer``); returns the approval request the run waits on."""
+    llm.script = [PAY_SCRIPT[0], {"content": answer}]
+    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
+    handle = kx.openai_agents.start(agent, "pay bob", run_id=run_id)
+    assert handle.wait(30) == Status.SUSPENDED
+    [request] = kx.approvals(run_id)
+    return request
+
+
 def test_a_tool_that_needs_approval_waits_for_it_from_the_command_line(
     store_path: Path, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    llm.script = [PAY_SCRIPT[0], {"content": "paid bob"}]
-    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
-    handle = kx.openai_agents.start(agent, "pay bob", run_id="oa-approve")
-    assert handle.wait(30) == Status.SUSPENDED
+    request = asked_to_approve_paying_bob(llm, deliveries, "oa-approve", answer="paid bob")
     assert paid(deliveries) == []
-    [request] = kx.approvals("oa-approve")
     assert request.tool == "pay"
     assert request.arguments == {"who": "bob", "amount": 10}  # what the person decides on
     runtime().close()
@@ -206,11 +215,7 @@ def test_a_tool_that_needs_approval_waits_for_it_from_the_command_line(
 def test_a_rejected_call_is_not_made_and_the_model_is_told(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    llm.script = [PAY_SCRIPT[0], {"content": "bob was not paid"}]
-    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
-    handle = kx.openai_agents.start(agent, "pay bob", run_id="oa-reject")
-    assert handle.wait(30) == Status.SUSPENDED
-    [request] = kx.approvals("oa-reject")
+    request = asked_to_approve_paying_bob(llm, deliveries, "oa-reject", answer="bob was not paid")
     request.reject(note="wrong account", resume=False)
     resumed = kx.resume("oa-reject")
     assert resumed.wait(30) == Status.COMPLETED
@@ -319,11 +324,7 @@ def test_what_is_not_an_sdk_agent_or_cannot_be_recorded_is_refused_up_front(
 def test_an_approval_with_an_edited_argument_makes_the_call_the_person_approved(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    llm.script = [PAY_SCRIPT[0], {"content": "done"}]
-    agent = payer(llm.base_url, deliveries.url, needs_approval=True)
-    handle = kx.openai_agents.start(agent, "pay bob", run_id="oa-edit")
-    assert handle.wait(30) == Status.SUSPENDED
-    [request] = kx.approvals("oa-edit")
+    request = asked_to_approve_paying_bob(llm, deliveries, "oa-edit", answer="done")
     request.approve(edit={"amount": 5}, resume=False)
     resumed = kx.resume("oa-edit")
     assert resumed.wait(30) == Status.COMPLETED

@@ -54,6 +54,28 @@ def _pay_tool(url: str, **options: Any) -> Any:
     return pay
 
 
+def _stopped_in_a_tool_then_resumed(
+    agent: Agent[Any],
+    prompt: str,
+    run_id: str,
+    reached: threading.Event,
+    released: threading.Event,
+) -> Any:
+    """Starts run ``run_id`` of ``agent`` and stops it while a tool of it waits (the tool
+    sets ``reached``, then waits for ``released``); lets the tool end, resumes the run and
+    returns its handle, completed."""
+    import kernelext as kx
+
+    handle = kx.openai_agents.start(agent, prompt, run_id=run_id)
+    assert reached.wait(30)
+    handle.stop()
+    released.set()
+    assert handle.wait(60) == "suspended", handle.error
+    again = kx.resume(run_id)
+    assert again.wait(60) == "completed", again.error
+    return again
+
+
 class WhoAmI:
     """A ``whoami`` tool that answers with the run's context's user (each noted in
     ``seen``), held the first time until the test let it go."""
@@ -106,7 +128,6 @@ def test_a_tool_result_of_any_type_is_recorded_and_replayed(
 ) -> None:
     """A run whose tool returns what the SDK accepts completes, and its resume replays the
     result so that the model is asked each turn once (the same text reaches it)."""
-    import kernelext as kx
 
     script = [
         {"tool_calls": [{"name": "receipt", "arguments": {"who": "bob"}}]},
@@ -126,13 +147,7 @@ def test_a_tool_result_of_any_type_is_recorded_and_replayed(
 
     with LLMServer(script=script) as llm:
         agent = Agent(name="rc", instructions="pay", tools=[receipt], model=model_for(llm.base_url))
-        handle = kx.openai_agents.start(agent, "pay", run_id="receipt-1")
-        assert reached.wait(30)
-        handle.stop()
-        released.set()
-        assert handle.wait(60) == "suspended", handle.error
-        again = kx.resume("receipt-1")
-        assert again.wait(60) == "completed", again.error
+        again = _stopped_in_a_tool_then_resumed(agent, "pay", "receipt-1", reached, released)
         assert again.result == "ok"
         assert delivery_server.count() == 2
         assert set(llm.per_turn().values()) == {1}
@@ -187,7 +202,6 @@ def test_run_config_model_serves_agents_without_a_model(
 def test_on_handoff_runs_once_across_a_resume(
     store: Any, delivery_server: DeliveryServer, closing: None
 ) -> None:
-    import kernelext as kx
 
     reached, released = threading.Event(), threading.Event()
     script = [
@@ -216,13 +230,7 @@ def test_on_handoff_runs_once_across_a_resume(
             handoffs=[handoff(billing, on_handoff=notify)],
             model=model_for(llm.base_url),
         )
-        handle = kx.openai_agents.start(triage, "help", run_id="handoff-1")
-        assert reached.wait(30)
-        handle.stop()
-        released.set()
-        assert handle.wait(60) == "suspended", handle.error
-        again = kx.resume("handoff-1")
-        assert again.wait(60) == "completed", again.error
+        _stopped_in_a_tool_then_resumed(triage, "help", "handoff-1", reached, released)
         assert delivery_server.count(path="/notify") == 1
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic_ai import Agent, Tool, UsageLimits
 from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
 from pydantic_ai.models.test import TestModel
-from support.agent_fixtures import PROMPT, TWO_AT_ONCE, ledger, paid, stopped_at_pay
+from support.agent_fixtures import PROMPT, TWO_AT_ONCE, held_at_pay, ledger, paid, stopped_at_pay
 from support.agent_processes import in_new_process, killed_after_first_payment, run_end
 from support.http_server import DeliveryServer, post_json
 from support.llm_server import LLMServer
@@ -41,6 +41,7 @@ from support.pydantic_agents import (
 import kernelext as kx
 from kernelext._adapters.adapter_loop import run_on_adapter_loop
 from kernelext._adapters.pydantic_ai import MODEL_TOOL
+from kernelext._core.people.approvals import Approval
 from kernelext._core.process.runtime import runtime
 from kernelext._core.views.conversation import conversation_of
 from kernelext._store import open_store
@@ -50,6 +51,17 @@ pytestmark = pytest.mark.usefixtures("released_hold")  # a held pay let go after
 LLM_SCRIPT = PAY_SCRIPT  # what the llm fixture's model server answers
 
 stopped_at = functools.partial(stopped_at_pay, kx.pydantic_ai)
+held_at = functools.partial(held_at_pay, kx.pydantic_ai)
+
+
+def second_request(run_id: str) -> str:
+    """What the model was sent at the run's second turn (the recorded request's args):
+    where a person's decision on a call of the first turn is told to it."""
+    rows = kx.sql(
+        "SELECT args FROM effects WHERE run_id = ? AND step_key = 'turn 2' AND tool = ?",
+        params=[run_id, MODEL_TOOL],
+    )
+    return str(rows["args"][0])
 
 
 # -- Stop and resume ------------------------------------------------------------------------
@@ -116,9 +128,7 @@ def test_two_tool_calls_of_one_answer_are_keyed_by_the_models_order(
 ) -> None:
     # bob's call (the model's first) is held until ann's (its second) was delivered: the
     # ordinals follow the model's order, not the order the calls ended in.
-    HOLD.arm(who="bob")
-    handle = kx.pydantic_ai.start(payer(llm.base_url, deliveries.url), PROMPT, run_id="pa-two")
-    assert HOLD.reached.wait(30)
+    handle = held_at(payer(llm.base_url, deliveries.url), "pa-two", who="bob")
     for _ in range(300):
         if paid(deliveries) == ["/pay/ann"]:
             break
@@ -165,9 +175,7 @@ def test_a_tools_retry_request_is_its_recorded_answer_and_replayed(
 def test_a_call_cut_by_a_force_stop_waits_in_reconcile_and_is_not_made_again(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    HOLD.arm(who="bob")
-    handle = kx.pydantic_ai.start(payer(llm.base_url, deliveries.url), PROMPT, run_id="pa-cut")
-    assert HOLD.reached.wait(30)
+    handle = held_at(payer(llm.base_url, deliveries.url), "pa-cut", who="bob")
     handle.force_stop(cut_calls=True)
     assert handle.wait(30) == Status.SUSPENDED, handle.error
     HOLD.released.set()  # the payment goes out after all: the ledger cannot know it did
@@ -310,10 +318,7 @@ def test_a_rejected_call_is_not_made_and_the_model_is_told(
         handle = kx.reject(request.key, note="not this week").handle  # the run goes on
     assert handle.wait(30) == Status.COMPLETED, handle.error
     assert paid(deliveries) == []
-    told = kx.sql(
-        "SELECT args FROM effects WHERE run_id = 'pa-reject' AND step_key = 'turn 2' AND tool = ?",
-        params=[MODEL_TOOL],
-    )["args"][0]
+    told = second_request("pa-reject")
     assert "A person rejected this call" in told and "not this week" in told
 
 
@@ -354,33 +359,33 @@ def test_a_tool_asking_for_approval_itself_is_asked_through_kernelext_and_made_o
     assert set(llm.per_turn().values()) == {1}
 
 
+def asked_by_the_tool(llm: LLMServer, deliveries: DeliveryServer, run_id: str) -> Approval:
+    """Starts run ``run_id`` of the payer whose tool asks for approval itself (over 5), with
+    no call noted yet in ``CALLED``; returns the approval request of bob's 10 it waits on."""
+    CALLED.clear()
+    agent = payer(llm.base_url, deliveries.url, approve_over=5)
+    handle = kx.pydantic_ai.start(agent, PROMPT, run_id=run_id)
+    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    (request,) = list(kx.approvals(run_id))
+    return request
+
+
 def test_a_call_the_tool_asked_approval_for_and_a_person_rejected_tells_the_model(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    CALLED.clear()
-    agent = payer(llm.base_url, deliveries.url, approve_over=5)
-    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-asks-no")
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
-    (request,) = list(kx.approvals("pa-asks-no"))
+    request = asked_by_the_tool(llm, deliveries, "pa-asks-no")
     handle = kx.reject(request.key, note="too much").handle
     assert handle.wait(30) == Status.COMPLETED, handle.error
     assert paid(deliveries) == ["/pay/ann"]
     assert ("bob", True) not in CALLED
-    told = kx.sql(
-        "SELECT args FROM effects WHERE run_id = 'pa-asks-no' AND step_key = 'turn 2' AND tool = ?",
-        params=[MODEL_TOOL],
-    )["args"][0]
+    told = second_request("pa-asks-no")
     assert "A person rejected this call" in told and "too much" in told
 
 
 def test_an_edit_of_a_call_the_tool_asked_approval_for_is_refused_and_nothing_paid(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
-    CALLED.clear()
-    agent = payer(llm.base_url, deliveries.url, approve_over=5)
-    handle = kx.pydantic_ai.start(agent, PROMPT, run_id="pa-asks-edit")
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
-    (request,) = list(kx.approvals("pa-asks-edit"))
+    request = asked_by_the_tool(llm, deliveries, "pa-asks-edit")
     handle = kx.approve(request.key, edit={"amount": 4}).handle
     assert handle.wait(30) == Status.FAILED
     assert isinstance(handle.error, kx.LedgerError)
@@ -406,12 +411,7 @@ def test_a_model_given_to_start_answers_that_run_only(
     store: Any, llm: LLMServer, deliveries: DeliveryServer
 ) -> None:
     nowhere = payer("http://127.0.0.1:9/v1", deliveries.url)  # its own model answers nothing
-    HOLD.arm()
-    handle = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model", model=model_for(llm.base_url))
-    assert HOLD.reached.wait(30)
-    handle.stop()
-    HOLD.released.set()
-    assert handle.wait(30) == Status.SUSPENDED, handle.error
+    stopped_at(nowhere, "pa-model", model=model_for(llm.base_url))
     # Another run of the same agent is given only what its own start was given ...
     later = kx.pydantic_ai.start(nowhere, PROMPT, run_id="pa-model-2")
     assert later.wait(30) == Status.FAILED

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -128,46 +130,45 @@ def test_stop_is_idempotent_and_context_manager(tmp_path: Path) -> None:
         _ = server.url
 
 
-def test_standalone_subprocess_log_survives_sigkill(tmp_path: Path) -> None:
-    log = tmp_path / "sub.jsonl"
+@contextlib.contextmanager
+def standalone_server(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """The delivery server run as its own script (``python http_server.py ARGS``).
+
+    Yields the process and the URL it printed on start; a process the test left running
+    is killed afterwards.
+    """
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER_SCRIPT), "--dedupe", "--log", str(log)],
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, str(SERVER_SCRIPT), *args], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
+        yield proc, proc.stdout.readline().strip()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_standalone_subprocess_log_survives_sigkill(tmp_path: Path) -> None:
+    log = tmp_path / "sub.jsonl"
+    with standalone_server("--dedupe", "--log", str(log)) as (proc, url):
         assert url.startswith("http://127.0.0.1:")
         assert post_json(url + "/e", {"a": 1}, idempotency_key="k").status == 200
         assert post_json(url + "/e", {"a": 1}, idempotency_key="k").replayed
         assert post_json(url + "/e", {"a": 2}, idempotency_key="k2").status == 200
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
     assert [d["idempotency_key"] for d in read_log(log)] == ["k", "k2"]
     assert len(read_log(log, kind="replay")) == 1
 
 
 def test_standalone_subprocess_stops_on_sigterm(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
+    with standalone_server() as (proc, url):
         assert post_json(url + "/x", {}).status == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_refusals_carry_retry_after_and_are_kept_with_their_time(

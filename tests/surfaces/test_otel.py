@@ -3,8 +3,6 @@ exporter."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 from support.clients import closed_after
+from support.fresh_python import printed_by_fresh_python
 from support.live import name
 
 import kernelext as kx
@@ -141,10 +140,7 @@ def test_without_enable_nothing_is_imported_from_opentelemetry(tmp_path: Any) ->
         "assert plain.start(run_id='plain-1').wait(60) == 'completed'\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip() == "[]"
+    assert printed_by_fresh_python(code).strip() == "[]"
 
 
 def test_an_approval_decision_is_in_the_run_trace(

@@ -8,13 +8,12 @@ every add-on out and puts the four renderers back together.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+from support.fresh_python import printed_by_fresh_python
 
 from kernelext._core.process.runtime import runtime
 from kernelext._ipython import extension
@@ -56,10 +55,8 @@ def test_importing_the_widgets_installs_every_addon_with_no_other_import() -> No
         "import sys, kernelext.widgets as w\n"
         "print(sorted(f.__name__ for f in (*w.PANEL_ADDONS, *w.NEEDS_DECISION_WIDGETS)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    ).stdout
-    assert out.strip() == str(sorted(EVERY_ADDON))  # the expired banner included
+    # the expired banner included
+    assert printed_by_fresh_python(code).strip() == str(sorted(EVERY_ADDON))
 
 
 def test_loading_the_extension_installs_every_addon_and_unloading_removes_every_one(

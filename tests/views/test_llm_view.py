@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 from openai import OpenAI
 from support.llm_server import LLMServer
-from support.llm_views import MODEL, client_of, kernelext_show, no_prices  # noqa: F401
+from support.llm_views import (
+    MODEL,
+    client_of,
+    kernelext_show,
+    no_prices,  # noqa: F401 - autouse: no prices left over
+    refund_desk,
+)
+from support.support_desk import chat_with_tools
 
 import kernelext as kx
-from kernelext._adapters.tools import Tools
 from kernelext._core.encoding.names import OUTSIDE_STEPS
 from kernelext._core.views import conversation
 from kernelext.status import Status
@@ -39,27 +45,11 @@ def test_turns_tool_calls_tokens_and_cost_are_counted_once_across_a_stop_and_a_r
         assert opened.wait(30)
         return {"order": order_id, "total": 25.0}
 
-    @kx.effect
-    def refund(order_id: str, amount: float) -> Any:
-        return {"refunded": amount}
-
-    @kx.effect
-    def send_email(to: str, subject: str, body: str) -> Any:
-        return {"sent": to}
-
-    tools = Tools(refund, send_email)
-    tools.add(kx.effect(lookup_order), name="lookup_order")
+    tools = refund_desk(lookup_order)
 
     @kx.agent(name="llm-view")
     def support(run: kx.Run, question: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question}]
-        while True:
-            reply = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
-            live.append(reply)
-            messages.append(reply.choices[0].message)
-            if not reply.choices[0].message.tool_calls:
-                return str(reply.choices[0].message.content)
-            messages += tools.call_all(reply.choices[0].message)
+        return chat_with_tools(client, MODEL, tools, question, live)
 
     handle = support.start("refund A-1001", run_id="talk")
     assert reached.wait(30)

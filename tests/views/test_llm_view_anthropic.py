@@ -16,10 +16,9 @@ import pytest
 from anthropic import Anthropic
 from support.clients import closed_after
 from support.llm_server import LLMServer
-from support.llm_views import MODEL, kernelext_show, no_prices  # noqa: F401
+from support.llm_views import MODEL, kernelext_show, no_prices, refund_desk  # noqa: F401
 
 import kernelext as kx
-from kernelext._adapters.tools import Tools
 from kernelext._core.views import conversation
 from kernelext.status import Status
 from kernelext.widgets._render import to_text, view_of
@@ -34,19 +33,10 @@ def test_anthropic_turns_tokens_and_cost_are_counted(
     client = kx.anthropic(plain, prices={MODEL: PRICE})
     live: list[Any] = []
 
-    @kx.effect
     def lookup_order(order_id: str) -> Any:
         return {"order": order_id, "total": 25.0}
 
-    @kx.effect
-    def refund(order_id: str, amount: float) -> Any:
-        return {"refunded": amount}
-
-    @kx.effect
-    def send_email(to: str, subject: str, body: str) -> Any:
-        return {"sent": to}
-
-    tools = Tools(lookup_order, refund, send_email)
+    tools = refund_desk(lookup_order)
 
     @kx.agent(name="anthropic-view")
     def support(run: kx.Run, question: str) -> str:

@@ -66,22 +66,29 @@ def test_a_streamed_reply_is_priced_and_its_words_are_the_last_line(store: Any) 
     assert shown_cost == pytest.approx(expected, rel=0.05)  # a tiny cost is not $0.0000
 
 
-def test_a_reply_naming_a_credential_is_masked_on_every_last_line(
-    store: Any, store_path: Path
-) -> None:
-    said = "password=hunter2hunter2 and api_key: sk-abcdefghijklmnopqrstuvwx"
+def asked_once(question: str, said: str, *, run_id: str) -> kx.Handle:
+    """A completed run ``run_id`` (its agent named the same) that asked the model
+    ``question`` once and was answered ``said``, for the views to show."""
     with LLMServer(script=[{"content": said}]) as llm:
         client = client_of(llm)
 
-        @kx.agent(name="echo")
+        @kx.agent(name=run_id)
         def echo(run: kx.Run, question: str) -> str:
             reply = client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": question}]
             )
             return "answered" if reply.choices else ""
 
-        handle = echo.start("what is the password?", run_id="echo")
+        handle = echo.start(question, run_id=run_id)
         assert handle.wait(30) == Status.COMPLETED, repr(handle.error)
+    return handle
+
+
+def test_a_reply_naming_a_credential_is_masked_on_every_last_line(
+    store: Any, store_path: Path
+) -> None:
+    said = "password=hunter2hunter2 and api_key: sk-abcdefghijklmnopqrstuvwx"
+    handle = asked_once("what is the password?", said, run_id="echo")
     view = view_of(handle)
     shown_cli = kernelext_show("echo", store_path)
     for shown in (to_text(view), conversation_html(view), shown_cli):
@@ -143,16 +150,6 @@ def test_prices_given_with_something_that_is_no_client_are_not_kept() -> None:
     "credential the model wrote in its answer is shown there",
 )
 def test_show_json_masks_a_credential_a_model_wrote_in_its_answer(store_path: Path) -> None:
-    with LLMServer(script=[{"content": "password=hunter2hunter2"}]) as llm:
-        client = client_of(llm)
-
-        @kx.agent(name="echo-json")
-        def echo(run: kx.Run, question: str) -> str:
-            reply = client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": question}]
-            )
-            return "answered" if reply.choices else ""
-
-        assert echo.start("?", run_id="echo-json").wait(30) == Status.COMPLETED
+    asked_once("?", "password=hunter2hunter2", run_id="echo-json")
     shown = kernelext_show("echo-json", store_path, "--json")
     assert "hunter2" not in shown
