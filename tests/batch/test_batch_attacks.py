@@ -21,6 +21,7 @@ from support.http_server import DeliveryServer, post_json
 from support.live import name, stall_after_each_force, wait_until
 
 import kernelext as kx
+import kernelext._core.batch.tasks as tasks_module
 import kernelext._core.batch.threads as batch_module
 from kernelext._core.engine.step_info import ITEM
 from kernelext._store import Store
@@ -257,6 +258,68 @@ def test_max_step_seconds_bounds_each_item(
     again = kx.resume(handle.run_id)
     assert again.wait(WAIT) == "completed", again.error
     assert delivery_server.count() == 4
+
+
+def test_max_step_seconds_bounds_each_item_of_run_amap_too(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run.amap``'s items have the same bound: after a stop an item task past it is
+    cancelled as forced, and the others drain (a soft stop never waits for a hung task)."""
+    never, second, drained = threading.Event(), threading.Event(), threading.Event()
+    entered: list[int] = []
+    ticks: list[None] = []  # the async dispatcher's looks at the items in flight, one a tick
+    police = getattr(tasks_module, "police_overruns", None)
+
+    def counted(*args: Any) -> None:
+        try:
+            if police is not None:
+                police(*args)
+        finally:
+            ticks.append(None)
+
+    monkeypatch.setattr(tasks_module, "police_overruns", counted, raising=False)
+
+    async def until(event: threading.Event) -> None:
+        while not event.is_set():
+            await asyncio.sleep(0.01)
+
+    async def one(i: int) -> int:
+        entered.append(i)
+        if i in (0, 1):  # past the bound at once: their steps began 10 min ago
+            item = ITEM.get()
+            assert item is not None
+            item.started -= 600.0
+        await until({0: never, 1: second, 2: drained}.get(i, drained))
+        return i
+
+    @kx.agent(name=name("overrun-async"), max_step_seconds=60.0)
+    async def overrun(run: kx.Run, n: int) -> list[int]:
+        return await run.amap(one, range(n), concurrency=2)
+
+    handle = overrun.start(4)
+    try:
+        reported = lambda: kinds(store, handle.run_id).count("step_overran") >= 2  # noqa: E731
+        wait_until(reported, "items 0 and 1 reported")
+        second.set()
+        wait_until(lambda: 2 in entered, "item 2 in flight")
+        handle.stop()
+        forced = lambda: steps_of(store, handle.run_id).get("0") == ("cancelled", True)  # noqa: E731
+        wait_until(forced, "item 0 forced")
+        seen = len(ticks)
+        wait_until(lambda: len(ticks) >= seen + 3, "three more looks of the dispatcher")
+        drained.set()
+        assert handle.wait(WAIT) == "suspended", handle.error
+    finally:
+        never.set()
+        second.set()
+        drained.set()
+    assert sorted(entered) == [0, 1, 2]
+    steps = steps_of(store, handle.run_id)
+    assert steps == {"0": ("cancelled", True), "1": ("completed", False), "2": ("completed", False)}
+    assert kinds(store, handle.run_id)[-1] == "stop_forced"
+    again = kx.resume(handle.run_id)
+    assert again.wait(WAIT) == "completed", again.error
+    assert again.result == [0, 1, 2, 3]
 
 
 @pytest.mark.xfail(

@@ -23,6 +23,8 @@ runs, and nothing needs awaiting.
   task through the item's ``ForceGate`` (``forced_stop``, invariant 7): the
   ``CancelledError`` lands in the item's awaited call (an effect in flight: ``unknown``)
   and the item ends as a forced stop; the run suspends forced, as a sync forced stop does.
+  ``max_step_seconds`` bounds each item as in ``run.map`` (``police_overruns``, every
+  tick): past it an item is reported, and after a stop its task alone is cancelled.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ForcedStop, KernelextError
 from ..engine.forced_stop import ForceGate
-from .core import WAIT_TICK, MapPlan, prepare_map
+from .core import WAIT_TICK, MapPlan, police_overruns, prepare_map
 from .items import Ended, ItemRun, Tally, startable
 
 if TYPE_CHECKING:
@@ -127,6 +129,8 @@ async def _dispatch(plan: MapPlan) -> None:
             continue
         if tally.cut_all or engine.force.wanted:
             batch.force_all()
+        else:
+            police_overruns(engine, batch)
         for done in finished:
             index = flight.pop(done)
             if done.cancelled():  # cancelled from outside kernelext: as a forced stop
