@@ -196,7 +196,7 @@ def test_tool_node_stopped_mid_node_in_a_kernel_delivers_exactly_once(
         ("deliver", applied, "call_A"),
         ("deliver", applied, "call_B"),
     ]  # one ledger row per tool call, keyed by the model's tool call id
-    assert ast.literal_eval(kinds)[-3:] == ["stop_forced", "resumed", Status.COMPLETED]
+    assert ast.literal_eval(kinds)[-3:] == ["stop_forced", "resumed", Status.COMPLETED], kinds
     assert delivery_server.count(path="/orders/A") == 1
     assert delivery_server.count(path="/orders/B") == 1
 
