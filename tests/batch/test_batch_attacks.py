@@ -183,6 +183,56 @@ def steps_of(store: Store, run_id: str) -> dict[str, tuple[str, bool]]:
     return {s["key"]: (s["status"], bool(s["forced"])) for s in store.steps(run_id)}
 
 
+def counted_calls(monkeypatch: pytest.MonkeyPatch, module: Any, function: str) -> list[None]:
+    """One entry per call of ``module.function`` (the dispatcher's step each tick), which
+    still runs as it is; a function the module does not have is counted all the same."""
+    calls: list[None] = []
+    real = getattr(module, function, None)
+
+    def counted(*args: Any) -> Any:
+        try:
+            return real(*args) if real is not None else None
+        finally:
+            calls.append(None)
+
+    monkeypatch.setattr(module, function, counted, raising=False)
+    return calls
+
+
+def aged() -> None:
+    """The item calling this passes its bound at once: its step began, as the monitor reads
+    it, 10 min ago. An item that does not keeps its real start, so no duration of the test
+    decides which item is past its bound."""
+    item = ITEM.get()
+    assert item is not None
+    item.started -= 600.0
+
+
+def stop_with_items_past_their_bound(
+    store: Store,
+    handle: kx.Handle,
+    entered: list[int],
+    ticks: list[None],
+    second: threading.Event,
+    drained: threading.Event,
+) -> None:
+    """Items 0 and 1 passed their bound (item 1 waits on ``second``), item 2 within it waits
+    on ``drained``: once both are reported, item 2 starts, the stop comes, and item 2 is
+    held until item 0 was forced and the dispatcher took that in (three ticks later it has,
+    and acted on it); item 0 was forced for its own overrun, so item 2 is left to finish."""
+    reported = lambda: kinds(store, handle.run_id).count("step_overran") >= 2  # noqa: E731
+    wait_until(reported, "items 0 and 1 reported")
+    second.set()
+    wait_until(lambda: 2 in entered, "item 2 in flight")
+    handle.stop()
+    forced = lambda: steps_of(store, handle.run_id).get("0") == ("cancelled", True)  # noqa: E731
+    wait_until(forced, "item 0 forced")
+    seen = len(ticks)
+    wait_until(lambda: len(ticks) >= seen + 3, "three more looks of the dispatcher")
+    drained.set()
+    assert handle.wait(WAIT) == "suspended", handle.error
+
+
 def test_max_step_seconds_bounds_each_item(
     store: Store, delivery_server: DeliveryServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,16 +240,7 @@ def test_max_step_seconds_bounds_each_item(
     others drain, so a stop never waits for a hung item (and the hung item's forced end
     cuts no other item)."""
     post_item = poster(delivery_server)
-    looks: list[None] = []  # the dispatcher's looks for ended items, one each tick
-    look = batch_module.look
-
-    def counted(*args: Any) -> Any:
-        try:
-            return look(*args)
-        finally:
-            looks.append(None)
-
-    monkeypatch.setattr(batch_module, "look", counted)
+    looks = counted_calls(monkeypatch, batch_module, "look")
     never = threading.Event()  # set only at the end: the hung item never ends by itself
     second, drained = threading.Event(), threading.Event()
     entered: list[int] = []
@@ -207,13 +248,7 @@ def test_max_step_seconds_bounds_each_item(
     def one(i: int) -> int:
         entered.append(i)
         if i in (0, 1):
-            # Items 0 and 1 pass their bound at once: their step began, as the monitor reads
-            # it, 10 min ago. Item 2 keeps its real start, so however slowly a loaded machine
-            # takes it through the test's stop and its own POST, it stays within the minute;
-            # no duration of the test decides which item is past its bound.
-            item = ITEM.get()
-            assert item is not None
-            item.started -= 600.0
+            aged()
         if i == 0:
             spin_until(never)
         if i == 1:
@@ -228,22 +263,7 @@ def test_max_step_seconds_bounds_each_item(
 
     handle = overrun.start(4)
     try:
-        # Items 0 and 1 both pass their bound (item 1 waits for this test), each reported
-        # at a look of the monitor: wait for both reports, not for the first look.
-        reported = lambda: kinds(store, handle.run_id).count("step_overran") >= 2  # noqa: E731
-        wait_until(reported, "items 0 and 1 reported")
-        second.set()
-        wait_until(lambda: 2 in entered, "item 2 in flight")
-        handle.stop()
-        # Item 2 is still in flight when the stop forces item 0, and while the dispatcher
-        # takes item 0's forced end in (three looks later it has, and acted on it): item 0
-        # was forced for its own overrun, so item 2 (within its bound) is left to finish.
-        forced = lambda: steps_of(store, handle.run_id).get("0") == ("cancelled", True)  # noqa: E731
-        wait_until(forced, "item 0 forced")
-        seen = len(looks)
-        wait_until(lambda: len(looks) >= seen + 3, "three more looks of the dispatcher")
-        drained.set()
-        assert handle.wait(WAIT) == "suspended", handle.error
+        stop_with_items_past_their_bound(store, handle, entered, looks, second, drained)
     finally:
         never.set()
     assert sorted(entered) == [0, 1, 2]
@@ -267,17 +287,8 @@ def test_max_step_seconds_bounds_each_item_of_run_amap_too(
     cancelled as forced, and the others drain (a soft stop never waits for a hung task)."""
     never, second, drained = threading.Event(), threading.Event(), threading.Event()
     entered: list[int] = []
-    ticks: list[None] = []  # the async dispatcher's looks at the items in flight, one a tick
-    police = getattr(tasks_module, "police_overruns", None)
-
-    def counted(*args: Any) -> None:
-        try:
-            if police is not None:
-                police(*args)
-        finally:
-            ticks.append(None)
-
-    monkeypatch.setattr(tasks_module, "police_overruns", counted, raising=False)
+    # the async dispatcher's looks at the items in flight, one a tick
+    ticks = counted_calls(monkeypatch, tasks_module, "police_overruns")
 
     async def until(event: threading.Event) -> None:
         while not event.is_set():
@@ -285,10 +296,8 @@ def test_max_step_seconds_bounds_each_item_of_run_amap_too(
 
     async def one(i: int) -> int:
         entered.append(i)
-        if i in (0, 1):  # past the bound at once: their steps began 10 min ago
-            item = ITEM.get()
-            assert item is not None
-            item.started -= 600.0
+        if i in (0, 1):
+            aged()
         await until({0: never, 1: second, 2: drained}.get(i, drained))
         return i
 
@@ -298,17 +307,7 @@ def test_max_step_seconds_bounds_each_item_of_run_amap_too(
 
     handle = overrun.start(4)
     try:
-        reported = lambda: kinds(store, handle.run_id).count("step_overran") >= 2  # noqa: E731
-        wait_until(reported, "items 0 and 1 reported")
-        second.set()
-        wait_until(lambda: 2 in entered, "item 2 in flight")
-        handle.stop()
-        forced = lambda: steps_of(store, handle.run_id).get("0") == ("cancelled", True)  # noqa: E731
-        wait_until(forced, "item 0 forced")
-        seen = len(ticks)
-        wait_until(lambda: len(ticks) >= seen + 3, "three more looks of the dispatcher")
-        drained.set()
-        assert handle.wait(WAIT) == "suspended", handle.error
+        stop_with_items_past_their_bound(store, handle, entered, ticks, second, drained)
     finally:
         never.set()
         second.set()
