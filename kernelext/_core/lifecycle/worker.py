@@ -205,10 +205,14 @@ def _lost(handle: Handle, lost: OwnershipLost) -> str:
 def _store_fault(handle: Handle, fault: Exception) -> str:
     """The run ended but the store could not record how: say so, and what to do."""
     run_id = handle.run_id
+    if handle.store.closed:
+        cause, then = "its store was closed while it ran", "Open the store again and"
+    else:
+        cause = f"the store could not record its end ({fault})"
+        then = "Once the store takes writes again (free space, memory),"
     handle.store_fault = StoreWriteError(
-        f"Run {run_id!r} ended, but the store could not record its end ({fault}). Everything "
-        "the run stored before is kept (in the tables or the journal). Once the store takes "
-        f"writes again (free space, memory), call kx.resume({run_id!r}): applied effects are "
+        f"Run {run_id!r} ended, but {cause}. Everything the run stored before is kept (in the "
+        f"tables or the journal). {then} call kx.resume({run_id!r}): applied effects are "
         "not repeated, and a call whose outcome was not recorded waits in kx.reconcile."
     )
     handle.store_fault.__cause__ = handle.error or fault  # what went wrong first
@@ -294,7 +298,18 @@ def suspend_run(store: Store, run: RunEngine, stop: StopRequested) -> str:
 
 def _renew_lease(store: Store, run_id: str) -> None:
     """Keep this process's claim on a live run fresh (see ``lease``)."""
-    store.renew_lease(run_id, lease_until(store.now()), actor())
+    _queue(store, store.renew_lease, run_id, lease_until(store.now()), actor())
+
+
+def _queue(store: Store, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """Queue one of the monitor's writes; a store that refuses it (closed by its user while
+    the run's thread ends, read-only, failing) never ends the monitor, which still
+    escalates stops: the write is dropped, with a warning unless the store was closed."""
+    try:
+        write(*args, **kwargs)
+    except Exception as exc:
+        if not store.closed:
+            _log.warning("kernelext: the run monitor could not queue a write: %s", exc)
 
 
 def _watch_external_stop(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
@@ -344,7 +359,9 @@ def _monitor(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
                 and info.elapsed > run.max_step_seconds
             ):
                 info.overrun_reported = True
-                handle.store.record_event(
+                _queue(
+                    handle.store,
+                    handle.store.record_event,
                     run.id,
                     "step_overran",
                     wait=False,
@@ -357,7 +374,9 @@ def _monitor(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
         overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
         at = handle.store.now()  # before the raise: the run's end is dated after it
         if (run.force.wanted or overran) and run.force.try_raise(cut=overran):
-            handle.store.record_event(
+            _queue(
+                handle.store,
+                handle.store.record_event,
                 run.id,
                 "force_raised",
                 wait=False,

@@ -1,0 +1,68 @@
+"""A store closed by its user while a run of it is live: no kernelext thread dies (none
+prints a traceback into the notebook), the run's end says the store was closed and what
+to do, and a resume from the store opened again finishes the run."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.live import name, wait_until
+
+import kernelext as kx
+from kernelext._core.lifecycle import worker
+from kernelext._store import Store
+from kernelext.errors import StoreWriteError
+
+pytestmark = pytest.mark.both_backends
+
+
+def test_a_store_closed_under_a_live_run_kills_no_thread_and_the_run_resumes(
+    store: Store, store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    died: list[str] = []
+    monkeypatch.setattr(
+        threading, "excepthook", lambda a: died.append(f"{a.thread}: {a.exc_value!r}")
+    )
+    monkeypatch.setattr(worker, "RENEW_SECONDS", 0.0)  # the monitor renews the lease each tick
+    renewals: list[bool] = []  # whether the store was closed when the monitor renewed
+    renew = store.renew_lease
+
+    def counted(*args: Any) -> None:
+        renewals.append(store.closed)
+        renew(*args)
+
+    monkeypatch.setattr(store, "renew_lease", counted)
+    entered, release = threading.Event(), threading.Event()
+
+    @kx.agent(name=name("held"))
+    def held(run: kx.Run) -> int:
+        with run.step("wait"):
+            entered.set()
+            release.wait(30)
+        return 7
+
+    handle = held.start(run_id="closed-under", store=store)
+    assert entered.wait(30)
+    wait_until(lambda: len(renewals) >= 1, what="the monitor renewing the lease")
+    store.close()
+    wait_until(
+        lambda: renewals.count(True) >= 2, what="the monitor renewing after the close", wait=15
+    )
+    release.set()
+    handle.wait(30)
+    assert died == []
+    assert isinstance(handle.error, StoreWriteError)
+    assert "its store was closed while it ran" in str(handle.error)
+    assert "Open the store again and call kx.resume('closed-under')" in str(handle.error)
+
+    reopened = kx.open_store(str(store_path))
+    try:
+        assert reopened.get_run("closed-under")["status"] == "running"
+        resumed = kx.resume("closed-under", store=reopened)
+        assert resumed.wait(30) == "completed"
+        assert resumed.result == 7
+    finally:
+        reopened.close()
