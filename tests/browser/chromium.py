@@ -1,6 +1,6 @@
 """Debian's Chromium driven by Playwright: ``chromium_browser`` launches
-``/usr/bin/chromium`` headless (never ``playwright install``), ``page_in`` opens a page in
-a fresh context of it (a profile of its own)."""
+``/usr/bin/chromium`` headless (never ``playwright install``); the tests' pages are opened
+in it by ``browser.lab_tab.KeptTab``."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def chromium_problem() -> str | None:
 
 @contextlib.contextmanager
 def chromium_browser() -> Iterator[Any]:
-    """Headless Chromium, launched once for the pages ``page_in`` opens in it."""
+    """Headless Chromium, launched once for the pages of the tests."""
     problem = chromium_problem()
     if problem:
         raise ChromiumMissing(problem)
@@ -56,15 +56,3 @@ def chromium_browser() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
-
-
-@contextlib.contextmanager
-def page_in(browser: Any, width: int = 1400, height: int = 1000) -> Iterator[Any]:
-    """A Playwright page in a fresh context of ``browser``: a profile of its own (no
-    cookie, storage or cache of another page), closed afterwards."""
-    context = browser.new_context(viewport={"width": width, "height": height})
-    try:
-        context.set_default_timeout(WAIT_MS)
-        yield context.new_page()
-    finally:
-        context.close()

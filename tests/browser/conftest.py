@@ -1,5 +1,6 @@
 """The browser tests' fixtures: one JupyterLab server and one Chromium for all of them (in a
-pytest process), a fresh page for each test, and the folder of a test's screenshots."""
+pytest process), one tab kept from test to test while each leaves it as a fresh one would be
+(else a fresh page), and the folder of a test's screenshots."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from browser.chromium import chromium_browser, chromium_problem, page_in
+from browser.chromium import chromium_browser, chromium_problem
 from browser.harness import ARTIFACTS
+from browser.jupyterlab import WAIT_MS
+from browser.lab_tab import KeptTab
 from browser.shared_lab import sharing
 
 
@@ -39,10 +42,20 @@ def one_chromium() -> Iterator[Any]:
         yield browser
 
 
+@pytest.fixture(scope="package")
+def kept_tab(one_chromium: Any) -> Iterator[KeptTab]:
+    """The tab a test's page is: the previous test's when it put it away as a fresh one
+    (browser/lab_tab.py), else a new one in a fresh context."""
+    tab = KeptTab(one_chromium)
+    yield tab
+    tab.close()
+
+
 @pytest.fixture
 def page(request: pytest.FixtureRequest) -> Iterator[Any]:
     problem = chromium_problem()
     if problem:
         pytest.fail(problem, pytrace=False)
-    with page_in(request.getfixturevalue("one_chromium")) as browser_page:
+    tab: KeptTab = request.getfixturevalue("kept_tab")
+    with tab.page(WAIT_MS) as browser_page:
         yield browser_page

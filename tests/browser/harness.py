@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from browser import jupyterlab as lab
+from browser.lab_tab import put_away
 from browser.shared_lab import server_for
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -88,6 +89,7 @@ def opened_in_lab(
     with server_for(root, env) as server, Shots(page, shots_folder, server) as shot:
         opener(page, server, name)
         yield server, shot
+        put_away(page, server)  # passed: its documents closed before its kernels end
 
 
 def write_notebook(root: Path, name: str, sources: list[str]) -> str:

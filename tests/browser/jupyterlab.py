@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from browser.lab_tab import opened_in_place
+
 JUPYTER = Path(sys.executable).with_name("jupyter")
 STARTUP_TIMEOUT = 90.0
 WAIT_MS = 60_000  # Playwright timeouts: generous, a 2-core CI machine is slow
@@ -49,6 +51,7 @@ SERVER_CONFIG: dict[str, Any] = {
         "news_url": None,
         "check_for_updates_class": "jupyterlab.handlers.announcements.NeverCheckForUpdate",
         "extension_manager": "readonly",
+        "expose_app_in_browser": True,  # window.jupyterapp: a tab is reused (browser/lab_tab.py)
     },
     "ServerApp": {"jpserver_extensions": {"jupyter_lsp": False}},
 }
@@ -273,7 +276,8 @@ def open_notebook(page: Any, server: LabServer, name: str) -> None:
     from playwright.sync_api import expect
 
     notebook = json.loads((server.root_dir / name).read_text(encoding="utf-8"))
-    page.goto(server.notebook_url(name), wait_until="domcontentloaded")
+    if not opened_in_place(page, server, name):  # the tab the previous test put away
+        page.goto(server.notebook_url(name), wait_until="domcontentloaded")
     wait_kernel_idle(page, OPEN_MS)
     expect(cells(page)).to_have_count(len(notebook["cells"]), timeout=OPEN_MS)
 

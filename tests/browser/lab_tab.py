@@ -1,0 +1,105 @@
+"""One JupyterLab tab kept open from test to test, as a person keeps theirs.
+
+Booting JupyterLab in a page costs Chromium 4 to 5 s of CPU (and the server the bundles it
+sends), the largest single cost of the browser tests. A test's first notebook therefore
+opens in the tab the previous test left, through the command a ``/lab/tree/PATH`` address
+runs, ``filebrowser:open-path`` (the test server's ``LabApp.expose_app_in_browser`` puts
+the app on ``window.jupyterapp``), when that tab is as a fresh one would be:
+
+- the previous test ended without an error and ``put_away`` closed its documents before
+  its kernels were shut down (no dialog about a dead kernel can come up);
+- the tab shows JupyterLab of the same server, no dialog is open, the theme is the light
+  one a new home has, and nothing is left in the main area but the Launcher JupyterLab
+  puts in an empty one (closed once the notebook is open, as a page loaded for it has none).
+
+Otherwise (the first test, a failure, a test of Notebook 7 or of a server of its own, the
+dark theme picked, a dialog left) the tab's context is closed and the notebook is loaded
+in a new one, as before. Within a test, every later ``open_notebook`` loads the page.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["KeptTab", "opened_in_place", "put_away"]
+
+_PUT_AWAY: set[int] = set()  # the pages ``put_away`` left ready for the next test's notebook
+
+_CLOSE_ALL = """() => {
+    const app = window.jupyterapp;
+    if (!app) return false;
+    for (const widget of Array.from(app.shell.widgets('main'))) {
+        if (widget.context) widget.context.model.dirty = false;  // no "save?" dialog
+        widget.dispose();
+    }
+    return true;
+}"""
+_AS_NEW = """() => !!window.jupyterapp
+    && document.querySelectorAll('.jp-Dialog').length === 0
+    && document.body.dataset.jpThemeLight === 'true'
+    && Array.from(window.jupyterapp.shell.widgets('main')).every(
+        (widget) => widget.id.startsWith('launcher'))"""
+_OPEN = """async (path) => {
+    const app = window.jupyterapp;
+    await app.commands.execute('filebrowser:open-path', {path});  // what /lab/tree/PATH runs
+    for (const widget of Array.from(app.shell.widgets('main'))) {
+        if (widget.id.startsWith('launcher')) widget.dispose();  // the one an empty area gets
+    }
+}"""
+
+
+def _same_lab(page: Any, server: Any) -> bool:
+    return str(page.url).startswith(f"{server.url}/lab")
+
+
+def put_away(page: Any, server: Any) -> None:
+    """At the end of a test that passed: close every document in the tab (before its kernels
+    are shut down); the tab is reused when it is then as a fresh one would be."""
+    _PUT_AWAY.discard(id(page))
+    with contextlib.suppress(Exception):  # a tab that cannot be put away is not reused
+        if _same_lab(page, server) and page.evaluate(_CLOSE_ALL) and page.evaluate(_AS_NEW):
+            _PUT_AWAY.add(id(page))
+
+
+def opened_in_place(page: Any, server: Any, name: str) -> bool:
+    """Open notebook ``name`` in the tab without loading the page, when the previous test
+    put the tab away as a fresh one; False when the page must be loaded instead."""
+    if id(page) not in _PUT_AWAY:
+        return False
+    _PUT_AWAY.discard(id(page))  # one open in place per put away
+    if not _same_lab(page, server) or not page.evaluate(_AS_NEW):
+        return False
+    page.evaluate(_OPEN, server.path_of(name))
+    return True
+
+
+class KeptTab:
+    """The pages of one Chromium, each test's page the previous one's when it was put away."""
+
+    def __init__(self, browser: Any, width: int = 1400, height: int = 1000) -> None:
+        self.browser, self.viewport = browser, {"width": width, "height": height}
+        self._context: Any = None
+        self._page: Any = None
+
+    @contextlib.contextmanager
+    def page(self, timeout_ms: int) -> Iterator[Any]:
+        if self._page is None or id(self._page) not in _PUT_AWAY:
+            self.close()
+            self._context = self.browser.new_context(viewport=self.viewport)
+            self._context.set_default_timeout(timeout_ms)
+            self._page = self._context.new_page()
+        page = self._page
+        try:
+            yield page
+        finally:
+            if id(page) not in _PUT_AWAY:  # the test did not put it away: never reused
+                self.close()
+
+    def close(self) -> None:
+        if self._context is not None:
+            _PUT_AWAY.discard(id(self._page))
+            with contextlib.suppress(Exception):
+                self._context.close()
+        self._context = self._page = None
