@@ -54,6 +54,7 @@ class _Connection(Protocol):
     def after_batch(self) -> None: ...
 
 
+UPKEEP_RETRY: float | None = 1.0  # seconds before a failed upkeep is tried again
 _STOP = object()
 _WAKE = object()
 _log = logging.getLogger("kernelext")
@@ -69,6 +70,7 @@ class Writer:
         self._lock = threading.Lock()
         self.commits = 0
         self.failures: list[BaseException] = []
+        self._upkeep_warned = False
         self.rollback_listeners: list[Callable[[], None]] = []
         connection.on_open = self._wake  # a read opened it: start the idle clock
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -120,7 +122,7 @@ class Writer:
     def _loop(self) -> None:
         stopping = False
         while not stopping:
-            wait = self._conn.idle_tick()
+            wait = self._tend(self._conn.idle_tick, UPKEEP_RETRY)
             try:
                 first = self._queue.get() if wait is None else self._queue.get(timeout=wait)
             except queue.Empty:
@@ -137,8 +139,22 @@ class Writer:
             if batch:
                 self._run_batch(batch)
             if self._queue.empty():
-                self._conn.after_batch()
-        self._conn.close()
+                self._tend(self._conn.after_batch, None)
+        self._tend(self._conn.close, None)
+
+    def _tend(self, upkeep: Callable[[], T], otherwise: T) -> T:
+        """The connection's upkeep between jobs (hand the file to a waiting process, let it
+        go when idle, close it). Its failure (a file beside the store that cannot be
+        opened, ...) never ends this thread, whose queued jobs would wait forever: it is
+        logged once as a warning and the writer goes on; a job the store refuses fails
+        on its own future."""
+        try:
+            return upkeep()
+        except Exception as exc:
+            if not self._upkeep_warned:
+                self._upkeep_warned = True
+                _log.warning("kernelext: the store's writer goes on, its upkeep failed: %s", exc)
+            return otherwise
 
     def _run_batch(self, batch: list[tuple[Callable[[Tx], Any], Future[Any]]]) -> None:
         live = [(job, fut) for job, fut in batch if fut.set_running_or_notify_cancel()]

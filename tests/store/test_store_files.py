@@ -5,12 +5,15 @@ once. Tests run as root: "another user" is uid 65534 (nobody)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +107,31 @@ def test_a_link_planted_beside_the_store_is_never_opened(
     assert "symbolic link" in str(error) and f"rm {planted}" in str(error)
     assert victim.read_bytes() == VICTIM_TEXT
     assert os.listdir(victim.parent) == [victim.name]
+
+
+def test_a_link_planted_at_want_while_the_store_is_open_leaves_its_writer_writing(
+    store_path: Path,
+    victim: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """.want replaced by a link while the store is open, before its writer first looks
+    for a waiting process: the link is refused (said once, as a warning), the writer's
+    thread lives on and later writes commit; the victim's file is untouched."""
+    died: list[str] = []
+    monkeypatch.setattr(
+        threading, "excepthook", lambda a: died.append(f"{a.thread}: {a.exc_value!r}")
+    )
+    want = Path(f"{store_path}.want")
+    with caplog.at_level(logging.WARNING, logger="kernelext"), open_store(str(store_path)) as store:
+        want.unlink()
+        want.symlink_to(victim)
+        time.sleep(0.6)  # past min_hold (0.25 s): the writer looked at .want, idle ticks too
+        store.write_async(lambda tx: tx.execute("SELECT 1")).result(timeout=10)
+        assert died == []
+    assert victim.read_bytes() == VICTIM_TEXT
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and f"rm {want}" in warned[0], warned
 
 
 @pytest.mark.parametrize(

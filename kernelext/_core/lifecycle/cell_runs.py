@@ -31,7 +31,7 @@ from .handle import Handle
 from .resume_steps import before_first_action
 from .run import Run
 from .takeover import take_over
-from .worker import end_open_step, suspend_run
+from .worker import end_open_step, queue_write, suspend_run
 
 __all__ = [
     "INTERRUPTED",
@@ -396,9 +396,12 @@ def _overrun_timer(cell: CellRun, info: StepInfo, limit: float | None) -> thread
     def overran() -> None:
         if cell.run.current is info:
             info.overrun_reported = True
-            cell.store.record_event(
+            queue_write(  # a store closed or refusing writes meanwhile: never a dead timer
+                cell.store,
+                cell.store.record_event,
                 cell.run_id,
                 "step_overran",
+                who="a cell's overrun timer",
                 wait=False,
                 source="engine",
                 reason=(
@@ -409,6 +412,7 @@ def _overrun_timer(cell: CellRun, info: StepInfo, limit: float | None) -> thread
             cell.run.notify("overran", info)
 
     timer = threading.Timer(limit, overran)
+    timer.name = f"kernelext-cell-overrun[{cell.run_id}]"
     timer.daemon = True
     timer.start()
     return timer

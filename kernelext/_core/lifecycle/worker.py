@@ -40,7 +40,7 @@ from ..process.runtime import Runtime, runtime
 from .handle import Handle
 from .run import engine_of
 
-__all__ = ["end_open_step", "finish_run", "launch", "suspend_run"]
+__all__ = ["end_open_step", "finish_run", "launch", "queue_write", "suspend_run"]
 
 MONITOR_TICK = 0.05
 FORCE_POLL_SECONDS = 0.25  # how often a stopping run looks for a force asked elsewhere
@@ -298,18 +298,26 @@ def suspend_run(store: Store, run: RunEngine, stop: StopRequested) -> str:
 
 def _renew_lease(store: Store, run_id: str) -> None:
     """Keep this process's claim on a live run fresh (see ``lease``)."""
-    _queue(store, store.renew_lease, run_id, lease_until(store.now()), actor())
+    queue_write(store, store.renew_lease, run_id, lease_until(store.now()), actor())
 
 
-def _queue(store: Store, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-    """Queue one of the monitor's writes; a store that refuses it (closed by its user while
-    the run's thread ends, read-only, failing) never ends the monitor, which still
-    escalates stops: the write is dropped, with a warning unless the store was closed."""
+def queue_write(
+    store: Store,
+    write: Callable[..., None],
+    *args: Any,
+    who: str = "the run monitor",
+    **kwargs: Any,
+) -> None:
+    """Queue one write of a background thread (``who``: the run monitor, a cell's overrun
+    timer); a store that refuses it (closed by its user while the thread runs, read-only,
+    failing) never ends the thread, which goes on with what needs no store (the monitor
+    still escalates stops): the write is dropped, with a warning unless the store was
+    closed."""
     try:
         write(*args, **kwargs)
     except Exception as exc:
         if not store.closed:
-            _log.warning("kernelext: the run monitor could not queue a write: %s", exc)
+            _log.warning("kernelext: %s could not queue a write: %s", who, exc)
 
 
 def _watch_external_stop(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
@@ -359,7 +367,7 @@ def _monitor(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
                 and info.elapsed > run.max_step_seconds
             ):
                 info.overrun_reported = True
-                _queue(
+                queue_write(
                     handle.store,
                     handle.store.record_event,
                     run.id,
@@ -374,7 +382,7 @@ def _monitor(handle: Handle, run: RunEngine, thread: threading.Thread) -> None:
         overran = run.max_step_seconds is not None and info.elapsed > run.max_step_seconds
         at = handle.store.now()  # before the raise: the run's end is dated after it
         if (run.force.wanted or overran) and run.force.try_raise(cut=overran):
-            _queue(
+            queue_write(
                 handle.store,
                 handle.store.record_event,
                 run.id,
