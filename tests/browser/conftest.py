@@ -14,7 +14,7 @@ import pytest
 from browser.chromium import chromium_browser, chromium_problem
 from browser.harness import ARTIFACTS
 from browser.jupyterlab import WAIT_MS
-from browser.lab_tab import KeptTab
+from browser.lab_tab import OPENED, KeptTab
 from browser.shared_lab import sharing
 
 
@@ -49,6 +49,7 @@ def kept_tab(one_chromium: Any) -> Iterator[KeptTab]:
     tab = KeptTab(one_chromium)
     yield tab
     tab.close()
+    print(f"\nbrowser tests' first notebooks: {OPENED}")  # shown with -s
 
 
 @pytest.fixture

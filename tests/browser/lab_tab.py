@@ -8,13 +8,15 @@ the app on ``window.jupyterapp``), when that tab is as a fresh one would be:
 
 - the previous test ended without an error and ``put_away`` closed its documents before
   its kernels were shut down (no dialog about a dead kernel can come up);
-- the tab shows JupyterLab of the same server, no dialog is open, the theme is the light
-  one a new home has, and nothing is left in the main area but the Launcher JupyterLab
-  puts in an empty one (closed once the notebook is open, as a page loaded for it has none).
+- the tab shows JupyterLab of the same server, no dialog or notification is open, the
+  theme is the light one a new home has, and nothing is left in the main area but the
+  Launcher JupyterLab puts in an empty one (closed once the notebook is open, as a page
+  loaded for it has none).
 
 Otherwise (the first test, a failure, a test of Notebook 7 or of a server of its own, the
-dark theme picked, a dialog left) the tab's context is closed and the notebook is loaded
-in a new one, as before. Within a test, every later ``open_notebook`` loads the page.
+dark theme picked, a dialog or a notification left) the tab's context is closed and the
+notebook is loaded in a new one, as before. Within a test, every later ``open_notebook``
+loads the page.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 __all__ = ["KeptTab", "opened_in_place", "put_away"]
 
 _PUT_AWAY: set[int] = set()  # the pages ``put_away`` left ready for the next test's notebook
+OPENED = {"in place": 0, "in a new tab": 0}  # how the tests' tabs came, for the record
 
 _CLOSE_ALL = """() => {
     const app = window.jupyterapp;
@@ -37,7 +40,7 @@ _CLOSE_ALL = """() => {
     return true;
 }"""
 _AS_NEW = """() => !!window.jupyterapp
-    && document.querySelectorAll('.jp-Dialog').length === 0
+    && document.querySelectorAll('.jp-Dialog, .Toastify__toast').length === 0
     && document.body.dataset.jpThemeLight === 'true'
     && Array.from(window.jupyterapp.shell.widgets('main')).every(
         (widget) => widget.id.startsWith('launcher'))"""
@@ -72,6 +75,7 @@ def opened_in_place(page: Any, server: Any, name: str) -> bool:
     if not _same_lab(page, server) or not page.evaluate(_AS_NEW):
         return False
     page.evaluate(_OPEN, server.path_of(name))
+    OPENED["in place"] += 1
     return True
 
 
@@ -90,6 +94,7 @@ class KeptTab:
             self._context = self.browser.new_context(viewport=self.viewport)
             self._context.set_default_timeout(timeout_ms)
             self._page = self._context.new_page()
+            OPENED["in a new tab"] += 1
         page = self._page
         try:
             yield page
