@@ -3,6 +3,7 @@ sql`` in a subprocess), driven with the same queries."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from kernelext.errors import ReadOnlyError
 __all__ = [
     "SECRET",
     "cli_sql",
+    "cli_sql_each",
     "close_shell",
     "places",
     "refused_on_every_path",
@@ -56,10 +58,9 @@ def refused_on_every_path(
     store.close()
     by_magic = run_in_shell(store_path, queries)
     by_cli = {}
-    for query in queries:
-        proc = cli_sql(store_path, cwd, query)
-        assert proc.returncode == 2, (query, proc.stdout, proc.stderr)
-        by_cli[query] = proc.stderr.strip().removeprefix("kernelext: ")
+    for query, answer in zip(queries, cli_sql_each(store_path, cwd, queries), strict=True):
+        assert answer["returncode"] == 2, (query, answer)
+        by_cli[query] = str(answer["stderr"]).strip().removeprefix("kernelext: ")
     return by_api, by_magic, by_cli
 
 
@@ -96,6 +97,25 @@ def close_shell(shell: InteractiveShell) -> None:
         shell.user_ns.pop(name, None)
     runtime().settings.close()
     runtime().settings.use_store(None)
+
+
+def cli_sql_each(store_path: Path, cwd: Path, queries: list[str]) -> list[dict[str, Any]]:
+    """``kernelext sql --store STORE -- QUERY`` for each query, in one subprocess that runs
+    the command line's ``main`` for each (support/cli_each.py): each one's exit code,
+    stdout and stderr."""
+    commands = [["sql", "--store", str(store_path), "--", query] for query in queries]
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("cli_each.py"))],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        env={**os.environ, "KERNELEXT_STORE": str(store_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    answers: list[dict[str, Any]] = json.loads(proc.stdout)
+    return answers
 
 
 def cli_sql(store_path: Path, cwd: Path, query: str, *options: str) -> Any:
