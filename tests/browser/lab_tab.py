@@ -8,16 +8,18 @@ the app on ``window.jupyterapp``), when that tab is as a fresh one would be:
 
 - the previous test ended without an error and ``put_away`` closed its documents before
   its kernels were shut down (no dialog about a dead kernel can come up);
-- the tab shows JupyterLab of the same server, no dialog or notification is open, the
-  theme is the light one a new home has, the server's Lab user settings are a new home's
-  (a setting changed in the tab stays in its memory when the next home is reset), and
-  nothing is left in the main area but the Launcher JupyterLab puts in an empty one
-  (closed once the notebook is open, as a page loaded for it has none).
+- the tab shows JupyterLab of the same server, no dialog, menu or notification is open
+  and none is counted in the status bar, the right sidebar is collapsed and no panel is
+  open at the bottom, the theme is the light one a new home has, the server's Lab user
+  settings are a new home's (a setting changed in the tab stays in its memory when the
+  next home is reset), and nothing is left in the main area but the Launcher JupyterLab
+  puts in an empty one (closed once the notebook is open, as a page loaded for it has
+  none).
 
 Otherwise (the first test, a test that raised, even after its notebook was put away, a test
-of Notebook 7 or of a server of its own, a setting changed, a dialog or a notification
-left) the tab's context is closed and the notebook is loaded in a new one, as before. Within a test, every later ``open_notebook``
-loads the page.
+of Notebook 7 or of a server of its own, a setting changed, a dialog, a menu, a
+notification or a side panel left) the tab's context is closed and the notebook is loaded
+in a new one, as before. Within a test, every later ``open_notebook`` loads the page.
 """
 
 from __future__ import annotations
@@ -42,8 +44,12 @@ _CLOSE_ALL = """() => {
     return true;
 }"""
 _AS_NEW = """() => !!window.jupyterapp
-    && document.querySelectorAll('.jp-Dialog, .Toastify__toast').length === 0
+    && document.querySelectorAll('.jp-Dialog, .Toastify__toast, .lm-Menu').length === 0
+    && (document.querySelector('.jp-Notification-Status') || {innerText: '0'})
+        .innerText.trim() === '0'
     && document.body.dataset.jpThemeLight === 'true'
+    && window.jupyterapp.shell.rightCollapsed
+    && Array.from(window.jupyterapp.shell.widgets('down')).length === 0
     && Array.from(window.jupyterapp.shell.widgets('main')).every(
         (widget) => widget.id.startsWith('launcher'))"""
 _OPEN = """async (path) => {
