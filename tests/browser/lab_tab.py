@@ -8,15 +8,18 @@ the app on ``window.jupyterapp``), when that tab is as a fresh one would be:
 
 - the previous test ended without an error and ``put_away`` closed its documents before
   its kernels were shut down (no dialog about a dead kernel can come up);
-- the tab shows JupyterLab of the same server, no dialog or notification is open, the
-  theme is the light one a new home has, and nothing is left in the main area but the
-  Launcher JupyterLab puts in an empty one (closed once the notebook is open, as a page
-  loaded for it has none).
+- the tab shows JupyterLab of the same server, no dialog, menu or notification is open
+  and none is counted in the status bar, the right sidebar is collapsed and no panel is
+  open at the bottom, the theme is the light one a new home has, the server's Lab user
+  settings are a new home's (a setting changed in the tab stays in its memory when the
+  next home is reset), and nothing is left in the main area but the Launcher JupyterLab
+  puts in an empty one (closed once the notebook is open, as a page loaded for it has
+  none).
 
-Otherwise (the first test, a failure, a test of Notebook 7 or of a server of its own, the
-dark theme picked, a dialog or a notification left) the tab's context is closed and the
-notebook is loaded in a new one, as before. Within a test, every later ``open_notebook``
-loads the page.
+Otherwise (the first test, a test that raised, even after its notebook was put away, a test
+of Notebook 7 or of a server of its own, a setting changed, a dialog, a menu, a
+notification or a side panel left) the tab's context is closed and the notebook is loaded
+in a new one, as before. Within a test, every later ``open_notebook`` loads the page.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["KeptTab", "opened_in_place", "put_away"]
+__all__ = ["KeptTab", "not_kept", "opened_in_place", "put_away"]
 
 _PUT_AWAY: set[int] = set()  # the pages ``put_away`` left ready for the next test's notebook
+_KEEP: set[int] = set()  # the pages put away by the test now ending (taken as a test starts)
 OPENED = {"in place": 0, "in a new tab": 0}  # how the tests' tabs came, for the record
 
 _CLOSE_ALL = """() => {
@@ -40,8 +44,12 @@ _CLOSE_ALL = """() => {
     return true;
 }"""
 _AS_NEW = """() => !!window.jupyterapp
-    && document.querySelectorAll('.jp-Dialog, .Toastify__toast').length === 0
+    && document.querySelectorAll('.jp-Dialog, .Toastify__toast, .lm-Menu').length === 0
+    && (document.querySelector('.jp-Notification-Status') || {innerText: '0'})
+        .innerText.trim() === '0'
     && document.body.dataset.jpThemeLight === 'true'
+    && window.jupyterapp.shell.rightCollapsed
+    && Array.from(window.jupyterapp.shell.widgets('down')).length === 0
     && Array.from(window.jupyterapp.shell.widgets('main')).every(
         (widget) => widget.id.startsWith('launcher'))"""
 _OPEN = """async (path) => {
@@ -57,13 +65,34 @@ def _same_lab(page: Any, server: Any) -> bool:
     return str(page.url).startswith(f"{server.url}/lab")
 
 
+def _settings_as_new(server: Any) -> bool:
+    """The Lab user settings on the server are a new home's: a setting the test changed
+    (the theme, a notebook option) stays in the tab's memory when the next home is reset."""
+    from browser.jupyterlab import LAB_SETTINGS  # that module imports this one
+
+    new = {}
+    for path, values in LAB_SETTINGS.items():
+        folder, file = path.rsplit("/", 1)
+        new[f"{folder}:{file.removesuffix('.jupyterlab-settings')}"] = values
+    listed = server.api("/lab/api/settings")["settings"]
+    return all((item.get("settings") or {}) == new.get(item["id"], {}) for item in listed)
+
+
 def put_away(page: Any, server: Any) -> None:
     """At the end of a test that passed: close every document in the tab (before its kernels
     are shut down); the tab is reused when it is then as a fresh one would be."""
     _PUT_AWAY.discard(id(page))
     with contextlib.suppress(Exception):  # a tab that cannot be put away is not reused
-        if _same_lab(page, server) and page.evaluate(_CLOSE_ALL) and page.evaluate(_AS_NEW):
+        closed = _same_lab(page, server) and page.evaluate(_CLOSE_ALL)
+        if closed and page.evaluate(_AS_NEW) and _settings_as_new(server):
             _PUT_AWAY.add(id(page))
+            _KEEP.add(id(page))
+
+
+def not_kept(page: Any) -> None:
+    """The test of ``page`` failed (maybe after ``put_away``): its tab is not reused."""
+    _PUT_AWAY.discard(id(page))
+    _KEEP.discard(id(page))
 
 
 def opened_in_place(page: Any, server: Any, name: str) -> bool:
@@ -89,22 +118,24 @@ class KeptTab:
 
     @contextlib.contextmanager
     def page(self, timeout_ms: int) -> Iterator[Any]:
-        if self._page is None or id(self._page) not in _PUT_AWAY:
+        if self._page is None or id(self._page) not in _KEEP:
             self.close()
             self._context = self.browser.new_context(viewport=self.viewport)
             self._context.set_default_timeout(timeout_ms)
             self._page = self._context.new_page()
             OPENED["in a new tab"] += 1
         page = self._page
+        _KEEP.discard(id(page))  # kept after this test only if this test puts it away
         try:
             yield page
         finally:
-            if id(page) not in _PUT_AWAY:  # the test did not put it away: never reused
+            if id(page) not in _KEEP:  # this test did not put it away: never reused
                 self.close()
 
     def close(self) -> None:
         if self._context is not None:
             _PUT_AWAY.discard(id(self._page))
+            _KEEP.discard(id(self._page))
             with contextlib.suppress(Exception):
                 self._context.close()
         self._context = self._page = None
