@@ -384,26 +384,43 @@ def _deep(mode: str, value: Any, where: str) -> Any:
     return _scrub_value(mode, value, where)
 
 
+def _record_plan(kind: str) -> dict[str, tuple[str, str] | None]:
+    """(mode, label) of each declared field of a ``kind`` record (None: not scrubbed)."""
+    plan: dict[str, tuple[str, str] | None] = {}
+    for name, where in _RECORD_FIELDS.get(kind, {}).items():
+        mode = SCRUBBED.get(where, _DEFAULT).mode if where is not None else "plain"
+        plan[name] = None if where is None or mode == "plain" else (mode, f"{where[0]}.{where[1]}")
+    return plan
+
+
+_PLANS = {kind: _record_plan(kind) for kind in _RECORD_FIELDS}
+
+
 def scrub_record(kind: str, data: dict[str, Any]) -> dict[str, Any]:
     """A hot-path record as it may be journaled and folded: each field scrubbed as the
-    column it lands in (an unknown field as text)."""
-    if _SCRUBBER is None:
+    column it lands in (an unknown field as text). As in ``scrub_params``, ids and state
+    (``key``, ``exact``) are checked only while secrets are registered: until then no value
+    holds one."""
+    s = _SCRUBBER
+    if s is None:
         return data
-    fields = _RECORD_FIELDS.get(kind, {})
+    plan = _PLANS.get(kind)
+    if plan is None:
+        plan = _record_plan(kind)
+    refusals = s.armed()
     out = dict(data)
     for name, value in data.items():
-        if value is None or isinstance(value, (int, float, bool)):
+        if value is None or isinstance(value, _SKIP):
             continue
-        if name in fields:
-            where = fields[name]
-            if where is None:
+        if name in plan:
+            how = plan[name]
+            if how is None:
                 continue
-            column = SCRUBBED.get(where, _DEFAULT)
-            label = f"{where[0]}.{where[1]}"
+            mode, label = how
         elif isinstance(value, str):
-            column, label = _DEFAULT, f"a {kind} record's {name}"
+            mode, label = _T, f"a {kind} record's {name}"
         else:
             continue  # ids, timestamps (uuid, datetime): nothing to scrub
-        if column.mode != "plain":
-            out[name] = _deep(column.mode, value, label)
+        if refusals or mode not in _REFUSING:
+            out[name] = _deep(mode, value, label)
     return out

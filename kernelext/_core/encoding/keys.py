@@ -12,6 +12,7 @@ approver sees (``effects.args``) and a stored result use the same tags.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -56,10 +57,13 @@ def _key(raw: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=hashlib.sha256(raw).digest()[:16])
 
 
+@functools.lru_cache(maxsize=1024)
 def effect_key(
     run_id: str, step_key: str, tool: str, call_ordinal: int, scheme: int = KEY_SCHEME
 ) -> uuid.UUID:
-    """The deterministic 128-bit key of one call: run, step, tool and ordinal in the step."""
+    """The deterministic 128-bit key of one call: run, step, tool and ordinal in the step.
+    Kept for the calls of the moment: a call's ``idempotency_key`` is the key of the call in
+    its chain's first run (``ledger.idempotency_key_for``), its own for most runs."""
     if scheme == 1:
         return _key("\0".join((run_id, step_key, tool, str(call_ordinal))).encode())
     return _key(b"kernelext.effect\0" + frame(run_id, step_key, tool, call_ordinal))

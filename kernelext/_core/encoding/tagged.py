@@ -84,6 +84,11 @@ class _Tagger:
     def __call__(self, value: Any, path: str, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise Unencodable(path, value, f"nested more than {MAX_DEPTH} levels deep")
+        exact = type(value)
+        if exact is str:  # the commonest values first: what the checks below would give
+            return self.string(value)
+        if exact is int:
+            return {TAG: "int", "v": hex(value)} if value.bit_length() > _BIG_INT_BITS else value
         if value is None or isinstance(value, bool):
             return value
         if _module_of(value) in _LIBRARIES:

@@ -12,74 +12,50 @@ Each process has its own journal (``<store>.journal.<pid>.<random>``) and holds 
 ``flock`` on it while it lives. Whoever opens the store folds the journals that nobody
 holds any more (a process that was killed) before anything else.
 
-Frames: ``version (1 byte) | payload length (4) | crc32 (4) | payload`` where the payload
-is ``[seq, kind, data]`` as JSON. Frames of the first release had no version byte; their
-first byte is the high byte of a length under 16 MiB, so 0, which reads as version 0.
+Frames: see ``frames``.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import datetime as dt
 import glob
-import json
 import os
 import secrets
-import struct
 import threading
-import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import StoreWriteError
+from .frames import (
+    FORMAT_VERSION,
+    HEADER,
+    LEGACY,
+    Record,
+    encode_body,
+    encode_payload,
+    frame,
+    frame_body,
+)
+from .frames import parse as _parse
 from .platform import lock_file, sync_data, try_lock_file, unlock_file
 from .store_files import open_store_file, read_store_file
 
-__all__ = ["Journal", "Record", "Scan", "orphaned_journals", "scan_journal", "write_all"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Journal",
+    "Record",
+    "Scan",
+    "encode_payload",
+    "frame",
+    "orphaned_journals",
+    "scan_journal",
+    "write_all",
+]
 
-Record = tuple[int, str, dict[str, Any]]  # (seq, kind, data)
-FORMAT_VERSION = 1
-_HEADER = struct.Struct(">BII")  # version, payload length, crc32
-_LEGACY = struct.Struct(">II")  # version 0: payload length, crc32
 _MAX_FRAME = 1 << 30
 TRUNCATE_AT = 4 << 20
-
-
-def _encode(obj: Any) -> Any:
-    if isinstance(obj, uuid.UUID):
-        return {"$u": obj.hex}
-    if isinstance(obj, dt.datetime):
-        return {"$t": obj.isoformat()}
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        return {"$b": base64.b64encode(bytes(obj)).decode()}
-    raise TypeError(f"cannot journal {type(obj).__name__}")
-
-
-def _decode(obj: dict[str, Any]) -> Any:
-    if len(obj) == 1:
-        if "$u" in obj:
-            return uuid.UUID(hex=obj["$u"])
-        if "$t" in obj:
-            return dt.datetime.fromisoformat(obj["$t"])
-        if "$b" in obj:
-            return base64.b64decode(obj["$b"])
-    return obj
-
-
-# One encoder for every record (``json.dumps`` with options builds one per call).
-_ENCODER = json.JSONEncoder(default=_encode, separators=(",", ":"))
-
-
-def encode_payload(seq: int, kind: str, data: dict[str, Any]) -> bytes:
-    return _ENCODER.encode([seq, kind, data]).encode()
-
-
-def frame(seq: int, kind: str, data: dict[str, Any]) -> bytes:
-    payload = encode_payload(seq, kind, data)
-    return _HEADER.pack(FORMAT_VERSION, len(payload), zlib.crc32(payload)) + payload
 
 
 @dataclass
@@ -97,13 +73,13 @@ class Scan:
 def _frame_at(blob: bytes, offset: int) -> tuple[int, bytes] | None:
     """(end, payload) of an intact frame at ``offset``, or None."""
     version = blob[offset]
-    header = _HEADER if version == FORMAT_VERSION else _LEGACY if version == 0 else None
+    header = HEADER if version == FORMAT_VERSION else LEGACY if version == 0 else None
     if header is None or offset + header.size > len(blob):
         return None
-    if header is _HEADER:
-        _, length, crc = _HEADER.unpack_from(blob, offset)
+    if header is HEADER:
+        _, length, crc = HEADER.unpack_from(blob, offset)
     else:
-        length, crc = _LEGACY.unpack_from(blob, offset)
+        length, crc = LEGACY.unpack_from(blob, offset)
     start = offset + header.size
     if length > _MAX_FRAME or start + length > len(blob):
         return None
@@ -116,7 +92,7 @@ def _frame_at(blob: bytes, offset: int) -> tuple[int, bytes] | None:
 def _cut_short(blob: bytes, offset: int) -> bool:
     """Is the frame at ``offset`` a prefix of a frame (an append cut off by a crash)?"""
     version = blob[offset]
-    header = _HEADER if version == FORMAT_VERSION else _LEGACY if version == 0 else None
+    header = HEADER if version == FORMAT_VERSION else LEGACY if version == 0 else None
     if header is None:
         return False
     if offset + header.size > len(blob):
@@ -135,16 +111,6 @@ def _resync(blob: bytes, offset: int) -> int | None:
             return probe
         probe = blob.find(marker, probe + 1)
     return None
-
-
-def _parse(payload: bytes) -> Record | None:
-    try:
-        seq, kind, data = json.loads(payload, object_hook=_decode)
-    except (ValueError, TypeError):
-        return None
-    if not isinstance(seq, int) or not isinstance(kind, str) or not isinstance(data, dict):
-        return None
-    return seq, kind, data
 
 
 def scan_journal(path: str) -> Scan:
@@ -214,11 +180,12 @@ class Journal:
         :class:`StoreWriteError`: the record was not stored, and the file holds only
         whole records, so later appends and recovery still read it.
         """
+        body = encode_body(kind, data)  # before the lock: appending threads encode at once
         with self._lock:
             if self.closed:
                 raise RuntimeError("the kernelext store is closed")
             seq = self.last_seq + 1
-            payload_frame = frame(seq, kind, data)
+            payload_frame = frame_body(seq, body)
             before = self._size
             try:
                 write_all(self._fd, payload_frame)

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import OwnershipLost, StoreError, StoreLockedError
 from .fence import FenceFiles
+from .frames import parse as _parse
 from .handoff import HandoffLock
-from .journal import Journal, _cut_short, _frame_at, _parse, _resync
+from .journal import Journal, _cut_short, _frame_at, _resync
 from .store_files import open_store_file
 
 if TYPE_CHECKING:
