@@ -41,7 +41,7 @@ def _calls(draw: st.DrawFn) -> tuple[inspect.Signature, tuple[Any, ...], dict[st
     return signature, args, kwargs
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(call=_calls())
 def test_a_plain_signature_binds_as_inspect_binds(
     call: tuple[inspect.Signature, tuple[Any, ...], dict[str, Any]],
