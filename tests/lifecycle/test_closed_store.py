@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.live import name, wait_until
+from support.live import name, thread_deaths, wait_until
 
 import kernelext as kx
 from kernelext._core.encoding.names import source_hash
@@ -27,10 +27,7 @@ pytestmark = pytest.mark.both_backends
 def test_a_store_closed_under_a_live_run_kills_no_thread_and_the_run_resumes(
     store: Store, store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    died: list[str] = []
-    monkeypatch.setattr(
-        threading, "excepthook", lambda a: died.append(f"{a.thread}: {a.exc_value!r}")
-    )
+    died = thread_deaths(monkeypatch)
     monkeypatch.setattr(worker, "RENEW_SECONDS", 0.0)  # the monitor renews the lease each tick
     renewals: list[bool] = []  # whether the store was closed when the monitor renewed
     renew = store.renew_lease
@@ -76,10 +73,7 @@ def test_a_store_closed_under_a_live_run_kills_no_thread_and_the_run_resumes(
 def test_a_store_closed_inside_a_cell_past_its_bound_kills_no_timer(
     store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    died: list[str] = []
-    monkeypatch.setattr(
-        threading, "excepthook", lambda a: died.append(f"{a.thread}: {a.exc_value!r}")
-    )
+    died = thread_deaths(monkeypatch)
     cell = open_cell_run(name("cell-closed"), store=store, max_step_seconds=0.2)
     seen: list[str] = []
     cell.run.listeners.append(lambda what, _value: seen.append(what))

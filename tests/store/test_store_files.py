@@ -12,13 +12,13 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.live import thread_deaths
 
 import kernelext as kx
 from kernelext._store import open_store
@@ -118,10 +118,7 @@ def test_a_link_planted_at_want_while_the_store_is_open_leaves_its_writer_writin
     """.want replaced by a link while the store is open, before its writer first looks
     for a waiting process: the link is refused (said once, as a warning), the writer's
     thread lives on and later writes commit; the victim's file is untouched."""
-    died: list[str] = []
-    monkeypatch.setattr(
-        threading, "excepthook", lambda a: died.append(f"{a.thread}: {a.exc_value!r}")
-    )
+    died = thread_deaths(monkeypatch)
     want = Path(f"{store_path}.want")
     with caplog.at_level(logging.WARNING, logger="kernelext"), open_store(str(store_path)) as store:
         want.unlink()

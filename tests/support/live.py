@@ -8,7 +8,19 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["finish_live_runs", "name", "stall_after_each_force", "wait_until"]
+__all__ = ["finish_live_runs", "name", "stall_after_each_force", "thread_deaths", "wait_until"]
+
+
+def thread_deaths(monkeypatch: Any) -> list[str]:
+    """The threads that die of an exception from here on (``threading.excepthook``), each
+    as "thread: exception"; empty while none did."""
+    import threading
+
+    died: list[str] = []
+    monkeypatch.setattr(
+        threading, "excepthook", lambda a: died.append(f"{a.thread}: {a.exc_value!r}")
+    )
+    return died
 
 
 def stall_after_each_force(monkeypatch: Any, seconds: float = 0.5) -> None:
