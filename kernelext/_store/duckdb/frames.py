@@ -80,10 +80,8 @@ def _flat(data: dict[str, Any]) -> dict[str, Any] | None:
         kind = type(value)
         if kind is str or value is None or kind is bool:
             continue
-        if kind is _UUID:
-            out[name] = {"$u": value.hex}
-        elif kind is _DATETIME:
-            out[name] = {"$t": value.isoformat()}
+        if kind is _UUID or kind is _DATETIME:
+            out[name] = _encode(value)  # the tags the standard library's way writes
         elif kind is int:
             if value not in _INT_RANGE:
                 return None
