@@ -27,5 +27,4 @@ def run_each(commands: list[list[str]]) -> list[dict[str, object]]:
 
 
 if __name__ == "__main__":
-    real_stdout = sys.stdout
-    print(json.dumps(run_each(json.load(sys.stdin))), file=real_stdout)
+    print(json.dumps(run_each(json.load(sys.stdin))))
