@@ -9,7 +9,7 @@ import decimal
 import uuid
 
 import kernelext as kx
-from kernelext._core.encoding.keys import args_hash, bound_hash, effect_key
+from kernelext._core.encoding.keys import _effect_key, args_hash, bound_hash, effect_key
 
 KEYS = [
     (("run-1", "step-a", "send", 0), "9f506c74-8333-68db-f8a5-8a9b25c75a06"),
@@ -25,8 +25,11 @@ def test_effect_keys_keep_their_values_cached_or_not() -> None:
     for parts, expected in KEYS:
         assert str(effect_key(*parts)) == expected  # type: ignore[arg-type]
         assert str(effect_key(*parts)) == expected  # type: ignore[arg-type]  # a second time
-        assert str(effect_key.__wrapped__(*parts)) == expected  # type: ignore[arg-type]
+        assert str(_effect_key(*parts)) == expected  # type: ignore[arg-type]  # never kept
     assert isinstance(effect_key("r", "s", "t", 0), uuid.UUID)
+    # True is not the ordinal 1 (scheme 1 writes "True"): whichever comes first, each keeps its own
+    ordinal_true = effect_key("r", "s", "t", True, 1)
+    assert effect_key("r", "s", "t", 1, 1) != ordinal_true == _effect_key("r", "s", "t", True, 1)
 
 
 def test_argument_hashes_keep_their_values() -> None:

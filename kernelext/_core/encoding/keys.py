@@ -57,16 +57,34 @@ def _key(raw: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=hashlib.sha256(raw).digest()[:16])
 
 
-@functools.lru_cache(maxsize=1024)
 def effect_key(
     run_id: str, step_key: str, tool: str, call_ordinal: int, scheme: int = KEY_SCHEME
 ) -> uuid.UUID:
     """The deterministic 128-bit key of one call: run, step, tool and ordinal in the step.
-    Kept for the calls of the moment: a call's ``idempotency_key`` is the key of the call in
-    its chain's first run (``ledger.idempotency_key_for``), its own for most runs."""
+    The keys of plain texts and integers are kept for the calls of the moment (a call's
+    ``idempotency_key`` is the key of the call in its chain's first run, its own for most
+    runs); any other argument (``True`` for 1, a text subclass with its own equality) is
+    never looked up in that cache, whose equality would take it for another call."""
+    if (
+        type(run_id) is str
+        and type(step_key) is str
+        and type(tool) is str
+        and type(call_ordinal) is int
+        and type(scheme) is int
+    ):
+        return _kept_key(run_id, step_key, tool, call_ordinal, scheme)
+    return _effect_key(run_id, step_key, tool, call_ordinal, scheme)
+
+
+def _effect_key(
+    run_id: str, step_key: str, tool: str, call_ordinal: int, scheme: int = KEY_SCHEME
+) -> uuid.UUID:
     if scheme == 1:
         return _key("\0".join((run_id, step_key, tool, str(call_ordinal))).encode())
     return _key(b"kernelext.effect\0" + frame(run_id, step_key, tool, call_ordinal))
+
+
+_kept_key = functools.lru_cache(maxsize=1024)(_effect_key)
 
 
 def question_key(
