@@ -182,8 +182,15 @@ def test_a_fold_that_fails_for_a_transient_reason_is_retried_and_loses_nothing(
     store = open_store(str(store_path))
     items = list(range(20))
     reader_querying, reader_done = threading.Event(), threading.Event()
+    # the reader waits for the store file as any process does: the short wait set above is
+    # this process's own (under load a fold here can hold the file longer than 0.2 s)
+    reader_env = {k: v for k, v in os.environ.items() if k != "KERNELEXT_STORE_WAIT"}
     reader = subprocess.Popen(
-        [sys.executable, "-c", LONG_READER, str(store_path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", LONG_READER, str(store_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=reader_env,
     )
 
     def pace(item: int) -> None:
@@ -200,8 +207,8 @@ def test_a_fold_that_fails_for_a_transient_reason_is_retried_and_loses_nothing(
         assert reader.stdout is not None
         assert reader.stdout.readline().strip() == "querying"
         reader_querying.set()
-        out, _ = reader.communicate(timeout=120)
-        assert "done" in out
+        out, err = reader.communicate(timeout=120)
+        assert "done" in out, err[-2000:]
         reader_done.set()
         assert handle.wait(timeout=120) == "completed"
         failures = [r for r in caplog.records if "folding the journal" in r.getMessage()]
