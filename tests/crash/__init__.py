@@ -43,6 +43,7 @@ __all__ = [
     "attempt_run",
     "delivered",
     "go_command",
+    "go_with_kill_point",
     "kill_landed",
     "open_checked",
     "read_go",
@@ -400,6 +401,16 @@ GO_FIELDS = ("markers", "attempt", "pause_ms", "url")
 def take_go_fields(config: dict[str, Any]) -> Callable[[Mapping[str, Any]], None]:
     """Worker side: copy the ``go`` line's markers file, attempt, pause and URL into ``config``."""
     return lambda command: config.update({k: command[k] for k in GO_FIELDS})
+
+
+def go_with_kill_point(config: dict[str, Any]) -> dict[str, Any] | None:
+    """Worker side: say ``loaded``, wait for ``go`` (None: quit) and copy its URL and its
+    ``kill_at`` (the point where the worker kills itself, "" for none) into ``config``."""
+    print("loaded", flush=True)
+    command = read_go(sys.stdin)
+    if command is not None:
+        config.update(url=command["url"], kill_at=command.get("kill_at") or "")
+    return command
 
 
 def serve_one_run(
