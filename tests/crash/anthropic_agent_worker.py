@@ -27,7 +27,7 @@ from support.model_loops import anthropic_reply, anthropic_take
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash.parcels import FIRST_PARCELS, post_parcel, serve_parcels
+from crash.parcels import FIRST_PARCELS, parcels_agent, post_parcel, serve_parcels
 from kernelext._adapters.tools import Tools
 
 MODEL = "scripted"
@@ -66,11 +66,7 @@ def converse(client: Any, tools: Tools, question: str) -> str:
     raise RuntimeError("the model never answered")
 
 
-@kx.agent(name="anthropic-parcels")
-def parcels(run: kx.Run, question: str) -> str:
-    answer = converse(CONFIG["client"], TOOLS, question)
-    run.state["answer"] = answer
-    return answer
+parcels = parcels_agent("anthropic-parcels", converse, CONFIG, TOOLS)
 
 
 def take_command(command: Mapping[str, Any]) -> None:
