@@ -350,34 +350,6 @@ def kill_landed(outcome: str, attempt: int, server: Any) -> int | None:
     return attempt
 
 
-def in_chains(
-    folder: Path,
-    chains: int,
-    kills: int,
-    chain: Callable[[int, int, Path, Any], None],
-    **server_options: Any,
-) -> None:
-    """``chain(lane, its_kills, its_folder, its_server)`` for ``chains`` lanes at once, each
-    with a folder and a delivery server of its own (no dedupe: a duplicate would show) and
-    its share of ``kills``, rounded up; the first failure, in lane order, is raised."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from support.http_server import DeliveryServer
-
-    share = -(-kills // chains)
-    with contextlib.ExitStack() as servers, ThreadPoolExecutor(chains) as lanes:
-        running = []
-        for lane in range(chains):
-            own = folder / f"lane-{lane}"
-            own.mkdir()
-            log_path = own / "deliveries.jsonl"
-            server = servers.enter_context(DeliveryServer(log_path=log_path, **server_options))
-            assert not server.dedupe, "duplicates must be visible"
-            running.append(lanes.submit(chain, lane, share, own, server))
-        for future in running:
-            future.result()
-
-
 def open_checked(path: Path | str, query: str | None = None) -> Any:
     """Open the store as a user would after a crash; the schema must be intact (and
     ``query``, when given, must run)."""

@@ -1,19 +1,22 @@
-"""What the crash tests that kill chains of runs in lanes share: the lanes' tallies added
-up, the delivery log read at the end, and each run's final checks on the store."""
+"""What the crash tests that kill chains of runs in lanes share: the lanes run at once, each
+with a delivery server of its own, their tallies added up, the delivery log read at the
+end, and each run's final checks on the store."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from support.http_server import DeliveryServer, read_log
 
-from . import in_chains, open_checked
+from . import open_checked
 
-__all__ = ["added_up", "chains_added_up", "delivery_log", "each_run_checked"]
+__all__ = ["added_up", "chains_added_up", "delivery_log", "each_run_checked", "in_chains"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -31,6 +34,30 @@ def added_up(tallies: Sequence[T]) -> T:
             else:
                 setattr(total, field.name, mine + theirs)
     return total
+
+
+def in_chains(
+    folder: Path,
+    chains: int,
+    kills: int,
+    chain: Callable[[int, int, Path, Any], None],
+    **server_options: Any,
+) -> None:
+    """``chain(lane, its_kills, its_folder, its_server)`` for ``chains`` lanes at once, each
+    with a folder and a delivery server of its own (no dedupe: a duplicate would show) and
+    its share of ``kills``, rounded up; the first failure, in lane order, is raised."""
+    share = -(-kills // chains)
+    with contextlib.ExitStack() as servers, ThreadPoolExecutor(chains) as lanes:
+        running = []
+        for lane in range(chains):
+            own = folder / f"lane-{lane}"
+            own.mkdir()
+            log_path = own / "deliveries.jsonl"
+            server = servers.enter_context(DeliveryServer(log_path=log_path, **server_options))
+            assert not server.dedupe, "duplicates must be visible"
+            running.append(lanes.submit(chain, lane, share, own, server))
+        for future in running:
+            future.result()
 
 
 def chains_added_up(
