@@ -20,6 +20,7 @@ from support.batch_checks import (
     assert_failed_on_item,
     assert_in_order_each_once,
     assert_refused_before_any_item,
+    poster,
     resumed_to_completion,
 )
 from support.http_server import DeliveryServer, post_json
@@ -29,16 +30,6 @@ import kernelext as kx
 from kernelext._store import Store
 
 pytestmark = pytest.mark.both_backends
-
-
-def poster(server: DeliveryServer) -> kx.Effect:
-    @kx.effect(name="post_item")
-    def post_item(item: int, *, idempotency_key: str | None = None) -> int:
-        response = post_json(server.url + "/items", {"item": item}, idempotency_key=idempotency_key)
-        assert response.status == 200, response
-        return int(response.body["delivery"])
-
-    return post_item
 
 
 def test_results_come_in_input_order_and_each_item_is_delivered_once(

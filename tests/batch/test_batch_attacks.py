@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.batch_checks import poster
 from support.http_server import DeliveryServer, post_json
 from support.live import name, stall_after_each_force, wait_until
 
@@ -29,16 +30,6 @@ from kernelext._store import Store
 WAIT = 60.0
 
 pytestmark = pytest.mark.both_backends
-
-
-def poster(server: DeliveryServer) -> kx.Effect:
-    @kx.effect(name="post_item")
-    def post_item(item: Any, *, idempotency_key: str | None = None) -> int:
-        response = post_json(server.url + "/items", {"item": item}, idempotency_key=idempotency_key)
-        assert response.status == 200, response
-        return int(response.body["delivery"])
-
-    return post_item
 
 
 def kinds(store: Store, run_id: str) -> list[str]:

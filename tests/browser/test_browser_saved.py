@@ -17,28 +17,13 @@ from typing import Any
 
 import nbformat
 import pytest
+from support.notebooks import FINISH, gated_count
 
 from browser import jupyterlab as lab
 from browser.harness import PANEL, lab_root, opened_in_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-RUN = """%load_ext kernelext
-import threading
-import kernelext as kx
-
-gate = threading.Event()
-
-@kx.agent
-def count(run, n):
-    for i in run.steps(range(n)):
-        gate.wait(60)
-        run.state["done"] = i + 1
-    return run.state["done"]
-
-h = count.start(3, run_id="browser-saved")
-h"""
-FINISH = "gate.set()\nprint(h.wait(60))"
 REATTACH = '%load_ext kernelext\nimport kernelext as kx\nkx.panel("browser-saved")'
 SAVED = ".kernelext-saved"
 COMMAND = "kx.panel('browser-saved')"
@@ -47,7 +32,10 @@ WIDGET_ERROR = "Error displaying widget"
 
 def write_notebook(path: Path) -> str:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(RUN), nbformat.v4.new_code_cell(FINISH)]
+    nb.cells = [
+        nbformat.v4.new_code_cell(gated_count("browser-saved")),
+        nbformat.v4.new_code_cell(FINISH),
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
     nbformat.write(nb, path)
     return path.name

@@ -43,6 +43,7 @@ __all__ = [
     "attempt_run",
     "delivered",
     "go_command",
+    "go_with_kill_point",
     "kill_landed",
     "open_checked",
     "read_go",
@@ -349,34 +350,6 @@ def kill_landed(outcome: str, attempt: int, server: Any) -> int | None:
     return attempt
 
 
-def in_chains(
-    folder: Path,
-    chains: int,
-    kills: int,
-    chain: Callable[[int, int, Path, Any], None],
-    **server_options: Any,
-) -> None:
-    """``chain(lane, its_kills, its_folder, its_server)`` for ``chains`` lanes at once, each
-    with a folder and a delivery server of its own (no dedupe: a duplicate would show) and
-    its share of ``kills``, rounded up; the first failure, in lane order, is raised."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from support.http_server import DeliveryServer
-
-    share = -(-kills // chains)
-    with contextlib.ExitStack() as servers, ThreadPoolExecutor(chains) as lanes:
-        running = []
-        for lane in range(chains):
-            own = folder / f"lane-{lane}"
-            own.mkdir()
-            log_path = own / "deliveries.jsonl"
-            server = servers.enter_context(DeliveryServer(log_path=log_path, **server_options))
-            assert not server.dedupe, "duplicates must be visible"
-            running.append(lanes.submit(chain, lane, share, own, server))
-        for future in running:
-            future.result()
-
-
 def open_checked(path: Path | str, query: str | None = None) -> Any:
     """Open the store as a user would after a crash; the schema must be intact (and
     ``query``, when given, must run)."""
@@ -400,6 +373,16 @@ GO_FIELDS = ("markers", "attempt", "pause_ms", "url")
 def take_go_fields(config: dict[str, Any]) -> Callable[[Mapping[str, Any]], None]:
     """Worker side: copy the ``go`` line's markers file, attempt, pause and URL into ``config``."""
     return lambda command: config.update({k: command[k] for k in GO_FIELDS})
+
+
+def go_with_kill_point(config: dict[str, Any]) -> dict[str, Any] | None:
+    """Worker side: say ``loaded``, wait for ``go`` (None: quit) and copy its URL and its
+    ``kill_at`` (the point where the worker kills itself, "" for none) into ``config``."""
+    print("loaded", flush=True)
+    command = read_go(sys.stdin)
+    if command is not None:
+        config.update(url=command["url"], kill_at=command.get("kill_at") or "")
+    return command
 
 
 def serve_one_run(

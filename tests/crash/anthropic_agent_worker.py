@@ -23,10 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from anthropic import Anthropic
+from support.model_loops import anthropic_reply, anthropic_take
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash.parcels import FIRST_PARCELS, post_parcel, serve_parcels
+from crash.parcels import FIRST_PARCELS, parcels_agent, post_parcel, serve_parcels
 from kernelext._adapters.tools import Tools
 
 MODEL = "scripted"
@@ -56,24 +57,16 @@ def converse(client: Any, tools: Tools, question: str) -> str:
     """Ask, run the tools the model asks for, send their results, until it answers."""
     messages: list[Any] = [{"role": "user", "content": question}]
     for turn in range(20):
-        ask = {"model": MODEL, "max_tokens": 1024, "messages": messages}
-        if turn % 2:
-            with client.messages.stream(**ask, tools=tools.for_anthropic()) as stream:
-                reply = stream.get_final_message()
-        else:
-            reply = client.messages.create(**ask, tools=tools.for_anthropic())
-        messages.append({"role": "assistant", "content": reply.content})
-        if reply.stop_reason != "tool_use":
-            return "".join(block.text for block in reply.content if block.type == "text")
-        messages.append({"role": "user", "content": tools.call_all(reply)})
+        reply = anthropic_reply(
+            client, tools, turn, model=MODEL, max_tokens=1024, messages=messages
+        )
+        answer = anthropic_take(reply, tools, messages)
+        if answer is not None:
+            return answer
     raise RuntimeError("the model never answered")
 
 
-@kx.agent(name="anthropic-parcels")
-def parcels(run: kx.Run, question: str) -> str:
-    answer = converse(CONFIG["client"], TOOLS, question)
-    run.state["answer"] = answer
-    return answer
+parcels = parcels_agent("anthropic-parcels", converse, CONFIG, TOOLS)
 
 
 def take_command(command: Mapping[str, Any]) -> None:

@@ -24,7 +24,7 @@ from support.http_server import post_json
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import drive_run, read_go
+from crash import drive_run, go_with_kill_point
 from kernelext._store import open_store
 
 CONFIG: dict[str, Any] = {"url": "", "kill_at": ""}
@@ -53,11 +53,9 @@ def approval_crash(run: kx.Run, to: str, amount: int) -> Any:
 
 
 def main() -> int:
-    print("loaded", flush=True)
-    command = read_go(sys.stdin)
+    command = go_with_kill_point(CONFIG)
     if command is None:
         return 0
-    CONFIG.update(url=command["url"], kill_at=command.get("kill_at") or "")
     store = open_store(command["store"])
     if CONFIG["kill_at"] == "consumed":  # the intent follows the committed consumption
         write_intent = store.write_intent

@@ -26,7 +26,7 @@ from openai import OpenAI
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash.parcels import FIRST_PARCELS, post_parcel, serve_parcels
+from crash.parcels import FIRST_PARCELS, parcels_agent, post_parcel, serve_parcels
 from kernelext._adapters.openai import wrap_openai
 from kernelext._adapters.tools import Tools
 
@@ -97,11 +97,7 @@ def converse(client: Any, tools: Tools, question: str, *, stream_every: int = 2)
     raise RuntimeError("the model never answered")
 
 
-@kx.agent(name="llm-crash")
-def llm_crash(run: kx.Run, question: str) -> str:
-    answer = converse(CONFIG["client"], TOOLS, question)
-    run.state["answer"] = answer
-    return answer
+llm_crash = parcels_agent("llm-crash", converse, CONFIG, TOOLS)
 
 
 def take_command(command: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ from support.http_server import post_json
 
 import kernelext as kx
 import kernelext._store.duckdb.backend  # imports duckdb before `go`
-from crash import drive_run, read_go
+from crash import drive_run, go_with_kill_point
 from kernelext._store import open_store
 
 CONFIG: dict[str, Any] = {"url": "", "kill_at": ""}
@@ -54,11 +54,9 @@ def restart_crash(run: kx.Run) -> Any:
 
 
 def main() -> int:
-    print("loaded", flush=True)
-    command = read_go(sys.stdin)
+    command = go_with_kill_point(CONFIG)
     if command is None:
         return 0
-    CONFIG.update(url=command["url"], kill_at=command.get("kill_at") or "")
     store = open_store(command["store"])
     run_id = command["run_id"]
     try:

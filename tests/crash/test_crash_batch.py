@@ -28,24 +28,23 @@ import json
 import os
 import random
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.decisions import unknowns_decided_from
-from support.http_server import DeliveryServer, read_log
+from support.http_server import DeliveryServer
 
 from crash import (
     CRASH_DIR,
     WorkerPool,
     attempt_run,
-    in_chains,
     kill_landed,
     open_checked,
     whole_lines,
 )
+from crash.lanes import chains_added_up, delivery_log, each_run_checked
 from kernelext._core.ledger.effect import effect_key
 from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import Store
@@ -72,20 +71,6 @@ class Matrix:
     open_intents: Counter[str] = field(default_factory=Counter)  # seen / unseen by the server
     decisions: list[dict[str, Any]] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, lanes: Iterable[Matrix]) -> Matrix:
-        """The lanes' matrices added up."""
-        total = cls()
-        for lane in lanes:
-            total.kills += lane.kills
-            total.mid_batch += lane.mid_batch
-            total.attempts += lane.attempts
-            total.needs_decision_attempts += lane.needs_decision_attempts
-            total.open_intents.update(lane.open_intents)
-            total.decisions += lane.decisions
-            total.runs += lane.runs
-        return total
 
     def text(self) -> str:
         return json.dumps(
@@ -230,14 +215,10 @@ def kill_one_chain(
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 
-        log = read_log(server.log_path or "")
-        assert len(log) == len(server.deliveries)
-        store = open_checked(store_path)
-        try:
-            for run_id in matrix.runs:
-                check_run(store, run_id, log)
-        finally:
-            store.close()
+        log = delivery_log(server)
+        each_run_checked(
+            store_path, matrix.runs, lambda store, run_id: check_run(store, run_id, log)
+        )
         assert len(log) == len(matrix.runs) * ITEMS
     finally:
         pool.close()
@@ -247,13 +228,7 @@ def kill_one_chain(
 def test_sigkill_mid_batch_delivers_each_item_exactly_once(tmp_path: Path) -> None:
     """``LANES`` chains of runs at once, each on a store and a delivery server of its own
     (no dedupe, so a duplicate would show): the kills are independent, the waits overlap."""
-    matrices = [Matrix() for _ in range(LANES)]
-
-    def chain(lane: int, kills: int, folder: Path, server: DeliveryServer) -> None:
-        kill_one_chain(lane, kills, folder, server, matrices[lane])
-
-    in_chains(tmp_path, LANES, MIN_KILLS, chain, delay=SERVER_DELAY)
-    matrix = Matrix.of(matrices)
+    matrix = chains_added_up(tmp_path, LANES, MIN_KILLS, Matrix, kill_one_chain, delay=SERVER_DELAY)
     print("\nbatch crash matrix:\n" + matrix.text())
     assert matrix.mid_batch >= MIN_KILLS
     # Kills found items inside their call, before and after the server had it.

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 from support.decisions import unknowns_decided_from
-from support.http_server import DeliveryServer, read_log
+from support.http_server import DeliveryServer
 
 from crash import CRASH_DIR, Worker, WorkerPool, attempt_run, kill_landed, open_checked, whole_lines
+from crash.lanes import delivery_log, each_run_checked
 from kernelext._core.encoding.keys import load_result
 from kernelext._store import Store
 
@@ -150,15 +151,13 @@ def test_sigkill_mid_amap_with_async_effects_delivers_each_item_exactly_once(
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 
-        log = read_log(delivery_server.log_path or "")
-        assert len(log) == len(delivery_server.deliveries)
-        store = open_checked(store_path)
-        try:
-            duplicates = [
-                key for run_id in runs for key in check_run(store, run_id, log, results.get(run_id))
-            ]
-        finally:
-            store.close()
+        log = delivery_log(delivery_server)
+        checked = each_run_checked(
+            store_path,
+            runs,
+            lambda store, run_id: check_run(store, run_id, log, results.get(run_id)),
+        )
+        duplicates = [key for keys in checked for key in keys]
         summary = {
             "runs": len(runs),
             "attempts": attempts,

@@ -22,24 +22,23 @@ import json
 import os
 import random
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.decisions import unknowns_decided_from
-from support.http_server import DeliveryServer, read_log
+from support.http_server import DeliveryServer
 
 from crash import (
     CRASH_DIR,
     WorkerPool,
     attempt_run,
-    in_chains,
     kill_landed,
     open_checked,
     whole_lines,
 )
+from crash.lanes import chains_added_up, delivery_log, each_run_checked
 from kernelext._core.lifecycle.resume import load_run
 from kernelext._store import Store
 
@@ -67,20 +66,6 @@ class Matrix:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     runs: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, lanes: Iterable[Matrix]) -> Matrix:
-        """The lanes' matrices added up."""
-        total = cls()
-        for lane in lanes:
-            total.kills += lane.kills
-            total.attempts += lane.attempts
-            total.needs_decision_attempts += lane.needs_decision_attempts
-            total.windows.update(lane.windows)
-            total.decisions += lane.decisions
-            total.runs += lane.runs
-            total.duplicates += lane.duplicates
-        return total
 
     def text(self, duplicates: int) -> str:
         kinds = Counter(d["decision"] for d in self.decisions)
@@ -219,15 +204,14 @@ def kill_one_chain(
             else:
                 pytest.fail(f"run {run_id} did not complete in {MAX_ATTEMPTS_PER_RUN} attempts")
 
-        log = read_log(server.log_path or "")
-        assert len(log) == len(server.deliveries)
-        store = open_checked(store_path, EFFECTS_READABLE)
-        try:
-            matrix.duplicates = [
-                key for run_id in matrix.runs for key in check_run(store, run_id, log)
-            ]
-        finally:
-            store.close()
+        log = delivery_log(server)
+        checked = each_run_checked(
+            store_path,
+            matrix.runs,
+            lambda store, run_id: check_run(store, run_id, log),
+            EFFECTS_READABLE,
+        )
+        matrix.duplicates = [key for keys in checked for key in keys]
         assert len(log) == len(matrix.runs) * CALLS
     finally:
         pool.close()
@@ -238,13 +222,7 @@ def test_sigkill_around_effects_delivers_each_exactly_once(tmp_path: Path) -> No
     """``LANES`` chains of runs at once, each on a store and a delivery server of its own
     (no dedupe, so a duplicate would show): the kills are independent, the test's waits
     (a worker's pauses, the server settling) overlap."""
-    matrices = [Matrix() for _ in range(LANES)]
-
-    def chain(lane: int, kills: int, folder: Path, server: DeliveryServer) -> None:
-        kill_one_chain(lane, kills, folder, server, matrices[lane])
-
-    in_chains(tmp_path, LANES, MIN_KILLS, chain)
-    matrix = Matrix.of(matrices)
+    matrix = chains_added_up(tmp_path, LANES, MIN_KILLS, Matrix, kill_one_chain)
     print("\nledger crash matrix:\n" + matrix.text(len(matrix.duplicates)))
 
     decided = {d["key"] for d in matrix.decisions}

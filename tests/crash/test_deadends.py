@@ -6,6 +6,7 @@ error that says what to do, and the store stays intact; faults under a running p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import glob
 import math
@@ -405,14 +406,24 @@ def test_a_store_file_replaced_or_deleted_mid_run_ends_it_with_a_store_write_err
         assert not path.exists()  # never silently created again
 
 
+@contextlib.contextmanager
+def let_go(path: Path) -> Iterator[Store]:
+    """The store at ``path``, written to once, then letting go of its file (as it does
+    after its linger); closed at the end."""
+    store = open_store(str(path))
+    try:
+        store.write(lambda tx: None)
+        store.backend._release()
+        yield store
+    finally:
+        store.close()
+
+
 def test_a_store_file_replaced_while_this_process_let_go_of_it_is_refused_at_reconnect(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "store.duckdb"
-    store = open_store(str(path))
-    try:
-        store.write(lambda tx: None)
-        store.backend._release()  # as after its linger, or when handing over to a waiter
+    with let_go(path) as store:  # as after its linger, or when handing over to a waiter
         open_store(str(tmp_path / "other.duckdb")).close()
         os.replace(tmp_path / "other.duckdb", path)
         with pytest.raises(StoreWriteError, match="replaced by another file"):
@@ -421,8 +432,6 @@ def test_a_store_file_replaced_while_this_process_let_go_of_it_is_refused_at_rec
         with pytest.raises(StoreWriteError, match="replaced"):  # the first cause is kept
             store.read("SELECT 1")
         assert not path.exists()  # never created anew behind the user's back
-    finally:
-        store.close()
     reopened = open_store(str(tmp_path / "fresh.duckdb"))  # a new Store object works
     reopened.close()
 
@@ -431,15 +440,10 @@ def test_a_store_file_truncated_while_this_process_let_go_of_it_is_refused_at_re
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "store.duckdb"
-    store = open_store(str(path))
-    try:
-        store.write(lambda tx: None)
-        store.backend._release()  # another process may shrink it by a checkpoint: allowed
+    with let_go(path) as store:  # another process may shrink it by a checkpoint: allowed
         os.truncate(path, 0)  # but not lose DuckDB's header
         with pytest.raises(StoreWriteError, match="overwritten in place"):
             store.write(lambda tx: None)
-    finally:
-        store.close()
 
 
 def test_a_store_that_grows_and_shrinks_by_its_own_checkpoints_is_not_refused(

@@ -140,6 +140,38 @@ def assert_runs(store: Path, run_ids: list[str], shown: str, *, read_only: bool 
         s.close()
 
 
+def copies_torn_at_each_write(
+    tmp_path: Path,
+    library: Path,
+    base: Path,
+    code: str,
+    run_ids: list[str],
+    shown: str,
+    *,
+    wrote: str | None = None,
+) -> None:
+    """``code`` run on a copy of the store in ``base`` (its multi-page writes logged; with
+    ``wrote``, there must be some), then on a copy of its own torn at each of those writes:
+    every copy still holds the runs ``run_ids`` (``shown``, with the write's ``{n}``, says
+    which tear lost them)."""
+    probe = tmp_path / "probe"
+    shutil.copytree(base, probe)
+    done = run_torn(library, probe / "store.duckdb", code, log=tmp_path / "log")
+    assert done.returncode == 0, done.stderr
+    if wrote is not None:
+        assert writes(tmp_path / "log"), wrote
+
+    def tear(n: int) -> None:
+        folder = tmp_path / f"tear-{n}"
+        shutil.copytree(base, folder)
+        torn = run_torn(library, folder / "store.duckdb", code, tear_at=n)
+        assert torn.returncode == -9, (n, torn.stderr)
+        assert_runs(folder / "store.duckdb", run_ids, shown.format(n=n))
+        shutil.rmtree(folder)
+
+    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)
+
+
 def test_kernelext_checkpoint_torn_in_place_loses_nothing(tmp_path: Path) -> None:
     library = tear_library(tmp_path)
     probe = tmp_path / "probe"
@@ -171,20 +203,9 @@ def test_a_users_own_connection_torn_at_close_loses_nothing(tmp_path: Path) -> N
     base.mkdir()
     made = run_torn(library, base / "store.duckdb", AGENT.format(rounds=1, prefix="u"))
     assert made.returncode == 0, made.stderr
-    probe = tmp_path / "probe"
-    shutil.copytree(base, probe)
-    done = run_torn(library, probe / "store.duckdb", USER, log=tmp_path / "log")
-    assert done.returncode == 0, done.stderr
-
-    def tear(n: int) -> None:
-        folder = tmp_path / f"tear-{n}"
-        shutil.copytree(base, folder)
-        torn = run_torn(library, folder / "store.duckdb", USER, tear_at=n)
-        assert torn.returncode == -9, (n, torn.stderr)
-        assert_runs(folder / "store.duckdb", ["u0"], f"user's connection torn at write {n}")
-        shutil.rmtree(folder)
-
-    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)
+    copies_torn_at_each_write(
+        tmp_path, library, base, USER, ["u0"], "user's connection torn at write {n}"
+    )
 
 
 def test_a_users_reading_connection_after_a_killed_kernel_torn_at_close_loses_nothing(
@@ -198,21 +219,15 @@ def test_a_users_reading_connection_after_a_killed_kernel_torn_at_close_loses_no
     killed = run_torn(library, base / "store.duckdb", KILLED)
     assert killed.returncode == -9, killed.stderr
     assert completed(killed.stdout) == ["k0", "k1"]
-    probe = tmp_path / "probe"
-    shutil.copytree(base, probe)
-    done = run_torn(library, probe / "store.duckdb", USER_READS, log=tmp_path / "log")
-    assert done.returncode == 0, done.stderr
-    assert writes(tmp_path / "log"), "the user's connection wrote nothing"
-
-    def tear(n: int) -> None:
-        folder = tmp_path / f"tear-{n}"
-        shutil.copytree(base, folder)
-        torn = run_torn(library, folder / "store.duckdb", USER_READS, tear_at=n)
-        assert torn.returncode == -9, (n, torn.stderr)
-        assert_runs(folder / "store.duckdb", ["k0", "k1"], f"user's reading connection torn at {n}")
-        shutil.rmtree(folder)
-
-    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)
+    copies_torn_at_each_write(
+        tmp_path,
+        library,
+        base,
+        USER_READS,
+        ["k0", "k1"],
+        "user's reading connection torn at {n}",
+        wrote="the user's connection wrote nothing",
+    )
 
 
 def test_the_documented_jupysql_connection_in_a_later_cell_torn_at_close_loses_nothing(
@@ -337,18 +352,12 @@ def test_a_users_second_connection_torn_at_close_loses_nothing(tmp_path: Path) -
     first = run_torn(library, base / "store.duckdb", USER)
     assert first.returncode == 0, first.stderr
     again = USER.replace("range(5000)", "range(5000, 40000)")
-    probe = tmp_path / "probe"
-    shutil.copytree(base, probe)
-    done = run_torn(library, probe / "store.duckdb", again, log=tmp_path / "log")
-    assert done.returncode == 0, done.stderr
-    assert writes(tmp_path / "log"), "the second connection wrote nothing"
-
-    def tear(n: int) -> None:
-        folder = tmp_path / f"tear-{n}"
-        shutil.copytree(base, folder)
-        torn = run_torn(library, folder / "store.duckdb", again, tear_at=n)
-        assert torn.returncode == -9, (n, torn.stderr)
-        assert_runs(folder / "store.duckdb", ["u0"], f"the second connection torn at write {n}")
-        shutil.rmtree(folder)
-
-    each_tear((n for n, _offset in writes(tmp_path / "log")), tear)
+    copies_torn_at_each_write(
+        tmp_path,
+        library,
+        base,
+        again,
+        ["u0"],
+        "the second connection torn at write {n}",
+        wrote="the second connection wrote nothing",
+    )

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from support.http_server import DeliveryServer, post_json
+from support.journal_records import step_begin_record
 from support.small_disk import fill
 
 import kernelext as kx
@@ -243,17 +244,9 @@ def step_records(
     records: list[tuple[int, str, dict[str, Any]]] = []
     seq = first_seq
     for ordinal in range(count):
-        step_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{ordinal}")
-        begin = {
-            "id": step_id,
-            "run_id": run_id,
-            "ordinal": ordinal,
-            "key": str(ordinal),
-            "name": None,
-            "started_at": at,
-        }
+        begin = step_begin_record(run_id, ordinal, at)
         complete = {
-            "step_id": step_id,
+            "step_id": begin["id"],
             "run_id": run_id,
             "ordinal": ordinal,
             "at": at,

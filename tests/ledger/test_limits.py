@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from support.clients import closed_after
 from support.http_server import DeliveryServer
+from support.ledger_checks import assert_refused_before_any_call
 from support.live import name, wait_until
 
 import kernelext as kx
@@ -337,12 +338,7 @@ def test_bad_limits_are_refused_before_anything_is_recorded(
         kx.limit(limit, **kwargs)
         return sender(delivery_server, limit)(1)
 
-    handle = refused.start()
-    assert handle.wait(WAIT) == "failed"
-    assert isinstance(handle.error, error), handle.error
-    assert text in str(handle.error)
-    assert delivery_server.count() == 0
-    assert store.load_effects(handle.run_id) == {}
+    assert_refused_before_any_call(store, delivery_server, refused.start(), error, text)
     with pytest.raises(ValueError, match="no limit named"):
         sender(delivery_server, limit)(1)  # nothing was declared under that name
 

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from support.http_server import DeliveryServer
+from support.ledger_checks import assert_refused_before_any_call
 from support.live import name, wait_until
 
 import kernelext as kx
@@ -342,12 +343,7 @@ def test_bad_retries_are_refused_before_anything_is_recorded(
 
         return send(1)
 
-    handle = refused.start()
-    assert handle.wait(WAIT) == "failed"
-    assert isinstance(handle.error, error), handle.error
-    assert text in str(handle.error)
-    assert delivery_server.count() == 0
-    assert store.load_effects(handle.run_id) == {}
+    assert_refused_before_any_call(store, delivery_server, refused.start(), error, text)
 
 
 @pytest.mark.parametrize(

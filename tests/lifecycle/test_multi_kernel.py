@@ -60,6 +60,27 @@ def _run(kc: BlockingKernelClient, code: str, timeout: float = 120) -> str:
     return text
 
 
+def _define_worker(kc: BlockingKernelClient, server: DeliveryServer, *, pause: float) -> None:
+    """The agent ``worker`` defined in the kernel, its items delivered to ``server``."""
+    _run(kc, AGENT_CODE.format(url=server.url, pause=pause))
+
+
+def _started(
+    kc: BlockingKernelClient,
+    server: DeliveryServer,
+    *,
+    pause: float,
+    items: int,
+    run_id: str,
+    delivered: int,
+) -> None:
+    """``h``: the run ``run_id`` of ``items`` items started in the kernel, once ``server``
+    got ``delivered`` of them."""
+    _define_worker(kc, server, pause=pause)
+    _run(kc, f"h = worker.start([f'i{{n}}' for n in range({items})], run_id='{run_id}')")
+    server.wait_for(delivered, timeout=60)
+
+
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty project folder; the kernels use the *default* store inside it."""
@@ -110,7 +131,7 @@ def test_two_kernels_run_agents_at_once_on_the_default_store(
     delivery_server: DeliveryServer,
 ) -> None:
     for index, (_, kc) in enumerate(kernels):
-        _run(kc, AGENT_CODE.format(url=delivery_server.url, pause=0.01))
+        _define_worker(kc, delivery_server, pause=0.01)
         _run(kc, f"h = worker.start([f'k{index}-{{i}}' for i in range(40)], run_id='run-{index}')")
     for _, kc in kernels:
         assert "completed" in _run(kc, "print(h.wait())")
@@ -156,9 +177,7 @@ def test_stop_from_another_process_and_resume_in_another_kernel(
     delivery_server: DeliveryServer,
 ) -> None:
     (_, first), (_, second) = kernels
-    _run(first, AGENT_CODE.format(url=delivery_server.url, pause=0.2))
-    _run(first, "h = worker.start([f'i{n}' for n in range(30)], run_id='shared')")
-    delivery_server.wait_for(2, timeout=60)
+    _started(first, delivery_server, pause=0.2, items=30, run_id="shared", delivered=2)
     env = {k: v for k, v in os.environ.items() if k != "KERNELEXT_STORE"}
     stopped = subprocess.run(
         [sys.executable, "-c", "import kernelext as kx; print(kx.stop('shared', source='cli'))"],
@@ -175,7 +194,7 @@ def test_stop_from_another_process_and_resume_in_another_kernel(
     assert done_before < 30
 
     # While the first kernel holds a live run, a second resume is refused.
-    _run(second, AGENT_CODE.format(url=delivery_server.url, pause=0.0))
+    _define_worker(second, delivery_server, pause=0.0)
     _run(second, "h2 = kx.resume('shared'); print(h2.wait(120))")
     assert len(delivery_server.deliveries) == 30
     assert len({d["idempotency_key"] for d in delivery_server.deliveries}) == 30
@@ -190,10 +209,8 @@ def test_a_live_run_cannot_be_resumed_twice(
     delivery_server: DeliveryServer,
 ) -> None:
     (_, first), (_, second) = kernels
-    _run(first, AGENT_CODE.format(url=delivery_server.url, pause=0.3))
-    _run(first, "h = worker.start([f'i{n}' for n in range(20)], run_id='busy')")
-    delivery_server.wait_for(1, timeout=60)
-    _run(second, AGENT_CODE.format(url=delivery_server.url, pause=0.0))
+    _started(first, delivery_server, pause=0.3, items=20, run_id="busy", delivered=1)
+    _define_worker(second, delivery_server, pause=0.0)
     text = _run(
         second,
         """

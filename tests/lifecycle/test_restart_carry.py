@@ -20,6 +20,7 @@ from crash import CRASH_DIR, Worker, WorkerPool
 from support.clocks import TickingClock, store_on_clock  # noqa: F401  (the fixture `store`)
 from support.http_server import DeliveryServer, post_json
 from support.live import name as unique
+from support.pool_calls import per_item
 
 import kernelext as kx
 from kernelext._core.ledger.effect import effect_key
@@ -52,14 +53,6 @@ def notify(item: str, *, idempotency_key: str | None = None) -> Any:
 def pay(amount: int, *, idempotency_key: str | None = None) -> Any:
     body = {"item": f"pay {amount}"}
     return post_json(URL["url"] + "/pay", body, idempotency_key=idempotency_key).body
-
-
-def counts(server: DeliveryServer) -> dict[str, int]:
-    server.settle()
-    out: dict[str, int] = {}
-    for record in server.deliveries:
-        out[record["body"]["item"]] = out.get(record["body"]["item"], 0) + 1
-    return out
 
 
 def carried(store: Store, run_id: str) -> dict[str, dict[str, Any]]:
@@ -107,15 +100,15 @@ def test_a_step_whose_approval_expired_does_not_notify_again(
     assert handle.wait(WAIT) == "suspended"
     assert store.get_run("shop")["reason"] == "approval"
     expire(clock, "shop")
-    assert counts(server) == {"checkout": 1}
+    assert per_item(server) == {"checkout": 1}
 
     child = kx.restart("shop")
     assert child.wait(WAIT) == "suspended"  # the payment asks for a new approval
-    assert counts(server) == {"checkout": 1}  # the notification was replayed
+    assert per_item(server) == {"checkout": 1}  # the notification was replayed
     [request] = kx.approvals(child.run_id)
     done = request.approve()
     assert done.wait(WAIT) == "completed"
-    assert counts(server) == {"checkout": 1, "pay 40": 1, "thanks": 1}
+    assert per_item(server) == {"checkout": 1, "pay 40": 1, "thanks": 1}
     row = carried(store, child.run_id)["checkout"]
     assert row["key"] == effect_key(child.run_id, "checkout", "notify", 0)
     assert row["step_key"] == "checkout" and row["status"] == "applied"
@@ -134,7 +127,7 @@ def test_a_restart_of_a_restart_carries_the_grandparents_effects(
     assert second.run_id == "gp-restart1-restart1"
     assert second.wait(WAIT) == "suspended"
     assert kx.approvals(second.run_id)[0].approve().wait(WAIT) == "completed"
-    assert counts(server) == {"checkout": 1, "pay 40": 1, "thanks": 1}
+    assert per_item(server) == {"checkout": 1, "pay 40": 1, "thanks": 1}
     note = carried(store, second.run_id)["checkout"]["decision_note"]
     assert note.startswith("carried over from run gp-restart1") and "from run gp " in note
 
@@ -148,7 +141,7 @@ def test_a_restarted_run_cannot_be_restarted_again(
         kx.restart("twice")
     assert store.find_run("twice-restart2") is None
     assert one.wait(WAIT) == "suspended"
-    assert counts(server) == {"checkout": 1}
+    assert per_item(server) == {"checkout": 1}
     assert carried(store, one.run_id)["checkout"]["key"] == effect_key(
         one.run_id, "checkout", "notify", 0
     )
@@ -173,7 +166,7 @@ def test_a_step_that_raised_after_an_effect_does_not_repeat_it(
     assert handle.wait(WAIT) == "failed"
     child = kx.restart("raised", args=(False,))
     assert child.wait(WAIT) == "completed" and child.result == "ok"
-    assert counts(server) == {"one": 1, "two": 1, "two-b": 1}
+    assert per_item(server) == {"one": 1, "two": 1, "two-b": 1}
     assert set(carried(store, child.run_id)) == {"one", "two"}
 
 
@@ -199,7 +192,7 @@ def test_failed_and_not_applied_effects_are_called_again(
     child = kx.restart("flaked")
     assert child.wait(WAIT) == "completed"
     assert attempts == ["x", "x"]  # restarting is the deliberate retry of a failed call
-    assert counts(server) == {"before": 1, "x": 1}
+    assert per_item(server) == {"before": 1, "x": 1}
     created = next(e for e in store.events(child.run_id) if e["kind"] == "created")
     [again] = json.loads(created["detail"])["called_again"]
     assert (again["tool"], again["status"]) == ("flaky", "failed")
@@ -230,7 +223,7 @@ def test_a_failed_resumable_false_call_must_be_reconciled_first(
     unknown.mark_applied(result="ok", note="the server log shows it")
     child = kx.restart("legacy")
     assert child.wait(WAIT) == "completed" and child.result == "ok"
-    assert calls == [1] and counts(server) == {"L": 1}
+    assert calls == [1] and per_item(server) == {"L": 1}
 
 
 # -- (c) a forced stop during the step, after an effect completed -------------------------
@@ -273,7 +266,7 @@ def test_a_forced_stop_after_an_effect_carries_it_once_the_unknown_one_is_decide
     child = kx.restart("forced")
     assert child.wait(WAIT) == "completed"
     assert child.result == "sent-by-hand"  # the decided result is replayed
-    assert counts(server) == {"first": 1, "slow": 1, "h": 1, "slow-after": 1}
+    assert per_item(server) == {"first": 1, "slow": 1, "h": 1, "slow-after": 1}
     assert store.get_run("forced")["status"] == "cancelled"  # superseded
 
 
@@ -314,7 +307,7 @@ def test_a_call_decided_not_applied_is_made_again(store: Store, server: Delivery
     unknown.mark_not_applied(note="the server never saw it")
     child = kx.restart("undecided")
     assert child.wait(WAIT) == "completed" and child.result == "sent"
-    assert counts(server) == {"slow": 1, "h": 1}
+    assert per_item(server) == {"slow": 1, "h": 1}
 
 
 def test_a_given_up_call_is_decided_again_in_the_restart_not_made_again(
@@ -338,14 +331,14 @@ def test_a_given_up_call_is_decided_again_in_the_restart_not_made_again(
     # stops at its take-over, before anything is called again.
     child = kx.restart("gaveup")
     assert child.wait(WAIT) == "needs_decision"
-    assert counts(server) == {"slow": 1, "h": 1}
+    assert per_item(server) == {"slow": 1, "h": 1}
     created = next(e for e in store.events(child.run_id) if e["kind"] == "created")
     assert json.loads(created["detail"])["called_again"] == []
     [again] = kx.reconcile(child.run_id)
     assert again.tool == "hang"
     again.mark_applied(result="sent")  # the server log shows the POST
     assert kx.resume(child.run_id).wait(WAIT) == "completed"
-    assert counts(server) == {"slow": 1, "h": 1}
+    assert per_item(server) == {"slow": 1, "h": 1}
 
 
 # -- (d) the process was SIGKILLed mid-step after an effect applied -----------------------
@@ -360,7 +353,7 @@ def test_a_killed_process_mid_step_then_reconcile_then_restart_repeats_nothing(
         worker: Worker = pool.take()
         worker.go(kill_at="delivered", **go)
         assert worker.reap() == -9, worker.stderr()
-        assert counts(delivery_server) == {"work": 1, "parcel": 1}
+        assert per_item(delivery_server) == {"work": 1, "parcel": 1}
         # The dead process's run still says running: a restart refuses it.
         worker = pool.take()
         worker.go(restart=True, **go)
@@ -386,7 +379,7 @@ def test_a_killed_process_mid_step_then_reconcile_then_restart_repeats_nothing(
         assert line == "restarted killed-restart1 completed"
     finally:
         pool.close()
-    assert counts(delivery_server) == {"work": 1, "parcel": 1, "after": 1}
+    assert per_item(delivery_server) == {"work": 1, "parcel": 1, "after": 1}
     opened = open_store(str(path))
     try:
         ledger = opened.load_effects("killed-restart1")
@@ -428,7 +421,7 @@ def test_a_user_stop_mid_step_then_expiry_does_not_repeat_the_steps_effects(
     expire(clock, "looped")
     child = kx.restart("looped")
     assert child.wait(WAIT) == "completed" and child.result == "looped"
-    assert counts(server) == {
+    assert per_item(server) == {
         "one": 1,
         "one-done": 1,
         "two": 1,
@@ -458,11 +451,11 @@ def test_from_step_reruns_the_steps_but_replays_their_effects(
     again = kx.restart("full", from_step="b", args=(None,))
     assert again.wait(WAIT) == "completed" and again.result == ["a", "b", "c"]
     assert bodies == ["a", "b", "c", "b", "c"]  # the step bodies ran again ...
-    assert counts(server) == {"a": 1, "b": 1, "c": 1, "summary": 1}  # ... replaying
+    assert per_item(server) == {"a": 1, "b": 1, "c": 1, "summary": 1}  # ... replaying
     end = kx.restart(again.run_id, from_step=3, args=(None,))  # "full" is superseded
     assert end.wait(WAIT) == "completed"
     assert bodies == ["a", "b", "c", "b", "c"]
-    assert counts(server) == {"a": 1, "b": 1, "c": 1, "summary": 1}
+    assert per_item(server) == {"a": 1, "b": 1, "c": 1, "summary": 1}
     with pytest.raises(ValueError, match="between 0 and 3"):
         kx.restart(end.run_id, from_step=4)
 
@@ -482,7 +475,7 @@ def test_a_replayed_call_with_other_arguments_stops_with_a_mismatch(
     message = str(child.error)  # the advice is what works: not "restart it"
     assert "Restore the original arguments" in message
     assert "kx.restart does not help" in message and "new step" in message
-    assert counts(server) == {"first": 1}
+    assert per_item(server) == {"first": 1}
 
 
 # -- (f) %%agent cell runs ------------------------------------------------------------------
@@ -531,12 +524,12 @@ def test_a_cell_run_restarts_and_its_cells_replay_what_the_old_run_applied(
     # The notebook's cells are the code: run them again under the new run id.
     assert shell.run_cell("%%agent cells-restart1\n" + first).success  # completed: skipped
     assert not shell.run_cell("%%agent cells-restart1\n" + second).success  # a new approval
-    assert counts(server) == {"first cell": 1, "checkout": 1}
+    assert per_item(server) == {"first cell": 1, "checkout": 1}
     [request] = kx.approvals("cells-restart1")
     request.approve()
     assert shell.run_cell("%%agent cells-restart1\n" + second).success
     assert shell.user_ns["receipt"]["delivery"] == 3
-    assert counts(server) == {"first cell": 1, "checkout": 1, "pay 40": 1}
+    assert per_item(server) == {"first cell": 1, "checkout": 1, "pay 40": 1}
 
 
 # -- the ledger changed between the core's read and the transaction -----------------------
@@ -558,4 +551,4 @@ def test_the_restart_transaction_refuses_a_ledger_that_changed(
         del store.write_restart
     assert store.find_run("moved-restart1") is None
     assert kx.restart("moved").wait(WAIT) == "suspended"
-    assert counts(server) == {"checkout": 1}
+    assert per_item(server) == {"checkout": 1}

@@ -15,6 +15,7 @@ import pytest
 from support.clocks import TickingClock, store_on_clock  # noqa: F401  (the fixture `store`)
 from support.http_server import DeliveryServer, post_json
 from support.live import name as unique
+from support.pool_calls import per_item
 
 import kernelext as kx
 from kernelext._core.ledger.effect import effect_key, idempotency_key_for
@@ -30,14 +31,6 @@ WAIT = 60.0
 @pytest.fixture
 def clock() -> TickingClock:
     return TickingClock(milliseconds=1)
-
-
-def counts(server: DeliveryServer) -> dict[str, int]:
-    server.settle()
-    out: dict[str, int] = {}
-    for record in server.deliveries:
-        out[record["body"]["item"]] = out.get(record["body"]["item"], 0) + 1
-    return out
 
 
 def sender(url: str, fail_on: set[str] | None = None) -> kx.Agent:
@@ -74,13 +67,13 @@ def test_a_failed_run_that_was_restarted_cannot_be_resumed(
     failed_once_at("c", delivery_server, run_id="broke")
     child = kx.restart("broke")
     assert child.wait(WAIT) == "completed"
-    assert counts(delivery_server) == {"a": 1, "b": 1, "c": 1}
+    assert per_item(delivery_server) == {"a": 1, "b": 1, "c": 1}
     with pytest.raises(kx.RunStateError, match=r"restarted as 'broke-restart1'.*kx\.resume"):
         kx.resume("broke")
     with pytest.raises(kx.RunStateError, match=r"kx\.restart\('broke-restart1'\)"):
         kx.restart("broke")
     assert store.get_run("broke")["status"] == "failed"
-    assert counts(delivery_server) == {"a": 1, "b": 1, "c": 1}
+    assert per_item(delivery_server) == {"a": 1, "b": 1, "c": 1}
     assert store.children("broke") == ["broke-restart1"]
 
 
@@ -97,7 +90,7 @@ def test_the_restart_transaction_lets_one_of_two_racing_restarts_win(
     monkeypatch.undo()
     assert store.find_run("x2") is None
     assert first.wait(WAIT) == "completed"
-    assert counts(delivery_server) == {"a": 1, "b": 1, "c": 1}
+    assert per_item(delivery_server) == {"a": 1, "b": 1, "c": 1}
 
 
 def test_two_threads_restarting_one_run_start_one_child(
@@ -122,7 +115,7 @@ def test_two_threads_restarting_one_run_start_one_child(
     handles = [o for o in out if isinstance(o, kx.Handle)]
     assert len(handles) == 1, out
     assert handles[0].wait(WAIT) == "completed"
-    assert counts(delivery_server) == {"a": 1, "b": 1, "c": 1}
+    assert per_item(delivery_server) == {"a": 1, "b": 1, "c": 1}
     assert len(store.children("twins")) == 1
 
 
@@ -235,7 +228,7 @@ def test_a_refused_restart_leaves_other_files_alone(
     os.remove(stranger)
     monkeypatch.undo()
     assert kx.restart("solo", new_run_id="fresh", from_step=1).wait(WAIT) == "completed"
-    assert counts(delivery_server) == {"a": 2, "b": 2}
+    assert per_item(delivery_server) == {"a": 2, "b": 2}
 
 
 # -- H1: an answered question is carried -----------------------------------------------------
@@ -275,4 +268,4 @@ def test_an_answered_question_is_replayed_by_the_restart(
     [request] = kx.approvals(child.run_id)
     resumed = request.approve()
     assert resumed.wait(WAIT) == "completed" and resumed.result == 100
-    assert counts(delivery_server) == {"amount 100": 1, "pay 100": 1}
+    assert per_item(delivery_server) == {"amount 100": 1, "pay 100": 1}

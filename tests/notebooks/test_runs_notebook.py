@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
-from support.notebooks import execute, text_of
+from support.notebooks import FINISH, execute, notebook, text_of
 
 pytestmark = pytest.mark.slow
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -42,17 +41,6 @@ QUERY = """
 runs = kx.runs()
 print("QUERY", len(runs), runs["status"].tolist(), type(runs.head()).__name__)
 """
-FINISH = "gate.set()\nprint(h.wait(60))\n"
-
-
-def notebook(*cells: tuple[str, str]) -> Any:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    for cell_id, source in cells:
-        cell = nbformat.v4.new_code_cell(source)
-        cell["id"] = cell_id
-        nb.cells.append(cell)
-    return nb
 
 
 def outputs(nb: Any, cell_id: str) -> list[dict[str, Any]]:

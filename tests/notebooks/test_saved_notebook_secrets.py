@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-from support.notebooks import execute
+from support.notebooks import execute, notebook
 
 SECRET_TAIL = "QQ7xZ81secretvalue"
 CANARY = "canary-MARK-4242"
@@ -74,13 +74,7 @@ CELLS = {
 
 
 def _notebook() -> Any:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    for cell_id, source in [("setup", SETUP), *CELLS.items()]:
-        cell = nbformat.v4.new_code_cell(source)
-        cell["id"] = cell_id
-        nb.cells.append(cell)
-    return nb
+    return notebook(("setup", SETUP), *CELLS.items())
 
 
 def _outputs_of(nb: Any, cell_id: str) -> str:

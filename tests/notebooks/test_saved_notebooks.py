@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from support.notebooks import execute, text_of
+from support.notebooks import FINISH, execute, gated_count, notebook, text_of
 
 RUN = """
 %load_ext kernelext
@@ -38,24 +38,12 @@ kx.panel("saved-cuont")
 """
 
 
-def notebook(*cells: tuple[str, str]) -> object:
-    nb = nbformat.v4.new_notebook()
-    for cell_id, source in cells:
-        cell = nbformat.v4.new_code_cell(source)
-        cell["id"] = cell_id
-        nb.cells.append(cell)
-    return nb
-
-
 def test_kx_panel_reattaches_a_run_in_a_new_kernel_and_names_a_typo(tmp_path: Path) -> None:
     env = {"KERNELEXT_STORE": str(tmp_path / "saved.duckdb")}
     first = execute(notebook(("run", RUN)), env, tmp_path)
     assert "completed" in text_of(first, "run")
 
-    second = notebook(("reattach", REATTACH))
-    second.cells.append(nbformat.v4.new_code_cell(TYPO))
-    second.cells[-1]["id"] = "typo"
-    second.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    second = notebook(("reattach", REATTACH), ("typo", TYPO))
     try:
         execute(second, env, tmp_path)
     except Exception as error:  # the typo cell raises: the outputs stay in the notebook
@@ -68,24 +56,7 @@ def test_kx_panel_reattaches_a_run_in_a_new_kernel_and_names_a_typo(tmp_path: Pa
     assert "saved-count" in text_of(second, "typo")
 
 
-SHOWN = """
-%load_ext kernelext
-import threading
-import kernelext as kx
-
-gate = threading.Event()
-
-@kx.agent
-def count(run, n):
-    for i in run.steps(range(n)):
-        gate.wait(60)
-        run.state["done"] = i + 1
-    return run.state["done"]
-
-h = count.start(3, run_id="saved-count")
-h
-"""
-FINISH = "gate.set()\nprint(h.wait(60))\n"
+SHOWN = gated_count("saved-count")
 TIMELINE = 'kx.timeline("saved-count")\n'
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.journal_records import step_begin_record
 
 from kernelext._store import Store, open_store
 from kernelext._store.duckdb.bulk import apply_records
@@ -37,18 +38,8 @@ def run_records(run_id: str, steps: int, seed: int) -> list[Record]:
 
     for ordinal in range(steps):
         at = T0 + dt.timedelta(seconds=ordinal)
-        step_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{ordinal}")
-        add(
-            "step_begin",
-            {
-                "id": step_id,
-                "run_id": run_id,
-                "ordinal": ordinal,
-                "key": str(ordinal),
-                "name": None,
-                "started_at": at,
-            },
-        )
+        begin = step_begin_record(run_id, ordinal, at)
+        add("step_begin", begin)
         for call in range(rng.randint(0, 3)):
             key = uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{ordinal}/{call}")
             add(
@@ -99,7 +90,7 @@ def run_records(run_id: str, steps: int, seed: int) -> list[Record]:
             add(
                 "step_complete",
                 {
-                    "step_id": step_id,
+                    "step_id": begin["id"],
                     "run_id": run_id,
                     "ordinal": ordinal,
                     "at": at,

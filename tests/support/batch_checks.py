@@ -7,10 +7,23 @@ import time
 from typing import Any
 
 import kernelext as kx
-from support.http_server import DeliveryServer
+from support.http_server import DeliveryServer, post_json
 from support.live import wait_until
 
 WAIT = 60.0
+
+
+def poster(server: DeliveryServer) -> kx.Effect:
+    """The effect ``post_item``: one POST of the item to the server's ``/items``, which must
+    answer 200; returns the delivery number the server gave it."""
+
+    @kx.effect(name="post_item")
+    def post_item(item: Any, *, idempotency_key: str | None = None) -> int:
+        response = post_json(server.url + "/items", {"item": item}, idempotency_key=idempotency_key)
+        assert response.status == 200, response
+        return int(response.body["delivery"])
+
+    return post_item
 
 
 def delivered_items(server: DeliveryServer) -> list[int]:

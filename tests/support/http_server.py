@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 import time
@@ -52,12 +51,18 @@ from typing import Any
 __all__ = ["DeliveryServer", "Response", "post_json", "read_log"]
 
 try:
-    from support.local_server import JSONHandler, LocalHTTPServer, ServedLocally
+    from support.local_server import (
+        JSONHandler,
+        LocalHTTPServer,
+        ServedLocally,
+        serve_until_signalled,
+    )
 except ImportError:  # run standalone: python tests/support/http_server.py
     from local_server import (  # type: ignore[no-redef]
         JSONHandler,
         LocalHTTPServer,
         ServedLocally,
+        serve_until_signalled,
     )
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -411,16 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.0)
     args = parser.parse_args(argv)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with DeliveryServer(
+    server = DeliveryServer(
         dedupe=args.dedupe, log_path=args.log, host=args.host, port=args.port, delay=args.delay
-    ) as server:
-        print(server.url, flush=True)
-        while not stop.wait(0.2):
-            pass
-    return 0
+    )
+    return serve_until_signalled(server, lambda served: served.url)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import signal
 import sys
 import threading
 import time
@@ -58,13 +57,19 @@ __all__ = ["DEMO_SCRIPT", "LLMServer", "read_requests"]
 
 try:
     from support.llm_anthropic import messages
-    from support.local_server import JSONHandler, LocalHTTPServer, ServedLocally
+    from support.local_server import (
+        JSONHandler,
+        LocalHTTPServer,
+        ServedLocally,
+        serve_until_signalled,
+    )
 except ImportError:  # run standalone: python tests/support/llm_server.py
     from llm_anthropic import messages  # type: ignore[no-redef]
     from local_server import (  # type: ignore[no-redef]
         JSONHandler,
         LocalHTTPServer,
         ServedLocally,
+        serve_until_signalled,
     )
 
 HOLD_LIMIT = 300.0  # seconds a held request waits for release_held() at most (a failed test)
@@ -400,23 +405,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     script = json.loads(args.script.read_text()) if args.script else list(DEMO_SCRIPT)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    if args.until_stdin_closes:  # a notebook's kernel that dies takes its server along
-        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    with LLMServer(
+    server = LLMServer(
         script=script,
         log_path=args.log,
         host=args.host,
         port=args.port,
         delay=args.delay,
         chunk_delay=args.chunk_delay,
-    ) as server:
-        print(server.base_url, flush=True)
-        while not stop.wait(0.2):
-            pass
-    return 0
+    )
+    # until_stdin_closes: a notebook's kernel that dies takes its server along
+    return serve_until_signalled(
+        server, lambda served: served.base_url, until_stdin_closes=args.until_stdin_closes
+    )
 
 
 if __name__ == "__main__":

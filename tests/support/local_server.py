@@ -1,5 +1,6 @@
 """What the tests' local HTTP servers share: a threaded server on 127.0.0.1 that forgives
-clients that give up, its quiet JSON handler, and start/stop with a JSON-lines log.
+clients that give up, its quiet JSON handler, start/stop with a JSON-lines log, and serving
+as a script of its own until signalled.
 
 Stdlib only: ``http_server.py`` and ``llm_server.py`` also run standalone.
 """
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["JSONHandler", "LocalHTTPServer", "ServedLocally"]
+__all__ = ["JSONHandler", "LocalHTTPServer", "ServedLocally", "serve_until_signalled"]
 
 S = TypeVar("S", bound="ServedLocally")
 
@@ -127,3 +130,21 @@ class ServedLocally:
         self._log.write(json.dumps(record, sort_keys=True) + "\n")
         self._log.flush()
         os.fsync(self._log.fileno())
+
+
+def serve_until_signalled(
+    server: S, address: Callable[[S], str], *, until_stdin_closes: bool = False
+) -> int:
+    """A server run as a script of its own: start ``server``, print its ``address``, serve
+    until SIGTERM or SIGINT (with ``until_stdin_closes``, also until stdin closes: the
+    parent went away), then stop it; the script's exit code."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    if until_stdin_closes:
+        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    with server:
+        print(address(server), flush=True)
+        while not stop.wait(0.2):
+            pass
+    return 0

@@ -21,7 +21,7 @@ import kernelext as kx
 from support.clients import closed_after
 from support.llm_server import LLMServer
 
-__all__ = ["LOOPS", "Loop"]
+__all__ = ["LOOPS", "Loop", "anthropic_reply", "anthropic_take"]
 
 Loop = Callable[
     [LLMServer, Any, Callable[[], str], Callable[[], str], Callable[[int], None]],
@@ -40,7 +40,18 @@ def anthropic_ask(client: Any, tools: Any, system: Prompt, messages: list[Any]) 
     )  # fmt: skip
 
 
+def anthropic_reply(client: Any, tools: Any, turn: int, **ask: Any) -> Any:
+    """The model's reply to ``ask`` with the ``tools``: streamed (``messages.stream``) on odd
+    turns, created on even ones."""
+    if turn % 2:
+        with client.messages.stream(**ask, tools=tools.for_anthropic()) as stream:
+            return stream.get_final_message()
+    return client.messages.create(**ask, tools=tools.for_anthropic())
+
+
 def anthropic_take(reply: Any, tools: Any, messages: list[Any]) -> str | None:
+    """``reply`` added to ``messages``; its text when the model answered, else None, with
+    the results of the tools it asked for added too."""
     messages.append({"role": "assistant", "content": reply.content})
     if reply.stop_reason != "tool_use":
         return "".join(b.text for b in reply.content if b.type == "text")

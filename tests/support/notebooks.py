@@ -6,12 +6,46 @@ import os
 from pathlib import Path
 from typing import Any
 
+import nbformat
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
 from support.kernels import kernel_manager
 
-__all__ = ["execute", "text_of"]
+__all__ = ["FINISH", "execute", "gated_count", "notebook", "text_of"]
+
+FINISH = "gate.set()\nprint(h.wait(60))"  # lets ``gated_count``'s run end, and waits
+
+
+def gated_count(run_id: str) -> str:
+    """A cell that starts the run ``run_id`` of three steps, each waiting for ``gate``
+    (``FINISH`` sets it), and shows its handle ``h``."""
+    return f"""%load_ext kernelext
+import threading
+import kernelext as kx
+
+gate = threading.Event()
+
+@kx.agent
+def count(run, n):
+    for i in run.steps(range(n)):
+        gate.wait(60)
+        run.state["done"] = i + 1
+    return run.state["done"]
+
+h = count.start(3, run_id="{run_id}")
+h"""
+
+
+def notebook(*cells: tuple[str, str]) -> Any:
+    """A python3 notebook of code cells, each given as (its id, its source)."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    for cell_id, source in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        cell["id"] = cell_id
+        nb.cells.append(cell)
+    return nb
 
 
 class _Client(NotebookClient):

@@ -1,7 +1,7 @@
 """What the tests of run.map items in worker processes share: a spawned process pool of two
 workers, the effect that POSTs one item to the local delivery server (and the POST of an
 item's number and its process's pid that test modules' own effects make), and the count of
-deliveries per Idempotency-Key."""
+deliveries per Idempotency-Key (and per item)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ __all__ = [
     "deliver_effect",
     "item_jobs",
     "module_pool",
+    "per_item",
     "per_key",
     "post_item_and_pid",
     "spawned_pool",
@@ -109,4 +110,14 @@ def per_key(server: DeliveryServer) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in server.deliveries:
         counts[row["idempotency_key"]] = counts.get(row["idempotency_key"], 0) + 1
+    return counts
+
+
+def per_item(server: DeliveryServer) -> dict[str, int]:
+    """Each delivery's ``item`` -> how many times the server received it, once every
+    request that reached the server is handled (``settle``)."""
+    server.settle()
+    counts: dict[str, int] = {}
+    for row in server.deliveries:
+        counts[row["body"]["item"]] = counts.get(row["body"]["item"], 0) + 1
     return counts

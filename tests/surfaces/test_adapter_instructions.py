@@ -12,7 +12,7 @@ or Pydantic AI's ``FunctionModel``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -73,17 +73,25 @@ def crash_after_the_second_turn(turn: int) -> None:
         crash_once("loop")  # a bug, fixed before the resume
 
 
+def crashing_agent(
+    llm: LLMServer, shape: str, name: str, system: Callable[[], str], question: Callable[[], str]
+) -> kx.Agent:
+    """The agent ``name``: the ``shape`` loop (``LOOPS``) with the tool ``work``, its system
+    prompt and question as ``system()`` and ``question()`` give them; it crashes once, after
+    the model's second answer."""
+    CRASHED.discard("loop")
+    loop = LOOPS[shape](llm, kx.tools(work), system, question, crash_after_the_second_turn)
+    return kx.agent(name=name)(loop)
+
+
 @pytest.mark.parametrize("shape", sorted(LOOPS))
 def test_a_system_prompt_of_another_day_replays_the_turn_and_is_noted(
     store: Any, llm: LLMServer, shape: str
 ) -> None:
-    CRASHED.discard("loop")
     day = {"n": 1}
-    loop = LOOPS[shape](
-        llm, kx.tools(work), lambda: f"Today is day {day['n']}.", lambda: "go",
-        crash_after_the_second_turn,
-    )  # fmt: skip
-    agent = kx.agent(name=f"instructions-{shape}")(loop)
+    agent = crashing_agent(
+        llm, shape, f"instructions-{shape}", lambda: f"Today is day {day['n']}.", lambda: "go"
+    )
 
     assert agent.start("go", run_id=f"day-{shape}").wait(timeout=30) == "failed"
     day["n"] = 2  # the next day
@@ -100,13 +108,10 @@ def test_a_system_prompt_of_another_day_replays_the_turn_and_is_noted(
 def test_a_conversation_that_changed_is_still_refused(
     store: Any, llm: LLMServer, shape: str
 ) -> None:
-    CRASHED.discard("loop")
     day = {"n": 1}
-    loop = LOOPS[shape](
-        llm, kx.tools(work), lambda: "Be brief.", lambda: f"go, on day {day['n']}",
-        crash_after_the_second_turn,
-    )  # fmt: skip
-    agent = kx.agent(name=f"conversation-{shape}")(loop)
+    agent = crashing_agent(
+        llm, shape, f"conversation-{shape}", lambda: "Be brief.", lambda: f"go, on day {day['n']}"
+    )
 
     assert agent.start("go", run_id=f"talk-{shape}").wait(timeout=30) == "failed"
     day["n"] = 2
@@ -215,11 +220,7 @@ def test_a_kx_openai_run_recorded_by_the_earlier_release_is_resumed(
     store: Any, llm: LLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """0.1.0 identified a model call by its whole request, system message included."""
-    CRASHED.discard("loop")
-    loop = LOOPS["chat"](
-        llm, kx.tools(work), lambda: "Be brief.", lambda: "go", crash_after_the_second_turn
-    )
-    agent = kx.agent(name="recorded-before")(loop)
+    agent = crashing_agent(llm, "chat", "recorded-before", lambda: "Be brief.", lambda: "go")
     with monkeypatch.context() as before:
         before.setattr(ModelCall, "split", lambda self, named: (dict(named), None))
         assert agent.start("go", run_id="before").wait(timeout=30) == "failed"

@@ -227,6 +227,16 @@ def long_step_agent(tag: str, release: threading.Event, last: threading.Event | 
     return agent
 
 
+def stopped_in_the_long_step(panel: ControlPanel, release: threading.Event, handle: Any) -> None:
+    """Stop pressed in the panel while ``long_step_agent``'s long step runs (its two first
+    effects applied), then the step let go: the run ends suspended."""
+    store = handle.store
+    wait_until(lambda: store.effect_counts(handle.run_id).get("applied") == 2, "two effects")
+    panel.stop_button.click()
+    release.set()
+    assert handle.wait(WAIT) == "suspended"
+
+
 def test_a_stop_from_the_command_line_during_a_long_step_redraws_panel_and_timeline(
     store: Any, store_path: Any
 ) -> None:
@@ -261,10 +271,7 @@ def test_effects_and_their_counts_are_kept_across_resume(store: Any) -> None:
     handle = long_step_agent(tag, release, last).start(run_id=tag, store=store)
     panel = panel_for(handle)
     try:
-        wait_until(lambda: store.effect_counts(tag).get("applied") == 2, "two effects")
-        panel.stop_button.click()
-        release.set()
-        assert handle.wait(WAIT) == "suspended"
+        stopped_in_the_long_step(panel, release, handle)
         panel.refresh()
         assert "2 effects: 2 applied" in panel.effects.value
         panel.resume_button.click()  # the resumed run waits before its next effect
@@ -313,10 +320,7 @@ def test_a_resume_in_another_python_process_shows_in_an_open_panel(
     handle = long_step_agent(tag, release).start(run_id=tag, store=store)
     panel = panel_for(handle)
     try:
-        wait_until(lambda: store.effect_counts(tag).get("applied") == 2, "two effects")
-        panel.stop_button.click()
-        release.set()
-        assert handle.wait(WAIT) == "suspended"
+        stopped_in_the_long_step(panel, release, handle)
         settled(panel)
         script = tmp_path / "other.py"
         script.write_text(textwrap.dedent(OTHER_PROCESS.format(tag=tag)))

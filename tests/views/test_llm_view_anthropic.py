@@ -17,6 +17,7 @@ from anthropic import Anthropic
 from support.clients import closed_after
 from support.llm_server import LLMServer
 from support.llm_views import MODEL, kernelext_show, no_prices, refund_desk  # noqa: F401
+from support.model_loops import anthropic_reply, anthropic_take
 
 import kernelext as kx
 from kernelext._core.views import conversation
@@ -42,17 +43,13 @@ def test_anthropic_turns_tokens_and_cost_are_counted(
     def support(run: kx.Run, question: str) -> str:
         messages: list[Any] = [{"role": "user", "content": question}]
         for turn in range(10):
-            ask = {"model": MODEL, "max_tokens": 512, "messages": messages}
-            if turn % 2:
-                with client.messages.stream(**ask, tools=tools.for_anthropic()) as stream:
-                    reply = stream.get_final_message()
-            else:
-                reply = client.messages.create(**ask, tools=tools.for_anthropic())
+            reply = anthropic_reply(
+                client, tools, turn, model=MODEL, max_tokens=512, messages=messages
+            )
             live.append(reply)
-            messages.append({"role": "assistant", "content": reply.content})
-            if reply.stop_reason != "tool_use":
-                return "".join(b.text for b in reply.content if b.type == "text")
-            messages.append({"role": "user", "content": tools.call_all(reply)})
+            answer = anthropic_take(reply, tools, messages)
+            if answer is not None:
+                return answer
         raise AssertionError("no answer")
 
     handle = support.start("refund A-1001", run_id="claude")
