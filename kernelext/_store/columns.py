@@ -287,19 +287,19 @@ _DEFAULT = Column(_T, "not declared: scrubbed as text (conservative)")
 
 @functools.lru_cache(maxsize=2048)
 def _modes(sql: str) -> tuple[tuple[str, str] | None, ...] | None:
-    """(mode, label) of each ``?`` of ``sql`` (None: nothing to do); None: unreadable."""
+    """(mode, label) of each ``?`` of ``sql`` (None: not stored); None: unreadable."""
     plan = param_columns(sql)
     if plan is None:
         return None
     out: list[tuple[str, str] | None] = []
     for where in plan:
         column = SCRUBBED.get(where, _DEFAULT) if isinstance(where, tuple) else None
-        if column is None or column.mode == "plain":
+        if column is None:
             out.append(None)
         else:
             assert isinstance(where, tuple)
             out.append((column.mode, f"{where[0]}.{where[1]}"))
-    return tuple(out)
+    return tuple(out) if any(out) else ()
 
 
 # Types that hold no text, compared exactly (``type(v) in _INERT``): they pass both doors
@@ -307,7 +307,10 @@ def _modes(sql: str) -> tuple[tuple[str, str] | None, ...] | None:
 _INERT = frozenset({type(None), bool, int, float, uuid.UUID, dt.datetime, dt.date, dt.time,
                     dt.timedelta})  # fmt: skip
 _BYTES = (bytes, bytearray, memoryview)
-_REFUSING = frozenset({"key", "exact"})
+# Checked only while secrets are registered (until then no value holds one): ids and state
+# (refused when they hold a secret), and kernelext's own values (``plain``: a status, a
+# hash, a path it made), which are checked as ids are but never changed.
+_REFUSING = frozenset({"key", "exact", "plain"})
 
 
 def _clean(mode: str, value: Any, where: str) -> Any:
@@ -367,6 +370,13 @@ def _unreadable(name: str, where: str) -> str:
     )
 
 
+def _check(value: Any, where: str) -> None:
+    """Refuse a value kept as it is (kernelext's own: ``plain``) that holds a secret."""
+    for v in value if type(value) is list else (value,):
+        if type(v) not in _INERT:
+            _clean("key", v, where)
+
+
 def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
     """``params`` as they may be stored by ``sql`` (see the module doc)."""
     if not params or _SCRUBBER is None:
@@ -381,7 +391,9 @@ def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
     for i, mode in enumerate(modes):
         if mode is not None and (refusals or mode[0] not in _REFUSING):
             value = out[i]
-            if type(value) is list:  # a column's values, unnested in SQL (duckdb.bulk)
+            if mode[0] == "plain":
+                _check(value, mode[1])
+            elif type(value) is list:  # a column's values, unnested in SQL (duckdb.bulk)
                 out[i] = [v if type(v) in _INERT else _clean(mode[0], v, mode[1]) for v in value]
             elif type(value) not in _INERT:
                 out[i] = _clean(mode[0], value, mode[1])

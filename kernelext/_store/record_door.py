@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import columns
-from .columns import _INERT, _REFUSING, _T, SCRUBBED, _clean
+from .columns import _INERT, _REFUSING, _T, SCRUBBED, _check, _clean
 
 __all__ = ["scrub_record"]
 
@@ -85,7 +85,7 @@ def scrub_record(kind: str, data: dict[str, Any]) -> dict[str, Any]:
             mode, label = _T, f"a {kind} record's {name}"
         elif how is _PLAIN:
             if refusals:  # checked, never changed (kernelext's own status enums stay)
-                _clean("key", value, f"a {kind} record's {name}")
+                _check(value, f"a {kind} record's {name}")
             continue
         else:
             mode, label = how

@@ -168,6 +168,7 @@ def test_no_statement_parameter_holds_a_registered_secret(registered: None, valu
         "UPDATE effects SET result = ? WHERE key = ?",  # result
         "UPDATE steps SET key = ? WHERE id = ?",  # key: refused
         "UPDATE effects SET args = ? WHERE key = ?",  # args
+        "UPDATE effects SET status = ? WHERE key = ?",  # plain: checked, kept
     ):
         try:
             out = scrub_params(sql, [value, uuid.UUID(int=1)])
@@ -198,6 +199,8 @@ def test_each_leak_of_the_earlier_door(registered: None) -> None:
         "a***b",
         1,
     ]
+    with pytest.raises(SecretRefused, match=r"effects\.status"):  # a plain column: checked
+        scrub_params("UPDATE effects SET status = ? WHERE key = ?", [text_enum, 1])
 
 
 def test_a_value_without_a_secret_passes_as_it_was(registered: None) -> None:
@@ -207,6 +210,9 @@ def test_a_value_without_a_secret_passes_as_it_was(registered: None) -> None:
     assert out["status"] is status  # kernelext's own enums stay as they are
     assert out["extra"] == ["a", {"b": (1, 2.5)}]
     assert {k: out[k] for k in data} == data
+    sql = "UPDATE effects SET status = ?, error = ? WHERE key = ?"
+    params = scrub_params(sql, [status, "e", 1])
+    assert params[0] is status and params[1:] == ["e", 1]
 
 
 # -- through the public API, on a DuckDB store ------------------------------------------------
