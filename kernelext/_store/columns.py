@@ -346,20 +346,27 @@ def _clean(mode: str, value: Any, where: str) -> Any:
 
 
 def _refuse_opaque(mode: str, value: Any, where: str) -> None:
-    """Refuse an object of no known type whose text, ``repr`` or value holds a secret."""
+    """Refuse an object of no known type whose text, ``repr`` or value holds a secret (an
+    ``Enum`` member's value; the ``hex`` or ``isoformat()`` the journal writes of an id or
+    a timestamp of a subclass)."""
     s = _SCRUBBER
     if s is None or not s.armed():
         return
+    check = "key" if mode == "key" else "exact"
     try:
         texts = (str(value), repr(value))
         if isinstance(value, enum.Enum):
-            _clean(mode if mode in _REFUSING else "exact", value.value, where)
+            _clean(check, value.value, where)
+        elif isinstance(value, uuid.UUID):
+            _clean(check, value.hex, where)
+        elif isinstance(value, dt.datetime):
+            _clean(check, value.isoformat(), where)
     except SecretRefused:
         raise
     except Exception:  # its text cannot be read, so it cannot be checked
         raise SecretRefused(_unreadable(type(value).__name__, where)) from None
     if any(s.holds_secret(text) for text in texts):
-        raise SecretRefused(_refusal("exact" if mode != "key" else "key", where))
+        raise SecretRefused(_refusal(check, where))
 
 
 def _unreadable(name: str, where: str) -> str:
