@@ -17,8 +17,8 @@ from .._expiry_policy import POLICY, ExpiryPolicy
 from .._validate import register
 from ..errors import OwnershipLost, StoreWriteError
 from .backend import Backend, HotPath
-from .columns import scrub_record
 from .observe import OBSERVERS, notify
+from .record_door import scrub_record
 from .records import FENCED, WHAT, apply_record, check_record
 from .schema import MIGRATIONS, SCHEMA_VERSION_DDL
 from .writer import Tx, Writer

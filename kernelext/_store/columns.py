@@ -2,10 +2,11 @@
 
 Every value that reaches a store column goes through :class:`ScrubbingTx`, the wrapper
 the writer hands to every job (DuckDB and PostgreSQL alike); every hot-path record goes
-through :func:`scrub_record` before it is journaled or applied; side files refuse secrets
-in :func:`refuse_secret`. The ``?`` parameters of a write statement are mapped to their
-``(table, column)`` by reading our own statement text once (cached per SQL string, in
-:mod:`kernelext._store.param_columns`), and each column is declared in :data:`SCRUBBED`:
+through :mod:`kernelext._store.record_door` (the same rules per field) before it is
+journaled or applied; side files refuse secrets in :func:`refuse_secret`. The ``?``
+parameters of a write statement are mapped to their ``(table, column)`` by reading our own
+statement text once (cached per SQL string, in :mod:`kernelext._store.param_columns`), and
+each column is declared in :data:`SCRUBBED`:
 
 - ``text``: registered values, credentials and URL passwords become ``***``, and
   ``password=…`` / ``Bearer …`` pairs are masked (text that is only shown).
@@ -18,6 +19,11 @@ in :func:`refuse_secret`. The ``?`` parameters of a write statement are mapped t
   checkpoints): refused when it holds a registered secret (use ``run.credential``).
 - ``plain``: not scrubbed; the reason says why (hashes, enums, timestamps, paths we made).
 
+Whatever the mode, a value passes untouched only when its type holds no text (``_INERT``:
+None, flags, numbers, ids, timestamps); text is scrubbed, lists, tuples and dicts are walked
+(keys too), bytes are refused when they hold a secret, and any other object (an ``Enum``
+member, a ``str`` subclass, a dataclass) is reduced to its text or refused (``_clean``).
+
 A statement the mapper cannot read gets the conservative default: every ``str``
 parameter scrubbed as ``text`` and every ``bytes`` one refused if it holds a secret.
 The store knows no secrets itself: ``kernelext._core.encoding.secrets`` installs the scrubber
@@ -27,7 +33,10 @@ The store knows no secrets itself: ``kernelext._core.encoding.secrets`` installs
 
 from __future__ import annotations
 
+import datetime as dt
+import enum
 import functools
+import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -44,7 +53,6 @@ __all__ = [
     "param_columns",
     "refuse_secret",
     "scrub_params",
-    "scrub_record",
     "scrubbed_excerpt",
 ]
 
@@ -279,23 +287,101 @@ _DEFAULT = Column(_T, "not declared: scrubbed as text (conservative)")
 
 @functools.lru_cache(maxsize=2048)
 def _modes(sql: str) -> tuple[tuple[str, str] | None, ...] | None:
-    """(mode, label) of each ``?`` of ``sql`` (None: nothing to do); None: unreadable."""
+    """(mode, label) of each ``?`` of ``sql`` (None: not stored); None: unreadable."""
     plan = param_columns(sql)
     if plan is None:
         return None
     out: list[tuple[str, str] | None] = []
     for where in plan:
         column = SCRUBBED.get(where, _DEFAULT) if isinstance(where, tuple) else None
-        if column is None or column.mode == "plain":
+        if column is None:
             out.append(None)
         else:
             assert isinstance(where, tuple)
             out.append((column.mode, f"{where[0]}.{where[1]}"))
-    return tuple(out)
+    return tuple(out) if any(out) else ()
 
 
-_SKIP = (int, float, bool)
-_REFUSING = frozenset({"key", "exact"})
+# Types that hold no text, compared exactly (``type(v) in _INERT``): they pass both doors
+# untouched. A subclass (an ``IntEnum``, a ``datetime`` with its own ``isoformat``) does not.
+_INERT = frozenset({type(None), bool, int, float, uuid.UUID, dt.datetime, dt.date, dt.time,
+                    dt.timedelta})  # fmt: skip
+_BYTES = (bytes, bytearray, memoryview)
+# Checked only while secrets are registered (until then no value holds one): ids and state
+# (refused when they hold a secret), and kernelext's own values (``plain``: a status, a
+# hash, a path it made), which are checked as ids are but never changed.
+_REFUSING = frozenset({"key", "exact", "plain"})
+
+
+def _clean(mode: str, value: Any, where: str) -> Any:
+    """``value`` as it may be stored in a ``mode`` column: the allow-list of both doors.
+
+    Text is scrubbed (a ``str`` subclass, a text ``Enum`` member too: as the exact text an
+    encoder writes of it), lists, tuples and dicts are walked (dict keys as their values),
+    bytes are refused when they hold a secret, numbers and ids pass. Any other object
+    (an ``Enum`` member, a dataclass, a numpy value) is kept only when neither its text nor
+    its ``repr`` (nor an ``Enum`` member's value) holds a registered secret: neither the
+    journal nor a database driver writes anything else of it."""
+    kind = type(value)
+    if kind in _INERT:
+        return value
+    if kind is str:
+        return _scrub_value(mode, value, where)
+    if kind is list or kind is tuple:
+        return kind(_clean(mode, v, where) for v in value)
+    if kind is dict:
+        return {_clean(mode, k, where): _clean(mode, v, where) for k, v in value.items()}
+    if isinstance(value, str):
+        return _scrub_value(mode, str.__str__(value), where)
+    if isinstance(value, (int, float)):  # IntEnum, numpy.float64: written as the number
+        return value
+    if isinstance(value, _BYTES):
+        return _scrub_value(mode, value, where)
+    if isinstance(value, (list, tuple)):
+        return (list if isinstance(value, list) else tuple)(_clean(mode, v, where) for v in value)
+    if isinstance(value, dict):
+        return {_clean(mode, k, where): _clean(mode, v, where) for k, v in value.items()}
+    _refuse_opaque(mode, value, where)
+    return value
+
+
+def _refuse_opaque(mode: str, value: Any, where: str) -> None:
+    """Refuse an object of no known type whose text, ``repr`` or value holds a secret (an
+    ``Enum`` member's value; the ``hex`` or ``isoformat()`` the journal writes of an id or
+    a timestamp of a subclass)."""
+    s = _SCRUBBER
+    if s is None or not s.armed():
+        return
+    check = "key" if mode == "key" else "exact"
+    try:
+        texts = (str(value), repr(value))
+        if isinstance(value, enum.Enum):
+            _clean(check, value.value, where)
+        elif isinstance(value, uuid.UUID):
+            _clean(check, value.hex, where)
+        elif isinstance(value, dt.datetime):
+            _clean(check, value.isoformat(), where)
+    except SecretRefused:
+        raise
+    except Exception:  # its text cannot be read, so it cannot be checked
+        raise SecretRefused(_unreadable(type(value).__name__, where)) from None
+    if any(s.holds_secret(text) for text in texts):
+        raise SecretRefused(_refusal(check, where))
+
+
+def _unreadable(name: str, where: str) -> str:
+    return (
+        f"kernelext refuses to store {where}: a {name} whose text cannot be read, so it "
+        "cannot be checked for a registered secret (kx.secrets / a credential). Store text, "
+        "numbers or JSON instead."
+    )
+
+
+def _check(value: Any, where: str) -> None:
+    """Refuse a value kept as it is (kernelext's own: ``plain``) that holds a secret."""
+    for v in value if type(value) is list else (value,):
+        if type(v) not in _INERT:
+            _clean("key", v, where)
 
 
 def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
@@ -306,22 +392,18 @@ def scrub_params(sql: str, params: Sequence[Any]) -> Sequence[Any]:
     if modes == ():
         return params
     if modes is None or len(modes) != len(params):  # unreadable, or bound otherwise: be safe
-        return [
-            v if v is None or isinstance(v, _SKIP) else _scrub_value(_T, v, "a value")
-            for v in params
-        ]
+        return [v if type(v) in _INERT else _clean(_T, v, "a value") for v in params]
     out = list(params)
     refusals = _SCRUBBER.armed()  # ids and state: checked only when secrets are registered
     for i, mode in enumerate(modes):
         if mode is not None and (refusals or mode[0] not in _REFUSING):
             value = out[i]
-            if type(value) is list:  # a column's values, unnested in SQL (duckdb.bulk)
-                out[i] = [
-                    v if v is None or isinstance(v, _SKIP) else _scrub_value(mode[0], v, mode[1])
-                    for v in value
-                ]
-            elif value is not None and not isinstance(value, _SKIP):
-                out[i] = _scrub_value(mode[0], value, mode[1])
+            if mode[0] == "plain":
+                _check(value, mode[1])
+            elif type(value) is list:  # a column's values, unnested in SQL (duckdb.bulk)
+                out[i] = [v if type(v) in _INERT else _clean(mode[0], v, mode[1]) for v in value]
+            elif type(value) not in _INERT:
+                out[i] = _clean(mode[0], value, mode[1])
     return out
 
 
@@ -349,78 +431,3 @@ class ScrubbingTx:
 
     def __getattr__(self, name: str) -> Any:  # backend extras (a job may need the raw tx)
         return getattr(self._tx, name)
-
-
-# -- hot-path records (journal frames and the direct path alike) ------------------------------
-_RECORD_FIELDS: dict[str, dict[str, tuple[str, str] | None]] = {
-    "step_begin": {"run_id": ("steps", "run_id"), "key": ("steps", "key"),
-                   "name": ("steps", "name")},
-    "step_complete": {"run_id": ("snapshots", "run_id"), "manifest": ("snapshots", "manifest"),
-                      "blobs": ("blobs", "data")},
-    "item_complete": {"run_id": ("steps", "run_id"), "result": ("steps", "result")},
-    "intent": {"run_id": ("effects", "run_id"), "step_key": ("effects", "step_key"),
-               "tool": ("effects", "tool"), "args": ("effects", "args"),
-               "args_hash": None},
-    "outcome": {"status": None, "result": ("effects", "result"), "error": ("effects", "error")},
-    "fact": {"run_id": ("facts", "run_id"), "name": ("facts", "name"), "kind": None,
-             "value": ("facts", "value"), "fingerprint": None,
-             "check_name": ("facts", "check_name"), "check_args": ("facts", "check_args"),
-             "compare_name": ("facts", "compare_name")},
-    "stop_request": {"run_id": ("events", "run_id"), "source": ("events", "source"),
-                     "who": ("events", "actor"), "reason": ("events", "reason"),
-                     "request": None},
-    "run_end": {"run_id": ("events", "run_id"), "status": None, "kind": None,
-                "source": ("events", "source"), "who": ("events", "actor"),
-                "reason": ("events", "reason"), "detail": ("events", "detail"),
-                "step_status": None, "step_error": ("steps", "error")},
-}  # fmt: skip
-
-
-def _deep(mode: str, value: Any, where: str) -> Any:
-    if isinstance(value, (list, tuple)):
-        return type(value)(_deep(mode, v, where) for v in value)
-    if isinstance(value, dict):
-        return {k: _deep(mode, v, where) for k, v in value.items()}
-    return _scrub_value(mode, value, where)
-
-
-def _record_plan(kind: str) -> dict[str, tuple[str, str] | None]:
-    """(mode, label) of each declared field of a ``kind`` record (None: not scrubbed)."""
-    plan: dict[str, tuple[str, str] | None] = {}
-    for name, where in _RECORD_FIELDS.get(kind, {}).items():
-        mode = SCRUBBED.get(where, _DEFAULT).mode if where is not None else "plain"
-        plan[name] = None if where is None or mode == "plain" else (mode, f"{where[0]}.{where[1]}")
-    return plan
-
-
-_PLANS = {kind: _record_plan(kind) for kind in _RECORD_FIELDS}
-
-
-def scrub_record(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    """A hot-path record as it may be journaled and folded: each field scrubbed as the
-    column it lands in (an unknown field as text). As in ``scrub_params``, ids and state
-    (``key``, ``exact``) are checked only while secrets are registered: until then no value
-    holds one."""
-    s = _SCRUBBER
-    if s is None:
-        return data
-    plan = _PLANS.get(kind)
-    if plan is None:
-        plan = _record_plan(kind)
-    refusals = s.armed()
-    out = dict(data)
-    for name, value in data.items():
-        if value is None or isinstance(value, _SKIP):
-            continue
-        if name in plan:
-            how = plan[name]
-            if how is None:
-                continue
-            mode, label = how
-        elif isinstance(value, str):
-            mode, label = _T, f"a {kind} record's {name}"
-        else:
-            continue  # ids, timestamps (uuid, datetime): nothing to scrub
-        if refusals or mode not in _REFUSING:
-            out[name] = _deep(mode, value, label)
-    return out

@@ -15,7 +15,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .base import StoreBase, actor, utcnow
-from .columns import scrub_record
+from .record_door import scrub_record
 from .records import check_record
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ import kernelext as kx
 from kernelext._core.encoding.keys import load_result, stored_result
 from kernelext._core.encoding.secrets import MASK, REDACTED, SECRETS, is_secret_name
 from kernelext._store import Store
-from kernelext._store.columns import scrub_params, scrub_record
+from kernelext._store.columns import scrub_params
+from kernelext._store.record_door import scrub_record
 
 WAIT = 60.0
 

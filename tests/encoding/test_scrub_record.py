@@ -1,4 +1,4 @@
-"""The door for hot-path records (``scrub_record``) gives what it gave when it looked each
+"""The door for hot-path records (``scrub_record``) gives what it gives when it looks each
 field's column up per record: the same values, refusals and masks, with and without secrets
 registered. Ids and state are checked only while a secret is registered (none holds one
 before), as the door for statements (``scrub_params``) does."""
@@ -15,30 +15,32 @@ from hypothesis import strategies as st
 
 import kernelext as kx
 from kernelext._store import columns
-from kernelext._store.columns import _RECORD_FIELDS, SCRUBBED, SecretRefused, scrub_record
+from kernelext._store.columns import SCRUBBED, SecretRefused
+from kernelext._store.record_door import _RECORD_FIELDS, scrub_record
 
 SECRET = "sk-live-0123456789abcdef"
 
 
 def _reference(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    """The door as it was: the column of each field looked up for every record."""
+    """The door's rule read per record: the column of each field looked up every time."""
     fields = _RECORD_FIELDS.get(kind, {})
+    armed = columns._SCRUBBER is not None and columns._SCRUBBER.armed()
     out = dict(data)
     for name, value in data.items():
-        if value is None or isinstance(value, (int, float, bool)):
+        if type(value) in columns._INERT:
             continue
-        if name in fields:
-            where = fields[name]
-            if where is None:
-                continue
-            column = SCRUBBED.get(where, columns._DEFAULT)
-            label = f"{where[0]}.{where[1]}"
-        elif isinstance(value, str):
-            column, label = columns._DEFAULT, f"a {kind} record's {name}"
+        label = f"a {kind} record's {name}"
+        if name not in fields:
+            column = columns._DEFAULT
+        elif fields[name] is None or SCRUBBED[fields[name]].mode == "plain":
+            if armed:  # kernelext's own values: checked, never changed
+                columns._clean("key", value, label)
+            continue
         else:
-            continue
-        if column.mode != "plain":
-            out[name] = columns._deep(column.mode, value, label)
+            where = fields[name]
+            column, label = SCRUBBED[where], f"{where[0]}.{where[1]}"
+        if armed or column.mode not in ("key", "exact"):
+            out[name] = columns._clean(column.mode, value, label)
     return out
 
 

@@ -541,14 +541,20 @@ def test_a_secret_is_masked_as_a_whole_token_not_inside_a_longer_number_or_word(
         assert secret not in scrub_text(f"({secret})") and MASK in scrub_text(encoded)
 
 
-def test_a_long_secret_is_masked_even_glued_to_other_letters() -> None:
-    """Whole tokens are for short secrets (a PIN inside an amount is data); a long key glued
-    to other text is still the key."""
+def test_a_registered_secret_is_masked_even_glued_to_other_letters() -> None:
+    """Whole tokens are for a credential's short text (a PIN inside an amount is data); a
+    registered value (8 characters or more) glued to other text is still the value."""
     key = f"sk-live-{uuid.uuid4().hex[:20]}"
-    short = f"t{uuid.uuid4().hex[:9]}"  # 10 characters: a whole token only
-    with registered(key), registered(short):
-        assert key not in scrub_text(f"sig=abc{key}xyz")
-        assert scrub_text(f"x{short}9") == f"x{short}9"
+    short = f"t{uuid.uuid4().hex[:7]}"  # 8 characters: the least register takes
+    pin = f"{uuid.uuid4().int % 10**7:07d}"  # a credential of 7: a whole token only
+    assert SECRETS.add(pin)
+    try:
+        with registered(key), registered(short):
+            assert key not in scrub_text(f"sig=abc{key}xyz")
+            assert scrub_text(f"x{short}9") == f"x{MASK}9"
+            assert scrub_text(f"amount 1{pin}, pin {pin}") == f"amount 1{pin}, pin {MASK}"
+    finally:
+        SECRETS.forget(pin)
 
 
 def test_a_value_redacted_by_its_argument_name_never_reaches_a_stored_text(store: Any) -> None:

@@ -26,14 +26,19 @@ def _disown(table: dict[F, set[str | bytes]], owner: str | bytes) -> None:
 
 # Encoded forms shorter than this would match ordinary base64 / hex text by chance.
 _MIN_ENCODED = 8
-GLUED_FROM = 16  # a form this long is masked even glued to letters or digits
+# A form this long is masked even glued to letters or digits: every value
+# ``kx.secrets.register`` takes (``MIN_LENGTH``, 8), so that ``"abc" + secret + "xyz"`` is
+# never stored. Only a credential's shorter text (4 to 7 characters: a PIN) is matched as a
+# whole token, so that a PIN ``1424`` does not hide the amount ``142420``.
+GLUED_FROM = 8
 
 
 def _whole_token(form: str) -> str:
     """A pattern for ``form`` as a whole token: not glued to a letter or digit on a side
     where it begins or ends with one (``1424`` is not found in ``142420`` or ``A1424``).
-    A form of ``GLUED_FROM`` characters or more is found anywhere: text that holds a whole
-    API key glued to other letters holds the key, not data that happens to look like it."""
+    A form of ``GLUED_FROM`` characters or more is found anywhere: text that holds a
+    registered value glued to other letters holds the value, not data that happens to
+    look like it."""
     if len(form) >= GLUED_FROM:
         return re.escape(form)
     head = r"(?<![^\W_])" if form[0].isalnum() else ""

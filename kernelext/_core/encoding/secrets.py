@@ -5,9 +5,10 @@ text, events, kernelext's log lines):
 
 - **Values registered here** (``kx.secrets.register(value)``, at least ``MIN_LENGTH``
   characters) and every credential recorded with ``run.fact(name, value,
-  kind="credential")`` or refreshed on resume: each occurrence as a whole token becomes
-  ``***`` (not glued to a letter or digit: a PIN ``1424`` is not masked inside the amount
-  ``142420``). Its hex and base64 forms are masked wherever they occur.
+  kind="credential")`` or refreshed on resume: each occurrence becomes ``***``, glued to
+  other letters too; only a credential's text shorter than 8 characters is masked as a
+  whole token (a PIN ``1424`` is not masked inside the amount ``142420``). Its hex and
+  base64 forms are masked wherever they occur.
 - **Passwords inside URLs and DSNs**: ``postgresql://app:PW@host/db`` is stored as
   ``postgresql://app:***@host/db``.
 - **Arguments and keys named like a secret** (password, passwd, pwd, secret, token,
