@@ -71,9 +71,9 @@ def unknown_run(
     handle = agent.start(run_id=run_id, store=store)
     assert mailer.entered.wait(WAIT)
     handle.force_stop(cut_calls=True)
-    assert handle.wait(WAIT) == "suspended"
+    assert handle.wait(WAIT) == "suspended", handle.error
     resumed = kx.resume(run_id, store=store)
-    assert resumed.status == "needs_decision"
+    assert resumed.status == "needs_decision", resumed.error
     mailer.hang = False
     return mailer, agent  # type: ignore[return-value]
 
