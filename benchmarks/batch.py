@@ -61,7 +61,7 @@ class BatchSizes:
     @classmethod
     def of(cls, plan: Plan) -> BatchSizes:
         if plan.quick:
-            return cls(200, 200, 200, 2_000, plan.reps, plan.reps)
+            return cls(200, 200, 200, 800, plan.reps, plan.reps)
         scale = plan.batch_scale
         return cls(
             max(100, int(2_000 * scale)),

@@ -81,7 +81,7 @@ class FeatureSizes:
     @classmethod
     def of(cls, plan: Plan) -> FeatureSizes:
         if plan.quick:
-            return cls(1_000, 3 * plan.reps, 30, plan.reps, 4 * plan.reps)
+            return cls(300, 3 * plan.reps, 30, plan.reps, 4 * plan.reps)
         return cls(1_000, 6 * plan.reps, 200, plan.reps, 4 * plan.reps)
 
 
