@@ -93,7 +93,7 @@ docs: venv
 # The suite on four pytest-xdist workers (--dist loadgroup keeps each xdist group,
 # tests/browser, tests/crash and the tests sharing a module's fixture, on one worker, one test
 # at a time; many tests wait on processes and servers, so four share two cores well): about
-# 14.5 min from a clean clone on a 2-core machine.
+# 15 to 17 min from a clean clone on a 2-core machine.
 # `make test TEST_WORKERS=0` runs it in one process.
 # lint and docs run beside the suite at a lower priority (their output follows the suite's);
 # either failing fails the target.
