@@ -327,10 +327,6 @@ def _clean(mode: str, value: Any, where: str) -> Any:
         return value
     if kind is str:
         return _scrub_value(mode, value, where)
-    if kind is list or kind is tuple:
-        return kind(_clean(mode, v, where) for v in value)
-    if kind is dict:
-        return {_clean(mode, k, where): _clean(mode, v, where) for k, v in value.items()}
     if isinstance(value, str):
         return _scrub_value(mode, str.__str__(value), where)
     if isinstance(value, (int, float)):  # IntEnum, numpy.float64: written as the number
